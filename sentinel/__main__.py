@@ -1,0 +1,5 @@
+"""Allow ``python -m sentinel``."""
+
+from sentinel.cli import main
+
+raise SystemExit(main())

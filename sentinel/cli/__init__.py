@@ -1,0 +1,93 @@
+"""The ``sentinel`` command line.
+
+Every top-level command lives in its own module ``sentinel.cli.cmd_<name>`` exposing
+``register(subparsers) -> None``, which adds its parser and sets ``func`` (a callable taking the parsed
+namespace and returning the exit code). A command whose module does not exist yet is listed in ``--help``
+as coming and refuses to run, so nothing pretends to work before it does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from sentinel import __version__
+
+#: (command, one-line help) in the order ``--help`` shows them; see ../shared/CONTRACTS.md.
+COMMANDS: tuple[tuple[str, str], ...] = (
+    ("agent", "run the per-host agent (NVML, Xid, logs, flight recorder) and stream to the aggregator"),
+    ("aggregator", "run the cluster-side aggregator: ingest, detectors, verdicts, incidents, API"),
+    ("sim", "run a fault scenario on a simulated cluster with a virtual clock and write a report"),
+    ("demo", "run a simulated cluster against a real aggregator on 127.0.0.1 with injected faults"),
+    ("logs", "classify kernel (Xid), NCCL and PyTorch log lines"),
+    ("fr", "analyze PyTorch Flight Recorder dumps of every rank"),
+    ("dashboards", "build the Grafana dashboards from their grafanalib sources"),
+    ("incident", "list and show incident timelines gathered by the aggregator"),
+    ("config", "check and document configuration files"),
+)
+
+
+class _Registrar(Protocol):
+    def __call__(self, subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None: ...
+
+
+def _module_name(command: str) -> str:
+    return f"sentinel.cli.cmd_{command}"
+
+
+def _load_registrar(command: str) -> _Registrar | None:
+    name = _module_name(command)
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name == name:
+            return None
+        raise
+    registrar: _Registrar = module.register
+    return registrar
+
+
+def _not_available(command: str) -> Callable[[argparse.Namespace], int]:
+    def run(_: argparse.Namespace) -> int:
+        print(f"sentinel {command}: not available in this version yet", file=sys.stderr)
+        return 2
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the full parser; commands without an implementation are marked as coming."""
+    parser = argparse.ArgumentParser(
+        prog="sentinel",
+        description="GPU-cluster observability and fault detection. "
+        "Finds the faulty, stuck or slow GPU that stalls a training job.",
+    )
+    parser.add_argument("--version", action="version", version=f"sentinel {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for command, help_text in COMMANDS:
+        registrar = _load_registrar(command)
+        if registrar is None:
+            sub = subparsers.add_parser(command, help=f"(coming) {help_text}", description=help_text)
+            sub.set_defaults(func=_not_available(command))
+        else:
+            registrar(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``sentinel`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    try:
+        return func(args)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0

@@ -1,0 +1,50 @@
+"""Helpers shared by tests.
+
+Tests that need an optional external component (Prometheus, Alertmanager, torch, Chromium, promtool,
+systemd-analyze) call :func:`need`: outside CI they skip with a one-line reason; with
+``SENTINEL_REQUIRE_E2E=1`` (set by ``.ci/run``) a missing component is a failure, so CI cannot pass by
+skipping.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+CORPUS = SHARED / "corpus"
+
+
+def require_e2e() -> bool:
+    return os.environ.get("SENTINEL_REQUIRE_E2E", "") == "1"
+
+
+def need(available: bool, reason: str) -> None:
+    """Skip (or fail under SENTINEL_REQUIRE_E2E=1) when a component is missing."""
+    if available:
+        return
+    if require_e2e():
+        pytest.fail(f"required component missing: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def need_binary(name: str) -> str:
+    path = shutil.which(name)
+    need(path is not None, f"{name} not installed")
+    assert path is not None
+    return path
+
+
+def need_module(name: str) -> None:
+    need(importlib.util.find_spec(name) is not None, f"python module {name} not installed")
+
+
+def corpus_path(*parts: str) -> Path:
+    path = CORPUS.joinpath(*parts)
+    need(path.exists(), f"shared corpus not found at {path}")
+    return path
