@@ -1,0 +1,50 @@
+"""Flight-recorder heads: the live collective progress of one rank, small enough to send every 2 s.
+
+A training process (``sentinel.probe``) reduces its live PyTorch Flight Recorder to these heads and sends
+them to the local agent, which forwards them to the aggregator inside its batches. The aggregator's stuck
+detector compares heads across the ranks of a job: ranks waiting in collective (group, seq) while other
+members never entered it name the culprit.
+
+A collective is identified across ranks by (``pg_name``, ``seq``) — never by pg_id or record_id, which are
+rank-local counters.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class InFlight(msgspec.Struct, frozen=True, kw_only=True):
+    """One collective (or p2p op) this rank has enqueued but not completed."""
+
+    seq: int
+    op: str
+    age_s: float
+    state: str = "scheduled"  # scheduled | started
+    p2p: bool = False
+
+
+class PgHead(msgspec.Struct, frozen=True, kw_only=True):
+    """Progress of this rank in one process group."""
+
+    pg_name: str
+    pg_desc: str = ""
+    ranks: list[int] | None = None  # global ranks of the group when known
+    last_enqueued_seq: int = -1
+    last_started_seq: int = -1
+    last_completed_seq: int = -1
+    in_flight: list[InFlight] = []
+
+
+class FrHeads(msgspec.Struct, frozen=True, kw_only=True):
+    """One rank's snapshot of collective progress."""
+
+    rank: int
+    t: float  # unix time of the snapshot, seconds
+    job_id: str | None = None
+    world_size: int | None = None
+    local_rank: int | None = None
+    pid: int | None = None
+    host: str | None = None  # filled in by the agent
+    gpu: int | None = None  # filled in by the agent from the process → GPU mapping
+    pgs: list[PgHead] = []
