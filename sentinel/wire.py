@@ -1,0 +1,223 @@
+"""The one schema agent and aggregator share: every frame on the ``/api/v1/stream`` WebSocket.
+
+Frames are msgpack-encoded msgspec Structs in binary WebSocket messages, tagged by ``type`` so one decoder
+validates any frame in a single pass (malformed → :class:`msgspec.ValidationError`, which the aggregator
+turns into a close code). Fields are only ever added, with defaults, so old agents keep working.
+
+Agent → aggregator: :class:`Hello` once per connection, then :class:`Batch` frames with a per-host sequence
+number that is monotonic across agent restarts (persisted next to the spool), so the aggregator can
+deduplicate resent batches by (host, seq); :class:`CommandResult` answers a :class:`Command`.
+Aggregator → agent: :class:`Ack` per batch, :class:`Command` (ring-buffer snapshot, job-wide FR dump).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from sentinel.fr.heads import FrHeads
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 8 * 1024 * 1024
+MAX_TEXT_CHARS = 4096  # an event's raw text is cut to this many characters by the agent
+
+GpuState = Literal["ok", "lost", "unresponsive"]
+Severity = Literal["info", "warning", "critical"]
+
+
+class GpuInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Identity of one GPU, sent in the hello."""
+
+    index: int
+    uuid: str
+    pci_bus: str  # dddd:bb:dd lower-case
+    name: str = ""
+    serial: str = ""
+    driver: str = ""
+    vbios: str = ""
+    memory_total_bytes: int = 0
+    nvlinks: int = 0
+
+
+class EccCounters(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """NVML ECC error counters; ``None`` where the GPU does not report the field."""
+
+    volatile_corrected: int | None = None
+    volatile_uncorrected: int | None = None
+    aggregate_corrected: int | None = None
+    aggregate_uncorrected: int | None = None
+    sram_uncorrected: int | None = None  # aggregate, where NVML splits SRAM/DRAM
+    dram_uncorrected: int | None = None
+
+
+class RowRemap(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """nvmlDeviceGetRemappedRows and the row-remapper histogram (bank availability)."""
+
+    correctable: int = 0
+    uncorrectable: int = 0
+    pending: bool = False
+    failure: bool = False
+    hist_max: int | None = None
+    hist_high: int | None = None
+    hist_partial: int | None = None
+    hist_low: int | None = None
+    hist_none: int | None = None
+
+
+class RetiredPages(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Dynamic page retirement (pre-Ampere GPUs)."""
+
+    single_bit: int = 0
+    double_bit: int = 0
+    pending: bool = False
+
+
+class NvLink(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Per-link state and cumulative error counters."""
+
+    link: int
+    active: bool = True
+    crc_errors: int = 0
+    replay_errors: int = 0
+    recovery_errors: int = 0
+
+
+class GpuSample(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One GPU at one tick. Slow counters (ecc, remap, nvlink, retired) are only set on slow ticks."""
+
+    gpu: int
+    t: float
+    state: GpuState = "ok"
+    util_gpu_pct: float | None = None
+    util_mem_pct: float | None = None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    temp_c: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    sm_clock_mhz: float | None = None
+    sm_clock_max_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    pstate: int | None = None
+    throttle: list[str] = []  # named clock-event reasons, e.g. "hw_thermal_slowdown"
+    pcie_replay: int | None = None
+    pcie_tx_kbps: float | None = None
+    pcie_rx_kbps: float | None = None
+    recovery_action: str | None = None
+    pids: list[int] = []
+    ecc: EccCounters | None = None
+    remap: RowRemap | None = None
+    retired: RetiredPages | None = None
+    nvlink: list[NvLink] | None = None
+
+
+class Event(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Something that happened: an Xid, a classified log line, a GPU lost/reset, an agent condition.
+
+    ``kind`` is one of: xid, log, gpu_lost, gpu_unresponsive, gpu_recovered, gpu_reset, reboot, agent.
+    ``fields`` carries the classified values (for logs: the contract's kind/rank/seq/op/timeout_ms/pci_bus).
+    """
+
+    t: float
+    kind: str
+    source: str = ""  # nvml, kmsg, log:<path>, probe, agent
+    gpu: int | None = None
+    severity: Severity = "info"
+    xid: int | None = None
+    text: str = ""
+    fields: dict[str, str | int | float | bool | None] = {}
+
+
+class ProcInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A process on a GPU and the job/rank it belongs to (from its environment)."""
+
+    gpu: int
+    pid: int
+    name: str = ""
+    job_id: str | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+
+
+class Drops(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What the agent had to drop since its last report (spool full, lines too long, ...)."""
+
+    samples: int = 0
+    events: int = 0
+    log_lines: int = 0
+
+
+class Hello(msgspec.Struct, tag="hello", kw_only=True):
+    """First frame of every connection."""
+
+    host: str
+    protocol: int = PROTOCOL_VERSION
+    cluster: str = "default"
+    agent_version: str = ""
+    boot_id: str = ""
+    started_at: float = 0.0
+    tick_s: float = 1.0
+    gpus: list[GpuInfo] = []
+    next_seq: int = 0  # the first seq this connection will send (resends may be lower)
+
+
+class Batch(msgspec.Struct, tag="batch", kw_only=True, omit_defaults=True):
+    """One tick's worth (or a spooled backlog's) of samples and events."""
+
+    seq: int
+    t: float
+    samples: list[GpuSample] = []
+    events: list[Event] = []
+    procs: list[ProcInfo] | None = None  # None: unchanged since the last batch
+    heads: list[FrHeads] = []
+    drops: Drops | None = None
+
+
+class CommandResult(msgspec.Struct, tag="result", kw_only=True, omit_defaults=True):
+    """The agent's answer to a :class:`Command`; ``payload`` is command-specific (a snapshot document)."""
+
+    id: str
+    ok: bool = True
+    error: str = ""
+    payload: Any = None
+
+
+class Ack(msgspec.Struct, tag="ack", kw_only=True):
+    """The aggregator has durably accepted batch ``seq`` (and will drop a resend of it)."""
+
+    seq: int
+
+
+class Command(msgspec.Struct, tag="command", kw_only=True, omit_defaults=True):
+    """A request from the aggregator: ``snapshot`` (ring buffer since ``since``), ``fr_dump`` (job-wide)."""
+
+    id: str
+    name: Literal["snapshot", "fr_dump"]
+    args: dict[str, str | int | float | bool | None] = {}
+
+
+AgentFrame = Hello | Batch | CommandResult
+AggregatorFrame = Ack | Command
+
+_encoder = msgspec.msgpack.Encoder()
+_agent_decoder = msgspec.msgpack.Decoder(AgentFrame)
+_aggregator_decoder = msgspec.msgpack.Decoder(AggregatorFrame)
+
+
+def encode(frame: AgentFrame | AggregatorFrame) -> bytes:
+    return _encoder.encode(frame)
+
+
+def decode_agent_frame(data: bytes) -> AgentFrame:
+    """Validate a frame from an agent; raises msgspec.ValidationError / DecodeError on bad input."""
+    frame: AgentFrame = _agent_decoder.decode(data)
+    return frame
+
+
+def decode_aggregator_frame(data: bytes) -> AggregatorFrame:
+    frame: AggregatorFrame = _aggregator_decoder.decode(data)
+    return frame
