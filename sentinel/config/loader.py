@@ -84,8 +84,8 @@ def _explain(error: msgspec.ValidationError, source: str) -> ConfigError:
     if unknown:
         key = f"{key}.{unknown.group('name')}" if key else unknown.group("name")
         return ConfigError(source, key, "unknown key")
-    message = message.replace("Expected", "expected", 1).replace("`", "")
-    return ConfigError(source, key, message)
+    message = message.replace("`", "")
+    return ConfigError(source, key, message[:1].lower() + message[1:])
 
 
 def load_config(

@@ -1,0 +1,54 @@
+"""The command tree: every command documents its options; unimplemented ones refuse to run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from sentinel.cli import COMMANDS, _load_registrar, build_parser, main
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sentinel", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_top_level_help_lists_every_command() -> None:
+    result = _run("--help")
+    assert result.returncode == 0
+    for command, _ in COMMANDS:
+        assert command in result.stdout
+
+
+@pytest.mark.parametrize("command", [name for name, _ in COMMANDS])
+def test_each_command_has_help(command: str) -> None:
+    result = _run(command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "usage: sentinel" in result.stdout
+
+
+def test_every_option_has_help_text() -> None:
+    import argparse
+
+    def walk(parser: argparse.ArgumentParser, where: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{where} {name}")
+            elif not isinstance(action, argparse._HelpAction | argparse._VersionAction):
+                assert action.help, f"option {action.dest} of '{where}' has no help text"
+
+    walk(build_parser(), "sentinel")
+
+
+def test_unimplemented_commands_refuse_to_run(capsys: pytest.CaptureFixture[str]) -> None:
+    missing = [name for name, _ in COMMANDS if _load_registrar(name) is None]
+    for name in missing:
+        assert main([name]) == 2
+        assert "not available" in capsys.readouterr().err
+
+
+def test_no_command_prints_help_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "usage: sentinel" in capsys.readouterr().out
