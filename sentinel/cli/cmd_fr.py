@@ -1,0 +1,86 @@
+"""``sentinel fr``: PyTorch Flight Recorder dump analysis (contract: ../shared/CONTRACTS.md section 3)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from sentinel.fr.analysis import FrAnalysis
+from sentinel.fr.dumpset import analyze_dir
+from sentinel.fr.errors import FrFormatError
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "fr",
+        help="analyze PyTorch Flight Recorder dumps of every rank",
+        description="Analyze PyTorch Flight Recorder dumps (pickle or JSON, any 2.x format, gzip allowed).",
+    )
+    sub = p.add_subparsers(dest="fr_command", metavar="SUBCOMMAND")
+    a = sub.add_parser(
+        "analyze",
+        help="find who stalls a job from every rank's dump",
+        description="Read every rank's dump under DIR (files <prefix><rank>[.json][.gz], also in per-host "
+        "subfolders) without executing anything, and print the verdict (healthy, hang, mismatch, crash, "
+        "straggler, inconclusive), the culprit ranks root cause first, and the evidence. Exit 0 when the "
+        "analysis ran, 2 when the input is unusable.",
+    )
+    a.add_argument("dir", metavar="DIR", type=Path, help="directory holding the dumps of one job")
+    a.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    a.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="worker processes for decoding large dump sets (default: number of CPUs, at most 32)",
+    )
+    a.set_defaults(func=run_analyze)
+    p.set_defaults(func=_usage(p))
+
+
+def _usage(parser: argparse.ArgumentParser) -> Any:
+    def run(_: argparse.Namespace) -> int:
+        parser.print_help(sys.stderr)
+        return EXIT_BAD_INPUT
+
+    return run
+
+
+def run_analyze(args: argparse.Namespace) -> int:
+    try:
+        result = analyze_dir(args.dir, workers=args.workers)
+    except FrFormatError as exc:
+        print(f"sentinel fr analyze: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        print(render_text(result))
+    return EXIT_OK
+
+
+def render_text(result: FrAnalysis) -> str:
+    """Verdict sentence first, then the evidence."""
+    lines = [result.summary]
+    if result.culprit_ranks:
+        lines.append(f"culprit ranks (root cause first): {', '.join(map(str, result.culprit_ranks))}")
+    if result.collective:
+        c = result.collective
+        desc = f" ({c['pg_desc']})" if c["pg_desc"] else ""
+        lines.append(f"collective: {c['op']} #{c['seq']} of process group {c['pg_name']}{desc}")
+    if result.missing_dumps:
+        lines.append(f"missing dumps: {', '.join(map(str, result.missing_dumps))}")
+    lines.append(
+        f"read {result.ranks_with_dumps} dump(s) of world size {result.world_size}, {result.entries} entries, "
+        f"format {', '.join(result.versions)}"
+    )
+    if result.findings:
+        lines.append("evidence:")
+        lines.extend(f"  - {f}" for f in result.findings)
+    return "\n".join(lines)

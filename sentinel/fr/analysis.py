@@ -1,0 +1,607 @@
+"""Cross-rank post-mortem analysis of Flight Recorder dumps: who stalls the job, and why.
+
+Input: one :class:`~sentinel.fr.summary.RankSummary` per rank that left a dump. The analysis
+
+1. infers each process group's members from the entries (``pg_config`` is empty under gloo), completing
+   them with ranks that have no dump when the world size or an all_gather's shape says a member is missing;
+2. finds, per group, the ranks blocked in a collective and the members that never entered it, and follows
+   those waits across groups to the sinks (:mod:`sentinel.fr.waitgraph`), so a cascade names its root;
+3. compares what every member passed to the same (group, seq): op, sizes (per-op rules), dtypes;
+4. measures per (group, seq) how late each rank created its entry against the members' median, and flags
+   ranks late on most collectives by a robust margin (median / MAD across ranks);
+5. turns all of it into one verdict with the evidence.
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sentinel.fr.ops import op_name
+from sentinel.fr.summary import GroupTrack, KeyInfo, RankSummary
+from sentinel.fr.waitgraph import Culprit, Wait, find_culprits
+
+VERDICTS = ("healthy", "hang", "mismatch", "crash", "straggler", "inconclusive")
+
+#: A straggler is late by at least this much (median over its collectives) ...
+MIN_STRAGGLER_LAG_MS = 5.0
+#: ... and by this many robust standard deviations (1.4826 x MAD) of the ranks' median lags ...
+STRAGGLER_MADS = 6.0
+#: ... on at least this fraction of its collectives.
+STRAGGLER_LATE_FRACTION = 0.5
+#: Collectives per group used for the timing analysis (the most recent ones).
+TIMING_WINDOW = 64
+#: Most findings printed; the JSON carries the same cap.
+MAX_FINDINGS = 40
+
+
+@dataclass(slots=True)
+class Group:
+    """A process group as seen across all dumps."""
+
+    name: str
+    desc: str
+    tracks: dict[int, GroupTrack]
+    members: set[int]
+    size_hint: int = 0
+    unknown_members: int = 0
+
+    def label(self) -> str:
+        return f"{self.name} ({self.desc})" if self.desc else self.name
+
+
+@dataclass(slots=True)
+class Straggler:
+    rank: int
+    lag_ms_median: float
+    late_fraction: float
+    n_collectives: int
+
+
+@dataclass(slots=True)
+class MismatchFinding:
+    kind: str  # op | size | dtype
+    group: Group
+    seq: int
+    ranks: list[int]
+    expected: KeyInfo
+    found: KeyInfo
+    pending: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "pg_name": self.group.name,
+            "pg_desc": self.group.desc,
+            "seq": self.seq,
+            "ranks": self.ranks,
+            "expected": _key_json(self.expected),
+            "found": _key_json(self.found),
+            "stalled": self.pending,
+        }
+
+
+@dataclass(slots=True)
+class FrAnalysis:
+    """The result of :func:`analyze`; :meth:`to_json` is the contract's ``--json`` object."""
+
+    verdict: str
+    summary: str
+    culprit_ranks: list[int] = field(default_factory=list)
+    collective: dict[str, Any] | None = None
+    mismatch: dict[str, Any] | None = None
+    missing_dumps: list[int] = field(default_factory=list)
+    stragglers: list[Straggler] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
+    ranks_with_dumps: int = 0
+    world_size: int = 0
+    versions: list[str] = field(default_factory=list)
+    entries: int = 0
+    groups: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "summary": self.summary,
+            "culprit_ranks": self.culprit_ranks,
+            "collective": self.collective,
+            "mismatch": self.mismatch,
+            "missing_dumps": self.missing_dumps,
+            "stragglers": [
+                {
+                    "rank": s.rank,
+                    "lag_ms_median": round(s.lag_ms_median, 3),
+                    "late_fraction": round(s.late_fraction, 3),
+                    "n_collectives": s.n_collectives,
+                }
+                for s in self.stragglers
+            ],
+            "findings": self.findings,
+            "ranks_with_dumps": self.ranks_with_dumps,
+            "world_size": self.world_size,
+            "versions": self.versions,
+            "entries": self.entries,
+            "groups": self.groups,
+        }
+
+
+def analyze(summaries: Sequence[RankSummary]) -> FrAnalysis:
+    """Analyze every rank's reduced dump (at least one) and return the verdict with its evidence."""
+    if not summaries:
+        raise ValueError("analyze needs at least one rank's dump")
+    by_rank = {s.rank: s for s in summaries}
+    present = set(by_rank)
+    groups = _build_groups(summaries)
+    world_size = _world_size(present, groups, summaries)
+    missing = sorted(set(range(world_size)) - present)
+    _complete_members(groups, present, missing, world_size)
+    keys: dict[int, KeyInfo] = {}
+    for s in summaries:
+        keys.update(s.keys)
+
+    waits = _waits(groups, set(missing))
+    culprits = find_culprits(waits)
+    stragglers = _stragglers(groups)
+    frontier_mm = _frontier_mismatch(groups, waits, keys)
+    history_mm = _history_mismatch(groups, keys)
+
+    result = FrAnalysis(
+        verdict="healthy",
+        summary="",
+        missing_dumps=missing,
+        stragglers=stragglers,
+        ranks_with_dumps=len(present),
+        world_size=world_size,
+        versions=sorted({s.version for s in summaries}),
+        entries=sum(s.n_entries for s in summaries),
+        groups=[_group_json(g) for g in sorted(groups.values(), key=lambda g: _name_order(g.name))],
+    )
+    _decide(
+        result,
+        groups=groups,
+        waits=waits,
+        culprits=culprits,
+        frontier_mm=frontier_mm,
+        history_mm=history_mm,
+        stragglers=stragglers,
+        missing=missing,
+    )
+    _add_context(result, groups, waits, missing, stragglers)
+    del result.findings[MAX_FINDINGS:]
+    return result
+
+
+# ---------------------------------------------------------------- groups and members
+
+
+def _build_groups(summaries: Sequence[RankSummary]) -> dict[str, Group]:
+    groups: dict[str, Group] = {}
+    config: dict[str, set[int]] = {}
+    for s in summaries:
+        for t in s.groups:
+            g = groups.get(t.name)
+            if g is None:
+                g = groups[t.name] = Group(name=t.name, desc=t.desc, tracks={}, members=set())
+            if not g.desc and t.desc:
+                g.desc = t.desc
+            g.tracks[s.rank] = t
+            if t.size_hints:
+                g.size_hint = max(g.size_hint, *t.size_hints)
+            if t.config_ranks:
+                config.setdefault(t.name, set()).update(t.config_ranks)
+    for name, g in groups.items():
+        g.members = set(g.tracks) | config.get(name, set())
+    return groups
+
+
+def _is_world(g: Group, present: set[int]) -> bool:
+    return g.desc == "default_pg" or (len(present) > 1 and set(g.tracks) == present and g.name == "0")
+
+
+def _world_size(present: set[int], groups: dict[str, Group], summaries: Sequence[RankSummary]) -> int:
+    size = max(present) + 1
+    for g in groups.values():
+        if g.members:
+            size = max(size, max(g.members) + 1)
+        if _is_world(g, present):
+            size = max(size, g.size_hint)
+    return size
+
+
+def _complete_members(groups: dict[str, Group], present: set[int], missing: list[int], world: int) -> None:
+    """Add members that left no dump: every rank to the world group, and missing ranks to short groups."""
+    for g in groups.values():
+        if _is_world(g, present):
+            g.members |= set(range(world))
+    if not missing:
+        return
+    families: dict[str, list[Group]] = {}
+    for g in groups.values():
+        if not _is_world(g, present):
+            families.setdefault(g.desc or g.name, []).append(g)
+    for family in families.values():
+        size = max(max(len(g.members), g.size_hint) for g in family)
+        short = [g for g in family if len(g.members) < size]
+        covered = set().union(*(g.members for g in family))
+        candidates = [r for r in missing if r not in covered]
+        for g in short:
+            g.unknown_members = size - len(g.members)
+        if len(short) == 1 and 0 < len(candidates) <= short[0].unknown_members:
+            short[0].members |= set(candidates)
+            short[0].unknown_members -= len(candidates)
+        elif short and len(candidates) == len(short) and all(g.unknown_members == 1 for g in short):
+            # one missing rank per short group: ranks are usually laid out in order
+            for g, r in zip(sorted(short, key=lambda g: min(g.members)), sorted(candidates), strict=True):
+                g.members.add(r)
+                g.unknown_members = 0
+
+
+# ---------------------------------------------------------------- waits and mismatches
+
+
+def _key_at(t: GroupTrack, seq: int) -> int:
+    i = seq - t.first_seq
+    if 0 <= i < len(t.keys) // 4:
+        return int.from_bytes(t.keys[4 * i : 4 * i + 4], "little")
+    for p in t.pending:
+        if p.seq == seq and not p.p2p:
+            return p.key
+    return 0
+
+
+def _time_at(t: GroupTrack, seq: int) -> int:
+    i = seq - t.first_seq
+    if 0 <= i < len(t.times) // 8:
+        return int.from_bytes(t.times[8 * i : 8 * i + 8], "little", signed=True)
+    return 0
+
+
+def _waits(groups: dict[str, Group], missing: set[int]) -> list[Wait]:
+    waits: list[Wait] = []
+    for g in groups.values():
+        for rank, t in g.tracks.items():
+            if t.enq <= t.done:
+                continue
+            seq = t.done + 1
+            pend = next((p for p in t.pending if p.seq == seq and not p.p2p), None)
+            op = op_name(pend.op) if pend else "?"
+            t_ns = pend.t_ns if pend else _time_at(t, seq)
+            waiting_for = set()
+            for m in g.members:
+                if m == rank:
+                    continue
+                other = g.tracks.get(m)
+                if other is None or other.enq < seq:
+                    waiting_for.add(m)
+            waits.append(Wait(rank, g.name, seq, op, t_ns, frozenset(waiting_for), g.desc))
+    return waits
+
+
+def _majority(votes: dict[int, int], group_keys: Counter[int]) -> tuple[int, list[int]]:
+    """(expected key, ranks that differ): the most common key wins; a tie goes to the key this group uses
+    more often elsewhere."""
+    count = Counter(votes.values())
+    expected = max(
+        count, key=lambda k: (count[k], group_keys[k], -min(r for r, v in votes.items() if v == k))
+    )
+    return expected, sorted(r for r, v in votes.items() if v != expected)
+
+
+def _mismatch_kind(a: KeyInfo, b: KeyInfo) -> str:
+    if a.op != b.op:
+        return "op"
+    if (a.in_sizes, a.out_sizes) != (b.in_sizes, b.out_sizes):
+        return "size"
+    return "dtype"
+
+
+def _group_key_counts(g: Group) -> Counter[int]:
+    counts: Counter[int] = Counter()
+    for t in g.tracks.values():
+        mv = memoryview(t.keys).cast("I")
+        counts.update(mv.tolist()[-TIMING_WINDOW:])
+    return counts
+
+
+def _frontier_mismatch(
+    groups: dict[str, Group], waits: list[Wait], keys: dict[int, KeyInfo]
+) -> MismatchFinding | None:
+    seen: set[tuple[str, int]] = set()
+    for w in sorted(waits, key=lambda w: (w.t_ns, w.seq)):
+        if (w.group, w.seq) in seen:
+            continue
+        seen.add((w.group, w.seq))
+        g = groups[w.group]
+        votes = {r: k for r, t in g.tracks.items() if t.enq >= w.seq and (k := _key_at(t, w.seq))}
+        if len(set(votes.values())) > 1:
+            return _mismatch(g, w.seq, votes, keys, pending=True)
+    return None
+
+
+def _mismatch(
+    g: Group, seq: int, votes: dict[int, int], keys: dict[int, KeyInfo], pending: bool
+) -> MismatchFinding:
+    expected, odd = _majority(votes, _group_key_counts(g))
+    found = votes[odd[0]]
+    exp_info = keys.get(expected, KeyInfo("?", "?", "?", "?"))
+    found_info = keys.get(found, KeyInfo("?", "?", "?", "?"))
+    return MismatchFinding(_mismatch_kind(exp_info, found_info), g, seq, odd, exp_info, found_info, pending)
+
+
+def _history_mismatch(groups: dict[str, Group], keys: dict[int, KeyInfo]) -> MismatchFinding | None:
+    """The earliest collective whose members passed different ops/sizes/dtypes, across all groups."""
+    best: MismatchFinding | None = None
+    for g in groups.values():
+        tracks = sorted(g.tracks.items())
+        if len(tracks) < 2:
+            continue
+        _, ref = tracks[0]
+        ref_keys = memoryview(ref.keys).cast("I")
+        for _rank, t in tracks[1:]:
+            lo = max(ref.first_seq, t.first_seq)
+            hi = min(ref.first_seq + len(ref_keys), t.first_seq + len(t.keys) // 4)
+            if hi <= lo:
+                continue
+            a = ref.keys[4 * (lo - ref.first_seq) : 4 * (hi - ref.first_seq)]
+            b = t.keys[4 * (lo - t.first_seq) : 4 * (hi - t.first_seq)]
+            if a == b:
+                continue
+            av, bv = memoryview(a).cast("I"), memoryview(b).cast("I")
+            for i in range(hi - lo):
+                if av[i] != bv[i] and av[i] and bv[i]:
+                    seq = lo + i
+                    if best is None or seq < best.seq or best.group is not g:
+                        votes = {r: k for r, tr in g.tracks.items() if (k := _key_at(tr, seq))}
+                        found = _mismatch(g, seq, votes, keys, pending=False)
+                        if best is None or _earlier(found, best):
+                            best = found
+                    break
+    return best
+
+
+def _earlier(a: MismatchFinding, b: MismatchFinding) -> bool:
+    ta = min((_time_at(t, a.seq) for t in a.group.tracks.values()), default=0)
+    tb = min((_time_at(t, b.seq) for t in b.group.tracks.values()), default=0)
+    return ta < tb
+
+
+# ---------------------------------------------------------------- stragglers
+
+
+def _stragglers(groups: dict[str, Group]) -> list[Straggler]:
+    lags: dict[int, list[float]] = {}
+    for g in groups.values():
+        tracks = [(r, t, memoryview(t.times).cast("q")) for r, t in g.tracks.items() if t.times]
+        if len(tracks) < 2 or len(tracks) < len(g.members):
+            continue
+        lo = max(t.first_seq for _, t, _ in tracks)
+        hi = min(t.first_seq + len(mv) for _, t, mv in tracks)
+        lo = max(lo, hi - TIMING_WINDOW)
+        for seq in range(lo, hi):
+            times = [mv[seq - t.first_seq] for _, t, mv in tracks]
+            if not all(times):
+                continue
+            med = statistics.median(times)
+            for (r, _, _), tv in zip(tracks, times, strict=True):
+                lags.setdefault(r, []).append((tv - med) / 1e6)
+    if len(lags) < 2:
+        return []
+    medians = {r: statistics.median(v) for r, v in lags.items()}
+    center = statistics.median(medians.values())
+    mad = statistics.median(abs(m - center) for m in medians.values()) * 1.4826
+    threshold = max(MIN_STRAGGLER_LAG_MS, STRAGGLER_MADS * mad)
+    out = []
+    for r, m in medians.items():
+        if m - center <= threshold:
+            continue
+        late = sum(1 for x in lags[r] if x - center > threshold / 2) / len(lags[r])
+        if late >= STRAGGLER_LATE_FRACTION:
+            out.append(Straggler(r, m, late, len(lags[r])))
+    out.sort(key=lambda s: -s.lag_ms_median)
+    return out
+
+
+# ---------------------------------------------------------------- verdict
+
+
+def _coll(g: Group, seq: int, op: str) -> dict[str, Any]:
+    return {"pg_name": g.name, "pg_desc": g.desc, "seq": seq, "op": op}
+
+
+def _ranks(ranks: Sequence[int] | set[int]) -> str:
+    items = sorted(ranks)
+    if len(items) > 12:
+        return ", ".join(str(r) for r in items[:10]) + f", … ({len(items)} ranks)"
+    return ", ".join(str(r) for r in items)
+
+
+def _decide(
+    res: FrAnalysis,
+    *,
+    groups: dict[str, Group],
+    waits: list[Wait],
+    culprits: list[Culprit],
+    frontier_mm: MismatchFinding | None,
+    history_mm: MismatchFinding | None,
+    stragglers: list[Straggler],
+    missing: list[int],
+) -> None:
+    straggler_ranks = {s.rank for s in stragglers}
+    blocked = {w.rank for w in waits}
+    if frontier_mm is not None:
+        _set_mismatch(res, frontier_mm, stalled=True)
+        return
+    if culprits:
+        roots = [r for c in culprits for r in c.ranks]
+        first = culprits[0]
+        w = first.first_wait
+        g = groups[w.group]
+        res.culprit_ranks = list(dict.fromkeys(roots))
+        res.collective = _coll(g, w.seq, w.op)
+        victims = set().union(*(c.victims for c in culprits)) or blocked
+        where = f"{w.op} #{w.seq} of process group {g.label()}"
+        crashed = [r for r in roots if r in missing]
+        if crashed:
+            res.verdict = "crash"
+            res.culprit_ranks = list(dict.fromkeys(crashed + roots))
+            res.summary = (
+                f"crash: rank {_ranks(crashed)} left no dump and {_ranks(victims)} wait for it in {where}"
+            )
+        elif set(first.ranks) <= straggler_ranks:
+            # an on-demand dump of a running job with a slow rank looks like a stall behind that rank
+            res.verdict = "straggler"
+            res.culprit_ranks = [s.rank for s in stragglers]
+            res.collective = None
+            res.summary = (
+                f"straggler: rank {_ranks(res.culprit_ranks)} enters collectives late "
+                f"(median {stragglers[0].lag_ms_median:.1f} ms behind its peers); the ranks blocked behind "
+                f"it in the dump are the job waiting for it (a dump taken while the job runs)"
+            )
+        elif first.cycle:
+            res.verdict = "hang"
+            res.summary = (
+                f"hang: ranks {_ranks(first.ranks)} wait for each other in different collectives "
+                f"(call-order deadlock), first in {where}"
+            )
+        else:
+            res.verdict = "hang"
+            res.summary = (
+                f"hang: rank {_ranks(first.ranks)} never entered {where}; "
+                f"{len(victims)} rank(s) are blocked behind it"
+            )
+        for c in culprits[:10]:
+            cw = c.first_wait
+            waiting = sorted(x.rank for x in waits if x.group == cw.group and x.seq == cw.seq)
+            res.findings.append(
+                f"rank {_ranks(c.ranks)} {'is' if len(c.ranks) == 1 else 'are'} missing from {cw.op} #{cw.seq} "
+                f"of group {groups[cw.group].label()}, which rank(s) {_ranks(waiting)} entered and wait in"
+                + (f"; {len(c.victims)} blocked rank(s) depend on it" if c.victims else "")
+            )
+        return
+    if waits:
+        if history_mm is not None:
+            _set_mismatch(res, history_mm, stalled=False)
+            return
+        if stragglers:
+            _set_straggler(res, stragglers)
+            return
+        w = min(waits, key=lambda w: (w.t_ns, w.seq))
+        g = groups[w.group]
+        started = any(
+            p.seq == w.seq and p.state == "started" for t in g.tracks.values() for p in t.pending if not p.p2p
+        )
+        res.collective = _coll(g, w.seq, w.op)
+        in_it = sorted(x.rank for x in waits if x.group == w.group and x.seq == w.seq)
+        if started:
+            res.verdict = "hang"
+            res.summary = (
+                f"hang: every member entered {w.op} #{w.seq} of group {g.label()} and none completed it "
+                f"(network/transport or device fault; the dumps cannot name one rank)"
+            )
+        else:
+            res.verdict = "inconclusive"
+            res.summary = (
+                f"inconclusive: every member entered {w.op} #{w.seq} of group {g.label()} and it had not "
+                f"completed when dumped (in progress when dumped on demand, or a network/transport stall)"
+            )
+        res.findings.append(f"ranks {_ranks(in_it)} are inside {w.op} #{w.seq} of group {g.label()}")
+        return
+    if missing:
+        res.verdict = "crash"
+        res.culprit_ranks = list(missing)
+        res.summary = f"crash: rank {_ranks(missing)} left no dump while no other rank is blocked"
+        return
+    if history_mm is not None:
+        _set_mismatch(res, history_mm, stalled=False)
+        return
+    if stragglers:
+        _set_straggler(res, stragglers)
+        return
+    res.verdict = "healthy"
+    res.summary = "healthy: every collective in the dumps completed on all members; no straggler"
+
+
+def _set_mismatch(res: FrAnalysis, mm: MismatchFinding, stalled: bool) -> None:
+    res.verdict = "mismatch"
+    res.culprit_ranks = mm.ranks
+    res.collective = _coll(mm.group, mm.seq, mm.found.op)
+    res.mismatch = mm.to_json()
+    what = {
+        "op": f"called {mm.found.op} where the others call {mm.expected.op}",
+        "size": f"passed sizes {mm.found.in_sizes}→{mm.found.out_sizes} where the others pass "
+        f"{mm.expected.in_sizes}→{mm.expected.out_sizes}",
+        "dtype": f"passed dtype {mm.found.dtypes} where the others pass {mm.expected.dtypes}",
+    }[mm.kind]
+    res.summary = (
+        f"mismatch: rank {_ranks(mm.ranks)} {what} in collective #{mm.seq} of group {mm.group.label()}"
+        + ("; the group is stuck there" if stalled else "")
+    )
+
+
+def _set_straggler(res: FrAnalysis, stragglers: list[Straggler]) -> None:
+    res.verdict = "straggler"
+    res.culprit_ranks = [s.rank for s in stragglers]
+    s = stragglers[0]
+    res.summary = (
+        f"straggler: rank {_ranks(res.culprit_ranks)} enters collectives late (median {s.lag_ms_median:.1f} ms "
+        f"behind its peers on {s.late_fraction:.0%} of {s.n_collectives} collectives); nothing is stuck"
+    )
+
+
+def _add_context(
+    res: FrAnalysis,
+    groups: dict[str, Group],
+    waits: list[Wait],
+    missing: list[int],
+    stragglers: list[Straggler],
+) -> None:
+    if missing:
+        res.findings.append(f"no dump from rank(s) {_ranks(missing)} of world size {res.world_size}")
+    for s in stragglers[:10]:
+        res.findings.append(
+            f"rank {s.rank} creates its collectives {s.lag_ms_median:.1f} ms after its peers' median "
+            f"(late on {s.late_fraction:.0%} of {s.n_collectives})"
+        )
+    by_coll: dict[tuple[str, int], list[Wait]] = {}
+    for w in waits:
+        by_coll.setdefault((w.group, w.seq), []).append(w)
+    for (name, seq), ws in sorted(by_coll.items(), key=lambda kv: min(w.t_ns for w in kv[1]))[:15]:
+        g = groups[name]
+        absent = set().union(*(w.waiting_for for w in ws)) - {w.rank for w in ws}
+        done = sorted(r for r, t in g.tracks.items() if t.done >= seq)
+        text = f"group {g.label()} #{seq} {ws[0].op}: blocked {_ranks([w.rank for w in ws])}"
+        if absent:
+            text += f"; never entered: {_ranks(absent)}"
+        if done:
+            text += f"; completed (or failed) on: {_ranks(done)}"
+        res.findings.append(text)
+    for g in groups.values():
+        if g.unknown_members:
+            res.findings.append(
+                f"group {g.label()} has {g.unknown_members} member(s) beyond those seen in the dumps"
+            )
+
+
+def _group_json(g: Group) -> dict[str, Any]:
+    enq = [t.enq for t in g.tracks.values()]
+    done = [t.done for t in g.tracks.values()]
+    return {
+        "pg_name": g.name,
+        "pg_desc": g.desc,
+        "members": sorted(g.members) if len(g.members) <= 64 else len(g.members),
+        "last_enqueued": [min(enq), max(enq)] if enq else None,
+        "last_completed": [min(done), max(done)] if done else None,
+    }
+
+
+def _key_json(k: KeyInfo) -> dict[str, Any]:
+    return {"op": k.op, "input_sizes": k.in_sizes, "output_sizes": k.out_sizes, "dtypes": k.dtypes}
+
+
+def _name_order(name: str) -> tuple[int, str]:
+    return (int(name), "") if name.isdigit() else (1 << 60, name)

@@ -1,0 +1,64 @@
+"""Read a whole directory of dumps — in parallel worker processes for large sets — and analyze it.
+
+Each worker decodes a batch of dumps and sends back only their :class:`RankSummary` (msgpack), so peak
+memory stays at a few dumps per worker however many ranks the job had.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+import msgspec
+
+from sentinel.fr.analysis import FrAnalysis, analyze
+from sentinel.fr.errors import FrFormatError
+from sentinel.fr.loader import DumpFile, discover, load_dump
+from sentinel.fr.summary import RankSummary, summarize
+
+#: Below this many files, decoding in-process beats starting workers.
+PARALLEL_MIN_FILES = 48
+_BATCH = 16
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(list[RankSummary])
+
+
+def summarize_file(dump: DumpFile) -> RankSummary:
+    """Load and reduce one dump file."""
+    return summarize(load_dump(dump.path, dump.rank))
+
+
+def _summarize_batch(batch: Sequence[tuple[str, int, str]]) -> bytes | str:
+    """Worker: reduce a batch; a format error comes back as its one-line message."""
+    try:
+        return _ENCODER.encode([summarize_file(DumpFile(Path(p), r, pre)) for p, r, pre in batch])
+    except FrFormatError as exc:
+        return str(exc)
+
+
+def summarize_dir(root: Path, workers: int | None = None) -> list[RankSummary]:
+    """Every rank's summary under ``root``; FrFormatError for unusable input."""
+    files = discover(root)
+    if workers is None:
+        workers = min(os.cpu_count() or 1, 32)
+    if workers <= 1 or len(files) < PARALLEL_MIN_FILES:
+        return [summarize_file(f) for f in files]
+    batches = [
+        [(str(f.path), f.rank, f.prefix) for f in files[i : i + _BATCH]] for i in range(0, len(files), _BATCH)
+    ]
+    out: list[RankSummary] = []
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("forkserver")) as pool:
+        for result in pool.map(_summarize_batch, batches):
+            if isinstance(result, str):
+                raise FrFormatError(result)
+            out.extend(_DECODER.decode(result))
+    return out
+
+
+def analyze_dir(root: Path, workers: int | None = None) -> FrAnalysis:
+    """Read every dump under ``root`` and analyze them (see :func:`sentinel.fr.analysis.analyze`)."""
+    return analyze(summarize_dir(root, workers))

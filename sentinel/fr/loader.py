@@ -1,0 +1,186 @@
+"""Find and read every rank's Flight Recorder dump under a directory.
+
+PyTorch names dumps ``<prefix><global rank>`` (pickle) or ``<prefix><rank>.json`` (``_dump_fr_trace_json``);
+operators may gzip them and collect them in per-host subfolders. The format is recognised from the content
+(gzip magic, pickle protocol byte, ``{``), not from the name. Every size is bounded before it is read.
+
+A dump's top level holds ``version`` ("2.x"), ``entries`` (the ring buffer), and, depending on the version,
+``pg_config`` (group name → name/desc/ranks as a string), ``pg_status`` (rank-local pg_id → last
+enqueued/started/completed collective; strings in JSON dumps) and ``comm_lib_version``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sentinel.fr.errors import FrFormatError
+from sentinel.fr.safepickle import PICKLE_PROTO, loads_plain
+
+#: Largest dump file accepted, after decompression. A 2,000-entry dump with stack frames is ~0.3 MB.
+MAX_DUMP_BYTES = 256 * 1024 * 1024
+#: Largest number of dump files read from one directory.
+MAX_FILES = 1 << 17
+#: Largest number of ring-buffer entries accepted in one dump.
+MAX_ENTRIES = 1 << 20
+
+_NAME_RE = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)(?P<json>\.json)?(?P<gz>\.gz)?$")
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+@dataclass(frozen=True, slots=True)
+class DumpFile:
+    """A file whose name says it is rank ``rank``'s dump."""
+
+    path: Path
+    rank: int
+    prefix: str
+
+
+@dataclass(slots=True)
+class RawDump:
+    """The top level of one dump, checked for shape; entries are still the decoded dicts."""
+
+    source: str
+    rank: int
+    version: str
+    entries: list[Any]
+    pg_config: dict[str, Any] = field(default_factory=dict)
+    pg_status: dict[str, Any] = field(default_factory=dict)
+    is_json: bool = False
+
+
+def discover(root: Path) -> list[DumpFile]:
+    """Every file under ``root`` named like a dump, sorted by rank; FrFormatError when there is none.
+
+    Files whose name does not end in a rank number are ignored. A rank that appears in two files is an
+    error (two copies of the same job, e.g. pickle and JSON side by side): the caller must pick one folder.
+    """
+    if not root.is_dir():
+        raise FrFormatError(f"{root}: not a directory")
+    found: dict[int, DumpFile] = {}
+    for path in _walk(root):
+        match = _NAME_RE.match(path.name)
+        if match is None:
+            continue
+        rank = int(match["rank"])
+        if rank > 1 << 24:
+            continue
+        dump = DumpFile(path=path, rank=rank, prefix=match["prefix"])
+        other = found.get(rank)
+        if other is not None:
+            raise FrFormatError(
+                f"{root}: rank {rank} has two dumps ({other.path.relative_to(root)} and "
+                f"{path.relative_to(root)}); point at one folder per dump set"
+            )
+        found[rank] = dump
+        if len(found) > MAX_FILES:
+            raise FrFormatError(f"{root}: more than {MAX_FILES} dump files")
+    if not found:
+        raise FrFormatError(f"{root}: no flight recorder dumps (files named <prefix><rank>[.json][.gz])")
+    return [found[r] for r in sorted(found)]
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if name.startswith("."):
+                continue
+            path = Path(dirpath) / name
+            if path.is_file():
+                yield path
+
+
+def read_bytes(path: Path, limit: int = MAX_DUMP_BYTES) -> bytes:
+    """The file's bytes, gunzipped when gzip, refusing anything larger than ``limit`` once expanded."""
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise FrFormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise FrFormatError(f"{path}: larger than {limit} bytes")
+    if data[:2] == _GZIP_MAGIC:
+        return gunzip_bounded(data, limit, source=str(path))
+    return data
+
+
+def gunzip_bounded(data: bytes, limit: int, *, source: str) -> bytes:
+    """Decompress gzip data, refusing output beyond ``limit`` bytes (gzip bombs)."""
+    out = bytearray()
+    rest = data
+    while rest:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            out += inflater.decompress(rest, limit + 1 - len(out))
+        except zlib.error as exc:
+            raise FrFormatError(f"{source}: corrupt gzip: {exc}") from None
+        if len(out) > limit or inflater.unconsumed_tail:
+            raise FrFormatError(f"{source}: expands beyond {limit} bytes")
+        if not inflater.eof:
+            raise FrFormatError(f"{source}: truncated gzip")
+        rest = inflater.unused_data
+    return bytes(out)
+
+
+def decode(data: bytes, *, source: str) -> tuple[Any, bool]:
+    """Decode dump bytes (pickle or JSON) into plain data; returns (object, is_json)."""
+    if not data:
+        raise FrFormatError(f"{source}: empty file")
+    if data[0] == PICKLE_PROTO:
+        return loads_plain(data, source=source), False
+    head = data[:64].lstrip()
+    if head[:1] == b"{":
+        try:
+            return json.loads(data), True
+        except (ValueError, RecursionError) as exc:
+            raise FrFormatError(f"{source}: corrupt JSON: {str(exc)[:120]}") from None
+    raise FrFormatError(f"{source}: neither a pickle nor a JSON flight recorder dump")
+
+
+def parse_dump(obj: Any, *, rank: int, source: str, is_json: bool) -> RawDump:
+    """Check the top-level shape of a decoded dump and return it as a :class:`RawDump`."""
+    if not isinstance(obj, dict):
+        raise FrFormatError(f"{source}: top level is {type(obj).__name__}, expected a dict")
+    version = obj.get("version")
+    if not isinstance(version, str) or not re.fullmatch(r"2\.\d{1,4}", version):
+        raise FrFormatError(f"{source}: field 'version' is {str(version)[:40]!r}, expected '2.x'")
+    entries = obj.get("entries", [])
+    if not isinstance(entries, list):
+        raise FrFormatError(f"{source}: field 'entries' is {type(entries).__name__}, expected a list")
+    if len(entries) > MAX_ENTRIES:
+        raise FrFormatError(f"{source}: {len(entries)} entries, more than {MAX_ENTRIES}")
+    pg_config = obj.get("pg_config") or {}
+    if not isinstance(pg_config, dict):
+        raise FrFormatError(f"{source}: field 'pg_config' is {type(pg_config).__name__}, expected a dict")
+    pg_status = obj.get("pg_status") or {}
+    if not isinstance(pg_status, dict):
+        raise FrFormatError(f"{source}: field 'pg_status' is {type(pg_status).__name__}, expected a dict")
+    return RawDump(
+        source=source,
+        rank=rank,
+        version=version,
+        entries=entries,
+        pg_config=pg_config,
+        pg_status=pg_status,
+        is_json=is_json,
+    )
+
+
+def load_dump(path: Path, rank: int | None = None) -> RawDump:
+    """Read, decode and shape-check one dump file. ``rank`` defaults to the number ending its name."""
+    if rank is None:
+        match = _NAME_RE.match(path.name)
+        if match is None:
+            raise FrFormatError(f"{path}: file name does not end in a rank number")
+        rank = int(match["rank"])
+    data = read_bytes(path)
+    obj, is_json = decode(data, source=str(path))
+    return parse_dump(obj, rank=rank, source=str(path), is_json=is_json)

@@ -1,0 +1,130 @@
+"""Collective op names and the rules that say which fields must agree across the ranks of one collective.
+
+PyTorch records ``profiling_name`` as ``<backend>:<op>[ <p2p peers>]`` (``nccl:all_reduce``,
+``gloo:all_gather``, ``nccl:send 0->1``, ``nccl:recv 1<-0``, ``nccl:coalesced``). Every rank of a collective
+must pass the same op; sizes must agree by per-op rules: an all_gather's output holds group-size inputs, a
+reduce_scatter's input holds group-size outputs, gather/scatter only agree on the non-root side, and
+all_to_all may legitimately differ (uneven splits).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sentinel.fr.errors import FrFormatError
+
+SAME_INPUT_AND_OUTPUT = frozenset(
+    {
+        "all_reduce",
+        "allreduce",
+        "allreduce_coalesced",
+        "all_reduce_coalesced",
+        "broadcast",
+        "_broadcast_oop",
+        "reduce",
+        "_reduce_oop",
+        "barrier",
+        "all_reduce_barrier",
+    }
+)
+GATHER_LIKE = frozenset(
+    {
+        "all_gather",
+        "allgather",
+        "_all_gather_base",
+        "all_gather_base",
+        "all_gather_into_tensor",
+        "all_gather_into_tensor_coalesced",
+        "all_gather_single",
+        "ALLGATHER_coalesced",
+        "allgather_coalesced",
+        "allgather_into_tensor_coalesced",
+    }
+)
+SCATTER_LIKE = frozenset(
+    {
+        "reduce_scatter",
+        "_reduce_scatter_base",
+        "reduce_scatter_base",
+        "reduce_scatter_tensor",
+        "reduce_scatter_single",
+        "reduce_scatter_tensor_coalesced",
+        "REDUCE_SCATTER_coalesced",
+    }
+)
+UNEVEN = frozenset({"all_to_all", "all_to_all_single", "all_to_all_v_single", "alltoall", "alltoall_base"})
+UNEVEN |= frozenset({"all_gather_v", "reduce_scatter_v", "gather", "scatter"})
+P2P = frozenset({"send", "recv", "isend", "irecv", "recv_anysource"})
+
+
+def op_name(profiling_name: str) -> str:
+    """``nccl:send 0->1`` → ``send``; ``gloo:all_reduce`` → ``all_reduce``."""
+    name = profiling_name.split(":", 1)[1] if ":" in profiling_name else profiling_name
+    return name.split(" ", 1)[0]
+
+
+def p2p_peer(profiling_name: str) -> tuple[int, int] | None:
+    """(src, dst) group-local ranks of a p2p op, or None when the name does not carry them."""
+    tail = profiling_name.rsplit(" ", 1)[-1]
+    try:
+        if "->" in tail:
+            src, dst = tail.split("->", 1)
+            return int(src), int(dst)
+        if "<-" in tail:
+            dst, src = tail.split("<-", 1)
+            return int(src), int(dst)
+    except ValueError:
+        return None
+    return None
+
+
+def numel(sizes: Any) -> int:
+    """Total elements of a list of tensor shapes; FrFormatError when the shapes are not lists of ints."""
+    total = 0
+    for shape in sizes:
+        if not isinstance(shape, list | tuple):
+            raise FrFormatError(f"tensor shape is {type(shape).__name__}, expected a list")
+        n = 1
+        for dim in shape:
+            if type(dim) is not int:
+                raise FrFormatError(f"tensor dimension is {type(dim).__name__}, expected an int")
+            n *= dim
+        total += n
+    return total
+
+
+def group_size_hint(op: str, in_sizes: Any, out_sizes: Any) -> int:
+    """The group size implied by an all_gather / reduce_scatter's shapes, 0 when they imply none."""
+    if op in GATHER_LIKE:
+        small, big = numel(in_sizes), numel(out_sizes)
+    elif op in SCATTER_LIKE:
+        small, big = numel(out_sizes), numel(in_sizes)
+    else:
+        return 0
+    if small <= 0 or big <= 0 or big % small:
+        return 0
+    ratio = big // small
+    return ratio if ratio <= 1 << 24 else 0
+
+
+def match_key(op: str, in_sizes: Any, out_sizes: Any, dtypes: Any) -> str:
+    """The part of a collective's description that must be identical on every rank of it."""
+    if op in SAME_INPUT_AND_OUTPUT or op in GATHER_LIKE or op in SCATTER_LIKE:
+        sizes = f"{in_sizes}>{out_sizes}"
+    elif op in UNEVEN or op in P2P:
+        sizes = ""
+    else:
+        sizes = f"{in_sizes}"
+    return f"{op}|{sizes}|{','.join(sorted(dtypes))}"
+
+
+def describe_sizes(in_sizes: Any, out_sizes: Any) -> str:
+    """A short human form of input → output shapes."""
+    return f"{_shapes(in_sizes)}→{_shapes(out_sizes)}"
+
+
+def _shapes(sizes: Any) -> str:
+    try:
+        return "[" + ", ".join("x".join(str(d) for d in s) or "scalar" for s in sizes) + "]"
+    except TypeError:
+        return str(sizes)[:60]

@@ -1,0 +1,66 @@
+"""Decode PyTorch Flight Recorder pickles without executing anything.
+
+A Flight Recorder dump is a pickle of plain data only: dicts, lists, tuples, strings, numbers, booleans and
+None. Loading untrusted pickles with :func:`pickle.load` runs arbitrary code (``__reduce__`` → ``os.system``),
+so this module uses the C unpickler with every door to code closed:
+
+* ``find_class`` refuses every global, so GLOBAL / STACK_GLOBAL / INST / OBJ / EXT* can never produce a
+  callable or a class;
+* ``persistent_load`` refuses persistent ids;
+* without a callable or a class on the stack, REDUCE / NEWOBJ / NEWOBJ_EX / OBJ / BUILD can only fail
+  (plain containers are not callable and have no ``__setstate__``);
+* the copyreg extension cache (which would let EXT opcodes skip ``find_class``) must be empty, else we refuse.
+
+The C unpickler keeps its own stack (no recursion limit issues) and the input size is bounded by the
+caller, so a hostile file costs at most a bounded amount of memory and then raises :class:`FrFormatError`.
+The C unpickler is used rather than a pure-Python opcode interpreter because dumps of thousands of ranks
+hold tens of millions of opcodes; see ``docs/flight-recorder.md``.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import io
+import pickle
+from typing import Any, NoReturn
+
+from sentinel.fr.errors import FrFormatError
+
+#: First byte of every pickle of protocol >= 2 (PyTorch writes protocol 2).
+PICKLE_PROTO = 0x80
+
+
+class _RefusedGlobal(Exception):
+    """Raised from inside the unpickler; converted to FrFormatError by :func:`loads_plain`."""
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """An unpickler that cannot resolve any global or persistent id."""
+
+    def find_class(self, module: str, name: str) -> NoReturn:
+        raise _RefusedGlobal(f"refused global {module[:60]}.{name[:60]}")
+
+    def persistent_load(self, pid: Any) -> NoReturn:
+        raise _RefusedGlobal("refused persistent id")
+
+
+def loads_plain(data: bytes, *, source: str = "<bytes>") -> Any:
+    """Decode a pickle that may only contain plain data; raise FrFormatError for anything else."""
+    if not data or data[0] != PICKLE_PROTO:
+        raise FrFormatError(f"{source}: not a pickle of protocol 2 or later")
+    if copyreg._extension_cache:  # type: ignore[attr-defined]
+        raise FrFormatError(f"{source}: refused: the copyreg extension cache of this process is not empty")
+    reader = io.BufferedReader(io.BytesIO(data), buffer_size=1 << 20)
+    try:
+        obj = _PlainUnpickler(reader).load()
+    except _RefusedGlobal as exc:
+        raise FrFormatError(f"{source}: {exc} (dumps hold plain data only; nothing was executed)") from None
+    except RecursionError:
+        raise FrFormatError(f"{source}: pickle nests too deeply") from None
+    except MemoryError:
+        raise FrFormatError(f"{source}: pickle expands beyond available memory") from None
+    except Exception as exc:  # every decoder failure is a format error
+        raise FrFormatError(f"{source}: corrupt pickle: {type(exc).__name__}: {str(exc)[:120]}") from None
+    if reader.read(1):
+        raise FrFormatError(f"{source}: trailing bytes after the pickle STOP opcode")
+    return obj

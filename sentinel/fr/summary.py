@@ -1,0 +1,299 @@
+"""Reduce one rank's dump to the compact facts the cross-rank analysis needs.
+
+A dump of 2,000 entries with stack frames decodes to ~40,000 Python objects; thousands of ranks of that do
+not fit in memory together. Each dump is therefore reduced right after decoding (in a worker process for
+large sets) to a :class:`RankSummary`: per process group the last enqueued / completed collective, the
+entries not yet completed, and two dense columns indexed by collective sequence number — the match key
+(crc32 of what must agree across ranks, see :mod:`sentinel.fr.ops`) and ``time_created_ns``.
+
+Collectives are keyed by (process-group name, ``collective_seq_id``) — ``pg_id`` and ``record_id`` are
+rank-local. ``pg_status`` is keyed by the rank-local ``pg_id``; the entries map it to the group name.
+A collective counts as completed when it is ``retired`` or its ``state`` is ``completed`` (gloo records
+failed collectives as retired and never sets ``state``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from array import array
+from typing import Any
+
+import msgspec
+
+from sentinel.fr.errors import FrFormatError
+from sentinel.fr.loader import RawDump
+from sentinel.fr.ops import P2P, group_size_hint, match_key, op_name, p2p_peer
+
+
+class KeyInfo(msgspec.Struct, frozen=True, array_like=True):
+    """What one match key stands for, for messages."""
+
+    op: str
+    in_sizes: str
+    out_sizes: str
+    dtypes: str
+    size_hint: int = 0
+
+
+class Pending(msgspec.Struct, frozen=True, array_like=True):
+    """An entry this rank enqueued that had not completed when it dumped."""
+
+    seq: int
+    key: int
+    op: str
+    t_ns: int
+    state: str
+    p2p: bool = False
+    peer: int = -1  # group-local peer rank of a p2p op, -1 when unknown
+
+
+class GroupTrack(msgspec.Struct, array_like=True):
+    """One rank's view of one process group."""
+
+    name: str
+    desc: str
+    pg_id: int = -1
+    config_ranks: list[int] | None = None
+    enq: int = -1
+    done: int = -1
+    started: int = -1
+    first_seq: int = 0
+    keys: bytes = b""  # array('I'): match key per seq from first_seq, 0 = not in the buffer
+    times: bytes = b""  # array('q'): time_created_ns per seq from first_seq
+    pending: list[Pending] = []
+    size_hints: list[int] = []
+
+
+class RankSummary(msgspec.Struct, array_like=True):
+    """Everything the analysis keeps of one rank's dump."""
+
+    rank: int
+    source: str
+    version: str
+    n_entries: int
+    groups: list[GroupTrack]
+    keys: dict[int, KeyInfo]
+    first_t_ns: int = 0
+    last_t_ns: int = 0
+
+
+class _Builder:
+    __slots__ = (
+        "desc",
+        "done",
+        "enq",
+        "hints",
+        "keys",
+        "last_seq",
+        "name",
+        "pending",
+        "pg_id",
+        "seqs",
+        "times",
+    )
+
+    def __init__(self, name: str, desc: str, pg_id: int) -> None:
+        self.name = name
+        self.desc = desc
+        self.pg_id = pg_id
+        self.seqs = array("q")
+        self.keys = array("I")
+        self.times = array("q")
+        self.pending: list[Pending] = []
+        self.enq = -1
+        self.done = -1
+        self.last_seq = -1
+        self.hints: set[int] = set()
+
+
+def _int(value: Any, what: str, source: str) -> int:
+    if type(value) is int:
+        return value
+    if isinstance(value, str) and re.fullmatch(r"-?\d{1,19}", value.strip()):
+        return int(value)
+    raise FrFormatError(f"{source}: {what} is {str(value)[:30]!r}, expected an integer")
+
+
+def summarize(dump: RawDump) -> RankSummary:
+    """Reduce a shape-checked dump to its :class:`RankSummary`; FrFormatError names any bad field."""
+    source = dump.source
+    builders: dict[str, _Builder] = {}
+    key_cache: dict[tuple[str, str], tuple[int, int]] = {}
+    key_info: dict[int, KeyInfo] = {}
+    first_t = 0
+    last_t = 0
+    index = 0
+    try:
+        for index, e in enumerate(dump.entries):
+            profiling = e["profiling_name"]
+            pg = e.get("process_group")
+            if pg is not None:
+                name = pg[0]
+                desc = pg[1] if len(pg) > 1 else ""
+            else:
+                name = str(e.get("pg_id", ""))
+                desc = ""
+            b = builders.get(name)
+            if b is None:
+                if type(name) is not str or type(desc) is not str or type(profiling) is not str:
+                    raise FrFormatError(f"{source}: entry {index}: process_group/profiling_name not strings")
+                b = _Builder(name, desc, _int(e.get("pg_id", -1), f"entry {index} pg_id", source))
+                builders[name] = b
+            t = e["time_created_ns"]
+            if type(t) is not int:
+                t = _int(t, f"entry {index} time_created_ns", source)
+            if first_t == 0 or t < first_t:
+                first_t = t
+            last_t = max(last_t, t)
+            state = e.get("state", "scheduled")
+            completed = e.get("retired") is True or state == "completed"
+            in_sizes = e.get("input_sizes", [])
+            out_sizes = e.get("output_sizes", [])
+            ck = (profiling, f"{in_sizes}{out_sizes}{e.get('input_dtypes')}{e.get('output_dtypes')}")
+            cached = key_cache.get(ck)
+            if cached is None:
+                cached = _new_key(profiling, e, key_info)
+                key_cache[ck] = cached
+            key, hint = cached
+            if e.get("is_p2p") is True or op_name(profiling) in P2P:
+                if not completed:
+                    peers = p2p_peer(profiling)
+                    local_peer = -1
+                    if peers is not None:
+                        local_peer = peers[1] if op_name(profiling) in ("send", "isend") else peers[0]
+                    p2p_seq = _int(e.get("p2p_seq_id", -1), f"entry {index} p2p_seq_id", source)
+                    b.pending.append(Pending(p2p_seq, key, profiling, t, str(state), True, local_peer))
+                continue
+            seq = e.get("collective_seq_id", e.get("seq_id"))
+            if type(seq) is not int:
+                seq = _int(seq, f"entry {index} collective_seq_id", source)
+            if hint:
+                b.hints.add(hint)
+            if seq == b.last_seq:
+                # ops of one coalesced collective share its seq: fold their keys together
+                b.keys[-1] = zlib.crc32(key.to_bytes(4, "little"), b.keys[-1]) or 1
+            else:
+                b.seqs.append(seq)
+                b.keys.append(key)
+                b.times.append(t)
+                b.last_seq = seq
+            b.enq = max(b.enq, seq)
+            if completed:
+                b.done = max(b.done, seq)
+            else:
+                b.pending.append(Pending(seq, key, profiling, t, str(state)))
+    except FrFormatError:
+        raise
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError, OverflowError) as exc:
+        raise FrFormatError(
+            f"{source}: entry {index}: malformed ({type(exc).__name__}: {str(exc)[:80]})"
+        ) from None
+    groups = [_finish(b) for b in builders.values()]
+    _apply_status(dump, groups, source)
+    _apply_config(dump, groups)
+    return RankSummary(
+        rank=dump.rank,
+        source=source,
+        version=dump.version,
+        n_entries=len(dump.entries),
+        groups=groups,
+        keys=key_info,
+        first_t_ns=first_t,
+        last_t_ns=last_t,
+    )
+
+
+def _new_key(profiling: str, e: dict[str, Any], key_info: dict[int, KeyInfo]) -> tuple[int, int]:
+    op = op_name(profiling)
+    in_sizes = e.get("input_sizes", [])
+    out_sizes = e.get("output_sizes", [])
+    dtypes = [str(d) for d in (e.get("input_dtypes") or []) + (e.get("output_dtypes") or [])]
+    hint = group_size_hint(op, in_sizes, out_sizes)
+    text = match_key(op, in_sizes, out_sizes, set(dtypes))
+    key = zlib.crc32(text.encode()) or 1
+    key_info.setdefault(key, KeyInfo(op, str(in_sizes), str(out_sizes), ",".join(sorted(set(dtypes))), hint))
+    return key, hint
+
+
+def _finish(b: _Builder) -> GroupTrack:
+    seqs = b.seqs
+    keys = b.keys
+    times = b.times
+    first = seqs[0] if seqs else 0
+    if seqs and (
+        seqs[-1] - first + 1 != len(seqs) or any(seqs[i] >= seqs[i + 1] for i in range(len(seqs) - 1))
+    ):
+        # holes or disorder (ring-buffer oddities): lay the columns out densely by seq
+        lo, hi = min(seqs), max(seqs)
+        if hi - lo > 4 * len(seqs) + 1024:
+            lo = max(lo, hi - 4 * len(seqs) - 1024)
+        dense_k = array("I", bytes(4 * (hi - lo + 1)))
+        dense_t = array("q", bytes(8 * (hi - lo + 1)))
+        for s, k, t in zip(seqs, keys, times, strict=True):
+            if s >= lo:
+                dense_k[s - lo] = k
+                dense_t[s - lo] = t
+        first, keys, times = lo, dense_k, dense_t
+    return GroupTrack(
+        name=b.name,
+        desc=b.desc,
+        pg_id=b.pg_id,
+        enq=b.enq,
+        done=b.done,
+        first_seq=first,
+        keys=keys.tobytes(),
+        times=times.tobytes(),
+        pending=b.pending,
+        size_hints=sorted(b.hints),
+    )
+
+
+def _apply_status(dump: RawDump, groups: list[GroupTrack], source: str) -> None:
+    by_id = {g.pg_id: g for g in groups if g.pg_id >= 0}
+    for pg_id, status in dump.pg_status.items():
+        if not isinstance(status, dict):
+            raise FrFormatError(f"{source}: pg_status[{str(pg_id)[:20]!r}] is not a dict")
+        group = by_id.get(_int(pg_id, "pg_status key", source))
+        if group is None:
+            continue  # a group whose entries all left the ring buffer: its name is unknown
+        enq = _int(status.get("last_enqueued_collective", -1), "last_enqueued_collective", source)
+        done = _int(status.get("last_completed_collective", -1), "last_completed_collective", source)
+        started = _int(status.get("last_started_collective", -1), "last_started_collective", source)
+        group.enq = max(group.enq, enq)
+        group.done = max(group.done, done)
+        group.started = max(group.started, started)
+    for group in groups:
+        if group.done >= 0:
+            group.pending = [p for p in group.pending if p.p2p or p.seq > group.done]
+
+
+def _apply_config(dump: RawDump, groups: list[GroupTrack]) -> None:
+    """Use pg_config when it is sound (NCCL); gloo in torch 2.13 writes an empty/unnamed one."""
+    by_name = {g.name: g for g in groups}
+    for key, cfg in dump.pg_config.items():
+        if not isinstance(cfg, dict):
+            continue
+        name = cfg.get("name", key)
+        group = by_name.get(name) if isinstance(name, str) and name else None
+        if group is None:
+            continue
+        ranks = _parse_ranks(cfg.get("ranks"))
+        if ranks:
+            group.config_ranks = ranks
+        if not group.desc and isinstance(cfg.get("desc"), str):
+            group.desc = cfg["desc"]
+
+
+def _parse_ranks(value: Any) -> list[int] | None:
+    if isinstance(value, str):
+        if len(value) > 1 << 22:
+            return None
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    if isinstance(value, list) and value and all(type(r) is int and 0 <= r < 1 << 24 for r in value):
+        return sorted(set(value))
+    return None
