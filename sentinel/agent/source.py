@@ -12,6 +12,7 @@ simulated hosts.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from sentinel.fr.heads import FrHeads
@@ -32,12 +33,29 @@ class SlowReadings(Protocol):
 
 
 class XidEvent(Protocol):
-    """An Xid reported by the GPU source itself (NVML event set / simulator)."""
+    """An Xid reported by the GPU source itself (NVML event set / simulator); read-only members."""
+
+    @property
+    def gpu(self) -> int: ...
+
+    @property
+    def xid(self) -> int: ...
+
+    @property
+    def t(self) -> float: ...
+
+    @property
+    def text(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class XidRecord:
+    """A concrete :class:`XidEvent`, for sources that have nothing richer to return."""
 
     gpu: int
     xid: int
     t: float
-    text: str
+    text: str = ""
 
 
 class GpuSource(Protocol):
@@ -48,7 +66,11 @@ class GpuSource(Protocol):
         ...
 
     def read_fast(self, gpu: int, now: float) -> GpuSample:
-        """Utilisation, memory, temperature, power, clocks, throttle reasons, pstate, PCIe, pids."""
+        """Utilisation, memory, temperature, power, clocks, throttle reasons, pstate, PCIe, pids.
+
+        Raise :class:`GpuLostError` when the GPU is gone; a call may also block forever (hung GPU): the agent
+        then marks the GPU unresponsive and does not call it again until that call has returned.
+        """
         ...
 
     def read_slow(self, gpu: int, now: float) -> GpuSample:
@@ -63,7 +85,13 @@ class GpuSource(Protocol):
 
 
 class HostExtras(Protocol):
-    """Non-NVML inputs of a simulated host; each call returns what appeared since the last call."""
+    """Non-NVML inputs of a simulated host; each call returns what appeared since the last call.
+
+    Given to :class:`sentinel.agent.Agent`, it replaces the kernel-log reader, the log-file tailer, the
+    /proc job mapping and the probe socket. Kernel lines are kmsg *messages* (``NVRM: Xid (PCI:...): 79, ...``,
+    without the ``pri,seq,ts;`` prefix); job log lines are NCCL/PyTorch log lines. Calls are made on the
+    event loop, so they must not block.
+    """
 
     def kernel_log_lines(self, now: float) -> list[str]: ...
 

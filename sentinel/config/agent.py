@@ -35,11 +35,91 @@ class CollectConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         float,
         msgspec.Meta(gt=0, le=60, description="an NVML call not returned by then marks the GPU unresponsive"),
     ] = 2.0
+    procs_interval_s: Annotated[
+        float,
+        msgspec.Meta(ge=0.05, le=3600, description="interval of the GPU process → job/rank mapping"),
+    ] = 5.0
+    xid_dedup_window_s: Annotated[
+        float,
+        msgspec.Meta(
+            ge=0,
+            le=600,
+            description="the same (GPU, Xid) seen by NVML and the kernel log within it is one event",
+        ),
+    ] = 10.0
+    nvml_events: Annotated[
+        bool, msgspec.Meta(description="listen for Xid events on an NVML event set (a dedicated thread)")
+    ] = True
+
+
+class KmsgConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The kernel log, read from its end, for NVRM Xid lines and other GPU driver messages."""
+
+    enabled: Annotated[bool, msgspec.Meta(description="read the kernel log")] = True
+    path: Annotated[str, msgspec.Meta(description="kernel log device (a plain file works for tests)")] = (
+        "/dev/kmsg"
+    )
+    max_records_per_tick: Annotated[
+        int, msgspec.Meta(ge=1, le=100000, description="records read per tick at most (the rest next tick)")
+    ] = 2000
+
+
+class LogsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """NCCL / PyTorch log files tailed and classified."""
+
+    globs: Annotated[
+        list[str],
+        msgspec.Meta(
+            description="file patterns to tail, e.g. the NCCL_DEBUG_FILE pattern or job log folders"
+        ),
+    ] = []
+    rescan_s: Annotated[
+        float,
+        msgspec.Meta(ge=0.1, le=3600, description="how often the patterns are re-expanded for new files"),
+    ] = 5.0
+    max_line_bytes: Annotated[
+        int, msgspec.Meta(ge=128, le=1 << 20, description="longer lines are cut to this (and counted)")
+    ] = 8192
+    max_bytes_per_tick: Annotated[
+        int, msgspec.Meta(ge=4096, description="bytes read per file per tick at most (the rest next tick)")
+    ] = 4 * 1024 * 1024
+    max_files: Annotated[int, msgspec.Meta(ge=1, le=100000, description="files followed at most")] = 1024
+    forward_info: Annotated[
+        bool, msgspec.Meta(description="also forward info-severity classified lines (NCCL INFO) as events")
+    ] = False
+
+
+class ProbeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The local socket on which training processes hand over flight-recorder heads, and FR dumps."""
+
+    socket_path: Annotated[
+        str, msgspec.Meta(description="unix datagram socket for FrHeads; empty disables it")
+    ] = "/run/sentinel/probe.sock"
+    socket_mode: Annotated[
+        int, msgspec.Meta(ge=0, le=0o777, description="permission bits of the socket file")
+    ] = 0o666
+    max_datagram_bytes: Annotated[
+        int, msgspec.Meta(ge=256, le=1 << 20, description="larger datagrams are dropped")
+    ] = 65536
+    max_pending: Annotated[
+        int, msgspec.Meta(ge=1, le=100000, description="heads queued for the next batch at most")
+    ] = 4096
+    fr_dump_dir: Annotated[
+        str, msgspec.Meta(description="folder PyTorch writes FR dumps into; empty: do not watch")
+    ] = ""
+    fr_dump_prefix: Annotated[
+        str, msgspec.Meta(description="file name prefix of FR dumps (TORCH_FR_DUMP_TEMP_FILE's last part)")
+    ] = "nccl_trace_rank_"
+    fr_pipe_prefix: Annotated[
+        str,
+        msgspec.Meta(description="TORCH_NCCL_DEBUG_INFO_PIPE_FILE prefix; fr_dump writes to <prefix><rank>"),
+    ] = ""
 
 
 class StreamConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The WebSocket stream to the aggregator."""
 
+    enabled: Annotated[bool, msgspec.Meta(description="stream to the aggregator at all")] = True
     aggregator_url: Annotated[
         str, msgspec.Meta(description="ws:// or wss:// URL of the aggregator's stream")
     ] = "ws://127.0.0.1:9400/api/v1/stream"
@@ -52,6 +132,16 @@ class StreamConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     spool_max_bytes: Annotated[
         int, msgspec.Meta(ge=0, description="on-disk spool bound while the aggregator is unreachable")
     ] = 256 * 1024 * 1024
+    backoff_initial_s: Annotated[
+        float, msgspec.Meta(gt=0, le=60, description="first reconnect delay (doubles, jittered)")
+    ] = 0.5
+    backoff_max_s: Annotated[float, msgspec.Meta(gt=0, le=3600, description="reconnect delay cap")] = 30.0
+    connect_timeout_s: Annotated[
+        float, msgspec.Meta(gt=0, le=600, description="WebSocket connect/handshake deadline")
+    ] = 10.0
+    max_inflight: Annotated[
+        int, msgspec.Meta(ge=1, le=100000, description="batches sent and not yet acked at most")
+    ] = 256
 
 
 class RingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -63,12 +153,22 @@ class RingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     )
 
 
+class SystemdConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Notifications to systemd (Type=notify, WatchdogSec=) when NOTIFY_SOCKET is set."""
+
+    notify: Annotated[bool, msgspec.Meta(description="send READY/WATCHDOG/STATUS when run by systemd")] = True
+
+
 class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Everything ``sentinel agent`` reads from its TOML file."""
 
     agent: AgentIdentity = msgspec.field(default_factory=AgentIdentity)
     log: LogConfig = msgspec.field(default_factory=LogConfig)
     collect: CollectConfig = msgspec.field(default_factory=CollectConfig)
+    kmsg: KmsgConfig = msgspec.field(default_factory=KmsgConfig)
+    logs: LogsConfig = msgspec.field(default_factory=LogsConfig)
+    probe: ProbeConfig = msgspec.field(default_factory=ProbeConfig)
     stream: StreamConfig = msgspec.field(default_factory=StreamConfig)
     ring: RingConfig = msgspec.field(default_factory=RingConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
+    systemd: SystemdConfig = msgspec.field(default_factory=SystemdConfig)

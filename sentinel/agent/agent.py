@@ -1,0 +1,440 @@
+"""The host agent: collectors → one batch per tick → ring buffer + spool → WebSocket; /metrics; commands.
+
+``Agent(config, source, extras=None, clock=time.time)`` takes its GPU source (and, for a simulated host, its
+other inputs) from the caller, so ``sentinel demo`` can run many agents in one process on simulated hosts::
+
+    agents = [Agent(cfg_for(host), SimSource(host), extras=SimExtras(host)) for host in hosts]
+    await asyncio.gather(*(a.run() for a in agents))      # each ticks, streams, serves its own registry
+    for a in agents: a.request_stop()
+
+``sentinel sim`` (virtual clock) can instead drive ticks itself with ``batch = await agent.step(now)`` and
+feed the batches to the aggregator in-process (set ``stream.enabled = false``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from sentinel import __version__
+from sentinel.agent.collectors import (
+    Collectors,
+    ExtrasCollector,
+    FrDumpCollector,
+    GpuCollector,
+    JobsCollector,
+    KmsgCollector,
+    LineProcessor,
+    LogCollector,
+    ProbeCollector,
+    XidCollector,
+    XidListener,
+)
+from sentinel.agent.frdump import FrDumpWatcher, trigger_fr_dump
+from sentinel.agent.jobs import JobMapper
+from sentinel.agent.kmsg import KmsgReader, XidDedup
+from sentinel.agent.metrics import AgentCounters, AgentMetricsCollector, GpuView, make_registry
+from sentinel.agent.notify import SystemdNotifier
+from sentinel.agent.probe import ProbeServer
+from sentinel.agent.ring import RingBuffer
+from sentinel.agent.shipper import Shipper
+from sentinel.agent.source import GpuSource, HostExtras
+from sentinel.agent.spool import SeqAllocator, Spool
+from sentinel.agent.tailer import LogTailer
+from sentinel.config.agent import AgentConfig
+from sentinel.fr.heads import FrHeads
+from sentinel.log import get_logger
+from sentinel.wire import (
+    Batch,
+    Command,
+    CommandResult,
+    Drops,
+    Event,
+    GpuInfo,
+    GpuSample,
+    Hello,
+    ProcInfo,
+)
+
+log = get_logger(module="agent")
+
+#: events kept per batch at most; a log flood beyond it is counted as dropped events
+MAX_EVENTS_PER_BATCH = 5000
+MAX_HEADS_PER_BATCH = 8192
+SHUTDOWN_DRAIN_S = 3.0
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+class Agent:
+    """One host's agent. See the module docstring for how to run one or many."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        source: GpuSource,
+        extras: HostExtras | None = None,
+        clock: Callable[[], float] = time.time,
+        *,
+        notifier: SystemdNotifier | None = None,
+    ) -> None:
+        self.config = config
+        self.source = source
+        self.extras = extras
+        self.clock = clock
+        self.host = config.agent.host or socket.gethostname()
+        self.cluster = config.agent.cluster
+        self.started_at = clock()
+        self.counters = AgentCounters()
+        self.gpus: dict[int, GpuView] = {}
+        self.inventory: list[GpuInfo] = []
+        self.pci_to_gpu: dict[str, int] = {}
+        self.ring = RingBuffer(self.host, config.ring.window_s, config.ring.max_bytes)
+        self.metrics = AgentMetricsCollector(self.cluster, self.host, self.gpus, self.counters)
+        self.registry = make_registry(self.metrics)
+        self.notifier = (
+            notifier
+            if notifier is not None
+            else (SystemdNotifier() if config.systemd.notify else SystemdNotifier(env={}))
+        )
+        self._samples: list[GpuSample] = []
+        self._events: list[Event] = []
+        self._heads: list[FrHeads] = []
+        self._procs: list[ProcInfo] = []
+        self._procs_changed = False
+        self._dropped_events = 0
+        self._dropped_probe_reported = 0
+        self._dropped_lines_reported = 0
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self.http_port: int | None = None
+        self._http: Any = None
+
+        state_dir = Path(config.agent.state_dir)
+        self.spool: Spool | None = None
+        if config.stream.enabled:
+            self.spool = Spool(state_dir / "spool", config.stream.spool_max_bytes)
+            self.seq = SeqAllocator(state_dir / "seq", floor=self.spool.max_seq + 1)
+        else:
+            self.seq = SeqAllocator(state_dir / "seq" if state_dir.is_dir() else None)
+        self.shipper: Shipper | None = None
+        if self.spool is not None:
+            self.shipper = Shipper(
+                config.stream,
+                spool=self.spool,
+                hello=self._hello,
+                on_command=self.handle_command,
+                counters=self.counters,
+                host=self.host,
+            )
+
+        self.dedup = XidDedup(config.collect.xid_dedup_window_s)
+        self.lines = LineProcessor(self, self.dedup, forward_info=config.logs.forward_info)
+        self.collectors = Collectors(self.counters, config.collect.tick_s)
+        self._build_collectors()
+
+    # -- collectors -----------------------------------------------------------------------------------------
+
+    def _build_collectors(self) -> None:
+        c = self.config
+        tick = c.collect.tick_s
+        self.gpu_collector = GpuCollector(
+            self,
+            self.source,
+            tick_s=tick,
+            slow_tick_s=c.collect.slow_tick_s,
+            timeout_s=c.collect.nvml_timeout_s,
+        )
+        self.collectors.add(self.gpu_collector)
+        self.xid_listener: XidListener | None = None
+        if c.collect.nvml_events:
+            self.xid_listener = XidListener(self.source, f"{self.host}-xid")
+            self.gpu_collector.on_open = self.xid_listener.start
+            self.collectors.add(XidCollector(self, self.xid_listener, self.dedup, tick))
+        self.probe: ProbeServer | None = None
+        if self.extras is not None:
+            self.collectors.add(ExtrasCollector(self, self.extras, self.lines, tick))
+            return
+        if c.kmsg.enabled:
+            self.collectors.add(
+                KmsgCollector(KmsgReader(c.kmsg.path, c.kmsg.max_records_per_tick), self.lines, tick)
+            )
+        if c.logs.globs:
+            tailer = LogTailer(
+                c.logs.globs,
+                rescan_s=c.logs.rescan_s,
+                max_line_bytes=c.logs.max_line_bytes,
+                max_bytes_per_poll=c.logs.max_bytes_per_tick,
+                max_files=c.logs.max_files,
+            )
+            self.collectors.add(LogCollector(tailer, self.lines, self.counters, tick))
+        self.collectors.add(JobsCollector(self, JobMapper(), c.collect.procs_interval_s))
+        if c.probe.socket_path:
+            self.probe = ProbeServer(
+                c.probe.socket_path,
+                max_bytes=c.probe.max_datagram_bytes,
+                max_pending=c.probe.max_pending,
+                mode=c.probe.socket_mode,
+            )
+            self.collectors.add(ProbeCollector(self, self.probe, tick))
+        if c.probe.fr_dump_dir:
+            self.collectors.add(
+                FrDumpCollector(
+                    self, FrDumpWatcher(c.probe.fr_dump_dir, c.probe.fr_dump_prefix), max(tick, 2.0)
+                )
+            )
+
+    # -- AgentSink ------------------------------------------------------------------------------------------
+
+    def set_inventory(self, inventory: list[GpuInfo]) -> None:
+        self.inventory = list(inventory)
+        self.gpus.clear()
+        for info in inventory:
+            self.gpus[info.index] = GpuView(info)
+        self.pci_to_gpu = {g.pci_bus: g.index for g in inventory if g.pci_bus}
+
+    def add_sample(self, sample: GpuSample) -> None:
+        self._samples.append(sample)
+
+    def add_event(self, event: Event) -> None:
+        if len(self._events) >= MAX_EVENTS_PER_BATCH:
+            self._dropped_events += 1
+            self.counters.dropped["events"] += 1
+            return
+        self._events.append(event)
+
+    def add_heads(self, heads: list[FrHeads]) -> None:
+        room = MAX_HEADS_PER_BATCH - len(self._heads)
+        self._heads.extend(heads[: max(room, 0)])
+
+    def set_procs(self, procs: list[ProcInfo]) -> None:
+        if procs != self._procs:
+            self._procs = list(procs)
+            self._procs_changed = True
+            for view in self.gpus.values():
+                view.job, view.rank = "", ""
+            for proc in procs:
+                found = self.gpus.get(proc.gpu)
+                if found is not None and proc.job_id and not found.job:
+                    found.job = proc.job_id
+                    found.rank = str(proc.rank) if proc.rank is not None else ""
+
+    def nvml_error(self, function: str, error: str) -> None:
+        self.counters.nvml_errors[(function, error)] += 1
+
+    # -- one tick -------------------------------------------------------------------------------------------
+
+    def _fill_heads(self, heads: list[FrHeads]) -> list[FrHeads]:
+        """Set host, and gpu from the process mapping: by pid, else by (job, rank)."""
+        by_pid = {p.pid: p for p in self._procs}
+        by_rank = {(p.job_id, p.rank): p for p in self._procs if p.rank is not None}
+        out: list[FrHeads] = []
+        for h in heads:
+            proc = by_pid.get(h.pid) if h.pid is not None else None
+            if proc is None:
+                proc = by_rank.get((h.job_id, h.rank))
+            gpu = proc.gpu if proc is not None else h.gpu
+            job = h.job_id or (proc.job_id if proc is not None else None)
+            out.append(_replace_heads(h, host=self.host, gpu=gpu, job_id=job))
+        return out
+
+    async def step(self, now: float | None = None) -> Batch:
+        """Run the due collectors once and return this tick's batch (also kept in the ring and spooled)."""
+        now = self.clock() if now is None else now
+        await self.collectors.run_due(now)
+        heads = self._fill_heads(self._heads)
+        procs = self._procs if self._procs_changed else None
+        batch = Batch(
+            seq=self.seq.allocate(),
+            t=now,
+            samples=self._samples,
+            events=self._events,
+            procs=procs,
+            heads=heads,
+            drops=self._drops(),
+        )
+        self._samples, self._events, self._heads, self._procs_changed = [], [], [], False
+        ring = self.ring
+        for sample in batch.samples:
+            ring.append(sample.t, "sample", sample)
+        for event in batch.events:
+            ring.append(event.t, "event", event)
+        for h in heads:
+            ring.append(now, "heads", h)
+        if procs is not None:
+            ring.append(now, "procs", _ProcsEntry(procs=procs))
+        if self.spool is not None:
+            self.spool.add(batch)
+            self.counters.spool_bytes = self.spool.size_bytes
+            self.counters.dropped["samples"] = self.spool.dropped_samples
+            self.counters.dropped["events"] = self.spool.dropped_events + self._dropped_events
+            self.counters.queue_depth["spool_batches"] = len(self.spool)
+        self.counters.queue_depth["ring_entries"] = len(ring)
+        self.counters.last_tick = now
+        self.counters.ticks += 1
+        if self.shipper is not None:
+            self.shipper.wake()
+        return batch
+
+    def _drops(self) -> Drops | None:
+        spooled = self.spool.take_drops() if self.spool is not None else Drops()
+        lines = self.counters.dropped.get("log_lines", 0)
+        probe = self.counters.dropped.get("probe", 0)
+        drops = Drops(
+            samples=spooled.samples,
+            events=spooled.events + self._dropped_events,
+            log_lines=lines - self._dropped_lines_reported,
+            probe=probe - self._dropped_probe_reported,
+        )
+        self._dropped_events = 0
+        self._dropped_lines_reported, self._dropped_probe_reported = lines, probe
+        if drops == Drops():
+            return None
+        return drops
+
+    # -- commands -------------------------------------------------------------------------------------------
+
+    def snapshot(self, since: float | None = None) -> dict[str, Any]:
+        """The ring-buffer snapshot document (see :mod:`sentinel.agent.ring`)."""
+        return self.ring.snapshot(self.clock(), since)
+
+    def trigger_fr_dump(self, job: str | None = None) -> list[str]:
+        """Ask the local ranks (of ``job``, or all) to dump their flight recorder; returns the pipes written."""
+        prefix = self.config.probe.fr_pipe_prefix
+        ranks = [p.rank for p in self._procs if p.rank is not None and (job is None or p.job_id == job)]
+        return trigger_fr_dump(prefix, ranks or None)
+
+    async def handle_command(self, command: Command) -> CommandResult:
+        if command.name == "snapshot":
+            since = command.args.get("since")
+            since_t = float(since) if isinstance(since, int | float) and not isinstance(since, bool) else None
+            return CommandResult(id=command.id, payload=self.snapshot(since_t))
+        if command.name == "fr_dump":
+            job = command.args.get("job")
+            written = await asyncio.to_thread(self.trigger_fr_dump, job if isinstance(job, str) else None)
+            return CommandResult(id=command.id, ok=True, payload={"pipes": written})
+        return CommandResult(id=command.id, ok=False, error=f"unknown command {command.name!r}")
+
+    def _hello(self, first_pending: int) -> Hello:
+        return Hello(
+            host=self.host,
+            cluster=self.cluster,
+            agent_version=__version__,
+            boot_id=_boot_id(),
+            started_at=self.started_at,
+            tick_s=self.config.collect.tick_s,
+            gpus=self.inventory,
+            next_seq=first_pending if first_pending >= 0 else self.seq.next,
+        )
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open sockets and servers; the first tick opens the GPU source."""
+        if self.probe is not None:
+            try:
+                await self.probe.start()
+            except OSError as exc:
+                log.error("probe_socket_failed", path=self.probe.path, error=exc.strerror or str(exc))
+                self.probe = None
+        if self.config.metrics.listen_host:
+            from sentinel.agent.http import start_http
+
+            try:
+                self._http, self.http_port = await start_http(self)
+            except OSError as exc:
+                log.error(
+                    "metrics_listen_failed",
+                    address=f"{self.config.metrics.listen_host}:{self.config.metrics.listen_port}",
+                    error=exc.strerror or str(exc),
+                )
+        if self.shipper is not None:
+            self._tasks.append(asyncio.create_task(self.shipper.run(), name=f"{self.host}-shipper"))
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Tick until :meth:`request_stop` (SIGTERM), then flush and close."""
+        await self.start()
+        loop = asyncio.get_running_loop()
+        tick = self.config.collect.tick_s
+        next_tick = loop.time()
+        ready = False
+        last_status = 0.0
+        try:
+            while not self._stop.is_set():
+                try:
+                    await self.step()
+                except Exception as exc:  # the loop must survive anything a tick meets
+                    log.error("tick_failed", error=f"{type(exc).__name__}: {exc}")
+                if not ready:
+                    self.notifier.ready(self.status_line())
+                    ready = True
+                if self.notifier.watchdog_s is not None:
+                    self.notifier.watchdog()
+                if loop.time() - last_status >= 10.0:
+                    self.notifier.status(self.status_line())
+                    last_status = loop.time()
+                next_tick += tick
+                delay = next_tick - loop.time()
+                if delay < 0:
+                    next_tick = loop.time()
+                    delay = 0
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), delay)
+        finally:
+            await self.shutdown()
+
+    def status_line(self) -> str:
+        states = [v.state for v in self.gpus.values()]
+        bad = sum(1 for s in states if s != "ok")
+        link = "connected" if self.counters.connected else "disconnected"
+        spooled = len(self.spool) if self.spool is not None else 0
+        return f"{len(states)} GPUs ({bad} not ok), aggregator {link}, {spooled} batches spooled"
+
+    async def shutdown(self) -> None:
+        """Give the stream a moment to deliver, keep the rest spooled on disk, release everything."""
+        self.notifier.stopping()
+        if self.shipper is not None:
+            try:
+                await self.shipper.drain(SHUTDOWN_DRAIN_S)
+            finally:
+                await self.shipper.close()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        if self._http is not None:
+            await self._http.cleanup()
+            self._http = None
+        self.collectors.close()
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self.source.close), 2.0)
+        except (TimeoutError, Exception) as exc:
+            log.warning("gpu_source_close_failed", error=f"{type(exc).__name__}: {exc}")
+        self.notifier.close()
+
+
+class _ProcsEntry(msgspec.Struct, kw_only=True):
+    """Ring entry payload for a process-mapping change (a dict with one key, ``procs``)."""
+
+    procs: list[ProcInfo]
+
+
+def _replace_heads(h: FrHeads, **changes: Any) -> FrHeads:
+    return msgspec.structs.replace(h, **changes)

@@ -1,0 +1,503 @@
+"""The agent's collectors, node_exporter style: each has a name and a cadence, and reports its duration and
+success as the agent's own metrics (``sentinel_agent_collector_{duration_seconds,success}``).
+
+A collector never raises out of :meth:`Collectors.run_due`: a failure is logged, counted as success=0, and
+the next tick runs it again. Collectors write what they found into the agent through :class:`AgentSink`
+(samples, events, processes, FR heads), which the agent turns into one batch per tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from sentinel.agent.classify import LineClassifier
+from sentinel.agent.frdump import FrDumpWatcher
+from sentinel.agent.jobs import JobMapper
+from sentinel.agent.kmsg import KmsgReader, XidDedup
+from sentinel.agent.metrics import AgentCounters, GpuView
+from sentinel.agent.probe import ProbeServer
+from sentinel.agent.source import GpuLostError, GpuSource, HostExtras, XidEvent
+from sentinel.agent.tailer import LogTailer
+from sentinel.agent.worker import GpuWorker, Unresponsive
+from sentinel.fr.heads import FrHeads
+from sentinel.log import get_logger
+from sentinel.wire import MAX_TEXT_CHARS, Event, GpuInfo, GpuSample, GpuState, ProcInfo, Severity
+
+log = get_logger(module="agent.collectors")
+
+#: Xids that mean the GPU (or its context) is gone or corrupt; others are reported as warnings
+CRITICAL_XIDS = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140, 154})
+
+
+class AgentSink(Protocol):
+    """What collectors feed: the agent under construction of this tick's batch."""
+
+    host: str
+    counters: AgentCounters
+    gpus: dict[int, GpuView]
+    pci_to_gpu: dict[str, int]
+
+    def add_sample(self, sample: GpuSample) -> None: ...
+
+    def add_event(self, event: Event) -> None: ...
+
+    def set_procs(self, procs: list[ProcInfo]) -> None: ...
+
+    def add_heads(self, heads: list[FrHeads]) -> None: ...
+
+    def set_inventory(self, inventory: list[GpuInfo]) -> None: ...
+
+    def nvml_error(self, function: str, error: str) -> None: ...
+
+
+class Collector:
+    """Base: ``name``, ``interval_s``; override :meth:`collect`."""
+
+    name = "collector"
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.next_run = 0.0
+
+    async def collect(self, now: float) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release files/sockets/threads."""
+
+
+class Collectors:
+    """Runs every due collector of a tick concurrently and records duration/success."""
+
+    def __init__(self, counters: AgentCounters, tick_s: float) -> None:
+        self.counters = counters
+        self.tick_s = tick_s
+        self.items: list[Collector] = []
+
+    def add(self, collector: Collector) -> None:
+        self.items.append(collector)
+
+    def get(self, name: str) -> Collector | None:
+        return next((c for c in self.items if c.name == name), None)
+
+    async def run_due(self, now: float, *, first: tuple[str, ...] = ("nvml",)) -> None:
+        due = [c for c in self.items if now >= c.next_run]
+        leading = [c for c in due if c.name in first]
+        rest = [c for c in due if c.name not in first]
+        for group in (leading, rest):
+            if group:
+                await asyncio.gather(*(self._run(c, now) for c in group))
+
+    async def _run(self, collector: Collector, now: float) -> None:
+        started = time.perf_counter()
+        ok = True
+        try:
+            await collector.collect(now)
+        except Exception as exc:
+            ok = False
+            log.warning("collector_failed", collector=collector.name, error=f"{type(exc).__name__}: {exc}")
+        self.counters.collector_duration[collector.name] = time.perf_counter() - started
+        self.counters.collector_success[collector.name] = ok
+        # half a tick of slack so a collector whose interval equals the tick runs on every tick
+        collector.next_run = now + collector.interval_s - self.tick_s / 2
+
+    def close(self) -> None:
+        for collector in self.items:
+            try:
+                collector.close()
+            except Exception as exc:
+                log.warning("collector_close_failed", collector=collector.name, error=str(exc))
+
+
+class GpuCollector(Collector):
+    """Per-GPU NVML reads, each in its own worker thread with a deadline; slow counters on their cadence."""
+
+    name = "nvml"
+
+    def __init__(
+        self, sink: AgentSink, source: GpuSource, *, tick_s: float, slow_tick_s: float, timeout_s: float
+    ) -> None:
+        super().__init__(tick_s)
+        self.sink = sink
+        self.source = source
+        self.slow_tick_s = slow_tick_s
+        self.timeout_s = timeout_s
+        self.opened = False
+        self._open_worker = GpuWorker(f"{sink.host}-nvml-open")
+        self._workers: dict[int, GpuWorker] = {}
+        self._next_slow = 0.0
+        self._next_open = 0.0
+        self.on_open: Callable[[], None] | None = None
+
+    async def _open(self, now: float) -> bool:
+        if now < self._next_open:
+            return False
+        self._next_open = now + self.slow_tick_s
+        try:
+            inventory = await self._open_worker.call(self.source.open, max(self.timeout_s * 4, 5.0))
+        except Unresponsive:
+            log.error("gpu_source_open_timeout", host=self.sink.host)
+            self.sink.nvml_error("open", "timeout")
+            return False
+        except Exception as exc:
+            log.error("gpu_source_open_failed", host=self.sink.host, error=f"{type(exc).__name__}: {exc}")
+            self.sink.nvml_error("open", type(exc).__name__.lower())
+            return False
+        self.sink.set_inventory(inventory)
+        self._workers = {g.index: GpuWorker(f"{self.sink.host}-gpu{g.index}") for g in inventory}
+        self.opened = True
+        if self.on_open is not None:
+            self.on_open()
+        log.info("gpus_found", count=len(inventory), host=self.sink.host)
+        return True
+
+    async def collect(self, now: float) -> None:
+        if not self.opened and not await self._open(now):
+            raise RuntimeError("GPU source not open")
+        slow = now >= self._next_slow
+        if slow:
+            self._next_slow = now + self.slow_tick_s - self.interval_s / 2
+        await asyncio.gather(*(self._read(index, now, slow) for index in sorted(self._workers)))
+
+    async def _read(self, index: int, now: float, slow: bool) -> None:
+        view = self.sink.gpus[index]
+        if view.state == "lost" and not slow:
+            self.sink.add_sample(GpuSample(gpu=index, t=now, state="lost"))
+            return
+        read = self.source.read_slow if slow else self.source.read_fast
+        try:
+            sample = await self._workers[index].call(lambda: read(index, now), self.timeout_s)
+        except GpuLostError as exc:
+            self._transition(index, "lost", now, str(exc))
+            self.sink.add_sample(GpuSample(gpu=index, t=now, state="lost"))
+            return
+        except Unresponsive as exc:
+            self._transition(index, "unresponsive", now, str(exc))
+            self.sink.add_sample(GpuSample(gpu=index, t=now, state="unresponsive"))
+            return
+        except Exception as exc:
+            self.sink.nvml_error("read_slow" if slow else "read_fast", type(exc).__name__.lower())
+            raise
+        self._transition(index, "ok", now, "")
+        sample.state = "ok"
+        view.fast = sample
+        if slow:
+            view.slow = sample
+        self.sink.add_sample(sample)
+
+    def _transition(self, index: int, state: GpuState, now: float, detail: str) -> None:
+        view = self.sink.gpus[index]
+        if view.state == state:
+            return
+        previous, view.state = view.state, state
+        kind = {"lost": "gpu_lost", "unresponsive": "gpu_unresponsive", "ok": "gpu_recovered"}[state]
+        severity: Severity = "info" if state == "ok" else "critical"
+        log.warning("gpu_state", gpu=index, state=state, previous=previous, detail=detail)
+        self.sink.add_event(
+            Event(
+                t=now,
+                kind=kind,
+                source="nvml",
+                gpu=index,
+                severity=severity,
+                text=(detail or f"GPU {index} answers again (was {previous})")[:MAX_TEXT_CHARS],
+                fields={"previous": previous},
+            )
+        )
+
+    def close(self) -> None:
+        for worker in self._workers.values():
+            worker.stop()
+        self._open_worker.stop()
+
+
+class XidListener:
+    """A dedicated daemon thread blocked in ``wait_xid_events`` (nvmlEventSetWait), feeding a bounded queue."""
+
+    def __init__(
+        self, source: GpuSource, name: str, timeout_s: float = 1.0, max_pending: int = 10000
+    ) -> None:
+        self.source = source
+        self.timeout_s = timeout_s
+        self._pending: collections.deque[XidEvent] = collections.deque(maxlen=max_pending)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.errors = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                events = self.source.wait_xid_events(self.timeout_s)
+            except Exception as exc:
+                self.errors += 1
+                if self.errors <= 5:
+                    log.warning("xid_wait_failed", error=f"{type(exc).__name__}: {exc}")
+                self._stop.wait(self.timeout_s)
+                continue
+            self._pending.extend(events)
+
+    def drain(self) -> list[XidEvent]:
+        out: list[XidEvent] = []
+        while self._pending:
+            out.append(self._pending.popleft())
+        return out
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class XidCollector(Collector):
+    """Xids from the source's event set, deduplicated against the kernel log."""
+
+    name = "xid"
+
+    def __init__(self, sink: AgentSink, listener: XidListener, dedup: XidDedup, tick_s: float) -> None:
+        super().__init__(tick_s)
+        self.sink = sink
+        self.listener = listener
+        self.dedup = dedup
+
+    async def collect(self, now: float) -> None:
+        for xid in self.listener.drain():
+            record_xid(self.sink, self.dedup, gpu=xid.gpu, xid=xid.xid, t=xid.t, source="nvml", text=xid.text)
+
+    def close(self) -> None:
+        self.listener.stop()
+
+
+def record_xid(
+    sink: AgentSink,
+    dedup: XidDedup,
+    *,
+    gpu: int,
+    xid: int,
+    t: float,
+    source: str,
+    text: str,
+    pci_bus: str = "",
+) -> bool:
+    """Emit an Xid event unless the other source reported the same (gpu, xid) just before."""
+    if not dedup.first(gpu, xid, t):
+        return False
+    sink.counters.xid[(gpu, xid)] += 1
+    fields: dict[str, str | int | float | bool | None] = {"kind": "xid", "xid": xid}
+    if pci_bus:
+        fields["pci_bus"] = pci_bus
+    sink.add_event(
+        Event(
+            t=t,
+            kind="xid",
+            source=source,
+            gpu=gpu if gpu >= 0 else None,
+            severity="critical" if xid in CRITICAL_XIDS else "warning",
+            xid=xid,
+            text=text[:MAX_TEXT_CHARS],
+            fields=fields,
+        )
+    )
+    return True
+
+
+class LineProcessor:
+    """Turns kernel and job log lines into events (classified by the signals package)."""
+
+    KERNEL_KINDS = frozenset({"xid", "row_remap", "ecc"})
+
+    def __init__(self, sink: AgentSink, dedup: XidDedup, *, forward_info: bool = False) -> None:
+        self.sink = sink
+        self.dedup = dedup
+        self.forward_info = forward_info
+        self.classify = LineClassifier()
+
+    def kernel(self, message: str, now: float, source: str = "kmsg") -> None:
+        result = self.classify(message)
+        if result is None:
+            return
+        self.sink.counters.log_events[(result.kind, result.severity)] += 1
+        xid = result.fields.get("xid")
+        pci = result.fields.get("pci_bus")
+        gpu = self.sink.pci_to_gpu.get(pci, -1) if isinstance(pci, str) else -1
+        if result.kind == "xid" and isinstance(xid, int):
+            record_xid(
+                self.sink, self.dedup, gpu=gpu, xid=xid, t=now, source=source, text=message,
+                pci_bus=pci if isinstance(pci, str) else "",
+            )  # fmt: skip
+            return
+        if result.kind in self.KERNEL_KINDS or result.severity != "info":
+            self._event(
+                result.kind,
+                severity=result.severity,
+                fields=result.fields,
+                text=message,
+                now=now,
+                source=source,
+                gpu=gpu,
+            )
+
+    def job(self, line: str, now: float, source: str) -> None:
+        result = self.classify(line)
+        if result is None:
+            return
+        self.sink.counters.log_events[(result.kind, result.severity)] += 1
+        if result.severity == "info" and not self.forward_info:
+            return
+        pci = result.fields.get("pci_bus")
+        gpu = self.sink.pci_to_gpu.get(pci, -1) if isinstance(pci, str) else -1
+        self._event(
+            result.kind,
+            severity=result.severity,
+            fields=result.fields,
+            text=line,
+            now=now,
+            source=source,
+            gpu=gpu,
+        )
+
+    def _event(
+        self,
+        kind: str,
+        *,
+        severity: str,
+        fields: dict[str, str | int | float | bool | None],
+        text: str,
+        now: float,
+        source: str,
+        gpu: int,
+    ) -> None:
+        xid = fields.get("xid")
+        self.sink.add_event(
+            Event(
+                t=now,
+                kind="log",
+                source=source[:1024],
+                gpu=gpu if gpu >= 0 else None,
+                severity=_severity(severity),
+                xid=xid if isinstance(xid, int) else None,
+                text=text[:MAX_TEXT_CHARS],
+                fields={**fields, "kind": kind},
+            )
+        )
+
+
+class KmsgCollector(Collector):
+    name = "kmsg"
+
+    def __init__(self, reader: KmsgReader, lines: LineProcessor, tick_s: float) -> None:
+        super().__init__(tick_s)
+        self.reader = reader
+        self.lines = lines
+
+    async def collect(self, now: float) -> None:
+        for record in self.reader.poll(now):
+            self.lines.kernel(record.message, now)
+        if self.reader.open_errors and self.reader._fd is None:
+            raise PermissionError(f"{self.reader.path}: cannot be opened (see the log)")
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+class LogCollector(Collector):
+    name = "logs"
+
+    def __init__(
+        self, tailer: LogTailer, lines: LineProcessor, counters: AgentCounters, tick_s: float
+    ) -> None:
+        super().__init__(tick_s)
+        self.tailer = tailer
+        self.lines = lines
+        self.counters = counters
+
+    async def collect(self, now: float) -> None:
+        found = await asyncio.to_thread(self.tailer.poll, now)
+        for path, line in found:
+            self.lines.job(line, now, f"log:{path}")
+        self.counters.dropped["log_lines"] = self.tailer.cut_lines
+        self.counters.queue_depth["log_files"] = len(self.tailer.files)
+
+    def close(self) -> None:
+        self.tailer.close()
+
+
+class JobsCollector(Collector):
+    """Maps the pids NVML sees on each GPU to jobs and ranks (psutil, off the loop)."""
+
+    name = "jobs"
+
+    def __init__(self, sink: AgentSink, mapper: JobMapper, interval_s: float) -> None:
+        super().__init__(interval_s)
+        self.sink = sink
+        self.mapper = mapper
+
+    async def collect(self, now: float) -> None:
+        pids = {
+            i: list(v.fast.pids) for i, v in self.sink.gpus.items() if v.fast is not None and v.state == "ok"
+        }
+        procs = await asyncio.to_thread(self.mapper.map, pids)
+        self.sink.set_procs(procs)
+
+
+class ProbeCollector(Collector):
+    name = "probe"
+
+    def __init__(self, sink: AgentSink, server: ProbeServer, tick_s: float) -> None:
+        super().__init__(tick_s)
+        self.sink = sink
+        self.server = server
+
+    async def collect(self, now: float) -> None:
+        self.sink.counters.queue_depth["probe"] = len(self.server)
+        self.sink.add_heads(self.server.drain())
+        self.sink.counters.dropped["probe"] = self.server.rejected + self.server.overflowed
+
+    def close(self) -> None:
+        self.server.close()
+
+
+class FrDumpCollector(Collector):
+    name = "fr_dumps"
+
+    def __init__(self, sink: AgentSink, watcher: FrDumpWatcher, interval_s: float) -> None:
+        super().__init__(interval_s)
+        self.sink = sink
+        self.watcher = watcher
+
+    async def collect(self, now: float) -> None:
+        for event in await asyncio.to_thread(self.watcher.poll, now):
+            self.sink.add_event(event)
+
+
+class ExtrasCollector(Collector):
+    """A simulated host's kernel log, job logs, processes and FR heads, in place of the real collectors."""
+
+    name = "extras"
+
+    def __init__(self, sink: AgentSink, extras: HostExtras, lines: LineProcessor, tick_s: float) -> None:
+        super().__init__(tick_s)
+        self.sink = sink
+        self.extras = extras
+        self.lines = lines
+
+    async def collect(self, now: float) -> None:
+        for message in self.extras.kernel_log_lines(now):
+            self.lines.kernel(message, now, source="kmsg")
+        for line in self.extras.job_log_lines(now):
+            self.lines.job(line, now, "log:sim")
+        self.sink.set_procs(self.extras.processes(now))
+        self.sink.add_heads(self.extras.fr_heads(now))
+
+
+def _severity(value: str) -> Severity:
+    if value == "critical":
+        return "critical"
+    if value == "warning":
+        return "warning"
+    return "info"

@@ -1,0 +1,70 @@
+"""The agent's HTTP endpoint (on the metrics port): ``/metrics``, ``/healthz`` and the local control API.
+
+``GET /api/v1/snapshot[?since=UNIX_TIME]`` returns the ring-buffer snapshot document (what
+``sentinel agent snapshot`` prints); ``POST /api/v1/fr_dump[?job=ID]`` asks the local ranks to dump their
+flight recorder. It binds to 127.0.0.1 by default: the control API is for the host's operator, the
+aggregator reaches the same functions over its WebSocket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+if TYPE_CHECKING:
+    from sentinel.agent.agent import Agent
+
+
+def build_app(agent: Agent) -> web.Application:
+    async def metrics(_: web.Request) -> web.Response:
+        body = await asyncio.to_thread(generate_latest, agent.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "host": agent.host, "last_tick": agent.counters.last_tick})
+
+    async def snapshot(request: web.Request) -> web.Response:
+        raw = request.query.get("since")
+        since: float | None = None
+        if raw is not None:
+            try:
+                since = float(raw)
+            except ValueError:
+                since = math.nan
+            if not math.isfinite(since):
+                return web.json_response({"error": f"since: not a unix time: {raw[:64]!r}"}, status=400)
+        return web.json_response(agent.snapshot(since))
+
+    async def fr_dump(request: web.Request) -> web.Response:
+        job = request.query.get("job") or None
+        pipes = await asyncio.to_thread(agent.trigger_fr_dump, job)
+        return web.json_response({"pipes": pipes})
+
+    app = web.Application(client_max_size=1024)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/api/v1/snapshot", snapshot)
+    app.router.add_post("/api/v1/fr_dump", fr_dump)
+    return app
+
+
+async def start_http(agent: Agent) -> tuple[web.AppRunner, int]:
+    """Serve on the configured address; returns the runner (for cleanup) and the bound port."""
+    runner = web.AppRunner(build_app(agent), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, agent.config.metrics.listen_host, agent.config.metrics.listen_port)
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()
+        raise
+    port = agent.config.metrics.listen_port
+    server = site._server
+    sockets = getattr(server, "sockets", None) or []
+    if sockets:
+        port = int(sockets[0].getsockname()[1])
+    return runner, port

@@ -1,0 +1,84 @@
+"""The host's share of the distributed flight recorder: the last N minutes of what the agent saw.
+
+Appending must be cheap (it happens every tick for every GPU), so entries are stored as the msgpack bytes
+the agent already produced, with byte accounting; decoding to JSON only happens on the rare snapshot. The
+buffer is bounded twice: by age (``window_s``) and by total bytes (oldest entries go first).
+
+Snapshot document (what ``sentinel agent snapshot`` prints and the aggregator merges across hosts)::
+
+    {"host": str, "window": [t0, t1],
+     "entries": [{"t": float, "type": "sample" | "event" | "heads" | "procs", "data": {...}}, ...]}
+
+``entries`` are time-ordered; ``window`` is the time span the buffer covers (t0 = oldest entry kept, or the
+requested ``since``; t1 = the snapshot time).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from typing import Any, Literal
+
+import msgspec
+
+EntryType = Literal["sample", "event", "heads", "procs"]
+
+#: per-entry bookkeeping beyond the payload (tuple, float, str reference), for the byte bound
+ENTRY_OVERHEAD = 96
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder()
+
+
+class RingBuffer:
+    """Time-ordered entries of (t, type, msgpack bytes), bounded by age and bytes."""
+
+    def __init__(self, host: str, window_s: float, max_bytes: int) -> None:
+        self.host = host
+        self.window_s = window_s
+        self.max_bytes = max_bytes
+        self._entries: deque[tuple[float, EntryType, bytes]] = deque()
+        self._bytes = 0
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    def append(self, t: float, kind: EntryType, payload: msgspec.Struct | bytes) -> None:
+        """Add one entry (a Struct is encoded here; already-encoded bytes are stored as they are).
+
+        Entries normally arrive in time order; an out-of-order one is inserted at its place so snapshots
+        stay sorted.
+        """
+        data = payload if isinstance(payload, bytes) else _encoder.encode(payload)
+        entry = (t, kind, data)
+        if not self._entries or self._entries[-1][0] <= t:
+            self._entries.append(entry)
+        else:
+            index = bisect.bisect_right([e[0] for e in self._entries], t)
+            self._entries.insert(index, entry)
+        self._bytes += len(data) + ENTRY_OVERHEAD
+        self._evict(t)
+
+    def _evict(self, now: float) -> None:
+        horizon = now - self.window_s
+        entries = self._entries
+        while entries and (self._bytes > self.max_bytes or entries[0][0] < horizon):
+            _, _, data = entries.popleft()
+            self._bytes -= len(data) + ENTRY_OVERHEAD
+            self.evicted += 1
+
+    def snapshot(self, now: float, since: float | None = None) -> dict[str, Any]:
+        """The snapshot document (see the module docstring), entries with ``t >= since``."""
+        self._evict(now)
+        start = since if since is not None else (self._entries[0][0] if self._entries else now)
+        entries: list[dict[str, Any]] = []
+        for t, kind, data in self._entries:
+            if since is not None and t < since:
+                continue
+            entries.append({"t": t, "type": kind, "data": _decoder.decode(data)})
+        return {"host": self.host, "window": [start, now], "entries": entries}

@@ -1,0 +1,230 @@
+"""One WebSocket to the aggregator: hello, spooled batches in seq order, acks, commands.
+
+The spool is the source of truth: every batch is on disk until its Ack arrives. On each connection the
+shipper sends a Hello, then every spooled batch in seq order (at most ``max_inflight`` unacked at a time),
+then new batches as the agent makes them. When the connection drops, whatever was not acked is simply
+sent again on the next one (the aggregator drops a resend by (host, seq)). Reconnects back off
+exponentially with full jitter, so a restarted aggregator is not hit by every agent at the same instant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import ssl
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+import msgspec
+
+from sentinel.agent.metrics import AgentCounters
+from sentinel.agent.spool import Spool
+from sentinel.config.agent import StreamConfig
+from sentinel.log import get_logger
+from sentinel.wire import MAX_FRAME_BYTES, Ack, Command, CommandResult, Hello, decode_aggregator_frame, encode
+
+log = get_logger(module="agent.shipper")
+
+CommandHandler = Callable[[Command], Awaitable[CommandResult]]
+
+
+def read_token(path: str) -> str | None:
+    """The bearer token (first line of the file), or None when there is no file."""
+    if not path:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning("token_unreadable", path=path, error=exc.strerror or str(exc))
+        return None
+    token = text.strip().splitlines()[0].strip() if text.strip() else ""
+    return token or None
+
+
+def ssl_context(url: str, ca_file: str) -> ssl.SSLContext | bool:
+    if not url.startswith("wss://"):
+        return False
+    context = ssl.create_default_context(cafile=ca_file or None)
+    return context
+
+
+class Shipper:
+    """Streams the spool to the aggregator; run :meth:`run` as a task, :meth:`wake` after each new batch."""
+
+    def __init__(
+        self,
+        config: StreamConfig,
+        *,
+        spool: Spool,
+        hello: Callable[[int], Hello],
+        on_command: CommandHandler,
+        counters: AgentCounters,
+        host: str,
+    ) -> None:
+        self.config = config
+        self.spool = spool
+        self.hello = hello
+        self.on_command = on_command
+        self.counters = counters
+        self.host = host
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._inflight: set[int] = set()
+        self._command_tasks: set[asyncio.Task[None]] = set()
+        self.connections = 0
+        self.last_error = ""
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    @property
+    def connected(self) -> bool:
+        return self._ws is not None and not self._ws.closed
+
+    async def run(self) -> None:
+        delay = self.config.backoff_initial_s
+        async with aiohttp.ClientSession() as session:
+            while not self._stopping:
+                acked_before = self.counters.batches_acked
+                try:
+                    await self._connection(session)
+                except asyncio.CancelledError:
+                    raise
+                except (aiohttp.ClientError, OSError, TimeoutError, msgspec.DecodeError, ValueError) as exc:
+                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    log.warning(
+                        "aggregator_connection_failed", url=self.config.aggregator_url, error=self.last_error
+                    )
+                finally:
+                    self._ws = None
+                    self.counters.connected = False
+                    self._inflight.clear()
+                if self._stopping:
+                    break
+                if self.counters.batches_acked > acked_before:
+                    delay = self.config.backoff_initial_s
+                sleep = random.uniform(0, delay)
+                delay = min(delay * 2, self.config.backoff_max_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wait_stop(), sleep)
+
+    async def _wait_stop(self) -> None:
+        while not self._stopping:
+            self._wake.clear()
+            await self._wake.wait()
+
+    async def _connection(self, session: aiohttp.ClientSession) -> None:
+        headers = {}
+        token = read_token(self.config.token_file)
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        ws = await asyncio.wait_for(
+            session.ws_connect(
+                self.config.aggregator_url,
+                headers=headers,
+                ssl=ssl_context(self.config.aggregator_url, self.config.ca_file),
+                heartbeat=30.0,
+                max_msg_size=MAX_FRAME_BYTES,
+                autoping=True,
+            ),
+            self.config.connect_timeout_s,
+        )
+        self._ws = ws
+        self.connections += 1
+        try:
+            pending = self.spool.seqs()
+            await ws.send_bytes(encode(self.hello(pending[0] if pending else -1)))
+            self.counters.connected = True
+            log.info("aggregator_connected", url=self.config.aggregator_url, spooled=len(pending))
+            reader = asyncio.create_task(self._read(ws))
+            writer = asyncio.create_task(self._write(ws))
+            done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (reader, writer):
+                if not task.done():
+                    task.cancel()
+            for task in (reader, writer):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+        finally:
+            await ws.close()
+
+    async def _write(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        sent_upto = -1
+        while not ws.closed:
+            self._wake.clear()
+            for seq in self.spool.seqs_after(sent_upto):
+                if len(self._inflight) >= self.config.max_inflight:
+                    break
+                data = self.spool.read(seq)
+                sent_upto = seq
+                if data is None:
+                    continue
+                await ws.send_bytes(data)
+                self._inflight.add(seq)
+                self.counters.batches_sent += 1
+            if self._stopping and not self._inflight and not self.spool.seqs_after(sent_upto):
+                return
+            await self._wake.wait()
+
+    async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        async for message in ws:
+            if message.type != aiohttp.WSMsgType.BINARY:
+                if message.type == aiohttp.WSMsgType.ERROR:
+                    raise ConnectionError(f"websocket error: {ws.exception()}")
+                continue
+            try:
+                frame = decode_aggregator_frame(message.data)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                log.warning("aggregator_frame_invalid", url=self.config.aggregator_url, error=str(exc))
+                continue
+            if isinstance(frame, Ack):
+                self._inflight.discard(frame.seq)
+                if self.spool.ack(frame.seq):
+                    self.counters.batches_acked += 1
+                self.counters.spool_bytes = self.spool.size_bytes
+                self._wake.set()
+            else:
+                task = asyncio.create_task(self._command(ws, frame))
+                self._command_tasks.add(task)
+                task.add_done_callback(self._command_tasks.discard)
+        log.warning("aggregator_closed", url=self.config.aggregator_url, code=ws.close_code)
+
+    async def _command(self, ws: aiohttp.ClientWebSocketResponse, command: Command) -> None:
+        try:
+            result = await self.on_command(command)
+        except Exception as exc:
+            result = CommandResult(id=command.id, ok=False, error=f"{type(exc).__name__}: {exc}")
+        data = encode(result)
+        if len(data) > MAX_FRAME_BYTES:
+            data = encode(
+                CommandResult(id=command.id, ok=False, error=f"result of {len(data)} bytes too large")
+            )
+        try:
+            await ws.send_bytes(data)
+        except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
+            log.warning("command_result_not_sent", command=command.name, error=str(exc))
+
+    async def drain(self, timeout_s: float) -> None:
+        """On shutdown: give the connection ``timeout_s`` to send and get acks for what is spooled."""
+        self._stopping = True
+        self._wake.set()
+        if not self.connected:
+            return
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self.connected and self.spool.seqs() and asyncio.get_running_loop().time() < deadline:
+            self._wake.set()
+            await asyncio.sleep(0.05)
+
+    async def close(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._ws is not None:
+            await self._ws.close()

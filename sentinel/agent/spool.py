@@ -1,0 +1,236 @@
+"""Batches on disk until the aggregator acks them, and sequence numbers that survive restarts.
+
+Every batch is written to the spool directory as it is made and deleted when its Ack arrives, so a crash,
+a SIGTERM or an aggregator outage loses nothing that fits the byte bound. Beyond the bound, the oldest
+batches first lose their samples (and FR heads), keeping their events; only when no batch has samples left
+are whole batches — events — dropped, oldest first. What was dropped is counted and reported to the
+aggregator in the next batch's ``drops``.
+
+File names are ``<seq:020d>_<samples>_<events>.batch`` so the spool can be indexed at start-up without
+decoding every file.
+
+Sequence numbers are reserved in blocks persisted in ``<state_dir>/seq`` (one small write per block, not per
+batch); after a restart numbering continues above the last reserved block, so seq stays monotonic per host
+(with a gap) and the aggregator can deduplicate by (host, seq).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from sentinel.log import get_logger
+from sentinel.wire import Batch, Drops, encode
+
+SEQ_BLOCK = 1000
+
+log = get_logger(module="agent.spool")
+_batch_decoder = msgspec.msgpack.Decoder(Batch)
+
+
+@dataclass
+class _Entry:
+    seq: int
+    size: int
+    samples: int
+    events: int
+    path: Path
+
+
+class SeqAllocator:
+    """Per-host batch sequence numbers, monotonic across restarts."""
+
+    def __init__(self, path: Path | None, floor: int = 0) -> None:
+        """``path`` None: numbers are kept in memory only (a simulated or stream-less agent)."""
+        self._path = path
+        reserved = 0
+        try:
+            reserved = int(path.read_text().strip() or "0") if path is not None else 0
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as exc:
+            log.warning("seq_state_unreadable", path=str(path), error=str(exc))
+        self._next = max(reserved, floor)
+        self._reserved = self._next
+        self.persist_errors = 0
+
+    @property
+    def next(self) -> int:
+        return self._next
+
+    def allocate(self) -> int:
+        if self._next >= self._reserved:
+            self._reserve(self._next + SEQ_BLOCK)
+        seq = self._next
+        self._next += 1
+        return seq
+
+    def _reserve(self, upto: int) -> None:
+        if self._path is None:
+            self._reserved = upto
+            return
+        tmp = self._path.with_suffix(".tmp")
+        try:
+            tmp.write_text(f"{upto}\n")
+            os.replace(tmp, self._path)
+        except OSError as exc:
+            self.persist_errors += 1
+            log.warning("seq_state_write_failed", path=str(self._path), error=str(exc))
+        self._reserved = upto
+
+
+class Spool:
+    """Unacked batches on disk, bounded in bytes, in seq order."""
+
+    def __init__(self, directory: Path, max_bytes: int) -> None:
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        self._with_samples: deque[int] = deque()
+        self._bytes = 0
+        self._drops = Drops()
+        self.dropped_samples = 0
+        self.dropped_events = 0
+        self.write_errors = 0
+        directory.mkdir(parents=True, exist_ok=True)
+        self._load()
+
+    # -- index ----------------------------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        found: list[_Entry] = []
+        for path in self.directory.glob("*.batch"):
+            parts = path.stem.split("_")
+            try:
+                seq, samples, events = (int(p) for p in parts)
+                size = path.stat().st_size
+            except (ValueError, OSError):
+                log.warning("spool_file_ignored", path=str(path), problem="unexpected name")
+                continue
+            found.append(_Entry(seq, size, samples, events, path))
+        for entry in sorted(found, key=lambda e: e.seq):
+            self._index(entry)
+        if found:
+            log.info("spool_loaded", batches=len(found), bytes=self._bytes)
+
+    def _index(self, entry: _Entry) -> None:
+        self._entries[entry.seq] = entry
+        self._bytes += entry.size
+        if entry.samples:
+            self._with_samples.append(entry.seq)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    @property
+    def max_seq(self) -> int:
+        return next(reversed(self._entries)) if self._entries else -1
+
+    def seqs(self) -> list[int]:
+        """Spooled (unacked) batch numbers, oldest first."""
+        return list(self._entries)
+
+    def seqs_after(self, seq: int) -> list[int]:
+        return [s for s in self._entries if s > seq]
+
+    # -- writing --------------------------------------------------------------------------------------------
+
+    def _path(self, seq: int, samples: int, events: int) -> Path:
+        return self.directory / f"{seq:020d}_{samples}_{events}.batch"
+
+    def add(self, batch: Batch) -> None:
+        """Spool a new batch (its seq must be above every spooled one), then enforce the bound."""
+        samples = len(batch.samples) + len(batch.heads)
+        data = encode(batch)
+        path = self._path(batch.seq, samples, len(batch.events))
+        try:
+            path.write_bytes(data)
+        except OSError as exc:
+            self.write_errors += 1
+            log.warning("spool_write_failed", path=str(path), error=str(exc))
+            return
+        self._index(_Entry(batch.seq, len(data), samples, len(batch.events), path))
+        self._enforce()
+
+    def read(self, seq: int) -> bytes | None:
+        entry = self._entries.get(seq)
+        if entry is None:
+            return None
+        try:
+            return entry.path.read_bytes()
+        except OSError as exc:
+            log.warning("spool_read_failed", path=str(entry.path), error=str(exc))
+            self._forget(seq, unlink=False)
+            return None
+
+    def ack(self, seq: int) -> bool:
+        """The aggregator has the batch: forget it. False if it was not (or no longer) spooled."""
+        if seq not in self._entries:
+            return False
+        self._forget(seq, unlink=True)
+        return True
+
+    def _forget(self, seq: int, *, unlink: bool) -> _Entry:
+        entry = self._entries.pop(seq)
+        self._bytes -= entry.size
+        if unlink:
+            with contextlib.suppress(FileNotFoundError):
+                entry.path.unlink()
+        return entry
+
+    def _enforce(self) -> None:
+        while self._bytes > self.max_bytes and self._entries:
+            if self._with_samples:
+                self._strip_samples(self._with_samples.popleft())
+                continue
+            oldest = next(iter(self._entries))
+            entry = self._forget(oldest, unlink=True)
+            self.dropped_events += entry.events
+            self._count(events=entry.events)
+
+    def _strip_samples(self, seq: int) -> None:
+        entry = self._entries.get(seq)
+        if entry is None or not entry.samples:
+            return
+        try:
+            batch = _batch_decoder.decode(entry.path.read_bytes())
+        except (OSError, msgspec.DecodeError) as exc:
+            log.warning("spool_file_unreadable", path=str(entry.path), error=str(exc))
+            self._forget(seq, unlink=True)
+            self.dropped_samples += entry.samples
+            self._count(samples=entry.samples)
+            return
+        stripped = msgspec.structs.replace(batch, samples=[], heads=[])
+        data = encode(stripped)
+        path = self._path(seq, 0, entry.events)
+        try:
+            path.write_bytes(data)
+            entry.path.unlink()
+        except OSError as exc:
+            self.write_errors += 1
+            log.warning("spool_write_failed", path=str(path), error=str(exc))
+            return
+        self._bytes += len(data) - entry.size
+        self.dropped_samples += entry.samples
+        self._count(samples=entry.samples)
+        self._entries[seq] = _Entry(seq, len(data), 0, entry.events, path)
+
+    def _count(self, *, samples: int = 0, events: int = 0) -> None:
+        d = self._drops
+        self._drops = Drops(
+            samples=d.samples + samples, events=d.events + events, log_lines=d.log_lines, probe=d.probe
+        )
+
+    def take_drops(self) -> Drops:
+        """Drops since the last call (reported in the next batch)."""
+        drops, self._drops = self._drops, Drops()
+        return drops

@@ -1,0 +1,177 @@
+"""``sentinel agent``: run the host agent, print one collection, or fetch a running agent's snapshot."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from sentinel.config import ConfigError, load_agent_config
+from sentinel.config.agent import AgentConfig
+
+DESCRIPTION = """Run the per-host agent: NVML metrics and events, Xid from NVML and the kernel log, NCCL/PyTorch
+log classification, GPU → job/rank mapping, the flight-recorder probe socket, a ring buffer of recent
+history, Prometheus /metrics, and a WebSocket stream to the aggregator. See docs/agent.md."""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "agent",
+        help="run the per-host agent (NVML, Xid, logs, flight recorder) and stream to the aggregator",
+        description=DESCRIPTION,
+    )
+    sub = parser.add_subparsers(dest="agent_command", metavar="SUBCOMMAND", required=True)
+
+    run = sub.add_parser(
+        "run", help="run the agent daemon (systemd: Type=notify)", description="run the agent daemon"
+    )
+    _config_option(run)
+    run.set_defaults(func=_run)
+
+    once = sub.add_parser(
+        "once",
+        help="collect once from the real GPUs and print the batch as JSON (debugging on a GPU host)",
+        description="open NVML, read every GPU with the slow counters, print the inventory and one batch",
+    )
+    _config_option(once)
+    once.set_defaults(func=_once)
+
+    snap = sub.add_parser(
+        "snapshot",
+        help="print the ring-buffer snapshot of the running agent as one JSON document",
+        description="fetch GET /api/v1/snapshot from the running agent's metrics/control port",
+    )
+    _config_option(snap)
+    snap.add_argument("--url", help="agent base URL (default: from the config's [metrics] section)")
+    snap.add_argument("--since", type=float, help="only entries at or after this unix time")
+    snap.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds to wait for the agent (default 10)"
+    )
+    snap.set_defaults(func=_snapshot)
+
+
+def _config_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="agent TOML configuration (default /etc/sentinel/agent.toml if present, else built-in defaults)",
+    )
+
+
+def _load(args: argparse.Namespace) -> AgentConfig | None:
+    try:
+        return load_agent_config(args.config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = _load(args)
+    if config is None:
+        return 2
+    from sentinel.agent import Agent
+    from sentinel.agent.nvml import NvmlSource
+    from sentinel.log import setup_logging
+
+    setup_logging("agent", config.log.level, host=config.agent.host or None)
+    try:
+        Path(config.agent.state_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(
+            f"error: agent.state_dir: cannot create {config.agent.state_dir}: {exc.strerror}", file=sys.stderr
+        )
+        return 2
+
+    async def main() -> None:
+        agent: Agent | None = None
+
+        def on_error(function: str, error: str) -> None:
+            if agent is not None:
+                agent.nvml_error(function, error)
+
+        agent = Agent(config, NvmlSource(on_error=on_error))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, agent.request_stop)
+        await agent.run()
+
+    asyncio.run(main())
+    return 0
+
+
+def _once(args: argparse.Namespace) -> int:
+    config = _load(args)
+    if config is None:
+        return 2
+    from sentinel.agent.nvml import NvmlSource
+
+    errors: list[str] = []
+    source = NvmlSource(on_error=lambda fn, err: errors.append(f"{fn}: {err}"))
+    try:
+        inventory = source.open()
+    except Exception as exc:
+        print(f"error: NVML: cannot initialise: {exc}", file=sys.stderr)
+        return 2
+    import time
+
+    now = time.time()
+    samples: list[Any] = []
+    for gpu in inventory:
+        try:
+            samples.append(source.read_slow(gpu.index, now))
+        except Exception as exc:
+            errors.append(f"GPU {gpu.index}: {type(exc).__name__}: {exc}")
+    unsupported = sorted(f"{g}:{f}" for g, f in source.unsupported())
+    source.close()
+    out = {
+        "inventory": msgspec.to_builtins(inventory),
+        "samples": msgspec.to_builtins(samples),
+        "unsupported": unsupported,
+        "errors": errors,
+    }
+    sys.stdout.write(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    config = _load(args)
+    if config is None:
+        return 2
+    base = args.url
+    if not base:
+        host = config.metrics.listen_host or "127.0.0.1"
+        if host in ("0.0.0.0", "::"):
+            host = "127.0.0.1"
+        base = f"http://{host}:{config.metrics.listen_port}"
+    url = base.rstrip("/") + "/api/v1/snapshot"
+    if args.since is not None:
+        url += f"?since={args.since}"
+    if not url.startswith(("http://", "https://")):
+        print(f"error: --url: not an http(s) URL: {base}", file=sys.stderr)
+        return 2
+    try:
+        with urllib.request.urlopen(url, timeout=args.timeout) as response:  # noqa: S310 (scheme checked)
+            body = response.read(512 * 1024 * 1024)
+    except urllib.error.HTTPError as exc:
+        print(f"error: {url}: HTTP {exc.code}: {exc.read(500).decode('utf-8', 'replace')}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        print(f"error: {url}: agent not reachable: {reason}", file=sys.stderr)
+        return 1
+    try:
+        document = json.loads(body)
+    except ValueError:
+        print(f"error: {url}: answer is not JSON", file=sys.stderr)
+        return 1
+    sys.stdout.write(json.dumps(document) + "\n")
+    return 0
