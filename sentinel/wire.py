@@ -149,6 +149,7 @@ class Drops(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     samples: int = 0
     events: int = 0
     log_lines: int = 0
+    probe: int = 0  # flight-recorder heads datagrams refused or dropped
 
 
 class Hello(msgspec.Struct, tag="hello", kw_only=True):
