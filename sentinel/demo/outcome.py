@@ -1,0 +1,222 @@
+"""Which verdict caught which injected fault, how late, and what was flagged that should not have been.
+
+The demo knows the truth (the scenario's faults and when they were injected) and sees what the aggregator
+concluded (its verdicts, from the REST API). This module holds the pure comparison both the live view and
+the final summary use. No I/O and no clock: times are seconds since the demo started, passed in.
+
+A verdict *catches* a fault when it names the fault's host (and GPU, where both name one), its kind is one a
+correct detector may give for that fault kind (a thermal throttle may show as a thermal straggler or as a
+degraded GPU; an Xid 79 as a faulty GPU), and it opened after the fault was injected. A verdict that catches
+no fault but names a GPU (or host) already hit by a fault is a *consequence* (an Xid 79 GPU's rank stops, so
+its job may also report it stuck) and is not wrong. Any other verdict is *flagged wrongly*: a waiting peer
+blamed for a hang, a healthy GPU called faulty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+#: Verdict kinds a correct detector may open for each fault kind (contract section 4).
+ACCEPTED_KINDS: Mapping[str, frozenset[str]] = {
+    "xid": frozenset({"faulty", "degraded"}),
+    "gpu_lost": frozenset({"faulty"}),
+    "nvml_hang": frozenset({"faulty", "degraded"}),
+    "row_remap_pending": frozenset({"degraded", "faulty"}),
+    "row_remap_failure": frozenset({"faulty"}),
+    "ecc_uncorrectable": frozenset({"faulty", "degraded"}),
+    "nvlink_errors": frozenset({"degraded", "faulty"}),
+    "thermal_throttle": frozenset({"straggler", "degraded"}),
+    "straggler": frozenset({"straggler"}),
+    "hang": frozenset({"stuck"}),
+    "nccl_net_error": frozenset({"stuck", "degraded", "faulty"}),
+    "host_down": frozenset({"host_silent"}),
+}
+
+#: A verdict opened this long before the injection time still counts (the two clocks are the same process's,
+#: but the injection is scheduled on a tick, so it may land a fraction of a tick early).
+EARLY_SLACK_S = 0.5
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault: where, what, when (seconds after the demo started)."""
+
+    index: int
+    at_s: float
+    host: str
+    gpu: int | None
+    kind: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """``xid 79``, ``thermal_throttle clock_mhz=1050``, ``hang``."""
+        if self.kind == "xid" and "xid" in self.params:
+            return f"xid {self.params['xid']}"
+        extra = " ".join(f"{key}={value}" for key, value in sorted(self.params.items()))
+        return f"{self.kind} {extra}".strip()
+
+    def where(self) -> str:
+        return self.host if self.gpu is None else f"{self.host} gpu {self.gpu}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A verdict as the REST API shows it, with its opening time turned into demo seconds."""
+
+    id: str
+    kind: str
+    host: str | None
+    gpu: int | None
+    job: str | None
+    rank: int | None
+    reason: str
+    action: str
+    evidence: tuple[str, ...]
+    opened_s: float
+    state: str = "open"
+
+    def where(self) -> str:
+        place = self.host or "?"
+        if self.gpu is not None:
+            place += f" gpu {self.gpu}"
+        if self.job:
+            place += f" ({self.job}" + (f" rank {self.rank})" if self.rank is not None else ")")
+        return place
+
+
+@dataclass(frozen=True)
+class Catch:
+    fault: Fault
+    verdict: Verdict | None  # None: missed (so far)
+
+    @property
+    def delay_s(self) -> float | None:
+        if self.verdict is None:
+            return None
+        return max(0.0, self.verdict.opened_s - self.fault.at_s)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    catches: tuple[Catch, ...]
+    consequences: tuple[tuple[Verdict, Fault], ...]  # verdict explained by an earlier fault on the same place
+    wrong: tuple[Verdict, ...]  # verdicts no injected fault explains
+
+    @property
+    def missed(self) -> tuple[Fault, ...]:
+        return tuple(c.fault for c in self.catches if c.verdict is None)
+
+    @property
+    def all_caught(self) -> bool:
+        return all(c.verdict is not None for c in self.catches)
+
+
+def _same_place(fault: Fault, verdict: Verdict) -> bool:
+    if verdict.host != fault.host:
+        return False
+    return fault.gpu is None or verdict.gpu is None or fault.gpu == verdict.gpu
+
+
+def catches(fault: Fault, verdict: Verdict) -> bool:
+    """Whether ``verdict`` is a correct detection of ``fault``."""
+    return (
+        verdict.kind in ACCEPTED_KINDS.get(fault.kind, frozenset())
+        and _same_place(fault, verdict)
+        and verdict.opened_s >= fault.at_s - EARLY_SLACK_S
+    )
+
+
+def evaluate(faults: Sequence[Fault], verdicts: Iterable[Verdict], now_s: float) -> Outcome:
+    """Match verdicts to the faults injected by ``now_s``; each fault takes its earliest catching verdict."""
+    injected = [f for f in faults if f.at_s <= now_s]
+    ordered = sorted(verdicts, key=lambda v: (v.opened_s, v.id))
+    used: set[str] = set()
+    result: list[Catch] = []
+    for fault in injected:
+        match = next((v for v in ordered if v.id not in used and catches(fault, v)), None)
+        if match is not None:
+            used.add(match.id)
+        result.append(Catch(fault, match))
+    consequences: list[tuple[Verdict, Fault]] = []
+    wrong: list[Verdict] = []
+    for verdict in ordered:
+        if verdict.id in used:
+            continue
+        cause = next(
+            (f for f in injected if _same_place(f, verdict) and verdict.opened_s >= f.at_s - EARLY_SLACK_S),
+            None,
+        )
+        if cause is None:
+            wrong.append(verdict)
+        else:
+            consequences.append((verdict, cause))
+    return Outcome(tuple(result), tuple(consequences), tuple(wrong))
+
+
+class ApiShapeError(ValueError):
+    """The aggregator answered with JSON this client cannot read (names the field)."""
+
+
+def _opt_int(obj: Mapping[str, Any], key: str) -> int | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiShapeError(f"verdict field {key!r}: expected an integer or null, got {value!r}")
+    return value
+
+
+def _opt_str(obj: Mapping[str, Any], key: str) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    return str(value)
+
+
+def timestamp(value: Any) -> float | None:
+    """A unix time from the API: a number of seconds or an ISO 8601 string; None when absent."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ApiShapeError(f"expected a time, got {value!r}")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError as exc:
+            raise ApiShapeError(f"expected an ISO 8601 time, got {value!r}") from exc
+    raise ApiShapeError(f"expected a time, got {value!r}")
+
+
+def verdict_from_api(obj: Any, started_at: float, seen_at: float) -> Verdict:
+    """Read one verdict object of ``GET /api/v1/verdicts`` (contract sections 4 and 5).
+
+    ``started_at`` is the demo's start (unix seconds); ``seen_at`` is used when the verdict has no
+    ``opened_at``, so a missing field costs accuracy, not the demo.
+    """
+    if not isinstance(obj, Mapping):
+        raise ApiShapeError(f"verdict: expected an object, got {type(obj).__name__}")
+    for key in ("id", "kind"):
+        if obj.get(key) is None:
+            raise ApiShapeError(f"verdict: missing field {key!r}")
+    opened = timestamp(obj.get("opened_at"))
+    evidence = obj.get("evidence") or []
+    if not isinstance(evidence, list):
+        raise ApiShapeError(f"verdict field 'evidence': expected a list, got {evidence!r}")
+    return Verdict(
+        id=str(obj["id"]),
+        kind=str(obj["kind"]),
+        host=_opt_str(obj, "host"),
+        gpu=_opt_int(obj, "gpu"),
+        job=_opt_str(obj, "job"),
+        rank=_opt_int(obj, "rank"),
+        reason=str(obj.get("reason") or ""),
+        action=str(obj.get("action") or "none"),
+        evidence=tuple(str(e) for e in evidence),
+        opened_s=(opened if opened is not None else seen_at) - started_at,
+        state=str(obj.get("state") or "open"),
+    )

@@ -1,0 +1,57 @@
+"""The end-of-demo summary: each injected fault, the verdict that caught it and the delay, then anything
+missed or flagged wrongly. Pure: an :class:`~sentinel.demo.outcome.Outcome` in, text out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sentinel.demo.outcome import Fault, Outcome
+
+
+def render_summary(
+    outcome: Outcome, faults: Sequence[Fault], *, scenario: str, ran_s: float, interrupted: bool
+) -> str:
+    """Text for the terminal or a log; ``faults`` is the whole scenario (some may not have been injected)."""
+    how = "interrupted" if interrupted else "finished"
+    lines = [f"sentinel demo {how} after {ran_s:.0f}s (scenario {scenario})", ""]
+    if not outcome.catches:
+        lines.append("no fault was injected before the demo ended")
+    else:
+        lines.append(f"{'fault':<34} {'where':<20} {'caught by':<44} delay")
+        for catch in outcome.catches:
+            fault = catch.fault
+            what = f"t+{fault.at_s:.0f}s {fault.describe()}"
+            if catch.verdict is None:
+                lines.append(f"{what:<34} {fault.where():<20} {'MISSED':<44} -")
+                continue
+            v = catch.verdict
+            by = f"{v.kind} {v.reason} -> {v.action}"
+            lines.append(f"{what:<34} {fault.where():<20} {by:<44} {catch.delay_s or 0.0:.1f}s")
+    injected = {c.fault.index for c in outcome.catches}
+    later = [f for f in faults if f.index not in injected]
+    if later:
+        lines.append("")
+        lines.append("not injected (the demo ended first):")
+        lines.extend(f"  t+{f.at_s:.0f}s {f.describe()} on {f.where()}" for f in later)
+    if outcome.consequences:
+        lines.append("")
+        lines.append("follow-on verdicts (same GPU or host as a fault, not wrong):")
+        for verdict, cause in outcome.consequences:
+            lines.append(
+                f"  {verdict.kind} {verdict.reason} on {verdict.where()} (after {cause.describe()} on {cause.where()})"
+            )
+    lines.append("")
+    if outcome.wrong:
+        lines.append(f"flagged wrongly ({len(outcome.wrong)}):")
+        for verdict in outcome.wrong:
+            lines.append(f"  t+{verdict.opened_s:.1f}s {verdict.kind} {verdict.reason} on {verdict.where()}")
+    else:
+        lines.append("flagged wrongly: none")
+    missed = outcome.missed
+    caught = len(outcome.catches) - len(missed)
+    lines.append(
+        f"caught {caught} of {len(outcome.catches)} injected faults"
+        + (f"; missed: {', '.join(f'{f.describe()} on {f.where()}' for f in missed)}" if missed else "")
+    )
+    return "\n".join(lines) + "\n"

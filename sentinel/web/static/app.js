@@ -1,0 +1,516 @@
+// sentinel status page. Plain JavaScript, no build step, no dependencies.
+//
+// Polls the aggregator's JSON API (contract section 5) and redraws. Sized for a 49,152-GPU fleet: the
+// hosts × GPUs grid is drawn on one canvas per group (one pixel block per GPU, no DOM node per GPU), only
+// problem GPUs get table rows, every table is capped, and the slow /api/v1/hosts poll backs off when it
+// gets expensive. Everything from the API is put in the page as text (textContent), never as HTML.
+"use strict";
+
+const STATES = ["faulty", "stuck", "silent", "degraded", "straggler", "ok", "unknown"];
+const RANK = Object.fromEntries(STATES.map((s, i) => [s, i]));
+const VERDICT_CELL = { faulty: "faulty", stuck: "stuck", host_silent: "silent", degraded: "degraded",
+  straggler: "straggler" };
+const MAX_ROWS = 500;
+const FAST_POLL_MS = 2000;
+
+const $ = (id) => document.getElementById(id);
+const css = getComputedStyle(document.documentElement);
+const COLOR = Object.fromEntries(STATES.map((s) => [s, css.getPropertyValue("--" + s).trim() || "#888"]));
+
+const model = {
+  hosts: [],          // [{name, cluster, connected, gpus: [{index, state, job, rank}]}]
+  jobs: [],           // [{id, state, ranks, hosts, hostNames}]
+  verdicts: [],       // open verdicts
+  incidents: [],
+  cells: new Map(),   // "host/gpu" -> {state, verdicts: []}
+  hostIndex: new Map(),
+  selectedIncident: null,
+  lastOk: 0,
+};
+
+// ---------- API access, tolerant of list-or-envelope shapes ----------
+
+function asList(payload, key) {
+  if (Array.isArray(payload)) return payload;
+  if (payload && typeof payload === "object") {
+    for (const k of [key, "items", "data"]) if (Array.isArray(payload[k])) return payload[k];
+  }
+  return [];
+}
+
+async function getJSON(path, timeoutMs = 10000) {
+  const ctl = new AbortController();
+  const timer = setTimeout(() => ctl.abort(), timeoutMs);
+  try {
+    const resp = await fetch(path, { signal: ctl.signal, cache: "no-store" });
+    if (!resp.ok) throw new Error(path + ": HTTP " + resp.status);
+    return await resp.json();
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+function toMillis(value) {
+  if (value === null || value === undefined) return null;
+  if (typeof value === "number") return value > 1e12 ? value : value * 1000;
+  const ms = Date.parse(value);
+  return Number.isNaN(ms) ? null : ms;
+}
+
+function ago(value) {
+  const ms = toMillis(value);
+  if (ms === null) return "";
+  const s = Math.max(0, (Date.now() - ms) / 1000);
+  if (s < 90) return s.toFixed(0) + " s ago";
+  if (s < 5400) return (s / 60).toFixed(0) + " min ago";
+  return (s / 3600).toFixed(1) + " h ago";
+}
+
+function clockTime(value) {
+  const ms = toMillis(value);
+  if (ms === null) return String(value ?? "");
+  return new Date(ms).toISOString().slice(11, 23);
+}
+
+function normHost(h) {
+  const name = String(h.host ?? h.name ?? h.id ?? "?");
+  let gpus = [];
+  if (Array.isArray(h.gpus)) {
+    gpus = h.gpus.map((g, i) => (g && typeof g === "object")
+      ? { index: Number(g.index ?? g.gpu ?? i), state: String(g.state ?? "ok"),
+          job: g.job ?? g.job_id ?? null, rank: g.rank ?? null }
+      : { index: i, state: "ok", job: null, rank: null });
+  } else {
+    const n = Number(h.gpus ?? h.gpu_count ?? h.gpus_per_host ?? 0);
+    for (let i = 0; i < n; i++) gpus.push({ index: i, state: "ok", job: null, rank: null });
+  }
+  let connected = true;
+  if (typeof h.connected === "boolean") connected = h.connected;
+  else if (typeof h.alive === "boolean") connected = h.alive;
+  else if (typeof h.state === "string") connected = !["silent", "down", "disconnected", "offline"].includes(h.state);
+  return { name, cluster: String(h.cluster ?? "default"), connected, gpus };
+}
+
+function normJob(j) {
+  const id = String(j.id ?? j.job ?? j.job_id ?? "?");
+  const hostNames = Array.isArray(j.hosts) ? j.hosts.map(String) : null;
+  const ranks = Array.isArray(j.ranks) ? j.ranks.length : (j.ranks ?? j.world_size ?? null);
+  const hosts = hostNames ? hostNames.length : (j.hosts ?? j.host_count ?? null);
+  let state = String(j.state ?? j.status ?? "");
+  if (!state) state = j.stalled ? "stalled" : "running";
+  return { id, state, ranks, hosts, hostNames };
+}
+
+// ---------- derived state ----------
+
+function cellKey(host, gpu) { return host + "/" + gpu; }
+
+function rebuildCells() {
+  const cells = new Map();
+  model.hostIndex = new Map();
+  for (const host of model.hosts) {
+    model.hostIndex.set(host.name, host);
+    for (const g of host.gpus) {
+      let state = g.state === "lost" || g.state === "unresponsive" ? "faulty" : "ok";
+      if (!host.connected) state = "silent";
+      cells.set(cellKey(host.name, g.index), { state, verdicts: [], raw: g.state });
+    }
+  }
+  const jobOfHost = new Map();
+  for (const job of model.jobs) for (const h of job.hostNames ?? []) jobOfHost.set(h, job.id);
+  model.jobOfHost = jobOfHost;
+  for (const v of model.verdicts) {
+    if (v.host === null || v.host === undefined) continue;
+    const state = VERDICT_CELL[v.kind] ?? "degraded";
+    const host = model.hostIndex.get(String(v.host));
+    const gpus = v.gpu === null || v.gpu === undefined
+      ? (host ? host.gpus.map((g) => g.index) : [])
+      : [Number(v.gpu)];
+    for (const gpu of gpus) {
+      const key = cellKey(String(v.host), gpu);
+      let cell = cells.get(key);
+      if (!cell) { cell = { state: "unknown", verdicts: [], raw: null }; cells.set(key, cell); }
+      cell.verdicts.push(v);
+      if (RANK[state] < RANK[cell.state]) cell.state = state;
+    }
+  }
+  model.cells = cells;
+}
+
+// ---------- search ----------
+
+function parseQuery(text) {
+  const q = { host: null, gpu: null, words: [] };
+  for (const raw of text.trim().toLowerCase().split(/\s+/).filter(Boolean)) {
+    let m = raw.match(/^([^/\s]+)\/(\d+)$/);
+    if (m) { q.host = m[1]; q.gpu = Number(m[2]); continue; }
+    m = raw.match(/^gpu[:#]?(\d+)$/);
+    if (m) { q.gpu = Number(m[1]); continue; }
+    q.words.push(raw);
+  }
+  // "gpu 5": a bare number after the word gpu
+  const idx = q.words.indexOf("gpu");
+  if (idx >= 0 && idx + 1 < q.words.length && /^\d+$/.test(q.words[idx + 1])) {
+    q.gpu = Number(q.words[idx + 1]);
+    q.words.splice(idx, 2);
+  }
+  return q;
+}
+
+function matches(q, host, gpu, job, extra) {
+  if (q.host !== null && !host.toLowerCase().includes(q.host)) return false;
+  if (q.gpu !== null && gpu !== null && gpu !== q.gpu) return false;
+  for (const w of q.words) {
+    const hay = (host + " " + (job ?? "") + " " + (extra ?? "")).toLowerCase();
+    if (!hay.includes(w)) return false;
+  }
+  return true;
+}
+
+function query() { return parseQuery($("search").value); }
+
+// ---------- rendering helpers ----------
+
+function el(tag, text, cls) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  if (cls) node.className = cls;
+  return node;
+}
+
+function row(cells, attrs) {
+  const tr = document.createElement("tr");
+  for (const c of cells) tr.appendChild(c instanceof Node ? c : el("td", c));
+  for (const [k, v] of Object.entries(attrs ?? {})) if (v !== null && v !== undefined) tr.dataset[k] = String(v);
+  return tr;
+}
+
+function stateCell(state) { return el("td", state, "state " + state); }
+
+function fillBody(table, rows, total) {
+  const body = table.tBodies[0];
+  body.replaceChildren(...rows);
+  if (total > rows.length) {
+    const tr = document.createElement("tr");
+    const td = el("td", `… ${total - rows.length} more (refine the search)`, "muted");
+    td.colSpan = table.tHead.rows[0].cells.length;
+    tr.appendChild(td);
+    body.appendChild(tr);
+  }
+}
+
+// ---------- sections ----------
+
+function renderSummary() {
+  const gpus = model.cells.size;
+  const counts = Object.fromEntries(STATES.map((s) => [s, 0]));
+  for (const cell of model.cells.values()) counts[cell.state]++;
+  const problems = gpus - counts.ok - counts.unknown;
+  const stalled = model.jobs.filter((j) => j.state === "stalled" || j.state === "stuck").length;
+  $("summary").textContent = `${model.hosts.length.toLocaleString()} hosts · ${gpus.toLocaleString()} GPUs · ` +
+    `${problems} with problems · ${model.jobs.length} jobs (${stalled} stalled) · ` +
+    `${model.verdicts.length} open verdicts`;
+  return counts;
+}
+
+function renderVerdicts() {
+  const q = query();
+  const list = model.verdicts
+    .filter((v) => matches(q, String(v.host ?? ""), v.gpu ?? null, v.job,
+      `${v.kind} ${v.reason} ${v.action} ${v.rank ?? ""}`))
+    .sort((a, b) => (toMillis(b.opened_at) ?? 0) - (toMillis(a.opened_at) ?? 0));
+  const rows = list.slice(0, MAX_ROWS).map((v) => row([
+    el("td", ago(v.opened_at)), stateCell(v.kind), v.host ?? "", v.gpu ?? "", v.job ?? "", v.rank ?? "",
+    v.reason ?? "", el("td", v.action ?? "", "state"), el("td", (v.evidence ?? []).join("; "), "evidence"),
+  ], { kind: v.kind, host: v.host, gpu: v.gpu, job: v.job, reason: v.reason, id: v.id }));
+  rows.forEach((r) => r.classList.add("verdict"));
+  fillBody($("verdicts"), rows, list.length);
+  $("verdict-count").textContent = `(${model.verdicts.length})`;
+  $("verdicts-empty").hidden = model.verdicts.length > 0;
+}
+
+function renderJobs() {
+  const q = query();
+  const open = new Map();
+  for (const v of model.verdicts) if (v.job) open.set(v.job, (open.get(v.job) ?? 0) + 1);
+  const list = model.jobs.filter((j) => q.host === null && q.gpu === null
+    ? matches(q, "", null, j.id, j.state) || (j.hostNames ?? []).some((h) => matches(q, h, null, j.id, j.state))
+    : (j.hostNames ?? []).some((h) => matches(q, h, null, j.id, j.state)));
+  const rows = list.slice(0, MAX_ROWS).map((j) => row(
+    [j.id, stateCell(j.state), j.ranks ?? "", j.hosts ?? "", open.get(j.id) ?? 0],
+    { job: j.id, state: j.state }));
+  rows.forEach((r) => r.classList.add("job"));
+  fillBody($("jobs"), rows, list.length);
+  $("job-count").textContent = `(${model.jobs.length})`;
+}
+
+function renderLegend(counts) {
+  const legend = $("legend");
+  legend.replaceChildren(...STATES.map((s) => {
+    const span = el("span", null);
+    const sw = el("span", null, "swatch");
+    sw.style.background = COLOR[s];
+    span.append(sw, `${s === "unknown" ? "no data" : s} ${counts[s].toLocaleString()}`);
+    return span;
+  }));
+}
+
+function renderTiles(counts) {
+  const tiles = $("tiles");
+  if ($("groupby").value !== "state") { tiles.replaceChildren(); return; }
+  tiles.replaceChildren(...STATES.filter((s) => counts[s] > 0).map((s) => {
+    const t = el("div", null, "tile");
+    const b = el("b", counts[s].toLocaleString());
+    b.style.color = COLOR[s];
+    t.append(b, " " + s);
+    t.dataset.state = s;
+    t.addEventListener("click", () => { $("search").value = s === "ok" ? "" : s; refreshView(); });
+    return t;
+  }));
+}
+
+function groupsOf(mode) {
+  const groups = new Map();
+  const add = (key, host) => { if (!groups.has(key)) groups.set(key, []); groups.get(key).push(host); };
+  for (const host of model.hosts) {
+    if (mode === "job") add(model.jobOfHost.get(host.name) ?? "(no job)", host);
+    else if (mode === "state") {
+      let worst = "ok";
+      for (const g of host.gpus) {
+        const s = model.cells.get(cellKey(host.name, g.index))?.state ?? "unknown";
+        if (RANK[s] < RANK[worst]) worst = s;
+      }
+      add(worst === "ok" ? "healthy hosts" : `hosts with ${worst} GPUs`, host);
+    } else add(host.cluster, host);
+  }
+  return [...groups.entries()].sort((a, b) => a[0].localeCompare(b[0]));
+}
+
+function cellSize(totalGpus) {
+  if (totalGpus > 16384) return 3;
+  if (totalGpus > 4096) return 4;
+  if (totalGpus > 1024) return 7;
+  return 12;
+}
+
+function renderGrid() {
+  const container = $("groups");
+  const q = query();
+  const filtering = q.host !== null || q.gpu !== null || q.words.length > 0;
+  const problemsOnly = $("problems-only").checked;
+  const total = model.cells.size;
+  const c = cellSize(total);
+  const gap = c >= 7 ? 2 : 1;
+  const width = Math.max(200, container.clientWidth || 1000);
+  const canvases = [];
+  for (const [name, hosts] of groupsOf($("groupby").value)) {
+    const shown = problemsOnly
+      ? hosts.filter((h) => h.gpus.some((g) => (model.cells.get(cellKey(h.name, g.index))?.state ?? "ok") !== "ok"))
+      : hosts;
+    if (shown.length === 0) continue;
+    const perHost = Math.max(1, ...shown.map((h) => h.gpus.length));
+    const blockW = perHost * c + (perHost - 1) * (c >= 7 ? 1 : 0) + gap * 3;
+    const perRow = Math.max(1, Math.floor(width / blockW));
+    const rows = Math.ceil(shown.length / perRow);
+    const canvas = document.createElement("canvas");
+    canvas.width = perRow * blockW;
+    canvas.height = rows * (c + gap);
+    const ctx = canvas.getContext("2d");
+    const inner = c >= 7 ? 1 : 0;
+    shown.forEach((h, i) => {
+      const x0 = (i % perRow) * blockW;
+      const y0 = Math.floor(i / perRow) * (c + gap);
+      const job = model.jobOfHost.get(h.name);
+      for (const g of h.gpus) {
+        const cell = model.cells.get(cellKey(h.name, g.index));
+        const state = cell?.state ?? "unknown";
+        const hit = !filtering || matches(q, h.name, g.index, job ?? g.job,
+          state + " " + (cell?.verdicts ?? []).map((v) => v.reason).join(" "));
+        ctx.globalAlpha = hit ? 1 : 0.18;
+        ctx.fillStyle = COLOR[state];
+        ctx.fillRect(x0 + g.index * (c + inner), y0, c, c);
+      }
+    });
+    canvas.dataset.group = name;
+    const layout = { hosts: shown, perRow, blockW, c, gap, inner };
+    canvas.addEventListener("mousemove", (ev) => hover(ev, layout));
+    canvas.addEventListener("mouseleave", () => { $("tooltip").hidden = true; });
+    canvas.addEventListener("click", (ev) => {
+      const hit = locate(ev, layout);
+      if (hit) { $("search").value = hit.host.name + "/" + hit.gpu; refreshView(); }
+    });
+    const wrap = el("div", null, "group");
+    const gpuCount = shown.reduce((n, h) => n + h.gpus.length, 0);
+    wrap.append(el("h3", `${name} — ${shown.length.toLocaleString()} hosts, ${gpuCount.toLocaleString()} GPUs`), canvas);
+    canvases.push(wrap);
+  }
+  container.replaceChildren(...canvases);
+  $("gpu-count").textContent = `(${total.toLocaleString()})`;
+}
+
+function locate(ev, layout) {
+  const rect = ev.target.getBoundingClientRect();
+  const x = ev.clientX - rect.left;
+  const y = ev.clientY - rect.top;
+  const col = Math.floor(x / layout.blockW);
+  const rowIdx = Math.floor(y / (layout.c + layout.gap));
+  const host = layout.hosts[rowIdx * layout.perRow + col];
+  if (!host) return null;
+  const gpu = Math.floor((x - col * layout.blockW) / (layout.c + layout.inner));
+  if (gpu < 0 || gpu >= host.gpus.length) return null;
+  return { host, gpu: host.gpus[gpu].index };
+}
+
+function hover(ev, layout) {
+  const tip = $("tooltip");
+  const hit = locate(ev, layout);
+  if (!hit) { tip.hidden = true; return; }
+  const cell = model.cells.get(cellKey(hit.host.name, hit.gpu));
+  const lines = [`${hit.host.name} gpu ${hit.gpu}: ${cell?.state ?? "unknown"}`];
+  const job = model.jobOfHost.get(hit.host.name);
+  if (job) lines.push(`job ${job}`);
+  for (const v of cell?.verdicts ?? []) lines.push(`${v.kind} ${v.reason} → ${v.action}`);
+  tip.textContent = lines.join("\n");
+  tip.style.whiteSpace = "pre";
+  tip.style.left = ev.clientX + 12 + "px";
+  tip.style.top = ev.clientY + 12 + "px";
+  tip.hidden = false;
+}
+
+function renderProblems() {
+  const q = query();
+  const list = [];
+  for (const host of model.hosts) {
+    const job = model.jobOfHost.get(host.name);
+    for (const g of host.gpus) {
+      const cell = model.cells.get(cellKey(host.name, g.index));
+      if (!cell || cell.state === "ok" || cell.state === "unknown") continue;
+      const why = cell.verdicts.map((v) => `${v.kind} ${v.reason} → ${v.action}`).join("; ")
+        || (cell.state === "silent" ? "host not reporting" : `GPU ${cell.raw}`);
+      if (!matches(q, host.name, g.index, job ?? g.job, cell.state + " " + why)) continue;
+      list.push({ host, gpu: g.index, state: cell.state, job: job ?? g.job ?? "", why });
+    }
+  }
+  list.sort((a, b) => RANK[a.state] - RANK[b.state] || a.host.name.localeCompare(b.host.name) || a.gpu - b.gpu);
+  const rows = list.slice(0, MAX_ROWS).map((p) => row(
+    [p.host.name, p.gpu, stateCell(p.state), p.host.cluster, p.job, p.why],
+    { host: p.host.name, gpu: p.gpu, state: p.state }));
+  rows.forEach((r) => r.classList.add("problem"));
+  fillBody($("problems"), rows, list.length);
+  $("problem-count").textContent = `(${list.length.toLocaleString()})`;
+}
+
+function incidentId(inc) { return String(inc.id ?? inc.incident_id ?? ""); }
+
+function renderIncidents() {
+  const q = query();
+  const list = model.incidents
+    .filter((i) => matches(q, String(i.host ?? (i.hosts ?? []).join(" ")), null, i.job ?? i.job_id,
+      `${i.kind ?? ""} ${i.reason ?? ""} ${i.title ?? ""}`))
+    .sort((a, b) => (toMillis(b.opened_at ?? b.created_at ?? b.t) ?? 0) - (toMillis(a.opened_at ?? a.created_at ?? a.t) ?? 0))
+    .slice(0, 50);
+  $("incident-count").textContent = `(${model.incidents.length})`;
+  const items = list.map((inc) => {
+    const id = incidentId(inc);
+    const when = inc.opened_at ?? inc.created_at ?? inc.t;
+    const what = [inc.title, inc.kind, inc.reason, inc.job ?? inc.job_id, inc.host].filter(Boolean).join(" · ");
+    const li = el("li", `${id} — ${what} ${when !== undefined ? "(" + ago(when) + ")" : ""}`);
+    li.dataset.id = id;
+    if (id === model.selectedIncident) li.classList.add("selected");
+    li.addEventListener("click", () => { model.selectedIncident = id; loadTimeline(); renderIncidents(); });
+    return li;
+  });
+  $("incidents").replaceChildren(...items);
+  if (model.selectedIncident === null && list.length > 0) {
+    model.selectedIncident = incidentId(list[0]);
+    loadTimeline();
+  }
+}
+
+async function loadTimeline() {
+  const id = model.selectedIncident;
+  if (!id) return;
+  try {
+    const inc = await getJSON("api/v1/incidents/" + encodeURIComponent(id));
+    if (id !== model.selectedIncident) return;
+    const entries = asList(inc.timeline ?? inc.events ?? inc.entries ?? [], "timeline");
+    const head = [inc.title, inc.kind, inc.reason, inc.job ?? inc.job_id].filter(Boolean).join(" · ");
+    const lines = [`incident ${id}${head ? " — " + head : ""} — ${entries.length} entries`];
+    for (const e of entries.slice(-1000)) {
+      const where = [e.host, e.gpu !== undefined && e.gpu !== null ? "gpu " + e.gpu : null].filter(Boolean).join(" ");
+      const what = e.text ?? e.message ?? e.summary ?? JSON.stringify(e.fields ?? e);
+      lines.push(`${clockTime(e.t ?? e.time ?? e.ts)}  ${where.padEnd(16)} ${String(e.kind ?? "").padEnd(10)} ${what}`);
+    }
+    $("timeline").textContent = lines.join("\n");
+  } catch (err) {
+    $("timeline").textContent = `incident ${id}: ${err.message}`;
+  }
+}
+
+function refreshView() {
+  rebuildCells();
+  const counts = renderSummary();
+  renderVerdicts();
+  renderJobs();
+  renderLegend(counts);
+  renderTiles(counts);
+  renderGrid();
+  renderProblems();
+  renderIncidents();
+}
+
+// ---------- polling ----------
+
+let hostsDueAt = 0;
+let hostsCostMs = 0;
+
+async function poll() {
+  const started = performance.now();
+  const wantHosts = Date.now() >= hostsDueAt;
+  try {
+    const [verdicts, jobs, incidents, hosts] = await Promise.all([
+      getJSON("api/v1/verdicts?state=open"),
+      getJSON("api/v1/jobs"),
+      getJSON("api/v1/incidents").catch(() => null),
+      wantHosts ? getJSON("api/v1/hosts", 30000) : Promise.resolve(null),
+    ]);
+    model.verdicts = asList(verdicts, "verdicts").filter((v) => (v.state ?? "open") === "open");
+    model.jobs = asList(jobs, "jobs").map(normJob).sort((a, b) => a.id.localeCompare(b.id));
+    if (incidents !== null) model.incidents = asList(incidents, "incidents");
+    if (hosts !== null) {
+      model.hosts = asList(hosts, "hosts").map(normHost)
+        .sort((a, b) => a.cluster.localeCompare(b.cluster) || a.name.localeCompare(b.name));
+      hostsCostMs = performance.now() - started;
+      // A big fleet's host list is the expensive call: poll it at most every ~10x its cost.
+      hostsDueAt = Date.now() + Math.min(30000, Math.max(FAST_POLL_MS, hostsCostMs * 10));
+    }
+    model.lastOk = Date.now();
+    refreshView();
+    $("conn").dataset.state = "ok";
+    $("conn").textContent = "live";
+    $("updated").textContent = "updated " + new Date().toLocaleTimeString();
+  } catch (err) {
+    const stale = model.lastOk ? ` (data from ${ago(model.lastOk / 1000)})` : "";
+    $("conn").dataset.state = model.lastOk ? "stale" : "down";
+    $("conn").textContent = "aggregator not answering" + stale;
+  }
+  const spent = performance.now() - started;
+  setTimeout(poll, Math.max(FAST_POLL_MS, spent * 2));
+}
+
+function init() {
+  const params = new URLSearchParams(location.search);
+  if (params.get("q")) $("search").value = params.get("q");
+  if (params.get("group")) $("groupby").value = params.get("group");
+  let pending = null;
+  $("search").addEventListener("input", () => {
+    clearTimeout(pending);
+    pending = setTimeout(refreshView, 150);
+  });
+  $("groupby").addEventListener("change", refreshView);
+  $("problems-only").addEventListener("change", refreshView);
+  window.addEventListener("resize", () => { clearTimeout(pending); pending = setTimeout(renderGrid, 200); });
+  poll();
+}
+
+init();
