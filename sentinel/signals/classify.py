@@ -1,0 +1,170 @@
+"""One entry point from log text to contract records (``../shared/CONTRACTS.md`` section 2).
+
+* :func:`classify_line` — one physical log line, as the agent's tailer sees it; ``None`` for plain noise
+  (NCCL INFO chatter, lines without any signal).
+* :func:`classify_text` — one record (a line or a short multi-line block: hard-wrapped messages,
+  ``nvidia-smi -q`` excerpts, torchrun "Root Cause" blocks); always returns the most severe event.
+* :func:`text_events` — every event in a record, for callers that want more than the worst one.
+
+Fast streaming over big inputs lives in :mod:`sentinel.signals.scan`, which finds candidate lines at C
+speed and then calls :func:`classify_line` / :func:`classify_text` on them only.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from sentinel.signals._text import bounded
+from sentinel.signals.ecc import evaluate_ecc, evaluate_retired_pages, parse_ecc, parse_retired_pages
+from sentinel.signals.kernel import kernel_events
+from sentinel.signals.nccl_log import global_rank, nccl_events, torch_events
+from sentinel.signals.record import Classified, make_event, most_severe
+from sentinel.signals.rowremap import evaluate_row_remap, parse_row_remap
+from sentinel.signals.xid import parse_xid
+
+#: An NCCL INFO line with the standard prefix whose payload is not an init/version/error-trace line:
+#: plain chatter. Mirrors ``scan.CHATTER`` byte for byte (same expression, ASCII semantics).
+CHATTER_PATTERN: Final = r"[^\n ]{1,256} \[\d{1,3}\] NCCL INFO (?!(?:\w{1,40} )?comm 0x|NCCL version|[\w/.\[\]()-]{1,200}:\d{1,6} -> )"
+_CHATTER_RE: Final = re.compile(CHATTER_PATTERN, re.ASCII)
+
+#: Every rule below needs at least one of these words; a line without any is noise, cheaply.
+_SIGNAL_WORDS_RE: Final = re.compile(
+    r"NVRM|Xid|bus|NCCL|nccl|WARN|INFO|rror|ERROR|ail|atchdog|WorkNCCL|imeout|exitcode|Root Cause|ECC|"
+    r"Remapped|Retired|PCIe|mlx5|Cable|module event|blocked for|peermem|signal|fault|core dumped|NET/|Net :|"
+    r"ocket|Call to|Connection|completion|async|MISMATCH|rank|Rank|dump|heartbeat|^\s{0,40}\d{1,9}\s"
+)
+_BLOCK_WORDS: Final = ("Remapped Rows", "ECC Errors", "Retired", "Root Cause")
+
+
+def is_noise(event: Classified) -> bool:
+    """Plain chatter: nothing an operator or the agent acts on (still printed with ``--all``)."""
+    return event.severity == "info" and event.kind in ("nccl_info", "other")
+
+
+def line_events(line: str) -> list[Classified]:
+    """Every event in one logical line (no block parsing)."""
+    text = bounded(line)
+    chatter = _CHATTER_RE.match(text)
+    if chatter is not None:
+        return [make_event("nccl_info", "info")]
+    if _SIGNAL_WORDS_RE.search(text) is None:
+        return []
+    events: list[Classified] = []
+    xid = parse_xid(text)
+    if xid is not None:
+        events.append(
+            make_event(
+                "xid",
+                xid.severity,
+                xid=xid.xid,
+                pci_bus=xid.pci_bus,
+                pid=xid.pid,
+                process=xid.process,
+                previous_xid=xid.previous_xid,
+                gpu_instance=xid.gpu_instance,
+                action=xid.action,
+                reason=f"xid_{xid.xid}",
+                message=xid.message,
+            )
+        )
+    else:
+        events.extend(kernel_events(text))
+    events.extend(nccl_events(text))
+    events.extend(torch_events(text))
+    rank = global_rank(text)
+    if rank is not None:
+        for index, event in enumerate(events):
+            if event.rank is None and event.kind != "xid":
+                events[index] = _with_rank(event, rank)
+    return events
+
+
+def _with_rank(event: Classified, rank: int) -> Classified:
+    import msgspec
+
+    return msgspec.structs.replace(event, rank=rank)
+
+
+def text_events(text: str) -> list[Classified]:
+    """Every event in one record: a line, a hard-wrapped message or an ``nvidia-smi -q`` excerpt."""
+    text = bounded(text)
+    lines = [segment for segment in re.split(r"\r\n|\r|\n", text) if segment.strip()]
+    if len(lines) <= 1:
+        return line_events(lines[0] if lines else text)
+    events = _block_events(text)
+    if "Root Cause" in text:
+        # Needs the line structure ("rank : 10" on its own line), so before the joined form.
+        events.extend(event for event in torch_events(text) if event.reason == "torchrun_root_cause")
+    joined = " ".join(segment.strip() for segment in lines)
+    events.extend(line_events(joined))
+    return events
+
+
+def _block_events(text: str) -> list[Classified]:
+    events: list[Classified] = []
+    if not any(word in text for word in _BLOCK_WORDS) and "pages" not in text:
+        return events
+    rows = parse_row_remap(text) if "Remapped" in text else None
+    if rows is not None:
+        finding = evaluate_row_remap(rows)
+        events.append(
+            make_event(
+                "row_remap",
+                finding.severity,
+                action=finding.action,
+                reason=finding.reason,
+                message="; ".join(finding.evidence),
+            )
+        )
+    ecc = parse_ecc(text) if "ECC Errors" in text else None
+    if ecc is not None:
+        finding = evaluate_ecc(ecc)
+        events.append(
+            make_event(
+                "ecc",
+                finding.severity,
+                action=finding.action,
+                reason=finding.reason,
+                message="; ".join(finding.evidence),
+            )
+        )
+    pages = parse_retired_pages(text) if "etired" in text else None
+    if pages is not None:
+        finding = evaluate_retired_pages(pages)
+        events.append(
+            make_event(
+                "ecc",
+                finding.severity,
+                action=finding.action,
+                reason=finding.reason,
+                message="; ".join(finding.evidence),
+            )
+        )
+    return events
+
+
+def classify_line(line: str) -> Classified | None:
+    """Classify one physical log line; ``None`` when it carries no signal (plain noise).
+
+    Lines glued together by carriage returns (tqdm progress bars) are split and the most severe part wins.
+    """
+    text = line.rstrip("\r\n")
+    if "\r" in text:
+        events: list[Classified] = []
+        for segment in text.split("\r"):
+            events.extend(line_events(segment))
+    else:
+        events = line_events(text)
+    best = most_severe(events)
+    if best is None or is_noise(best):
+        return None
+    return best
+
+
+def classify_text(text: str) -> Classified:
+    """Classify one record (line or block): the most severe event, or ``other``/``info`` when none."""
+    best = most_severe(text_events(text))
+    if best is None:
+        return make_event("other", "info")
+    return best

@@ -1,0 +1,99 @@
+"""Kernel-log lines around the GPU that are not Xids: NVSwitch SXids, other NVRM messages, PCIe link
+training, InfiniBand HCA events, hung tasks, nvidia-peermem and UCX crashes.
+
+These become ``kind: other`` events. Their severity tells the agent whether the line is worth waking
+someone for: an NVRM "RmInitAdapter failed" or "PMU has halted" is critical even without an Xid number,
+while "GSP RPC buffer contains function ..." is just detail.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from sentinel.signals._text import bounded, clip, normalize_pci
+from sentinel.signals.record import Classified, make_event
+from sentinel.signals.xid import parse_sxid
+from sentinel.signals.xid_catalog import Severity
+
+_NVRM_RE: Final = re.compile(r"\bNVRM: ?(?P<msg>.*)")
+_NVRM_BAD_RE: Final = re.compile(
+    r"fail|error|halt|reset|assert|exception|fault|timeout|timed out|unable|cannot|lost|hang", re.IGNORECASE
+)
+_PCIE_BW_RE: Final = re.compile(
+    r"(?P<dev>\S{1,40}) (?P<bdf>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]): [\d.]{1,10} Gb/s available PCIe "
+    r"bandwidth, limited by [\d.]{1,8} GT/s PCIe x(?P<width>\d{1,2}) link.{0,80}?capable of [\d.]{1,10} Gb/s with "
+    r"[\d.]{1,8} GT/s PCIe x(?P<cap>\d{1,2}) link"
+)
+_MLX_BAD_RE: Final = re.compile(
+    r"Cable error|High Temperature|module event\[error\]|Port module event.{0,40}error"
+)
+_MLX_DOWN_RE: Final = re.compile(r"\bmlx5\w{0,20}\b.{0,120}Link DOWN|\bmlx5\w{0,20}\b.{0,120}link down")
+_HUNG_TASK_RE: Final = re.compile(r"\btask \S{1,80} blocked for more than \d{1,6} seconds")
+_PEERMEM_RE: Final = re.compile(r"nvidia-peermem\b.{0,200}?\bERROR\b")
+_SIGNAL_RE: Final = re.compile(r"Caught signal \d{1,3} \(|Segmentation fault|Bus error \(|core dumped")
+_GPU_DEVICES: Final = ("pci", "nvidia")
+
+
+def kernel_events(text: str) -> list[Classified]:
+    """Non-Xid kernel and crash events in one line (SXid, NVRM, PCIe, IB HCA, hung tasks, signals)."""
+    text = bounded(text)
+    events: list[Classified] = []
+    if "SXid" in text:
+        sxid = parse_sxid(text)
+        if sxid is not None:
+            severity: Severity = "warning" if sxid.fatal is False else "critical"
+            events.append(
+                make_event(
+                    "other",
+                    severity,
+                    pci_bus=sxid.pci_bus,
+                    sxid=sxid.sxid,
+                    reason=f"sxid_{sxid.sxid}",
+                    message=sxid.message,
+                )
+            )
+            return events
+    if "NVRM" in text:
+        nvrm = _NVRM_RE.search(text)
+        if nvrm is not None and "Xid" not in nvrm.group("msg")[:12]:
+            msg = nvrm.group("msg")
+            bad = _NVRM_BAD_RE.search(msg) is not None
+            events.append(
+                make_event(
+                    "other",
+                    "critical" if bad else "info",
+                    pci_bus=normalize_pci(msg),
+                    reason="nvrm_error" if bad else "nvrm_info",
+                    message=clip(msg),
+                )
+            )
+    if "PCIe" in text:
+        pcie = _PCIE_BW_RE.search(text)
+        if pcie is not None:
+            degraded = int(pcie.group("width")) < int(pcie.group("cap"))
+            device = pcie.group("dev").lower()
+            pci = normalize_pci(pcie.group("bdf")) if device in _GPU_DEVICES else None
+            events.append(
+                make_event(
+                    "other",
+                    "warning" if degraded else "info",
+                    pci_bus=pci,
+                    reason="pcie_link_degraded" if degraded else "pcie_link_info",
+                    message=clip(text),
+                )
+            )
+    if "mlx5" in text or "Cable" in text or "module event" in text:
+        if _MLX_BAD_RE.search(text) is not None:
+            events.append(make_event("other", "critical", reason="ib_port_hardware", message=clip(text)))
+        elif _MLX_DOWN_RE.search(text) is not None:
+            events.append(make_event("other", "warning", reason="ib_link_down", message=clip(text)))
+        elif "mlx5" in text:
+            events.append(make_event("other", "info", reason="ib_port_info"))
+    if "blocked for more than" in text and _HUNG_TASK_RE.search(text) is not None:
+        events.append(make_event("other", "warning", reason="hung_task", message=clip(text)))
+    if "peermem" in text and _PEERMEM_RE.search(text) is not None:
+        events.append(make_event("other", "warning", reason="peermem_error", message=clip(text)))
+    if _SIGNAL_RE.search(text) is not None:
+        events.append(make_event("other", "critical", reason="process_crash", message=clip(text)))
+    return events

@@ -1,0 +1,383 @@
+"""Parser for NCCL debug output and PyTorch ProcessGroupNCCL / torchrun messages.
+
+NCCL lines look like ``host:pid:tid [cudaDev] NCCL INFO|WARN ...`` (NCCL <= 2.4 printed ``INFO``/``WARN``
+without the ``NCCL`` word), usually behind wrappers: MPI ``[1,0]<stdout>:`` tags, pdsh ``host: ``
+prefixes, shipper timestamps, Ray ``(Actor pid=N)`` tags. PyTorch lines carry a ``[rankN]:`` prefix
+(global rank), a glog header (``[E1206 18:44:16.99 ProcessGroupNCCL.cpp:1709]``) and a process-group tag
+(``[PG ID 0 PG GUID 0(default_pg) Rank 5]``) whose rank is global only for the default group.
+
+Every rule searches for the message itself rather than anchoring on a prefix, so unknown wrappers in front
+do not matter, and a line that flattens several messages ("... Last error: NET/IB : Got completion ...")
+yields one event per message; the caller keeps the most severe. Look-alikes (UCX ``[host:pid:idx:tid]``,
+nccl-tests banners, C++ stack frames that mention ProcessGroupNCCL) are not NCCL events.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from sentinel.signals._text import bounded, clip, parse_int, pci_from_nccl_busid
+from sentinel.signals.record import Classified, make_event
+from sentinel.signals.xid_catalog import Severity
+
+# --- NCCL ---------------------------------------------------------------------------------------------
+
+_PREFIX_RE: Final = re.compile(
+    r"(?P<host>[^\s:\[\]()<>]{1,255}):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>\d{1,3})\] "
+)
+_HOST_DEV_RE: Final = re.compile(r"(?:^|\s)(?P<host>[A-Za-z0-9][\w.-]{0,254}) \[(?P<dev>\d{1,3})\] \S")
+_LEVEL_RE: Final = re.compile(r"\bNCCL (?P<lvl>INFO|WARN|ERROR|ABORT)\b[ \t]?(?P<payload>.*)")
+# NCCL <= 2.4: no "NCCL" word; accept only right after a "[dev] " prefix or a "file.ext:line " source.
+_OLD_LEVEL_RE: Final = re.compile(
+    r"(?:\[\d{1,3}\] (?:[\w./-]{1,200}:\d{1,6} )?|(?:^|\s)[\w./-]{1,200}\.(?:cc|cu|c|h|cpp|hpp):\d{1,6} )"
+    r"(?P<lvl>INFO|WARN) (?P<payload>.*)"
+)
+_SOURCE_RE: Final = re.compile(r"(?P<file>[\w./\[\]-]{1,200}?)[:\]]\d{1,6}\S{0,80} (?:NCCL )?(?:WARN|INFO)\b")
+_INIT_RE: Final = re.compile(
+    r"\bcomm (?P<comm>0x[0-9A-Fa-f]{1,16}) rank (?P<rank>\d{1,9}) nranks (?P<nranks>\d{1,9})\b"
+)
+_CUDADEV_RE: Final = re.compile(r"\bcudaDev (\d{1,4})\b")
+_BUSID_RE: Final = re.compile(r"\bbusId (?:0x)?([0-9A-Fa-f]{1,13})\b")
+_COMM_STATE_RE: Final = re.compile(
+    r"- (Init START|Init COMPLETE|Abort COMPLETE|Destroy COMPLETE|Abort START)"
+)
+_VERSION_RE: Final = re.compile(r"^\s*NCCL version (?P<ver>\d{1,3}\.\d{1,3}\.\d{1,4}\S{0,40})")
+_TRACE_RE: Final = re.compile(r"^\s*\S{1,200}?:\d{1,6} -> (?P<ret>-?\d{1,4})\b")
+_FROM_RANK_RE: Final = re.compile(r"\bfrom rank (\d{1,9})\b")
+_PEER_RE: Final = re.compile(
+    r"\b(?:peer|from|to) (\d{1,3}\.[\d.]{1,20}<\d{1,5}>|[0-9a-fA-F:.]{3,45}<\d{1,5}>)"
+)
+_CUDA_WARN_RE: Final = re.compile(
+    r"Cuda failure|CUDA failure|Failed to CUDA|CUDA error|cudaError\w{0,40}|cuMem\w{0,40} failed"
+)
+_NET_WARN_RE: Final = re.compile(
+    r"NET/|\bNet :|[Ss]ocket|Call to (?:connect|recv|send|accept|bind|listen|ibv_)|\bibv_|\bIB\b|RoCE|"
+    r"Got completion|async event|async fatal|ncclIb|\bOFI\b|libfabric|wrong type|remote peer|"
+    r"Connection (?:closed|reset|refused|timed out)"
+)
+_NET_FILE_RE: Final = re.compile(
+    r"(?:^|/)(?:socket|net\w{0,20}|ib\w{0,20}|\w{0,20}ibv\w{0,20}|\w{0,10}ofi\w{0,20})\.(?:cc|c|h)$"
+)
+_NET_BENIGN_RE: Final = re.compile(
+    r"status=5\b|with error 5\b|async event ?: ?(?:port error|port active|GID|LID|client reregister|SM change)"
+)
+# Network payloads quoted without the NCCL prefix ("Last error: NET/IB : Got completion ...").
+_BARE_NET_RE: Final = re.compile(
+    r"NET/IB ?: ?(?:\S{1,40} )?(?:Got completion from peer|Got async event|async fatal event)|"
+    r"NET/OFI Request \S{1,40} completed with error|NET/\w{1,20} ?: ?\w{0,40} ?failed|"
+    r"socket\w{0,30}: Call to \w{1,12} (?:from|to) \S{1,80} failed|\bNet : Call to \w{1,12}|"
+    r"Call to connect failed|Socket creation failed"
+)
+_RAS_MISMATCH_RE: Final = re.compile(
+    r"MISMATCH\b[\s\S]{0,400}?Communicator ranks have different (?P<op>\w{1,40}) operation counts"
+)
+_RAS_ROW_RE: Final = re.compile(
+    r"^\s*\d{1,9}(?:[ \t]+\d{1,12}){4,8}[ \t]+[A-Z_]{2,20}(?:[ \t]+[A-Z_]{2,20})?\s*$"
+)
+_NCCL_TESTS_FAIL_RE: Final = re.compile(r"\bTest (?:CUDA|NCCL) failure\b")
+_UCX_RE: Final = re.compile(r"\bUCX\b|\[[^\s\[\]:]{1,255}:\d{1,10}:\d{1,5}:\d{1,10}\]|\bucp_\w|\buct_\w")
+
+# --- PyTorch ------------------------------------------------------------------------------------------
+
+_GLOBAL_RANK_RE: Final = re.compile(r"\[rank(\d{1,7})[\]\[]")
+_PG_RANK_RE: Final = re.compile(
+    r"\[PG (?:ID )?(?P<pg>\d{1,6})(?: PG GUID (?P<guid>\d{1,6}))?[ \t]*(?:\((?P<name>[^()\]]{0,80})\))?[ \t]*Rank (?P<rank>\d{1,7})\]"
+)
+_OLD_RANK_RE: Final = re.compile(r"\[Rank (\d{1,7})\]")
+_ABORTED_RANK_RE: Final = re.compile(r"aborted on rank (\d{1,7})")
+_BLOCK_RANK_RE: Final = re.compile(r"(?m)^[ \t]*rank[ \t]*:[ \t]*(\d{1,7})")
+_BLOCK_EXIT_RE: Final = re.compile(r"(?m)^[ \t]*exitcode[ \t]*:[ \t]*(-?\d{1,5})")
+_WATCHDOG_TIMEOUT_RE: Final = re.compile(r"Watchdog\s+caught\s+collective\s+operation\s+timeout")
+_WORK_RE: Final = re.compile(r"WorkNCCL\((?P<body>(?:[^()]|\(ms\)){0,800})\)")
+_SEQNUM_RE: Final = re.compile(r"SeqNum=(-?\d{1,22})")
+_OPTYPE_RE: Final = re.compile(r"OpType=(\w{1,40})")
+_NUMEL_IN_RE: Final = re.compile(r"NumelIn=(-?\d{1,22})")
+_NUMEL_OUT_RE: Final = re.compile(r"NumelOut=(-?\d{1,22})")
+_TIMEOUT_MS_RE: Final = re.compile(r"Timeout\(ms\)=(\d{1,22})")
+_RAN_FOR_RE: Final = re.compile(r"ran for (\d{1,22}) milliseconds")
+_EXIT_RE: Final = re.compile(r"failed \(exitcode: (?P<code>-?\d{1,5})\)(?: local_rank: (?P<local>\d{1,7}))?")
+
+# (pattern, severity, reason); a group named "seq" is the collective sequence number / work id.
+_TORCH_RULES: Final[tuple[tuple[re.Pattern[str], Severity, str], ...]] = (
+    (
+        re.compile(r"detected by watchdog at work(?: sequence id)?:\s*(?P<seq>-?\d{1,22})"),
+        "critical",
+        "watchdog_detected_failure",
+    ),
+    (re.compile(r"Timeout at NCCL work:\s*(?P<seq>-?\d{1,22})"), "critical", "watchdog_timeout_at_work"),
+    (re.compile(r"Exception hit in NCCL work:\s*(?P<seq>-?\d{1,22})"), "critical", "nccl_work_exception"),
+    (re.compile(r"watchdog thread terminated with exception"), "critical", "watchdog_terminated"),
+    (re.compile(r"Some NCCL operations have failed or timed out"), "critical", "nccl_operations_failed"),
+    (re.compile(r"taking the entire process down"), "critical", "process_taken_down"),
+    (re.compile(r"NCCL communicator was aborted"), "critical", "communicator_aborted"),
+    (re.compile(r"DistBackendError|NCCL error in:|NCCL [Ee]rror(?: \d{1,4})?:"), "critical", "nccl_error"),
+    (
+        re.compile(r"\bnccl(?:Remote|System|Internal|UnhandledCuda|InvalidUsage|InvalidArgument)Error\b"),
+        "critical",
+        "nccl_error",
+    ),
+    (
+        re.compile(r"watchdog got stuck|[Hh]eartbeat monitor|no heartbeat|[Hh]eartbeat timeout"),
+        "critical",
+        "watchdog_heartbeat",
+    ),
+    (re.compile(r"\bChildFailedError\b"), "critical", "torchrun_child_failed"),
+    (re.compile(r"RuntimeError: CUDA error|\bCUDA error: an illegal"), "critical", "cuda_error"),
+    (re.compile(r"Stack trace of the failed collective"), "warning", "failed_collective_trace"),
+    (re.compile(r"flight recorder dumps? to finish"), "warning", "flight_recorder_dump_wait"),
+    (re.compile(r"preparing to dump debug info"), "warning", "flight_recorder_dump"),
+)
+_DUMP_SIGNAL_RE: Final = re.compile(
+    r"Received a dump signal due to a collective timeout from\s+rank (\d{1,7})"
+)
+_BENIGN_TORCH_RE: Final = re.compile(
+    r"destroy_process_group\(\) was not called|process group has NOT been destroyed|closing signal SIG[A-Z]{2,6}|"
+    r"Exception raised from \w{1,80} at|^\s*frame #\d{1,4}:"
+)
+_ROOT_CAUSE_RE: Final = re.compile(r"Root Cause \(first observed failure\)")
+
+
+def nccl_events(text: str) -> list[Classified]:
+    """NCCL events in one logical line or block (may be several when messages were flattened)."""
+    text = bounded(text)
+    events: list[Classified] = []
+    if _UCX_RE.search(text) is not None and "NCCL" not in text:
+        return events
+    prefix = _PREFIX_RE.search(text)
+    host = prefix.group("host") if prefix else None
+    cuda_dev = parse_int(prefix.group("dev")) if prefix else None
+    pid = parse_int(prefix.group("pid")) if prefix else None
+    if prefix is None:
+        host_dev = _HOST_DEV_RE.search(text)
+        if host_dev is not None and ("NCCL" in text or " WARN " in text or " INFO " in text):
+            host, cuda_dev = host_dev.group("host"), parse_int(host_dev.group("dev"))
+    ids = {"host": host, "cuda_dev": cuda_dev, "pid": pid}
+    level = _LEVEL_RE.search(text)
+    if level is None and (" WARN " in text or " INFO " in text):
+        level = _OLD_LEVEL_RE.search(text)
+    if level is not None:
+        payload = level.group("payload")
+        if level.group("lvl") == "INFO":
+            events.append(_info_event(payload, ids))
+        else:
+            source = _SOURCE_RE.search(text[: level.start() + 12])
+            events.append(_warn_event(payload, source.group("file") if source else "", ids))
+    bare = _BARE_NET_RE.search(text)
+    if bare is not None and (level is None or bare.start() > level.end()):
+        events.append(_net_event(text[bare.start() :], ids))
+    version = _VERSION_RE.search(text)
+    if version is not None and level is None:
+        events.append(
+            make_event("nccl_init", "info", reason="nccl_version", nccl_version=version.group("ver"))
+        )
+    ras = _RAS_MISMATCH_RE.search(text)
+    if ras is not None:
+        events.append(
+            make_event(
+                "nccl_warn_other",
+                "critical",
+                op=ras.group("op"),
+                reason="nccl_ras_mismatch",
+                message=clip(text),
+            )
+        )
+    elif "\n" not in text and _RAS_ROW_RE.match(text) is not None:
+        events.append(make_event("nccl_info", "info", reason="nccl_ras_status"))
+    if _NCCL_TESTS_FAIL_RE.search(text) is not None:
+        events.append(make_event("other", "critical", reason="nccl_tests_failure", message=clip(text)))
+    return events
+
+
+def _info_event(payload: str, ids: dict[str, object]) -> Classified:
+    init = _INIT_RE.search(payload)
+    if init is not None:
+        state = _COMM_STATE_RE.search(payload)
+        state_text = state.group(1) if state else ""
+        cuda = _CUDADEV_RE.search(payload)
+        bus = _BUSID_RE.search(payload)
+        fields: dict[str, object] = dict(ids)
+        fields.update(
+            rank=parse_int(init.group("rank")),
+            nranks=parse_int(init.group("nranks")),
+            comm=init.group("comm"),
+            pci_bus=pci_from_nccl_busid(bus.group(1)) if bus else None,
+        )
+        if cuda is not None:
+            fields["cuda_dev"] = parse_int(cuda.group(1))
+        if state_text.startswith("Abort"):
+            return make_event("nccl_info", "warning", reason="nccl_comm_abort", **fields)
+        if state_text.startswith("Destroy"):
+            return make_event("nccl_info", "info", reason="nccl_comm_destroy", **fields)
+        return make_event("nccl_init", "info", reason="nccl_comm_init", **fields)
+    version = _VERSION_RE.match(payload)
+    if version is not None:
+        return make_event(
+            "nccl_init", "info", reason="nccl_version", nccl_version=version.group("ver"), **ids
+        )
+    trace = _TRACE_RE.match(payload)
+    if trace is not None:
+        return make_event("nccl_info", "warning", reason="nccl_error_trace", message=clip(payload), **ids)
+    return make_event("nccl_info", "info", **ids)
+
+
+def _warn_event(payload: str, source_file: str, ids: dict[str, object]) -> Classified:
+    from_rank = _FROM_RANK_RE.search(payload)
+    rank = parse_int(from_rank.group(1)) if from_rank else None
+    if _CUDA_WARN_RE.search(payload) is not None:
+        return make_event(
+            "nccl_warn_cuda", "critical", reason="nccl_cuda_failure", message=clip(payload), **ids
+        )
+    if _NET_WARN_RE.search(payload) is not None or _NET_FILE_RE.search(source_file) is not None:
+        return _net_event(payload, ids, rank=rank)
+    return make_event(
+        "nccl_warn_other", "critical", rank=rank, reason="nccl_warn", message=clip(payload), **ids
+    )
+
+
+def _net_event(payload: str, ids: dict[str, object], rank: int | None = None) -> Classified:
+    severity: Severity = "warning" if _NET_BENIGN_RE.search(payload) is not None else "critical"
+    peer = _PEER_RE.search(payload)
+    if "completion" in payload:
+        reason = "nccl_ib_completion_error"
+    elif "async" in payload:
+        reason = "nccl_ib_async_event"
+    elif "ocket" in payload or "Call to" in payload or "Connection" in payload:
+        reason = "nccl_socket_error"
+    else:
+        reason = "nccl_net_error"
+    return make_event(
+        "nccl_warn_net",
+        severity,
+        rank=rank,
+        reason=reason,
+        peer=peer.group(1) if peer else None,
+        message=clip(payload),
+        **ids,
+    )
+
+
+def torch_rank(text: str) -> int | None:
+    """The global rank a PyTorch line speaks for.
+
+    ``[rank12]:`` (added by torchrun) is authoritative; otherwise a ``[PG ... Rank N]`` tag counts only for
+    the default group (its ranks are global), then the old ``[Rank N]`` tag (default group only existed).
+    """
+    match = _GLOBAL_RANK_RE.search(text)
+    if match is not None:
+        return parse_int(match.group(1))
+    pg = _PG_RANK_RE.search(text)
+    if pg is not None:
+        if pg.group("pg") == "0" or (pg.group("name") or "").strip() == "default_pg":
+            return parse_int(pg.group("rank"))
+        return None
+    old = _OLD_RANK_RE.search(text)
+    if old is not None:
+        return parse_int(old.group(1))
+    aborted = _ABORTED_RANK_RE.search(text)
+    if aborted is not None:
+        return parse_int(aborted.group(1))
+    return None
+
+
+def torch_events(text: str) -> list[Classified]:
+    """PyTorch distributed events (watchdog timeouts, NCCL errors, heartbeat, torchrun failures)."""
+    text = bounded(text)
+    events: list[Classified] = []
+    rank: int | None = None
+    rank_done = False
+
+    def get_rank() -> int | None:
+        nonlocal rank, rank_done
+        if not rank_done:
+            rank, rank_done = torch_rank(text), True
+        return rank
+
+    if ("atchdog" in text and _WATCHDOG_TIMEOUT_RE.search(text) is not None) or "WorkNCCL(" in text:
+        events.append(_watchdog_timeout(text, get_rank()))
+    for pattern, severity, reason in _TORCH_RULES:
+        match = pattern.search(text)
+        if match is not None:
+            seq = parse_int(match.group("seq")) if "seq" in pattern.groupindex else None
+            events.append(
+                make_event(
+                    "torch_other_error",
+                    severity,
+                    rank=get_rank(),
+                    seq=seq,
+                    reason=reason,
+                    message=clip(text[match.start() :]),
+                )
+            )
+    dump = _DUMP_SIGNAL_RE.search(text)
+    if dump is not None:
+        events.append(
+            make_event(
+                "torch_other_error",
+                "warning",
+                rank=get_rank(),
+                reason="dump_signal_from_peer",
+                peer_rank=parse_int(dump.group(1)),
+                message=clip(text[dump.start() :]),
+            )
+        )
+    exit_match = _EXIT_RE.search(text)
+    if exit_match is not None:
+        code = parse_int(exit_match.group("code"))
+        events.append(
+            make_event(
+                "torch_other_error",
+                "critical" if code is None or code < 0 else "warning",
+                reason="torchrun_worker_failed",
+                exit_code=code,
+                local_rank=parse_int(exit_match.group("local")),
+                message=clip(text[exit_match.start() :]),
+            )
+        )
+    if _ROOT_CAUSE_RE.search(text) is not None:
+        block_rank = _BLOCK_RANK_RE.search(text)
+        block_exit = _BLOCK_EXIT_RE.search(text)
+        code = parse_int(block_exit.group(1)) if block_exit else None
+        events.append(
+            make_event(
+                "torch_other_error",
+                "warning" if code is not None and code >= 0 else "critical",
+                rank=parse_int(block_rank.group(1)) if block_rank else None,
+                exit_code=code,
+                reason="torchrun_root_cause",
+                message=clip(text),
+            )
+        )
+    if not events and _BENIGN_TORCH_RE.search(text) is not None:
+        events.append(make_event("other", "info", rank=get_rank(), reason="torch_benign"))
+    return events
+
+
+def _watchdog_timeout(text: str, rank: int | None) -> Classified:
+    work = _WORK_RE.search(text)
+    body = work.group("body") if work else ""
+    seq = _SEQNUM_RE.search(body)
+    op = _OPTYPE_RE.search(body)
+    numel_in = _NUMEL_IN_RE.search(body)
+    numel_out = _NUMEL_OUT_RE.search(body)
+    timeout = _TIMEOUT_MS_RE.search(body)
+    ran_for = _RAN_FOR_RE.search(text, work.end()) if work else None
+    return make_event(
+        "torch_watchdog_timeout",
+        "critical",
+        rank=rank,
+        seq=parse_int(seq.group(1)) if seq else None,
+        op=op.group(1) if op else None,
+        timeout_ms=parse_int(timeout.group(1)) if timeout else None,
+        numel_in=parse_int(numel_in.group(1)) if numel_in else None,
+        numel_out=parse_int(numel_out.group(1)) if numel_out else None,
+        ran_for_ms=parse_int(ran_for.group(1)) if ran_for else None,
+        reason="watchdog_timeout",
+        message=clip(text[work.start() :] if work else text),
+    )
+
+
+def global_rank(text: str) -> int | None:
+    """The ``[rankN]`` prefix torchrun adds to every line of a worker, if any."""
+    match = _GLOBAL_RANK_RE.search(bounded(text))
+    return parse_int(match.group(1)) if match else None

@@ -1,0 +1,170 @@
+"""Parser for NVIDIA kernel-driver Xid lines (``NVRM: Xid (PCI:0000:3b:00): 79, pid=..., name=..., ...``).
+
+The line can arrive behind any prefix (dmesg, ``dmesg -T``, syslog, journald, a health agent quoting it),
+with or without ``PCI:``, with a MIG ``GPU-I:`` tag, with ``pid=``/``name=`` in their several forms and
+process names that contain ``:`` or ``[]``. The parser anchors on the ``Xid (...)`` token itself, so
+numbers in host names, IP addresses or timestamps in the prefix are never read as the code, and a
+``caused by previous Xid N`` tail is kept apart from the code of the line. NVSwitch ``SXid`` lines are a
+different record type (:class:`SXidRecord`); they are never an Xid.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+import msgspec
+
+from sentinel.signals._text import bounded, clip, normalize_pci, parse_int
+from sentinel.signals.xid_catalog import NVLINK5_CODES, Action, Severity, xid_info
+
+#: Code NVIDIA uses for "GPU has fallen off the bus"; newer drivers print that text without a number.
+XID_FALLEN_OFF_BUS: Final = 79
+
+_XID_RE: Final = re.compile(
+    r"(?<![A-Za-z])Xid \((?P<pci>[^()\n]{0,80})\):?[ \t]*(?P<code>\d{1,6})(?!\d)(?P<rest>.*)"
+)
+_SXID_RE: Final = re.compile(r"SXid \((?P<pci>[^()\n]{0,80})\):?[ \t]*(?P<code>\d{1,6})(?!\d)(?P<rest>.*)")
+_REST_RE: Final = re.compile(
+    r"^[,:]?[ \t]*(?:pid=(?P<pid>\d{1,10}|'?<unknown>'?|\S{0,32}?),[ \t]*)?"
+    r"(?:name=(?P<name>[^\n]{0,128}?)(?:,[ \t]+|$))?(?P<msg>.*)$"
+)
+_PREVIOUS_RE: Final = re.compile(r"caused by previous Xid (\d{1,6})")
+_GPU_INSTANCE_RE: Final = re.compile(r"GPU-I:[ \t]*(\d{1,4})")
+_FALLEN_RE: Final = re.compile(r"fallen off the bus", re.IGNORECASE)
+_NONFATAL_RE: Final = re.compile(r"\bNon-?fatal\b", re.IGNORECASE)
+_FATAL_RE: Final = re.compile(r"\bFatal\b")
+_RECOVERY_RE: Final = re.compile(r"to 0x[0-9A-Fa-f]{1,8} \((?P<action>[^()]{1,40})\)")
+_RST_YES_RE: Final = re.compile(r"\bRST: Yes")
+
+_RECOVERY_ACTIONS: Final[dict[str, Action]] = {
+    "none": "none",
+    "gpu reset required": "reset_gpu",
+    "drain and reset": "reset_gpu",
+    "drain p2p": "reset_gpu",
+    "node reboot required": "reboot",
+}
+
+
+class XidRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One GPU Xid event as the kernel printed it."""
+
+    xid: int
+    #: ``dddd:bb:dd`` lower case; ``None`` when absent or redacted.
+    pci_bus: str | None
+    pid: int | None = None
+    process: str | None = None
+    #: Text after the code, pid and name (the driver's own description).
+    message: str = ""
+    #: ``caused by previous Xid N``: this line is the consequence of an earlier Xid.
+    previous_xid: int | None = None
+    #: MIG GPU instance (``GPU-I:NN``) when the line names one.
+    gpu_instance: int | None = None
+    severity: Severity = "warning"
+    action: Action = "none"
+    #: True when this single event takes the GPU out of service (catalog + what the line itself says).
+    fatal: bool = False
+
+
+class SXidRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """An NVSwitch ``SXid`` event: a switch problem, never a GPU Xid."""
+
+    sxid: int
+    pci_bus: str | None
+    fatal: bool | None
+    message: str = ""
+
+
+def parse_xid(line: str) -> XidRecord | None:
+    """Parse a GPU Xid line (or an un-numbered "fallen off the bus" line, which is Xid 79).
+
+    Returns ``None`` for anything else, including NVSwitch ``SXid`` lines.
+    """
+    text = bounded(line)
+    if "Xid" in text:
+        match = _XID_RE.search(text)
+        if match is not None:
+            return _from_match(match)
+    if ("bus" in text or "BUS" in text) and _FALLEN_RE.search(text) is not None and "GPU" in text:
+        start = text.find("NVRM")
+        pci = normalize_pci(text[start:] if start >= 0 else text)
+        return _with_severity(
+            XidRecord(xid=XID_FALLEN_OFF_BUS, pci_bus=pci, message=clip(text[max(start, 0) :]))
+        )
+    return None
+
+
+def parse_sxid(line: str) -> SXidRecord | None:
+    """Parse an NVSwitch ``SXid (PCI:...): N, Fatal|Non-fatal, ...`` line."""
+    text = bounded(line)
+    if "SXid" not in text:
+        return None
+    match = _SXID_RE.search(text)
+    if match is None:
+        return None
+    code = parse_int(match.group("code"))
+    if code is None:
+        return None
+    rest = match.group("rest").lstrip(", ")
+    fatal: bool | None = None
+    if _NONFATAL_RE.search(rest[:40]) is not None:
+        fatal = False
+    elif _FATAL_RE.search(rest[:40]) is not None:
+        fatal = True
+    return SXidRecord(sxid=code, pci_bus=normalize_pci(match.group("pci")), fatal=fatal, message=clip(rest))
+
+
+def _from_match(match: re.Match[str]) -> XidRecord | None:
+    code = parse_int(match.group("code"))
+    if code is None:
+        return None
+    pci_text = match.group("pci")
+    rest = match.group("rest")
+    parts = _REST_RE.match(rest)
+    pid: int | None = None
+    process: str | None = None
+    message = rest
+    if parts is not None:
+        pid = parse_int(parts.group("pid")) if parts.group("pid") else None
+        name = parts.group("name")
+        if name and name.strip("'<> ").lower() != "unknown":
+            process = name.strip()
+        message = parts.group("msg")
+    previous = _PREVIOUS_RE.search(rest)
+    instance = _GPU_INSTANCE_RE.search(pci_text) or _GPU_INSTANCE_RE.search(rest)
+    record = XidRecord(
+        xid=code,
+        pci_bus=normalize_pci(pci_text),
+        pid=pid,
+        process=process,
+        message=clip(message.strip()),
+        previous_xid=parse_int(previous.group(1)) if previous else None,
+        gpu_instance=parse_int(instance.group(1)) if instance else None,
+    )
+    return _with_severity(record)
+
+
+def _with_severity(record: XidRecord) -> XidRecord:
+    """Fill severity/action/fatal from the catalog, refined by what the line itself says."""
+    info = xid_info(record.xid)
+    severity: Severity = info.severity
+    action: Action = info.action
+    fatal = info.faulty_at_once
+    message = record.message
+    if record.xid in NVLINK5_CODES:
+        if _NONFATAL_RE.search(message) is not None:
+            severity, action, fatal = "warning", "none", False
+    elif record.xid == 154:
+        recovery = _RECOVERY_RE.search(message)
+        if recovery is not None:
+            wanted = _RECOVERY_ACTIONS.get(recovery.group("action").strip().lower())
+            if wanted == "none":
+                severity, action, fatal = "warning", "none", False
+            elif wanted is not None:
+                action = wanted
+    elif record.xid == 94 and _RST_YES_RE.search(message) is not None:
+        severity, action, fatal = "critical", "reset_gpu", True
+    if severity == "info":
+        # Any Xid means the driver saw something go wrong on this GPU; never quieter than a warning.
+        severity = "warning"
+    return msgspec.structs.replace(record, severity=severity, action=action, fatal=fatal)
