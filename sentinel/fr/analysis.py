@@ -30,8 +30,8 @@ VERDICTS = ("healthy", "hang", "mismatch", "crash", "straggler", "inconclusive")
 
 #: A straggler is late by at least this much (median over its collectives) ...
 MIN_STRAGGLER_LAG_MS = 5.0
-#: ... and by this many robust standard deviations (1.4826 x MAD) of the ranks' median lags ...
-STRAGGLER_MADS = 6.0
+#: ... and by this factor more than the other ranks' median lateness ...
+STRAGGLER_FACTOR = 3.0
 #: ... on at least this fraction of its collectives.
 STRAGGLER_LATE_FRACTION = 0.5
 #: Collectives per group used for the timing analysis (the most recent ones).
@@ -386,20 +386,27 @@ def _stragglers(groups: dict[str, Group]) -> list[Straggler]:
             times = [mv[seq - t.first_seq] for _, t, mv in tracks]
             if not all(times):
                 continue
-            med = statistics.median(times)
+            ordered = sorted(times)
+            n = len(ordered)
             for (r, _, _), tv in zip(tracks, times, strict=True):
+                # median of the *other* members: a late rank in a group of two is late against its peer
+                i = ordered.index(tv)
+                peers = ordered[:i] + ordered[i + 1 :]
+                med = peers[(n - 1) // 2] if (n - 1) % 2 else (peers[(n - 1) // 2 - 1] + peers[(n - 1) // 2]) / 2
                 lags.setdefault(r, []).append((tv - med) / 1e6)
     if len(lags) < 2:
         return []
     medians = {r: statistics.median(v) for r, v in lags.items()}
-    center = statistics.median(medians.values())
-    mad = statistics.median(abs(m - center) for m in medians.values()) * 1.4826
-    threshold = max(MIN_STRAGGLER_LAG_MS, STRAGGLER_MADS * mad)
     out = []
     for r, m in medians.items():
-        if m - center <= threshold:
+        if m < MIN_STRAGGLER_LAG_MS:
             continue
-        late = sum(1 for x in lags[r] if x - center > threshold / 2) / len(lags[r])
+        # how late the other ranks typically are; a straggler's partners look early by as much as it is
+        # late, so only lateness counts (a spread that included them would hide the straggler)
+        others = statistics.median(max(o, 0.0) for q, o in medians.items() if q != r)
+        if m <= STRAGGLER_FACTOR * others:
+            continue
+        late = sum(1 for x in lags[r] if x >= MIN_STRAGGLER_LAG_MS / 2) / len(lags[r])
         if late >= STRAGGLER_LATE_FRACTION:
             out.append(Straggler(r, m, late, len(lags[r])))
     out.sort(key=lambda s: -s.lag_ms_median)

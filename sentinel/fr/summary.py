@@ -139,6 +139,7 @@ def summarize(dump: RawDump) -> RankSummary:
             if b is None:
                 if type(name) is not str or type(desc) is not str or type(profiling) is not str:
                     raise FrFormatError(f"{source}: entry {index}: process_group/profiling_name not strings")
+                desc = "" if desc == "undefined" else desc  # PyTorch's placeholder for "no description"
                 b = _Builder(name, desc, _int(e.get("pg_id", -1), f"entry {index} pg_id", source))
                 builders[name] = b
             t = e["time_created_ns"]

@@ -1,0 +1,158 @@
+"""A small real torch.distributed gloo job that writes Flight Recorder dumps, with an injected fault.
+
+Run as ``python -m tests.fr.gloo_job SCENARIO WORLD OUTDIR``. Every rank records its flight recorder
+(TORCH_FR_BUFFER_SIZE) and a helper thread dumps it (``_dump_fr_trace`` into OUTDIR/pickle, the JSON variant
+into OUTDIR/json) when OUTDIR/DUMP appears. The trigger comes, like PyTorch's watchdog, from any rank that
+sees no progress for STALL_S, or on demand from rank 0 (straggler), or after the last step (healthy).
+OUTDIR/expected.json records, counted by this script independently of any analyzer, what was injected.
+
+Scenarios: healthy, hang (rank 3 never enters its tp all_reduce: a cascade through dp), straggler (rank 1
+enters every collective late; on-demand dump mid-run), op_mismatch (rank 3 calls broadcast where the others
+call the world all_reduce).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+STEPS = 14
+FAULT_STEP = 6
+STALL_S = 1.0
+STRAGGLE_S = 0.03
+CULPRIT = {"hang": 3, "straggler": 1, "op_mismatch": 3, "healthy": -1}
+
+
+def _dumper(rank: int, out: Path, state: dict[str, float]) -> None:
+    import torch
+
+    c10d = torch._C._distributed_c10d
+    trigger = out / "DUMP"
+    while True:
+        time.sleep(0.02)
+        if not trigger.exists():
+            if state["watch"] and time.monotonic() - state["progress"] > STALL_S:
+                trigger.write_text(f"watchdog on rank {rank}")
+            continue
+        (out / "pickle" / f"nccl_trace_rank_{rank}").write_bytes(c10d._dump_fr_trace())
+        (out / "json" / f"nccl_trace_rank_{rank}.json").write_bytes(c10d._dump_fr_trace_json())
+        (out / f"dumped_{rank}").write_text("1")
+        return
+
+
+def worker(rank: int, world: int, scenario: str, out: str, port: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCH_FR_BUFFER_SIZE="2000")
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    outdir = Path(out)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    half = world // 2
+    tp_groups = [dist.new_group(list(range(i * half, (i + 1) * half)), group_desc="tp") for i in range(2)]
+    dp_groups = [dist.new_group([j, j + half], group_desc="dp") for j in range(half)]
+    tp = tp_groups[rank // half]
+    dp = dp_groups[rank % half]
+    culprit = CULPRIT[scenario]
+    state = {"progress": time.monotonic(), "watch": 1.0}
+    thread = threading.Thread(target=_dumper, args=(rank, outdir, state), daemon=True)
+    thread.start()
+    seq = {"world": 0, "tp": 0, "dp": 0}
+    names = {
+        "world": dist.distributed_c10d._get_process_group_name(dist.group.WORLD),
+        "tp": dist.distributed_c10d._get_process_group_name(tp),
+        "dp": dist.distributed_c10d._get_process_group_name(dp),
+    }
+    expected: dict[str, object] = {}
+
+    def coll(group: str, fn: object) -> None:
+        if scenario == "straggler" and rank == culprit:
+            time.sleep(STRAGGLE_S)
+        seq[group] += 1
+        fn()  # type: ignore[operator]
+        state["progress"] = time.monotonic()
+
+    def hang_forever() -> None:
+        state["watch"] = 0.0
+        while not (outdir / f"dumped_{rank}").exists():
+            time.sleep(0.02)
+        time.sleep(30)
+
+    for step in range(STEPS):
+        if scenario == "straggler" and rank == 0 and step == STEPS - 4:
+            (outdir / "DUMP").write_text("on demand")
+        if scenario == "hang" and rank == culprit and step == FAULT_STEP:
+            expected = {"pg_name": names["tp"], "seq": seq["tp"] + 1, "op": "all_reduce"}
+            (outdir / "expected.json").write_text(json.dumps(expected))
+            hang_forever()
+        coll("tp", lambda: dist.all_reduce(torch.ones(256), group=tp))
+        g = torch.ones(64)
+        coll("dp", lambda: dist.all_gather_into_tensor(torch.empty(128), g, group=dp))
+        if scenario == "op_mismatch" and rank == culprit and step == FAULT_STEP:
+            expected = {"pg_name": names["world"], "seq": seq["world"] + 1, "op": "broadcast"}
+            (outdir / "expected.json").write_text(json.dumps(expected))
+            try:
+                coll("world", lambda: dist.broadcast(torch.ones(1024), src=0))
+            except Exception:  # noqa: BLE001 - the mismatch makes gloo fail; the dump is what matters
+                pass
+            hang_forever()
+        coll("world", lambda: dist.all_reduce(torch.ones(1024)))
+        coll("world", lambda: dist.broadcast(torch.ones(128), src=step % world))
+    state["watch"] = 0.0
+    dist.barrier()
+    if scenario == "healthy" and rank == 0:
+        (outdir / "DUMP").write_text("end of run")
+    while not (outdir / f"dumped_{rank}").exists():
+        time.sleep(0.02)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(scenario: str, world: int, out: Path, timeout_s: float = 40.0) -> dict[str, object]:
+    """Run the job; returns expected.json's content (empty for healthy/straggler) once every rank dumped."""
+    import multiprocessing as mp
+
+    (out / "pickle").mkdir(parents=True, exist_ok=True)
+    (out / "json").mkdir(parents=True, exist_ok=True)
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=worker, args=(r, world, scenario, str(out), port), daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            if all((out / f"dumped_{r}").exists() for r in range(world)):
+                break
+            if any(p.exitcode not in (None, 0) for p in procs):
+                raise RuntimeError(f"a rank failed: exit codes {[p.exitcode for p in procs]}")
+            time.sleep(0.05)
+        else:
+            raise TimeoutError(f"{scenario}: not every rank dumped within {timeout_s} s")
+        if scenario in ("healthy", "straggler"):
+            for p in procs:
+                p.join(max(0.1, deadline - time.monotonic()))
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(5)
+    path = out / "expected.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+if __name__ == "__main__":
+    print(run(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])))
