@@ -1,0 +1,180 @@
+"""``sentinel logs classify``: kernel (Xid), NCCL and PyTorch log lines to JSON Lines events.
+
+Raw mode reads log files (or stdin ``-``; gzip recognised by its magic bytes, whatever the name) through
+the chunked fast path and prints one object per event, skipping plain chatter unless ``--all``.
+``--records`` reads JSON Lines ``{"text": ...}`` and prints exactly one object per record, in order: the
+most severe event of that record. See ``../shared/CONTRACTS.md`` section 2 and ``docs/signals.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import sys
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import BinaryIO, cast
+
+import msgspec
+
+from sentinel.signals.classify import classify_text
+from sentinel.signals.record import Classified
+from sentinel.signals.scan import CHUNK_SIZE, LogScanner
+
+_GZIP_MAGIC = b"\x1f\x8b"
+#: A --records line longer than this is refused (bounded memory; a record is a line or a short block).
+MAX_RECORD_BYTES = 4 * 1024 * 1024
+
+
+class InputError(Exception):
+    """Bad input: reported as one line, exit status 2."""
+
+
+class _RecordIn(msgspec.Struct):
+    text: str
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``logs`` and its ``classify`` sub-command."""
+    parser = subparsers.add_parser(
+        "logs",
+        help="classify kernel (Xid), NCCL and PyTorch log lines",
+        description="Classify kernel (Xid), NCCL and PyTorch log lines into JSON Lines events.",
+    )
+    sub = parser.add_subparsers(dest="logs_command", metavar="SUBCOMMAND")
+    classify = sub.add_parser(
+        "classify",
+        help="print one JSON object per event found in log text",
+        description="Raw mode: one JSON object per event in FILEs (plain noise skipped unless --all). "
+        '--records: exactly one object per {"text": ...} record, the most severe event in it.',
+    )
+    classify.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILE",
+        help="log files to read ('-' = stdin, the default); gzip is detected",
+    )
+    classify.add_argument(
+        "--records",
+        metavar="FILE.jsonl",
+        help='read JSON Lines records {"text": ...} instead of raw log text',
+    )
+    classify.add_argument(
+        "--all",
+        action="store_true",
+        help="raw mode: also print lines that carry no signal (as kind other/info)",
+    )
+    classify.set_defaults(func=run)
+    parser.set_defaults(func=_usage(parser))
+
+
+def _usage(parser: argparse.ArgumentParser) -> object:
+    def run_usage(_: argparse.Namespace) -> int:
+        parser.print_help(sys.stderr)
+        return 2
+
+    return run_usage
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``sentinel logs classify``."""
+    out = sys.stdout.buffer
+    try:
+        if args.records is not None:
+            if args.files:
+                raise InputError("give either --records FILE.jsonl or raw FILEs, not both")
+            _run_records(args.records, out)
+        else:
+            _run_raw(args.files or ["-"], out, include_all=args.all)
+    except InputError as exc:
+        out.flush()
+        print(f"sentinel logs classify: {exc}", file=sys.stderr)
+        return 2
+    out.flush()
+    return 0
+
+
+@contextmanager
+def _open(path: str) -> Iterator[BinaryIO]:
+    """Open a file or stdin for binary reading, transparently un-gzipping by magic bytes."""
+    try:
+        raw: BinaryIO = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
+    except OSError as exc:
+        raise InputError(f"{path}: cannot open: {exc.strerror or exc}") from None
+    try:
+        buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(cast(io.RawIOBase, raw))
+        try:
+            magic = buffered.peek(2)[:2]
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        opened = gzip.GzipFile(fileobj=buffered, mode="rb") if magic == _GZIP_MAGIC else buffered
+        stream = cast(BinaryIO, opened)
+        yield stream
+    finally:
+        if path != "-":
+            raw.close()
+
+
+def _read_chunks(path: str, stream: BinaryIO) -> Iterator[bytes]:
+    while True:
+        try:
+            chunk = stream.read(CHUNK_SIZE)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise InputError(f"{path}: cannot read: {exc}") from None
+        if not chunk:
+            return
+        yield chunk
+
+
+def _run_raw(paths: list[str], out: BinaryIO, *, include_all: bool) -> None:
+    encoder = msgspec.json.Encoder()
+    buffer = bytearray()
+    for path in paths:
+        scanner = LogScanner(include_all=include_all)
+        with _open(path) as stream:
+            for chunk in _read_chunks(path, stream):
+                _emit(scanner.feed(chunk), encoder, buffer, out)
+        _emit(scanner.finish(), encoder, buffer, out)
+
+
+def _emit(events: list[Classified], encoder: msgspec.json.Encoder, buffer: bytearray, out: BinaryIO) -> None:
+    if not events:
+        return
+    buffer.clear()
+    for event in events:
+        encoder.encode_into(event, buffer, len(buffer))
+        buffer.extend(b"\n")
+    out.write(buffer)
+
+
+def _run_records(path: str, out: BinaryIO) -> None:
+    encoder = msgspec.json.Encoder()
+    decoder = msgspec.json.Decoder(_RecordIn)
+    with _open(path) as stream:
+        for number, raw_line in enumerate(_record_lines(path, stream), start=1):
+            if not raw_line.strip():
+                continue
+            if len(raw_line) > MAX_RECORD_BYTES:
+                raise InputError(f"{path}:{number}: record longer than {MAX_RECORD_BYTES} bytes")
+            try:
+                record = decoder.decode(raw_line.decode("utf-8", "replace"))
+            except msgspec.ValidationError as exc:
+                raise InputError(f"{path}:{number}: bad record: {exc}") from None
+            except msgspec.DecodeError as exc:
+                raise InputError(f"{path}:{number}: not a JSON object: {exc}") from None
+            out.write(encoder.encode(classify_text(record.text)) + b"\n")
+
+
+def _record_lines(path: str, stream: BinaryIO) -> Iterator[bytes]:
+    while True:
+        try:
+            line = stream.readline(MAX_RECORD_BYTES + 1)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise InputError(f"{path}: cannot read: {exc}") from None
+        if not line:
+            return
+        if len(line) > MAX_RECORD_BYTES:
+            raise InputError(f"{path}: record longer than {MAX_RECORD_BYTES} bytes")
+        yield line

@@ -1,0 +1,199 @@
+"""Fast path for big logs: find the few lines worth parsing at C speed, parse only those.
+
+A training job's log is mostly NCCL INFO chatter. Per-line Python costs about a microsecond, too slow for
+the millions of lines a large job writes, so :class:`LogScanner` works on big binary chunks:
+
+1. one compiled bytes regex (``CANDIDATE``) runs over the whole chunk and stops only at line starts that
+   are *not* plain ``host:pid:tid [dev] NCCL INFO`` chatter (init, version and error-trace INFO lines are
+   not chatter); carriage returns (tqdm progress bars glued to log lines) are found with one more scan;
+2. lines are counted with ``bytes.count``;
+3. only candidate lines are decoded and classified with :func:`classify_line`; a candidate that starts a
+   multi-line record (hard-wrapped PyTorch message, ``nvidia-smi -q`` section, torchrun "Root Cause"
+   block, NCCL RAS report) is joined with its continuation lines and classified with
+   :func:`classify_text`.
+
+The output is exactly what calling :func:`classify_line` on every line would give (chatter is noise
+either way); tests check that equivalence. Memory is bounded: a "line" longer than ``MAX_LINE`` bytes is
+cut, and a pending multi-line block is never held beyond ``MAX_BLOCK`` bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Final
+
+import msgspec
+
+from sentinel.signals.classify import CHATTER_PATTERN, classify_line, classify_text, is_noise, line_events
+from sentinel.signals.record import Classified, make_event, most_severe
+
+CHUNK_SIZE: Final = 1 << 20
+MAX_LINE: Final = 1 << 20
+MAX_BLOCK: Final = 64 * 1024
+MAX_BLOCK_LINES: Final = 40
+
+#: Matches the newline before every line that is not plain NCCL INFO chatter.
+CANDIDATE: Final = re.compile(rb"\n(?!" + CHATTER_PATTERN.encode("ascii") + rb")")
+_CHATTER_AT_START: Final = re.compile(CHATTER_PATTERN.encode("ascii"))
+
+_SECTION_HEAD_RE: Final = re.compile(r"^\s*(?:ECC Errors|Remapped Rows|Retired [Pp]ages)\s*:?\s*$")
+_ROOT_CAUSE_HEAD: Final = "Root Cause (first observed failure)"
+_WRAP_HEAD_RE: Final = re.compile(
+    r"ProcessGroupNCCL|atchdog|what\(\)|WorkNCCL|Test (?:CUDA|NCCL) failure|MISMATCH"
+)
+# A line that starts a new log record (so it cannot be the continuation of a hard-wrapped message).
+_NEW_RECORD_RE: Final = re.compile(
+    r"^(?:\s*\[|\s*\d{4}-\d\d-\d\d|[A-Z][a-z]{2} [ \d]\d \d\d:|[^\s:]{1,255}:\d{1,10}:\d{1,10} \[|[IWEF]\d{4} |"
+    r"NCCL (?:INFO|WARN|version)|\s*NVRM|[\w.]{1,60}: \S|Traceback|\s*File \")"
+)
+_ROOT_CAUSE_LINE_RE: Final = re.compile(r"^\s*(?:\[\d{1,6}\]:|[\w ]{1,20}:)")
+
+
+class LogScanner:
+    """Incremental classifier for a byte stream of log text (a file, stdin, a tailed log).
+
+    ``feed`` chunks in any size; ``finish`` at the end. Events carry the 1-based ``line`` they start on.
+    With ``include_all`` every line yields an object (noise as ``other``/``info`` or ``nccl_info``).
+    """
+
+    def __init__(self, *, include_all: bool = False) -> None:
+        self._include_all = include_all
+        self._buffer = b""
+        self._line_base = 0
+        self.lines = 0
+        self.bytes = 0
+
+    def feed(self, data: bytes) -> list[Classified]:
+        """Classify every complete line in ``data`` (plus what was buffered)."""
+        self.bytes += len(data)
+        buffer = self._buffer + data if self._buffer else data
+        last = buffer.rfind(b"\n")
+        if last < 0:
+            if len(buffer) <= MAX_LINE:
+                self._buffer = buffer
+                return []
+            buffer, last = buffer + b"\n", len(buffer)
+        body = buffer[: last + 1]
+        events, used = self._process(body, final=False)
+        self._buffer = buffer[used:]
+        return events
+
+    def finish(self) -> list[Classified]:
+        """Classify whatever is left (a last line without newline, a pending block)."""
+        if not self._buffer:
+            return []
+        body = self._buffer if self._buffer.endswith(b"\n") else self._buffer + b"\n"
+        self._buffer = b""
+        events, _ = self._process(body, final=True)
+        return events
+
+    def _starts(self, body: bytes) -> list[int]:
+        if self._include_all:
+            starts = [0]
+            pos = body.find(b"\n")
+            while 0 <= pos < len(body) - 1:
+                starts.append(pos + 1)
+                pos = body.find(b"\n", pos + 1)
+            return starts
+        starts = [] if _CHATTER_AT_START.match(body) else [0]
+        end = len(body) - 1
+        starts.extend(m.start() + 1 for m in CANDIDATE.finditer(body) if m.start() < end)
+        if b"\r" in body:
+            glued = {body.rfind(b"\n", 0, m.start()) + 1 for m in re.finditer(rb"\r(?!\n)", body)}
+            starts = sorted(set(starts) | glued)
+        return starts
+
+    def _process(self, body: bytes, *, final: bool) -> tuple[list[Classified], int]:
+        events: list[Classified] = []
+        counted_to = 0
+        line_no = self._line_base
+        skip_until = 0
+        used = len(body)
+        for start in self._starts(body):
+            if start < skip_until:
+                continue
+            line_no += body.count(b"\n", counted_to, start)
+            counted_to = start
+            end = body.find(b"\n", start)
+            line = body[start:end].decode("utf-8", "replace")
+            if not line.strip():
+                continue
+            block_end = self._block_end(body, line, end)
+            if block_end is None and not final and len(body) - start <= MAX_BLOCK:
+                used = start  # the block may continue in the next chunk; keep it
+                break
+            if block_end is not None and block_end > end:
+                event = classify_text(body[start:block_end].decode("utf-8", "replace"))
+                if is_noise(event) and not self._include_all:
+                    continue
+                skip_until = block_end
+            else:
+                found = self._classify_one(line)
+                if found is None:
+                    continue
+                event = found
+            events.append(msgspec.structs.replace(event, line=line_no + 1))
+        self._line_base = line_no + body.count(b"\n", counted_to, used)
+        self.lines += body.count(b"\n", 0, used)
+        return events, used
+
+    def _classify_one(self, line: str) -> Classified | None:
+        if not self._include_all:
+            return classify_line(line)
+        best = most_severe(line_events(line.rstrip("\r\n")))
+        return best if best is not None else make_event("other", "info")
+
+    @staticmethod
+    def _block_end(body: bytes, head: str, end: int) -> int | None:
+        """End offset of the multi-line record that ``head`` starts; ``end`` when it is a single line and
+        ``None`` when the record may continue past the end of ``body``."""
+        if _SECTION_HEAD_RE.match(head) is not None or "MISMATCH" in head:
+            accept = _indented
+        elif _ROOT_CAUSE_HEAD in head:
+            accept = _root_cause_line
+        elif _WRAP_HEAD_RE.search(head) is not None:
+            accept = _wrapped_continuation
+        else:
+            return end
+        pos = end + 1
+        for _ in range(MAX_BLOCK_LINES):
+            if pos >= len(body):
+                return None
+            nxt = body.find(b"\n", pos)
+            if nxt - pos > 4096 or not accept(body[pos:nxt].decode("utf-8", "replace")):
+                break
+            pos = nxt + 1
+        return pos - 1 if pos - 1 > end else end
+
+
+def _indented(line: str) -> bool:
+    return bool(line.strip()) and line[:1] in (" ", "\t")
+
+
+def _root_cause_line(line: str) -> bool:
+    return _ROOT_CAUSE_LINE_RE.match(line) is not None
+
+
+def _wrapped_continuation(line: str) -> bool:
+    return bool(line.strip()) and len(line) < 1000 and _NEW_RECORD_RE.match(line) is None
+
+
+def scan_bytes(data: bytes, *, include_all: bool = False) -> list[Classified]:
+    """Classify a whole in-memory log (convenience for tests and small inputs)."""
+    scanner = LogScanner(include_all=include_all)
+    events = []
+    for offset in range(0, len(data), CHUNK_SIZE):
+        events.extend(scanner.feed(data[offset : offset + CHUNK_SIZE]))
+    events.extend(scanner.finish())
+    return events
+
+
+def iter_chunks(stream: object, size: int = CHUNK_SIZE) -> Iterator[bytes]:
+    """Read a binary stream in big chunks."""
+    read = getattr(stream, "read")  # noqa: B009
+    while True:
+        chunk = read(size)
+        if not chunk:
+            return
+        yield chunk
