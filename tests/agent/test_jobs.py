@@ -1,0 +1,87 @@
+"""GPU process → job/rank mapping on real child processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from sentinel.agent import jobs
+from sentinel.agent.jobs import JobMapper, job_from_environ
+
+
+@pytest.fixture
+def ranks() -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    envs = [
+        {"SLURM_JOB_ID": "81234", "SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_NTASKS": "16"},
+        {
+            "TORCHELASTIC_RUN_ID": "train-a",
+            "RANK": "3",
+            "LOCAL_RANK": "3",
+            "WORLD_SIZE": "8",
+            "MASTER_ADDR": "10.0.0.1",
+            "MASTER_PORT": "29500",
+        },
+        {"SENTINEL_JOB_ID": "explicit", "SLURM_JOB_ID": "999", "RANK": "0"},
+    ]
+    for extra in envs:
+        env = {"PATH": os.environ.get("PATH", ""), **extra}
+        procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env))
+    yield procs
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_maps_real_processes_to_jobs(ranks: list[subprocess.Popen[bytes]]) -> None:
+    mapper = JobMapper()
+    result = mapper.map({0: [ranks[0].pid], 3: [ranks[1].pid], 5: [ranks[2].pid]})
+    by_gpu = {p.gpu: p for p in result}
+    assert (by_gpu[0].job_id, by_gpu[0].rank, by_gpu[0].local_rank, by_gpu[0].world_size) == (
+        "81234",
+        9,
+        1,
+        16,
+    )
+    assert (by_gpu[3].job_id, by_gpu[3].rank, by_gpu[3].world_size) == ("train-a", 3, 8)
+    assert (by_gpu[3].master_addr, by_gpu[3].master_port) == ("10.0.0.1", 29500)
+    assert (by_gpu[5].job_id, by_gpu[5].rank) == ("explicit", 0)
+    assert by_gpu[0].name.startswith("python")
+
+
+def test_vanished_and_denied_processes_are_counted_not_fatal(
+    ranks: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    mapper = JobMapper()
+
+    real_environ = psutil.Process.environ
+
+    def denied(self: psutil.Process) -> dict[str, str]:
+        if self.pid == ranks[1].pid:
+            raise psutil.AccessDenied(self.pid)
+        return real_environ(self)
+
+    monkeypatch.setattr(jobs.psutil.Process, "environ", denied)
+    result = mapper.map({0: [dead.pid, ranks[0].pid], 1: [ranks[1].pid]})
+    by_pid = {p.pid: p for p in result}
+    assert by_pid[dead.pid].job_id is None
+    assert by_pid[ranks[1].pid].job_id is None and by_pid[ranks[1].pid].gpu == 1
+    assert by_pid[ranks[0].pid].job_id == "81234"
+    assert mapper.permission_errors == 1 and mapper.vanished == 1
+
+
+def test_environ_parsing_rejects_garbage() -> None:
+    fields = job_from_environ({"RANK": "-1", "WORLD_SIZE": "x", "MASTER_PORT": "99999", "SLURM_JOB_ID": "7"})
+    assert (
+        fields.job_id == "7"
+        and fields.rank is None
+        and fields.world_size is None
+        and fields.master_port is None
+    )

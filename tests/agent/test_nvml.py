@@ -1,0 +1,190 @@
+"""The real NVML code path (nvidia-ml-py marshalling included) against a fake NVML library."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import pynvml
+import pytest
+from prometheus_client import generate_latest
+
+from sentinel.agent import Agent, GpuLostError
+from sentinel.agent.nvml import NvmlSource, normalize_pci_bus
+from tests.agent.conftest import make_config
+from tests.agent.fakenvml import FakeGpu, FakeNvml
+
+
+def test_inventory_and_fast_fields_through_pynvml(fake_nvml: FakeNvml) -> None:
+    fake_nvml.gpus[1].reasons = (
+        pynvml.nvmlClocksEventReasonHwThermalSlowdown | pynvml.nvmlClocksEventReasonSwPowerCap
+    )
+    fake_nvml.gpus[1].pids = [4242, 17]
+    source = NvmlSource()
+    inventory = source.open()
+    assert [g.index for g in inventory] == [0, 1]
+    assert inventory[1].uuid == fake_nvml.gpus[1].uuid
+    assert inventory[1].pci_bus == "0000:28:00"
+    assert inventory[0].driver == "550.54.15"
+    assert inventory[0].nvlinks == 2
+    assert inventory[0].memory_total_bytes == 80 * 1024**3
+    sample = source.read_fast(1, 100.0)
+    assert sample.util_gpu_pct == 87 and sample.util_mem_pct == 41
+    assert sample.power_w == pytest.approx(612.345) and sample.power_limit_w == pytest.approx(700.0)
+    assert sample.sm_clock_mhz == 1980 and sample.mem_clock_mhz == 2619
+    assert sorted(sample.throttle) == ["hw_thermal_slowdown", "sw_power_cap"]
+    assert sample.pids == [17, 4242]
+    assert sample.pcie_tx_kbps == 1200 and sample.pcie_rx_kbps == 3400
+    source.close()
+
+
+def test_slow_counters_ecc_remap_nvlink_recovery(fake_nvml: FakeNvml) -> None:
+    gpu = fake_nvml.gpus[0]
+    gpu.ecc = {
+        (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC): 2,
+        (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_AGGREGATE_ECC): 11,
+    }
+    gpu.ecc_location = {pynvml.NVML_MEMORY_LOCATION_DRAM: 5}
+    gpu.remap = (3, 1, 1, 0)
+    gpu.histogram = (600, 30, 5, 4, 1)
+    gpu.nvlink_errors = {
+        (1, pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT): 77,
+        (1, pynvml.NVML_NVLINK_ERROR_DL_REPLAY): 6,
+    }
+    gpu.nvlinks = {0: True, 1: False}
+    gpu.recovery_action = 1
+    gpu.retired_dbe = [0x1000, 0x2000]
+    source = NvmlSource()
+    source.open()
+    sample = source.read_slow(0, 5.0)
+    assert sample.ecc is not None
+    assert sample.ecc.volatile_uncorrected == 2 and sample.ecc.aggregate_corrected == 11
+    assert sample.ecc.dram_uncorrected == 5 and sample.ecc.sram_uncorrected is None
+    assert sample.remap is not None
+    assert (sample.remap.correctable, sample.remap.uncorrectable) == (3, 1)
+    assert sample.remap.pending and not sample.remap.failure
+    assert (sample.remap.hist_max, sample.remap.hist_low, sample.remap.hist_none) == (600, 4, 1)
+    assert sample.nvlink is not None
+    link1 = next(link for link in sample.nvlink if link.link == 1)
+    assert not link1.active and link1.crc_errors == 77 and link1.replay_errors == 6
+    assert sample.recovery_action == "gpu_reset"
+    assert sample.retired is not None and sample.retired.double_bit == 2
+
+
+def test_not_supported_is_remembered_per_gpu_and_field(fake_nvml: FakeNvml) -> None:
+    fake_nvml.gpus[0].unsupported = {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetRemappedRows"}
+    source = NvmlSource()
+    source.open()
+    for t in range(5):
+        fast = source.read_slow(0, float(t))
+        assert fast.power_w is None and fast.remap is None
+        other = source.read_slow(1, float(t))
+        assert other.power_w is not None and other.remap is not None
+    assert fake_nvml.calls[(0, "nvmlDeviceGetPowerUsage")] == 1
+    assert fake_nvml.calls[(0, "nvmlDeviceGetRemappedRows")] == 1
+    assert fake_nvml.calls[(1, "nvmlDeviceGetPowerUsage")] == 5
+    assert (0, "power") in source.unsupported()
+
+
+def test_gpu_is_lost_raises(fake_nvml: FakeNvml) -> None:
+    source = NvmlSource()
+    source.open()
+    fake_nvml.gpus[1].lost = True
+    with pytest.raises(GpuLostError):
+        source.read_fast(1, 0.0)
+    assert source.read_fast(0, 0.0).util_gpu_pct == 87
+
+
+def test_pci_bus_normalisation() -> None:
+    assert normalize_pci_bus("00000000:1B:00.0") == "0000:1b:00"
+    assert normalize_pci_bus("0001:3b:00.0") == "0001:3b:00"
+
+
+async def test_agent_marks_lost_gpu_and_reports_it(fake_nvml: FakeNvml, tmp_path: Path) -> None:
+    agent = Agent(make_config(tmp_path, collect={"nvml_events": False}), NvmlSource())
+    first = await agent.step(1.0)
+    assert {s.state for s in first.samples} == {"ok"}
+    fake_nvml.gpus[0].lost = True
+    batch = await agent.step(2.0)
+    states = {s.gpu: s.state for s in batch.samples}
+    assert states == {0: "lost", 1: "ok"}
+    assert [(e.kind, e.gpu) for e in batch.events] == [("gpu_lost", 0)]
+    text = generate_latest(agent.registry).decode()
+    assert 'sentinel_gpu_up{cluster="default",gpu="0"' in text
+    up = [line for line in text.splitlines() if line.startswith("sentinel_gpu_up{") and 'gpu="0"' in line]
+    assert up and up[0].endswith(" 0.0")
+    await agent.shutdown()
+
+
+async def test_hung_call_marks_gpu_unresponsive_and_never_blocks_others(
+    fake_nvml: FakeNvml, tmp_path: Path
+) -> None:
+    config = make_config(tmp_path, collect={"nvml_timeout_s": 0.3, "nvml_events": False})
+    agent = Agent(config, NvmlSource())
+    await agent.step(1.0)
+    release = threading.Event()
+    fake_nvml.gpus[1].hang = release
+    started = time.monotonic()
+    batch = await agent.step(2.0)
+    assert time.monotonic() - started < 2.0  # the deadline, not the hang, bounds the tick
+    assert {s.gpu: s.state for s in batch.samples} == {0: "ok", 1: "unresponsive"}
+    assert [(e.kind, e.gpu) for e in batch.events] == [("gpu_unresponsive", 1)]
+    calls_while_hung = fake_nvml.calls.total()
+    for t in range(3, 6):  # the loop and GPU 0 keep going; nothing is queued behind the hung call
+        started = time.monotonic()
+        batch = await agent.step(float(t))
+        assert time.monotonic() - started < 0.25
+        assert {s.gpu: s.state for s in batch.samples} == {0: "ok", 1: "unresponsive"}
+    hung_gpu_calls = sum(n for (gpu, _), n in fake_nvml.calls.items() if gpu == 1)
+    release.set()
+    deadline = time.monotonic() + 5
+    while agent.gpu_collector._workers[1].busy and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    batch = await agent.step(6.0)
+    assert {s.gpu: s.state for s in batch.samples} == {0: "ok", 1: "ok"}
+    assert [(e.kind, e.gpu) for e in batch.events] == [("gpu_recovered", 1)]
+    assert fake_nvml.calls.total() > calls_while_hung
+    assert sum(n for (gpu, _), n in fake_nvml.calls.items() if gpu == 1) > hung_gpu_calls
+    await agent.shutdown()
+
+
+async def test_xid_events_through_the_event_set(fake_nvml: FakeNvml, tmp_path: Path) -> None:
+    agent = Agent(make_config(tmp_path), NvmlSource())
+    await agent.step(1.0)
+    fake_nvml.push_xid(1, 79)
+    fake_nvml.push_xid(0, 13)
+    events = []
+    deadline = time.monotonic() + 5
+    while len(events) < 2 and time.monotonic() < deadline:
+        batch = await agent.step()
+        events += [e for e in batch.events if e.kind == "xid"]
+        await asyncio.sleep(0.05)
+    assert sorted((e.gpu, e.xid, e.severity) for e in events) == [(0, 13, "warning"), (1, 79, "critical")]
+    text = generate_latest(agent.registry).decode()
+    assert any(
+        line.startswith("sentinel_gpu_xid_events_total{") and 'gpu="1"' in line and 'xid="79"' in line
+        for line in text.splitlines()
+    )
+    await agent.shutdown()
+
+
+async def test_row_remap_states_reach_metrics(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake = FakeNvml([FakeGpu(index=0, remap=(0, 2, 1, 0)), FakeGpu(index=1, remap=(0, 9, 0, 1))])
+    fake.install(monkeypatch)
+    agent = Agent(make_config(tmp_path, collect={"nvml_events": False}), NvmlSource())
+    batch = await agent.step(1.0)
+    remaps = {s.gpu: s.remap for s in batch.samples}
+    assert remaps[0] is not None and remaps[0].pending and not remaps[0].failure
+    assert remaps[1] is not None and remaps[1].failure and not remaps[1].pending
+    text = generate_latest(agent.registry).decode()
+
+    def value(name: str, gpu: int) -> str:
+        line = next(x for x in text.splitlines() if x.startswith(name + "{") and f'gpu="{gpu}"' in x)
+        return line.rsplit(" ", 1)[1]
+
+    assert value("sentinel_gpu_row_remap_pending", 0) == "1.0"
+    assert value("sentinel_gpu_row_remap_pending", 1) == "0.0"
+    assert value("sentinel_gpu_row_remap_failure", 1) == "1.0"
+    await agent.shutdown()

@@ -1,0 +1,63 @@
+"""The on-disk spool: survives restarts, bounded, samples dropped before events; seq monotonic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from sentinel.agent.spool import SEQ_BLOCK, SeqAllocator, Spool
+from sentinel.wire import Batch, Event, GpuSample
+
+
+def _batch(seq: int, samples: int = 4, events: int = 1) -> Batch:
+    return Batch(
+        seq=seq,
+        t=float(seq),
+        samples=[GpuSample(gpu=i, t=float(seq), temp_c=50.0, mem_used_bytes=1 << 30) for i in range(samples)],
+        events=[Event(t=float(seq), kind="xid", xid=79, text="x" * 50) for _ in range(events)],
+    )
+
+
+def test_persists_and_acks(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, max_bytes=1 << 20)
+    for seq in range(5):
+        spool.add(_batch(seq))
+    assert spool.ack(1) and not spool.ack(1)
+    reopened = Spool(tmp_path, max_bytes=1 << 20)
+    assert reopened.seqs() == [0, 2, 3, 4]
+    data = reopened.read(3)
+    assert data is not None
+    assert msgspec.msgpack.decode(data, type=Batch) == _batch(3)
+
+
+def test_bound_drops_samples_oldest_first_then_events(tmp_path: Path) -> None:
+    one = len(msgspec.msgpack.encode(_batch(0)))
+    spool = Spool(tmp_path, max_bytes=one * 6)
+    for seq in range(10):
+        spool.add(_batch(seq))
+    assert spool.size_bytes <= spool.max_bytes
+    assert spool.seqs() == list(range(10))  # every batch is still there: only samples went
+    kept = [msgspec.msgpack.decode(spool.read(s) or b"", type=Batch) for s in spool.seqs()]
+    stripped = [b.seq for b in kept if not b.samples]
+    assert stripped == list(range(len(stripped))) and stripped  # oldest first
+    assert all(len(b.events) == 1 for b in kept)
+    drops = spool.take_drops()
+    assert drops.samples == 4 * len(stripped) and drops.events == 0
+    assert spool.take_drops().samples == 0  # reported once
+    tiny = Spool(tmp_path / "tiny", max_bytes=200)
+    for seq in range(10):
+        tiny.add(_batch(seq, samples=0, events=3))
+    assert tiny.size_bytes <= 200
+    assert tiny.seqs() == list(range(10 - len(tiny.seqs()), 10))  # events go last, oldest first
+    assert tiny.take_drops().events == 3 * (10 - len(tiny.seqs()))
+
+
+def test_seq_is_monotonic_across_restarts(tmp_path: Path) -> None:
+    first = SeqAllocator(tmp_path / "seq")
+    used = [first.allocate() for _ in range(5)]
+    second = SeqAllocator(tmp_path / "seq")
+    after = second.allocate()
+    assert used == [0, 1, 2, 3, 4] and after > used[-1]
+    assert after == SEQ_BLOCK
+    assert SeqAllocator(tmp_path / "other", floor=77).allocate() == 77

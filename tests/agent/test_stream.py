@@ -1,0 +1,198 @@
+"""Streaming to an aggregator that is killed and restarted: nothing lost, duplicates only as resends."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+from sentinel.agent import Agent
+from sentinel.wire import Ack, Batch, Command, CommandResult, Hello, decode_agent_frame, encode
+from tests.agent.conftest import make_config
+from tests.agent.fakes import FakeSource
+
+TOKEN = "s3cret-token"
+
+
+class FakeAggregator:
+    """Accepts agent streams on 127.0.0.1, acks every batch, can send commands."""
+
+    def __init__(self) -> None:
+        self.batches: list[Batch] = []
+        self.hellos: list[Hello] = []
+        self.results: list[CommandResult] = []
+        self.unauthorized = 0
+        self.commands: list[Command] = []
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+
+    async def _stream(self, request: web.Request) -> web.StreamResponse:
+        if request.headers.get("Authorization") != f"Bearer {TOKEN}":
+            self.unauthorized += 1
+            raise web.HTTPUnauthorized()
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for message in ws:
+            if message.type != aiohttp.WSMsgType.BINARY:
+                continue
+            frame = decode_agent_frame(message.data)
+            if isinstance(frame, Hello):
+                self.hellos.append(frame)
+                for command in self.commands:
+                    await ws.send_bytes(encode(command))
+                self.commands = []
+            elif isinstance(frame, Batch):
+                self.batches.append(frame)
+                await ws.send_bytes(encode(Ack(seq=frame.seq)))
+            else:
+                self.results.append(frame)
+        return ws
+
+    async def start(self) -> int:
+        app = web.Application()
+        app.router.add_get("/api/v1/stream", self._stream)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        await site.start()
+        if not self.port:
+            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def seqs(self) -> set[int]:
+        return {b.seq for b in self.batches}
+
+
+async def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+def stream_config(tmp_path: Path, port: int, **extra: object) -> object:
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    stream = {
+        "enabled": True,
+        "aggregator_url": f"ws://127.0.0.1:{port}/api/v1/stream",
+        "token_file": str(token),
+        "backoff_initial_s": 0.05,
+        "backoff_max_s": 0.2,
+        **extra,
+    }
+    return make_config(tmp_path, stream=stream, collect={"tick_s": 0.05, "slow_tick_s": 0.2})
+
+
+async def test_outage_loses_nothing(tmp_path: Path) -> None:
+    aggregator = FakeAggregator()
+    port = await aggregator.start()
+    agent = Agent(stream_config(tmp_path, port), FakeSource(gpus=2))  # type: ignore[arg-type]
+    task = asyncio.create_task(agent.run())
+    try:
+        await wait_for(lambda: len(aggregator.batches) >= 5)
+        assert aggregator.hellos[0].host == "host-test" and len(aggregator.hellos[0].gpus) == 2
+        await aggregator.stop()
+        ticks = agent.counters.ticks
+        await wait_for(lambda: agent.counters.ticks >= ticks + 15 and not agent.counters.connected)
+        assert agent.spool is not None and len(agent.spool) >= 10  # spooled while disconnected
+        await aggregator.start()  # same port
+        await wait_for(
+            lambda: agent.spool is not None and len(agent.spool) <= 2 and len(aggregator.hellos) >= 2
+        )
+    finally:
+        agent.request_stop()
+        await asyncio.wait_for(task, 15)
+        await aggregator.stop()
+    assert agent.spool is not None and len(agent.spool) == 0  # the shutdown drain delivered the rest
+    produced = agent.seq.next
+    assert aggregator.seqs() == set(range(produced))  # no batch lost
+    by_seq: dict[int, Batch] = {}
+    for batch in aggregator.batches:  # a resend carries the same batch
+        assert by_seq.setdefault(batch.seq, batch) == batch
+    samples = sum(len(b.samples) for b in by_seq.values())
+    assert samples == 2 * produced
+    assert agent.counters.batches_acked == produced
+
+
+async def test_spool_survives_agent_restart_and_seq_keeps_rising(tmp_path: Path) -> None:
+    aggregator = FakeAggregator()
+    port = await aggregator.start()
+    await aggregator.stop()  # nobody listening: everything goes to the spool
+    config = stream_config(tmp_path, port)
+    first = Agent(config, FakeSource(gpus=1))  # type: ignore[arg-type]
+    task = asyncio.create_task(first.run())
+    await wait_for(lambda: first.counters.ticks >= 5)
+    first.request_stop()  # what SIGTERM does
+    await asyncio.wait_for(task, 15)
+    spooled = sorted(p.name for p in (tmp_path / "state" / "spool").iterdir())
+    assert len(spooled) >= 5
+    produced_first = first.seq.next
+
+    await aggregator.start()
+    second = Agent(config, FakeSource(gpus=1))  # type: ignore[arg-type]
+    task = asyncio.create_task(second.run())
+    try:
+        await wait_for(
+            lambda: set(range(produced_first)) <= aggregator.seqs() and len(aggregator.hellos) >= 1
+        )
+        await wait_for(lambda: any(b.seq > produced_first for b in aggregator.batches))
+    finally:
+        second.request_stop()
+        await asyncio.wait_for(task, 15)
+        await aggregator.stop()
+    by_seq: dict[int, Batch] = {}
+    for batch in aggregator.batches:  # a reused seq would show up as two different batches
+        assert by_seq.setdefault(batch.seq, batch) == batch
+    assert set(range(produced_first)) <= set(by_seq)
+    assert min(s for s in by_seq if s >= produced_first) >= produced_first
+    assert aggregator.hellos[0].next_seq == 0  # the oldest spooled batch comes first
+
+
+async def test_commands_snapshot_and_fr_dump(tmp_path: Path) -> None:
+    aggregator = FakeAggregator()
+    aggregator.commands = [
+        Command(id="c1", name="snapshot", args={"since": 0.0}),
+        Command(id="c2", name="fr_dump", args={"job": "nope"}),
+    ]
+    port = await aggregator.start()
+    agent = Agent(stream_config(tmp_path, port), FakeSource(gpus=1))  # type: ignore[arg-type]
+    task = asyncio.create_task(agent.run())
+    try:
+        await wait_for(lambda: len(aggregator.results) >= 2)
+    finally:
+        agent.request_stop()
+        await asyncio.wait_for(task, 15)
+        await aggregator.stop()
+    results = {r.id: r for r in aggregator.results}
+    snapshot = results["c1"].payload
+    assert results["c1"].ok and snapshot["host"] == "host-test"
+    assert isinstance(snapshot["entries"], list) and len(snapshot["window"]) == 2
+    assert results["c2"].ok and results["c2"].payload == {"pipes": []}
+
+
+async def test_wrong_token_is_refused_and_retried(tmp_path: Path) -> None:
+    aggregator = FakeAggregator()
+    port = await aggregator.start()
+    config = stream_config(tmp_path, port)
+    (tmp_path / "token").write_text("wrong\n")
+    agent = Agent(config, FakeSource(gpus=1))  # type: ignore[arg-type]
+    task = asyncio.create_task(agent.run())
+    try:
+        await wait_for(lambda: aggregator.unauthorized >= 2)  # backs off and retries, never dies
+        (tmp_path / "token").write_text(TOKEN)
+        await wait_for(lambda: len(aggregator.batches) >= 3)
+    finally:
+        agent.request_stop()
+        await asyncio.wait_for(task, 15)
+        await aggregator.stop()
