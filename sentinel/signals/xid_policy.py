@@ -1,0 +1,255 @@
+"""Per-GPU Xid policy: a pure state machine from Xid events to ok / suspect / faulty.
+
+* A code that is fatal by itself (catalog ``faulty_at_once``, refined by the line: a "Nonfatal" NVLink5
+  event or an Xid 154 "to None" is not) makes the GPU **faulty** at once.
+* Other codes are *repeatable*: one occurrence is an incident of the program that ran, but the same code
+  again and again on one GPU, from different processes, within a window, points at the GPU (e.g. Xid 13
+  three times in an hour from three jobs) -> **suspect**. Application-caused codes (13, 31, 43, 45) can
+  reach suspect this way, never faulty.
+* The state only goes up. It clears when a GPU reset or a reboot is observed (the agent sees the driver
+  reload or NVML's reset), never because time passed: a GPU that fell off the bus an hour ago is no
+  healthier now.
+
+Time is always passed in (seconds, any epoch), so the agent, the aggregator and the simulator with its
+virtual clock share the same code.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Annotated, Final
+
+import msgspec
+
+from sentinel.signals.health import GpuState
+from sentinel.signals.xid import XidRecord
+from sentinel.signals.xid_catalog import ACTIONS, APPLICATION_CODES, Action
+
+_STATE_RANK: Final[dict[str, int]] = {"ok": 0, "suspect": 1, "faulty": 2}
+_MAX_EVIDENCE: Final = 16
+UNKNOWN_GPU: Final = "unknown"
+
+
+class XidPolicyConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Thresholds of the Xid policy (embeddable as a TOML section of the agent/aggregator config)."""
+
+    repeat_window_s: Annotated[
+        float,
+        msgspec.Meta(
+            gt=0,
+            description="Window in seconds in which repeats of one Xid code on one GPU are counted. One hour: "
+            "long enough to see several jobs hit the same GPU, short enough that unrelated bugs weeks apart "
+            "do not add up.",
+        ),
+    ] = 3600.0
+    repeat_threshold: Annotated[
+        int,
+        msgspec.Meta(
+            ge=2,
+            description="Occurrences of one repeatable code within the window that make the GPU suspect. "
+            "Three: two can be one buggy program retried once; three different processes failing the same "
+            "way on one GPU is the pattern NVIDIA's Xid 13/31 workflow treats as hardware.",
+        ),
+    ] = 3
+    distinct_processes: Annotated[
+        bool,
+        msgspec.Meta(
+            description="Count only occurrences from different processes (lines without a pid count "
+            "individually). A single program crashing in a loop is its own bug, not the GPU's.",
+        ),
+    ] = True
+    dedupe_window_s: Annotated[
+        float,
+        msgspec.Meta(
+            ge=0,
+            description="Lines of the same code and process closer than this are one event: the driver prints "
+            "one Xid 13 per SM and one Xid 45 per channel for a single incident.",
+        ),
+    ] = 1.0
+    count_secondary: Annotated[
+        bool,
+        msgspec.Meta(
+            description="Count lines that say 'caused by previous Xid N' towards repeats. Off: the primary "
+            "Xid was already counted and the secondary would count the same incident twice.",
+        ),
+    ] = False
+    extra_faulty_codes: Annotated[
+        list[int],
+        msgspec.Meta(
+            description="Codes to treat as fatal at once in addition to sentinel's catalog (site policy, e.g. "
+            "operators that reboot on Xid 44). Application-caused codes are ignored here.",
+        ),
+    ] = []
+    ignored_codes: Annotated[
+        list[int],
+        msgspec.Meta(description="Codes that never change a GPU's state (known-noisy codes on a fleet)."),
+    ] = []
+    max_gpus: Annotated[
+        int,
+        msgspec.Meta(
+            ge=1,
+            description="GPUs tracked at most; beyond this, healthy GPUs are forgotten first. Bounds memory "
+            "against logs full of made-up PCI addresses.",
+        ),
+    ] = 1024
+    max_events_per_gpu: Annotated[
+        int,
+        msgspec.Meta(ge=8, description="Recent events kept per GPU for repeat counting (bounds memory)."),
+    ] = 1024
+
+
+class XidDecision(msgspec.Struct, frozen=True, kw_only=True):
+    """The policy's view of one GPU after an observation."""
+
+    pci_bus: str
+    state: GpuState
+    #: ``ok``, ``xid_79`` (fatal code), ``xid_13_repeated``, ``gpu_reset_observed``, ``reboot_observed``.
+    reason: str
+    action: Action
+    evidence: tuple[str, ...] = ()
+    #: True when this observation changed the state.
+    changed: bool = False
+    #: When the GPU entered its current state (the ``now`` of that observation).
+    since: float | None = None
+
+
+@dataclass
+class _Gpu:
+    state: GpuState = "ok"
+    reason: str = "ok"
+    action: Action = "none"
+    since: float | None = None
+    evidence: list[str] = field(default_factory=list)
+    events: deque[tuple[float, int, int | None]] = field(default_factory=deque)
+
+
+class XidPolicy:
+    """Feed it Xid records and reset/reboot observations; ask it for per-GPU decisions."""
+
+    def __init__(self, config: XidPolicyConfig | None = None) -> None:
+        self.config = config or XidPolicyConfig()
+        self._gpus: dict[str, _Gpu] = {}
+
+    def observe(self, record: XidRecord, now: float) -> XidDecision:
+        """Account for one Xid line seen at ``now``."""
+        key = record.pci_bus or UNKNOWN_GPU
+        gpu = self._gpu(key)
+        cfg = self.config
+        code = record.xid
+        if code in cfg.ignored_codes:
+            return self._decision(key, gpu, changed=False)
+        line = f"t={now:g} Xid {code}" + (f" pid={record.pid}" if record.pid is not None else "")
+        line += f" ({record.process})" if record.process else ""
+        fatal = record.fatal or (code in cfg.extra_faulty_codes and code not in APPLICATION_CODES)
+        if fatal:
+            return self._raise(
+                key,
+                gpu,
+                state="faulty",
+                reason=f"xid_{code}",
+                action=record.action,
+                note=f"{line}: {record.message}",
+                now=now,
+            )
+        if record.previous_xid is not None and not cfg.count_secondary:
+            return self._decision(key, gpu, changed=False)
+        self._prune(gpu, now)
+        for when, seen_code, pid in reversed(gpu.events):
+            if seen_code == code and pid == record.pid and abs(now - when) < cfg.dedupe_window_s:
+                return self._decision(key, gpu, changed=False)
+        gpu.events.append((now, code, record.pid))
+        while len(gpu.events) > cfg.max_events_per_gpu:
+            gpu.events.popleft()
+        count = self._repeat_count(gpu, code)
+        if count >= cfg.repeat_threshold:
+            note = f"{line}: {count} occurrences of Xid {code} within {cfg.repeat_window_s:g}s"
+            if cfg.distinct_processes:
+                note += " from different processes"
+            return self._raise(
+                key,
+                gpu,
+                state="suspect",
+                reason=f"xid_{code}_repeated",
+                action="reset_gpu",
+                note=note,
+                now=now,
+            )
+        return self._decision(key, gpu, changed=False)
+
+    def observe_gpu_reset(self, pci_bus: str, now: float) -> XidDecision:
+        """A reset of this GPU was observed: its history no longer applies."""
+        gpu = self._gpu(pci_bus)
+        changed = gpu.state != "ok"
+        self._gpus[pci_bus] = _Gpu(reason="gpu_reset_observed", since=now)
+        return self._decision(pci_bus, self._gpus[pci_bus], changed=changed)
+
+    def observe_reboot(self, now: float) -> list[XidDecision]:
+        """The node rebooted: every GPU starts clean."""
+        decisions = []
+        for key, gpu in list(self._gpus.items()):
+            changed = gpu.state != "ok"
+            self._gpus[key] = _Gpu(reason="reboot_observed", since=now)
+            decisions.append(self._decision(key, self._gpus[key], changed=changed))
+        return decisions
+
+    def decision(self, pci_bus: str) -> XidDecision:
+        """Current decision for one GPU (``ok`` when never seen)."""
+        gpu = self._gpus.get(pci_bus)
+        return self._decision(pci_bus, gpu if gpu is not None else _Gpu(), changed=False)
+
+    def decisions(self) -> list[XidDecision]:
+        """Current decisions for every tracked GPU."""
+        return [self._decision(key, gpu, changed=False) for key, gpu in self._gpus.items()]
+
+    # -- internals ------------------------------------------------------------------------------------
+
+    def _gpu(self, key: str) -> _Gpu:
+        gpu = self._gpus.get(key)
+        if gpu is None:
+            if len(self._gpus) >= self.config.max_gpus:
+                self._forget_one()
+            gpu = self._gpus[key] = _Gpu()
+        return gpu
+
+    def _forget_one(self) -> None:
+        for key, gpu in self._gpus.items():
+            if gpu.state == "ok":
+                del self._gpus[key]
+                return
+        del self._gpus[next(iter(self._gpus))]
+
+    def _prune(self, gpu: _Gpu, now: float) -> None:
+        horizon = now - self.config.repeat_window_s
+        while gpu.events and gpu.events[0][0] < horizon:
+            gpu.events.popleft()
+
+    def _repeat_count(self, gpu: _Gpu, code: int) -> int:
+        same = [(pid, index) for index, (_, seen, pid) in enumerate(gpu.events) if seen == code]
+        if not self.config.distinct_processes:
+            return len(same)
+        return len({pid if pid is not None else f"unknown-{index}" for pid, index in same})
+
+    def _raise(
+        self, key: str, gpu: _Gpu, *, state: GpuState, reason: str, action: Action, note: str, now: float
+    ) -> XidDecision:
+        if len(gpu.evidence) < _MAX_EVIDENCE:
+            gpu.evidence.append(note)
+        changed = _STATE_RANK[state] > _STATE_RANK[gpu.state]
+        if changed:
+            gpu.state, gpu.reason, gpu.since = state, reason, now
+        if _STATE_RANK[state] >= _STATE_RANK[gpu.state] and ACTIONS.index(action) > ACTIONS.index(gpu.action):
+            gpu.action = action
+        return self._decision(key, gpu, changed=changed)
+
+    @staticmethod
+    def _decision(key: str, gpu: _Gpu, *, changed: bool) -> XidDecision:
+        return XidDecision(
+            pci_bus=key,
+            state=gpu.state,
+            reason=gpu.reason,
+            action=gpu.action,
+            evidence=tuple(gpu.evidence),
+            changed=changed,
+            since=gpu.since,
+        )
