@@ -53,9 +53,12 @@ class Fault:
 
     def describe(self) -> str:
         """``xid 79``, ``thermal_throttle clock_mhz=1050``, ``hang``."""
-        if self.kind == "xid" and "xid" in self.params:
-            return f"xid {self.params['xid']}"
-        extra = " ".join(f"{key}={value}" for key, value in sorted(self.params.items()))
+        params = {k: f"{v:g}" if isinstance(v, float) else str(v) for k, v in self.params.items()}
+        if self.kind == "xid" and "xid" in params:
+            return f"xid {params['xid']}"
+        if self.kind == "thermal_throttle" and "clock_mhz" in params:
+            return f"thermal_throttle {params['clock_mhz']} MHz"
+        extra = " ".join(f"{key}={value}" for key, value in sorted(params.items()))
         return f"{self.kind} {extra}".strip()
 
     def where(self) -> str:

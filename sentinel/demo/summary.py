@@ -18,16 +18,24 @@ def render_summary(
     if not outcome.catches:
         lines.append("no fault was injected before the demo ended")
     else:
-        lines.append(f"{'fault':<34} {'where':<20} {'caught by':<44} delay")
+        rows = [("fault", "where", "caught by", "delay")]
         for catch in outcome.catches:
             fault = catch.fault
             what = f"t+{fault.at_s:.0f}s {fault.describe()}"
             if catch.verdict is None:
-                lines.append(f"{what:<34} {fault.where():<20} {'MISSED':<44} -")
+                rows.append((what, fault.where(), "MISSED", "-"))
                 continue
             v = catch.verdict
-            by = f"{v.kind} {v.reason} -> {v.action}"
-            lines.append(f"{what:<34} {fault.where():<20} {by:<44} {catch.delay_s or 0.0:.1f}s")
+            rows.append(
+                (what, fault.where(), f"{v.kind} {v.reason} -> {v.action}", f"{catch.delay_s or 0.0:.1f}s")
+            )
+        widths = [max(len(row[i]) for row in rows) for i in range(3)]
+        for row in rows:
+            lines.append(
+                "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True))
+                + "  "
+                + row[3]
+            )
     injected = {c.fault.index for c in outcome.catches}
     later = [f for f in faults if f.index not in injected]
     if later:

@@ -382,6 +382,14 @@ function renderProblems() {
   const list = [];
   for (const host of model.hosts) {
     const job = model.jobOfHost.get(host.name);
+    const cellsOf = host.gpus.map((g) => model.cells.get(cellKey(host.name, g.index)));
+    if (!host.connected && cellsOf.every((c) => c && c.state === "silent" && c.verdicts.length === 0)) {
+      // a silent host is one problem, not one per GPU
+      if (matches(q, host.name, null, job, "silent host not reporting")) {
+        list.push({ host, gpu: "all", state: "silent", job: job ?? "", why: "host not reporting" });
+      }
+      continue;
+    }
     for (const g of host.gpus) {
       const cell = model.cells.get(cellKey(host.name, g.index));
       if (!cell || cell.state === "ok" || cell.state === "unknown") continue;
@@ -391,7 +399,8 @@ function renderProblems() {
       list.push({ host, gpu: g.index, state: cell.state, job: job ?? g.job ?? "", why });
     }
   }
-  list.sort((a, b) => RANK[a.state] - RANK[b.state] || a.host.name.localeCompare(b.host.name) || a.gpu - b.gpu);
+  list.sort((a, b) => RANK[a.state] - RANK[b.state] || a.host.name.localeCompare(b.host.name) ||
+    String(a.gpu).localeCompare(String(b.gpu), undefined, { numeric: true }));
   const rows = list.slice(0, MAX_ROWS).map((p) => row(
     [p.host.name, p.gpu, stateCell(p.state), p.host.cluster, p.job, p.why],
     { host: p.host.name, gpu: p.gpu, state: p.state }));
@@ -448,6 +457,7 @@ async function loadTimeline() {
 }
 
 function refreshView() {
+  const t0 = performance.now();
   rebuildCells();
   const counts = renderSummary();
   renderVerdicts();
@@ -457,6 +467,9 @@ function refreshView() {
   renderGrid();
   renderProblems();
   renderIncidents();
+  // for tests and the curious: how long one redraw took, and how many polls have rendered
+  document.body.dataset.renderMs = (performance.now() - t0).toFixed(1);
+  document.body.dataset.renders = String(Number(document.body.dataset.renders ?? 0) + 1);
 }
 
 // ---------- polling ----------
