@@ -1,0 +1,99 @@
+"""Analysis rules on synthetic dumps: failure modes the corpus does not cover."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sentinel.fr.dumpset import analyze_dir
+from sentinel.fr.waitgraph import Wait, find_culprits
+from tests.fr.synth import entry, write
+
+
+def _steps(pg: str, n: int, *, desc: str = "", t0: float = 0.0, lag: float = 0.0) -> list[dict[str, object]]:
+    return [entry(pg, s, desc=desc, t_ms=t0 + 10 * s + lag) for s in range(1, n + 1)]
+
+
+def test_dtype_mismatch_in_completed_history(tmp_path: Path) -> None:
+    for r in range(4):
+        es = _steps("0", 5, desc="default_pg")
+        if r == 2:
+            es[2] = entry("0", 3, desc="default_pg", dtype="BFloat16", t_ms=30)
+        write(tmp_path, r, es)
+    result = analyze_dir(tmp_path, workers=1)
+    assert result.verdict == "mismatch"
+    assert result.culprit_ranks == [2]
+    assert result.mismatch is not None and result.mismatch["kind"] == "dtype"
+    assert result.collective is not None and result.collective["seq"] == 3
+
+
+def test_all_gather_size_mismatch_at_the_stall(tmp_path: Path) -> None:
+    for r in range(4):
+        es = _steps("0", 3, desc="default_pg")
+        size = 16 if r == 1 else 32
+        es.append(entry("0", 4, "all_gather", desc="default_pg", size=size, out=[[4 * size]], done=False, t_ms=50))
+        write(tmp_path, r, es, as_json=True)
+    result = analyze_dir(tmp_path, workers=1)
+    assert result.verdict == "mismatch"
+    assert result.culprit_ranks == [1]
+    assert result.mismatch is not None and result.mismatch["kind"] == "size"
+
+
+def test_missing_dump_that_everyone_waits_for_is_a_crash(tmp_path: Path) -> None:
+    for r in (0, 1, 2, 4, 5, 6, 7):  # rank 3 crashed: no dump; rank 7's dump proves world size 8
+        es = _steps("0", 4, desc="default_pg")
+        es.append(entry("0", 5, desc="default_pg", done=False, t_ms=60))
+        write(tmp_path / f"host{r // 4}", r, es)
+    result = analyze_dir(tmp_path, workers=1)
+    assert result.verdict == "crash"
+    assert result.culprit_ranks[0] == 3
+    assert result.missing_dumps == [3]
+    assert result.collective is not None and result.collective["seq"] == 5
+
+
+def test_waits_in_other_groups_lead_to_the_root() -> None:
+    waits = [
+        Wait(rank=0, group="tp", seq=9, op="all_reduce", t_ns=100, waiting_for=frozenset({1})),
+        Wait(rank=4, group="dp", seq=20, op="all_gather", t_ns=200, waiting_for=frozenset({0})),
+        Wait(rank=5, group="dp2", seq=20, op="all_gather", t_ns=210, waiting_for=frozenset({4})),
+    ]
+    culprits = find_culprits(waits)
+    assert [c.ranks for c in culprits] == [(1,)]
+    assert culprits[0].first_wait.group == "tp"
+    assert culprits[0].victims == {0, 4, 5}
+
+
+def test_call_order_deadlock_names_the_cycle() -> None:
+    waits = [
+        Wait(rank=0, group="a", seq=3, op="all_reduce", t_ns=100, waiting_for=frozenset({1})),
+        Wait(rank=1, group="b", seq=7, op="all_reduce", t_ns=90, waiting_for=frozenset({0})),
+    ]
+    culprits = find_culprits(waits)
+    assert len(culprits) == 1 and culprits[0].cycle
+    assert culprits[0].ranks == (0, 1)
+
+
+def test_all_members_inside_one_collective_is_not_blamed_on_a_rank(tmp_path: Path) -> None:
+    for r in range(4):
+        es = _steps("0", 3, desc="default_pg")
+        es.append(entry("0", 4, desc="default_pg", done=False, t_ms=45))
+        write(tmp_path, r, es)
+    result = analyze_dir(tmp_path, workers=1)
+    assert result.verdict == "hang"  # NCCL state "started" on every member: in the network/transport
+    assert result.culprit_ranks == []
+    assert result.collective is not None and result.collective["seq"] == 4
+
+
+def test_straggler_in_completed_history(tmp_path: Path) -> None:
+    for r in range(8):
+        write(tmp_path, r, _steps("0", 40, desc="default_pg", lag=30.0 if r == 6 else 0.01 * r))
+    result = analyze_dir(tmp_path, workers=1)
+    assert result.verdict == "straggler"
+    assert result.culprit_ranks == [6]
+    assert 25 < result.stragglers[0].lag_ms_median < 35
+
+
+def test_healthy_has_no_straggler_under_jitter(tmp_path: Path) -> None:
+    for r in range(8):
+        write(tmp_path, r, _steps("0", 40, desc="default_pg", lag=0.3 * ((r * 7) % 5)))
+    result = analyze_dir(tmp_path, workers=1)
+    assert result.verdict == "healthy", result.summary
