@@ -1,0 +1,150 @@
+"""The status page's JavaScript in headless Chromium against a canned API (no aggregator needed).
+
+Checks what the page makes of the contract's JSON: open verdicts as rows, problem GPUs only (a silent host
+as one row), jobs, incidents with a timeline, and that text from the API is never interpreted as HTML.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from sentinel.web import add_status_page
+from tests.demo.chromium import dump_dom
+from tests.support import need_binary
+
+NOW = 1_800_000_000.0
+
+
+def canned_app(n_hosts: int) -> web.Application:
+    hosts = [
+        {
+            "host": f"host-{i:04d}",
+            "cluster": f"cl{i % 2}",
+            "connected": i != 5,
+            "gpus": [{"index": g, "state": "lost" if (i, g) == (9, 3) else "ok"} for g in range(8)],
+        }
+        for i in range(n_hosts)
+    ]
+    verdicts = [
+        {
+            "id": "v1",
+            "kind": "stuck",
+            "host": "host-0013",
+            "gpu": 2,
+            "job": "ft",
+            "rank": 10,
+            "reason": "not_entered_collective",
+            "action": "restart_app",
+            "evidence": ["rank 10 never entered"],
+            "opened_at": NOW,
+            "state": "open",
+        },
+        {
+            "id": "v2",
+            "kind": "faulty",
+            "host": "host-0010",
+            "gpu": 6,
+            "job": None,
+            "rank": None,
+            "reason": "xid_79",
+            "action": "reboot",
+            "evidence": ["<img src=x onerror=alert(1)>"],
+            "opened_at": NOW,
+            "state": "open",
+        },
+        {
+            "id": "v3",
+            "kind": "degraded",
+            "host": "host-0007",
+            "gpu": 1,
+            "reason": "row_remap_pending",
+            "action": "reset_gpu",
+            "evidence": [],
+            "opened_at": NOW,
+            "state": "closed",
+        },
+    ]
+    jobs = [{"id": "ft", "state": "stalled", "ranks": 32, "hosts": [f"host-{i:04d}" for i in range(12, 16)]}]
+    incidents = [{"id": "i1", "job": "ft", "opened_at": NOW, "kind": "stuck"}]
+    incident = {
+        "id": "i1",
+        "timeline": [
+            {
+                "t": NOW - 5,
+                "host": "host-0013",
+                "gpu": 2,
+                "kind": "heads",
+                "text": "rank 10 last completed seq 40",
+            }
+        ],
+    }
+
+    def route(data: Any) -> Any:
+        async def handler(_: web.Request) -> web.Response:
+            return web.json_response(data)
+
+        return handler
+
+    app = web.Application()
+    add_status_page(app)
+    app.router.add_get("/api/v1/hosts", route(hosts))
+    app.router.add_get("/api/v1/verdicts", route(verdicts))
+    app.router.add_get("/api/v1/jobs", route({"jobs": jobs}))  # the page takes a list or an envelope
+    app.router.add_get("/api/v1/incidents", route(incidents))
+    app.router.add_get("/api/v1/incidents/i1", route(incident))
+    return app
+
+
+def rows(dom: str, cls: str) -> list[dict[str, str]]:
+    out = []
+    for tag in re.findall(r"<tr\b[^>]*>", dom):
+        attrs = dict(re.findall(r'([\w-]+)="([^"]*)"', tag))
+        if attrs.get("class") == cls:
+            out.append({k.removeprefix("data-"): v for k, v in attrs.items()})
+    return out
+
+
+async def test_page_renders_the_api(tmp_path: Path) -> None:
+    chromium = need_binary("chromium")
+    server = TestServer(canned_app(16), host="127.0.0.1")
+    await server.start_server()
+    try:
+        dom = await dump_dom(chromium, str(server.make_url("/")), tmp_path / "profile")
+    finally:
+        await server.close()
+    verdicts = {(r["kind"], r["host"], r["gpu"]) for r in rows(dom, "verdict")}
+    assert verdicts == {("stuck", "host-0013", "2"), ("faulty", "host-0010", "6")}  # closed v3 not shown
+    problems = {(r["host"], r["gpu"], r["state"]) for r in rows(dom, "problem")}
+    assert problems == {
+        ("host-0009", "3", "faulty"),  # lost GPU without a verdict
+        ("host-0010", "6", "faulty"),
+        ("host-0013", "2", "stuck"),
+        ("host-0005", "all", "silent"),  # a silent host is one row
+    }
+    assert [(r["job"], r["state"]) for r in rows(dom, "job")] == [("ft", "stalled")]
+    assert "16 hosts · 128 GPUs" in dom
+    assert "rank 10 last completed seq 40" in dom  # the newest incident's timeline is shown
+    assert "&lt;img src=x onerror=alert(1)&gt;" in dom and "<img src=x" not in dom
+    assert re.search(r'<span id="conn"[^>]*data-state="ok"[^>]*>live<', dom)  # the page says it is live
+
+
+async def test_page_copes_with_a_49152_gpu_fleet(tmp_path: Path) -> None:
+    chromium = need_binary("chromium")
+    server = TestServer(canned_app(6144), host="127.0.0.1")
+    await server.start_server()
+    try:
+        dom = await dump_dom(
+            chromium, str(server.make_url("/?group=cluster")), tmp_path / "profile", budget_ms=8000
+        )
+    finally:
+        await server.close()
+    assert "6,144 hosts · 49,152 GPUs" in dom
+    # only problem GPUs get rows; the grid is two canvases (one per cluster), not 49,152 elements
+    assert len(rows(dom, "problem")) == 4
+    assert dom.count("<canvas") == 2
+    assert len(dom) < 200_000
