@@ -20,7 +20,7 @@ _UINT64_MAX: Final = (1 << 64) - 1
 # A PCI address as printed by the kernel, NVRM, nvidia-smi and NCCL: optional domain (4 or 8 hex digits),
 # bus, device, optional function. Hex digits only, so "0x22:0x56:894" is not an address.
 _BDF_RE: Final = re.compile(
-    r"(?<![0-9A-Za-z:])(?:([0-9A-Fa-f]{8}|[0-9A-Fa-f]{4}):)?([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.[0-7])?(?![0-9A-Za-z:])"
+    r"(?<![0-9A-Za-z:])(?:([0-9A-Fa-f]{8}|[0-9A-Fa-f]{4}):)?([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.[0-7])?(?![0-9A-Za-z]|:[0-9A-Za-z])"
 )
 
 
