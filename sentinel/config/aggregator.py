@@ -1,4 +1,8 @@
-"""The aggregator's configuration (``/etc/sentinel/aggregator.toml``)."""
+"""The aggregator's configuration (``/etc/sentinel/aggregator.toml``).
+
+Detector thresholds live here, each with the reason for its default, so that operators tune them in one
+file and ``sentinel sim`` runs the very same defaults.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +26,174 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     )
 
 
+class FleetConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """How the aggregator keeps time over the fleet."""
+
+    cluster: Annotated[str, msgspec.Meta(description="cluster label on the aggregator's own metrics")] = (
+        "default"
+    )
+    tick_s: Annotated[
+        float,
+        msgspec.Meta(
+            ge=0.05,
+            le=60,
+            description="detector cadence; agents sample at 1 s, so 1 s keeps verdicts within a tick",
+        ),
+    ] = 1.0
+    host_silent_after_s: Annotated[
+        float,
+        msgspec.Meta(
+            gt=0,
+            le=3600,
+            description="no frame from a host for this long opens host_silent (10 agent ticks: survives a "
+            "reconnect with backoff, still well inside a PyTorch collective timeout)",
+        ),
+    ] = 10.0
+    job_gone_after_s: Annotated[
+        float,
+        msgspec.Meta(
+            gt=0,
+            le=86400,
+            description="a job with no process and no heads reported for this long has ended; its verdicts close",
+        ),
+    ] = 30.0
+    closed_verdicts_kept: Annotated[
+        int, msgspec.Meta(ge=0, le=1_000_000, description="closed verdicts kept for the API (oldest dropped)")
+    ] = 10000
+
+
+class LimitsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Bounds on what agents may send; anything over a bound closes that agent's connection only."""
+
+    max_frame_bytes: Annotated[
+        int,
+        msgspec.Meta(
+            ge=1024, le=64 * 1024 * 1024, description="largest WebSocket message (close 1009 over it)"
+        ),
+    ] = 8 * 1024 * 1024
+    max_samples_per_batch: Annotated[
+        int,
+        msgspec.Meta(ge=1, description="GPU samples in one batch (a spooled backlog of 16 GPUs x 600 ticks)"),
+    ] = 16 * 600
+    max_events_per_batch: Annotated[int, msgspec.Meta(ge=1, description="events in one batch")] = 10000
+    max_heads_per_batch: Annotated[
+        int, msgspec.Meta(ge=1, description="flight-recorder heads in one batch")
+    ] = 4096
+    max_gpus_per_host: Annotated[int, msgspec.Meta(ge=1, le=1024, description="GPUs a hello may declare")] = (
+        64
+    )
+    max_connections: Annotated[
+        int, msgspec.Meta(ge=1, description="concurrent agent connections (one per host; 503 beyond)")
+    ] = 20000
+    max_pending_commands: Annotated[
+        int, msgspec.Meta(ge=1, description="commands awaiting an agent's answer, fleet-wide")
+    ] = 4096
+
+
+class HardwareConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Per-GPU hardware rules (Xid codes themselves follow the signals policy)."""
+
+    nvlink_errors_per_s: Annotated[
+        float,
+        msgspec.Meta(
+            ge=0, description="NVLink CRC+replay errors per second over the window that mark the GPU degraded"
+        ),
+    ] = 1.0
+    pcie_replays_per_s: Annotated[
+        float,
+        msgspec.Meta(ge=0, description="PCIe replays per second over the window that mark the GPU degraded"),
+    ] = 1.0
+    rate_window_s: Annotated[
+        float,
+        msgspec.Meta(gt=0, le=3600, description="window over which error counters are turned into rates"),
+    ] = 30.0
+
+
+class StuckConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Collective-progress rules."""
+
+    min_wait_s: Annotated[
+        float,
+        msgspec.Meta(
+            gt=0,
+            description="peers waiting in one collective this long mean a stall (a healthy step's collectives "
+            "take well under a second; 4 s leaves room to name the culprit within 10 s)",
+        ),
+    ] = 4.0
+    heads_fresh_s: Annotated[
+        float,
+        msgspec.Meta(gt=0, description="heads older than this are not extrapolated (probe sends every 2 s)"),
+    ] = 5.0
+    net_error_window_s: Annotated[
+        float,
+        msgspec.Meta(gt=0, description="NCCL NET errors this recent explain a collective nobody completes"),
+    ] = 120.0
+    max_culprits: Annotated[
+        int, msgspec.Meta(ge=1, description="verdicts opened per stalled job at most")
+    ] = 16
+
+
+class StragglerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Peer comparison with robust statistics."""
+
+    eval_interval_s: Annotated[
+        float, msgspec.Meta(gt=0, description="how often the peer comparison runs")
+    ] = 5.0
+    ema_window_s: Annotated[
+        float, msgspec.Meta(gt=0, description="time constant of the per-GPU moving averages compared")
+    ] = 15.0
+    z_threshold: Annotated[
+        float,
+        msgspec.Meta(gt=0, description="robust z (|x - median| / 1.4826·MAD) beyond which a GPU stands out"),
+    ] = 6.0
+    min_clock_drop: Annotated[
+        float, msgspec.Meta(ge=0, le=1, description="SM clock at least this fraction under the peer median")
+    ] = 0.08
+    min_lag_fraction: Annotated[
+        float,
+        msgspec.Meta(
+            ge=0, le=1, description="collective entry lag at least this fraction of the job's step time"
+        ),
+    ] = 0.15
+    min_lag_s: Annotated[float, msgspec.Meta(ge=0, description="and at least this many seconds")] = 0.1
+    persistence: Annotated[
+        int,
+        msgspec.Meta(ge=1, description="consecutive evaluations a GPU must stand out before a verdict opens"),
+    ] = 4
+    min_peers: Annotated[int, msgspec.Meta(ge=3, description="fewest peers a comparison needs")] = 4
+
+
+class DetectConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Thresholds of the detectors, one section each."""
+
+    hardware: HardwareConfig = msgspec.field(default_factory=HardwareConfig)
+    stuck: StuckConfig = msgspec.field(default_factory=StuckConfig)
+    straggler: StragglerConfig = msgspec.field(default_factory=StragglerConfig)
+
+
+class IncidentsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The distributed flight recorder: snapshots of every agent involved, merged into one timeline."""
+
+    enabled: Annotated[bool, msgspec.Meta(description="collect incident timelines")] = True
+    window_s: Annotated[
+        float, msgspec.Meta(gt=0, le=86400, description="history before the verdict each agent is asked for")
+    ] = 300.0
+    snapshot_timeout_s: Annotated[
+        float, msgspec.Meta(gt=0, le=600, description="how long to wait for the agents' snapshots")
+    ] = 15.0
+    max_hosts: Annotated[int, msgspec.Meta(ge=1, description="agents asked per incident at most")] = 256
+    max_entries: Annotated[int, msgspec.Meta(ge=1, description="timeline entries kept per incident")] = 200000
+    cooldown_s: Annotated[
+        float, msgspec.Meta(ge=0, description="a job or GPU gets at most one incident per this period")
+    ] = 300.0
+
+
 class AggregatorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Everything ``sentinel aggregator`` reads from its TOML file."""
 
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     log: LogConfig = msgspec.field(default_factory=LogConfig)
+    fleet: FleetConfig = msgspec.field(default_factory=FleetConfig)
+    limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
+    detect: DetectConfig = msgspec.field(default_factory=DetectConfig)
+    incidents: IncidentsConfig = msgspec.field(default_factory=IncidentsConfig)

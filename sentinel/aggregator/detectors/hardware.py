@@ -1,0 +1,125 @@
+"""Hardware detector: one GPU's own evidence → at most one verdict for it (faulty or degraded).
+
+Runs on the GPUs whose hardware facts changed in the batch just applied, so a critical Xid, a lost GPU or a
+pending row remap opens its verdict in the same tick the agent reported it. Pure: the GPU's state, the
+thresholds and ``now`` in, findings out.
+"""
+
+from __future__ import annotations
+
+from sentinel.aggregator.hwpolicy import APPLICATION_XIDS, xid_rule
+from sentinel.aggregator.state import GpuView, counter_rate
+from sentinel.aggregator.verdicts import Finding
+from sentinel.config.aggregator import HardwareConfig
+
+DETECTOR = "hardware"
+APP_XID_REPEAT = 3  # the same application Xid from this many different processes within the hour
+APP_XID_WINDOW_S = 3600.0
+REMAP_XIDS = frozenset({63, 64})
+
+
+def gpu_key(host: str, gpu: int) -> tuple[str, ...]:
+    return ("hw", host, str(gpu))
+
+
+def evaluate_gpu(gpu: GpuView, cfg: HardwareConfig, now: float) -> list[Finding]:
+    """Every hardware problem of ``gpu`` that is true now (the book merges them into one verdict)."""
+    found: list[Finding] = []
+    key = gpu_key(gpu.host, gpu.index)
+
+    def add(kind: str, reason: str, action: str, t: float, *evidence: str) -> None:
+        found.append(
+            Finding(
+                key=key,
+                detector=DETECTOR,
+                kind=kind,
+                reason=reason,
+                action=action,
+                evidence=evidence,
+                evidence_t=t,
+                host=gpu.host,
+                gpu=gpu.index,
+                job=gpu.job if gpu.job is not None else gpu.last_job,
+                rank=gpu.rank if gpu.job is not None else gpu.last_rank,
+            )
+        )
+
+    remap_known = gpu.remap is not None and (gpu.remap.pending or gpu.remap.failure)
+    for xid, (t, text) in sorted(gpu.xids.items(), key=lambda item: item[1][0]):
+        rule = xid_rule(xid)
+        if xid in REMAP_XIDS and remap_known:
+            continue  # the kernel's announcement of what the remap counters below say precisely
+        if rule.kind is not None:
+            add(rule.kind, f"xid_{xid}", rule.action, t, f"Xid {xid} ({rule.meaning}): {text}".strip())
+    if gpu.state == "lost":
+        add("faulty", "gpu_lost", "reboot", gpu.state_t, "NVML: GPU is lost (fallen off the bus)")
+    elif gpu.state == "unresponsive":
+        add(
+            "faulty",
+            "gpu_unresponsive",
+            "reset_gpu",
+            gpu.state_t,
+            "NVML calls on this GPU do not return within the agent's deadline",
+        )
+    remap = gpu.remap
+    if remap is not None:
+        if remap.failure:
+            add("faulty", "row_remap_failure", "rma", gpu.remap_t, "row remapping failed: the GPU needs RMA")
+        if remap.pending:
+            add(
+                "degraded",
+                "row_remap_pending",
+                "reset_gpu",
+                gpu.remap_t,
+                f"row remap pending ({remap.uncorrectable} uncorrectable remapped rows): reset the GPU to apply",
+            )
+        if remap.hist_none and not remap.failure:
+            add(
+                "degraded",
+                "row_remap_exhausted",
+                "drain",
+                gpu.remap_t,
+                "row remapper has banks with no spare rows",
+            )
+    ecc = gpu.ecc
+    if ecc is not None and ecc.volatile_uncorrected is not None:
+        new = ecc.volatile_uncorrected - gpu.ecc_base
+        if new > 0:
+            add(
+                "faulty",
+                "ecc_uncorrectable",
+                "reset_gpu",
+                gpu.ecc_t,
+                f"{new} uncorrectable ECC errors since the last reset (volatile {ecc.volatile_uncorrected})",
+            )
+    if gpu.nvlink_prev is not None and cfg.nvlink_errors_per_s > 0:
+        rate = counter_rate(gpu.nvlink_hist, gpu.nvlink_prev, cfg.rate_window_s)
+        if rate >= cfg.nvlink_errors_per_s:
+            add(
+                "degraded",
+                "nvlink_errors",
+                "reset_gpu",
+                gpu.nvlink_prev[0],
+                f"NVLink CRC/replay errors at {rate:.1f}/s (threshold {cfg.nvlink_errors_per_s:g}/s)",
+            )
+    if gpu.pcie_prev is not None and cfg.pcie_replays_per_s > 0:
+        rate = counter_rate(gpu.pcie_hist, gpu.pcie_prev, cfg.rate_window_s)
+        if rate >= cfg.pcie_replays_per_s:
+            add(
+                "degraded",
+                "pcie_replays",
+                "drain",
+                gpu.pcie_prev[0],
+                f"PCIe replays at {rate:.1f}/s (threshold {cfg.pcie_replays_per_s:g}/s)",
+            )
+    for xid in APPLICATION_XIDS:
+        recent = [(t, pid) for t, x, pid in gpu.xid_log if x == xid and now - t <= APP_XID_WINDOW_S]
+        if len({pid for _, pid in recent}) >= APP_XID_REPEAT and len(recent) >= APP_XID_REPEAT:
+            add(
+                "degraded",
+                f"xid_{xid}_repeated",
+                "reset_gpu",
+                recent[-1][0],
+                f"Xid {xid} from {len(recent)} different processes within an hour: suspect the GPU",
+            )
+    return found

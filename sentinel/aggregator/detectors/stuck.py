@@ -1,0 +1,379 @@
+"""Stuck detector: which rank stalls a job, from every rank's live collective progress.
+
+A collective is named by (process group, seq) across ranks. When some members wait in it and others never
+entered it, the ones that did not enter are suspects — unless they are themselves waiting in another group,
+in which case the wait is followed into that group until a rank that waits for nothing is found: the root.
+When every member is inside the collective and none completes, the ranks themselves are fine and the
+transport is not: recent NCCL NET errors or NVLink error rates on the hosts involved name the culprit.
+Without flight-recorder heads, PyTorch watchdog timeouts say who waited; the ranks that did not time out
+are the suspects. A waiting peer is never blamed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sentinel.aggregator.state import FleetState, GpuView, JobView, RankView, counter_rate
+from sentinel.aggregator.verdicts import Finding
+from sentinel.config.aggregator import HardwareConfig, StuckConfig
+from sentinel.fr.heads import PgHead
+
+DETECTOR = "stuck"
+_MAX_DEPTH = 64
+
+
+@dataclass(slots=True)
+class Stall:
+    """What the detector saw in one stalled job (for metrics and incidents)."""
+
+    job: str
+    pg: str
+    seq: int
+    op: str
+    waited_s: float
+    waiting: list[int]
+    culprits: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Rank:
+    view: RankView
+    fresh: bool
+    offset: float
+    pgs: dict[str, PgHead]
+    waits: list[tuple[str, int, str, float]]  # (pg, seq, op, age now)
+
+
+def _ranks_summary(ranks: list[int], limit: int = 8) -> str:
+    ranks = sorted(ranks)
+    text = ",".join(str(r) for r in ranks[:limit])
+    return f"{text},… ({len(ranks)} ranks)" if len(ranks) > limit else text
+
+
+def evaluate_job(
+    job: JobView, fleet: FleetState, cfg: StuckConfig, hw: HardwareConfig, now: float
+) -> tuple[list[Finding], Stall | None]:
+    """The culprits of ``job``'s stall, if it is stalled now."""
+    if now - job.last_progress_at < cfg.min_wait_s:
+        return [], None
+    ranks: dict[int, _Rank] = {}
+    for view in job.ranks.values():
+        heads = view.heads
+        if heads is None:
+            continue
+        since = now - view.heads_at
+        fresh = since <= cfg.heads_fresh_s and view.alive
+        offset = since if fresh else 0.0
+        pgs: dict[str, PgHead] = {}
+        waits: list[tuple[str, int, str, float]] = []
+        for pg in heads.pgs:
+            pgs[pg.pg_name] = pg
+            for flight in pg.in_flight:
+                waits.append((pg.pg_name, flight.seq, flight.op, flight.age_s + offset))
+        ranks[view.rank] = _Rank(view, fresh, offset, pgs, waits)
+    if not ranks:
+        return _from_watchdog(job, fleet, cfg, now)
+
+    members: dict[str, set[int]] = {}
+    world_pgs: set[str] = set()
+    for rank, info in ranks.items():
+        for name, pg in info.pgs.items():
+            group = members.setdefault(name, set())
+            group.add(rank)
+            if pg.ranks:
+                if len(group) < len(pg.ranks):
+                    group.update(pg.ranks)
+            elif pg.pg_desc == "default_pg":
+                world_pgs.add(name)
+    if job.world_size and job.world_size <= 1 << 20:
+        for name in world_pgs:
+            members[name].update(range(job.world_size))
+
+    stalled: dict[tuple[str, int], tuple[str, float, list[int]]] = {}
+    for rank, info in ranks.items():
+        if not info.fresh:
+            continue
+        for pg_name, seq, op, age in info.waits:
+            if age >= cfg.min_wait_s:
+                op0, age0, waiting = stalled.get((pg_name, seq), (op, 0.0, []))
+                waiting.append(rank)
+                stalled[(pg_name, seq)] = (op0, max(age0, age), waiting)
+    if not stalled:
+        return [], None
+
+    def not_entered(pg_name: str, seq: int) -> list[int]:
+        out = []
+        for member in members.get(pg_name, ()):
+            info = ranks.get(member)
+            pg = info.pgs.get(pg_name) if info is not None else None
+            if pg is None or pg.last_enqueued_seq < seq:
+                out.append(member)
+        return out
+
+    culprits: dict[int, tuple[str, list[str]]] = {}
+    visited: set[int] = set()
+
+    def follow(rank: int, pg_name: str, seq: int, trail: list[str], depth: int) -> None:
+        if rank in visited or depth > _MAX_DEPTH:
+            return
+        visited.add(rank)
+        info = ranks.get(rank)
+        if info is not None and info.fresh:
+            for other_pg, other_seq, other_op, age in info.waits:
+                if other_pg == pg_name:
+                    continue
+                missing = [m for m in not_entered(other_pg, other_seq) if m != rank]
+                if missing:
+                    step = (
+                        f"rank {rank} is itself waiting {age:.1f}s in {other_op} (pg {other_pg}, seq {other_seq}) "
+                        f"for rank(s) {_ranks_summary(missing)}"
+                    )
+                    for m in missing:
+                        follow(m, other_pg, other_seq, [*trail, step], depth + 1)
+                    return
+        if info is None:
+            reason, why = "rank_gone", f"rank {rank} has sent no flight-recorder heads"
+        elif not info.view.alive or not info.fresh:
+            reason = "rank_gone"
+            why = f"rank {rank}'s process is gone or silent (last heads {now - info.view.heads_at:.0f}s ago)"
+        else:
+            reason, why = "not_entered_collective", f"rank {rank} never entered (pg {pg_name}, seq {seq})"
+        culprits[rank] = (reason, [*trail, why])
+
+    first: tuple[str, int] | None = None
+    all_in: list[tuple[str, int]] = []
+    for (pg_name, seq), (op, age, waiting) in sorted(stalled.items(), key=lambda item: -item[1][1]):
+        missing = not_entered(pg_name, seq)
+        if first is None:
+            first = (pg_name, seq)
+        if not missing:
+            all_in.append((pg_name, seq))
+            continue
+        head = (
+            f"{len(waiting)} rank(s) ({_ranks_summary(waiting)}) wait {age:.1f}s in {op} "
+            f"(pg {pg_name}, seq {seq}); not entered: {_ranks_summary(missing)}"
+        )
+        for rank in missing:
+            follow(rank, pg_name, seq, [head], 0)
+
+    findings: list[Finding] = []
+    assert first is not None
+    op, age, waiting = stalled[first]
+    stall = Stall(job=job.id, pg=first[0], seq=first[1], op=op, waited_s=age, waiting=sorted(waiting))
+    evidence_t = now - age
+    if culprits:
+        for rank in sorted(culprits)[: cfg.max_culprits]:
+            reason, trail = culprits[rank]
+            culprit = job.ranks.get(rank)
+            host = culprit.host if culprit is not None else None
+            gpu = culprit.gpu if culprit is not None else None
+            evidence = [*trail, *_corroborate(fleet, host, gpu, waiting, ranks)]
+            action = "restart_app"
+            findings.append(
+                Finding(
+                    key=("stuck", job.id, str(rank)),
+                    detector=DETECTOR,
+                    kind="stuck",
+                    reason=reason,
+                    action=action,
+                    evidence=tuple(evidence),
+                    evidence_t=evidence_t,
+                    host=host,
+                    gpu=gpu,
+                    job=job.id,
+                    rank=rank,
+                )
+            )
+        stall.culprits = sorted(culprits)
+        return findings, stall
+    for pg_name, seq in all_in:
+        findings.extend(_all_entered(job, fleet, cfg, hw, now, pg_name, seq, stalled[(pg_name, seq)], ranks))
+        if findings:
+            break
+    stall.culprits = sorted({f.rank for f in findings if f.rank is not None})
+    return findings, stall
+
+
+def _corroborate(
+    fleet: FleetState, host: str | None, gpu: int | None, waiting: list[int], ranks: dict[int, _Rank]
+) -> list[str]:
+    view = fleet.gpu(host, gpu) if host is not None else None
+    if view is None:
+        return []
+    if view.state != "ok":
+        return [f"its GPU {host}/{gpu} is {view.state}"]
+    peer_utils = []
+    for rank in waiting[:64]:
+        info = ranks.get(rank)
+        if info is None:
+            continue
+        peer = fleet.gpu(info.view.host or "", info.view.gpu)
+        if peer is not None and peer.util is not None:
+            peer_utils.append(peer.util)
+    if view.util is None or not peer_utils:
+        return []
+    peer_utils.sort()
+    median = peer_utils[len(peer_utils) // 2]
+    if view.util < 20 <= median:
+        return [
+            f"its GPU {host}/{gpu} idles (util {view.util:.0f}%) while waiting peers spin (util {median:.0f}%)"
+        ]
+    return [f"its GPU {host}/{gpu} util {view.util:.0f}%, waiting peers {median:.0f}%"]
+
+
+def _all_entered(  # noqa: PLR0917
+    job: JobView,
+    fleet: FleetState,
+    cfg: StuckConfig,
+    hw: HardwareConfig,
+    now: float,
+    pg_name: str,
+    seq: int,
+    stalled: tuple[str, float, list[int]],
+    ranks: dict[int, _Rank],
+) -> list[Finding]:
+    op, age, waiting = stalled
+    head = f"all {len(waiting)} rank(s) are inside {op} (pg {pg_name}, seq {seq}) for {age:.1f}s and none completes"
+    evidence_t = now - age
+    members = [info for info in ranks.values() if pg_name in info.pgs]
+
+    def finding(  # noqa: PLR0917
+        reason: str, action: str, view: RankView | None, host: str | None, gpu: int | None, why: str
+    ) -> Finding:
+        rank = view.rank if view is not None else None
+        key = ("stuck", job.id, str(rank)) if rank is not None else ("stuck", job.id, f"host:{host}")
+        return Finding(
+            key=key,
+            detector=DETECTOR,
+            kind="stuck",
+            reason=reason,
+            action=action,
+            evidence=(head, why),
+            evidence_t=evidence_t,
+            host=host,
+            gpu=gpu,
+            job=job.id,
+            rank=rank,
+        )
+
+    out: list[Finding] = []
+    gone = [info for info in members if not info.fresh]
+    for info in gone[: cfg.max_culprits]:
+        view = info.view
+        why = f"rank {view.rank}'s heads stopped {now - view.heads_at:.0f}s ago while its peers wait"
+        out.append(finding("rank_gone", "restart_app", view, view.host, view.gpu, why))
+    if out:
+        return out
+    by_host: dict[str, list[RankView]] = {}
+    for info in members:
+        if info.view.host is not None:
+            by_host.setdefault(info.view.host, []).append(info.view)
+    for host_name, views in sorted(by_host.items()):
+        host = fleet.hosts.get(host_name)
+        if host is None:
+            continue
+        net = [
+            e for e in host.events if e.kind == "nccl_warn_net" and now - e.seen_at <= cfg.net_error_window_s
+        ]
+        if not net:
+            continue
+        gpus = {e.gpu for e in net}
+        named = [v for v in views if v.gpu in gpus]
+        sample = net[-1].text[:200]
+        if named:
+            for view in named[: cfg.max_culprits]:
+                why = (
+                    f"{len(net)} NCCL NET error(s) on {host_name} GPU {view.gpu} (rank {view.rank}): {sample}"
+                )
+                out.append(finding("nccl_net_error", "drain", view, host_name, view.gpu, why))
+        else:
+            out.append(
+                finding(
+                    "nccl_net_error",
+                    "drain",
+                    None,
+                    host_name,
+                    None,
+                    f"{len(net)} NCCL NET error(s) on {host_name}: {sample}",
+                )
+            )
+    if out:
+        return out
+    for info in members:
+        view = info.view
+        gpu = fleet.gpu(view.host or "", view.gpu)
+        if gpu is None or gpu.nvlink_prev is None:
+            continue
+        rate = counter_rate(gpu.nvlink_hist, gpu.nvlink_prev, hw.rate_window_s)
+        if rate >= hw.nvlink_errors_per_s:
+            out.append(
+                finding(
+                    "nvlink_errors",
+                    "reset_gpu",
+                    view,
+                    view.host,
+                    view.gpu,
+                    f"NVLink errors at {rate:.1f}/s on {view.host}/{view.gpu}",
+                )
+            )
+    if out:
+        return out[: cfg.max_culprits]
+    return [
+        finding(
+            "collective_stalled",
+            "restart_app",
+            None,
+            None,
+            None,
+            "no rank, NCCL or NVLink evidence names a culprit",
+        )
+    ]
+
+
+def _from_watchdog(
+    job: JobView, fleet: FleetState, cfg: StuckConfig, now: float
+) -> tuple[list[Finding], Stall | None]:
+    """No heads: PyTorch watchdog timeouts name the waiting ranks; the members that did not time out stall."""
+    hosts = {view.host for view in job.ranks.values() if view.host is not None}
+    timed_out: dict[int, int] = {}
+    for host_name in hosts:
+        host = fleet.hosts.get(host_name)
+        if host is None:
+            continue
+        for event in host.events:
+            if (
+                event.kind == "torch_watchdog_timeout"
+                and event.rank is not None
+                and event.seq is not None
+                and now - event.seen_at <= cfg.net_error_window_s
+                and event.rank in job.ranks
+            ):
+                timed_out[event.rank] = event.seq
+    if not timed_out:
+        return [], None
+    seq = min(timed_out.values())
+    waiting = sorted(timed_out)
+    missing = sorted(r for r, view in job.ranks.items() if r not in timed_out and view.alive)
+    stall = Stall(job=job.id, pg="watchdog", seq=seq, op="", waited_s=0.0, waiting=waiting, culprits=missing)
+    head = f"PyTorch watchdog timed out in seq {seq} on rank(s) {_ranks_summary(waiting)}"
+    findings = [
+        Finding(
+            key=("stuck", job.id, str(rank)),
+            detector=DETECTOR,
+            kind="stuck",
+            reason="not_entered_collective",
+            action="restart_app",
+            evidence=(head, f"rank {rank} reported no timeout: it never entered seq {seq}"),
+            evidence_t=now,
+            host=job.ranks[rank].host,
+            gpu=job.ranks[rank].gpu,
+            job=job.id,
+            rank=rank,
+        )
+        for rank in missing[: cfg.max_culprits]
+    ]
+    return findings, stall
+
+
+def gpu_is_idle(gpu: GpuView | None) -> bool:
+    return gpu is not None and gpu.util is not None and gpu.util < 20

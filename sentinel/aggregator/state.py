@@ -1,0 +1,474 @@
+"""Fleet state: hosts, GPUs, jobs and ranks as the agents' batches describe them.
+
+Ingest is the hot path (49,152 GPUs at 1 Hz on one core), so applying a batch does the least that the
+detectors need: latest readings, a few moving averages, latched hardware facts, bounded histories. Every
+structure is bounded (per-host dedup window, event deques, rate histories), so a misbehaving agent cannot
+grow the aggregator's memory.
+
+Times: ``now`` is the aggregator's clock (injected: wall time in the server, virtual time in ``sentinel
+sim``); sample and heads times are the agent's clock and are only compared with each other.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import deque
+from dataclasses import dataclass, field
+
+from sentinel.fr.heads import FrHeads
+from sentinel.wire import Batch, EccCounters, Event, GpuInfo, GpuSample, Hello, ProcInfo, RowRemap
+
+DEDUP_WINDOW = 4096  # seqs above the contiguous high-water mark remembered per host
+HOST_EVENTS_KEPT = 256
+RATE_HISTORY = 64
+APP_XIDS_KEPT = 32
+THERMAL_REASONS = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown"})
+POWER_REASONS = frozenset({"sw_power_cap", "hw_power_brake_slowdown"})
+#: NCCL's line prefix ``hostname:pid:tid [cudaDev]``: the pid names the process, hence the GPU and rank.
+_NCCL_PREFIX = re.compile(r"(?:^|\s)[\w.-]+:(\d{1,10}):\d{1,10} \[(\d{1,3})\]")
+
+
+@dataclass(slots=True)
+class LogEvent:
+    """A classified log event kept per host for the stuck detector (NCCL NET errors, watchdog timeouts)."""
+
+    t: float
+    seen_at: float
+    kind: str
+    gpu: int | None
+    rank: int | None
+    seq: int | None
+    text: str
+
+
+@dataclass(slots=True)
+class GpuView:
+    host: str
+    index: int
+    uuid: str = ""
+    pci_bus: str = ""
+    name: str = ""
+    state: str = "ok"
+    state_t: float = 0.0  # agent time the current state was first reported
+    t: float = -math.inf  # agent time of the latest sample
+    seen_at: float = -math.inf
+    util: float | None = None
+    temp: float | None = None
+    power: float | None = None
+    sm_clock: float | None = None
+    throttle: list[str] = field(default_factory=list)
+    ema_clock: float | None = None
+    ema_util: float | None = None
+    ema_temp: float | None = None
+    ema_power: float | None = None
+    ema_thermal: float = 0.0
+    ema_power_cap: float = 0.0
+    ecc: EccCounters | None = None
+    ecc_t: float = 0.0
+    ecc_base: int = 0  # volatile uncorrected count at the last reset/first sight
+    remap: RowRemap | None = None
+    remap_t: float = 0.0
+    nvlink_hist: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RATE_HISTORY))
+    nvlink_last: object = None
+    nvlink_prev: tuple[float, int] | None = None  # latest (t, total), changed or not
+    pcie_hist: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RATE_HISTORY))
+    pcie_prev: tuple[float, int] | None = None
+    xids: dict[int, tuple[float, str]] = field(default_factory=dict)  # latched until a reset: xid → (t, text)
+    xid_log: deque[tuple[float, int, str]] = field(default_factory=lambda: deque(maxlen=APP_XIDS_KEPT))
+    job: str | None = None
+    rank: int | None = None
+    last_job: str | None = None  # kept when the process goes away with the GPU, for the verdict
+    last_rank: int | None = None
+    reset_t: float = -math.inf
+    dirty: bool = False
+
+    def clear_latches(self, t: float) -> None:
+        """A GPU reset or reboot was observed: what was latched is no longer evidence."""
+        self.xids.clear()
+        self.xid_log.clear()
+        self.reset_t = t
+        self.ecc_base = (self.ecc.volatile_uncorrected or 0) if self.ecc is not None else 0
+        self.dirty = True
+
+
+@dataclass(slots=True)
+class HostView:
+    name: str
+    cluster: str = "default"
+    gpus: list[GpuView] = field(default_factory=list)
+    boot_id: str = ""
+    tick_s: float = 1.0
+    connected: bool = False
+    last_seen: float = -math.inf  # aggregator clock of the latest frame
+    last_t: float = -math.inf  # agent time of the latest batch
+    seq_hw: int = -1  # every seq <= seq_hw has been seen
+    seq_above: set[int] = field(default_factory=set)
+    events: deque[LogEvent] = field(default_factory=lambda: deque(maxlen=HOST_EVENTS_KEPT))
+    procs: list[ProcInfo] = field(default_factory=list)
+    batches: int = 0
+    duplicates: int = 0
+
+    def seen(self, seq: int) -> bool:
+        return seq <= self.seq_hw or seq in self.seq_above
+
+    def mark(self, seq: int) -> None:
+        above = self.seq_above
+        above.add(seq)
+        hw = self.seq_hw
+        while hw + 1 in above:
+            hw += 1
+            above.discard(hw)
+        if len(above) > DEDUP_WINDOW:  # a gap that never fills: give up on it, keep memory bounded
+            hw = max(hw, sorted(above)[len(above) - DEDUP_WINDOW])
+            self.seq_above = {s for s in above if s > hw}
+        self.seq_hw = hw
+
+
+@dataclass(slots=True)
+class RankView:
+    rank: int
+    host: str | None = None
+    gpu: int | None = None
+    pid: int | None = None
+    alive: bool = True
+    heads: FrHeads | None = None
+    heads_at: float = -math.inf  # aggregator clock when the heads arrived
+    late_ema: float = 0.0
+    late_n: int = 0
+    measured_t: float = -math.inf
+
+
+@dataclass(slots=True)
+class JobView:
+    id: str
+    world_size: int | None = None
+    ranks: dict[int, RankView] = field(default_factory=dict)
+    first_seen: float = 0.0
+    last_seen: float = 0.0
+    pg_progress: dict[str, tuple[int, float]] = field(default_factory=dict)  # pg → (max completed seq, when)
+    last_progress_at: float = -math.inf
+    step_s: float | None = None
+    heads_dirty: bool = False
+
+    def rank_view(self, rank: int) -> RankView:
+        view = self.ranks.get(rank)
+        if view is None:
+            view = self.ranks[rank] = RankView(rank=rank)
+        return view
+
+
+class FleetState:
+    """All hosts, GPUs and jobs; mutated only through :meth:`hello` and :meth:`apply`."""
+
+    def __init__(self, *, ema_window_s: float = 15.0, max_gpus_per_host: int = 64) -> None:
+        self.hosts: dict[str, HostView] = {}
+        self.jobs: dict[str, JobView] = {}
+        self.ema_window_s = ema_window_s
+        self.max_gpus_per_host = max_gpus_per_host
+        self.dirty_gpus: list[GpuView] = []
+        self.unknown_gpu_samples = 0
+
+    # -- connection -----------------------------------------------------------------------------------
+
+    def hello(self, hello: Hello, now: float) -> HostView:
+        host = self.hosts.get(hello.host)
+        if host is None:
+            host = self.hosts[hello.host] = HostView(name=hello.host)
+        host.cluster = hello.cluster
+        host.tick_s = hello.tick_s if hello.tick_s > 0 else 1.0
+        if host.boot_id and hello.boot_id and hello.boot_id != host.boot_id:
+            for gpu in host.gpus:  # a reboot clears every latched hardware fact
+                gpu.clear_latches(hello.started_at or now)
+                gpu.state = "ok"
+        host.boot_id = hello.boot_id or host.boot_id
+        self._inventory(host, hello.gpus[: self.max_gpus_per_host])
+        host.connected = True
+        host.last_seen = now
+        return host
+
+    def _inventory(self, host: HostView, gpus: list[GpuInfo]) -> None:
+        by_index = {g.index: g for g in gpus if 0 <= g.index < self.max_gpus_per_host}
+        count = max(by_index, default=-1) + 1
+        while len(host.gpus) < count:
+            host.gpus.append(GpuView(host=host.name, index=len(host.gpus)))
+        for index, info in by_index.items():
+            view = host.gpus[index]
+            if view.uuid and view.uuid != info.uuid:  # a different board in this slot: start over
+                host.gpus[index] = view = GpuView(host=host.name, index=index)
+            view.uuid, view.pci_bus, view.name = info.uuid, info.pci_bus, info.name
+
+    def disconnected(self, name: str) -> None:
+        host = self.hosts.get(name)
+        if host is not None:
+            host.connected = False
+
+    # -- batches --------------------------------------------------------------------------------------
+
+    def apply(self, host: HostView, batch: Batch, now: float) -> bool:
+        """Apply one batch; False when it is a resend already applied (still to be acked)."""
+        host.last_seen = now
+        if host.seen(batch.seq):
+            host.duplicates += 1
+            return False
+        host.mark(batch.seq)
+        host.batches += 1
+        host.last_t = max(host.last_t, batch.t)
+        gpus = host.gpus
+        n = len(gpus)
+        for sample in batch.samples:
+            index = sample.gpu
+            if 0 <= index < n:
+                self._sample(gpus[index], sample, now)
+            elif 0 <= index < self.max_gpus_per_host:
+                while len(gpus) <= index:
+                    gpus.append(GpuView(host=host.name, index=len(gpus)))
+                n = len(gpus)
+                self._sample(gpus[index], sample, now)
+            else:
+                self.unknown_gpu_samples += 1
+        for event in batch.events:
+            self._event(host, event, now)
+        if batch.procs is not None:
+            self._procs(host, batch.procs, now)
+        for heads in batch.heads:
+            self._heads(host, heads, now)
+        return True
+
+    def _sample(self, gpu: GpuView, s: GpuSample, now: float) -> None:
+        if s.t < gpu.t:
+            return  # an old sample from a spooled backlog: history only, the present is already known
+        gpu.t = s.t
+        gpu.seen_at = now
+        if s.state != gpu.state:
+            gpu.state = s.state
+            gpu.state_t = s.t
+            gpu.dirty = True
+            if s.state == "ok":
+                gpu.clear_latches(s.t)
+        if s.state != "ok":
+            if gpu.dirty:
+                self.dirty_gpus.append(gpu)
+            return
+        util, clock, temp, power = s.util_gpu_pct, s.sm_clock_mhz, s.temp_c, s.power_w
+        gpu.util, gpu.temp, gpu.power, gpu.sm_clock = util, temp, power, clock
+        throttle = s.throttle
+        gpu.throttle = throttle
+        # moving averages with a fixed weight per sample (agents sample at a fixed tick)
+        if clock is not None:
+            ema = gpu.ema_clock
+            gpu.ema_clock = clock if ema is None else ema + 0.2 * (clock - ema)
+        if util is not None:
+            ema = gpu.ema_util
+            gpu.ema_util = util if ema is None else ema + 0.2 * (util - ema)
+        if temp is not None:
+            ema = gpu.ema_temp
+            gpu.ema_temp = temp if ema is None else ema + 0.2 * (temp - ema)
+        if power is not None:
+            ema = gpu.ema_power
+            gpu.ema_power = power if ema is None else ema + 0.2 * (power - ema)
+        if throttle:
+            thermal = 1.0 if THERMAL_REASONS.intersection(throttle) else 0.0
+            capped = 1.0 if POWER_REASONS.intersection(throttle) else 0.0
+            gpu.ema_thermal += 0.2 * (thermal - gpu.ema_thermal)
+            gpu.ema_power_cap += 0.2 * (capped - gpu.ema_power_cap)
+        elif gpu.ema_thermal or gpu.ema_power_cap:
+            gpu.ema_thermal = 0.0 if gpu.ema_thermal < 1e-3 else gpu.ema_thermal * 0.8
+            gpu.ema_power_cap = 0.0 if gpu.ema_power_cap < 1e-3 else gpu.ema_power_cap * 0.8
+        if s.pcie_replay is not None:
+            prev = gpu.pcie_prev
+            if prev is None or prev[1] != s.pcie_replay:
+                _change(gpu.pcie_hist, prev, s.t, s.pcie_replay)
+                gpu.dirty = gpu.dirty or prev is not None
+            gpu.pcie_prev = (s.t, s.pcie_replay)
+        ecc = s.ecc
+        if ecc is not None and ecc is not gpu.ecc:
+            if gpu.ecc is None:
+                gpu.ecc_base = ecc.volatile_uncorrected or 0
+            elif (ecc.volatile_uncorrected or 0) < gpu.ecc_base:  # volatile counters reset with the GPU
+                gpu.ecc_base = 0
+            if gpu.ecc is None or ecc != gpu.ecc:
+                gpu.ecc_t = s.t
+                gpu.dirty = True
+            gpu.ecc = ecc
+        remap = s.remap
+        if remap is not None and remap is not gpu.remap:
+            if gpu.remap is None or remap != gpu.remap:
+                gpu.remap_t = s.t
+                gpu.dirty = True
+            gpu.remap = remap
+        links = s.nvlink
+        if links is not None and links is not gpu.nvlink_last:
+            gpu.nvlink_last = links
+            total = 0
+            for link in links:
+                total += link.crc_errors + link.replay_errors + link.recovery_errors
+            prev = gpu.nvlink_prev
+            if prev is None or prev[1] != total:
+                _change(gpu.nvlink_hist, prev, s.t, total)
+                gpu.dirty = gpu.dirty or prev is not None
+            gpu.nvlink_prev = (s.t, total)
+        if gpu.dirty:
+            self.dirty_gpus.append(gpu)
+
+    def _event(self, host: HostView, event: Event, now: float) -> None:
+        kind = event.kind
+        gpu = host.gpus[event.gpu] if event.gpu is not None and 0 <= event.gpu < len(host.gpus) else None
+        if kind == "xid" and event.xid is not None:
+            if gpu is None:
+                return
+            if event.t >= gpu.reset_t:
+                gpu.xid_log.append((event.t, event.xid, str(event.fields.get("pid", ""))))
+                if event.xid not in gpu.xids:
+                    gpu.xids[event.xid] = (event.t, event.text[:512])
+                gpu.dirty = True
+                self.dirty_gpus.append(gpu)
+        elif kind in ("gpu_lost", "gpu_unresponsive"):
+            if gpu is not None:
+                state = "lost" if kind == "gpu_lost" else "unresponsive"
+                if gpu.state != state:
+                    gpu.state, gpu.state_t = state, event.t
+                gpu.dirty = True
+                self.dirty_gpus.append(gpu)
+        elif kind in ("gpu_reset", "gpu_recovered"):
+            if gpu is not None:
+                gpu.state, gpu.state_t = "ok", event.t
+                gpu.clear_latches(event.t)
+                self.dirty_gpus.append(gpu)
+        elif kind == "reboot":
+            for each in host.gpus:
+                each.state = "ok"
+                each.clear_latches(event.t)
+                self.dirty_gpus.append(each)
+        elif kind == "log":
+            fields = event.fields
+            log_kind = fields.get("kind")
+            if log_kind in ("nccl_warn_net", "torch_watchdog_timeout", "nccl_warn_cuda"):
+                rank, seq = fields.get("rank"), fields.get("seq")
+                gpu_index = event.gpu
+                if gpu_index is None:
+                    gpu_index = _gpu_of_nccl_line(host, event.text)
+                host.events.append(
+                    LogEvent(
+                        t=event.t,
+                        seen_at=now,
+                        kind=str(log_kind),
+                        gpu=gpu_index,
+                        rank=rank if isinstance(rank, int) else None,
+                        seq=seq if isinstance(seq, int) else None,
+                        text=event.text[:512],
+                    )
+                )
+
+    def _procs(self, host: HostView, procs: list[ProcInfo], now: float) -> None:
+        old = {(p.job_id, p.rank) for p in host.procs if p.job_id is not None and p.rank is not None}
+        host.procs = procs
+        for gpu in host.gpus:
+            gpu.job = gpu.rank = None
+        new: set[tuple[str | None, int | None]] = set()
+        for proc in procs:
+            if proc.job_id is None or proc.rank is None:
+                continue
+            job = self._job(proc.job_id, now)
+            if proc.world_size:
+                job.world_size = proc.world_size
+            view = job.rank_view(proc.rank)
+            view.host, view.gpu, view.pid, view.alive = host.name, proc.gpu, proc.pid, True
+            if 0 <= proc.gpu < len(host.gpus):
+                gpu_view = host.gpus[proc.gpu]
+                gpu_view.job = gpu_view.last_job = proc.job_id
+                gpu_view.rank = gpu_view.last_rank = proc.rank
+            new.add((proc.job_id, proc.rank))
+        for job_id, rank in old - new:
+            job_view = self.jobs.get(job_id or "")
+            if job_view is not None and rank is not None and rank in job_view.ranks:
+                job_view.ranks[rank].alive = False
+
+    def _job(self, job_id: str, now: float) -> JobView:
+        job = self.jobs.get(job_id)
+        if job is None:
+            job = self.jobs[job_id] = JobView(id=job_id, first_seen=now, last_progress_at=now)
+        job.last_seen = now
+        return job
+
+    def _heads(self, host: HostView, heads: FrHeads, now: float) -> None:
+        job_id = heads.job_id
+        if job_id is None:
+            gpu = heads.gpu
+            if gpu is not None and 0 <= gpu < len(host.gpus):
+                job_id = host.gpus[gpu].job
+            if job_id is None:
+                return
+        job = self._job(job_id, now)
+        if heads.world_size:
+            job.world_size = heads.world_size
+        view = job.rank_view(heads.rank)
+        view.heads, view.heads_at = heads, now
+        view.host = host.name
+        if heads.gpu is not None:
+            view.gpu = heads.gpu
+        job.heads_dirty = True
+        progress = job.pg_progress
+        for pg in heads.pgs:
+            seq = pg.last_completed_seq
+            known = progress.get(pg.pg_name)
+            if known is None:
+                progress[pg.pg_name] = (seq, now)
+            elif seq > known[0]:
+                progress[pg.pg_name] = (seq, now)
+                job.last_progress_at = now
+                dt = now - known[1]
+                if dt > 0:
+                    step = dt / (seq - known[0])
+                    job.step_s = step if job.step_s is None else job.step_s + 0.2 * (step - job.step_s)
+
+    def take_dirty(self) -> list[GpuView]:
+        dirty, self.dirty_gpus = self.dirty_gpus, []
+        out: list[GpuView] = []
+        for gpu in dirty:
+            if gpu.dirty:
+                gpu.dirty = False
+                out.append(gpu)
+        return out
+
+    def gpu(self, host: str, index: int | None) -> GpuView | None:
+        view = self.hosts.get(host)
+        if view is None or index is None or not 0 <= index < len(view.gpus):
+            return None
+        return view.gpus[index]
+
+
+def _change(hist: deque[tuple[float, int]], prev: tuple[float, int] | None, t: float, value: int) -> None:
+    """Record a counter change; the reading just before it is kept too, so rates start at the change."""
+    if prev is not None and (not hist or hist[-1][0] < prev[0]):
+        hist.append(prev)
+    hist.append((t, value))
+
+
+def counter_rate(hist: deque[tuple[float, int]], latest: tuple[float, int] | None, window_s: float) -> float:
+    """Increase per second of a counter over the last ``window_s`` (0 without two readings)."""
+    if latest is None or not hist:
+        return 0.0
+    t_now, v_now = latest
+    start = t_now - window_s
+    base_t, base_v = hist[0]
+    for t, v in hist:
+        if t > start:
+            break
+        base_t, base_v = t, v
+    span = t_now - max(base_t, start)
+    if span <= 0 or v_now <= base_v:
+        return 0.0
+    return (v_now - base_v) / span
+
+
+def _gpu_of_nccl_line(host: HostView, text: str) -> int | None:
+    """The GPU of the process that wrote an NCCL line, from the pid in its prefix and the host's job map."""
+    match = _NCCL_PREFIX.search(text[:256])
+    if match is None:
+        return None
+    pid = int(match.group(1))
+    for proc in host.procs:
+        if proc.pid == pid:
+            return proc.gpu
+    return None

@@ -1,0 +1,392 @@
+"""The simulated cluster: hosts x GPUs with plausible, seeded metrics, jobs, and the faults of a scenario.
+
+Time is always passed in (virtual seconds since the scenario start); nothing here reads a clock or sleeps,
+so the virtual-clock runner can drive thousands of GPUs through hours in seconds, and
+:class:`sentinel.sim.host.SimHost` can map wall time onto the same model for real agents.
+
+Metrics follow an H100 SXM under a training load: ~97-100% utilisation, ~650 W of a 700 W limit, 60-70 °C,
+SM clock at the 1,980 MHz boost; idle GPUs sit at 345 MHz with the ``gpu_idle`` clock-event reason.
+Per-GPU offsets (silicon lottery, airflow) and per-sample noise come from seeded tables, so a run is
+reproducible and cheap.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import msgspec
+
+from sentinel.fr.heads import FrHeads
+from sentinel.sim.jobs import INF, JobSim, RankSim
+from sentinel.sim.scenario import FaultSpec, Scenario, host_name
+from sentinel.wire import EccCounters, GpuInfo, GpuSample, NvLink, ProcInfo, RowRemap
+
+MAX_CLOCK_MHZ = 1980.0
+IDLE_CLOCK_MHZ = 345.0
+MEM_CLOCK_MHZ = 2619.0
+POWER_LIMIT_W = 700.0
+MEM_TOTAL = 80 * 1024**3
+NVLINKS = 18
+_NOISE = 1024
+POOL = 16
+POOL_STEP = 5  # coprime with POOL: every variant comes round once per POOL ticks
+#: Xids after which the GPU is gone (79) or the process on it dies (fatal hardware Xids).
+XID_GPU_LOST = frozenset({79})
+XID_KILLS_PROCESS = frozenset({48, 62, 64, 74, 79, 92, 94, 95, 119, 120, 136, 140, 143, 149, 154})
+#: The Xid a row-remap event raises in the kernel log, as the driver does.
+XID_ROW_REMAP_EVENT = 63
+XID_ROW_REMAP_FAILURE = 64
+
+
+@dataclass
+class GpuSim:
+    """One simulated GPU: identity, per-GPU offsets and fault state."""
+
+    host: int
+    index: int
+    uuid: str
+    pci_bus: str
+    temp_off: float
+    power_off: float
+    lost_at: float = INF
+    nvml_hang_at: float = INF
+    throttle_clock: float | None = None
+    remap: RowRemap = field(default_factory=lambda: RowRemap(hist_max=640))
+    ecc: EccCounters = field(
+        default_factory=lambda: EccCounters(
+            volatile_corrected=0, volatile_uncorrected=0, aggregate_corrected=0, aggregate_uncorrected=0
+        )
+    )
+    nvlink_rate: float = 0.0
+    nvlink_since: float = 0.0
+    nvlink_base: int = 0
+    nvlink_cache: list[NvLink] = field(default_factory=list)
+    nvlink_cache_n: int = -1
+    job: JobSim | None = None
+    rank: int | None = None
+    pid: int = 0
+    pool: dict[tuple[str, float | None], list[GpuSample]] = field(default_factory=dict)
+    pool_i: int = 0
+
+    def nvlinks(self, t: float) -> list[NvLink]:
+        n = self.nvlink_base
+        if self.nvlink_rate > 0 and t > self.nvlink_since:
+            n += int((t - self.nvlink_since) * self.nvlink_rate)
+        if n != self.nvlink_cache_n:
+            first = NvLink(link=0, crc_errors=n, replay_errors=n // 4)
+            rest = self.nvlink_cache[1:] if self.nvlink_cache else [NvLink(link=i) for i in range(1, NVLINKS)]
+            self.nvlink_cache = [first, *rest]
+            self.nvlink_cache_n = n
+        return self.nvlink_cache
+
+
+@dataclass
+class HostSim:
+    """One host: its GPUs and what its logs and event sources have produced and not yet been read."""
+
+    index: int
+    name: str
+    gpus: list[GpuSim]
+    noise: list[float]
+    down_at: float = INF
+    cursor: int = 0
+    xids: list[tuple[float, int, int, str]] = field(default_factory=list)  # (t, gpu, xid, text)
+    kernel_lines: list[str] = field(default_factory=list)
+    job_lines: list[tuple[float, int, str]] = field(default_factory=list)  # (t, gpu, line)
+    procs_version: int = 0
+
+    def next_noise(self) -> float:
+        self.cursor = (self.cursor + 1) % _NOISE
+        return self.noise[self.cursor]
+
+
+class ClusterSim:
+    """Everything of a scenario except the agents: ``advance(t)`` applies due faults and moves the jobs."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.tick_s = scenario.tick_s
+        rng = random.Random(scenario.seed)
+        n_gpus = scenario.cluster.gpus_per_host
+        self.gpu_name = scenario.cluster.gpu_name
+        self.hosts: list[HostSim] = []
+        for h in range(scenario.cluster.hosts):
+            gpus = [
+                GpuSim(
+                    host=h,
+                    index=g,
+                    uuid=f"GPU-{rng.getrandbits(32):08x}-{h:04x}-{g:04x}-{rng.getrandbits(16):04x}-{rng.getrandbits(48):012x}",
+                    pci_bus=f"0000:{(0x18 + 0x10 * g) & 0xFF:02x}:00",
+                    temp_off=rng.gauss(0.0, 2.5),
+                    power_off=rng.gauss(0.0, 8.0),
+                    pid=100000 + h * 64 + g,
+                )
+                for g in range(n_gpus)
+            ]
+            noise = [rng.random() + rng.random() - 1.0 for _ in range(_NOISE)]
+            self.hosts.append(HostSim(index=h, name=host_name(h), gpus=gpus, noise=noise))
+        self.by_name = {host.name: host for host in self.hosts}
+        self.jobs: dict[str, JobSim] = {}
+        for spec in scenario.jobs:
+            names = spec.hosts if spec.hosts is not None else [h.name for h in self.hosts]
+            ranks: list[RankSim] = []
+            for pos, name in enumerate(names):
+                host = self.by_name[name]
+                for gpu in host.gpus:
+                    rank = pos * n_gpus + gpu.index
+                    ranks.append(RankSim(rank=rank, host=host.index, gpu=gpu.index))
+            job = JobSim(
+                spec.id,
+                ranks,
+                compute_s=spec.compute_s,
+                tp=spec.tp or n_gpus,
+                start_s=spec.start_s,
+                seed=scenario.seed,
+            )
+            self.jobs[spec.id] = job
+            for r in ranks:
+                gpu = self.hosts[r.host].gpus[r.gpu]
+                gpu.job, gpu.rank = job, r.rank
+        self.pending = sorted(scenario.faults, key=lambda f: f.at_s)
+        self.applied: list[FaultSpec] = []
+        self.now = 0.0
+
+    # -- time -----------------------------------------------------------------------------------------
+
+    def advance(self, t: float) -> None:
+        while self.pending and self.pending[0].at_s <= t:
+            self.apply(self.pending.pop(0))
+        for job in self.jobs.values():
+            job.advance(t)
+        self.now = t
+
+    def apply(self, fault: FaultSpec) -> None:
+        host = self.by_name[fault.host]
+        t = fault.at_s
+        self.applied.append(fault)
+        if fault.kind == "host_down":
+            host.down_at = t
+            return
+        assert fault.gpu is not None
+        gpu = host.gpus[fault.gpu]
+        rank = self._rank(gpu)
+        kind = fault.kind
+        if kind == "xid":
+            assert fault.xid is not None
+            self._raise_xid(host, gpu, t, fault.xid)
+            if fault.xid in XID_GPU_LOST:
+                gpu.lost_at = t
+            if fault.xid in XID_KILLS_PROCESS and rank is not None:
+                rank.dead_at = min(rank.dead_at, t)
+        elif kind == "gpu_lost":
+            gpu.lost_at = t
+            if rank is not None:
+                rank.dead_at = min(rank.dead_at, t)
+        elif kind == "nvml_hang":
+            gpu.nvml_hang_at = t
+        elif kind == "row_remap_pending":
+            gpu.remap = RowRemap(
+                correctable=gpu.remap.correctable,
+                uncorrectable=gpu.remap.uncorrectable + 1,
+                pending=True,
+                failure=gpu.remap.failure,
+                hist_max=639,
+                hist_high=1,
+            )
+            self._raise_xid(host, gpu, t, XID_ROW_REMAP_EVENT)
+        elif kind == "row_remap_failure":
+            gpu.remap = RowRemap(
+                correctable=gpu.remap.correctable,
+                uncorrectable=gpu.remap.uncorrectable + 1,
+                pending=gpu.remap.pending,
+                failure=True,
+                hist_max=0,
+                hist_none=640,
+            )
+            self._raise_xid(host, gpu, t, XID_ROW_REMAP_FAILURE)
+        elif kind == "ecc_uncorrectable":
+            assert fault.count is not None
+            ecc = gpu.ecc
+            gpu.ecc = EccCounters(
+                volatile_corrected=ecc.volatile_corrected,
+                volatile_uncorrected=(ecc.volatile_uncorrected or 0) + fault.count,
+                aggregate_corrected=ecc.aggregate_corrected,
+                aggregate_uncorrected=(ecc.aggregate_uncorrected or 0) + fault.count,
+                dram_uncorrected=fault.count,
+            )
+        elif kind == "nvlink_errors":
+            assert fault.rate_per_s is not None
+            gpu.nvlink_base = gpu.nvlinks(t)[0].crc_errors
+            gpu.nvlink_since, gpu.nvlink_rate = t, fault.rate_per_s
+        elif kind == "thermal_throttle":
+            assert fault.clock_mhz is not None
+            gpu.throttle_clock = min(fault.clock_mhz, MAX_CLOCK_MHZ)
+            if rank is not None:
+                rank.factor = MAX_CLOCK_MHZ / gpu.throttle_clock
+        elif kind == "straggler":
+            assert fault.slowdown is not None and rank is not None
+            rank.factor = fault.slowdown
+        elif kind == "hang":
+            assert rank is not None
+            rank.hang_at = t
+        elif kind == "nccl_net_error":
+            assert rank is not None
+            rank.net_error_at = t
+            self._net_error_lines(host, gpu, t)
+        if rank is not None and gpu.job is not None:
+            gpu.job.touch(rank.rank)
+            host.procs_version += 1
+
+    def _rank(self, gpu: GpuSim) -> RankSim | None:
+        if gpu.job is None or gpu.rank is None:
+            return None
+        return gpu.job.ranks[gpu.rank]
+
+    def _raise_xid(self, host: HostSim, gpu: GpuSim, t: float, xid: int) -> None:
+        detail = {
+            79: "GPU has fallen off the bus.",
+            63: "Row Remapper: New row marked for remapping, reset gpu to activate.",
+            64: "Row Remapper: Failed to remap a row.",
+            48: "An uncorrectable double bit error (DBE) has been detected on GPU.",
+            13: "Graphics SM Warp Exception on (GPC 1, TPC 1, SM 1): Out Of Range Address",
+        }.get(xid, "simulated error")
+        pid = f"pid={gpu.pid}, name=python, " if gpu.job is not None else ""
+        text = f"NVRM: Xid (PCI:{gpu.pci_bus}): {xid}, {pid}{detail}"
+        host.xids.append((t, gpu.index, xid, text))
+        host.kernel_lines.append(f"[{t:12.6f}] {text}")
+
+    def _net_error_lines(self, host: HostSim, gpu: GpuSim, t: float) -> None:
+        peer = (host.index + 1) % max(1, len(self.hosts))
+        line = (
+            f"{host.name}:{gpu.pid}:{gpu.pid + 7} [{gpu.index}] transport/net_ib.cc:2244 NCCL WARN NET/IB : "
+            f"Got completion from peer 10.0.{peer // 256}.{peer % 256}<53908> with status=12 opcode=129 "
+            f"len=1048576 vendor err 129 (Recv) localGid ::ffff:10.0.{host.index // 256}.{host.index % 256} "
+            f"hca mlx5_{gpu.index}"
+        )
+        host.job_lines.append((t, gpu.index, line))
+
+    def tick_faults(self, t: float) -> None:
+        """Recurring log output of active faults (an NCCL transport keeps complaining while it is broken)."""
+        for job in self.jobs.values():
+            for r in job.modified.values():
+                if r.net_error_at <= t and int(t) % 5 == 0:
+                    host = self.hosts[r.host]
+                    self._net_error_lines(host, host.gpus[r.gpu], t)
+
+    # -- what an agent reads --------------------------------------------------------------------------
+
+    def inventory(self, host: HostSim) -> list[GpuInfo]:
+        return [
+            GpuInfo(
+                index=g.index,
+                uuid=g.uuid,
+                pci_bus=g.pci_bus,
+                name=self.gpu_name,
+                serial=f"16520{host.index:05d}{g.index:02d}",
+                driver="550.90.07",
+                vbios="96.00.89.00.01",
+                memory_total_bytes=MEM_TOTAL,
+                nvlinks=NVLINKS,
+            )
+            for g in host.gpus
+        ]
+
+    def sample(self, host: HostSim, gpu: GpuSim, t: float, slow: bool) -> GpuSample:
+        """The GPU's NVML readings at ``t`` (the caller handles lost / hung GPUs).
+
+        Readings come from a small per-GPU pool of seeded noisy variants per operating point, cycled
+        tick by tick: realistic spread for the detectors at a fraction of the cost of fresh noise.
+        """
+        job, rank = gpu.job, gpu.rank
+        activity = job.activity(rank, t) if job is not None and rank is not None else "idle"
+        point = "busy" if activity in ("compute", "wait") else activity
+        key = (point, gpu.throttle_clock)
+        pool = gpu.pool.get(key)
+        if pool is None:
+            pool = gpu.pool[key] = [self._reading(host, gpu, point) for _ in range(POOL)]
+        gpu.pool_i = (gpu.pool_i + POOL_STEP) % POOL
+        template = pool[gpu.pool_i]
+        if slow:
+            return msgspec.structs.replace(template, t=t, ecc=gpu.ecc, remap=gpu.remap, nvlink=gpu.nvlinks(t))
+        return msgspec.structs.replace(template, t=t)
+
+    def _reading(self, host: HostSim, gpu: GpuSim, point: str) -> GpuSample:
+        n1, n2, n3 = host.next_noise(), host.next_noise(), host.next_noise()
+        throttle: list[str]
+        if point == "busy":
+            util = min(100.0, 98.0 + 2.5 * n1)
+            power = 640.0 + gpu.power_off + 15.0 * n2
+            temp = 64.0 + gpu.temp_off + 1.0 * n3
+            clock = MAX_CLOCK_MHZ - 7.5 * (1.0 + n1)
+            throttle = []
+            mem_used = 71 * 1024**3
+            util_mem = 38.0 + 4.0 * n2
+            pids = [gpu.pid]
+        else:
+            util, util_mem = 0.0, 0.0
+            power = 72.0 + gpu.power_off * 0.2 + 2.0 * n2
+            temp = 34.0 + gpu.temp_off + 0.5 * n3
+            clock = IDLE_CLOCK_MHZ
+            throttle = ["gpu_idle"]
+            mem_used = 71 * 1024**3 if point == "hung" else 512 * 1024**2
+            pids = [gpu.pid] if point == "hung" else []
+        if gpu.throttle_clock is not None:
+            clock = gpu.throttle_clock
+            temp = 91.0 + gpu.temp_off * 0.2 + n3
+            throttle = ["hw_thermal_slowdown", "sw_thermal_slowdown"]
+            power = power * gpu.throttle_clock / MAX_CLOCK_MHZ
+        return GpuSample(
+            gpu=gpu.index,
+            t=0.0,
+            util_gpu_pct=util,
+            util_mem_pct=util_mem,
+            mem_used_bytes=mem_used,
+            mem_total_bytes=MEM_TOTAL,
+            temp_c=temp,
+            power_w=power,
+            power_limit_w=POWER_LIMIT_W,
+            sm_clock_mhz=clock,
+            sm_clock_max_mhz=MAX_CLOCK_MHZ,
+            mem_clock_mhz=MEM_CLOCK_MHZ,
+            pstate=0,
+            throttle=throttle,
+            pcie_replay=0,
+            pids=pids,
+        )
+
+    def processes(self, host: HostSim, t: float) -> list[ProcInfo]:
+        procs: list[ProcInfo] = []
+        for gpu in host.gpus:
+            job, rank = gpu.job, gpu.rank
+            if job is None or rank is None or t >= job.ranks[rank].dead_at or t >= gpu.lost_at:
+                continue
+            procs.append(
+                ProcInfo(
+                    gpu=gpu.index,
+                    pid=gpu.pid,
+                    name="python",
+                    job_id=job.job_id,
+                    rank=rank,
+                    local_rank=gpu.index,
+                    world_size=job.world_size,
+                    master_addr="10.0.0.0",
+                    master_port=29500,
+                )
+            )
+        return procs
+
+    def heads(self, host: HostSim, t: float) -> list[FrHeads]:
+        out: list[FrHeads] = []
+        for gpu in host.gpus:
+            if gpu.job is None or gpu.rank is None:
+                continue
+            heads = gpu.job.heads(gpu.rank, t, host=host.name, pid=gpu.pid)
+            if heads is not None:
+                out.append(heads)
+        return out
+
+    def iter_gpus(self) -> Iterator[GpuSim]:
+        for host in self.hosts:
+            yield from host.gpus

@@ -1,0 +1,234 @@
+"""A simulated data-parallel training job: ranks loop compute → tensor-parallel allreduce → world allreduce.
+
+The model is closed-form per iteration, so a 1,024-rank job costs O(faulty ranks) per iteration instead of
+O(ranks): healthy ranks finish compute within a known noise band, and only ranks touched by a fault get
+their own timing. From that timeline any rank's flight-recorder heads can be read at any instant — what
+``sentinel.probe`` would report from inside the process.
+
+Semantics (contract section 4): a collective completes only when every member has entered it; a hung rank
+stops entering; a dead rank (GPU lost, fatal Xid) never completes what it was part of; a straggler computes
+``slowdown`` times longer; a throttled GPU computes max_clock/clock times longer; an NCCL network error stalls
+the world collective in flight with every rank inside it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+from sentinel.fr.heads import FrHeads, InFlight, PgHead
+
+INF = math.inf
+_NOISE_SIZE = 4096
+HEALTHY_SPREAD = 0.02  # healthy ranks finish compute within +2% of the iteration's base time
+
+
+@dataclass
+class RankSim:
+    """One rank's fault-relevant state; healthy ranks never leave the defaults."""
+
+    rank: int
+    host: int
+    gpu: int
+    factor: float = 1.0  # compute-time multiplier (straggler, thermal throttle)
+    hang_at: float = INF  # stops entering collectives from then on
+    dead_at: float = INF  # process gone from then on (no heads, no procs)
+    net_error_at: float = INF  # its NCCL network transport fails from then on
+
+    @property
+    def modified(self) -> bool:
+        return self.factor != 1.0 or self.hang_at < INF or self.dead_at < INF or self.net_error_at < INF
+
+
+@dataclass
+class Iteration:
+    k: int
+    start: float
+    base: float  # this iteration's healthy compute time (job-wide jitter applied)
+    tp_done: dict[int, float] = field(default_factory=dict)  # group → completion (only modified groups)
+    tp_done_healthy: float = 0.0
+    world_done: float = INF
+    world_stalled_by_net: bool = False
+    enter: list[float] | None = None  # healthy ranks' entry times, computed once per iteration
+
+
+class JobSim:
+    """Timeline of one job; ``advance(t)`` moves it forward, ``heads(rank, t)`` reads a rank's progress."""
+
+    def __init__(
+        self,
+        job_id: str,
+        ranks: list[RankSim],
+        *,
+        compute_s: float,
+        tp: int,
+        start_s: float,
+        seed: int,
+    ) -> None:
+        self.job_id = job_id
+        self.ranks = ranks
+        self.world_size = len(ranks)
+        self.compute_s = compute_s
+        self.tp = tp
+        self.groups = (self.world_size + tp - 1) // tp
+        self.comm_tp = 0.004 + 0.001 * tp
+        self.comm_world = 0.02 + 0.004 * math.log2(max(2, self.world_size))
+        rng = random.Random(f"{seed}:{job_id}")
+        self._noise = [rng.random() for _ in range(_NOISE_SIZE)]
+        self._jitter = [1.0 + 0.03 * (2 * rng.random() - 1) for _ in range(_NOISE_SIZE)]
+        self.modified: dict[int, RankSim] = {}
+        self.it = self._plan(1, start_s)
+        self.tp_pg = [f"{job_id}:tp{g}" for g in range(self.groups)]
+        self.tp_members = [
+            list(range(g * tp, min((g + 1) * tp, self.world_size))) for g in range(self.groups)
+        ]
+        self.world_members = list(range(self.world_size))
+
+    # -- timeline -------------------------------------------------------------------------------------
+
+    def _eps(self, rank: int, k: int) -> float:
+        return self._noise[(rank * 2654435761 + k * 40503) % _NOISE_SIZE] * HEALTHY_SPREAD
+
+    def enter_tp(self, rank: int, it: Iteration | None = None) -> float:
+        """When ``rank`` enters its tensor-parallel collective in the current iteration (INF: never)."""
+        it = it or self.it
+        if it.enter is not None and rank not in self.modified:
+            return it.enter[rank]
+        r = self.ranks[rank]
+        t = it.start + it.base * (1.0 + self._eps(rank, it.k)) * r.factor
+        if t >= r.hang_at or t >= r.dead_at:
+            return INF
+        return t
+
+    def _plan(self, k: int, start: float) -> Iteration:
+        base = self.compute_s * self._jitter[k % _NOISE_SIZE]
+        it = Iteration(k=k, start=start, base=base)
+        it.tp_done_healthy = start + base * (1.0 + HEALTHY_SPREAD) + self.comm_tp
+        noise, size, spread = self._noise, _NOISE_SIZE, HEALTHY_SPREAD
+        it.enter = [
+            start + base * (1.0 + noise[(rank * 2654435761 + k * 40503) % size] * spread)
+            for rank in range(self.world_size)
+        ]
+        self._complete(it)
+        return it
+
+    def _complete(self, it: Iteration) -> None:
+        it.tp_done = {}
+        for rank, r in self.modified.items():
+            g = rank // self.tp
+            done = it.tp_done.get(g, it.tp_done_healthy)
+            entered = self.enter_tp(rank, it)
+            done = max(done, entered + self.comm_tp)
+            if r.dead_at < done:
+                done = INF
+            it.tp_done[g] = done
+        latest = max([it.tp_done_healthy, *it.tp_done.values()])
+        world = latest + self.comm_world
+        it.world_stalled_by_net = False
+        for r in self.modified.values():
+            entry = it.tp_done.get(r.rank // self.tp, it.tp_done_healthy)
+            if entry >= r.hang_at or r.dead_at < world:
+                world = INF
+            if r.net_error_at < world:
+                world = INF
+                it.world_stalled_by_net = True
+        it.world_done = world
+
+    def touch(self, rank: int) -> None:
+        """A fault changed ``rank``: re-plan the iteration in flight (its past is unchanged by construction)."""
+        r = self.ranks[rank]
+        if r.modified:
+            self.modified[rank] = r
+        else:
+            self.modified.pop(rank, None)
+        self._complete(self.it)
+
+    def advance(self, t: float) -> None:
+        while self.it.world_done <= t:
+            self.it = self._plan(self.it.k + 1, self.it.world_done)
+
+    @property
+    def stalled(self) -> bool:
+        return self.it.world_done == INF
+
+    # -- what a rank looks like at time t -------------------------------------------------------------
+
+    def tp_done(self, rank: int) -> float:
+        return self.it.tp_done.get(rank // self.tp, self.it.tp_done_healthy)
+
+    def activity(self, rank: int, t: float) -> str:
+        """compute | wait | hung | dead | done (between iterations): drives the GPU's utilisation."""
+        r = self.ranks[rank]
+        if t >= r.dead_at:
+            return "dead"
+        e = self.enter_tp(rank)
+        if t < e:
+            return "compute"
+        if e == INF:
+            return "hung" if t >= r.hang_at else "compute"
+        return "wait"
+
+    def heads(self, rank: int, t: float, host: str | None = None, pid: int | None = None) -> FrHeads | None:
+        """The rank's flight-recorder heads at ``t``; None once its process is gone."""
+        r = self.ranks[rank]
+        if t >= r.dead_at:
+            return None
+        it = self.it
+        k = it.k
+        pgs: list[PgHead] = []
+        e = self.enter_tp(rank)
+        tp_done = self.tp_done(rank)
+        if self.tp > 1:
+            g = rank // self.tp
+            entered = t >= e
+            done = t >= tp_done
+            flight = (
+                [InFlight(seq=k, op="allreduce", age_s=t - e, state="started")]
+                if entered and not done
+                else []
+            )
+            pgs.append(
+                PgHead(
+                    pg_name=self.tp_pg[g],
+                    pg_desc="tensor_parallel",
+                    ranks=self.tp_members[g],
+                    last_enqueued_seq=k if entered else k - 1,
+                    last_started_seq=k if entered else k - 1,
+                    last_completed_seq=k if done else k - 1,
+                    in_flight=flight,
+                )
+            )
+            world_entry = tp_done
+        else:
+            world_entry = e + self.comm_tp if e < INF else INF
+        if world_entry >= r.hang_at:
+            world_entry = INF
+        entered_w = t >= world_entry
+        done_w = t >= it.world_done
+        flight_w = (
+            [InFlight(seq=k, op="allreduce", age_s=t - world_entry, state="started")]
+            if entered_w and not done_w
+            else []
+        )
+        pgs.append(
+            PgHead(
+                pg_name="0",
+                pg_desc="default_pg",
+                last_enqueued_seq=k if entered_w else k - 1,
+                last_started_seq=k if entered_w else k - 1,
+                last_completed_seq=k if done_w else k - 1,
+                in_flight=flight_w,
+            )
+        )
+        return FrHeads(
+            rank=rank,
+            t=t,
+            job_id=self.job_id,
+            world_size=self.world_size,
+            local_rank=r.gpu,
+            pid=pid,
+            host=host,
+            gpu=r.gpu,
+            pgs=pgs,
+        )
