@@ -18,7 +18,7 @@ from typing import Final
 from sentinel.signals._text import bounded
 from sentinel.signals.ecc import evaluate_ecc, evaluate_retired_pages, parse_ecc, parse_retired_pages
 from sentinel.signals.kernel import kernel_events
-from sentinel.signals.nccl_log import global_rank, nccl_events, torch_events
+from sentinel.signals.nccl_log import chatter_event, global_rank, nccl_events, torch_events
 from sentinel.signals.record import Classified, make_event, most_severe
 from sentinel.signals.rowremap import evaluate_row_remap, parse_row_remap
 from sentinel.signals.xid import parse_xid
@@ -47,7 +47,7 @@ def line_events(line: str) -> list[Classified]:
     text = bounded(line)
     chatter = _CHATTER_RE.match(text)
     if chatter is not None:
-        return [make_event("nccl_info", "info")]
+        return [chatter_event(text)]
     if _SIGNAL_WORDS_RE.search(text) is None:
         return []
     events: list[Classified] = []

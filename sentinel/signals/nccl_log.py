@@ -189,6 +189,20 @@ def nccl_events(text: str) -> list[Classified]:
     return events
 
 
+def chatter_event(text: str) -> Classified:
+    """A plain NCCL INFO line: ``nccl_info``/``info`` with the prefix identifiers."""
+    prefix = _PREFIX_RE.search(bounded(text))
+    if prefix is None:
+        return make_event("nccl_info", "info")
+    return make_event(
+        "nccl_info",
+        "info",
+        host=prefix.group("host"),
+        pid=parse_int(prefix.group("pid")),
+        cuda_dev=parse_int(prefix.group("dev")),
+    )
+
+
 def _info_event(payload: str, ids: dict[str, object]) -> Classified:
     init = _INIT_RE.search(payload)
     if init is not None:
