@@ -204,6 +204,8 @@ class Agent:
         for info in inventory:
             self.gpus[info.index] = GpuView(info)
         self.pci_to_gpu = {g.pci_bus: g.index for g in inventory if g.pci_bus}
+        if self.shipper is not None:
+            self.shipper.request_reconnect()
 
     def add_sample(self, sample: GpuSample) -> None:
         self._samples.append(sample)
@@ -285,6 +287,7 @@ class Agent:
         self.counters.last_tick = now
         self.counters.ticks += 1
         if self.shipper is not None:
+            self.shipper.ready.set()
             self.shipper.wake()
         return batch
 

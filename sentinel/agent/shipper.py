@@ -72,6 +72,8 @@ class Shipper:
         self.counters = counters
         self.host = host
         self._wake = asyncio.Event()
+        #: set by the agent once its first tick has run, so the Hello carries the GPU inventory
+        self.ready = asyncio.Event()
         self._stopping = False
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._inflight: set[int] = set()
@@ -86,7 +88,19 @@ class Shipper:
     def connected(self) -> bool:
         return self._ws is not None and not self._ws.closed
 
+    def request_reconnect(self) -> None:
+        """Close the current connection so the next one sends a fresh Hello (the inventory changed)."""
+        if self._ws is not None and not self._ws.closed:
+            task = asyncio.create_task(self._close_ws(self._ws))
+            self._command_tasks.add(task)
+            task.add_done_callback(self._command_tasks.discard)
+
+    @staticmethod
+    async def _close_ws(ws: aiohttp.ClientWebSocketResponse) -> None:
+        await ws.close()
+
     async def run(self) -> None:
+        await self.ready.wait()
         delay = self.config.backoff_initial_s
         async with aiohttp.ClientSession() as session:
             while not self._stopping:
