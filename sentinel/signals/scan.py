@@ -20,7 +20,7 @@ cut, and a pending multi-line block is never held beyond ``MAX_BLOCK`` bytes.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Final
 
 import msgspec
@@ -119,7 +119,7 @@ class LogScanner:
             line = body[start:end].decode("utf-8", "replace")
             if not line.strip():
                 continue
-            block_end = self._block_end(body, line, end)
+            block_end = self._block_end(body, line, end, final=final)
             if block_end is None and not final and len(body) - start <= MAX_BLOCK:
                 used = start  # the block may continue in the next chunk; keep it
                 break
@@ -145,26 +145,39 @@ class LogScanner:
         return best if best is not None else make_event("other", "info")
 
     @staticmethod
-    def _block_end(body: bytes, head: str, end: int) -> int | None:
+    def _block_end(body: bytes, head: str, end: int, *, final: bool) -> int | None:
         """End offset of the multi-line record that ``head`` starts; ``end`` when it is a single line and
-        ``None`` when the record may continue past the end of ``body``."""
-        if _SECTION_HEAD_RE.match(head) is not None or "MISMATCH" in head:
-            accept = _indented
-        elif _ROOT_CAUSE_HEAD in head:
-            accept = _root_cause_line
-        elif _WRAP_HEAD_RE.search(head) is not None:
-            accept = _wrapped_continuation
-        else:
+        ``None`` when the record may continue past the end of ``body`` (more data may come)."""
+        accept = continuation_rule(head)
+        if accept is None:
             return end
         pos = end + 1
         for _ in range(MAX_BLOCK_LINES):
             if pos >= len(body):
-                return None
+                return pos - 1 if final else None
             nxt = body.find(b"\n", pos)
             if nxt - pos > 4096 or not accept(body[pos:nxt].decode("utf-8", "replace")):
                 break
             pos = nxt + 1
         return pos - 1 if pos - 1 > end else end
+
+
+def continuation_rule(head: str) -> Callable[[str], bool] | None:
+    """How to recognise the continuation lines of a record that starts with ``head``; ``None`` when
+    ``head`` is a complete single-line record."""
+    if _SECTION_HEAD_RE.match(head) is not None or "MISMATCH" in head:
+        return _indented
+    if _ROOT_CAUSE_HEAD in head:
+        return _root_cause_line
+    if _WRAP_HEAD_RE.search(head) is not None and _looks_cut(head):
+        return _wrapped_continuation
+    return None
+
+
+def _looks_cut(head: str) -> bool:
+    """A hard-wrapped message's first line stops mid-sentence; a complete one ends with . ! or )."""
+    tail = head.rstrip()
+    return not tail.endswith((".", "!", ")", "'", '"'))
 
 
 def _indented(line: str) -> bool:
