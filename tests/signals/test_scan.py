@@ -103,7 +103,7 @@ def test_nvidia_smi_block_is_one_event() -> None:
 
 
 def test_include_all_gives_one_object_per_line() -> None:
-    lines = CHATTER[:4] + ["NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."]
+    lines = [*CHATTER[:4], "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."]
     events = scan_bytes(("\n".join(lines) + "\n").encode(), include_all=True)
     assert [e.line for e in events] == [1, 2, 3, 4, 5]
     assert events[-1].kind == "xid"
