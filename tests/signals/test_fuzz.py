@@ -1,0 +1,133 @@
+"""Property tests: arbitrary text, invalid UTF-8 and very long lines never raise and stay fast.
+
+Every regex in sentinel.signals is written without nested quantifiers; these tests throw the shapes that
+make backtracking regexes explode (long runs of the characters a pattern loops on) at every entry point
+with a time bound per call.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sentinel.signals import (
+    LogScanner,
+    classify_line,
+    classify_text,
+    parse_ecc,
+    parse_retired_pages,
+    parse_row_remap,
+    parse_sxid,
+    parse_xid,
+    scan_bytes,
+)
+
+FRAGMENTS = [
+    "NVRM: Xid (PCI:",
+    "0000:3b:00",
+    "): ",
+    "13, pid=",
+    "name=",
+    ", ",
+    "SXid (",
+    "NCCL WARN ",
+    "NCCL INFO ",
+    "comm 0x1 rank 1 nranks ",
+    "busId ",
+    "WorkNCCL(SeqNum=",
+    "Timeout(ms)=",
+    "[rank",
+    "[PG ID 0 PG GUID 0(default_pg) Rank ",
+    "Watchdog caught collective operation timeout",
+    "\n",
+    "\r",
+    "    Remapped Rows\n",
+    "    ECC Errors\n        Volatile\n",
+    "  rank : ",
+    "Root Cause (first observed failure):\n",
+    ":",
+    "[",
+    "]",
+    "(",
+    ")",
+    " ",
+    "9",
+    "-",
+    "\udcff",
+    "\x00",
+]
+
+log_like = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=20)), max_size=60).map("".join)
+BOUND_S = 2.0
+
+
+def _timed(call: object, *args: object) -> None:
+    start = time.perf_counter()
+    call(*args)  # type: ignore[operator]
+    assert time.perf_counter() - start < BOUND_S
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(st.text(max_size=400), log_like))
+def test_text_entry_points_never_raise(text: str) -> None:
+    for call in (
+        classify_line,
+        classify_text,
+        parse_xid,
+        parse_sxid,
+        parse_ecc,
+        parse_row_remap,
+        parse_retired_pages,
+    ):
+        _timed(call, text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=2000), st.integers(min_value=1, max_value=300))
+def test_scanner_on_arbitrary_bytes(data: bytes, chunk: int) -> None:
+    scanner = LogScanner()
+    for offset in range(0, len(data), chunk):
+        scanner.feed(data[offset : offset + chunk])
+    scanner.finish()
+    assert scan_bytes(data, include_all=True) is not None
+
+
+@settings(max_examples=100, deadline=None)
+@given(log_like)
+def test_scanner_on_log_like_bytes(text: str) -> None:
+    data = text.encode("utf-8", "surrogateescape")
+    scan_bytes(data)
+    scan_bytes(data, include_all=True)
+
+
+PATHOLOGICAL = [
+    "a" * 200_000,
+    ":" * 200_000,
+    "0" * 200_000,
+    "Xid (" * 40_000,
+    "SXid (PCI:" * 20_000,
+    "NVRM: Xid (PCI:0000:01:00): 13, name=" + "x" * 100_000,
+    "NCCL WARN " * 20_000,
+    " NCCL INFO " * 20_000,
+    "host:1:2 [0] " * 20_000,
+    "[rank" * 40_000,
+    "WorkNCCL(" + "(ms)" * 50_000,
+    "WorkNCCL(SeqNum=" + "9" * 100_000,
+    "comm 0x" + "f" * 100_000,
+    "a.cc:" * 40_000 + " -> 6",
+    "[PG ID 0 PG GUID 0(" * 10_000,
+    "MISMATCH " + "\n" * 100_000,
+    "    Remapped Rows\n" + "        Pending : Yes\n" * 20_000,
+    "Root Cause (first observed failure):\n" + "  rank : 1\n" * 20_000,
+    "x" * 50_000 + "\r" * 50_000,
+]
+
+
+@pytest.mark.parametrize("text", PATHOLOGICAL, ids=lambda t: repr(t[:24]))
+def test_pathological_inputs_are_bounded(text: str) -> None:
+    _timed(classify_line, text)
+    _timed(classify_text, text)
+    _timed(scan_bytes, text.encode())
