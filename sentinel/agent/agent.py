@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 
 from sentinel import __version__
+from sentinel.agent._log import module_logger
 from sentinel.agent.collectors import (
     Collectors,
     ExtrasCollector,
@@ -50,7 +51,6 @@ from sentinel.agent.spool import SeqAllocator, Spool
 from sentinel.agent.tailer import LogTailer
 from sentinel.config.agent import AgentConfig
 from sentinel.fr.heads import FrHeads
-from sentinel.log import get_logger
 from sentinel.wire import (
     Batch,
     Command,
@@ -63,7 +63,7 @@ from sentinel.wire import (
     ProcInfo,
 )
 
-log = get_logger(module="agent")
+log = module_logger("agent")
 
 #: events kept per batch at most; a log flood beyond it is counted as dropped events
 MAX_EVENTS_PER_BATCH = 5000
@@ -306,6 +306,10 @@ class Agent:
         if drops == Drops():
             return None
         return drops
+
+    def render_metrics(self) -> bytes:
+        """The /metrics body (text format): per-GPU series and the agent's own health."""
+        return self.metrics.render(self.registry)
 
     # -- commands -------------------------------------------------------------------------------------------
 

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sentinel.agent._log import module_logger
 from sentinel.agent.kmsg import parse_xid
-from sentinel.log import get_logger
 
-log = get_logger(module="agent.classify")
+log = module_logger("agent.classify")
 
 FIELDS = ("kind", "severity", "xid", "pci_bus", "rank", "seq", "op", "timeout_ms")
 SEVERITIES = ("info", "warning", "critical")

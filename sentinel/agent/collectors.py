@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from sentinel.agent._log import module_logger
 from sentinel.agent.classify import LineClassifier
 from sentinel.agent.frdump import FrDumpWatcher
 from sentinel.agent.jobs import JobMapper
@@ -25,10 +26,9 @@ from sentinel.agent.source import GpuLostError, GpuSource, HostExtras, XidEvent
 from sentinel.agent.tailer import LogTailer
 from sentinel.agent.worker import GpuWorker, Unresponsive
 from sentinel.fr.heads import FrHeads
-from sentinel.log import get_logger
 from sentinel.wire import MAX_TEXT_CHARS, Event, GpuInfo, GpuSample, GpuState, ProcInfo, Severity
 
-log = get_logger(module="agent.collectors")
+log = module_logger("agent.collectors")
 
 #: Xids that mean the GPU (or its context) is gone or corrupt; others are reported as warnings
 CRITICAL_XIDS = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140, 154})

@@ -16,10 +16,10 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from sentinel.log import get_logger
+from sentinel.agent._log import module_logger
 from sentinel.wire import Event
 
-log = get_logger(module="agent.frdump")
+log = module_logger("agent.frdump")
 
 _RANK = re.compile(r"(\d+)(?:\.json)?(?:\.gz)?$")
 

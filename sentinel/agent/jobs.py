@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import psutil
 
-from sentinel.log import get_logger
+from sentinel.agent._log import module_logger
 from sentinel.wire import ProcInfo
 
-log = get_logger(module="agent.jobs")
+log = module_logger("agent.jobs")
 
 MAX_CACHE = 4096
 

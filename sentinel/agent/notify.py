@@ -12,9 +12,9 @@ import os
 import socket
 from collections.abc import Mapping
 
-from sentinel.log import get_logger
+from sentinel.agent._log import module_logger
 
-log = get_logger(module="agent.notify")
+log = module_logger("agent.notify")
 
 
 class SystemdNotifier:

@@ -17,9 +17,9 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from sentinel.log import get_logger
+from sentinel.agent._log import module_logger
 
-log = get_logger(module="agent.tailer")
+log = module_logger("agent.tailer")
 
 
 @dataclass

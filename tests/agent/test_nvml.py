@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from sentinel.agent import Agent, GpuLostError
 from sentinel.agent.nvml import NvmlSource, normalize_pci_bus
@@ -111,10 +111,11 @@ async def test_agent_marks_lost_gpu_and_reports_it(fake_nvml: FakeNvml, tmp_path
     states = {s.gpu: s.state for s in batch.samples}
     assert states == {0: "lost", 1: "ok"}
     assert [(e.kind, e.gpu) for e in batch.events] == [("gpu_lost", 0)]
-    text = generate_latest(agent.registry).decode()
-    assert 'sentinel_gpu_up{cluster="default",gpu="0"' in text
-    up = [line for line in text.splitlines() if line.startswith("sentinel_gpu_up{") and 'gpu="0"' in line]
-    assert up and up[0].endswith(" 0.0")
+    families = {f.name: f for f in text_string_to_metric_families(agent.render_metrics().decode())}
+    up = {s.labels["gpu"]: s.value for s in families["sentinel_gpu_up"].samples}
+    assert up == {"0": 0.0, "1": 1.0}
+    state = {(s.labels["gpu"], s.labels["state"]): s.value for s in families["sentinel_gpu_state"].samples}
+    assert state[("0", "lost")] == 1.0 and state[("0", "ok")] == 0.0
     await agent.shutdown()
 
 
@@ -162,7 +163,7 @@ async def test_xid_events_through_the_event_set(fake_nvml: FakeNvml, tmp_path: P
         events += [e for e in batch.events if e.kind == "xid"]
         await asyncio.sleep(0.05)
     assert sorted((e.gpu, e.xid, e.severity) for e in events) == [(0, 13, "warning"), (1, 79, "critical")]
-    text = generate_latest(agent.registry).decode()
+    text = agent.render_metrics().decode()
     assert any(
         line.startswith("sentinel_gpu_xid_events_total{") and 'gpu="1"' in line and 'xid="79"' in line
         for line in text.splitlines()
@@ -178,7 +179,7 @@ async def test_row_remap_states_reach_metrics(monkeypatch: pytest.MonkeyPatch, t
     remaps = {s.gpu: s.remap for s in batch.samples}
     assert remaps[0] is not None and remaps[0].pending and not remaps[0].failure
     assert remaps[1] is not None and remaps[1].failure and not remaps[1].pending
-    text = generate_latest(agent.registry).decode()
+    text = agent.render_metrics().decode()
 
     def value(name: str, gpu: int) -> str:
         line = next(x for x in text.splitlines() if x.startswith(name + "{") and f'gpu="{gpu}"' in x)

@@ -1,0 +1,315 @@
+"""Agent overhead: CPU per tick and RSS at 1 s ticks with 8 simulated GPUs, next to prometheus-node-exporter.
+
+    .venv/bin/python bench/agent.py [--duration 60] [--gpus 8] [--tick 1.0]
+
+The agent runs in its own process (``--child``) with a simple simulated 8-GPU source, its /metrics on a
+free 127.0.0.1 port, and a real WebSocket stream to a small acking aggregator in this process. Both the agent
+and prometheus-node-exporter (started on a free 127.0.0.1 port when installed) are scraped every second,
+as Prometheus would. Figures come from psutil on each process: CPU seconds over the measured window
+(after a warm-up) and RSS at the end. Goal: under 1% of one core and under 60 MB RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import psutil
+from aiohttp import web
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# -- the agent side (child process) -------------------------------------------------------------------------
+
+
+class SimpleSource:
+    """A GpuSource with plausible, slowly varying readings; no faults."""
+
+    def __init__(self, gpus: int) -> None:
+        self.n = gpus
+        self.t0 = time.time()
+
+    def open(self) -> list:  # type: ignore[type-arg]
+        from sentinel.wire import GpuInfo
+
+        return [
+            GpuInfo(
+                index=i,
+                uuid=f"GPU-bench-{i:04d}",
+                pci_bus=f"0000:{0x18 + 16 * i:02x}:00",
+                name="NVIDIA H100 80GB HBM3",
+                driver="550.54.15",
+                memory_total_bytes=80 << 30,
+                nvlinks=18,
+            )
+            for i in range(self.n)
+        ]
+
+    def read_fast(self, gpu: int, now: float):  # type: ignore[no-untyped-def]
+        from sentinel.wire import GpuSample
+
+        phase = math.sin((now - self.t0) / 30 + gpu)
+        return GpuSample(
+            gpu=gpu,
+            t=now,
+            util_gpu_pct=90 + 5 * phase,
+            util_mem_pct=40 + 5 * phase,
+            mem_used_bytes=60 << 30,
+            mem_total_bytes=80 << 30,
+            temp_c=62 + 3 * phase,
+            power_w=600 + 50 * phase,
+            power_limit_w=700.0,
+            sm_clock_mhz=1980.0,
+            sm_clock_max_mhz=1980.0,
+            mem_clock_mhz=2619.0,
+            pstate=0,
+            pcie_replay=0,
+            pcie_tx_kbps=1000.0,
+            pcie_rx_kbps=2000.0,
+            pids=[100000 + gpu],
+        )
+
+    def read_slow(self, gpu: int, now: float):  # type: ignore[no-untyped-def]
+        from sentinel.wire import EccCounters, NvLink, RowRemap
+
+        sample = self.read_fast(gpu, now)
+        sample.ecc = EccCounters(
+            volatile_corrected=0, volatile_uncorrected=0, aggregate_corrected=3, aggregate_uncorrected=0
+        )
+        sample.remap = RowRemap(hist_max=640, hist_high=0, hist_partial=0, hist_low=0, hist_none=0)
+        sample.nvlink = [NvLink(link=link) for link in range(18)]
+        return sample
+
+    def wait_xid_events(self, timeout_s: float) -> list:  # type: ignore[type-arg]
+        time.sleep(timeout_s)
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def child(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from sentinel.agent import Agent
+    from sentinel.config.agent import AgentConfig
+    from sentinel.log import setup_logging
+
+    setup_logging("agent", "warning", host="bench-host")
+    config = msgspec.convert(
+        {
+            "agent": {"host": "bench-host", "state_dir": args.state_dir},
+            "collect": {"tick_s": args.tick, "slow_tick_s": 10.0},
+            "kmsg": {"enabled": False},
+            "probe": {"socket_path": str(Path(args.state_dir) / "probe.sock")},
+            "metrics": {"listen_host": "127.0.0.1", "listen_port": args.metrics_port},
+            "stream": {
+                "aggregator_url": f"ws://127.0.0.1:{args.aggregator_port}/api/v1/stream",
+                "token_file": "",
+            },
+            "systemd": {"notify": False},
+        },
+        AgentConfig,
+    )
+
+    async def main() -> None:
+        import signal
+
+        agent = Agent(config, SimpleSource(args.gpus))
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, agent.request_stop)
+        await agent.run()
+
+    asyncio.run(main())
+    return 0
+
+
+# -- the measuring side --------------------------------------------------------------------------------------
+
+
+class AckingAggregator:
+    def __init__(self) -> None:
+        self.batches = 0
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        from sentinel.wire import Ack, Batch, decode_agent_frame, encode
+
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for message in ws:
+            if message.type == aiohttp.WSMsgType.BINARY:
+                frame = decode_agent_frame(message.data)
+                if isinstance(frame, Batch):
+                    self.batches += 1
+                    await ws.send_bytes(encode(Ack(seq=frame.seq)))
+        return ws
+
+
+class Measured:
+    def __init__(self, name: str, proc: psutil.Process) -> None:
+        self.name = name
+        self.proc = proc
+        self.cpu0 = 0.0
+        self.t0 = 0.0
+        self.rss_max = 0
+
+    def cpu(self) -> float:
+        times = self.proc.cpu_times()
+        return float(times.user + times.system + times.children_user + times.children_system)
+
+    def start(self) -> None:
+        self.cpu0, self.t0 = self.cpu(), time.monotonic()
+
+    def sample_rss(self) -> None:
+        self.rss_max = max(self.rss_max, self.proc.memory_info().rss)
+
+    def report(self, ticks: float) -> dict[str, float]:
+        cpu = self.cpu() - self.cpu0
+        wall = time.monotonic() - self.t0
+        return {
+            "cpu_pct_of_one_core": 100 * cpu / wall,
+            "cpu_ms_per_tick": 1000 * cpu / max(ticks, 1),
+            "rss_mb": self.proc.memory_info().rss / 1e6,
+            "rss_max_mb": self.rss_max / 1e6,
+        }
+
+
+async def measure(args: argparse.Namespace) -> int:
+    state = tempfile.mkdtemp(prefix="sentinel-bench-")
+    aggregator = AckingAggregator()
+    app = web.Application()
+    app.router.add_get("/api/v1/stream", aggregator.stream)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    aggregator_port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", aggregator_port).start()
+    metrics_port = free_port()
+    agent_proc = subprocess.Popen(
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            f"--state-dir={state}",
+            f"--metrics-port={metrics_port}",
+            f"--aggregator-port={aggregator_port}",
+            f"--gpus={args.gpus}",
+            f"--tick={args.tick}",
+        ],
+        cwd=REPO,
+    )
+    exporter_bin = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    exporter_proc: subprocess.Popen[bytes] | None = None
+    exporter_port = free_port()
+    if exporter_bin:
+        exporter_proc = subprocess.Popen(
+            [exporter_bin, f"--web.listen-address=127.0.0.1:{exporter_port}"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    else:
+        print(
+            "prometheus-node-exporter not installed (apt-get install -y prometheus-node-exporter): agent only"
+        )
+    targets = {"agent": f"http://127.0.0.1:{metrics_port}/metrics"}
+    if exporter_proc is not None:
+        targets["node-exporter"] = f"http://127.0.0.1:{exporter_port}/metrics"
+    measured = [Measured("agent", psutil.Process(agent_proc.pid))]
+    if exporter_proc is not None:
+        measured.append(Measured("node-exporter", psutil.Process(exporter_proc.pid)))
+    scrape_bytes = dict.fromkeys(targets, 0)
+    scrape_failures = dict.fromkeys(targets, 0)
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def scrape_all() -> None:
+                for name, url in targets.items():
+                    try:
+                        async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as r:
+                            scrape_bytes[name] = len(await r.read())
+                    except (aiohttp.ClientError, TimeoutError):
+                        scrape_failures[name] += 1
+
+            warmup = min(5.0, args.duration / 4)
+            end_warmup = time.monotonic() + warmup
+            while time.monotonic() < end_warmup:
+                await scrape_all()
+                await asyncio.sleep(1.0)
+            for m in measured:
+                m.start()
+            batches0 = aggregator.batches
+            t_end = time.monotonic() + args.duration
+            while time.monotonic() < t_end:
+                await scrape_all()
+                for m in measured:
+                    m.sample_rss()
+                await asyncio.sleep(1.0)
+            ticks = args.duration / args.tick
+            print(
+                f"duration {args.duration:.0f} s, tick {args.tick:g} s, {args.gpus} simulated GPUs, "
+                f"scraped every 1 s; batches acked by the test aggregator: {aggregator.batches - batches0}"
+            )
+            print(
+                f"{'process':<15}{'CPU % of 1 core':>17}{'CPU ms/tick':>13}{'RSS MB':>9}{'max RSS MB':>12}{'scrape B':>10}"
+            )
+            for m in measured:
+                r = m.report(ticks)
+                print(
+                    f"{m.name:<15}{r['cpu_pct_of_one_core']:>17.3f}{r['cpu_ms_per_tick']:>13.3f}"
+                    f"{r['rss_mb']:>9.1f}{r['rss_max_mb']:>12.1f}{scrape_bytes[m.name]:>10}"
+                )
+            agent_report = measured[0].report(ticks)
+            ok = agent_report["cpu_pct_of_one_core"] < 1.0 and agent_report["rss_max_mb"] < 60.0
+            print(f"goal (< 1% of one core, < 60 MB RSS): {'met' if ok else 'NOT met'}")
+            if any(scrape_failures.values()):
+                print(f"scrape failures: {scrape_failures}")
+    finally:
+        agent_proc.terminate()
+        try:
+            agent_proc.wait(10)
+        except subprocess.TimeoutExpired:
+            agent_proc.kill()
+        if exporter_proc is not None:
+            exporter_proc.terminate()
+            exporter_proc.wait(10)
+        await runner.cleanup()
+        shutil.rmtree(state, ignore_errors=True)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--duration", type=float, default=60.0, help="measured seconds (default 60)")
+    parser.add_argument("--gpus", type=int, default=8, help="simulated GPUs (default 8)")
+    parser.add_argument("--tick", type=float, default=1.0, help="agent tick in seconds (default 1)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--state-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--metrics-port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--aggregator-port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args)
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    return asyncio.run(measure(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
