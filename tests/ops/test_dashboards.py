@@ -13,13 +13,12 @@ import pytest
 
 from sentinel.cli import main
 from sentinel.ops.dashboards import DASHBOARDS, panel_queries, render_all, stale_files
+from tests.ops.expressions import substitute
 from tests.ops.rulefiles import recording_rules
 from tests.support import REPO, need_binary
 
 DASHBOARDS_DIR = REPO / "dashboards"
 VARIABLES = {"datasource", "cluster", "job", "host", "gpu"}
-# What Grafana would substitute; the end-to-end test uses the same values.
-SUBSTITUTIONS = {"$__rate_interval": "1m", "$cluster": ".*", "$job": ".*", "$host": ".*", "$gpu": ".*"}
 LABEL_LISTS = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
 MATCHERS = re.compile(r"\{[^}]*\}|\[[^\]]*\]")
 IDENTIFIER = re.compile(r"(?<![\w.])([a-zA-Z_:][a-zA-Z0-9_:]*)\b(?!\s*\()")
@@ -35,12 +34,6 @@ def metric_names(expr: str) -> set[str]:
 def load(name: str) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((DASHBOARDS_DIR / name).read_text(encoding="utf-8"))
     return data
-
-
-def substitute(expr: str) -> str:
-    for variable, value in SUBSTITUTIONS.items():
-        expr = expr.replace(variable, value)
-    return expr
 
 
 def all_queries() -> list[tuple[str, str, str]]:
