@@ -1,0 +1,297 @@
+"""Incidents — the distributed flight recorder.
+
+When a GPU turns faulty or a job stalls, every agent involved (all hosts of the job, and the faulty host) is
+asked for its ring-buffer snapshot of the minutes before the verdict. The snapshots are merged into one
+time-ordered timeline, stored as gzip JSON in the state directory with an SQLite index, and served by the API
+and ``sentinel incident``.
+
+Snapshots come from the network: their shape is checked entry by entry, sizes are bounded, and a host that
+does not answer in time is listed as missing rather than holding the incident back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import secrets
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from sentinel.aggregator.engine import Engine
+from sentinel.aggregator.verdicts import Change, Verdict
+from sentinel.config.aggregator import IncidentsConfig
+from sentinel.log import get_logger
+from sentinel.wire import Command, CommandResult
+
+log = get_logger(module="aggregator.incidents")
+
+ENTRY_TYPES = frozenset({"sample", "event", "heads", "procs"})
+MAX_INCIDENT_FILE_BYTES = 256 * 1024 * 1024
+TRIGGER_KINDS = frozenset({"faulty", "stuck"})
+
+Requester = Callable[[str, Command, float], Awaitable[CommandResult | None]]
+
+
+def merge_timeline(
+    snapshots: dict[str, Any], t0: float, t1: float, max_entries: int
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """One time-ordered timeline from every host's snapshot document; returns (entries, problems).
+
+    Entries outside [t0, t1] or of unknown shape are skipped (and counted in ``problems``), so one broken
+    agent cannot spoil the others' contribution.
+    """
+    merged: list[dict[str, Any]] = []
+    problems: list[str] = []
+    for host, payload in snapshots.items():
+        entries = payload.get("entries") if isinstance(payload, dict) else None
+        if not isinstance(entries, list):
+            problems.append(f"{host}: snapshot has no entries list")
+            continue
+        bad = 0
+        for entry in entries:
+            if not isinstance(entry, dict):
+                bad += 1
+                continue
+            t, kind = entry.get("t"), entry.get("type")
+            if not isinstance(t, int | float) or isinstance(t, bool) or kind not in ENTRY_TYPES:
+                bad += 1
+                continue
+            if t < t0 or t > t1:
+                continue
+            data = entry.get("data")
+            merged.append(
+                {"t": float(t), "host": host, "type": kind, "data": data if isinstance(data, dict) else {}}
+            )
+        if bad:
+            problems.append(f"{host}: {bad} malformed entries skipped")
+    merged.sort(key=lambda e: (e["t"], e["host"]))
+    if len(merged) > max_entries:
+        problems.append(f"timeline cut to the last {max_entries} of {len(merged)} entries")
+        merged = merged[-max_entries:]
+    return merged, problems
+
+
+class IncidentStore:
+    """SQLite index plus one gzip JSON document per incident under ``state_dir``."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.dir = state_dir / "incidents"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.db_path = state_dir / "incidents.sqlite3"
+        with self._connect() as db:
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS incidents ("
+                "id TEXT PRIMARY KEY, created_at REAL NOT NULL, kind TEXT, reason TEXT, job TEXT, host TEXT, "
+                "gpu INTEGER, hosts TEXT, verdicts TEXT, entries INTEGER, missing TEXT, file TEXT)"
+            )
+
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.db_path, timeout=10)
+
+    def save(self, incident: dict[str, Any]) -> None:
+        name = f"{incident['id']}.json.gz"
+        tmp = self.dir / (name + ".tmp")
+        with gzip.open(tmp, "wt", encoding="utf-8") as out:
+            json.dump(incident, out, separators=(",", ":"))
+        tmp.replace(self.dir / name)
+        first = incident["verdicts"][0] if incident["verdicts"] else {}
+        with self._connect() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO incidents VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    incident["id"],
+                    incident["created_at"],
+                    first.get("kind"),
+                    first.get("reason"),
+                    incident.get("job"),
+                    first.get("host"),
+                    first.get("gpu"),
+                    json.dumps(incident["hosts"]),
+                    json.dumps([v.get("id") for v in incident["verdicts"]]),
+                    len(incident["timeline"]),
+                    json.dumps(incident["missing_hosts"]),
+                    name,
+                ),
+            )
+
+    def list(self, limit: int = 200) -> list[dict[str, Any]]:
+        with self._connect() as db:
+            rows = db.execute(
+                "SELECT id, created_at, kind, reason, job, host, gpu, hosts, verdicts, entries, missing "
+                "FROM incidents ORDER BY created_at DESC LIMIT ?",
+                (limit,),
+            ).fetchall()
+        return [
+            {
+                "id": r[0],
+                "created_at": r[1],
+                "kind": r[2],
+                "reason": r[3],
+                "job": r[4],
+                "host": r[5],
+                "gpu": r[6],
+                "hosts": json.loads(r[7] or "[]"),
+                "verdicts": json.loads(r[8] or "[]"),
+                "entries": r[9],
+                "missing_hosts": json.loads(r[10] or "[]"),
+            }
+            for r in rows
+        ]
+
+    def get(self, incident_id: str) -> dict[str, Any] | None:
+        with self._connect() as db:
+            row = db.execute("SELECT file FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+        if row is None:
+            return None
+        path = self.dir / Path(row[0]).name
+        try:
+            with gzip.open(path, "rb") as handle:
+                raw = handle.read(MAX_INCIDENT_FILE_BYTES + 1)
+        except OSError:
+            return None
+        if len(raw) > MAX_INCIDENT_FILE_BYTES:
+            return None
+        data: dict[str, Any] = json.loads(raw)
+        return data
+
+
+class IncidentManager:
+    """Turns opened faulty/stuck verdicts into incidents (at most one per job or GPU per cooldown)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        store: IncidentStore | None,
+        requester: Requester,
+        config: IncidentsConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+        on_saved: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.store = store
+        self.requester = requester
+        self.config = config
+        self.clock = clock
+        self.on_saved = on_saved
+        self.recent: dict[str, tuple[float, str]] = {}  # subject → (created_at, incident id)
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.in_memory: dict[str, dict[str, Any]] = {}  # when there is no store (tests, in-process)
+
+    def on_change(self, change: Change) -> None:
+        verdict = change.verdict
+        if change.what != "opened" or verdict.kind not in TRIGGER_KINDS or not self.config.enabled:
+            return
+        subject = (
+            f"job:{verdict.job}"
+            if verdict.kind == "stuck" and verdict.job
+            else f"gpu:{verdict.host}/{verdict.gpu}"
+        )
+        now = self.clock()
+        known = self.recent.get(subject)
+        if known is not None and now - known[0] < self.config.cooldown_s:
+            verdict.incident = known[1]
+            return
+        incident_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + "-" + secrets.token_hex(3)
+        self.recent[subject] = (now, incident_id)
+        if len(self.recent) > 10000:
+            cutoff = now - self.config.cooldown_s
+            self.recent = {k: v for k, v in self.recent.items() if v[0] >= cutoff}
+        verdict.incident = incident_id
+        try:
+            task = asyncio.get_running_loop().create_task(self.collect(incident_id, verdict, now))
+        except RuntimeError:
+            return  # no event loop (virtual-clock simulation): incidents need live agents
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _hosts(self, verdict: Verdict) -> list[str]:
+        hosts: list[str] = []
+        if verdict.host:
+            hosts.append(verdict.host)
+        job = self.engine.fleet.jobs.get(verdict.job or "") if verdict.job else None
+        if job is not None:
+            for name in sorted({r.host for r in job.ranks.values() if r.host}):
+                if name not in hosts:
+                    hosts.append(name)
+        return hosts[: self.config.max_hosts]
+
+    async def collect(self, incident_id: str, verdict: Verdict, now: float) -> None:
+        try:
+            await self._collect(incident_id, verdict, now)
+        except Exception as exc:  # an incident is best effort; the aggregator carries on
+            log.warning("incident_failed", incident=incident_id, error=f"{type(exc).__name__}: {exc}")
+
+    async def _collect(self, incident_id: str, verdict: Verdict, now: float) -> None:
+        hosts = self._hosts(verdict)
+        since = now - self.config.window_s
+        timeout = self.config.snapshot_timeout_s
+
+        async def ask(host: str) -> tuple[str, CommandResult | None]:
+            command = Command(id=f"{incident_id}:{host}", name="snapshot", args={"since": since})
+            try:
+                return host, await asyncio.wait_for(self.requester(host, command, timeout), timeout + 1.0)
+            except (TimeoutError, ConnectionError):
+                return host, None
+
+        answers = await asyncio.gather(*(ask(h) for h in hosts))
+        snapshots: dict[str, Any] = {}
+        missing: list[str] = []
+        for host, result in answers:
+            if result is None or not result.ok:
+                missing.append(host)
+            else:
+                snapshots[host] = result.payload
+        end = self.clock()
+        timeline, problems = merge_timeline(snapshots, since, end, self.config.max_entries)
+        related = [
+            v.to_dict() for v in self.engine.book.all() if v.incident == incident_id or v.id == verdict.id
+        ]
+        for v in related:
+            timeline.append({"t": v["opened_at"], "host": v["host"] or "", "type": "verdict", "data": v})
+        timeline.sort(key=lambda e: (e["t"], e["host"]))
+        incident = {
+            "id": incident_id,
+            "created_at": now,
+            "job": verdict.job,
+            "verdicts": related,
+            "hosts": hosts,
+            "missing_hosts": missing,
+            "window": [since, end],
+            "problems": problems,
+            "timeline": timeline,
+        }
+        if self.store is not None:
+            await asyncio.to_thread(self.store.save, incident)
+        else:
+            self.in_memory[incident_id] = incident
+        log.info(
+            "incident_recorded",
+            incident=incident_id,
+            hosts=len(hosts),
+            missing=len(missing),
+            entries=len(timeline),
+        )
+        if self.on_saved is not None:
+            self.on_saved(incident)
+
+    def list(self) -> list[dict[str, Any]]:
+        if self.store is not None:
+            return self.store.list()
+        return [
+            {k: v for k, v in inc.items() if k != "timeline"} | {"entries": len(inc["timeline"])}
+            for inc in sorted(self.in_memory.values(), key=lambda i: -float(i["created_at"]))
+        ]
+
+    def get(self, incident_id: str) -> dict[str, Any] | None:
+        if self.store is not None:
+            return self.store.get(incident_id)
+        return self.in_memory.get(incident_id)
+
+    async def drain(self) -> None:
+        if self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)

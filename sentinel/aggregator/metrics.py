@@ -1,0 +1,177 @@
+"""The aggregator's Prometheus metrics (names and labels from the agreed catalog, docs/metrics.md).
+
+Every app instance has its own :class:`~prometheus_client.CollectorRegistry`, so tests can run several
+aggregators in one process. Counters and histograms are updated on the ingest path; everything derived from
+fleet state (open verdicts, stalled jobs, GPUs by state, last-seen times) is computed at scrape time by a
+custom collector, so it costs nothing between scrapes and can never drift from the state it describes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sentinel.aggregator.engine import Engine, EngineMetrics
+from sentinel.aggregator.state import HostView
+from sentinel.aggregator.verdicts import Change
+from sentinel.wire import Batch
+
+LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+DETECTION_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+GPU_STATES = ("healthy", "degraded", "faulty", "stuck", "straggler", "lost")
+
+
+def _s(value: object) -> str:
+    return "" if value is None else str(value)
+
+
+class AggregatorMetrics(EngineMetrics):
+    def __init__(self, cluster: str, registry: CollectorRegistry | None = None) -> None:
+        self.cluster = cluster
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.batches = Counter("sentinel_ingest_batches", "Batches applied", ["cluster"], registry=r).labels(
+            cluster
+        )
+        self.samples = Counter(
+            "sentinel_ingest_samples", "GPU samples applied", ["cluster"], registry=r
+        ).labels(cluster)
+        self.events = Counter("sentinel_ingest_events", "Events applied", ["cluster"], registry=r).labels(
+            cluster
+        )
+        self.duplicates = Counter(
+            "sentinel_ingest_duplicates",
+            "Resent batches recognised by (host, seq) and dropped",
+            ["cluster"],
+            registry=r,
+        ).labels(cluster)
+        self._rejected = Counter(
+            "sentinel_ingest_rejected",
+            "Frames or connections refused, by reason",
+            ["cluster", "reason"],
+            registry=r,
+        )
+        self.lag = Histogram(
+            "sentinel_ingest_lag_seconds",
+            "Aggregator receive time minus batch time",
+            ["cluster"],
+            buckets=LAG_BUCKETS,
+            registry=r,
+        ).labels(cluster)
+        self._detection = Histogram(
+            "sentinel_detection_latency_seconds",
+            "Verdict open time minus the time of its evidence",
+            ["cluster", "kind"],
+            buckets=DETECTION_BUCKETS,
+            registry=r,
+        )
+        self._opened = Counter(
+            "sentinel_verdicts_opened",
+            "Verdicts opened, by kind and reason",
+            ["cluster", "kind", "reason"],
+            registry=r,
+        )
+        self.incidents = Counter("sentinel_incidents", "Incidents recorded", ["cluster"], registry=r).labels(
+            cluster
+        )
+        self.tick_seconds = Histogram(
+            "sentinel_aggregator_tick_duration_seconds",
+            "Time one detector tick takes",
+            ["cluster"],
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=r,
+        ).labels(cluster)
+
+    def rejected(self, reason: str) -> None:
+        self._rejected.labels(self.cluster, reason).inc()
+
+    def batch(self, host: HostView, batch: Batch, now: float, fresh: bool) -> None:
+        if not fresh:
+            self.duplicates.inc()
+            return
+        self.batches.inc()
+        if batch.samples:
+            self.samples.inc(len(batch.samples))
+        if batch.events:
+            self.events.inc(len(batch.events))
+        self.lag.observe(max(0.0, now - batch.t))
+
+    def verdict(self, change: Change) -> None:
+        if change.what != "opened":
+            return
+        v = change.verdict
+        self._opened.labels(self.cluster, v.kind, v.reason).inc()
+        self._detection.labels(self.cluster, v.kind).observe(max(0.0, v.opened_at - v.evidence_t))
+
+    def attach(self, engine: Engine, connected: Callable[[], int]) -> None:
+        self.registry.register(FleetCollector(engine, self.cluster, connected))
+
+
+class FleetCollector(Collector):
+    """Gauges computed from the engine's state at scrape time."""
+
+    def __init__(self, engine: Engine, cluster: str, connected: Callable[[], int]) -> None:
+        self.engine = engine
+        self.cluster = cluster
+        self.connected = connected
+
+    def collect(self) -> Iterator[Metric]:
+        engine, cluster = self.engine, self.cluster
+        verdict_open = GaugeMetricFamily(
+            "sentinel_verdict_open",
+            "1 per open verdict",
+            labels=["cluster", "kind", "reason", "action", "host", "gpu", "job", "rank"],
+        )
+        gpu_state: dict[tuple[str, int], str] = {}
+        order = {state: i for i, state in enumerate(GPU_STATES)}
+        for v in engine.book.open.values():
+            verdict_open.add_metric(
+                [cluster, v.kind, v.reason, v.action, _s(v.host), _s(v.gpu), _s(v.job), _s(v.rank)], 1.0
+            )
+            if v.host is not None and v.gpu is not None and v.kind in order:
+                key = (v.host, v.gpu)
+                known = gpu_state.get(key)
+                if known is None or order[v.kind] > order[known]:
+                    gpu_state[key] = v.kind
+        yield verdict_open
+        stalled = GaugeMetricFamily(
+            "sentinel_job_stalled", "1 when the job's collectives are stalled", labels=["cluster", "job"]
+        )
+        ranks = GaugeMetricFamily("sentinel_job_ranks", "Ranks known for the job", labels=["cluster", "job"])
+        for job in engine.fleet.jobs.values():
+            stalled.add_metric([cluster, job.id], 1.0 if job.id in engine.stalls else 0.0)
+            ranks.add_metric([cluster, job.id], float(len(job.ranks)))
+        yield stalled
+        yield ranks
+        yield _single(
+            "sentinel_jobs_stalled", "Jobs whose collectives are stalled", cluster, len(engine.stalls)
+        )
+        counts = dict.fromkeys(GPU_STATES, 0)
+        last_seen = GaugeMetricFamily(
+            "sentinel_host_last_seen_timestamp_seconds",
+            "Time of the host's latest frame",
+            labels=["cluster", "host"],
+        )
+        for host in engine.fleet.hosts.values():
+            if host.last_seen > 0:
+                last_seen.add_metric([host.cluster or cluster, host.name], host.last_seen)
+            for gpu in host.gpus:
+                if gpu.state != "ok":
+                    counts["lost"] += 1
+                else:
+                    counts[gpu_state.get((host.name, gpu.index), "healthy")] += 1
+        gpus = GaugeMetricFamily("sentinel_gpus", "GPUs by health state", labels=["cluster", "state"])
+        for state in GPU_STATES:
+            gpus.add_metric([cluster, state], float(counts[state]))
+        yield gpus
+        yield last_seen
+        yield _single("sentinel_agents_connected", "Agents with an open stream", cluster, self.connected())
+
+
+def _single(name: str, documentation: str, cluster: str, value: float) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, documentation, labels=["cluster"])
+    family.add_metric([cluster], float(value))
+    return family

@@ -1,0 +1,436 @@
+"""The aggregator's HTTP side: the agents' WebSocket stream, the REST API, /metrics and /healthz.
+
+Ingest is strict and isolated per connection: the bearer token is compared in constant time before the
+upgrade (401), the connection count is bounded (503), every frame is validated by the shared wire schema,
+and a bad frame closes *that* connection with a close code saying why — 1007 malformed, 1008 protocol or
+limit violation, 1009 too large (aiohttp enforces ``max_msg_size``), 1003 text instead of binary — with one
+log line; the other agents never notice. Batches are acked after they are applied; a resend of an applied
+seq is acked and dropped (at-least-once delivery, exactly-once effect).
+
+``/`` is deliberately left free: the status page is added through ``extra_routes``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import itertools
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from aiohttp import WSCloseCode, WSMsgType, web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from sentinel.aggregator.engine import Engine
+from sentinel.aggregator.incidents import IncidentManager, IncidentStore
+from sentinel.aggregator.metrics import AggregatorMetrics
+from sentinel.aggregator.views import gpu_health, host_dict, job_detail, job_summary
+from sentinel.config.aggregator import AggregatorConfig
+from sentinel.log import get_logger
+from sentinel.wire import Ack, Batch, Command, CommandResult, Hello, decode_agent_frame, encode
+
+log = get_logger(module="aggregator.server")
+
+HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+CLOSE_UNSUPPORTED = 1003
+CLOSE_MALFORMED = 1007
+CLOSE_POLICY = 1008
+CLOSE_TOO_BIG = 1009
+CLOSE_REPLACED = 4000
+MAX_TOKEN_BYTES = 4096
+MAX_TOKENS = 10000
+_json = msgspec.json.Encoder()
+
+
+class TokenError(Exception):
+    """The tokens file cannot be used (one line naming it and what is wrong)."""
+
+
+def load_tokens(path: Path) -> list[str]:
+    """Accepted bearer tokens, one per line (blank lines and ``#`` comments ignored)."""
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_TOKENS * (MAX_TOKEN_BYTES + 1))
+    except OSError as exc:
+        raise TokenError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TokenError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    tokens = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    if not tokens:
+        raise TokenError(f"{path}: no token in the file")
+    for number, token in enumerate(tokens, 1):
+        if len(token.encode()) > MAX_TOKEN_BYTES:
+            raise TokenError(f"{path}: token {number}: longer than {MAX_TOKEN_BYTES} bytes")
+    return tokens
+
+
+class Connection:
+    """One agent's stream."""
+
+    def __init__(self, ws: web.WebSocketResponse, peer: str) -> None:
+        self.ws = ws
+        self.peer = peer
+        self.host: str | None = None
+
+
+class Aggregator:
+    """The running service: engine, connections, detector loop, incidents and metrics."""
+
+    def __init__(
+        self,
+        config: AggregatorConfig,
+        *,
+        tokens: Sequence[str],
+        clock: Callable[[], float] = time.time,
+        registry: CollectorRegistry | None = None,
+        state_dir: Path | None = None,
+        on_tick: Callable[[float], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self._tokens = [t.encode() for t in tokens if t]
+        self.metrics = AggregatorMetrics(config.fleet.cluster, registry)
+        self.engine = Engine(config, metrics=self.metrics)
+        self.metrics.attach(self.engine, lambda: len(self.by_host))
+        self.connections: set[Connection] = set()
+        self.by_host: dict[str, Connection] = {}
+        self.pending: dict[str, asyncio.Future[CommandResult]] = {}
+        directory = state_dir if state_dir is not None else Path(config.server.state_dir)
+        store: IncidentStore | None = None
+        if config.incidents.enabled:
+            try:
+                store = IncidentStore(directory)
+            except (OSError, Exception) as exc:  # sqlite3.Error too: incidents then live in memory only
+                log.warning("incident_store_unavailable", state_dir=str(directory), error=str(exc))
+        self.incidents = IncidentManager(
+            self.engine,
+            store,
+            self.request,
+            config.incidents,
+            clock=clock,
+            on_saved=lambda _: self.metrics.incidents.inc(),
+        )
+        self.engine.listeners.append(self.incidents.on_change)
+        self.engine.listeners.append(self._log_change)
+        self.on_tick = on_tick
+        self._ticker: asyncio.Task[None] | None = None
+        self._ids = itertools.count(1)
+        self.started_at = clock()
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._ticker is None:
+            self._ticker = asyncio.get_running_loop().create_task(self._tick_loop(), name="aggregator-tick")
+
+    async def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+            self._ticker = None
+        for conn in list(self.connections):
+            with contextlib.suppress(Exception):
+                await conn.ws.close(code=WSCloseCode.GOING_AWAY, message=b"aggregator shutting down")
+        for future in self.pending.values():
+            future.cancel()
+        self.pending.clear()
+        for task in list(self.incidents.tasks):
+            task.cancel()
+        await self.incidents.drain()
+
+    async def _tick_loop(self) -> None:
+        period = self.config.fleet.tick_s
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            next_at += period
+            started = time.perf_counter()
+            try:
+                self.engine.tick(self.clock())
+            except Exception as exc:  # a detector bug must not stop detection of everything else
+                log.error("tick_failed", error=f"{type(exc).__name__}: {exc}")
+            self.metrics.tick_seconds.observe(time.perf_counter() - started)
+            if self.on_tick is not None:
+                self.on_tick(self.clock())
+            delay = next_at - loop.time()
+            if delay < 0:
+                next_at = loop.time()
+                delay = 0
+            await asyncio.sleep(delay)
+
+    @staticmethod
+    def _log_change(change: Any) -> None:
+        v = change.verdict
+        if change.what in ("opened", "closed"):
+            log.info(
+                f"verdict_{change.what}",
+                id=v.id,
+                kind=v.kind,
+                reason=v.reason,
+                action=v.action,
+                host=v.host,
+                gpu=v.gpu,
+                job=v.job,
+                rank=v.rank,
+            )
+
+    # -- auth -----------------------------------------------------------------------------------------
+
+    def token_ok(self, header: str) -> bool:
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            return False
+        given = token.strip().encode()[:MAX_TOKEN_BYTES]
+        ok = False
+        for accepted in self._tokens:
+            ok |= hmac.compare_digest(given, accepted)
+        return ok
+
+    # -- commands -------------------------------------------------------------------------------------
+
+    async def request(self, host: str, command: Command, timeout_s: float) -> CommandResult | None:
+        """Send a command to ``host``'s agent and wait for its result (None: not connected / no answer)."""
+        conn = self.by_host.get(host)
+        if conn is None or conn.ws.closed:
+            return None
+        if len(self.pending) >= self.config.limits.max_pending_commands:
+            self.metrics.rejected("commands_pending")
+            return None
+        future: asyncio.Future[CommandResult] = asyncio.get_running_loop().create_future()
+        self.pending[command.id] = future
+        try:
+            await conn.ws.send_bytes(encode(command))
+            return await asyncio.wait_for(future, timeout_s)
+        except (TimeoutError, ConnectionError, RuntimeError):
+            return None
+        finally:
+            self.pending.pop(command.id, None)
+
+    # -- stream ---------------------------------------------------------------------------------------
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        peer = request.remote or "?"
+        if not self.token_ok(request.headers.get("Authorization", "")):
+            self.metrics.rejected("unauthorized")
+            log.warning("stream_unauthorized", peer=peer)
+            raise web.HTTPUnauthorized(
+                text="missing or invalid bearer token\n", headers={"WWW-Authenticate": "Bearer"}
+            )
+        limits = self.config.limits
+        if len(self.connections) >= limits.max_connections:
+            self.metrics.rejected("too_many_connections")
+            raise web.HTTPServiceUnavailable(text="too many agent connections\n")
+        ws = web.WebSocketResponse(max_msg_size=limits.max_frame_bytes, heartbeat=30.0, compress=False)
+        await ws.prepare(request)
+        conn = Connection(ws, peer)
+        self.connections.add(conn)
+        try:
+            await self._serve(conn)
+        finally:
+            self.connections.discard(conn)
+            if conn.host is not None and self.by_host.get(conn.host) is conn:
+                del self.by_host[conn.host]
+                self.engine.disconnected(conn.host)
+        return ws
+
+    async def _close(self, conn: Connection, code: int, reason: str, why: str) -> None:
+        self.metrics.rejected(reason)
+        log.warning(
+            "stream_closed", peer=conn.peer, host=conn.host, code=code, reason=reason, detail=why[:300]
+        )
+        await conn.ws.close(code=code, message=f"{reason}: {why}".encode()[:120])
+
+    async def _serve(self, conn: Connection) -> None:
+        ws, limits, engine = conn.ws, self.config.limits, self.engine
+        view = None
+        async for msg in ws:
+            if msg.type == WSMsgType.BINARY:
+                try:
+                    frame = decode_agent_frame(msg.data)
+                except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                    await self._close(conn, CLOSE_MALFORMED, "malformed", str(exc))
+                    return
+                if isinstance(frame, Batch):
+                    if view is None:
+                        await self._close(conn, CLOSE_POLICY, "protocol", "batch before hello")
+                        return
+                    if (
+                        len(frame.samples) > limits.max_samples_per_batch
+                        or len(frame.events) > limits.max_events_per_batch
+                        or len(frame.heads) > limits.max_heads_per_batch
+                    ):
+                        await self._close(
+                            conn,
+                            CLOSE_POLICY,
+                            "batch_too_large",
+                            f"seq {frame.seq}: {len(frame.samples)} samples, {len(frame.events)} events, "
+                            f"{len(frame.heads)} heads",
+                        )
+                        return
+                    try:
+                        engine.ingest(view, frame, self.clock())
+                    except Exception as exc:  # never die from what an agent sends
+                        log.error(
+                            "ingest_failed",
+                            host=conn.host,
+                            seq=frame.seq,
+                            error=f"{type(exc).__name__}: {exc}",
+                        )
+                        self.metrics.rejected("ingest_error")
+                    await ws.send_bytes(encode(Ack(seq=frame.seq)))
+                elif isinstance(frame, Hello):
+                    if view is not None:
+                        await self._close(conn, CLOSE_POLICY, "protocol", "second hello")
+                        return
+                    problem = self._check_hello(frame)
+                    if problem:
+                        await self._close(conn, CLOSE_POLICY, "bad_hello", problem)
+                        return
+                    conn.host = frame.host
+                    old = self.by_host.get(frame.host)
+                    self.by_host[frame.host] = conn
+                    if old is not None and old is not conn:
+                        with contextlib.suppress(Exception):
+                            await old.ws.close(code=CLOSE_REPLACED, message=b"replaced by a newer connection")
+                    view = engine.hello(frame, self.clock())
+                else:  # CommandResult
+                    future = self.pending.get(frame.id)
+                    if future is not None and not future.done():
+                        future.set_result(frame)
+            elif msg.type == WSMsgType.TEXT:
+                await self._close(conn, CLOSE_UNSUPPORTED, "text_frame", "frames are binary msgpack")
+                return
+            elif msg.type == WSMsgType.ERROR:
+                error = ws.exception()
+                code = ws.close_code or 0
+                reason = "frame_too_large" if code == CLOSE_TOO_BIG else "protocol"
+                self.metrics.rejected(reason)
+                log.warning(
+                    "stream_error",
+                    peer=conn.peer,
+                    host=conn.host,
+                    code=code,
+                    reason=reason,
+                    detail=str(error)[:300],
+                )
+                return
+
+    def _check_hello(self, hello: Hello) -> str:
+        if not HOST_NAME.match(hello.host):
+            return f"host name {hello.host[:80]!r} is not a valid host name"
+        if len(hello.gpus) > self.config.limits.max_gpus_per_host:
+            return f"{len(hello.gpus)} GPUs declared, at most {self.config.limits.max_gpus_per_host}"
+        return ""
+
+    # -- REST -----------------------------------------------------------------------------------------
+
+    async def healthz(self, _: web.Request) -> web.Response:
+        return web.json_response(
+            {"status": "ok", "agents": len(self.by_host), "uptime_s": self.clock() - self.started_at}
+        )
+
+    async def metrics_endpoint(self, _: web.Request) -> web.Response:
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def verdicts(self, request: web.Request) -> web.Response:
+        state = request.query.get("state")
+        if state not in (None, "open", "closed"):
+            raise web.HTTPBadRequest(text="state must be open or closed\n")
+        items = [v.to_dict() for v in self.engine.verdicts(state)]
+        return _json_response({"verdicts": items})
+
+    async def jobs(self, _: web.Request) -> web.Response:
+        return _json_response(
+            {"jobs": [job_summary(self.engine, job) for job in self.engine.fleet.jobs.values()]}
+        )
+
+    async def job(self, request: web.Request) -> web.Response:
+        job = self.engine.fleet.jobs.get(request.match_info["id"])
+        if job is None:
+            raise web.HTTPNotFound(text="no such job\n")
+        return _json_response(job_detail(self.engine, job, self.clock()))
+
+    async def hosts(self, _: web.Request) -> web.Response:
+        health, now = gpu_health(self.engine), self.clock()
+        return _json_response(
+            {"hosts": [host_dict(self.engine, h, now, health) for h in self.engine.fleet.hosts.values()]}
+        )
+
+    async def incident_list(self, _: web.Request) -> web.Response:
+        items = await asyncio.to_thread(self.incidents.list)
+        return _json_response({"incidents": items})
+
+    async def incident(self, request: web.Request) -> web.Response:
+        incident_id = request.match_info["id"]
+        if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,128}", incident_id):
+            raise web.HTTPNotFound(text="no such incident\n")
+        found = await asyncio.to_thread(self.incidents.get, incident_id)
+        if found is None:
+            raise web.HTTPNotFound(text="no such incident\n")
+        return _json_response(found)
+
+
+def _json_response(data: Any) -> web.Response:
+    return web.Response(body=_json.encode(data), content_type="application/json")
+
+
+AGGREGATOR_KEY: web.AppKey[Aggregator] = web.AppKey("sentinel_aggregator", Aggregator)
+
+
+def create_app(
+    config: AggregatorConfig | None = None,
+    *,
+    tokens: Sequence[str] | None = None,
+    clock: Callable[[], float] = time.time,
+    registry: CollectorRegistry | None = None,
+    state_dir: Path | None = None,
+    extra_routes: Iterable[web.AbstractRouteDef] = (),
+    on_tick: Callable[[float], None] | None = None,
+) -> web.Application:
+    """The aggregator as an aiohttp application; ``app[AGGREGATOR_KEY]`` is its :class:`Aggregator`.
+
+    ``tokens`` defaults to the lines of ``config.server.tokens_file`` (raises :class:`TokenError`).
+    ``extra_routes`` are added as they are (the status page at ``/`` comes this way).
+    """
+    config = config or AggregatorConfig()
+    if tokens is None:
+        tokens = load_tokens(Path(config.server.tokens_file))
+    aggregator = Aggregator(
+        config, tokens=tokens, clock=clock, registry=registry, state_dir=state_dir, on_tick=on_tick
+    )
+    app = web.Application(client_max_size=1024 * 1024)
+    app[AGGREGATOR_KEY] = aggregator
+    app.add_routes(
+        [
+            web.get("/healthz", aggregator.healthz),
+            web.get("/metrics", aggregator.metrics_endpoint),
+            web.get("/api/v1/stream", aggregator.stream),
+            web.get("/api/v1/verdicts", aggregator.verdicts),
+            web.get("/api/v1/jobs", aggregator.jobs),
+            web.get("/api/v1/jobs/{id}", aggregator.job),
+            web.get("/api/v1/hosts", aggregator.hosts),
+            web.get("/api/v1/incidents", aggregator.incident_list),
+            web.get("/api/v1/incidents/{id}", aggregator.incident),
+        ]
+    )
+    app.add_routes(list(extra_routes))
+
+    async def on_startup(_: web.Application) -> None:
+        await aggregator.start()
+
+    async def on_shutdown(_: web.Application) -> None:
+        await aggregator.stop()
+
+    app.on_startup.append(on_startup)
+    app.on_shutdown.append(on_shutdown)
+    return app

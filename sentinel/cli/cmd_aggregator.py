@@ -1,0 +1,107 @@
+"""``sentinel aggregator run``: the cluster-side aggregator (systemd Type=notify).
+
+Agents stream to ``GET /api/v1/stream``; the detectors turn what they send into verdicts (faulty, degraded,
+stuck, straggler, host_silent), served at ``/api/v1/verdicts`` and as Prometheus metrics at ``/metrics``;
+incidents (merged flight-recorder timelines of every agent involved) are kept in the state directory.
+See docs/aggregator.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import time
+from pathlib import Path
+
+from aiohttp import web
+
+from sentinel.agent.notify import SystemdNotifier
+from sentinel.aggregator.server import AGGREGATOR_KEY, TokenError, create_app
+from sentinel.config import ConfigError, load_aggregator_config
+from sentinel.config.aggregator import AggregatorConfig
+from sentinel.log import get_logger, setup_logging
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "aggregator",
+        help="run the cluster-side aggregator: ingest, detectors, verdicts, incidents, API",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="aggregator_command", metavar="SUBCOMMAND", required=True)
+    run_p = sub.add_parser("run", help="run the aggregator daemon", description="run the aggregator daemon")
+    run_p.add_argument(
+        "--config",
+        type=Path,
+        help="aggregator TOML configuration (default /etc/sentinel/aggregator.toml if present, else defaults)",
+    )
+    run_p.add_argument(
+        "--log-level", choices=("debug", "info", "warning", "error"), help="override [log] level"
+    )
+    run_p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = load_aggregator_config(args.config)
+    except ConfigError as exc:
+        print(f"sentinel aggregator: {exc}", file=sys.stderr)
+        return 2
+    setup_logging("aggregator", args.log_level or config.log.level)
+    try:
+        return asyncio.run(serve(config))
+    except TokenError as exc:
+        print(f"sentinel aggregator: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(
+            f"sentinel aggregator: cannot listen on {config.server.listen_host}:{config.server.listen_port}: "
+            f"{exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 2
+
+
+async def serve(config: AggregatorConfig) -> int:
+    """Run until SIGTERM/SIGINT; READY=1 once listening, WATCHDOG=1 from the detector loop."""
+    log = get_logger(module="aggregator.main")
+    notifier = SystemdNotifier()
+    last_ping = [0.0]
+
+    def on_tick(_: float) -> None:
+        if notifier.watchdog_s is not None:
+            now = time.monotonic()
+            if now - last_ping[0] >= notifier.watchdog_s / 3:
+                last_ping[0] = now
+                notifier.watchdog()
+
+    app = create_app(config, on_tick=on_tick)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, config.server.listen_host, config.server.listen_port, shutdown_timeout=5.0)
+        await site.start()
+        addresses = [f"{a[0]}:{a[1]}" for a in runner.addresses if isinstance(a, tuple)]
+        log.info("aggregator_listening", addresses=addresses, state_dir=config.server.state_dir)
+        notifier.ready(f"listening on {', '.join(addresses)}")
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        aggregator = app[AGGREGATOR_KEY]
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), 10.0)
+            except TimeoutError:
+                notifier.status(
+                    f"{len(aggregator.by_host)} agents, {len(aggregator.engine.book.open)} open verdicts"
+                )
+        notifier.stopping()
+        log.info("aggregator_stopping")
+    finally:
+        await runner.cleanup()
+        notifier.close()
+    return 0
