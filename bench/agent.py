@@ -254,6 +254,7 @@ async def measure(args: argparse.Namespace) -> int:
             for m in measured:
                 m.start()
             batches0 = aggregator.batches
+            scrape_failures.update(dict.fromkeys(targets, 0))  # start-up races do not count
             t_end = time.monotonic() + args.duration
             while time.monotonic() < t_end:
                 await scrape_all()
