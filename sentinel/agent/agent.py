@@ -233,6 +233,9 @@ class Agent:
                     found.job = proc.job_id
                     found.rank = str(proc.rank) if proc.rank is not None else ""
 
+    def gpu_of_pid(self, pid: int) -> int | None:
+        return next((p.gpu for p in self._procs if p.pid == pid), None)
+
     def nvml_error(self, function: str, error: str) -> None:
         self.counters.nvml_errors[(function, error)] += 1
 

@@ -18,7 +18,24 @@ from sentinel.agent.kmsg import parse_xid
 
 log = module_logger("agent.classify")
 
-FIELDS = ("kind", "severity", "xid", "pci_bus", "rank", "seq", "op", "timeout_ms")
+#: the contract fields, then the extras the aggregator can use (reason, action, the logging pid, ...)
+FIELDS = (
+    "kind",
+    "severity",
+    "xid",
+    "pci_bus",
+    "rank",
+    "seq",
+    "op",
+    "timeout_ms",
+    "reason",
+    "action",
+    "pid",
+    "cuda_dev",
+    "local_rank",
+    "peer",
+    "ran_for_ms",
+)
 SEVERITIES = ("info", "warning", "critical")
 
 

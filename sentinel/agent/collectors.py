@@ -52,6 +52,8 @@ class AgentSink(Protocol):
 
     def set_inventory(self, inventory: list[GpuInfo]) -> None: ...
 
+    def gpu_of_pid(self, pid: int) -> int | None: ...
+
     def nvml_error(self, function: str, error: str) -> None: ...
 
 
@@ -351,6 +353,10 @@ class LineProcessor:
             return
         pci = result.fields.get("pci_bus")
         gpu = self.sink.pci_to_gpu.get(pci, -1) if isinstance(pci, str) else -1
+        pid = result.fields.get("pid")
+        if gpu < 0 and isinstance(pid, int) and not isinstance(pid, bool):
+            found = self.sink.gpu_of_pid(pid)  # the NCCL line's pid is a rank process on one of our GPUs
+            gpu = found if found is not None else -1
         self._event(
             result.kind,
             severity=result.severity,

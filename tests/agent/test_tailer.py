@@ -94,3 +94,46 @@ def test_deleted_file_is_dropped_and_recreated_one_followed(tmp_path: Path) -> N
     _write(path, "reborn\n")
     assert [line for _, line in tailer.poll(2.0)] == ["reborn"]
     tailer.close()
+
+
+NET_WARN = (
+    "node7:{pid}:1300 [3] transport/net_ib.cc:1294 NCCL WARN NET/IB : Got completion from peer 10.0.0.2<41422> "
+    "with status=12 opcode=0 len=0 vendor err 129 (Recv) localGid ::ffff:10.0.0.1 remoteGid ::ffff:10.0.0.2"
+)
+WATCHDOG = (
+    "[rank3]:[E1129 12:00:00.000000000 ProcessGroupNCCL.cpp:616] [Rank 3] Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum=1234, OpType=ALLREDUCE, NumelIn=1048576, NumelOut=1048576, Timeout(ms)=600000) "
+    "ran for 600012 milliseconds before timing out."
+)
+
+
+async def test_agent_classifies_tailed_lines(tmp_path: Path) -> None:
+    from sentinel.agent import Agent
+    from tests.agent.conftest import make_config
+    from tests.agent.fakes import FakeSource
+
+    log = tmp_path / "nccl.node7.log"
+    log.write_text("")
+    source = FakeSource(gpus=4)
+    source.pids = {2: [4242]}  # NVML sees the logging process on GPU 2
+    agent = Agent(make_config(tmp_path, logs={"globs": [str(tmp_path / "*.log")]}), source)
+    await agent.step(1.0)
+    assert agent.gpu_of_pid(4242) == 2
+    _write(log, "node7:4242:1300 [3] NCCL INFO Channel 00/0 : 0[3] -> 1[4] via P2P/IPC\n")
+    _write(log, NET_WARN.format(pid=4242) + "\n" + WATCHDOG + "\n")
+    batch = await agent.step(2.0)
+    kinds = [(e.kind, e.fields.get("kind"), e.severity, e.gpu) for e in batch.events]
+    assert kinds == [
+        ("log", "nccl_warn_net", "critical", 2),
+        ("log", "torch_watchdog_timeout", "critical", None),
+    ]
+    watchdog = batch.events[1].fields
+    assert (watchdog["rank"], watchdog["seq"], watchdog["op"], watchdog["timeout_ms"]) == (
+        3,
+        1234,
+        "ALLREDUCE",
+        600000,
+    )
+    assert batch.events[0].source == f"log:{log}"
+    assert agent.counters.log_events[("nccl_warn_net", "critical")] == 1
+    await agent.shutdown()
