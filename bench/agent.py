@@ -133,9 +133,27 @@ def child(args: argparse.Namespace) -> int:
     async def main() -> None:
         import signal
 
-        agent = Agent(config, SimpleSource(args.gpus))
+        if args.source == "sim":
+            from sentinel.sim.host import sim_hosts
+            from sentinel.sim.scenario import parse_scenario
+
+            scenario = parse_scenario(
+                {
+                    "seed": 1,
+                    "duration_s": 100000,
+                    "tick_s": args.tick,
+                    "cluster": {"hosts": 1, "gpus_per_host": args.gpus},
+                    "jobs": [{"id": "bench-job"}],
+                }
+            )
+            cluster, hosts = sim_hosts(scenario, started_at=time.time(), clock=time.time)
+            agent = Agent(config, hosts[0], hosts[0])
+        else:
+            agent = Agent(config, SimpleSource(args.gpus))
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, agent.request_stop)
         await agent.run()
+        if args.source == "sim":
+            cluster.close()
 
     asyncio.run(main())
     return 0
@@ -211,6 +229,7 @@ async def measure(args: argparse.Namespace) -> int:
             f"--aggregator-port={aggregator_port}",
             f"--gpus={args.gpus}",
             f"--tick={args.tick}",
+            f"--source={args.source}",
         ],
         cwd=REPO,
     )
@@ -263,7 +282,8 @@ async def measure(args: argparse.Namespace) -> int:
                 await asyncio.sleep(1.0)
             ticks = args.duration / args.tick
             print(
-                f"duration {args.duration:.0f} s, tick {args.tick:g} s, {args.gpus} simulated GPUs, "
+                f"duration {args.duration:.0f} s, tick {args.tick:g} s, {args.gpus} simulated GPUs "
+                f"({args.source} source), "
                 f"scraped every 1 s; batches acked by the test aggregator: {aggregator.batches - batches0}"
             )
             print(
@@ -301,6 +321,14 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=60.0, help="measured seconds (default 60)")
     parser.add_argument("--gpus", type=int, default=8, help="simulated GPUs (default 8)")
     parser.add_argument("--tick", type=float, default=1.0, help="agent tick in seconds (default 1)")
+    parser.add_argument(
+        "--source",
+        choices=("simple", "sim"),
+        default="simple",
+        help="simple: a fixed-readings GPU source with the real host collectors (probe socket, psutil job "
+        "mapping); sim: the scenario simulator's host (sentinel.sim.host), whose model runs in the agent "
+        "process (default simple)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--state-dir", help=argparse.SUPPRESS)
     parser.add_argument("--metrics-port", type=int, help=argparse.SUPPRESS)

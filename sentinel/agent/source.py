@@ -12,6 +12,7 @@ simulated hosts.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -77,7 +78,7 @@ class GpuSource(Protocol):
         """The fast fields plus ECC, row remapping, retired pages and NVLink counters."""
         ...
 
-    def wait_xid_events(self, timeout_s: float) -> list[XidEvent]:
+    def wait_xid_events(self, timeout_s: float) -> Sequence[XidEvent]:
         """Block up to ``timeout_s`` for Xid events on any GPU (nvmlEventSetWait)."""
         ...
 
