@@ -308,6 +308,8 @@ class FleetState:
                 _change(gpu.nvlink_hist, prev, s.t, total)
                 gpu.dirty = gpu.dirty or prev is not None
             gpu.nvlink_prev = (s.t, total)
+        elif links is not None and gpu.nvlink_prev is not None:
+            gpu.nvlink_prev = (s.t, gpu.nvlink_prev[1])  # same readings as before: only the time moves on
         if gpu.dirty:
             self.dirty_gpus.append(gpu)
 
@@ -346,6 +348,9 @@ class FleetState:
             if log_kind in ("nccl_warn_net", "torch_watchdog_timeout", "nccl_warn_cuda"):
                 rank, seq = fields.get("rank"), fields.get("seq")
                 gpu_index = event.gpu
+                pid = fields.get("pid")
+                if gpu_index is None and isinstance(pid, int):
+                    gpu_index = _gpu_of_pid(host, pid)
                 if gpu_index is None:
                     gpu_index = _gpu_of_nccl_line(host, event.text)
                 host.events.append(
@@ -445,21 +450,29 @@ def _change(hist: deque[tuple[float, int]], prev: tuple[float, int] | None, t: f
     hist.append((t, value))
 
 
-def counter_rate(hist: deque[tuple[float, int]], latest: tuple[float, int] | None, window_s: float) -> float:
-    """Increase per second of a counter over the last ``window_s`` (0 without two readings)."""
+def counter_rate(
+    hist: deque[tuple[float, int]], latest: tuple[float, int] | None, window_s: float, min_span_s: float = 5.0
+) -> float:
+    """The steepest recent increase per second of a counter: over the window, or since it began rising.
+
+    Spans shorter than ``min_span_s`` count as that long, so one stray error is never a high rate while a
+    counter climbing fast is seen within a tick or two.
+    """
     if latest is None or not hist:
         return 0.0
     t_now, v_now = latest
     start = t_now - window_s
-    base_t, base_v = hist[0]
+    best = 0.0
+    at_start = hist[0][1]
     for t, v in hist:
-        if t > start:
-            break
-        base_t, base_v = t, v
-    span = t_now - max(base_t, start)
-    if span <= 0 or v_now <= base_v:
-        return 0.0
-    return (v_now - base_v) / span
+        if t <= start:
+            at_start = v
+            continue
+        if v < v_now:
+            best = max(best, (v_now - v) / max(t_now - t, min_span_s))
+    if at_start < v_now:
+        best = max(best, (v_now - at_start) / max(window_s, min_span_s))
+    return best
 
 
 def _gpu_of_nccl_line(host: HostView, text: str) -> int | None:
@@ -467,7 +480,10 @@ def _gpu_of_nccl_line(host: HostView, text: str) -> int | None:
     match = _NCCL_PREFIX.search(text[:256])
     if match is None:
         return None
-    pid = int(match.group(1))
+    return _gpu_of_pid(host, int(match.group(1)))
+
+
+def _gpu_of_pid(host: HostView, pid: int) -> int | None:
     for proc in host.procs:
         if proc.pid == pid:
             return proc.gpu

@@ -163,11 +163,9 @@ class JobSim:
         if t >= r.dead_at:
             return "dead"
         e = self.enter_tp(rank)
-        if t < e:
-            return "compute"
         if e == INF:
             return "hung" if t >= r.hang_at else "compute"
-        return "wait"
+        return "compute" if t < e else "wait"
 
     def heads(self, rank: int, t: float, host: str | None = None, pid: int | None = None) -> FrHeads | None:
         """The rank's flight-recorder heads at ``t``; None once its process is gone."""

@@ -51,6 +51,7 @@ class ScenarioError(Exception):
     """One line: ``FILE: FIELD: what is wrong``."""
 
     def __init__(self, source: str, field: str | None, problem: str) -> None:
+        problem = " ".join(problem.split())  # one line, whatever the parser said
         self.source = source
         self.field = field
         self.problem = problem

@@ -1,0 +1,149 @@
+"""Every example scenario through the real engine: each fault found, on the right GPU, in time, nothing else.
+
+The expectations come from the contract's fault table and issue 5's bounds (hardware 3 s, hang 10 s,
+straggler 60 s), not from what the code happened to print.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sentinel.aggregator.hwpolicy import APPLICATION_XIDS
+from sentinel.sim.runner import run_scenario
+from sentinel.sim.scenario import FaultSpec, load_scenario
+from tests.support import REPO
+
+SCENARIOS = REPO / "examples" / "scenarios"
+FAULT_SCENARIOS = sorted(p for p in SCENARIOS.glob("*.toml") if not p.stem.startswith("healthy"))
+
+HARDWARE_S = 3.0
+HANG_S = 10.0
+STRAGGLER_S = 60.0
+SILENT_S = 15.0  # host_silent_after_s (10 s) plus a few ticks
+
+#: fault kind → (verdict kinds that name it correctly, bound in seconds); None: no verdict may name it
+EXPECTED: dict[str, tuple[frozenset[str], float] | None] = {
+    "gpu_lost": (frozenset({"faulty"}), HARDWARE_S),
+    "nvml_hang": (frozenset({"faulty"}), HARDWARE_S),
+    "row_remap_pending": (frozenset({"degraded", "faulty"}), HARDWARE_S),
+    "row_remap_failure": (frozenset({"faulty"}), HARDWARE_S),
+    "ecc_uncorrectable": (frozenset({"faulty"}), HARDWARE_S),
+    "nvlink_errors": (frozenset({"degraded", "faulty"}), HARDWARE_S),
+    "thermal_throttle": (frozenset({"straggler"}), STRAGGLER_S),
+    "straggler": (frozenset({"straggler"}), STRAGGLER_S),
+    "hang": (frozenset({"stuck"}), HANG_S),
+    "nccl_net_error": (frozenset({"stuck"}), HANG_S),
+    "host_down": (frozenset({"host_silent"}), SILENT_S),
+}
+
+
+def expected(fault: FaultSpec) -> tuple[frozenset[str], float] | None:
+    if fault.kind == "xid":
+        return None if fault.xid in APPLICATION_XIDS else (frozenset({"faulty"}), HARDWARE_S)
+    return EXPECTED[fault.kind]
+
+
+@cache
+def report(path: Path) -> dict[str, Any]:
+    return run_scenario(load_scenario(path)).report()
+
+
+def names(verdict: dict[str, Any], fault: FaultSpec) -> bool:
+    if verdict["host"] != fault.host:
+        return False
+    return fault.gpu is None or verdict["gpu"] == fault.gpu
+
+
+def test_there_is_a_scenario_per_fault_kind_and_a_mixed_one() -> None:
+    kinds = {f.kind for p in FAULT_SCENARIOS for f in load_scenario(p).faults}
+    assert kinds >= set(EXPECTED) | {"xid"}
+    mixed = load_scenario(SCENARIOS / "mixed.toml")
+    assert len({f.kind for f in mixed.faults}) >= 10
+
+
+@pytest.mark.parametrize("path", FAULT_SCENARIOS, ids=lambda p: p.stem)
+def test_each_fault_is_found_on_its_gpu_within_its_bound(path: Path) -> None:
+    scenario = load_scenario(path)
+    verdicts = report(path)["verdicts"]
+    for fault in scenario.faults:
+        want = expected(fault)
+        if want is None:
+            continue
+        kinds, bound = want
+        hits = [v for v in verdicts if names(v, fault) and v["kind"] in kinds]
+        assert hits, (
+            f"{path.stem}: {fault.kind} on {fault.host}/{fault.gpu} at {fault.at_s}s not found: {verdicts}"
+        )
+        first = min(hits, key=lambda v: v["t_s"])
+        delay = first["t_s"] - fault.at_s
+        assert 0 <= delay <= bound, f"{path.stem}: {fault.kind} found after {delay:.1f}s (bound {bound}s)"
+        assert first["reason"] and first["action"] in (
+            "none",
+            "restart_app",
+            "drain",
+            "reset_gpu",
+            "reboot",
+            "rma",
+        )
+        assert first["evidence"], "a verdict without evidence"
+
+
+@pytest.mark.parametrize("path", FAULT_SCENARIOS, ids=lambda p: p.stem)
+def test_no_verdict_blames_a_healthy_gpu_or_a_waiting_peer(path: Path) -> None:
+    """Every verdict names a faulted host (and for GPU faults that GPU); stuck ones name the culprit rank."""
+    scenario = load_scenario(path)
+    faulted_gpus = {(f.host, f.gpu) for f in scenario.faults if f.gpu is not None and expected(f) is not None}
+    faulted_hosts = {f.host for f in scenario.faults if f.gpu is None}
+    for verdict in report(path)["verdicts"]:
+        where = (verdict["host"], verdict["gpu"])
+        if verdict["gpu"] is None:
+            assert verdict["host"] in faulted_hosts, f"{path.stem}: unexpected verdict {verdict}"
+        else:
+            assert where in faulted_gpus, (
+                f"{path.stem}: verdict on a healthy GPU or a waiting peer: {verdict}"
+            )
+
+
+@pytest.mark.parametrize("path", FAULT_SCENARIOS, ids=lambda p: p.stem)
+def test_application_xids_never_make_a_gpu_faulty(path: Path) -> None:
+    scenario = load_scenario(path)
+    app_gpus = {(f.host, f.gpu) for f in scenario.faults if f.kind == "xid" and f.xid in APPLICATION_XIDS}
+    for verdict in report(path)["verdicts"]:
+        assert (verdict["host"], verdict["gpu"]) not in app_gpus or verdict["kind"] != "faulty"
+
+
+def test_stuck_rank_is_the_culprit_with_rank_and_job() -> None:
+    verdicts = report(SCENARIOS / "hang.toml")["verdicts"]
+    stuck = [v for v in verdicts if v["kind"] == "stuck"]
+    # host-008 is the 9th host of the job (all hosts, in order): rank = 8 * 8 + 4
+    assert [(v["host"], v["gpu"], v["job"], v["rank"]) for v in stuck] == [("host-008", 4, "train-a", 68)]
+    assert stuck[0]["reason"] == "not_entered_collective"
+
+
+def test_report_has_the_contract_fields() -> None:
+    data = report(SCENARIOS / "xid_79.toml")
+    assert set(data) >= {"scenario", "faults", "verdicts"}
+    assert data["faults"] == [{"at_s": 60.0, "host": "host-005", "gpu": 3, "kind": "xid", "xid": 79}]
+    for verdict in data["verdicts"]:
+        assert set(verdict) >= {"t_s", "kind", "host", "gpu", "job", "rank", "reason", "action", "evidence"}
+    assert data["verdicts"][0]["reason"] == "xid_79"
+
+
+def test_same_seed_same_report() -> None:
+    path = SCENARIOS / "straggler.toml"
+    first = run_scenario(load_scenario(path)).report()["verdicts"]
+    second = run_scenario(load_scenario(path)).report()["verdicts"]
+    assert first == second and first
+
+
+def test_healthy_hour_on_1024_gpus_opens_no_verdict() -> None:
+    scenario = load_scenario(SCENARIOS / "healthy_1024.toml")
+    assert scenario.cluster.hosts * scenario.cluster.gpus_per_host == 1024
+    assert scenario.duration_s >= 3600 and not scenario.faults
+    result = run_scenario(scenario)
+    assert result.samples >= 1024 * 3600
+    assert result.opened == []

@@ -1,0 +1,162 @@
+"""The simulated cluster's semantics (contract section 4 fault table) and the SimHost interface."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from sentinel.agent.source import GpuLostError
+from sentinel.signals.classify import classify_line
+from sentinel.sim.cluster import ClusterSim
+from sentinel.sim.host import SimCluster, SimHost
+from sentinel.sim.scenario import load_scenario_text
+
+
+def scenario(faults: str = "", hosts: int = 4, extra: str = "") -> str:
+    return f"""
+seed = 3
+duration_s = 120
+[cluster]
+hosts = {hosts}
+gpus_per_host = 8
+[[jobs]]
+id = "j"
+{extra}
+{faults}
+"""
+
+
+def fault(kind: str, at: float, host: str = "host-001", gpu: int | None = 2, **params: float) -> str:
+    lines = [f'[[faults]]\nat_s = {at}\nhost = "{host}"\nkind = "{kind}"']
+    if gpu is not None:
+        lines.append(f"gpu = {gpu}")
+    lines += [f"{k} = {v}" for k, v in params.items()]
+    return "\n".join(lines) + "\n"
+
+
+def completed(cluster: ClusterSim, t: float) -> dict[int, int]:
+    """World-group completed seq per rank at t."""
+    out: dict[int, int] = {}
+    for host in cluster.hosts:
+        for heads in cluster.heads(host, t):
+            world = [pg for pg in heads.pgs if pg.pg_desc == "default_pg"][0]
+            out[heads.rank] = world.last_completed_seq
+    return out
+
+
+def test_healthy_job_progresses_in_lockstep() -> None:
+    cluster = ClusterSim(load_scenario_text(scenario()))
+    cluster.advance(30.0)
+    done = completed(cluster, 30.0)
+    assert len(done) == 32
+    assert max(done.values()) - min(done.values()) <= 1
+    assert 25 <= max(done.values()) <= 40  # ~0.85 s per step
+
+
+def test_hang_blocks_every_peer_in_the_next_collective() -> None:
+    cluster = ClusterSim(load_scenario_text(scenario(fault("hang", 10.0))))
+    cluster.advance(40.0)
+    job = cluster.jobs["j"]
+    assert job.stalled
+    hung_rank = 1 * 8 + 2
+    heads = {h.rank: h for host in cluster.hosts for h in cluster.heads(host, 40.0)}
+    hung = heads[hung_rank]
+    assert all(not pg.in_flight for pg in hung.pgs)  # it entered nothing
+    waiting = [r for r, h in heads.items() if any(pg.in_flight for pg in h.pgs)]
+    assert sorted(waiting) == sorted(set(heads) - {hung_rank})  # every peer waits somewhere
+    for r in waiting:
+        assert max(f.age_s for pg in heads[r].pgs for f in pg.in_flight) > 20
+    assert cluster.sample(cluster.hosts[1], cluster.hosts[1].gpus[2], 40.0, slow=False).util_gpu_pct == 0.0
+
+
+def test_straggler_slows_the_whole_job_and_waits_on_it() -> None:
+    base = ClusterSim(load_scenario_text(scenario()))
+    slow = ClusterSim(load_scenario_text(scenario(fault("straggler", 0.0, slowdown=2.0))))
+    base.advance(60.0)
+    slow.advance(60.0)
+    fast_steps = max(completed(base, 60.0).values())
+    slow_steps = max(completed(slow, 60.0).values())
+    assert 1.6 < fast_steps / slow_steps < 2.4
+
+
+def test_thermal_throttle_drops_the_clock_and_slows_the_rank() -> None:
+    cluster = ClusterSim(load_scenario_text(scenario(fault("thermal_throttle", 5.0, clock_mhz=990.0))))
+    cluster.advance(20.0)
+    gpu = cluster.hosts[1].gpus[2]
+    reading = cluster.sample(cluster.hosts[1], gpu, 20.0, slow=False)
+    assert reading.sm_clock_mhz == 990.0 and "hw_thermal_slowdown" in reading.throttle
+    assert cluster.jobs["j"].ranks[10].factor == pytest.approx(2.0)
+
+
+def test_gpu_lost_kills_its_rank_and_stalls_the_job() -> None:
+    cluster = ClusterSim(load_scenario_text(scenario(fault("gpu_lost", 10.0))))
+    cluster.advance(30.0)
+    host = cluster.hosts[1]
+    assert all(p.gpu != 2 for p in cluster.processes(host, 30.0))
+    assert all(h.rank != 10 for h in cluster.heads(host, 30.0))
+    assert cluster.jobs["j"].stalled
+
+
+def test_nccl_net_error_stalls_with_every_rank_inside_and_logs_warn_lines() -> None:
+    cluster = ClusterSim(load_scenario_text(scenario(fault("nccl_net_error", 10.0))))
+    cluster.advance(30.0)
+    heads = [h for host in cluster.hosts for h in cluster.heads(host, 30.0)]
+    world = [[pg for pg in h.pgs if pg.pg_desc == "default_pg"][0] for h in heads]
+    seqs = {pg.in_flight[0].seq for pg in world if pg.in_flight}
+    assert all(pg.in_flight for pg in world) and len(seqs) == 1
+    lines = [line for _, _, line in cluster.hosts[1].job_lines]
+    assert lines and all("NCCL WARN NET/IB" in line for line in lines)
+    classified = classify_line(lines[0])
+    assert classified is not None and classified.kind == "nccl_warn_net"
+    assert classified.pid == cluster.hosts[1].gpus[2].pid  # how the aggregator finds the rank
+
+
+def test_xid_line_is_what_the_signals_parser_reads() -> None:
+    cluster = ClusterSim(load_scenario_text(scenario(fault("xid", 5.0, xid=79))))
+    cluster.advance(6.0)
+    host = cluster.hosts[1]
+    line = host.kernel_lines[0]
+    classified = classify_line(line)
+    assert classified is not None and classified.kind == "xid" and classified.xid == 79
+    assert classified.pci_bus == host.gpus[2].pci_bus
+
+
+def test_simhost_implements_the_gpu_source() -> None:
+    text = scenario(
+        fault("gpu_lost", 1.0) + fault("nvml_hang", 1.0, gpu=3) + fault("xid", 1.0, gpu=4, xid=48)
+    )
+    start = time.time()
+    cluster = SimCluster(load_scenario_text(text), started_at=start - 5.0, clock=time.time)
+    host: SimHost = cluster.hosts[1]
+    inventory = host.open()
+    assert [g.index for g in inventory] == list(range(8)) and len({g.uuid for g in inventory}) == 8
+    now = time.time()
+    sample = host.read_slow(0, now)
+    assert sample.t == now and sample.remap is not None and sample.ecc is not None
+    with pytest.raises(GpuLostError):
+        host.read_fast(2, now)
+    xids = host.wait_xid_events(0.1)
+    assert [(x.gpu, x.xid) for x in xids] == [(4, 48)]
+    assert any("Xid" in line for line in host.kernel_log_lines(now))
+    assert host.fr_heads(now) and host.fr_heads(now) == []  # probe cadence
+    # rank 10 lost its GPU, rank 12 was killed by Xid 48; rank 11 (NVML hang) still runs
+    assert {p.rank for p in host.processes(now)} == {8, 9, 11, 13, 14, 15}
+
+    result: list[BaseException] = []
+
+    def hung_call() -> None:
+        try:
+            host.read_fast(3, time.time())
+        except BaseException as exc:
+            result.append(exc)
+
+    thread = threading.Thread(target=hung_call, daemon=True)
+    thread.start()
+    thread.join(0.3)
+    assert thread.is_alive(), "an NVML hang must block"
+    host.close()
+    thread.join(2.0)
+    assert not thread.is_alive() and result
+    cluster.close()
