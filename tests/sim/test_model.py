@@ -41,7 +41,7 @@ def completed(cluster: ClusterSim, t: float) -> dict[int, int]:
     out: dict[int, int] = {}
     for host in cluster.hosts:
         for heads in cluster.heads(host, t):
-            world = [pg for pg in heads.pgs if pg.pg_desc == "default_pg"][0]
+            world = next(pg for pg in heads.pgs if pg.pg_desc == "default_pg")
             out[heads.rank] = world.last_completed_seq
     return out
 
@@ -103,7 +103,7 @@ def test_nccl_net_error_stalls_with_every_rank_inside_and_logs_warn_lines() -> N
     cluster = ClusterSim(load_scenario_text(scenario(fault("nccl_net_error", 10.0))))
     cluster.advance(30.0)
     heads = [h for host in cluster.hosts for h in cluster.heads(host, 30.0)]
-    world = [[pg for pg in h.pgs if pg.pg_desc == "default_pg"][0] for h in heads]
+    world = [next(pg for pg in h.pgs if pg.pg_desc == "default_pg") for h in heads]
     seqs = {pg.in_flight[0].seq for pg in world if pg.in_flight}
     assert all(pg.in_flight for pg in world) and len(seqs) == 1
     lines = [line for _, _, line in cluster.hosts[1].job_lines]
