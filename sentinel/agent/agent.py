@@ -52,6 +52,7 @@ from sentinel.agent.tailer import LogTailer
 from sentinel.config.agent import AgentConfig
 from sentinel.fr.heads import FrHeads
 from sentinel.wire import (
+    MAX_FRAME_BYTES,
     Batch,
     Command,
     CommandResult,
@@ -61,13 +62,16 @@ from sentinel.wire import (
     GpuSample,
     Hello,
     ProcInfo,
+    encode,
 )
 
 log = module_logger("agent")
 
 #: events kept per batch at most; a log flood beyond it is counted as dropped events
-MAX_EVENTS_PER_BATCH = 5000
-MAX_HEADS_PER_BATCH = 8192
+MAX_EVENTS_PER_BATCH = 2000
+MAX_HEADS_PER_BATCH = 4096
+#: a batch must fit one WebSocket frame with room to spare
+MAX_BATCH_BYTES = MAX_FRAME_BYTES * 3 // 4
 SHUTDOWN_DRAIN_S = 3.0
 
 
@@ -114,9 +118,7 @@ class Agent:
         self._heads: list[FrHeads] = []
         self._procs: list[ProcInfo] = []
         self._procs_changed = False
-        self._dropped_events = 0
-        self._dropped_probe_reported = 0
-        self._dropped_lines_reported = 0
+        self._drops_reported = Drops()
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self.http_port: int | None = None
@@ -212,8 +214,7 @@ class Agent:
 
     def add_event(self, event: Event) -> None:
         if len(self._events) >= MAX_EVENTS_PER_BATCH:
-            self._dropped_events += 1
-            self.counters.dropped["events"] += 1
+            self.counters.drop_parts["events_over_cap"] += 1
             return
         self._events.append(event)
 
@@ -280,11 +281,14 @@ class Agent:
             ring.append(now, "heads", h)
         if procs is not None:
             ring.append(now, "procs", _ProcsEntry(procs=procs))
+        data = encode(batch)
+        if len(data) > MAX_BATCH_BYTES:
+            batch, data = self._shrink(batch, data)
         if self.spool is not None:
-            self.spool.add(batch)
+            self.spool.add(batch, data)
             self.counters.spool_bytes = self.spool.size_bytes
-            self.counters.dropped["samples"] = self.spool.dropped_samples
-            self.counters.dropped["events"] = self.spool.dropped_events + self._dropped_events
+            self.counters.drop_parts["spool_samples"] = self.spool.dropped_samples
+            self.counters.drop_parts["spool_events"] = self.spool.dropped_events
             self.counters.queue_depth["spool_batches"] = len(self.spool)
         self.counters.queue_depth["ring_entries"] = len(ring)
         self.counters.last_tick = now
@@ -294,21 +298,44 @@ class Agent:
             self.shipper.wake()
         return batch
 
+    def _shrink(self, batch: Batch, data: bytes) -> tuple[Batch, bytes]:
+        """Halve heads, then events, until the batch fits a frame; what goes is counted as dropped."""
+        heads, events = list(batch.heads), list(batch.events)
+        while len(data) > MAX_BATCH_BYTES and (heads or events):
+            if heads:
+                cut = len(heads) - len(heads) // 2
+                self.counters.drop_parts["heads_oversize"] += cut
+                heads = heads[: len(heads) // 2]
+            else:
+                cut = len(events) - len(events) // 2
+                self.counters.drop_parts["events_oversize"] += cut
+                events = events[: len(events) // 2]
+            batch = msgspec.structs.replace(batch, heads=heads, events=events)
+            data = encode(batch)
+        log.warning("batch_shrunk", seq=batch.seq, bytes=len(data), heads=len(heads), events=len(events))
+        return batch, data
+
     def _drops(self) -> Drops | None:
-        spooled = self.spool.take_drops() if self.spool is not None else Drops()
-        lines = self.counters.dropped.get("log_lines", 0)
-        probe = self.counters.dropped.get("probe", 0)
-        drops = Drops(
-            samples=spooled.samples,
-            events=spooled.events + self._dropped_events,
-            log_lines=lines - self._dropped_lines_reported,
-            probe=probe - self._dropped_probe_reported,
+        """Drops since the last batch: the cumulative totals (also the metric) minus what was reported."""
+        if self.spool is not None:
+            self.spool.take_drops()  # the spool's own totals are read below
+        p = self.counters.drop_parts
+        totals = Drops(
+            samples=p["spool_samples"],
+            events=p["spool_events"] + p["events_over_cap"] + p["events_oversize"],
+            log_lines=p["log_lines_cut"],
+            probe=p["probe_socket"] + p["heads_oversize"],
         )
-        self._dropped_events = 0
-        self._dropped_lines_reported, self._dropped_probe_reported = lines, probe
-        if drops == Drops():
-            return None
-        return drops
+        for what in ("samples", "events", "log_lines", "probe"):
+            self.counters.dropped[what] = getattr(totals, what)
+        last, self._drops_reported = self._drops_reported, totals
+        delta = Drops(
+            samples=totals.samples - last.samples,
+            events=totals.events - last.events,
+            log_lines=totals.log_lines - last.log_lines,
+            probe=totals.probe - last.probe,
+        )
+        return None if delta == Drops() else delta
 
     def render_metrics(self) -> bytes:
         """The /metrics body (text format): per-GPU series and the agent's own health."""

@@ -13,7 +13,7 @@ import collections
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from sentinel.agent._log import module_logger
 from sentinel.agent.classify import LineClassifier
@@ -29,6 +29,7 @@ from sentinel.fr.heads import FrHeads
 from sentinel.wire import MAX_TEXT_CHARS, Event, GpuInfo, GpuSample, GpuState, ProcInfo, Severity
 
 log = module_logger("agent.collectors")
+T = TypeVar("T")
 
 #: Xids that mean the GPU (or its context) is gone or corrupt; others are reported as warnings
 CRITICAL_XIDS = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140, 154})
@@ -58,19 +59,34 @@ class AgentSink(Protocol):
 
 
 class Collector:
-    """Base: ``name``, ``interval_s``; override :meth:`collect`."""
+    """Base: ``name``, ``interval_s``; override :meth:`collect`.
+
+    Blocking file-system work goes through :meth:`blocking`: a worker thread of this collector with a
+    deadline. Reading /proc/<pid>/environ of a process stuck in the GPU driver, or a log file on a hung NFS
+    mount, can block for good; the collector then reports failure each tick while its thread stays stuck,
+    instead of freezing the tick (and, through the systemd watchdog, restarting the agent into the same hang).
+    """
 
     name = "collector"
+    blocking_deadline_s = 5.0
 
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
         self.next_run = 0.0
+        self._worker: GpuWorker | None = None
 
     async def collect(self, now: float) -> None:
         raise NotImplementedError
 
+    async def blocking(self, fn: Callable[[], T]) -> T:
+        if self._worker is None:
+            self._worker = GpuWorker(f"collector-{self.name}")
+        return await self._worker.call(fn, self.blocking_deadline_s)
+
     def close(self) -> None:
         """Release files/sockets/threads."""
+        if self._worker is not None:
+            self._worker.stop()
 
 
 class Collectors:
@@ -213,6 +229,7 @@ class GpuCollector(Collector):
         )
 
     def close(self) -> None:
+        super().close()
         for worker in self._workers.values():
             worker.stop()
         self._open_worker.stop()
@@ -272,6 +289,7 @@ class XidCollector(Collector):
             record_xid(self.sink, self.dedup, gpu=xid.gpu, xid=xid.xid, t=xid.t, source="nvml", text=xid.text)
 
     def close(self) -> None:
+        super().close()
         self.listener.stop()
 
 
@@ -408,6 +426,7 @@ class KmsgCollector(Collector):
             raise PermissionError(f"{self.reader.path}: cannot be opened (see the log)")
 
     def close(self) -> None:
+        super().close()
         self.reader.close()
 
 
@@ -423,14 +442,16 @@ class LogCollector(Collector):
         self.counters = counters
 
     async def collect(self, now: float) -> None:
-        found = await asyncio.to_thread(self.tailer.poll, now)
+        found = await self.blocking(lambda: self.tailer.poll(now))
         for path, line in found:
             self.lines.job(line, now, f"log:{path}")
-        self.counters.dropped["log_lines"] = self.tailer.cut_lines
+        self.counters.drop_parts["log_lines_cut"] = self.tailer.cut_lines
         self.counters.queue_depth["log_files"] = len(self.tailer.files)
 
     def close(self) -> None:
-        self.tailer.close()
+        super().close()
+        if self._worker is None or not self._worker.busy:
+            self.tailer.close()
 
 
 class JobsCollector(Collector):
@@ -447,7 +468,7 @@ class JobsCollector(Collector):
         pids = {
             i: list(v.fast.pids) for i, v in self.sink.gpus.items() if v.fast is not None and v.state == "ok"
         }
-        procs = await asyncio.to_thread(self.mapper.map, pids)
+        procs = await self.blocking(lambda: self.mapper.map(pids))
         self.sink.set_procs(procs)
 
 
@@ -462,9 +483,10 @@ class ProbeCollector(Collector):
     async def collect(self, now: float) -> None:
         self.sink.counters.queue_depth["probe"] = len(self.server)
         self.sink.add_heads(self.server.drain())
-        self.sink.counters.dropped["probe"] = self.server.rejected + self.server.overflowed
+        self.sink.counters.drop_parts["probe_socket"] = self.server.rejected + self.server.overflowed
 
     def close(self) -> None:
+        super().close()
         self.server.close()
 
 
@@ -477,7 +499,7 @@ class FrDumpCollector(Collector):
         self.watcher = watcher
 
     async def collect(self, now: float) -> None:
-        for event in await asyncio.to_thread(self.watcher.poll, now):
+        for event in await self.blocking(lambda: self.watcher.poll(now)):
             self.sink.add_event(event)
 
 

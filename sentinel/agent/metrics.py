@@ -45,7 +45,9 @@ class AgentCounters:
         default_factory=lambda: defaultdict(int)
     )  # (kind, severity)
     nvml_errors: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
-    dropped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    dropped: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # totals, by `what`
+    #: cumulative drop counts by cause; the agent sums them into ``dropped`` each tick
+    drop_parts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     collector_duration: dict[str, float] = field(default_factory=dict)
     collector_success: dict[str, bool] = field(default_factory=dict)
     queue_depth: dict[str, int] = field(default_factory=dict)

@@ -147,10 +147,10 @@ class Spool:
     def _path(self, seq: int, samples: int, events: int) -> Path:
         return self.directory / f"{seq:020d}_{samples}_{events}.batch"
 
-    def add(self, batch: Batch) -> None:
-        """Spool a new batch (its seq must be above every spooled one), then enforce the bound."""
+    def add(self, batch: Batch, data: bytes | None = None) -> None:
+        """Spool a new batch (its seq above every spooled one; ``data``: its encoding if already made)."""
         samples = len(batch.samples) + len(batch.heads)
-        data = encode(batch)
+        data = encode(batch) if data is None else data
         path = self._path(batch.seq, samples, len(batch.events))
         try:
             path.write_bytes(data)

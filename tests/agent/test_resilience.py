@@ -1,0 +1,68 @@
+"""The agent never freezes or dies on what it observes: blocking /proc reads, floods, oversize batches."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sentinel.agent import Agent
+from sentinel.agent.agent import MAX_BATCH_BYTES, MAX_EVENTS_PER_BATCH
+from sentinel.agent.collectors import JobsCollector
+from sentinel.fr.heads import FrHeads, PgHead
+from sentinel.wire import Event, encode
+from tests.agent.conftest import make_config
+from tests.agent.fakes import FakeExtras, FakeSource
+
+
+async def test_blocked_proc_read_does_not_freeze_the_tick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent = Agent(make_config(tmp_path), FakeSource(gpus=2))
+    jobs = agent.collectors.get("jobs")
+    assert isinstance(jobs, JobsCollector)
+    monkeypatch.setattr(jobs, "blocking_deadline_s", 0.2)
+    release = threading.Event()
+    monkeypatch.setattr(jobs.mapper, "map", lambda pids: release.wait(30) and [])
+    try:
+        for t in (1.0, 2.0, 3.0):
+            started = time.monotonic()
+            batch = await agent.step(t)
+            assert time.monotonic() - started < 1.0
+            assert len(batch.samples) == 2  # GPUs still read
+            assert agent.counters.collector_success["jobs"] is False
+            assert agent.counters.collector_success["nvml"] is True
+    finally:
+        release.set()
+        await agent.shutdown()
+
+
+async def test_event_flood_is_capped_and_counted(tmp_path: Path) -> None:
+    extras = FakeExtras()
+    agent = Agent(make_config(tmp_path), FakeSource(gpus=1), extras=extras)
+    for i in range(MAX_EVENTS_PER_BATCH + 500):
+        agent.add_event(Event(t=1.0, kind="log", text=f"line {i}"))
+    first = await agent.step(1.0)
+    assert len(first.events) == MAX_EVENTS_PER_BATCH
+    assert first.drops is not None and first.drops.events == 500  # reported with the batch they belong to
+    second = await agent.step(2.0)
+    assert second.drops is None  # reported once
+    assert agent.counters.dropped["events"] == 500  # the metric keeps the total
+    await agent.shutdown()
+
+
+async def test_oversize_batch_is_shrunk_to_fit_a_frame(tmp_path: Path) -> None:
+    extras = FakeExtras()
+    big_pgs = [PgHead(pg_name=f"pg{i}" * 50, ranks=list(range(512))) for i in range(8)]
+    extras.heads = [FrHeads(rank=r, t=1.0, pgs=big_pgs) for r in range(400)]
+    agent = Agent(make_config(tmp_path), FakeSource(gpus=1), extras=extras)
+    for i in range(MAX_EVENTS_PER_BATCH):
+        agent.add_event(Event(t=1.0, kind="log", text="x" * 4000 + str(i)))
+    batch = await agent.step(1.0)
+    assert len(encode(batch)) <= MAX_BATCH_BYTES
+    assert len(batch.heads) < 400
+    nxt = await agent.step(2.0)
+    assert nxt.drops is not None and nxt.drops.probe + nxt.drops.events > 0
+    await agent.shutdown()
