@@ -114,6 +114,9 @@ class Shipper:
                     log.warning(
                         "aggregator_connection_failed", url=self.config.aggregator_url, error=self.last_error
                     )
+                except Exception as exc:  # a bug here must not end streaming for the agent's lifetime
+                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    log.error("shipper_failed", url=self.config.aggregator_url, error=self.last_error)
                 finally:
                     self._ws = None
                     self.counters.connected = False
