@@ -17,8 +17,20 @@ from sentinel.signals.xid import parse_sxid
 from sentinel.signals.xid_catalog import Severity
 
 _NVRM_RE: Final = re.compile(r"\bNVRM: ?(?P<msg>.*)")
-_NVRM_BAD_RE: Final = re.compile(
-    r"fail|error|halt|reset|assert|exception|fault|timeout|timed out|unable|cannot|lost|hang", re.IGNORECASE
+_NVRM_BAD_WORDS: Final = (
+    "fail",
+    "error",
+    "halt",
+    "reset",
+    "assert",
+    "exception",
+    "fault",
+    "timeout",
+    "timed out",
+    "unable",
+    "cannot",
+    "lost",
+    "hang",
 )
 _PCIE_BW_RE: Final = re.compile(
     r"(?P<dev>\S{1,40}) (?P<bdf>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]): [\d.]{1,10} Gb/s available PCIe "
@@ -28,11 +40,15 @@ _PCIE_BW_RE: Final = re.compile(
 _MLX_BAD_RE: Final = re.compile(
     r"Cable error|High Temperature|module event\[error\]|Port module event.{0,40}error"
 )
-_MLX_DOWN_RE: Final = re.compile(r"\bmlx5\w{0,20}\b.{0,120}Link DOWN|\bmlx5\w{0,20}\b.{0,120}link down")
+_MLX_DOWN_RE: Final = re.compile(r"mlx5\w{0,20}.{0,120}?(?:Link DOWN|link down)")
 _HUNG_TASK_RE: Final = re.compile(r"\btask \S{1,80} blocked for more than \d{1,6} seconds")
 _PEERMEM_RE: Final = re.compile(r"nvidia-peermem\b.{0,200}?\bERROR\b")
 _SIGNAL_RE: Final = re.compile(r"Caught signal \d{1,3} \(|Segmentation fault|Bus error \(|core dumped")
 _GPU_DEVICES: Final = ("pci", "nvidia")
+
+
+def _maybe_crash(text: str) -> bool:
+    return "signal" in text or "fault" in text or "Bus error" in text or "core dumped" in text
 
 
 def kernel_events(text: str) -> list[Classified]:
@@ -58,7 +74,8 @@ def kernel_events(text: str) -> list[Classified]:
         nvrm = _NVRM_RE.search(text)
         if nvrm is not None and "Xid" not in nvrm.group("msg")[:12]:
             msg = nvrm.group("msg")
-            bad = _NVRM_BAD_RE.search(msg) is not None
+            lowered = msg.lower()
+            bad = any(word in lowered for word in _NVRM_BAD_WORDS)
             events.append(
                 make_event(
                     "other",
@@ -83,17 +100,17 @@ def kernel_events(text: str) -> list[Classified]:
                     message=clip(text),
                 )
             )
-    if "mlx5" in text or "Cable" in text or "module event" in text:
+    if "mlx5_core" in text or "mlx5_port" in text or "Cable" in text or "module event" in text:
         if _MLX_BAD_RE.search(text) is not None:
             events.append(make_event("other", "critical", reason="ib_port_hardware", message=clip(text)))
-        elif _MLX_DOWN_RE.search(text) is not None:
+        elif ("Link DOWN" in text or "link down" in text) and _MLX_DOWN_RE.search(text) is not None:
             events.append(make_event("other", "warning", reason="ib_link_down", message=clip(text)))
-        elif "mlx5" in text:
+        else:
             events.append(make_event("other", "info", reason="ib_port_info"))
     if "blocked for more than" in text and _HUNG_TASK_RE.search(text) is not None:
         events.append(make_event("other", "warning", reason="hung_task", message=clip(text)))
     if "peermem" in text and _PEERMEM_RE.search(text) is not None:
         events.append(make_event("other", "warning", reason="peermem_error", message=clip(text)))
-    if _SIGNAL_RE.search(text) is not None:
+    if _maybe_crash(text) and _SIGNAL_RE.search(text) is not None:
         events.append(make_event("other", "critical", reason="process_crash", message=clip(text)))
     return events

@@ -23,22 +23,19 @@ from sentinel.signals.xid_catalog import Severity
 
 # --- NCCL ---------------------------------------------------------------------------------------------
 
-_PREFIX_RE: Final = re.compile(
-    r"(?P<host>[^\s:\[\]()<>]{1,255}):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>\d{1,3})\] "
-)
-_HOST_DEV_RE: Final = re.compile(r"(?:^|\s)(?P<host>[A-Za-z0-9][\w.-]{0,254}) \[(?P<dev>\d{1,3})\] \S")
-_LEVEL_RE: Final = re.compile(r"\bNCCL (?P<lvl>INFO|WARN|ERROR|ABORT)\b[ \t]?(?P<payload>.*)")
-# NCCL <= 2.4: no "NCCL" word; accept only right after a "[dev] " prefix or a "file.ext:line " source.
-_OLD_LEVEL_RE: Final = re.compile(
-    r"(?:\[\d{1,3}\] (?:[\w./-]{1,200}:\d{1,6} )?|(?:^|\s)[\w./-]{1,200}\.(?:cc|cu|c|h|cpp|hpp):\d{1,6} )"
-    r"(?P<lvl>INFO|WARN) (?P<payload>.*)"
-)
-_SOURCE_RE: Final = re.compile(r"(?P<file>[\w./\[\]-]{1,200}?)[:\]]\d{1,6}\S{0,80} (?:NCCL )?(?:WARN|INFO)\b")
+_PREFIX_TAIL_RE: Final = re.compile(r":(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>\d{1,3})\] ")
+_HOST_STOP: Final = " \t[]()<>:"
+_DEV_RE: Final = re.compile(r" \[(\d{1,3})\] ")
+_HOST_RE: Final = re.compile(r"[A-Za-z0-9][\w.-]{0,254}")
+_LEVEL_RE: Final = re.compile(r"NCCL (?P<lvl>INFO|WARN|ERROR|ABORT)\b[ \t]?(?P<payload>.*)")
+_DEV_TOKEN_RE: Final = re.compile(r"\[\d{1,3}\]")
+_SOURCE_TOKEN_RE: Final = re.compile(r"[\w./-]{1,200}\.(?:cc|cu|c|h|cpp|hpp):\d{1,6}")
+_LINE_TOKEN_RE: Final = re.compile(r"[\w./-]{1,200}:\d{1,6}")
 _INIT_RE: Final = re.compile(
-    r"\bcomm (?P<comm>0x[0-9A-Fa-f]{1,16}) rank (?P<rank>\d{1,9}) nranks (?P<nranks>\d{1,9})\b"
+    r"comm (?P<comm>0x[0-9A-Fa-f]{1,16}) rank (?P<rank>\d{1,9}) nranks (?P<nranks>\d{1,9})\b"
 )
-_CUDADEV_RE: Final = re.compile(r"\bcudaDev (\d{1,4})\b")
-_BUSID_RE: Final = re.compile(r"\bbusId (?:0x)?([0-9A-Fa-f]{1,13})\b")
+_CUDADEV_RE: Final = re.compile(r"cudaDev (\d{1,4})\b")
+_BUSID_RE: Final = re.compile(r"busId (?:0x)?([0-9A-Fa-f]{1,13})\b")
 _COMM_STATE_RE: Final = re.compile(
     r"- (Init START|Init COMPLETE|Abort COMPLETE|Destroy COMPLETE|Abort START)"
 )
@@ -57,7 +54,7 @@ _NET_WARN_RE: Final = re.compile(
     r"Connection (?:closed|reset|refused|timed out)"
 )
 _NET_FILE_RE: Final = re.compile(
-    r"(?:^|/)(?:socket|net\w{0,20}|ib\w{0,20}|\w{0,20}ibv\w{0,20}|\w{0,10}ofi\w{0,20})\.(?:cc|c|h)$"
+    r"(?:^|[/\[])(?:socket|net\w{0,20}|ib\w{0,20}|\w{0,20}ibv\w{0,20}|\w{0,10}ofi\w{0,20})\.(?:cc|c|h)\b"
 )
 _NET_BENIGN_RE: Final = re.compile(
     r"status=5\b|with error 5\b|async event ?: ?(?:port error|port active|GID|LID|client reregister|SM change)"
@@ -76,7 +73,6 @@ _RAS_ROW_RE: Final = re.compile(
     r"^\s*\d{1,9}(?:[ \t]+\d{1,12}){4,8}[ \t]+[A-Z_]{2,20}(?:[ \t]+[A-Z_]{2,20})?\s*$"
 )
 _NCCL_TESTS_FAIL_RE: Final = re.compile(r"\bTest (?:CUDA|NCCL) failure\b")
-_UCX_RE: Final = re.compile(r"\bUCX\b|\[[^\s\[\]:]{1,255}:\d{1,10}:\d{1,5}:\d{1,10}\]|\bucp_\w|\buct_\w")
 
 # --- PyTorch ------------------------------------------------------------------------------------------
 
@@ -98,35 +94,90 @@ _TIMEOUT_MS_RE: Final = re.compile(r"Timeout\(ms\)=(\d{1,22})")
 _RAN_FOR_RE: Final = re.compile(r"ran for (\d{1,22}) milliseconds")
 _EXIT_RE: Final = re.compile(r"failed \(exitcode: (?P<code>-?\d{1,5})\)(?: local_rank: (?P<local>\d{1,7}))?")
 
-# (pattern, severity, reason); a group named "seq" is the collective sequence number / work id.
-_TORCH_RULES: Final[tuple[tuple[re.Pattern[str], Severity, str], ...]] = (
+# (needles, pattern, severity, reason): the regex runs only when one needle is in the text (C-speed
+# substring test), so a line pays for the rules that can match it. A group named "seq" is the collective
+# sequence number / work id.
+_TORCH_RULES: Final[tuple[tuple[tuple[str, ...], re.Pattern[str], Severity, str], ...]] = (
     (
+        ("by watchdog at work",),
         re.compile(r"detected by watchdog at work(?: sequence id)?:\s*(?P<seq>-?\d{1,22})"),
         "critical",
         "watchdog_detected_failure",
     ),
-    (re.compile(r"Timeout at NCCL work:\s*(?P<seq>-?\d{1,22})"), "critical", "watchdog_timeout_at_work"),
-    (re.compile(r"Exception hit in NCCL work:\s*(?P<seq>-?\d{1,22})"), "critical", "nccl_work_exception"),
-    (re.compile(r"watchdog thread terminated with exception"), "critical", "watchdog_terminated"),
-    (re.compile(r"Some NCCL operations have failed or timed out"), "critical", "nccl_operations_failed"),
-    (re.compile(r"taking the entire process down"), "critical", "process_taken_down"),
-    (re.compile(r"NCCL communicator was aborted"), "critical", "communicator_aborted"),
-    (re.compile(r"DistBackendError|NCCL error in:|NCCL [Ee]rror(?: \d{1,4})?:"), "critical", "nccl_error"),
     (
+        ("Timeout at NCCL work",),
+        re.compile(r"Timeout at NCCL work:\s*(?P<seq>-?\d{1,22})"),
+        "critical",
+        "watchdog_timeout_at_work",
+    ),
+    (
+        ("Exception hit in NCCL work",),
+        re.compile(r"Exception hit in NCCL work:\s*(?P<seq>-?\d{1,22})"),
+        "critical",
+        "nccl_work_exception",
+    ),
+    (
+        ("watchdog thread terminated",),
+        re.compile(r"watchdog thread terminated with exception"),
+        "critical",
+        "watchdog_terminated",
+    ),
+    (
+        ("Some NCCL operations",),
+        re.compile(r"Some NCCL operations have failed or timed out"),
+        "critical",
+        "nccl_operations_failed",
+    ),
+    (
+        ("entire process down",),
+        re.compile(r"taking the entire process down"),
+        "critical",
+        "process_taken_down",
+    ),
+    (
+        ("communicator was aborted",),
+        re.compile(r"NCCL communicator was aborted"),
+        "critical",
+        "communicator_aborted",
+    ),
+    (
+        ("DistBackendError", "NCCL error", "NCCL Error"),
+        re.compile(r"DistBackendError|NCCL error in:|NCCL [Ee]rror(?: \d{1,4})?:"),
+        "critical",
+        "nccl_error",
+    ),
+    (
+        ("Error",),
         re.compile(r"\bnccl(?:Remote|System|Internal|UnhandledCuda|InvalidUsage|InvalidArgument)Error\b"),
         "critical",
         "nccl_error",
     ),
     (
+        ("watchdog got stuck", "eartbeat"),
         re.compile(r"watchdog got stuck|[Hh]eartbeat monitor|no heartbeat|[Hh]eartbeat timeout"),
         "critical",
         "watchdog_heartbeat",
     ),
-    (re.compile(r"\bChildFailedError\b"), "critical", "torchrun_child_failed"),
-    (re.compile(r"RuntimeError: CUDA error|\bCUDA error: an illegal"), "critical", "cuda_error"),
-    (re.compile(r"Stack trace of the failed collective"), "warning", "failed_collective_trace"),
-    (re.compile(r"flight recorder dumps? to finish"), "warning", "flight_recorder_dump_wait"),
-    (re.compile(r"preparing to dump debug info"), "warning", "flight_recorder_dump"),
+    (("ChildFailedError",), re.compile(r"\bChildFailedError\b"), "critical", "torchrun_child_failed"),
+    (
+        ("CUDA error",),
+        re.compile(r"RuntimeError: CUDA error|\bCUDA error: an illegal"),
+        "critical",
+        "cuda_error",
+    ),
+    (
+        ("Stack trace of the failed",),
+        re.compile(r"Stack trace of the failed collective"),
+        "warning",
+        "failed_collective_trace",
+    ),
+    (
+        ("flight recorder",),
+        re.compile(r"flight recorder dumps? to finish"),
+        "warning",
+        "flight_recorder_dump_wait",
+    ),
+    (("dump debug info",), re.compile(r"preparing to dump debug info"), "warning", "flight_recorder_dump"),
 )
 _DUMP_SIGNAL_RE: Final = re.compile(
     r"Received a dump signal due to a collective timeout from\s+rank (\d{1,7})"
@@ -138,73 +189,111 @@ _BENIGN_TORCH_RE: Final = re.compile(
 _ROOT_CAUSE_RE: Final = re.compile(r"Root Cause \(first observed failure\)")
 
 
+def _nccl_ids(text: str, limit: int) -> dict[str, object]:
+    """host / pid / cudaDev of the NCCL prefix that ends before ``limit``.
+
+    Anchored on the literal ``:pid:tid [dev] `` tail and walking back to the host name, so the cost is
+    linear in the line (a regex that starts at every character with a host-name class would not be).
+    """
+    tail = _PREFIX_TAIL_RE.search(text, 0, limit)
+    if tail is not None:
+        end = tail.start()
+        host = text[max(text.rfind(c, 0, end) for c in _HOST_STOP) + 1 : end]
+        return {
+            "host": host or None,
+            "pid": parse_int(tail.group("pid")),
+            "cuda_dev": parse_int(tail.group("dev")),
+        }
+    dev = _DEV_RE.search(text, 0, limit)
+    if dev is not None:
+        before = text[: dev.start()].rsplit(None, 1)
+        host = before[-1] if before else ""
+        if host and _HOST_RE.fullmatch(host) is not None:
+            return {"host": host, "pid": None, "cuda_dev": parse_int(dev.group(1))}
+        return {"host": None, "pid": None, "cuda_dev": parse_int(dev.group(1))}
+    return {"host": None, "pid": None, "cuda_dev": None}
+
+
+def _old_level(text: str) -> tuple[str, int, int] | None:
+    """NCCL <= 2.4 ``[dev] [file:line ]INFO|WARN payload`` (no ``NCCL`` word): (level, start, payload start)."""
+    for level in ("WARN", "INFO"):
+        pos = text.find(f" {level} ")
+        if pos < 0:
+            continue
+        before = text[:pos].rsplit(None, 2)
+        last = before[-1] if before else ""
+        prev = before[-2] if len(before) > 1 else ""
+        if (
+            _DEV_TOKEN_RE.fullmatch(last) is not None
+            or _SOURCE_TOKEN_RE.fullmatch(last) is not None
+            or (_LINE_TOKEN_RE.fullmatch(last) is not None and _DEV_TOKEN_RE.fullmatch(prev) is not None)
+        ):
+            return level, pos + 1, pos + len(level) + 2
+    return None
+
+
 def nccl_events(text: str) -> list[Classified]:
     """NCCL events in one logical line or block (may be several when messages were flattened)."""
     text = bounded(text)
     events: list[Classified] = []
-    if _UCX_RE.search(text) is not None and "NCCL" not in text:
+    if ("UCX" in text or "ucp_" in text or "uct_" in text) and "NCCL" not in text:
         return events
-    prefix = _PREFIX_RE.search(text)
-    host = prefix.group("host") if prefix else None
-    cuda_dev = parse_int(prefix.group("dev")) if prefix else None
-    pid = parse_int(prefix.group("pid")) if prefix else None
-    if prefix is None:
-        host_dev = _HOST_DEV_RE.search(text)
-        if host_dev is not None and ("NCCL" in text or " WARN " in text or " INFO " in text):
-            host, cuda_dev = host_dev.group("host"), parse_int(host_dev.group("dev"))
-    ids = {"host": host, "cuda_dev": cuda_dev, "pid": pid}
-    level = _LEVEL_RE.search(text)
-    if level is None and (" WARN " in text or " INFO " in text):
-        level = _OLD_LEVEL_RE.search(text)
-    if level is not None:
-        payload = level.group("payload")
-        if level.group("lvl") == "INFO":
-            events.append(_info_event(payload, ids))
-        else:
-            source = _SOURCE_RE.search(text[: level.start() + 12])
-            events.append(_warn_event(payload, source.group("file") if source else "", ids))
-    bare = _BARE_NET_RE.search(text)
-    if bare is not None and (level is None or bare.start() > level.end()):
-        events.append(_net_event(text[bare.start() :], ids))
-    version = _VERSION_RE.search(text)
-    if version is not None and level is None:
-        events.append(
-            make_event("nccl_init", "info", reason="nccl_version", nccl_version=version.group("ver"))
-        )
-    ras = _RAS_MISMATCH_RE.search(text)
-    if ras is not None:
-        events.append(
-            make_event(
-                "nccl_warn_other",
-                "critical",
-                op=ras.group("op"),
-                reason="nccl_ras_mismatch",
-                message=clip(text),
+    level_name: str | None = None
+    level_start = 0
+    payload = ""
+    if "NCCL " in text:
+        level = _LEVEL_RE.search(text)
+        if level is not None:
+            level_name, level_start = level.group("lvl"), level.start()
+            payload = level.group("payload")
+    if level_name is None and (" WARN " in text or " INFO " in text):
+        old = _old_level(text)
+        if old is not None:
+            level_name, level_start, payload_start = old
+            payload = text[payload_start:]
+    ids = _nccl_ids(text, level_start if level_name else min(len(text), 600))
+    if level_name == "INFO":
+        events.append(_info_event(payload, ids))
+    elif level_name is not None:
+        before = text[:level_start].rsplit(None, 1)
+        events.append(_warn_event(payload, before[-1] if before else "", ids))
+    if level_name is None and ("NET/" in text or "ocket" in text or "Net :" in text or "Call to" in text):
+        bare = _BARE_NET_RE.search(text)
+        if bare is not None:
+            events.append(_net_event(text[bare.start() :], ids))
+    if level_name is None and "NCCL version" in text:
+        version = _VERSION_RE.search(text)
+        if version is not None:
+            events.append(
+                make_event("nccl_init", "info", reason="nccl_version", nccl_version=version.group("ver"))
             )
-        )
-    elif "\n" not in text and _RAS_ROW_RE.match(text) is not None:
+    if "MISMATCH" in text:
+        ras = _RAS_MISMATCH_RE.search(text)
+        if ras is not None:
+            events.append(
+                make_event(
+                    "nccl_warn_other",
+                    "critical",
+                    op=ras.group("op"),
+                    reason="nccl_ras_mismatch",
+                    message=clip(text),
+                )
+            )
+    elif "\n" not in text and text[:1] in (" ", "\t") and _RAS_ROW_RE.match(text) is not None:
         events.append(make_event("nccl_info", "info", reason="nccl_ras_status"))
-    if _NCCL_TESTS_FAIL_RE.search(text) is not None:
+    if "Test " in text and _NCCL_TESTS_FAIL_RE.search(text) is not None:
         events.append(make_event("other", "critical", reason="nccl_tests_failure", message=clip(text)))
     return events
 
 
 def chatter_event(text: str) -> Classified:
     """A plain NCCL INFO line: ``nccl_info``/``info`` with the prefix identifiers."""
-    prefix = _PREFIX_RE.search(bounded(text))
-    if prefix is None:
-        return make_event("nccl_info", "info")
-    return make_event(
-        "nccl_info",
-        "info",
-        host=prefix.group("host"),
-        pid=parse_int(prefix.group("pid")),
-        cuda_dev=parse_int(prefix.group("dev")),
-    )
+    text = bounded(text)
+    return make_event("nccl_info", "info", **_nccl_ids(text, min(len(text), 600)))
 
 
 def _info_event(payload: str, ids: dict[str, object]) -> Classified:
-    init = _INIT_RE.search(payload)
+    init = _INIT_RE.search(payload) if "nranks" in payload else None
     if init is not None:
         state = _COMM_STATE_RE.search(payload)
         state_text = state.group(1) if state else ""
@@ -309,7 +398,8 @@ def torch_events(text: str) -> list[Classified]:
 
     if ("atchdog" in text and _WATCHDOG_TIMEOUT_RE.search(text) is not None) or "WorkNCCL(" in text:
         events.append(_watchdog_timeout(text, get_rank()))
-    for pattern, severity, reason in _TORCH_RULES:
+    for index in _torch_rules_for(text):
+        _, pattern, severity, reason = _TORCH_RULES[index]
         match = pattern.search(text)
         if match is not None:
             seq = parse_int(match.group("seq")) if "seq" in pattern.groupindex else None
@@ -323,7 +413,7 @@ def torch_events(text: str) -> list[Classified]:
                     message=clip(text[match.start() :]),
                 )
             )
-    dump = _DUMP_SIGNAL_RE.search(text)
+    dump = _DUMP_SIGNAL_RE.search(text) if "dump signal" in text else None
     if dump is not None:
         events.append(
             make_event(
@@ -335,7 +425,7 @@ def torch_events(text: str) -> list[Classified]:
                 message=clip(text[dump.start() :]),
             )
         )
-    exit_match = _EXIT_RE.search(text)
+    exit_match = _EXIT_RE.search(text) if "exitcode" in text else None
     if exit_match is not None:
         code = parse_int(exit_match.group("code"))
         events.append(
@@ -348,7 +438,7 @@ def torch_events(text: str) -> list[Classified]:
                 message=clip(text[exit_match.start() :]),
             )
         )
-    if _ROOT_CAUSE_RE.search(text) is not None:
+    if "Root Cause" in text and _ROOT_CAUSE_RE.search(text) is not None:
         block_rank = _BLOCK_RANK_RE.search(text)
         block_exit = _BLOCK_EXIT_RE.search(text)
         code = parse_int(block_exit.group(1)) if block_exit else None
@@ -362,9 +452,26 @@ def torch_events(text: str) -> list[Classified]:
                 message=clip(text),
             )
         )
-    if not events and _BENIGN_TORCH_RE.search(text) is not None:
+    if not events and _maybe_benign(text) and _BENIGN_TORCH_RE.search(text) is not None:
         events.append(make_event("other", "info", rank=get_rank(), reason="torch_benign"))
     return events
+
+
+_TORCH_NEEDLES: Final = tuple(
+    (needle, index) for index, rule in enumerate(_TORCH_RULES) for needle in rule[0]
+)
+
+
+def _torch_rules_for(text: str) -> list[int]:
+    """Indexes of the rules whose needle occurs in ``text``, in rule order, each once."""
+    hits = {index for needle, index in _TORCH_NEEDLES if needle in text}
+    return sorted(hits)
+
+
+def _maybe_benign(text: str) -> bool:
+    return (
+        "destroy" in text or "closing signal" in text or "Exception raised from" in text or "frame #" in text
+    )
 
 
 def _watchdog_timeout(text: str, rank: int | None) -> Classified:
@@ -393,5 +500,7 @@ def _watchdog_timeout(text: str, rank: int | None) -> Classified:
 
 def global_rank(text: str) -> int | None:
     """The ``[rankN]`` prefix torchrun adds to every line of a worker, if any."""
+    if "[rank" not in text:
+        return None
     match = _GLOBAL_RANK_RE.search(bounded(text))
     return parse_int(match.group(1)) if match else None

@@ -36,6 +36,7 @@ MAX_BLOCK_LINES: Final = 40
 #: Matches the newline before every line that is not plain NCCL INFO chatter.
 CANDIDATE: Final = re.compile(rb"\n(?!" + CHATTER_PATTERN.encode("ascii") + rb")")
 _CHATTER_AT_START: Final = re.compile(CHATTER_PATTERN.encode("ascii"))
+_GLUED: Final = re.compile(rb"\r(?!\n)")
 
 _SECTION_HEAD_RE: Final = re.compile(r"^\s*(?:ECC Errors|Remapped Rows|Retired [Pp]ages)\s*:?\s*$")
 _ROOT_CAUSE_HEAD: Final = "Root Cause (first observed failure)"
@@ -74,8 +75,7 @@ class LogScanner:
                 self._buffer = buffer
                 return []
             buffer, last = buffer + b"\n", len(buffer)
-        body = buffer[: last + 1]
-        events, used = self._process(body, final=False)
+        events, used = self._process(buffer, last + 1, final=False)
         self._buffer = buffer[used:]
         return events
 
@@ -85,32 +85,34 @@ class LogScanner:
             return []
         body = self._buffer if self._buffer.endswith(b"\n") else self._buffer + b"\n"
         self._buffer = b""
-        events, _ = self._process(body, final=True)
+        events, _ = self._process(body, len(body), final=True)
         return events
 
-    def _starts(self, body: bytes) -> list[int]:
+    def _starts(self, body: bytes, limit: int) -> list[int]:
+        """Offsets of the lines of ``body[:limit]`` worth classifying (every line with ``include_all``)."""
         if self._include_all:
             starts = [0]
-            pos = body.find(b"\n")
-            while 0 <= pos < len(body) - 1:
+            pos = body.find(b"\n", 0, limit)
+            while 0 <= pos < limit - 1:
                 starts.append(pos + 1)
-                pos = body.find(b"\n", pos + 1)
+                pos = body.find(b"\n", pos + 1, limit)
             return starts
-        starts = [] if _CHATTER_AT_START.match(body) else [0]
-        end = len(body) - 1
-        starts.extend(m.start() + 1 for m in CANDIDATE.finditer(body) if m.start() < end)
-        if b"\r" in body:
-            glued = {body.rfind(b"\n", 0, m.start()) + 1 for m in re.finditer(rb"\r(?!\n)", body)}
+        starts = [] if _CHATTER_AT_START.match(body, 0, limit) else [0]
+        end = limit - 1
+        starts.extend(m.start() + 1 for m in CANDIDATE.finditer(body, 0, limit) if m.start() < end)
+        if body.find(b"\r", 0, limit) >= 0:
+            glued = {body.rfind(b"\n", 0, m.start()) + 1 for m in _GLUED.finditer(body, 0, limit)}
             starts = sorted(set(starts) | glued)
         return starts
 
-    def _process(self, body: bytes, *, final: bool) -> tuple[list[Classified], int]:
+    def _process(self, body: bytes, limit: int, *, final: bool) -> tuple[list[Classified], int]:
+        """Classify the complete lines in ``body[:limit]``; return the events and how much was used."""
         events: list[Classified] = []
         counted_to = 0
         line_no = self._line_base
         skip_until = 0
-        used = len(body)
-        for start in self._starts(body):
+        used = limit
+        for start in self._starts(body, limit):
             if start < skip_until:
                 continue
             line_no += body.count(b"\n", counted_to, start)
@@ -119,8 +121,8 @@ class LogScanner:
             line = body[start:end].decode("utf-8", "replace")
             if not line.strip():
                 continue
-            block_end = self._block_end(body, line, end, final=final)
-            if block_end is None and not final and len(body) - start <= MAX_BLOCK:
+            block_end = self._block_end(body, line, end, limit, final=final)
+            if block_end is None and not final and limit - start <= MAX_BLOCK:
                 used = start  # the block may continue in the next chunk; keep it
                 break
             if block_end is not None and block_end > end:
@@ -134,8 +136,7 @@ class LogScanner:
                     continue
                 event = found
             events.append(msgspec.structs.replace(event, line=line_no + 1))
-        self._line_base = line_no + body.count(b"\n", counted_to, used)
-        self.lines += body.count(b"\n", 0, used)
+        self._line_base = self.lines = line_no + body.count(b"\n", counted_to, used)
         return events, used
 
     def _classify_one(self, line: str) -> Classified | None:
@@ -145,7 +146,7 @@ class LogScanner:
         return best if best is not None else make_event("other", "info")
 
     @staticmethod
-    def _block_end(body: bytes, head: str, end: int, *, final: bool) -> int | None:
+    def _block_end(body: bytes, head: str, end: int, limit: int, *, final: bool) -> int | None:
         """End offset of the multi-line record that ``head`` starts; ``end`` when it is a single line and
         ``None`` when the record may continue past the end of ``body`` (more data may come)."""
         accept = continuation_rule(head)
@@ -153,9 +154,9 @@ class LogScanner:
             return end
         pos = end + 1
         for _ in range(MAX_BLOCK_LINES):
-            if pos >= len(body):
+            if pos >= limit:
                 return pos - 1 if final else None
-            nxt = body.find(b"\n", pos)
+            nxt = body.find(b"\n", pos, limit)
             if nxt - pos > 4096 or not accept(body[pos:nxt].decode("utf-8", "replace")):
                 break
             pos = nxt + 1

@@ -1,0 +1,174 @@
+"""Throughput of the log classifier's raw-mode fast path against ``grep -cE`` on the same file.
+
+Builds a large synthetic training log (NCCL INFO chatter with rare NCCL WARN, Xid and watchdog lines, all
+taken from ../shared/corpus/logs/real_lines.jsonl and varied), then in the same run:
+
+* classifies it with :class:`sentinel.signals.LogScanner` (the code ``sentinel logs classify`` runs),
+* runs the real CLI on it (output to /dev/null),
+* runs ``grep -cE '<key words>'`` on it,
+
+and prints lines/s and MB/s for each and the ratio to grep. Goal: >= 1 million lines/s, within 3x grep.
+
+    .venv/bin/python bench/logs.py            # ~300 MB
+    .venv/bin/python bench/logs.py --mb 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from sentinel.signals.classify import classify_line  # noqa: E402
+from sentinel.signals.scan import CHUNK_SIZE, LogScanner  # noqa: E402
+
+CORPUS = REPO.parent / "shared" / "corpus" / "logs" / "real_lines.jsonl"
+GREP_KEYWORDS = (
+    "NCCL WARN|NVRM|Xid|Watchdog caught|ProcessGroupNCCL|Init COMPLETE|Init START|Abort COMPLETE|"
+    "NCCL version|DistBackendError|NCCL error|exitcode"
+)
+EVENT_KINDS = ("xid", "nccl_warn_net", "nccl_warn_cuda", "nccl_warn_other", "torch_watchdog_timeout")
+
+
+def _corpus() -> tuple[list[str], list[str]]:
+    chatter, events = [], []
+    for raw in CORPUS.read_text(encoding="utf-8").splitlines():
+        record = json.loads(raw)
+        text, expect = record["text"], record["expect"]
+        if "\n" in text or "\r" in text:
+            continue
+        is_chatter = expect["kind"] == "nccl_info" and expect["severity"] == "info" and " INFO " in text
+        if is_chatter and classify_line(text) is None:
+            chatter.append(text)
+        elif expect["kind"] in EVENT_KINDS and classify_line(text) is not None:
+            events.append(text)
+    return chatter, events
+
+
+def _vary(line: str, rng: random.Random) -> str:
+    """Change host/pid/tid/cudaDev of an NCCL prefix so the file is not one block repeated."""
+    head, sep, rest = line.partition(" [")
+    parts = head.split(":")
+    if sep and len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+        host = f"node{rng.randrange(512):03d}"
+        return f"{host}:{rng.randrange(1, 99999)}:{rng.randrange(1, 99999)} [{rng.randrange(8)}{rest[1:] if rest[:1].isdigit() else '] ' + rest}"
+    return line
+
+
+def build(path: Path, megabytes: int, seed: int, event_every: int) -> tuple[int, int]:
+    """Write the synthetic log; return (lines, injected events)."""
+    rng = random.Random(seed)
+    chatter, events = _corpus()
+    block_lines: list[str] = []
+    injected_in_block = 0
+    size = 0
+    while size < 8 << 20:  # an 8 MB block of varied lines, written repeatedly
+        if rng.randrange(event_every) == 0:
+            line = rng.choice(events)
+            injected_in_block += 1
+        else:
+            line = _vary(rng.choice(chatter), rng)
+        block_lines.append(line)
+        size += len(line) + 1
+    block = ("\n".join(block_lines) + "\n").encode()
+    target = megabytes << 20
+    lines = injected = written = 0
+    with path.open("wb") as out:
+        while written < target:
+            out.write(block)
+            written += len(block)
+            lines += len(block_lines)
+            injected += injected_in_block
+    return lines, injected
+
+
+def _scan(path: Path) -> tuple[float, int, int]:
+    scanner = LogScanner()
+    found = 0
+    start = time.perf_counter()
+    with path.open("rb") as stream:
+        while chunk := stream.read(CHUNK_SIZE):
+            found += len(scanner.feed(chunk))
+    found += len(scanner.finish())
+    return time.perf_counter() - start, scanner.lines, found
+
+
+def _timed(command: list[str]) -> tuple[float, str]:
+    start = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, check=False, text=True)
+    elapsed = time.perf_counter() - start
+    return elapsed, result.stdout.strip() or result.stderr.strip()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--mb", type=int, default=300, help="size of the synthetic log in MiB (default 300)")
+    parser.add_argument("--seed", type=int, default=1, help="random seed for the synthetic log")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per contender; the best is reported")
+    parser.add_argument(
+        "--event-every", type=int, default=2000, help="one rare event line per N lines on average"
+    )
+    parser.add_argument(
+        "--keep", metavar="PATH", help="write the log here and keep it (default: a temp file)"
+    )
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(args.keep) if args.keep else Path(tmp) / "synthetic.log"
+        lines, injected = build(path, args.mb, args.seed, args.event_every)
+        size_mb = path.stat().st_size / 1e6
+        path.read_bytes()  # warm the page cache so every contender reads from memory
+        print(f"synthetic log: {size_mb:.0f} MB, {lines:,} lines, {injected:,} injected event lines")
+
+        scans, clis, greps, starts = [], [], [], []
+        for _ in range(args.repeat):  # interleaved, best of N: the machine is shared
+            scans.append(_scan(path))
+            clis.append(
+                _timed(["sh", "-c", f'"{sys.executable}" -m sentinel logs classify "{path}" > /dev/null'])[0]
+            )
+            starts.append(_timed([sys.executable, "-m", "sentinel", "logs", "classify", "/dev/null"])[0])
+            greps.append(_timed(["grep", "-cE", GREP_KEYWORDS, str(path)]))
+        scan_s, scanned_lines, found = min(scans)
+        cli_s, start_s = min(clis), min(starts)
+        grep_s, grep_out = min(greps)
+
+    rows = [
+        ("sentinel LogScanner", scan_s),
+        ("sentinel logs classify (CLI)", cli_s),
+        ("  same, minus CLI start-up", max(cli_s - start_s, 1e-9)),
+        ("grep -cE", grep_s),
+    ]
+    print(f"{'path':<30} {'seconds':>8} {'Mlines/s':>9} {'MB/s':>7} {'x grep':>7}")
+    for name, seconds in rows:
+        print(
+            f"{name:<30} {seconds:>8.2f} {lines / seconds / 1e6:>9.2f} {size_mb / seconds:>7.0f} {seconds / grep_s:>7.2f}"
+        )
+    print(
+        f"events found {found:,} (injected {injected:,}); lines counted {scanned_lines:,}; grep matched {grep_out}"
+    )
+    print(f"grep pattern: {GREP_KEYWORDS}")
+    ok_rate = lines / scan_s >= 1e6
+    ok_ratio = scan_s <= 3 * grep_s
+    print(
+        f"goal >= 1M lines/s: {'met' if ok_rate else 'NOT met'}; goal within 3x grep: {'met' if ok_ratio else 'NOT met'}"
+    )
+    if scanned_lines != lines:
+        print("ERROR: line count differs", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    raise SystemExit(main())
