@@ -18,9 +18,10 @@ import aiohttp
 
 from sentinel.demo.model import JobView, Snapshot
 from sentinel.demo.outcome import ApiShapeError, Verdict, verdict_from_api
-from sentinel.log import get_logger
 
-log = get_logger(module="demo.watch")
+# loggers are looked up when used, not at import: a logger bound at import time keeps structlog's
+# configuration of that moment and would ignore the demo's setup_logging
+from sentinel.log import get_logger
 
 MAX_VERDICTS = 100_000  # bound on remembered verdicts (a demo opens a handful)
 _DOWN_STATES = frozenset({"silent", "down", "disconnected", "offline", "lost"})
@@ -56,7 +57,13 @@ def job_from_api(obj: Any) -> JobView | None:
         return None
     state = obj.get("state", obj.get("status"))
     if not isinstance(state, str) or not state:
-        state = "stalled" if obj.get("stalled") else "running"
+        open_verdicts = obj.get("open_verdicts")
+        if obj.get("stalled"):
+            state = "stalled"
+        elif isinstance(open_verdicts, int) and not isinstance(open_verdicts, bool) and open_verdicts > 0:
+            state = "degraded"
+        else:
+            state = "running"
     ranks = _int_or_len(obj.get("ranks", obj.get("world_size")))
     hosts = _int_or_len(obj.get("hosts", obj.get("host_count")))
     return JobView(id=str(job_id), state=state, ranks=ranks, hosts=hosts)
@@ -135,7 +142,7 @@ class ApiWatcher:
         key = f"{what}: {exc}"
         if key not in self._shape_errors and len(self._shape_errors) < 100:
             self._shape_errors.add(key)
-            log.warning("unreadable api object", what=what, error=str(exc))
+            get_logger(module="demo.watch").warning("unreadable api object", what=what, error=str(exc))
 
     async def poll(self) -> Snapshot:
         now = self._clock()
@@ -145,7 +152,7 @@ class ApiWatcher:
                 self._get("/api/v1/verdicts"), self._get("/api/v1/jobs"), self._get("/api/v1/hosts")
             )
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            log.debug("aggregator poll failed", error=str(exc))
+            get_logger(module="demo.watch").debug("aggregator poll failed", error=str(exc))
             self._last = Snapshot(
                 t_s=t_s,
                 jobs=self._last.jobs,

@@ -1,8 +1,9 @@
 """The aggregator's status page: static HTML, JavaScript and CSS shipped as package data.
 
 The page polls the aggregator's own JSON API (``/api/v1/...``, contract section 5) from the browser, so the
-server side is nothing but three fixed files: :func:`add_status_page` registers ``GET /`` and
-``GET /ui/{name}`` on an aiohttp application before it starts. The files are read once, at registration,
+server side is nothing but three fixed files: :func:`status_page_routes` returns ``GET /`` and
+``GET /ui/{name}`` for the aggregator's ``create_app(extra_routes=...)``, and :func:`add_status_page` adds
+them to an existing aiohttp application before it starts. The files are read once, at registration,
 from the installed package; only the names in :data:`ASSETS` are ever served (no path from the request
 reaches the file system).
 """
@@ -33,12 +34,8 @@ def load_assets() -> dict[str, bytes]:
     return {name: (folder / name).read_bytes() for name in ASSETS}
 
 
-def add_status_page(app: web.Application) -> None:
-    """Serve the status page at ``/`` (and its script and style under ``/ui/``) on ``app``.
-
-    Call before the application starts (aiohttp freezes the router then). The aggregator's API routes are
-    untouched; the page only reads them.
-    """
+def status_page_routes() -> list[web.RouteDef]:
+    """``GET /`` and ``GET /ui/{name}``, for ``create_app(extra_routes=...)`` or ``app.add_routes``."""
     assets = load_assets()
 
     async def index(_: web.Request) -> web.Response:
@@ -52,5 +49,16 @@ def add_status_page(app: web.Application) -> None:
             raise web.HTTPNotFound(text=f"no such file: {UI_PREFIX}{name}\n")
         return web.Response(body=assets[name], content_type=ASSETS[name], charset="utf-8", headers=_HEADERS)
 
-    app.router.add_get("/", index, name="status_page")
-    app.router.add_get(UI_PREFIX + "{name}", asset, name="status_page_asset")
+    return [
+        web.get("/", index, name="status_page", allow_head=True),
+        web.get(UI_PREFIX + "{name}", asset, name="status_page_asset", allow_head=True),
+    ]
+
+
+def add_status_page(app: web.Application) -> None:
+    """Serve the status page at ``/`` (and its script and style under ``/ui/``) on ``app``.
+
+    Call before the application starts (aiohttp freezes the router then). The aggregator's API routes are
+    untouched; the page only reads them.
+    """
+    app.add_routes(status_page_routes())

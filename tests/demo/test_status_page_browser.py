@@ -71,16 +71,41 @@ def canned_app(n_hosts: int) -> web.Application:
     ]
     jobs = [{"id": "ft", "state": "stalled", "ranks": 32, "hosts": [f"host-{i:04d}" for i in range(12, 16)]}]
     incidents = [{"id": "i1", "job": "ft", "opened_at": NOW, "kind": "stuck"}]
-    incident = {
+    incident = {  # the shape of sentinel.aggregator.incidents: entries {t, host, type, data}
         "id": "i1",
+        "job": "ft",
+        "hosts": ["host-0013"],
+        "missing_hosts": [],
+        "verdicts": [verdicts[0]],
         "timeline": [
+            {
+                "t": NOW - 6,
+                "host": "host-0013",
+                "type": "sample",
+                "data": {
+                    "gpu": 2,
+                    "util_gpu_pct": 0.0,
+                    "temp_c": 35.2,
+                    "sm_clock_mhz": 345.0,
+                    "throttle": ["gpu_idle"],
+                },
+            },
             {
                 "t": NOW - 5,
                 "host": "host-0013",
-                "gpu": 2,
-                "kind": "heads",
-                "text": "rank 10 last completed seq 40",
-            }
+                "type": "heads",
+                "data": {
+                    "rank": 10,
+                    "pgs": [{"pg_name": "ft:tp1", "last_completed_seq": 40, "in_flight": []}],
+                },
+            },
+            {
+                "t": NOW - 4,
+                "host": "host-0013",
+                "type": "event",
+                "data": {"kind": "log", "gpu": 2, "severity": "warning", "text": "NCCL WARN <b>bold</b>"},
+            },
+            {"t": NOW, "host": "host-0013", "type": "verdict", "data": verdicts[0]},
         ],
     }
 
@@ -128,7 +153,15 @@ async def test_page_renders_the_api(tmp_path: Path) -> None:
     }
     assert [(r["job"], r["state"]) for r in rows(dom, "job")] == [("ft", "stalled")]
     assert "16 hosts · 128 GPUs" in dom
-    assert "rank 10 last completed seq 40" in dom  # the newest incident's timeline is shown
+    # the newest incident's timeline is shown, each entry type in words
+    timeline = re.search(r'<div id="timeline"[^>]*>(.*?)</div>', dom, re.S)
+    assert timeline is not None
+    text = timeline.group(1)
+    assert "incident i1 — job ft" in text and "4 entries from 1 hosts" in text
+    assert "host-0013 gpu 2  sample   0% 35°C 345 MHz gpu_idle" in text
+    assert "rank 10: ft:tp1 done 40" in text
+    assert "NCCL WARN &lt;b&gt;bold&lt;/b&gt;" in text
+    assert "VERDICT stuck not_entered_collective → restart_app (rank 10 never entered)" in text
     assert "&lt;img src=x onerror=alert(1)&gt;" in dom and "<img src=x" not in dom
     assert re.search(r'<span id="conn"[^>]*data-state="ok"[^>]*>live<', dom)  # the page says it is live
 

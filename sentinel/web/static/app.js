@@ -97,7 +97,7 @@ function normJob(j) {
   const ranks = Array.isArray(j.ranks) ? j.ranks.length : (j.ranks ?? j.world_size ?? null);
   const hosts = hostNames ? hostNames.length : (j.hosts ?? j.host_count ?? null);
   let state = String(j.state ?? j.status ?? "");
-  if (!state) state = j.stalled ? "stalled" : "running";
+  if (!state) state = j.stalled ? "stalled" : (Number(j.open_verdicts ?? 0) > 0 ? "degraded" : "running");
   return { id, state, ranks, hosts, hostNames };
 }
 
@@ -118,6 +118,11 @@ function rebuildCells() {
   }
   const jobOfHost = new Map();
   for (const job of model.jobs) for (const h of job.hostNames ?? []) jobOfHost.set(h, job.id);
+  for (const host of model.hosts) {  // the API's GPUs say which job runs on them
+    if (jobOfHost.has(host.name)) continue;
+    const g = host.gpus.find((x) => x.job);
+    if (g) jobOfHost.set(host.name, String(g.job));
+  }
   model.jobOfHost = jobOfHost;
   for (const v of model.verdicts) {
     if (v.host === null || v.host === undefined) continue;
@@ -414,7 +419,7 @@ function incidentId(inc) { return String(inc.id ?? inc.incident_id ?? ""); }
 function renderIncidents() {
   const q = query();
   const list = model.incidents
-    .filter((i) => matches(q, String(i.host ?? (i.hosts ?? []).join(" ")), null, i.job ?? i.job_id,
+    .filter((i) => matches(q, String(i.host ?? (Array.isArray(i.hosts) ? i.hosts.join(" ") : "")), null, i.job ?? i.job_id,
       `${i.kind ?? ""} ${i.reason ?? ""} ${i.title ?? ""}`))
     .sort((a, b) => (toMillis(b.opened_at ?? b.created_at ?? b.t) ?? 0) - (toMillis(a.opened_at ?? a.created_at ?? a.t) ?? 0))
     .slice(0, 50);
@@ -422,7 +427,8 @@ function renderIncidents() {
   const items = list.map((inc) => {
     const id = incidentId(inc);
     const when = inc.opened_at ?? inc.created_at ?? inc.t;
-    const what = [inc.title, inc.kind, inc.reason, inc.job ?? inc.job_id, inc.host].filter(Boolean).join(" · ");
+    const what = [inc.title, inc.kind, inc.reason, inc.job ?? inc.job_id, inc.host,
+      inc.gpu !== undefined && inc.gpu !== null ? "gpu " + inc.gpu : null].filter(Boolean).join(" · ");
     const li = el("li", `${id} — ${what} ${when !== undefined ? "(" + ago(when) + ")" : ""}`);
     li.dataset.id = id;
     if (id === model.selectedIncident) li.classList.add("selected");
@@ -436,20 +442,55 @@ function renderIncidents() {
   }
 }
 
+function describeEntry(e) {
+  const d = (e.data && typeof e.data === "object") ? e.data : {};
+  const type = String(e.type ?? e.kind ?? "");
+  const gpu = d.gpu ?? e.gpu;
+  const where = [e.host, gpu !== undefined && gpu !== null ? "gpu " + gpu : null].filter(Boolean).join(" ");
+  let what;
+  if (type === "verdict") {
+    what = `VERDICT ${d.kind} ${d.reason} → ${d.action}` + (d.evidence?.length ? ` (${d.evidence[0]})` : "");
+  } else if (type === "event") {
+    what = [d.kind, d.xid ? "Xid " + d.xid : null, d.severity, d.text].filter(Boolean).join(" ");
+  } else if (type === "sample") {
+    const num = (v, unit) => (v === undefined || v === null ? null : Math.round(v) + unit);
+    what = [d.state && d.state !== "ok" ? d.state.toUpperCase() : null, num(d.util_gpu_pct, "%"), num(d.temp_c, "°C"),
+      num(d.power_w, " W"), num(d.sm_clock_mhz, " MHz"), (d.throttle ?? []).join(",")].filter(Boolean).join(" ");
+  } else if (type === "heads") {
+    const pgs = (d.pgs ?? []).map((pg) => {
+      const inflight = (pg.in_flight ?? []).map((f) => `${f.op}#${f.seq}`).join(",");
+      return `${pg.pg_name} done ${pg.last_completed_seq}` + (inflight ? ` in ${inflight}` : "");
+    });
+    what = `rank ${d.rank}: ${pgs.join("; ")}`;
+  } else if (type === "procs") {
+    what = `${(d.procs ?? []).length} GPU processes`;
+  } else {
+    what = e.text ?? e.message ?? JSON.stringify(d);
+  }
+  return `${clockTime(e.t ?? e.time)}  ${where.padEnd(16)} ${type.padEnd(8)} ${what}`;
+}
+
+const BULK_TYPES = new Set(["sample", "heads"]);
+
 async function loadTimeline() {
   const id = model.selectedIncident;
   if (!id) return;
   try {
-    const inc = await getJSON("api/v1/incidents/" + encodeURIComponent(id));
+    const inc = await getJSON("api/v1/incidents/" + encodeURIComponent(id), 30000);
     if (id !== model.selectedIncident) return;
     const entries = asList(inc.timeline ?? inc.events ?? inc.entries ?? [], "timeline");
-    const head = [inc.title, inc.kind, inc.reason, inc.job ?? inc.job_id].filter(Boolean).join(" · ");
-    const lines = [`incident ${id}${head ? " — " + head : ""} — ${entries.length} entries`];
-    for (const e of entries.slice(-1000)) {
-      const where = [e.host, e.gpu !== undefined && e.gpu !== null ? "gpu " + e.gpu : null].filter(Boolean).join(" ");
-      const what = e.text ?? e.message ?? e.summary ?? JSON.stringify(e.fields ?? e);
-      lines.push(`${clockTime(e.t ?? e.time ?? e.ts)}  ${where.padEnd(16)} ${String(e.kind ?? "").padEnd(10)} ${what}`);
-    }
+    const all = $("timeline-all").checked;
+    // samples and heads are most of a timeline; by default show the rest, plus the bulk of the last 20 s
+    const last = entries.length ? toMillis(entries[entries.length - 1].t) ?? 0 : 0;
+    const shown = entries.filter((e) => all || !BULK_TYPES.has(String(e.type)) ||
+      (toMillis(e.t) ?? 0) >= last - 20000).slice(-2000);
+    const verdicts = (inc.verdicts ?? []).map((v) => `${v.kind} ${v.reason} on ${v.host ?? ""}` +
+      (v.gpu !== null && v.gpu !== undefined ? ` gpu ${v.gpu}` : "")).join(", ");
+    const lines = [`incident ${id}` + (inc.job ? ` — job ${inc.job}` : "") + (verdicts ? ` — ${verdicts}` : ""),
+      `${entries.length} entries from ${(inc.hosts ?? []).length} hosts` +
+      ((inc.missing_hosts ?? []).length ? `, no snapshot from ${inc.missing_hosts.join(", ")}` : "") +
+      (shown.length < entries.length ? ` (showing ${shown.length})` : "")];
+    for (const e of shown) lines.push(describeEntry(e));
     $("timeline").textContent = lines.join("\n");
   } catch (err) {
     $("timeline").textContent = `incident ${id}: ${err.message}`;
@@ -522,6 +563,7 @@ function init() {
   });
   $("groupby").addEventListener("change", refreshView);
   $("problems-only").addEventListener("change", refreshView);
+  $("timeline-all").addEventListener("change", loadTimeline);
   window.addEventListener("resize", () => { clearTimeout(pending); pending = setTimeout(renderGrid, 200); });
   poll();
 }
