@@ -196,3 +196,46 @@ async def test_wrong_token_is_refused_and_retried(tmp_path: Path) -> None:
         agent.request_stop()
         await asyncio.wait_for(task, 15)
         await aggregator.stop()
+
+
+async def test_wss_with_ca_file(tmp_path: Path) -> None:
+    import ssl
+    import subprocess
+
+    from tests.support import need_binary
+
+    openssl = need_binary("openssl")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(str(cert), str(key))
+    aggregator = FakeAggregator()
+    app = web.Application()
+    app.router.add_get("/api/v1/stream", aggregator._stream)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    config = stream_config(tmp_path, port, ca_file=str(cert))
+    config.stream.aggregator_url = f"wss://127.0.0.1:{port}/api/v1/stream"  # type: ignore[attr-defined]
+    agent = Agent(config, FakeSource(gpus=1))  # type: ignore[arg-type]
+    (tmp_path / "other").mkdir()
+    untrusting_config = stream_config(tmp_path / "other", port)  # system CAs: our self-signed cert is refused
+    untrusting_config.stream.aggregator_url = config.stream.aggregator_url  # type: ignore[attr-defined]
+    untrusting = Agent(untrusting_config, FakeSource(gpus=1))  # type: ignore[arg-type]
+    tasks = [asyncio.create_task(agent.run()), asyncio.create_task(untrusting.run())]
+    try:
+        await wait_for(lambda: len(aggregator.batches) >= 2)
+        assert untrusting.shipper is not None
+        await wait_for(lambda: "certificate" in untrusting.shipper.last_error.lower())  # type: ignore[union-attr]
+    finally:
+        agent.request_stop()
+        untrusting.request_stop()
+        await asyncio.wait_for(asyncio.gather(*tasks), 15)
+        await runner.cleanup()
+    assert aggregator.hellos and {h.host for h in aggregator.hellos} == {"host-test"}
