@@ -33,8 +33,10 @@ MAX_LINE: Final = 1 << 20
 MAX_BLOCK: Final = 64 * 1024
 MAX_BLOCK_LINES: Final = 40
 
-#: Matches the newline before every line that is not plain NCCL INFO chatter.
-CANDIDATE: Final = re.compile(rb"\n(?!" + CHATTER_PATTERN.encode("ascii") + rb")")
+#: Matches a newline plus the run of plain NCCL INFO chatter lines after it; every match therefore ends at
+#: the start of a line that is *not* chatter (or at the end of the data). Consuming whole runs inside one
+#: match keeps the regex engine in C for the common case.
+CANDIDATE: Final = re.compile(rb"\n(?:" + CHATTER_PATTERN.encode("ascii") + rb".*+\n)*+")
 _CHATTER_AT_START: Final = re.compile(CHATTER_PATTERN.encode("ascii"))
 _GLUED: Final = re.compile(rb"\r(?!\n)")
 
@@ -99,7 +101,7 @@ class LogScanner:
             return starts
         starts = [] if _CHATTER_AT_START.match(body, 0, limit) else [0]
         end = limit - 1
-        starts.extend(m.start() + 1 for m in CANDIDATE.finditer(body, 0, limit) if m.start() < end)
+        starts.extend(m.end() for m in CANDIDATE.finditer(body, 0, limit) if m.end() <= end)
         if body.find(b"\r", 0, limit) >= 0:
             glued = {body.rfind(b"\n", 0, m.start()) + 1 for m in _GLUED.finditer(body, 0, limit)}
             starts = sorted(set(starts) | glued)
