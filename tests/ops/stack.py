@@ -57,7 +57,15 @@ def duration_s(text: str) -> float:
     return sum(int(n) * UNIT_S[unit] for n, unit in DURATION_PART.findall(text))
 
 
-def fast_rules(source: Path, target: Path, *, factor: float = 1 / 30, floor_s: int = 2) -> dict[str, int]:
+#: Prometheus hands static targets to its scrapers up to 5 s after start, while rules are evaluated at once:
+#: until the first scrape, `absent(up{...})` holds. A production `for:` of minutes covers that; the scaled
+#: test copy must too.
+FOR_FLOOR_S = 6
+
+
+def fast_rules(
+    source: Path, target: Path, *, factor: float = 1 / 30, floor_s: int = FOR_FLOOR_S
+) -> dict[str, int]:
     """Copy a rule file with every ``for:`` scaled by ``factor`` (at least ``floor_s`` when it was > 0).
 
     Returns alert name → test ``for:`` in seconds. Range windows stay as they are: they only need enough
