@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from sentinel.config.aggregator import AggregatorConfig
 from sentinel.demo.model import DemoInfo, JobView, Snapshot, ViewModel, build_view
 from sentinel.demo.outcome import Fault, Verdict
 
@@ -73,3 +76,15 @@ def view(
         verdicts=verdicts,
     )
     return build_view(info, snap)
+
+
+#: The built-in scenario's four faults compressed into 12 s on 4 hosts (tests/demo/data/short.toml).
+SHORT = Path(__file__).parent / "data" / "short.toml"
+
+
+def tune_for_short_runs(config: AggregatorConfig) -> None:
+    """The straggler detector's persistence is sized for minutes; a test of seconds needs it in seconds."""
+    straggler = config.detect.straggler
+    straggler.eval_interval_s = 1.0
+    straggler.ema_window_s = 3.0
+    straggler.persistence = 3

@@ -11,23 +11,13 @@ from __future__ import annotations
 import asyncio
 import io
 import re
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from sentinel.demo.hooks import detection_bound_s
 from sentinel.demo.run import DemoOptions, run_demo
-
-SHORT = Path(__file__).parent / "data" / "short.toml"
-
-
-def tune_for_short_runs(config: Any) -> None:
-    """The straggler detector's persistence is sized for minutes; a 24 s test needs it in seconds."""
-    straggler = config.detect.straggler
-    straggler.eval_interval_s = 1.0
-    straggler.ema_window_s = 3.0
-    straggler.persistence = 3
+from tests.demo.helpers import SHORT, tune_for_short_runs
 
 
 async def watch_verdicts(
