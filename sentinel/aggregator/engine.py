@@ -38,6 +38,8 @@ class Engine:
         self.fleet = FleetState(
             ema_window_s=self.config.detect.straggler.ema_window_s,
             max_gpus_per_host=self.config.limits.max_gpus_per_host,
+            max_jobs=self.config.limits.max_jobs,
+            max_ranks_per_job=self.config.limits.max_ranks_per_job,
         )
         self.book = VerdictBook(closed_kept=self.config.fleet.closed_verdicts_kept)
         self.streaks: dict[tuple[str, ...], straggler.Streak] = {}

@@ -310,23 +310,30 @@ class Aggregator:
                 await self._close(conn, CLOSE_UNSUPPORTED, "text_frame", "frames are binary msgpack")
                 return
             elif msg.type == WSMsgType.ERROR:
-                error = ws.exception()
-                code = ws.close_code or 0
-                reason = "frame_too_large" if code == CLOSE_TOO_BIG else "protocol"
-                self.metrics.rejected(reason)
-                log.warning(
-                    "stream_error",
-                    peer=conn.peer,
-                    host=conn.host,
-                    code=code,
-                    reason=reason,
-                    detail=str(error)[:300],
-                )
-                return
+                break
+        # the loop ends on a close from the agent, or on a protocol error aiohttp detected (too big: 1009)
+        error = ws.exception()
+        code = getattr(error, "code", None) or ws.close_code or 1000
+        if error is not None or code not in (1000, 1001):
+            reason = "frame_too_large" if code == CLOSE_TOO_BIG else "protocol"
+            self.metrics.rejected(reason)
+            log.warning(
+                "stream_error",
+                peer=conn.peer,
+                host=conn.host,
+                code=code,
+                reason=reason,
+                detail=str(error)[:300],
+            )
 
     def _check_hello(self, hello: Hello) -> str:
         if not HOST_NAME.match(hello.host):
             return f"host name {hello.host[:80]!r} is not a valid host name"
+        if (
+            hello.host not in self.engine.fleet.hosts
+            and len(self.engine.fleet.hosts) >= self.config.limits.max_hosts
+        ):
+            return f"the aggregator already tracks {self.config.limits.max_hosts} hosts"
         if len(hello.gpus) > self.config.limits.max_gpus_per_host:
             return f"{len(hello.gpus)} GPUs declared, at most {self.config.limits.max_gpus_per_host}"
         return ""

@@ -161,11 +161,21 @@ class JobView:
 class FleetState:
     """All hosts, GPUs and jobs; mutated only through :meth:`hello` and :meth:`apply`."""
 
-    def __init__(self, *, ema_window_s: float = 15.0, max_gpus_per_host: int = 64) -> None:
+    def __init__(
+        self,
+        *,
+        ema_window_s: float = 15.0,
+        max_gpus_per_host: int = 64,
+        max_jobs: int = 10000,
+        max_ranks_per_job: int = 131072,
+    ) -> None:
         self.hosts: dict[str, HostView] = {}
         self.jobs: dict[str, JobView] = {}
         self.ema_window_s = ema_window_s
         self.max_gpus_per_host = max_gpus_per_host
+        self.max_jobs = max_jobs
+        self.max_ranks_per_job = max_ranks_per_job
+        self.ignored = 0  # jobs/ranks beyond the bounds
         self.dirty_gpus: list[GpuView] = []
         self.unknown_gpu_samples = 0
 
@@ -375,9 +385,11 @@ class FleetState:
             if proc.job_id is None or proc.rank is None:
                 continue
             job = self._job(proc.job_id, now)
-            if proc.world_size:
+            view = self._rank(job, proc.rank) if job is not None else None
+            if job is None or view is None:
+                continue
+            if proc.world_size and 0 < proc.world_size <= self.max_ranks_per_job:
                 job.world_size = proc.world_size
-            view = job.rank_view(proc.rank)
             view.host, view.gpu, view.pid, view.alive = host.name, proc.gpu, proc.pid, True
             if 0 <= proc.gpu < len(host.gpus):
                 gpu_view = host.gpus[proc.gpu]
@@ -389,12 +401,21 @@ class FleetState:
             if job_view is not None and rank is not None and rank in job_view.ranks:
                 job_view.ranks[rank].alive = False
 
-    def _job(self, job_id: str, now: float) -> JobView:
+    def _job(self, job_id: str, now: float) -> JobView | None:
         job = self.jobs.get(job_id)
         if job is None:
+            if len(self.jobs) >= self.max_jobs or len(job_id) > 256:
+                self.ignored += 1
+                return None
             job = self.jobs[job_id] = JobView(id=job_id, first_seen=now, last_progress_at=now)
         job.last_seen = now
         return job
+
+    def _rank(self, job: JobView, rank: int) -> RankView | None:
+        if rank not in job.ranks and len(job.ranks) >= self.max_ranks_per_job:
+            self.ignored += 1
+            return None
+        return job.rank_view(rank)
 
     def _heads(self, host: HostView, heads: FrHeads, now: float) -> None:
         job_id = heads.job_id
@@ -405,9 +426,11 @@ class FleetState:
             if job_id is None:
                 return
         job = self._job(job_id, now)
-        if heads.world_size:
+        view = self._rank(job, heads.rank) if job is not None else None
+        if job is None or view is None:
+            return
+        if heads.world_size and 0 < heads.world_size <= self.max_ranks_per_job:
             job.world_size = heads.world_size
-        view = job.rank_view(heads.rank)
         view.heads, view.heads_at = heads, now
         view.host = host.name
         if heads.gpu is not None:

@@ -82,6 +82,13 @@ class LimitsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_gpus_per_host: Annotated[int, msgspec.Meta(ge=1, le=1024, description="GPUs a hello may declare")] = (
         64
     )
+    max_hosts: Annotated[
+        int, msgspec.Meta(ge=1, description="distinct hosts remembered (a new one beyond: 1008)")
+    ] = 65536
+    max_jobs: Annotated[
+        int, msgspec.Meta(ge=1, description="jobs tracked at once (more are ignored and counted)")
+    ] = 10000
+    max_ranks_per_job: Annotated[int, msgspec.Meta(ge=1, description="ranks tracked per job")] = 131072
     max_connections: Annotated[
         int, msgspec.Meta(ge=1, description="concurrent agent connections (one per host; 503 beyond)")
     ] = 20000

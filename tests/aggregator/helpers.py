@@ -14,7 +14,17 @@ from aiohttp import web
 
 from sentinel.aggregator.server import AGGREGATOR_KEY, Aggregator, create_app
 from sentinel.config.aggregator import AggregatorConfig
-from sentinel.wire import Ack, Batch, Command, Event, GpuInfo, GpuSample, Hello, decode_aggregator_frame, encode
+from sentinel.wire import (
+    Ack,
+    Batch,
+    Command,
+    Event,
+    GpuInfo,
+    GpuSample,
+    Hello,
+    decode_aggregator_frame,
+    encode,
+)
 
 TOKEN = "test-token-0123456789"
 
@@ -23,7 +33,10 @@ def hello(host: str, gpus: int = 8) -> Hello:
     return Hello(
         host=host,
         boot_id="boot-1",
-        gpus=[GpuInfo(index=i, uuid=f"GPU-{host}-{i}", pci_bus=f"0000:{0x18 + i:02x}:00", name="H100") for i in range(gpus)],
+        gpus=[
+            GpuInfo(index=i, uuid=f"GPU-{host}-{i}", pci_bus=f"0000:{0x18 + i:02x}:00", name="H100")
+            for i in range(gpus)
+        ],
     )
 
 
@@ -106,7 +119,9 @@ class AgentConn:
 @asynccontextmanager
 async def agent(running: Running, host: str, token: str = TOKEN, gpus: int = 8) -> AsyncIterator[AgentConn]:
     async with aiohttp.ClientSession() as session:
-        ws = await session.ws_connect(running.stream_url, headers={"Authorization": f"Bearer {token}"}, max_msg_size=0)
+        ws = await session.ws_connect(
+            running.stream_url, headers={"Authorization": f"Bearer {token}"}, max_msg_size=0
+        )
         conn = AgentConn(session, ws)
         await conn.send(hello(host, gpus))
         try:

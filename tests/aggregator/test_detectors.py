@@ -1,0 +1,329 @@
+"""Detectors through the engine with an injected clock: open once, update, close when the evidence is gone."""
+
+from __future__ import annotations
+
+from sentinel.aggregator.engine import Engine
+from sentinel.aggregator.state import HostView
+from sentinel.aggregator.verdicts import Finding, VerdictBook
+from sentinel.fr.heads import FrHeads, InFlight, PgHead
+from sentinel.wire import Batch, EccCounters, Event, NvLink, ProcInfo, RowRemap
+from tests.aggregator.helpers import hello, sample
+
+
+class Fleet:
+    """A few hosts fed straight into an engine (no sockets): the same path as ingest."""
+
+    def __init__(self, hosts: int = 2, gpus: int = 8) -> None:
+        self.engine = Engine()
+        self.gpus = gpus
+        self.views: dict[str, HostView] = {}
+        self.seq: dict[str, int] = {}
+        for h in range(hosts):
+            name = f"h{h}"
+            self.views[name] = self.engine.hello(hello(name, gpus), 0.0)
+            self.seq[name] = 0
+
+    def send(self, host: str, t: float, **kwargs: object) -> None:
+        samples = kwargs.pop("samples", None)
+        if samples is None:
+            samples = [sample(i, t) for i in range(self.gpus)]
+        batch = Batch(seq=self.seq[host], t=t, samples=samples, **kwargs)  # type: ignore[arg-type]
+        self.seq[host] += 1
+        self.engine.ingest(self.views[host], batch, t)
+
+    def open(self) -> list[tuple[str, str | None, int | None, str]]:
+        return sorted((v.kind, v.host, v.gpu, v.reason) for v in self.engine.book.open.values())
+
+
+# -- hardware -------------------------------------------------------------------------------------------
+
+
+def test_critical_xid_opens_faulty_in_the_same_ingest_and_closes_on_reset() -> None:
+    f = Fleet()
+    f.send("h0", 1.0)
+    f.send("h0", 2.0, events=[Event(t=2.0, kind="xid", gpu=3, xid=79, text="NVRM: Xid (PCI:0000:1b:00): 79")])
+    assert f.open() == [("faulty", "h0", 3, "xid_79")]  # before any tick
+    verdict = next(iter(f.engine.book.open.values()))
+    assert verdict.action == "reboot" and verdict.opened_at == 2.0
+    for t in range(3, 8):
+        f.send("h0", float(t))
+        f.engine.tick(float(t))
+    assert len(f.engine.book.open) == 1 and len(f.engine.book.by_id) == 1  # opened once
+    f.send("h0", 8.0, events=[Event(t=8.0, kind="gpu_reset", gpu=3)])
+    assert f.open() == []
+    assert verdict.state == "closed" and verdict.closed_at == 8.0
+
+
+def test_application_xids_never_make_a_gpu_faulty_but_repeats_from_many_processes_degrade_it() -> None:
+    f = Fleet()
+    for i, xid in enumerate((13, 31, 43, 45)):
+        f.send("h0", 1.0 + i, events=[Event(t=1.0 + i, kind="xid", gpu=1, xid=xid, fields={"pid": 100})])
+    assert f.open() == []
+    for i, pid in enumerate((101, 102)):
+        f.send("h0", 10.0 + i, events=[Event(t=10.0 + i, kind="xid", gpu=1, xid=13, fields={"pid": pid})])
+    assert f.open() == [("degraded", "h0", 1, "xid_13_repeated")]
+    assert all(v.kind != "faulty" for v in f.engine.book.all())
+
+
+def test_lost_and_unresponsive_gpus() -> None:
+    f = Fleet()
+    samples = [sample(i, 1.0) for i in range(6)]
+    samples += [sample(6, 1.0, state="lost"), sample(7, 1.0, state="unresponsive")]
+    f.send("h0", 1.0, samples=samples)
+    assert f.open() == [("faulty", "h0", 6, "gpu_lost"), ("faulty", "h0", 7, "gpu_unresponsive")]
+    f.send("h0", 2.0)  # both answer again
+    assert f.open() == []
+
+
+def test_row_remap_pending_failure_and_ecc() -> None:
+    f = Fleet()
+    f.send(
+        "h0",
+        1.0,
+        samples=[sample(i, 1.0, remap=RowRemap(), ecc=EccCounters(volatile_uncorrected=0)) for i in range(8)],
+    )
+    assert f.open() == []
+    samples = [sample(i, 2.0, remap=RowRemap(), ecc=EccCounters(volatile_uncorrected=0)) for i in range(8)]
+    samples[0] = sample(0, 2.0, remap=RowRemap(uncorrectable=1, pending=True))
+    samples[1] = sample(1, 2.0, remap=RowRemap(uncorrectable=2, failure=True))
+    samples[2] = sample(2, 2.0, ecc=EccCounters(volatile_uncorrected=3))
+    f.send("h0", 2.0, samples=samples)
+    assert f.open() == [
+        ("degraded", "h0", 0, "row_remap_pending"),
+        ("faulty", "h0", 1, "row_remap_failure"),
+        ("faulty", "h0", 2, "ecc_uncorrectable"),
+    ]
+    actions = {v.gpu: v.action for v in f.engine.book.open.values()}
+    assert actions == {0: "reset_gpu", 1: "rma", 2: "reset_gpu"}
+    # the GPU reset applied the remap and cleared the volatile counters
+    samples = [
+        sample(i, 3.0, remap=RowRemap(uncorrectable=1), ecc=EccCounters(volatile_uncorrected=0))
+        for i in range(8)
+    ]
+    samples[1] = sample(1, 3.0, remap=RowRemap(uncorrectable=2, failure=True))
+    f.send(
+        "h0",
+        3.0,
+        samples=samples,
+        events=[Event(t=3.0, kind="gpu_reset", gpu=0), Event(t=3.0, kind="gpu_reset", gpu=2)],
+    )
+    assert f.open() == [("faulty", "h0", 1, "row_remap_failure")]
+
+
+def test_nvlink_error_rate_opens_degraded_and_a_stray_error_does_not() -> None:
+    f = Fleet(hosts=1)
+
+    def links(errors: int) -> list[NvLink]:
+        return [NvLink(link=0, crc_errors=errors), NvLink(link=1)]
+
+    for t in range(0, 20):
+        errors = 1 if t >= 5 else 0  # one stray CRC error
+        f.send(
+            "h0",
+            float(t),
+            samples=[sample(i, float(t), nvlink=links(errors if i == 4 else 0)) for i in range(8)],
+        )
+        f.engine.tick(float(t))
+    assert f.open() == []
+    for t in range(20, 23):
+        errors = 1 + 50 * (t - 19)
+        f.send(
+            "h0",
+            float(t),
+            samples=[sample(i, float(t), nvlink=links(errors if i == 4 else 0)) for i in range(8)],
+        )
+        f.engine.tick(float(t))
+    assert f.open() == [("degraded", "h0", 4, "nvlink_errors")]
+    assert f.engine.book.open[("hw", "h0", "4")].opened_at == 20.0
+    for t in range(23, 90):  # the counter stops rising: the rate decays below the threshold
+        f.send(
+            "h0",
+            float(t),
+            samples=[sample(i, float(t), nvlink=links(101 if i == 4 else 0)) for i in range(8)],
+        )
+        f.engine.tick(float(t))
+    assert f.open() == []
+
+
+# -- stuck ----------------------------------------------------------------------------------------------
+
+
+def heads(rank: int, t: float, pgs: list[PgHead], host: str, gpu: int, job: str = "j") -> FrHeads:
+    return FrHeads(rank=rank, t=t, job_id=job, world_size=16, host=host, gpu=gpu, pgs=pgs)
+
+
+def pg(name: str, completed: int, waiting_age: float | None = None, ranks: list[int] | None = None) -> PgHead:
+    """A group where this rank completed ``completed`` and, if ``waiting_age``, waits in the next one."""
+    flight = (
+        [InFlight(seq=completed + 1, op="allreduce", age_s=waiting_age, state="started")]
+        if waiting_age
+        else []
+    )
+    return PgHead(
+        pg_name=name,
+        pg_desc="default_pg" if name == "world" else "tp",
+        ranks=ranks,
+        last_enqueued_seq=completed + (1 if waiting_age else 0),
+        last_started_seq=completed + (1 if waiting_age else 0),
+        last_completed_seq=completed,
+        in_flight=flight,
+    )
+
+
+def procs(host_index: int) -> list[ProcInfo]:
+    return [
+        ProcInfo(gpu=g, pid=1000 + g, job_id="j", rank=host_index * 8 + g, world_size=16) for g in range(8)
+    ]
+
+
+def feed_cascade(f: Fleet, t: float, age: float, completed: int = 10) -> None:
+    """Rank 3 (h0 gpu 3) hangs before tp seq 11; its tp peers wait in tp, h1's ranks wait in world."""
+    tp0 = list(range(8))
+    h0 = [
+        heads(r, t, [pg("tp0", completed, None if r == 3 else age, tp0), pg("world", completed - 1)], "h0", r)
+        for r in range(8)
+    ]
+    h1 = [
+        heads(
+            8 + g,
+            t,
+            [pg("tp1", completed, None, list(range(8, 16))), pg("world", completed - 1, age)],
+            "h1",
+            g,
+        )
+        for g in range(8)
+    ]
+    h0_samples = [sample(g, t, util_gpu_pct=0.0 if g == 3 else 100.0) for g in range(8)]
+    f.send("h0", t, samples=h0_samples, heads=h0, procs=procs(0) if t == 0 else None)
+    f.send("h1", t, heads=h1, procs=procs(1) if t == 0 else None)
+
+
+def test_stuck_follows_the_wait_across_groups_to_the_root_and_never_blames_a_waiting_peer() -> None:
+    f = Fleet()
+    for t in (0.0, 2.0):  # healthy: progress on every snapshot
+        feed_cascade(f, t, age=0.1, completed=10 + int(t))
+        f.engine.tick(t)
+    assert f.open() == []
+    for t in (4.0, 6.0, 8.0):
+        feed_cascade(f, t, age=t - 3.0, completed=12)
+        f.engine.tick(t)
+    stuck = [v for v in f.engine.book.open.values() if v.kind == "stuck"]
+    assert [(v.host, v.gpu, v.rank, v.reason) for v in stuck] == [("h0", 3, 3, "not_entered_collective")]
+    evidence = " ".join(stuck[0].evidence)
+    assert "idles" in evidence and "never entered" in evidence
+    assert f.engine.stalls["j"].culprits == [3]
+    # the job moves again: the verdict closes
+    feed_cascade(f, 10.0, age=0.1, completed=20)
+    f.engine.tick(10.0)
+    assert [v for v in f.engine.book.open.values() if v.kind == "stuck"] == []
+
+
+def test_all_ranks_inside_with_nccl_net_errors_names_the_rank_with_the_errors() -> None:
+    f = Fleet()
+    nccl = "h1:1005:1011 [5] transport/net_ib.cc:2244 NCCL WARN NET/IB : Got completion from peer 10.0.0.1<53908> with status=12"
+    for t, age, completed in ((0.0, 0.1, 10), (2.0, 0.1, 11), (4.0, 1.0, 12), (6.0, 3.0, 12), (8.0, 5.0, 12)):
+        for host, base in (("h0", 0), ("h1", 8)):
+            hs = [heads(base + g, t, [pg("world", completed, age)], host, g) for g in range(8)]
+            events = []
+            if host == "h1" and t == 4.0:
+                events = [
+                    Event(t=t, kind="log", severity="warning", text=nccl, fields={"kind": "nccl_warn_net"})
+                ]
+            f.send(host, t, heads=hs, events=events, procs=procs(base // 8) if t == 0 else None)
+        f.engine.tick(t)
+    stuck = [v for v in f.engine.book.open.values() if v.kind == "stuck"]
+    assert [(v.host, v.gpu, v.rank, v.reason) for v in stuck] == [("h1", 5, 13, "nccl_net_error")]
+
+
+def test_no_heads_watchdog_timeouts_name_the_rank_that_did_not_time_out() -> None:
+    f = Fleet()
+    events = [
+        Event(
+            t=5.0,
+            kind="log",
+            severity="critical",
+            text="watchdog",
+            fields={"kind": "torch_watchdog_timeout", "rank": r, "seq": 42},
+        )
+        for r in range(16)
+        if r != 9
+    ]
+    f.send("h0", 0.0, procs=procs(0))
+    f.send("h1", 0.0, procs=procs(1))
+    f.send("h0", 5.0, events=events)
+    f.engine.tick(40.0)
+    assert [(v.host, v.gpu, v.rank) for v in f.engine.book.open.values() if v.kind == "stuck"] == [
+        ("h1", 1, 9)
+    ]
+
+
+# -- straggler ------------------------------------------------------------------------------------------
+
+
+def test_one_noisy_sample_never_opens_a_straggler_and_a_persistent_thermal_one_does() -> None:
+    f = Fleet(hosts=4)
+    t = 0.0
+    for step in range(40):
+        t = float(step)
+        for host in f.views:
+            samples = [sample(i, t, sm_clock_mhz=1975.0 + (i % 3)) for i in range(8)]
+            if host == "h2" and step == 10:
+                samples[5] = sample(5, t, sm_clock_mhz=1000.0, throttle=["hw_thermal_slowdown"])  # one glitch
+            f.send(host, t, samples=samples)
+        f.engine.tick(t)
+    assert f.open() == []
+    opened_at = None
+    for step in range(40, 120):
+        t = float(step)
+        for host in f.views:
+            samples = [sample(i, t, sm_clock_mhz=1975.0 + (i % 3)) for i in range(8)]
+            if host == "h2":
+                samples[5] = sample(5, t, sm_clock_mhz=1100.0, temp_c=91.0, throttle=["hw_thermal_slowdown"])
+            f.send(host, t, samples=samples)
+        f.engine.tick(t)
+        if opened_at is None and f.open():
+            opened_at = t
+    assert f.open() == [("straggler", "h2", 5, "thermal")]
+    assert opened_at is not None and opened_at - 40 <= 60
+
+
+# -- host silent ----------------------------------------------------------------------------------------
+
+
+def test_host_silent_opens_after_the_threshold_and_closes_when_heard_again() -> None:
+    f = Fleet()
+    for t in range(0, 30):
+        f.send("h0", float(t))
+        if t < 5 or t >= 25:
+            f.send("h1", float(t))
+        f.engine.tick(float(t))
+        if t == 13:
+            assert f.open() == []  # 9 s of silence
+        if t == 14:  # 10 s: the threshold
+            assert f.open() == [("host_silent", "h1", None, "no_heartbeat")]
+    assert f.open() == []
+
+
+# -- the book -------------------------------------------------------------------------------------------
+
+
+def finding(kind: str, reason: str, action: str = "none", evidence: tuple[str, ...] = ("e",)) -> Finding:
+    return Finding(
+        key=("k",), detector="d", kind=kind, reason=reason, action=action, evidence=evidence, evidence_t=0.0
+    )
+
+
+def test_verdict_book_opens_once_escalates_and_closes() -> None:
+    book = VerdictBook()
+    changes = book.reconcile("d", [finding("degraded", "a")], 1.0)
+    assert [c.what for c in changes] == ["opened"]
+    assert book.reconcile("d", [finding("degraded", "a")], 2.0) == []
+    changes = book.reconcile("d", [finding("faulty", "b", "rma", ("e", "f"))], 3.0)
+    assert [c.what for c in changes] == ["updated"]
+    verdict = changes[0].verdict
+    assert (verdict.kind, verdict.reason, verdict.action, verdict.opened_at) == ("faulty", "b", "rma", 1.0)
+    changes = book.reconcile("other", [], 4.0)
+    assert changes == [] and verdict.state == "open"  # another detector cannot close it
+    changes = book.reconcile("d", [], 5.0)
+    assert [c.what for c in changes] == ["closed"] and verdict.closed_at == 5.0
+    assert [v.id for v in book.all()] == [verdict.id]
