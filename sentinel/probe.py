@@ -1,0 +1,203 @@
+"""In-process probe: send this rank's live collective progress to the local sentinel agent.
+
+One call in a training script::
+
+    import sentinel.probe
+    sentinel.probe.start()          # every 2 s, to $SENTINEL_PROBE_SOCKET or /run/sentinel/probe.sock
+
+A daemon thread takes the live Flight Recorder with only the active entries
+(``torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=True)``, or
+``_dump_nccl_trace_json`` on builds that only have that), reduces it to :class:`sentinel.fr.heads.FrHeads`
+with this rank's identity, and sends it as one unix datagram (msgpack, at most 60 KiB: in-flight entries
+are trimmed to fit). It never blocks or breaks training: a missing socket or a full queue drops the
+snapshot and counts it, the next tick tries again. Importing this module imports nothing heavy; torch is
+imported by the thread, and only if the process already uses it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_SOCKET = "/run/sentinel/probe.sock"
+MAX_DATAGRAM = 60 * 1024
+
+DumpFn = Callable[[], bytes]
+
+
+@dataclass(slots=True)
+class ProbeStats:
+    """Counters the probe keeps (read them from the handle; nothing is logged from the training process)."""
+
+    sent: int = 0
+    dropped: int = 0  # socket missing/full or snapshot unusable
+    errors: dict[str, int] = field(default_factory=dict)
+    last_cpu_s: float = 0.0  # thread CPU time of the last snapshot (dump + reduce + encode + send)
+    last_bytes: int = 0
+
+
+class Probe:
+    """A running probe; :func:`start` returns it. ``stop()`` ends the thread."""
+
+    def __init__(self, interval_s: float, socket_path: str, dump_fn: DumpFn | None = None) -> None:
+        self.interval_s = interval_s
+        self.socket_path = socket_path
+        self.stats = ProbeStats()
+        self._dump_fn = dump_fn
+        self._stop = threading.Event()
+        self._known_groups: dict[int, tuple[str, str]] = {}
+        self._sock: socket.socket | None = None
+        self._thread = threading.Thread(target=self._run, name="sentinel-probe", daemon=True)
+        self._identity = _identity()
+
+    def start(self) -> Probe:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout_s)
+        if self._sock is not None:
+            self._sock.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.tick()
+
+    def tick(self) -> bool:
+        """Take, reduce and send one snapshot; True when it was sent. Never raises."""
+        start = time.thread_time()
+        try:
+            payload = self.snapshot()
+            if payload is None:
+                return False
+            self.stats.last_bytes = len(payload)
+            return self._send(payload)
+        except Exception as exc:  # the probe must never break training
+            self._count(type(exc).__name__)
+            return False
+        finally:
+            self.stats.last_cpu_s = time.thread_time() - start
+
+    def snapshot(self) -> bytes | None:
+        """The encoded heads of this rank now, or None when no flight recorder is available yet."""
+        from sentinel.fr.reduce import reduce_snapshot
+
+        dump_fn = self._dump_fn or _torch_dump_fn()
+        if dump_fn is None:
+            self._count("no_flight_recorder")
+            return None
+        self._dump_fn = dump_fn
+        raw = dump_fn()
+        data = json.loads(raw) if raw else {}
+        ident = self._identity
+        heads = reduce_snapshot(
+            data,
+            rank=ident["rank"],
+            now=time.time(),
+            known_groups=self._known_groups,
+            job_id=ident["job_id"],
+            world_size=ident["world_size"],
+            local_rank=ident["local_rank"],
+            pid=ident["pid"],
+        )
+        return encode_capped(heads)
+
+    def _send(self, payload: bytes) -> bool:
+        if self._sock is None:
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self._sock.setblocking(False)
+        try:
+            self._sock.sendto(payload, self.socket_path)
+        except OSError as exc:
+            self._count(type(exc).__name__)
+            return False
+        self.stats.sent += 1
+        return True
+
+    def _count(self, reason: str) -> None:
+        self.stats.dropped += 1
+        self.stats.errors[reason] = self.stats.errors.get(reason, 0) + 1
+
+
+def encode_capped(heads: Any, limit: int = MAX_DATAGRAM) -> bytes:
+    """msgpack of the heads, trimming the newest in-flight entries until it fits in ``limit`` bytes."""
+    import msgspec
+
+    data = msgspec.msgpack.encode(heads)
+    if len(data) <= limit:
+        return data
+    pgs = list(heads.pgs)
+    keep = max(len(pg.in_flight) for pg in pgs) if pgs else 0
+    while keep > 0:
+        keep //= 2
+        trimmed = msgspec.structs.replace(
+            heads, pgs=[msgspec.structs.replace(pg, in_flight=pg.in_flight[:keep]) for pg in pgs]
+        )
+        data = msgspec.msgpack.encode(trimmed)
+        if len(data) <= limit:
+            return data
+    raise ValueError("heads do not fit in one datagram even without in-flight entries")
+
+
+def _torch_dump_fn() -> DumpFn | None:
+    """The build's live FR JSON dump with only active entries, when torch is already in use."""
+    if "torch" not in sys.modules:
+        return None
+    try:
+        import torch
+    except ImportError:
+        return None
+    c10d = getattr(torch._C, "_distributed_c10d", None)
+    for name in ("_dump_fr_trace_json", "_dump_nccl_trace_json"):
+        fn: Callable[..., bytes] | None = getattr(c10d, name, None)
+        if fn is not None:
+            return _bind_active(fn)
+    return None
+
+
+def _bind_active(fn: Callable[..., bytes]) -> DumpFn:
+    def dump() -> bytes:
+        return bytes(fn(includeCollectives=True, onlyActive=True))
+
+    return dump
+
+
+def _env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def _identity() -> dict[str, Any]:
+    return {
+        "rank": _env_int("RANK") or 0,
+        "local_rank": _env_int("LOCAL_RANK"),
+        "world_size": _env_int("WORLD_SIZE"),
+        "job_id": os.environ.get("SENTINEL_JOB_ID")
+        or os.environ.get("SLURM_JOB_ID")
+        or os.environ.get("TORCHELASTIC_RUN_ID"),
+        "pid": os.getpid(),
+    }
+
+
+_PROBE: Probe | None = None
+_LOCK = threading.Lock()
+
+
+def start(interval_s: float = 2.0, socket_path: str | None = None, *, dump_fn: DumpFn | None = None) -> Probe:
+    """Start the probe thread once per process (later calls return the running one)."""
+    global _PROBE  # noqa: PLW0603 - one probe per process
+    with _LOCK:
+        if _PROBE is None:
+            path = socket_path or os.environ.get("SENTINEL_PROBE_SOCKET") or DEFAULT_SOCKET
+            _PROBE = Probe(interval_s, path, dump_fn).start()
+        return _PROBE
