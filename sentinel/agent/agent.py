@@ -347,8 +347,8 @@ class Agent:
         """The ring-buffer snapshot document (see :mod:`sentinel.agent.ring`)."""
         return self.ring.snapshot(self.clock(), since)
 
-    def trigger_fr_dump(self, job: str | None = None) -> list[str]:
-        """Ask the local ranks (of ``job``, or all) to dump their flight recorder; returns the pipes written."""
+    def trigger_fr_dump(self, job: str | None = None) -> dict[str, Any]:
+        """Ask the local ranks (of ``job``, or all) to dump their flight recorder; the fr_dump payload."""
         prefix = self.config.probe.fr_pipe_prefix
         ranks = [p.rank for p in self._procs if p.rank is not None and (job is None or p.job_id == job)]
         return trigger_fr_dump(prefix, ranks or None)
@@ -360,8 +360,8 @@ class Agent:
             return CommandResult(id=command.id, payload=self.snapshot(since_t))
         if command.name == "fr_dump":
             job = command.args.get("job")
-            written = await asyncio.to_thread(self.trigger_fr_dump, job if isinstance(job, str) else None)
-            return CommandResult(id=command.id, ok=True, payload={"pipes": written})
+            payload = await asyncio.to_thread(self.trigger_fr_dump, job if isinstance(job, str) else None)
+            return CommandResult(id=command.id, ok=True, payload=payload)
         return CommandResult(id=command.id, ok=False, error=f"unknown command {command.name!r}")
 
     def _hello(self, first_pending: int) -> Hello:

@@ -3,20 +3,20 @@
 PyTorch writes a rank's full FR trace to ``TORCH_FR_DUMP_TEMP_FILE`` + rank (on a watchdog timeout, or when
 asked); the agent watches that folder and reports each new file as an ``fr_dump`` event so the aggregator
 knows where the evidence is. A dump is requested by writing to the pipe each rank opens at
-``TORCH_NCCL_DEBUG_INFO_PIPE_FILE`` + rank + ``.pipe`` (ProcessGroupNCCL's DumpPipe polls it).
+``TORCH_NCCL_DEBUG_INFO_PIPE_FILE`` + rank + ``.pipe`` (ProcessGroupNCCL's DumpPipe polls it), through
+:mod:`sentinel.fr.trigger`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
 import re
-import stat
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from sentinel.agent._log import module_logger
+from sentinel.fr.trigger import pipe_path, trigger_dumps
 from sentinel.wire import Event
 
 log = module_logger("agent.frdump")
@@ -24,59 +24,45 @@ log = module_logger("agent.frdump")
 _RANK = re.compile(r"(\d+)(?:\.json)?(?:\.gz)?$")
 
 
-def write_trigger_pipes(prefix: str, ranks: Iterable[int] | None) -> list[str]:
-    """Write one byte to ``<prefix><rank>.pipe`` for each rank (all existing pipes when ranks is None).
+def local_pipe_ranks(prefix: str) -> list[int]:
+    """Ranks with a dump pipe under ``prefix`` (``<prefix><rank>.pipe``), for when no mapping names them."""
+    directory, stem = Path(prefix).parent, Path(prefix).name
+    ranks: list[int] = []
+    try:
+        names = [p.name for p in directory.iterdir()]
+    except OSError:
+        return []
+    for name in names:
+        if name.startswith(stem):
+            rest = name[len(stem) :].removesuffix(".pipe")
+            if rest.isdigit():
+                ranks.append(int(rest))
+    return sorted(set(ranks))
 
-    Returns the pipes written. Non-blocking: a pipe nobody reads (ENXIO) or a full one is skipped.
+
+def trigger_fr_dump(prefix: str, ranks: Iterable[int] | None) -> dict[str, Any]:
+    """Ask these local ranks (all with a pipe when None) to dump, through :mod:`sentinel.fr.trigger`.
+
+    Returns the command payload: ``{"pipes": [paths written], "triggered": [ranks], "missing": [ranks],
+    "failed": {rank: reason}}``.
     """
     if not prefix:
-        return []
-    if ranks is None:
-        directory = Path(prefix).parent
-        stem = Path(prefix).name
-        try:
-            paths = sorted(
-                str(p) for p in directory.iterdir() if p.name.startswith(stem) and p.name.endswith(".pipe")
-            )
-        except OSError:
-            return []
-    else:
-        paths = [f"{prefix}{rank}.pipe" for rank in sorted(set(ranks))]
-    written: list[str] = []
-    for path in paths:
-        try:
-            if not stat.S_ISFIFO(os.stat(path).st_mode):
-                continue
-            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOENT, errno.ENXIO):
-                log.warning("fr_pipe_open_failed", path=path, error=exc.strerror or str(exc))
-            continue
-        try:
-            os.write(fd, b"1\n")
-            written.append(path)
-        except OSError as exc:
-            log.warning("fr_pipe_write_failed", path=path, error=exc.strerror or str(exc))
-        finally:
-            os.close(fd)
-    return written
-
-
-def trigger_fr_dump(prefix: str, ranks: Iterable[int] | None) -> list[str]:
-    """Use the flight-recorder package's trigger when it provides one, else :func:`write_trigger_pipes`."""
-    try:
-        from sentinel.fr import trigger as fr_trigger  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
-        return write_trigger_pipes(prefix, ranks)
-    fn = getattr(fr_trigger, "trigger_dump", None) or getattr(fr_trigger, "write_trigger_pipes", None)
-    if fn is None:
-        return write_trigger_pipes(prefix, ranks)
-    with contextlib.suppress(TypeError):
-        result = fn(prefix, None if ranks is None else list(ranks))
-        if isinstance(result, list):
-            return [str(p) for p in result]
-        return []
-    return write_trigger_pipes(prefix, ranks)
+        return {
+            "pipes": [],
+            "triggered": [],
+            "missing": [],
+            "failed": {},
+            "error": "probe.fr_pipe_prefix not set",
+        }
+    wanted = local_pipe_ranks(prefix) if ranks is None else sorted(set(ranks))
+    result = trigger_dumps(prefix, wanted)
+    pipes = [path for path in (pipe_path(prefix, rank) for rank in result.triggered) if path is not None]
+    return {
+        "pipes": pipes,
+        "triggered": list(result.triggered),
+        "missing": list(result.missing),
+        "failed": {str(rank): reason for rank, reason in result.failed.items()},
+    }
 
 
 class FrDumpWatcher:

@@ -41,8 +41,7 @@ def build_app(agent: Agent) -> web.Application:
 
     async def fr_dump(request: web.Request) -> web.Response:
         job = request.query.get("job") or None
-        pipes = await asyncio.to_thread(agent.trigger_fr_dump, job)
-        return web.json_response({"pipes": pipes})
+        return web.json_response(await asyncio.to_thread(agent.trigger_fr_dump, job))
 
     app = web.Application(client_max_size=1024)
     app.router.add_get("/metrics", metrics)

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from sentinel.agent import Agent
-from sentinel.agent.frdump import FrDumpWatcher, write_trigger_pipes
+from sentinel.agent.frdump import FrDumpWatcher, trigger_fr_dump
 from sentinel.wire import ProcInfo
 from tests.agent.conftest import make_config
 from tests.agent.fakes import FakeSource
@@ -38,16 +38,19 @@ async def test_fr_dump_writes_pipes_of_the_jobs_local_ranks(tmp_path: Path) -> N
             [ProcInfo(gpu=0, pid=1, job_id="a", rank=4), ProcInfo(gpu=1, pid=2, job_id="a", rank=5)]
         )
         agent.set_procs([*agent._procs, ProcInfo(gpu=1, pid=3, job_id="b", rank=9)])
-        written = agent.trigger_fr_dump("a")
-        assert sorted(written) == [f"{prefix}4.pipe", f"{prefix}5.pipe"]
+        payload = agent.trigger_fr_dump("a")
+        assert sorted(payload["pipes"]) == [f"{prefix}4.pipe", f"{prefix}5.pipe"]
+        assert payload["triggered"] == [4, 5] and payload["missing"] == []
         assert os.read(readers[4], 16) == b"1\n" and os.read(readers[5], 16) == b"1\n"
         try:
             untouched = os.read(readers[9], 16)  # no writer ever: EOF
         except BlockingIOError:
             untouched = b""
         assert untouched == b"", "job b's rank was triggered"
-        assert sorted(write_trigger_pipes(str(prefix), None)) == [f"{prefix}{r}.pipe" for r in (4, 5, 9)]
-        assert write_trigger_pipes(str(tmp_path / "nobody_"), [1]) == []  # no pipe: nothing, no error
+        assert trigger_fr_dump(str(prefix), None)["triggered"] == [4, 5, 9]  # no mapping: every local pipe
+        assert trigger_fr_dump(str(tmp_path / "nobody_"), [1])["missing"] == [
+            1
+        ]  # no pipe: reported, no error
         await agent.shutdown()
     finally:
         for fd in readers.values():
