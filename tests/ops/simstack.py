@@ -68,6 +68,8 @@ async def aggregator_process(workdir: Path, tokens_file: Path, port: int) -> Asy
                 f"listen_port = {port}",
                 f'tokens_file = "{tokens_file}"',
                 f'state_dir = "{workdir / "state"}"',
+                "[fleet]",
+                f'cluster = "{CLUSTER}"',
                 "[log]",
                 'level = "warning"',
                 "",
