@@ -18,7 +18,7 @@ from typing import Final
 from sentinel.signals._text import bounded
 from sentinel.signals.ecc import evaluate_ecc, evaluate_retired_pages, parse_ecc, parse_retired_pages
 from sentinel.signals.kernel import kernel_events
-from sentinel.signals.nccl_log import chatter_event, global_rank, nccl_events, torch_events
+from sentinel.signals.nccl_log import chatter_event, global_rank, nccl_events, torch_events, torch_rank
 from sentinel.signals.record import Classified, make_event, most_severe
 from sentinel.signals.rowremap import evaluate_row_remap, parse_row_remap
 from sentinel.signals.xid import parse_xid
@@ -164,5 +164,13 @@ def classify_text(text: str) -> Classified:
     """Classify one record (line or block): the most severe event, or ``other``/``info`` when none."""
     best = most_severe(text_events(text))
     if best is None:
-        return make_event("other", "info")
+        return make_event("other", "info", rank=_fallback_rank(text))
     return best
+
+
+def _fallback_rank(text: str) -> int | None:
+    """The rank of a PyTorch line that carries no event (``[rank3]:`` or a default-group PG tag)."""
+    head = bounded(text)
+    if "[rank" in head or "ProcessGroup" in head or "[PG " in head:
+        return torch_rank(head)
+    return None

@@ -45,6 +45,35 @@ _HUNG_TASK_RE: Final = re.compile(r"\btask \S{1,80} blocked for more than \d{1,6
 _PEERMEM_RE: Final = re.compile(r"nvidia-peermem\b.{0,200}?\bERROR\b")
 _SIGNAL_RE: Final = re.compile(r"Caught signal \d{1,3} \(|Segmentation fault|Bus error \(|core dumped")
 _GPU_DEVICES: Final = ("pci", "nvidia")
+_AER_RE: Final = re.compile(
+    r"AER: (?P<what>Multiple |)(?P<kind>Corrected|Uncorrected \((?:Non-)?Fatal\)) error(?:s)? received: (?P<src>\S{7,20})"
+)
+_AER_SEVERITY_RE: Final = re.compile(
+    r"severity=(?P<kind>Corrected|Uncorrected \((?:Non-)?Fatal\)|Uncorrectable)"
+)
+_DEVICE_PREFIX_RE: Final = re.compile(
+    r"(?:^|[\s\]])(?P<dev>nvidia|pci|pcieport) (?P<bdf>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]): "
+)
+_FABRIC_RE: Final = re.compile(
+    r"NVSwitch (?P<kind>non-fatal|fatal) error (?P<code>\d{1,6}).{0,120}?pci bus id (?P<bdf>[0-9A-Fa-f:.]{7,20})",
+    re.IGNORECASE,
+)
+
+
+def _aer_events(text: str) -> list[Classified]:
+    """PCIe Advanced Error Reporting: fatal uncorrected errors take a GPU off the bus."""
+    aer = _AER_RE.search(text)
+    if aer is not None:
+        kind, pci = aer.group("kind"), normalize_pci(aer.group("src"))
+    else:
+        level = _AER_SEVERITY_RE.search(text)
+        if level is None:
+            return []
+        kind = level.group("kind")
+        device = _DEVICE_PREFIX_RE.search(text)
+        pci = normalize_pci(device.group("bdf")) if device is not None else None
+    severity: Severity = "info" if kind == "Corrected" else "warning" if "Non-Fatal" in kind else "critical"
+    return [make_event("other", severity, pci_bus=pci, reason="pcie_aer", message=clip(text))]
 
 
 def _maybe_crash(text: str) -> bool:
@@ -107,6 +136,27 @@ def kernel_events(text: str) -> list[Classified]:
             events.append(make_event("other", "warning", reason="ib_link_down", message=clip(text)))
         else:
             events.append(make_event("other", "info", reason="ib_port_info"))
+    if "AER" in text:
+        events.extend(_aer_events(text))
+    if "NVSwitch" in text and "rror" in text:
+        fabric = _FABRIC_RE.search(text)
+        if fabric is not None:
+            fatal = fabric.group("kind").lower() == "fatal"
+            events.append(
+                make_event(
+                    "other",
+                    "critical" if fatal else "warning",
+                    pci_bus=normalize_pci(fabric.group("bdf")),
+                    reason="nvswitch_fatal" if fatal else "nvswitch_nonfatal",
+                    message=clip(text),
+                )
+            )
+    if not events and ("nvidia " in text or "pci " in text):
+        device = _DEVICE_PREFIX_RE.search(text)
+        if device is not None and device.group("dev") != "pcieport":
+            events.append(
+                make_event("other", "info", pci_bus=normalize_pci(device.group("bdf")), reason="pci_device")
+            )
     if "blocked for more than" in text and _HUNG_TASK_RE.search(text) is not None:
         events.append(make_event("other", "warning", reason="hung_task", message=clip(text)))
     if "peermem" in text and _PEERMEM_RE.search(text) is not None:

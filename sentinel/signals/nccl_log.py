@@ -36,6 +36,7 @@ _INIT_RE: Final = re.compile(
 )
 _CUDADEV_RE: Final = re.compile(r"cudaDev (\d{1,4})\b")
 _BUSID_RE: Final = re.compile(r"busId (?:0x)?([0-9A-Fa-f]{1,13})\b")
+_COMM_RANK_RE: Final = re.compile(r"comm (?P<comm>0x[0-9A-Fa-f]{1,16}) rank (?P<rank>\d{1,9})\b")
 _COMM_STATE_RE: Final = re.compile(
     r"- (Init START|Init COMPLETE|Abort COMPLETE|Destroy COMPLETE|Abort START)"
 )
@@ -46,11 +47,14 @@ _PEER_RE: Final = re.compile(
     r"\b(?:peer|from|to) (\d{1,3}\.[\d.]{1,20}<\d{1,5}>|[0-9a-fA-F:.]{3,45}<\d{1,5}>)"
 )
 _CUDA_WARN_RE: Final = re.compile(
-    r"Cuda failure|CUDA failure|Failed to CUDA|CUDA error|cudaError\w{0,40}|cuMem\w{0,40} failed"
+    r"Cuda failure|CUDA failure|Failed to CUDA|CUDA error|Cuda API error|cudaError\w{0,40}|"
+    r"cu[A-Z]\w{0,40}(?:\(\))? failed|cuda[A-Z]\w{0,40}(?:\(\))? failed"
 )
+# A CUDA failure quoted without the NCCL prefix ("Last error:\nCuda failure 'out of memory'").
+_BARE_CUDA_RE: Final = re.compile(r"Cuda failure(?: \d{1,4})? '|Failed to CUDA calloc|Cuda API error")
 _NET_WARN_RE: Final = re.compile(
     r"NET/|\bNet :|[Ss]ocket|Call to (?:connect|recv|send|accept|bind|listen|ibv_)|\bibv_|\bIB\b|RoCE|"
-    r"Got completion|async event|async fatal|ncclIb|\bOFI\b|libfabric|wrong type|remote peer|"
+    r"Got completion|async event|async fatal|ncclIb|\bOFI\b|libfabric|ibverbs|wrong type|remote peer|"
     r"Connection (?:closed|reset|refused|timed out)"
 )
 _NET_FILE_RE: Final = re.compile(
@@ -84,7 +88,9 @@ _OLD_RANK_RE: Final = re.compile(r"\[Rank (\d{1,7})\]")
 _ABORTED_RANK_RE: Final = re.compile(r"aborted on rank (\d{1,7})")
 _BLOCK_RANK_RE: Final = re.compile(r"(?m)^[ \t]*rank[ \t]*:[ \t]*(\d{1,7})")
 _BLOCK_EXIT_RE: Final = re.compile(r"(?m)^[ \t]*exitcode[ \t]*:[ \t]*(-?\d{1,5})")
-_WATCHDOG_TIMEOUT_RE: Final = re.compile(r"Watchdog\s+caught\s+collective\s+operation\s+timeout")
+_WATCHDOG_TIMEOUT_RE: Final = re.compile(
+    r"collective\s+operation\s+timeout|milliseconds\s+before\s+timing\s+out"
+)
 _WORK_RE: Final = re.compile(r"WorkNCCL\((?P<body>(?:[^()]|\(ms\)){0,800})\)")
 _SEQNUM_RE: Final = re.compile(r"SeqNum=(-?\d{1,22})")
 _OPTYPE_RE: Final = re.compile(r"OpType=(\w{1,40})")
@@ -166,6 +172,24 @@ _TORCH_RULES: Final[tuple[tuple[tuple[str, ...], re.Pattern[str], Severity, str]
         "cuda_error",
     ),
     (
+        ("DistStoreError", "DistNetworkError", "Rendezvous"),
+        re.compile(r"\bDist(?:Store|Network)Error\b|\bRendezvous\w{0,20}Error\b"),
+        "critical",
+        "c10d_store_error",
+    ),
+    (
+        ("Terminating the process after",),
+        re.compile(r"Terminating the process after attempting to dump debug info"),
+        "critical",
+        "process_terminated_after_dump",
+    ),
+    (
+        ("dump signal",),
+        re.compile(r"(?:Received a|Observed flight recorder) dump signal"),
+        "warning",
+        "dump_signal",
+    ),
+    (
         ("Stack trace of the failed",),
         re.compile(r"Stack trace of the failed collective"),
         "warning",
@@ -186,6 +210,9 @@ _BENIGN_TORCH_RE: Final = re.compile(
     r"destroy_process_group\(\) was not called|process group has NOT been destroyed|closing signal SIG[A-Z]{2,6}|"
     r"Exception raised from \w{1,80} at|^\s*frame #\d{1,4}:"
 )
+_C10D_BAD_RE: Final = re.compile(r"\[c10d\].{0,400}?(?:failed|timed out|[Ee]rror|refused|reset by peer)")
+_GLOG_ERROR_RE: Final = re.compile(r"\[E\d{0,4}[ \]]|\[E ")
+_PG_OPTIONS_TIMEOUT_RE: Final = re.compile(r"TIMEOUT\(ms\): (\d{1,22})")
 _ROOT_CAUSE_RE: Final = re.compile(r"Root Cause \(first observed failure\)")
 
 
@@ -261,6 +288,18 @@ def nccl_events(text: str) -> list[Classified]:
         bare = _BARE_NET_RE.search(text)
         if bare is not None:
             events.append(_net_event(text[bare.start() :], ids))
+    if level_name is None and ("Cuda" in text or "CUDA calloc" in text):
+        bare_cuda = _BARE_CUDA_RE.search(text)
+        if bare_cuda is not None:
+            events.append(
+                make_event(
+                    "nccl_warn_cuda",
+                    "critical",
+                    reason="nccl_cuda_failure",
+                    message=clip(text[bare_cuda.start() :]),
+                    **ids,
+                )
+            )
     if level_name is None and "NCCL version" in text:
         version = _VERSION_RE.search(text)
         if version is not None:
@@ -294,6 +333,8 @@ def chatter_event(text: str) -> Classified:
 
 def _info_event(payload: str, ids: dict[str, object]) -> Classified:
     init = _INIT_RE.search(payload) if "nranks" in payload else None
+    if init is None and "comm 0x" in payload:
+        return _comm_event(payload, ids)
     if init is not None:
         state = _COMM_STATE_RE.search(payload)
         state_text = state.group(1) if state else ""
@@ -322,6 +363,18 @@ def _info_event(payload: str, ids: dict[str, object]) -> Classified:
     if trace is not None:
         return make_event("nccl_info", "warning", reason="nccl_error_trace", message=clip(payload), **ids)
     return make_event("nccl_info", "info", **ids)
+
+
+def _comm_event(payload: str, ids: dict[str, object]) -> Classified:
+    """``comm 0x.. rank N`` lines that are not init lines (NCCL 2.19+ ``nRanks ... localRank``, teardown)."""
+    match = _COMM_RANK_RE.search(payload)
+    fields: dict[str, object] = dict(ids)
+    if match is not None:
+        fields.update(rank=parse_int(match.group("rank")), comm=match.group("comm"))
+    state = _COMM_STATE_RE.search(payload)
+    if state is not None and state.group(1).startswith("Abort"):
+        return make_event("nccl_info", "warning", reason="nccl_comm_abort", **fields)
+    return make_event("nccl_info", "info", reason="nccl_comm", **fields)
 
 
 def _warn_event(payload: str, source_file: str, ids: dict[str, object]) -> Classified:
@@ -396,8 +449,10 @@ def torch_events(text: str) -> list[Classified]:
             rank, rank_done = torch_rank(text), True
         return rank
 
-    if ("atchdog" in text and _WATCHDOG_TIMEOUT_RE.search(text) is not None) or "WorkNCCL(" in text:
-        events.append(_watchdog_timeout(text, get_rank()))
+    if "WorkNCCL(" in text or "operation timeout" in text or "timing out" in text:
+        timed_out = _WATCHDOG_TIMEOUT_RE.search(text) is not None
+        if timed_out or "WorkNCCL(" in text:
+            events.append(_work_event(text, get_rank(), timed_out=timed_out))
     for index in _torch_rules_for(text):
         _, pattern, severity, reason = _TORCH_RULES[index]
         match = pattern.search(text)
@@ -415,6 +470,7 @@ def torch_events(text: str) -> list[Classified]:
             )
     dump = _DUMP_SIGNAL_RE.search(text) if "dump signal" in text else None
     if dump is not None:
+        events[:] = [e for e in events if e.reason != "dump_signal"]
         events.append(
             make_event(
                 "torch_other_error",
@@ -452,6 +508,31 @@ def torch_events(text: str) -> list[Classified]:
                 message=clip(text),
             )
         )
+    if "[c10d]" in text and not events:
+        c10d = _C10D_BAD_RE.search(text)
+        if c10d is not None:
+            c10d_severity: Severity = "critical" if _GLOG_ERROR_RE.search(text[: c10d.start()]) else "warning"
+            events.append(
+                make_event(
+                    "torch_other_error",
+                    c10d_severity,
+                    rank=get_rank(),
+                    reason="c10d_error",
+                    message=clip(text[c10d.start() :]),
+                )
+            )
+    if not events and "TIMEOUT(ms)" in text:
+        pg_timeout = _PG_OPTIONS_TIMEOUT_RE.search(text)
+        if pg_timeout is not None:
+            events.append(
+                make_event(
+                    "other",
+                    "info",
+                    rank=get_rank(),
+                    timeout_ms=parse_int(pg_timeout.group(1)),
+                    reason="process_group_options",
+                )
+            )
     if not events and _maybe_benign(text) and _BENIGN_TORCH_RE.search(text) is not None:
         events.append(make_event("other", "info", rank=get_rank(), reason="torch_benign"))
     return events
@@ -474,7 +555,8 @@ def _maybe_benign(text: str) -> bool:
     )
 
 
-def _watchdog_timeout(text: str, rank: int | None) -> Classified:
+def _work_event(text: str, rank: int | None, *, timed_out: bool) -> Classified:
+    """A message about one collective (``WorkNCCL(...)``): a watchdog timeout, or an async exception."""
     work = _WORK_RE.search(text)
     body = work.group("body") if work else ""
     seq = _SEQNUM_RE.search(body)
@@ -484,7 +566,7 @@ def _watchdog_timeout(text: str, rank: int | None) -> Classified:
     timeout = _TIMEOUT_MS_RE.search(body)
     ran_for = _RAN_FOR_RE.search(text, work.end()) if work else None
     return make_event(
-        "torch_watchdog_timeout",
+        "torch_watchdog_timeout" if timed_out else "torch_other_error",
         "critical",
         rank=rank,
         seq=parse_int(seq.group(1)) if seq else None,
@@ -493,7 +575,7 @@ def _watchdog_timeout(text: str, rank: int | None) -> Classified:
         numel_in=parse_int(numel_in.group(1)) if numel_in else None,
         numel_out=parse_int(numel_out.group(1)) if numel_out else None,
         ran_for_ms=parse_int(ran_for.group(1)) if ran_for else None,
-        reason="watchdog_timeout",
+        reason="watchdog_timeout" if timed_out else "collective_exception",
         message=clip(text[work.start() :] if work else text),
     )
 
