@@ -15,7 +15,6 @@ sampled every 20 ms).
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import pickle
 import shutil
@@ -95,10 +94,7 @@ def build_set(source: dict[int, dict[str, Any]], ranks: int, entries: int, out: 
             pg_config = {}
             for name, cfg in d["pg_config"].items():
                 members = [int(x) for x in cfg["ranks"].strip("[]").split(",") if x.strip()]
-                if name == world:
-                    members = list(range(ranks))
-                else:
-                    members = [m + k * base for m in members]
+                members = list(range(ranks)) if name == world else [m + k * base for m in members]
                 pg_config[rename[name]] = {"name": rename[name], "desc": cfg["desc"], "ranks": str(members)}
             dump = dict(d, entries=ents, pg_config=pg_config)
             (out / f"{PREFIX}{r + k * base}").write_bytes(pickle.dumps(dump, protocol=2))

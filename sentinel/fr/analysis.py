@@ -392,7 +392,11 @@ def _stragglers(groups: dict[str, Group]) -> list[Straggler]:
                 # median of the *other* members: a late rank in a group of two is late against its peer
                 i = ordered.index(tv)
                 peers = ordered[:i] + ordered[i + 1 :]
-                med = peers[(n - 1) // 2] if (n - 1) % 2 else (peers[(n - 1) // 2 - 1] + peers[(n - 1) // 2]) / 2
+                med = (
+                    peers[(n - 1) // 2]
+                    if (n - 1) % 2
+                    else (peers[(n - 1) // 2 - 1] + peers[(n - 1) // 2]) / 2
+                )
                 lags.setdefault(r, []).append((tv - med) / 1e6)
     if len(lags) < 2:
         return []

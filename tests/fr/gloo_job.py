@@ -13,6 +13,7 @@ call the world all_reduce).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -93,17 +94,15 @@ def worker(rank: int, world: int, scenario: str, out: str, port: int) -> None:
             hang_forever()
         coll("tp", lambda: dist.all_reduce(torch.ones(256), group=tp))
         g = torch.ones(64)
-        coll("dp", lambda: dist.all_gather_into_tensor(torch.empty(128), g, group=dp))
+        coll("dp", lambda g=g: dist.all_gather_into_tensor(torch.empty(128), g, group=dp))
         if scenario == "op_mismatch" and rank == culprit and step == FAULT_STEP:
             expected = {"pg_name": names["world"], "seq": seq["world"] + 1, "op": "broadcast"}
             (outdir / "expected.json").write_text(json.dumps(expected))
-            try:
+            with contextlib.suppress(Exception):
                 coll("world", lambda: dist.broadcast(torch.ones(1024), src=0))
-            except Exception:  # noqa: BLE001 - the mismatch makes gloo fail; the dump is what matters
-                pass
             hang_forever()
         coll("world", lambda: dist.all_reduce(torch.ones(1024)))
-        coll("world", lambda: dist.broadcast(torch.ones(128), src=step % world))
+        coll("world", lambda step=step: dist.broadcast(torch.ones(128), src=step % world))
     state["watch"] = 0.0
     dist.barrier()
     if scenario == "healthy" and rank == 0:
@@ -128,7 +127,10 @@ def run(scenario: str, world: int, out: Path, timeout_s: float = 40.0) -> dict[s
     (out / "json").mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("spawn")
     port = _free_port()
-    procs = [ctx.Process(target=worker, args=(r, world, scenario, str(out), port), daemon=True) for r in range(world)]
+    procs = [
+        ctx.Process(target=worker, args=(r, world, scenario, str(out), port), daemon=True)
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout_s

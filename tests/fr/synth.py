@@ -45,7 +45,9 @@ def entry(
     }
 
 
-def write(folder: Path, rank: int, entries: list[dict[str, Any]], *, as_json: bool = False, version: str = "2.4") -> Path:
+def write(
+    folder: Path, rank: int, entries: list[dict[str, Any]], *, as_json: bool = False, version: str = "2.4"
+) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for i, e in enumerate(entries):
         e["record_id"] = i

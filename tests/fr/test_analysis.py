@@ -30,7 +30,9 @@ def test_all_gather_size_mismatch_at_the_stall(tmp_path: Path) -> None:
     for r in range(4):
         es = _steps("0", 3, desc="default_pg")
         size = 16 if r == 1 else 32
-        es.append(entry("0", 4, "all_gather", desc="default_pg", size=size, out=[[4 * size]], done=False, t_ms=50))
+        es.append(
+            entry("0", 4, "all_gather", desc="default_pg", size=size, out=[[4 * size]], done=False, t_ms=50)
+        )
         write(tmp_path, r, es, as_json=True)
     result = analyze_dir(tmp_path, workers=1)
     assert result.verdict == "mismatch"

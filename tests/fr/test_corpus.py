@@ -81,7 +81,15 @@ def test_cli_json_contract_and_exit_codes() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    for key in ("verdict", "culprit_ranks", "collective", "mismatch", "missing_dumps", "stragglers", "findings"):
+    for key in (
+        "verdict",
+        "culprit_ranks",
+        "collective",
+        "mismatch",
+        "missing_dumps",
+        "stragglers",
+        "findings",
+    ):
         assert key in out
     assert set(out["collective"]) >= {"pg_name", "pg_desc", "seq", "op"}
     assert out["culprit_ranks"][0] == 3

@@ -53,7 +53,9 @@ def test_hang_cascade_names_the_rank_that_never_entered(
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("fmt", ["pickle", "json"])
-def test_straggler_on_demand_dump_is_not_a_hang(jobs: dict[str, tuple[Path, dict[str, Any]]], fmt: str) -> None:
+def test_straggler_on_demand_dump_is_not_a_hang(
+    jobs: dict[str, tuple[Path, dict[str, Any]]], fmt: str
+) -> None:
     folder, _ = jobs["straggler"]
     result = analyze_dir(folder / fmt, workers=1)
     assert result.verdict == "straggler", result.summary

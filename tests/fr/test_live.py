@@ -1,0 +1,159 @@
+"""Live progress: snapshot reduction, find_stuck, the probe's datagrams, and the dump-pipe trigger."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from pathlib import Path
+
+import msgspec
+
+from sentinel.fr.heads import FrHeads, InFlight, PgHead
+from sentinel.fr.progress import find_stuck
+from sentinel.fr.reduce import reduce_snapshot
+from sentinel.fr.trigger import trigger_dumps
+from sentinel.probe import MAX_DATAGRAM, Probe, encode_capped
+from tests.fr.synth import T0, entry
+
+NOW = T0 / 1e9 + 100.0
+
+
+def _snapshot(active: list[dict[str, object]], status: dict[str, tuple[int, int]]) -> dict[str, object]:
+    return {
+        "version": "2.10",
+        "entries": active,
+        "pg_status": {
+            k: {
+                "last_enqueued_collective": str(e),
+                "last_started_collective": "-1",
+                "last_completed_collective": str(d),
+            }
+            for k, (e, d) in status.items()
+        },
+        "pg_config": {"": {"name": "", "desc": "", "ranks": "[]"}},
+    }
+
+
+def test_reduce_snapshot_maps_pg_ids_and_ages() -> None:
+    known: dict[int, tuple[str, str]] = {}
+    snap = _snapshot([entry("0", 7, desc="default_pg", done=False, t_ms=40_000)], {"0": (7, 6), "1": (3, 3)})
+    heads = reduce_snapshot(snap, rank=2, now=NOW, known_groups=known, job_id="j1")
+    assert heads.rank == 2 and heads.job_id == "j1"
+    [pg] = heads.pgs  # pg_id 1 has never been seen in an entry: its name is unknown
+    assert (pg.pg_name, pg.last_enqueued_seq, pg.last_completed_seq) == ("0", 7, 6)
+    assert pg.in_flight[0].seq == 7
+    assert abs(pg.in_flight[0].age_s - 60.0) < 0.01
+    assert known == {0: ("0", "default_pg")}
+
+
+def _heads(rank: int, groups: list[tuple[str, str, int, int, list[int]]], age: float = 30.0) -> FrHeads:
+    pgs = [
+        PgHead(
+            pg_name=name,
+            pg_desc=desc,
+            ranks=ranks,
+            last_enqueued_seq=enq,
+            last_completed_seq=done,
+            in_flight=[InFlight(seq=done + 1, op="nccl:all_reduce", age_s=age)] if enq > done else [],
+        )
+        for name, desc, enq, done, ranks in groups
+    ]
+    return FrHeads(rank=rank, t=NOW, world_size=4, pgs=pgs)
+
+
+def test_find_stuck_follows_a_cascade_to_the_root() -> None:
+    tp = {0: [0, 1], 1: [0, 1], 2: [2, 3], 3: [2, 3]}
+    heads = {
+        0: _heads(0, [("1", "tp", 9, 9, tp[0]), ("3", "dp", 5, 4, [0, 2])]),  # waits in dp for 2
+        1: _heads(1, [("1", "tp", 9, 9, tp[1]), ("4", "dp", 5, 4, [1, 3])]),  # waits in dp for 3
+        2: _heads(
+            2, [("2", "tp", 9, 8, tp[2]), ("3", "dp", 4, 4, [0, 2])], age=40.0
+        ),  # waits in tp for 3 (first)
+        3: _heads(3, [("2", "tp", 8, 8, tp[3]), ("4", "dp", 4, 4, [1, 3])]),  # never entered tp #9
+    }
+    found = find_stuck(heads, now=NOW, min_age_s=10.0)
+    assert found is not None
+    assert found.kind == "missing_rank"
+    assert found.culprit_ranks == [3]
+    assert (found.pg_name, found.seq) == ("2", 9)
+    assert found.waiting_ranks == [2]
+
+
+def test_find_stuck_all_in_and_young_waits() -> None:
+    heads = {r: _heads(r, [("0", "default_pg", 5, 4, [0, 1, 2, 3])]) for r in range(4)}
+    found = find_stuck(heads, now=NOW, min_age_s=10.0)
+    assert found is not None and found.kind == "all_in" and found.culprit_ranks == []
+    assert find_stuck(heads, now=NOW, min_age_s=60.0) is None
+    idle = {r: _heads(r, [("0", "default_pg", 5, 5, [0, 1, 2, 3])]) for r in range(4)}
+    assert find_stuck(idle, now=NOW, min_age_s=1.0) is None
+
+
+def test_find_stuck_rank_without_heads_is_the_culprit() -> None:
+    heads = {r: _heads(r, [("0", "default_pg", 5, 4, [])]) for r in (0, 1, 3)}
+    found = find_stuck(heads, now=NOW, min_age_s=10.0)
+    assert found is not None and found.culprit_ranks == [2]
+
+
+def test_probe_sends_one_datagram_and_survives_a_missing_socket(tmp_path: Path) -> None:
+    path = str(tmp_path / "probe.sock")
+    active = [entry("0", s, desc="default_pg", done=False, t_ms=1000 + s) for s in range(5, 2005)]
+    raw = json.dumps(_snapshot(active, {"0": (2004, 4)})).encode()
+    probe = Probe(2.0, path, dump_fn=lambda: raw)
+    assert probe.tick() is False  # no agent yet: dropped, counted, no exception
+    assert probe.stats.dropped == 1
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(path)
+    server.settimeout(5)
+    try:
+        assert probe.tick() is True
+        data = server.recv(1 << 17)
+    finally:
+        server.close()
+    assert len(data) <= MAX_DATAGRAM
+    heads = msgspec.msgpack.decode(data, type=FrHeads)
+    assert heads.pid == os.getpid()
+    assert heads.pgs[0].last_completed_seq == 4
+    assert 0 < len(heads.pgs[0].in_flight) <= 2000
+    assert heads.pgs[0].in_flight[0].seq == 5  # the oldest entries survive trimming
+
+
+def test_encode_capped_trims_in_flight() -> None:
+    flights = [InFlight(seq=i, op="nccl:all_reduce" * 20, age_s=1.0) for i in range(5000)]
+    heads = FrHeads(rank=0, t=NOW, pgs=[PgHead(pg_name="0", in_flight=flights)])
+    assert len(encode_capped(heads)) <= MAX_DATAGRAM
+
+
+def test_trigger_writes_into_fifos(tmp_path: Path) -> None:
+    prefix = str(tmp_path / "dump_pipe_")
+    os.mkfifo(f"{prefix}0.pipe")
+    os.mkfifo(f"{prefix}1.pipe")  # nobody reads this one
+    got: list[bytes] = []
+    opened = threading.Event()
+
+    def reader() -> None:
+        fd = os.open(f"{prefix}0.pipe", os.O_RDONLY | os.O_NONBLOCK)
+        opened.set()
+        try:
+            for _ in range(200):
+                try:
+                    data = os.read(fd, 16)
+                except BlockingIOError:
+                    data = b""
+                if data:
+                    got.append(data)
+                    return
+                threading.Event().wait(0.01)
+        finally:
+            os.close(fd)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    assert opened.wait(5)
+    result = trigger_dumps(prefix, [0, 1, 2])
+    t.join(5)
+    assert result.triggered == [0]
+    assert result.missing == [2]
+    assert 1 in result.failed
+    assert got == [b"1\n"]
