@@ -7,10 +7,13 @@ how to confirm it and what to do, a ``for:``, and promtool unit tests that see i
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.ops.rulefiles import (
     REPO,
@@ -99,3 +102,39 @@ def test_runbook_index_lists_every_alert() -> None:
     index = (RUNBOOKS_DIR / "README.md").read_text(encoding="utf-8")
     for rule in alerting_rules():
         assert f"[{rule['alert']}.md]({rule['alert']}.md)" in index
+
+
+def test_operations_doc_table_matches_the_rules() -> None:
+    """docs/operations.md lists every alert with the severity and `for:` the rules really have."""
+    rows = {}
+    for line in (REPO / "docs" / "operations.md").read_text(encoding="utf-8").splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[0].startswith("Sentinel"):
+            rows[cells[0]] = (cells[1], cells[2])
+    expected = {rule["alert"]: (rule["labels"]["severity"], str(rule["for"])) for rule in alerting_rules()}
+    assert rows == expected
+
+
+def test_unit_tests_fail_when_alerts_never_fire(tmp_path: Path) -> None:
+    """The firing expectations are real: with every alert's expression made impossible, promtool reports a
+    failure for every alert."""
+    promtool = need_binary("promtool")
+    (tmp_path / "tests").mkdir()
+    for path in RULE_TEST_FILES:
+        shutil.copy(path, tmp_path / "tests" / path.name)
+    for path in RULE_FILES:
+        data = load_yaml(path)
+        for group in data["groups"]:
+            for rule in group["rules"]:
+                if "alert" in rule:
+                    rule["expr"] = "vector(1) == 0"
+        (tmp_path / path.name).write_text(yaml.safe_dump(data), encoding="utf-8")
+    result = subprocess.run(
+        [promtool, "test", "rules", *(str(tmp_path / "tests" / p.name) for p in RULE_TEST_FILES)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    failed = set(re.findall(r"alertname: (\w+)", result.stdout + result.stderr))
+    assert failed == {rule["alert"] for rule in alerting_rules()}
