@@ -378,3 +378,91 @@ def test_flattened_messages_pick_the_root_cause() -> None:
         "opcode 0, len 0, vendor err 129"
     )
     assert classify_text(text).kind == "nccl_warn_net"
+
+
+def test_async_collective_exception_is_not_a_timeout() -> None:
+    event = classify_text(
+        "[rank0]:[E1 1:1:1.1 ProcessGroupNCCL.cpp:543] [Rank 0] Collective WorkNCCL(SeqNum=1, OpType=ALLREDUCE, "
+        "NumelIn=1, NumelOut=1, Timeout(ms)=600000) raised the following async exception: NCCL error: unhandled system error"
+    )
+    assert (event.kind, event.severity, event.rank, event.seq, event.op) == (
+        "torch_other_error",
+        "critical",
+        0,
+        1,
+        "ALLREDUCE",
+    )
+
+
+def test_torch_1x_caught_collective_timeout_without_watchdog_word() -> None:
+    event = classify_text(
+        "[Rank 0] Caught collective operation timeout: WorkNCCL(OpType=BROADCAST, Timeout(ms)=1800000) ran for "
+        "1801354 milliseconds before timing out."
+    )
+    assert (event.kind, event.rank, event.op, event.timeout_ms, event.seq) == (
+        "torch_watchdog_timeout",
+        0,
+        "BROADCAST",
+        1800000,
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "severity", "reason"),
+    [
+        (
+            "torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. 1/2 clients joined.",
+            "critical",
+            "c10d_store_error",
+        ),
+        (
+            "[E socket.cpp:957] [c10d] The client socket has timed out after 1800s while trying to connect to (10.0.0.1, 29500).",
+            "critical",
+            "c10d_error",
+        ),
+        (
+            "[W socket.cpp:464] [c10d] The server socket has failed to bind to [::]:29500 (errno: 98 - Address already in use).",
+            "warning",
+            "c10d_error",
+        ),
+        (
+            "[rank1]:[E1 1:1:1.1 ProcessGroupNCCL.cpp:1] [PG ID 0 PG GUID 0(default_pg) Rank 1] Observed flight recorder dump signal from another rank via TCPStore.",
+            "warning",
+            "dump_signal",
+        ),
+        (
+            "[rank1]:[F1 1:1:1.1 ProcessGroupNCCL.cpp:1224] [PG ID 0 PG GUID 0(default_pg) Rank 1] Terminating the process after attempting to dump debug info, due to collective timeout or exception.",
+            "critical",
+            "process_terminated_after_dump",
+        ),
+    ],
+)
+def test_more_torch_messages(line: str, severity: str, reason: str) -> None:
+    event = classify_text(line)
+    assert (event.kind, event.severity, event.reason) == ("torch_other_error", severity, reason)
+
+
+def test_event_less_torch_line_keeps_its_rank() -> None:
+    event = classify_text(
+        "[rank3]:[W1 1:1:1.1 ProcessGroupNCCL.cpp:4115] [PG ID 0 PG GUID 0 Rank 3]  using GPU 3 to perform barrier"
+    )
+    assert (event.kind, event.severity, event.rank) == ("other", "info", 3)
+    options = classify_text(
+        "[I ProcessGroupNCCL.cpp:686] [Rank 0] ProcessGroupNCCL initialization options: NCCL_ASYNC_ERROR_HANDLING: 1, "
+        "TIMEOUT(ms): 1800000, USE_HIGH_PRIORITY_STREAM: 0"
+    )
+    assert (options.kind, options.rank, options.timeout_ms) == ("other", 0, 1800000)
+
+
+def test_quoted_cuda_failure_and_comm_lines() -> None:
+    quoted = classify_text(
+        "ncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\nCuda failure 'out of memory'"
+    )
+    assert (quoted.kind, quoted.severity) == ("nccl_warn_cuda", "critical")
+    comm = classify_text(
+        "h:1:2 [0] NCCL INFO comm 0x55 rank 3 nRanks 8 nNodes 1 localRanks 8 localRank 3 MNNVL 0"
+    )
+    assert (comm.kind, comm.severity, comm.rank) == ("nccl_info", "info", 3)
+    ipc = classify_text("h:1:2 [0] transport/p2p.cc:200 NCCL WARN Error: cudaIpcOpenMemHandle failed")
+    assert ipc.kind == "nccl_warn_cuda"

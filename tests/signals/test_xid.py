@@ -88,7 +88,9 @@ def test_sxid_is_never_an_xid() -> None:
     assert (sxid.sxid, sxid.pci_bus, sxid.fatal) == (20034, "0000:06:00", True)
     event = classify_text(line)
     assert (event.kind, event.xid, event.pci_bus, event.severity) == ("other", None, "0000:06:00", "critical")
-    nonfatal = classify_text("nvidia-nvswitch2: SXid (PCI:0000:85:00.0): 12028, Non-fatal, Link 61 PRIV error")
+    nonfatal = classify_text(
+        "nvidia-nvswitch2: SXid (PCI:0000:85:00.0): 12028, Non-fatal, Link 61 PRIV error"
+    )
     assert (nonfatal.kind, nonfatal.xid, nonfatal.severity) == ("other", None, "warning")
 
 
@@ -97,7 +99,10 @@ def test_sxid_is_never_an_xid() -> None:
     [
         ("NVRM: GPU at 0000:01:00.0 has fallen off the bus.", "0000:01:00"),
         ("NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.", "0000:91:00"),
-        ("Sep 18 20:58:08 host kernel: [ 19.5] NVRM: GPU at PCI:0000:b3:00: GPU has fallen off the bus.", "0000:b3:00"),
+        (
+            "Sep 18 20:58:08 host kernel: [ 19.5] NVRM: GPU at PCI:0000:b3:00: GPU has fallen off the bus.",
+            "0000:b3:00",
+        ),
         (
             "NVRM: The NVIDIA GPU 0000:b3:00.0 (PCI ID: 10de:20b5) installed in this system has fallen off the bus "
             "and is not responding to commands.",
@@ -112,13 +117,17 @@ def test_fallen_off_the_bus_without_number_is_79(line: str, pci: str) -> None:
 
 
 def test_caused_by_previous_xid_keeps_the_line_code() -> None:
-    record = parse_xid("kernel: NVRM: Xid (PCI:0000:dc:00): 45, pid=1, name=python3, Ch 00000001 caused by previous Xid 149")
+    record = parse_xid(
+        "kernel: NVRM: Xid (PCI:0000:dc:00): 45, pid=1, name=python3, Ch 00000001 caused by previous Xid 149"
+    )
     assert record is not None
     assert (record.xid, record.previous_xid) == (45, 149)
 
 
 def test_mig_gpu_instance() -> None:
-    record = parse_xid("NVRM: Xid (PCI:0000:4b:00): 94, pid=12, name=python, Contained: SM (0x1) GPU-I:05. RST: No, D-RST: No")
+    record = parse_xid(
+        "NVRM: Xid (PCI:0000:4b:00): 94, pid=12, name=python, Contained: SM (0x1) GPU-I:05. RST: No, D-RST: No"
+    )
     assert record is not None
     assert (record.xid, record.gpu_instance, record.severity) == (94, 5, "warning")
 
@@ -152,7 +161,9 @@ def test_nvlink5_severity_follows_the_line(tail: str, severity: str, fatal: bool
     ],
 )
 def test_xid_154_action_is_read_from_the_line(target: str, action: str, severity: str) -> None:
-    record = parse_xid(f"NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to {target}")
+    record = parse_xid(
+        f"NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to {target}"
+    )
     assert record is not None
     assert (record.action, record.severity) == (action, severity)
 
@@ -166,7 +177,9 @@ def test_catalog_application_codes_are_never_faulty_at_once() -> None:
     assert xid_info(79).action == "reboot"
     assert xid_info(64).action == "rma"
     assert xid_info(99999).name == "unknown Xid"
-    assert all(info.action in ("none", "restart_app", "reset_gpu", "reboot", "rma") for info in XID_TABLE.values())
+    assert all(
+        info.action in ("none", "restart_app", "reset_gpu", "reboot", "rma") for info in XID_TABLE.values()
+    )
 
 
 def test_unknown_code_is_still_an_xid() -> None:
