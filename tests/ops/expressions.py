@@ -4,6 +4,7 @@ the end-to-end allowlist (tests/ops/e2e_may_be_empty.yml)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import yaml
@@ -33,6 +34,21 @@ def all_expressions() -> dict[str, str]:
             seen[title] = seen.get(title, 0) + 1
             expressions[f"dashboard {uid} / {title} / {seen[title]}"] = substitute(expr)
     return expressions
+
+
+LABEL_VALUES = re.compile(r"^label_values\((?P<match>.+),\s*(?P<label>\w+)\)$")
+
+
+def variable_queries() -> dict[str, tuple[str, str]]:
+    """``<uid> $<variable>`` → (label, series selector) of every label_values() template variable."""
+    queries: dict[str, tuple[str, str]] = {}
+    for name, text in render_all().items():
+        for variable in json.loads(text)["templating"]["list"]:
+            match = LABEL_VALUES.match(str(variable.get("query") or ""))
+            if variable.get("type") == "query" and match:
+                key = f"{name.removesuffix('.json')} ${variable['name']}"
+                queries[key] = (match["label"], substitute(match["match"]))
+    return queries
 
 
 def may_be_empty() -> dict[str, str]:

@@ -352,6 +352,13 @@ class Stack:
             return [{"metric": {}, "value": result}] if result else []
         return result
 
+    async def label_values(self, label: str, match: str) -> list[str]:
+        """What Grafana's ``label_values(match, label)`` variable query lists."""
+        assert self.prometheus is not None
+        data = await self._get(self.prometheus.url, f"/api/v1/label/{label}/values", {"match[]": match})
+        values: list[str] = data["data"]
+        return values
+
     async def targets_up(self) -> dict[str, list[str]]:
         """Scrape job → health of each of its active targets."""
         assert self.prometheus is not None

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.ops.expressions import all_expressions, may_be_empty
+from tests.ops.expressions import all_expressions, may_be_empty, variable_queries
 from tests.ops.rulefiles import RULE_FILES
 from tests.ops.simstack import aggregator_process, need_real_stack, ports, simulated_agents, write_token
 from tests.ops.stack import Stack, alertmanager_binary, eventually, free_port
@@ -187,6 +187,13 @@ async def test_fault_scenario_alerts_reach_the_webhook_with_the_culprit(tmp_path
             for alert in stack.webhook.alerts():
                 host = alert["labels"].get("host")
                 assert host is None or host in FAULTED_HOSTS, alert["labels"]
+
+            # the dashboards' template variables list the cluster, its jobs, hosts and GPUs
+            for key, (label, match) in variable_queries().items():
+                values = await stack.label_values(label, match)
+                expected = {"cluster": ["e2e"], "job": ["train-a", "train-b"], "gpu": ["0", "1"]}
+                expected["host"] = [f"host-{i:03d}" for i in range(HOSTS)]
+                assert sorted(values) == expected[label], key
 
             # (b) every rule expression and dashboard query returns data, or may be empty for a stated reason
             expressions = all_expressions()
