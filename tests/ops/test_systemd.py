@@ -99,7 +99,8 @@ def test_agent_gets_exactly_its_devices_and_capabilities() -> None:
     assert settings["DevicePolicy"] == ["closed"]
     allowed = {value.split()[0]: value.split()[1] for value in settings["DeviceAllow"]}
     assert allowed == {
-        "char-nvidia-frontend": "rw",  # /dev/nvidia<N>, /dev/nvidiactl
+        "char-nvidia-frontend": "rw",  # /dev/nvidia<N>, /dev/nvidiactl (older drivers' group name)
+        "char-nvidia": "rw",  # the same major 195, as newer drivers name it
         "char-nvidia-uvm": "rw",
         "char-nvidia-caps": "r",
         "char-nvidia-nvswitch": "rw",
