@@ -29,7 +29,7 @@ from sentinel.signals.xid import parse_xid
 #: the fast path and :func:`classify_line` agree on what is noise. The lazy ``{0,3}?`` tries the plain
 #: prefix first and the possessive ``+`` quantifiers never backtrack, so a line costs one linear attempt.
 CHATTER_PATTERN: Final = (
-    r"(?:\S{1,256}+ ){0,3}?\S{1,256}+ \[\d{1,3}\] (?:NCCL )?INFO "
+    r"(?:\S++ ){0,3}?\S++ \[\d{1,3}\] (?:NCCL INFO|INFO) "
     r"(?!comm 0x|NCCL version|[\w/.\[\]()-]{1,200}+(?::\d{1,6} -> | comm 0x[0-9A-Fa-f]{1,16} rank \d))"
 )
 _CHATTER_RE: Final = re.compile(CHATTER_PATTERN, re.ASCII)
