@@ -9,6 +9,11 @@ from collections.abc import Sequence
 from sentinel.demo.outcome import Fault, Outcome
 
 
+def format_delay(seconds: float) -> str:
+    """Sub-second delays keep two decimals (hardware verdicts open within one tick)."""
+    return f"{seconds:.2f}s" if seconds < 1 else f"{seconds:.1f}s"
+
+
 def render_summary(
     outcome: Outcome, faults: Sequence[Fault], *, scenario: str, ran_s: float, interrupted: bool
 ) -> str:

@@ -199,7 +199,7 @@ def _faults(vm: ViewModel) -> list[Line]:
     lines: list[Line] = [[Seg("injected faults", "1")]]
     catches = {c.fault.index: c for c in vm.outcome.catches}
     for fault in vm.info.faults:
-        head = [Seg(f"  t+{fault.at_s:<5.0f} {fault.where():<16} {fault.describe():<24} ")]
+        head = [Seg(f"  t+{fault.at_s:<5.0f} {fault.where():<16} {fault.describe():<26} ")]
         catch = catches.get(fault.index)
         if catch is None:
             head.append(Seg(f"in {fault.at_s - vm.snap.t_s:.0f}s", "90"))
