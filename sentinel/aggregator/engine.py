@@ -40,6 +40,7 @@ class Engine:
             max_gpus_per_host=self.config.limits.max_gpus_per_host,
             max_jobs=self.config.limits.max_jobs,
             max_ranks_per_job=self.config.limits.max_ranks_per_job,
+            xid_config=self.config.detect.xid,
         )
         self.book = VerdictBook(closed_kept=self.config.fleet.closed_verdicts_kept)
         self.streaks: dict[tuple[str, ...], straggler.Streak] = {}

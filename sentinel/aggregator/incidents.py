@@ -27,7 +27,11 @@ from sentinel.config.aggregator import IncidentsConfig
 from sentinel.log import get_logger
 from sentinel.wire import Command, CommandResult
 
-log = get_logger(module="aggregator.incidents")
+
+def log() -> Any:
+    """The module's logger, bound at use so that the level set by ``setup_logging`` later applies."""
+    return get_logger(module="aggregator.incidents")
+
 
 ENTRY_TYPES = frozenset({"sample", "event", "heads", "procs"})
 MAX_INCIDENT_FILE_BYTES = 256 * 1024 * 1024
@@ -224,7 +228,7 @@ class IncidentManager:
         try:
             await self._collect(incident_id, verdict, now)
         except Exception as exc:  # an incident is best effort; the aggregator carries on
-            log.warning("incident_failed", incident=incident_id, error=f"{type(exc).__name__}: {exc}")
+            log().warning("incident_failed", incident=incident_id, error=f"{type(exc).__name__}: {exc}")
 
     async def _collect(self, incident_id: str, verdict: Verdict, now: float) -> None:
         hosts = self._hosts(verdict)
@@ -269,7 +273,7 @@ class IncidentManager:
             await asyncio.to_thread(self.store.save, incident)
         else:
             self.in_memory[incident_id] = incident
-        log.info(
+        log().info(
             "incident_recorded",
             incident=incident_id,
             hosts=len(hosts),

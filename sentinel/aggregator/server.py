@@ -35,7 +35,11 @@ from sentinel.config.aggregator import AggregatorConfig
 from sentinel.log import get_logger
 from sentinel.wire import Ack, Batch, Command, CommandResult, Hello, decode_agent_frame, encode
 
-log = get_logger(module="aggregator.server")
+
+def log() -> Any:
+    """The module's logger, bound at use so that the level set by ``setup_logging`` later applies."""
+    return get_logger(module="aggregator.server")
+
 
 HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 CLOSE_UNSUPPORTED = 1003
@@ -109,7 +113,7 @@ class Aggregator:
             try:
                 store = IncidentStore(directory)
             except (OSError, Exception) as exc:  # sqlite3.Error too: incidents then live in memory only
-                log.warning("incident_store_unavailable", state_dir=str(directory), error=str(exc))
+                log().warning("incident_store_unavailable", state_dir=str(directory), error=str(exc))
         self.incidents = IncidentManager(
             self.engine,
             store,
@@ -157,7 +161,7 @@ class Aggregator:
             try:
                 self.engine.tick(self.clock())
             except Exception as exc:  # a detector bug must not stop detection of everything else
-                log.error("tick_failed", error=f"{type(exc).__name__}: {exc}")
+                log().error("tick_failed", error=f"{type(exc).__name__}: {exc}")
             self.metrics.tick_seconds.observe(time.perf_counter() - started)
             if self.on_tick is not None:
                 self.on_tick(self.clock())
@@ -171,7 +175,7 @@ class Aggregator:
     def _log_change(change: Any) -> None:
         v = change.verdict
         if change.what in ("opened", "closed"):
-            log.info(
+            log().info(
                 f"verdict_{change.what}",
                 id=v.id,
                 kind=v.kind,
@@ -221,7 +225,7 @@ class Aggregator:
         peer = request.remote or "?"
         if not self.token_ok(request.headers.get("Authorization", "")):
             self.metrics.rejected("unauthorized")
-            log.warning("stream_unauthorized", peer=peer)
+            log().warning("stream_unauthorized", peer=peer)
             raise web.HTTPUnauthorized(
                 text="missing or invalid bearer token\n", headers={"WWW-Authenticate": "Bearer"}
             )
@@ -244,7 +248,7 @@ class Aggregator:
 
     async def _close(self, conn: Connection, code: int, reason: str, why: str) -> None:
         self.metrics.rejected(reason)
-        log.warning(
+        log().warning(
             "stream_closed", peer=conn.peer, host=conn.host, code=code, reason=reason, detail=why[:300]
         )
         await conn.ws.close(code=code, message=f"{reason}: {why}".encode()[:120])
@@ -279,7 +283,7 @@ class Aggregator:
                     try:
                         engine.ingest(view, frame, self.clock())
                     except Exception as exc:  # never die from what an agent sends
-                        log.error(
+                        log().error(
                             "ingest_failed",
                             host=conn.host,
                             seq=frame.seq,
@@ -317,7 +321,7 @@ class Aggregator:
         if error is not None or code not in (1000, 1001):
             reason = "frame_too_large" if code == CLOSE_TOO_BIG else "protocol"
             self.metrics.rejected(reason)
-            log.warning(
+            log().warning(
                 "stream_error",
                 peer=conn.peer,
                 host=conn.host,

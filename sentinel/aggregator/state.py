@@ -16,13 +16,17 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
+import msgspec
+
 from sentinel.fr.heads import FrHeads
+from sentinel.signals.xid import XidRecord, parse_xid
+from sentinel.signals.xid_catalog import xid_info
+from sentinel.signals.xid_policy import XidDecision, XidPolicy, XidPolicyConfig
 from sentinel.wire import Batch, EccCounters, Event, GpuInfo, GpuSample, Hello, ProcInfo, RowRemap
 
 DEDUP_WINDOW = 4096  # seqs above the contiguous high-water mark remembered per host
 HOST_EVENTS_KEPT = 256
 RATE_HISTORY = 64
-APP_XIDS_KEPT = 32
 THERMAL_REASONS = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown"})
 POWER_REASONS = frozenset({"sw_power_cap", "hw_power_brake_slowdown"})
 #: NCCL's line prefix ``hostname:pid:tid [cudaDev]``: the pid names the process, hence the GPU and rank.
@@ -74,8 +78,8 @@ class GpuView:
     nvlink_prev: tuple[float, int] | None = None  # latest (t, total), changed or not
     pcie_hist: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RATE_HISTORY))
     pcie_prev: tuple[float, int] | None = None
-    xids: dict[int, tuple[float, str]] = field(default_factory=dict)  # latched until a reset: xid → (t, text)
-    xid_log: deque[tuple[float, int, str]] = field(default_factory=lambda: deque(maxlen=APP_XIDS_KEPT))
+    xid: XidDecision | None = None  # the signals Xid policy's decision; latched until a reset or reboot
+    xid_codes: dict[int, float] = field(default_factory=dict)  # codes seen since the last reset → first time
     job: str | None = None
     rank: int | None = None
     last_job: str | None = None  # kept when the process goes away with the GPU, for the verdict
@@ -83,10 +87,15 @@ class GpuView:
     reset_t: float = -math.inf
     dirty: bool = False
 
+    @property
+    def xid_key(self) -> str:
+        """The Xid policy's key for this GPU (its PCI address, as kernel lines name it)."""
+        return self.pci_bus or f"gpu-index:{self.index}"
+
     def clear_latches(self, t: float) -> None:
         """A GPU reset or reboot was observed: what was latched is no longer evidence."""
-        self.xids.clear()
-        self.xid_log.clear()
+        self.xid = None
+        self.xid_codes.clear()
         self.reset_t = t
         self.ecc_base = (self.ecc.volatile_uncorrected or 0) if self.ecc is not None else 0
         self.dirty = True
@@ -106,6 +115,7 @@ class HostView:
     seq_above: set[int] = field(default_factory=set)
     events: deque[LogEvent] = field(default_factory=lambda: deque(maxlen=HOST_EVENTS_KEPT))
     procs: list[ProcInfo] = field(default_factory=list)
+    xid_policy: XidPolicy = field(default_factory=XidPolicy)
     batches: int = 0
     duplicates: int = 0
 
@@ -168,6 +178,7 @@ class FleetState:
         max_gpus_per_host: int = 64,
         max_jobs: int = 10000,
         max_ranks_per_job: int = 131072,
+        xid_config: XidPolicyConfig | None = None,
     ) -> None:
         self.hosts: dict[str, HostView] = {}
         self.jobs: dict[str, JobView] = {}
@@ -175,6 +186,7 @@ class FleetState:
         self.max_gpus_per_host = max_gpus_per_host
         self.max_jobs = max_jobs
         self.max_ranks_per_job = max_ranks_per_job
+        self.xid_config = xid_config or XidPolicyConfig()
         self.ignored = 0  # jobs/ranks beyond the bounds
         self.dirty_gpus: list[GpuView] = []
         self.unknown_gpu_samples = 0
@@ -184,13 +196,16 @@ class FleetState:
     def hello(self, hello: Hello, now: float) -> HostView:
         host = self.hosts.get(hello.host)
         if host is None:
-            host = self.hosts[hello.host] = HostView(name=hello.host)
+            host = self.hosts[hello.host] = HostView(name=hello.host, xid_policy=XidPolicy(self.xid_config))
         host.cluster = hello.cluster
         host.tick_s = hello.tick_s if hello.tick_s > 0 else 1.0
         if host.boot_id and hello.boot_id and hello.boot_id != host.boot_id:
+            host.xid_policy.observe_reboot(hello.started_at or now)
             for gpu in host.gpus:  # a reboot clears every latched hardware fact
                 gpu.clear_latches(hello.started_at or now)
                 gpu.state = "ok"
+                gpu.dirty = True
+                self.dirty_gpus.append(gpu)
         host.boot_id = hello.boot_id or host.boot_id
         self._inventory(host, hello.gpus[: self.max_gpus_per_host])
         host.connected = True
@@ -251,11 +266,12 @@ class FleetState:
         gpu.t = s.t
         gpu.seen_at = now
         if s.state != gpu.state:
+            previous = gpu.state
             gpu.state = s.state
             gpu.state_t = s.t
             gpu.dirty = True
-            if s.state == "ok":
-                gpu.clear_latches(s.t)
+            if s.state == "ok" and previous == "lost":
+                self._reset(gpu, s.t)  # a lost GPU answering again has been reset
         if s.state != "ok":
             if gpu.dirty:
                 self.dirty_gpus.append(gpu)
@@ -327,14 +343,13 @@ class FleetState:
         kind = event.kind
         gpu = host.gpus[event.gpu] if event.gpu is not None and 0 <= event.gpu < len(host.gpus) else None
         if kind == "xid" and event.xid is not None:
-            if gpu is None:
+            if gpu is None or event.t < gpu.reset_t:
                 return
-            if event.t >= gpu.reset_t:
-                gpu.xid_log.append((event.t, event.xid, str(event.fields.get("pid", ""))))
-                if event.xid not in gpu.xids:
-                    gpu.xids[event.xid] = (event.t, event.text[:512])
-                gpu.dirty = True
-                self.dirty_gpus.append(gpu)
+            record = _xid_record(event, gpu.xid_key)
+            gpu.xid = host.xid_policy.observe(record, event.t)
+            gpu.xid_codes.setdefault(event.xid, event.t)
+            gpu.dirty = True
+            self.dirty_gpus.append(gpu)
         elif kind in ("gpu_lost", "gpu_unresponsive"):
             if gpu is not None:
                 state = "lost" if kind == "gpu_lost" else "unresponsive"
@@ -344,10 +359,12 @@ class FleetState:
                 self.dirty_gpus.append(gpu)
         elif kind in ("gpu_reset", "gpu_recovered"):
             if gpu is not None:
+                host.xid_policy.observe_gpu_reset(gpu.xid_key, event.t)
                 gpu.state, gpu.state_t = "ok", event.t
                 gpu.clear_latches(event.t)
                 self.dirty_gpus.append(gpu)
         elif kind == "reboot":
+            host.xid_policy.observe_reboot(event.t)
             for each in host.gpus:
                 each.state = "ok"
                 each.clear_latches(event.t)
@@ -450,6 +467,12 @@ class FleetState:
                     step = dt / (seq - known[0])
                     job.step_s = step if job.step_s is None else job.step_s + 0.2 * (step - job.step_s)
 
+    def _reset(self, gpu: GpuView, t: float) -> None:
+        host = self.hosts.get(gpu.host)
+        if host is not None:
+            host.xid_policy.observe_gpu_reset(gpu.xid_key, t)
+        gpu.clear_latches(t)
+
     def take_dirty(self) -> list[GpuView]:
         dirty, self.dirty_gpus = self.dirty_gpus, []
         out: list[GpuView] = []
@@ -511,3 +534,23 @@ def _gpu_of_pid(host: HostView, pid: int) -> int | None:
         if proc.pid == pid:
             return proc.gpu
     return None
+
+
+def _xid_record(event: Event, key: str) -> XidRecord:
+    """The signals parser's record of the kernel line when the event carries one, else one from the code."""
+    xid = event.xid or 0
+    text = event.text[:1024]
+    parsed = parse_xid(text) if "Xid" in text else None
+    pid = event.fields.get("pid")
+    if parsed is not None and parsed.xid == xid:
+        return msgspec.structs.replace(parsed, pci_bus=key)
+    info = xid_info(xid)
+    return XidRecord(
+        xid=xid,
+        pci_bus=key,
+        pid=pid if isinstance(pid, int) else None,
+        message=text,
+        severity=info.severity,
+        action=info.action,
+        fatal=info.faulty_at_once,
+    )

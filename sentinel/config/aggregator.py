@@ -11,6 +11,7 @@ from typing import Annotated
 import msgspec
 
 from sentinel.config.common import LogConfig
+from sentinel.signals.xid_policy import XidPolicyConfig
 
 
 class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -174,6 +175,7 @@ class DetectConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Thresholds of the detectors, one section each."""
 
     hardware: HardwareConfig = msgspec.field(default_factory=HardwareConfig)
+    xid: XidPolicyConfig = msgspec.field(default_factory=XidPolicyConfig)
     stuck: StuckConfig = msgspec.field(default_factory=StuckConfig)
     straggler: StragglerConfig = msgspec.field(default_factory=StragglerConfig)
 

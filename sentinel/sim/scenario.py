@@ -52,6 +52,8 @@ class ScenarioError(Exception):
 
     def __init__(self, source: str, field: str | None, problem: str) -> None:
         problem = " ".join(problem.split())  # one line, whatever the parser said
+        if field is not None and not field.isprintable():
+            field = field.encode("unicode_escape").decode("ascii")
         self.source = source
         self.field = field
         self.problem = problem

@@ -7,15 +7,20 @@ thresholds and ``now`` in, findings out.
 
 from __future__ import annotations
 
-from sentinel.aggregator.hwpolicy import APPLICATION_XIDS, xid_rule
 from sentinel.aggregator.state import GpuView, counter_rate
 from sentinel.aggregator.verdicts import Finding
 from sentinel.config.aggregator import HardwareConfig
+from sentinel.signals.xid_catalog import xid_info
 
 DETECTOR = "hardware"
-APP_XID_REPEAT = 3  # the same application Xid from this many different processes within the hour
-APP_XID_WINDOW_S = 3600.0
-REMAP_XIDS = frozenset({63, 64})
+#: The kernel's announcements of what the row-remap counters say precisely.
+REMAP_REASONS = frozenset({"xid_63", "xid_64", "xid_63_repeated", "xid_64_repeated"})
+
+
+def xid_rule_meaning(reason: str) -> str:
+    """``xid_79`` / ``xid_13_repeated`` → the catalog's name of the code."""
+    code = reason.removeprefix("xid_").split("_", 1)[0]
+    return xid_info(int(code)).name if code.isdigit() else reason
 
 
 def gpu_key(host: str, gpu: int) -> tuple[str, ...]:
@@ -45,12 +50,26 @@ def evaluate_gpu(gpu: GpuView, cfg: HardwareConfig, now: float) -> list[Finding]
         )
 
     remap_known = gpu.remap is not None and (gpu.remap.pending or gpu.remap.failure)
-    for xid, (t, text) in sorted(gpu.xids.items(), key=lambda item: item[1][0]):
-        rule = xid_rule(xid)
-        if xid in REMAP_XIDS and remap_known:
-            continue  # the kernel's announcement of what the remap counters below say precisely
-        if rule.kind is not None:
-            add(rule.kind, f"xid_{xid}", rule.action, t, f"Xid {xid} ({rule.meaning}): {text}".strip())
+    decision = gpu.xid
+    if (
+        decision is not None
+        and decision.state != "ok"
+        and not (remap_known and decision.reason in REMAP_REASONS)
+    ):
+        # the signals Xid policy: fatal codes → faulty at once; repeats from many processes → suspect
+        kind = "faulty" if decision.state == "faulty" else "degraded"
+        codes = ", ".join(f"Xid {code}" for code in sorted(gpu.xid_codes))
+        evidence = [
+            f"{decision.reason} ({xid_rule_meaning(decision.reason)}); seen since the last reset: {codes}"
+        ]
+        evidence += list(decision.evidence[-3:])
+        add(
+            kind,
+            decision.reason,
+            decision.action,
+            decision.since if decision.since is not None else now,
+            *evidence,
+        )
     if gpu.state == "lost":
         add("faulty", "gpu_lost", "reboot", gpu.state_t, "NVML: GPU is lost (fallen off the bus)")
     elif gpu.state == "unresponsive":
@@ -111,15 +130,5 @@ def evaluate_gpu(gpu: GpuView, cfg: HardwareConfig, now: float) -> list[Finding]
                 "drain",
                 gpu.pcie_prev[0],
                 f"PCIe replays at {rate:.1f}/s (threshold {cfg.pcie_replays_per_s:g}/s)",
-            )
-    for xid in APPLICATION_XIDS:
-        recent = [(t, pid) for t, x, pid in gpu.xid_log if x == xid and now - t <= APP_XID_WINDOW_S]
-        if len({pid for _, pid in recent}) >= APP_XID_REPEAT and len(recent) >= APP_XID_REPEAT:
-            add(
-                "degraded",
-                f"xid_{xid}_repeated",
-                "reset_gpu",
-                recent[-1][0],
-                f"Xid {xid} from {len(recent)} different processes within an hour: suspect the GPU",
             )
     return found

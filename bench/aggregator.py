@@ -1,0 +1,392 @@
+"""Aggregator load benchmark: how many hosts at 1 Hz x 8 GPUs one core sustains with ingest-to-verdict p99 < 1 s.
+
+Three processes on 127.0.0.1: this driver; the aggregator (pinned to one core); a load generator (pinned to
+another core) that opens one WebSocket per simulated host and streams 1 Hz batches of 8 GPU samples, spread
+evenly over each second. Every second one random host reports an Xid 79 on one GPU (and a GPU reset a few
+seconds later); ingest-to-verdict latency is the verdict's open time minus the time the generator stamped
+on that batch. A level is sustained when the generator kept its rate, every batch was acked, and the p99 of
+both the verdict latency and the ack latency is under 1 s.
+
+    .venv/bin/python bench/aggregator.py                 # ramp 1024 .. 8192 hosts, 30 s each
+    .venv/bin/python bench/aggregator.py --quick         # 256 and 1024 hosts, 10 s each
+    .venv/bin/python bench/aggregator.py --hosts 6144 --duration 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+TOKEN = "bench-token-0123456789abcdef"
+GPUS = 8
+
+
+def pin(core: int) -> None:
+    cores = os.sched_getaffinity(0)
+    if len(cores) > 1 and core in cores:
+        os.sched_setaffinity(0, {core})
+
+
+def raise_nofile() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# -- aggregator process ---------------------------------------------------------------------------------
+
+
+def serve(workdir: Path, core: int) -> None:
+    pin(core)
+    raise_nofile()
+    from aiohttp import web
+
+    from sentinel.aggregator.server import create_app
+    from sentinel.config.aggregator import AggregatorConfig, IncidentsConfig, ServerConfig
+    from sentinel.log import setup_logging
+
+    setup_logging("aggregator", "warning")
+    config = AggregatorConfig(
+        server=ServerConfig(listen_host="127.0.0.1", listen_port=0, state_dir=str(workdir)),
+        incidents=IncidentsConfig(enabled=False),
+    )
+
+    async def main() -> None:
+        app = create_app(config, tokens=[TOKEN])
+        runner = web.AppRunner(app, access_log=None, handle_signals=True)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
+        await site.start()
+        port = runner.addresses[0][1]
+        (workdir / "port").write_text(str(port))
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
+
+
+# -- load generator process -----------------------------------------------------------------------------
+
+
+def generate(url: str, hosts: int, duration: float, warmup: float, out: Path, core: int) -> None:
+    pin(core)
+    raise_nofile()
+    import aiohttp
+
+    from sentinel.wire import Ack, Batch, Event, GpuInfo, GpuSample, Hello, decode_aggregator_frame, encode
+
+    stats: dict[str, Any] = {
+        "sent": 0,
+        "acked": 0,
+        "connect_errors": 0,
+        "ack_latency": [],
+        "faults": [],
+        "late_sends": 0,
+    }
+    samples = [
+        GpuSample(
+            gpu=g,
+            t=0.0,
+            util_gpu_pct=98.0 + g * 0.1,
+            util_mem_pct=40.0,
+            mem_used_bytes=70 * 1024**3,
+            mem_total_bytes=80 * 1024**3,
+            temp_c=64.0 + g * 0.3,
+            power_w=640.0 + g,
+            power_limit_w=700.0,
+            sm_clock_mhz=1980.0 - g,
+            sm_clock_max_mhz=1980.0,
+            mem_clock_mhz=2619.0,
+            pstate=0,
+            pcie_replay=0,
+        )
+        for g in range(GPUS)
+    ]
+    # fault schedule: second k → host, gpu; reset 3 s later
+    fault_at: dict[int, list[tuple[str, int, float]]] = {}
+
+    async def host_loop(i: int, session: aiohttp.ClientSession, start: float, stop: float) -> None:
+        name = f"bench-{i:05d}"
+        try:
+            ws = await session.ws_connect(
+                url,
+                headers={"Authorization": f"Bearer {TOKEN}"},
+                heartbeat=None,
+                autoping=True,
+                max_msg_size=0,
+            )
+        except Exception:
+            stats["connect_errors"] += 1
+            return
+        gpus = [
+            GpuInfo(index=g, uuid=f"GPU-{i:05d}-{g}", pci_bus=f"0000:{0x18 + g:02x}:00", name="H100")
+            for g in range(GPUS)
+        ]
+        await ws.send_bytes(encode(Hello(host=name, gpus=gpus, boot_id="b")))
+        sent_at: dict[int, float] = {}
+
+        async def reader() -> None:
+            async for msg in ws:
+                if msg.type != aiohttp.WSMsgType.BINARY:
+                    break
+                frame = decode_aggregator_frame(msg.data)
+                if isinstance(frame, Ack):
+                    t0 = sent_at.pop(frame.seq, None)
+                    if t0 is not None:
+                        stats["acked"] += 1
+                        if t0 >= start + warmup:
+                            stats["ack_latency"].append(time.time() - t0)
+
+        read_task = asyncio.create_task(reader())
+        seq = 0
+        next_at = start + (i / hosts)
+        while next_at < stop:
+            delay = next_at - time.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            elif delay < -0.5:
+                stats["late_sends"] += 1
+            now = time.time()
+            events: list[Event] = []
+            second = int(next_at - start)
+            for host, gpu, kind_t in fault_at.get(second, []):
+                if host == name:
+                    if kind_t == 0.0:
+                        events.append(Event(t=now, kind="xid", gpu=gpu, xid=79, text="NVRM: Xid 79 (bench)"))
+                        stats["faults"].append((name, gpu, now))
+                    else:
+                        events.append(Event(t=now, kind="gpu_reset", gpu=gpu))
+            batch = Batch(
+                seq=seq, t=now, samples=[s.__copy__() for s in samples] if False else samples, events=events
+            )
+            sent_at[seq] = now
+            try:
+                await ws.send_bytes(encode(batch))
+            except Exception:
+                break
+            stats["sent"] += 1
+            seq += 1
+            next_at += 1.0
+        await asyncio.sleep(2.0)  # last acks
+        read_task.cancel()
+        await ws.close()
+
+    async def main() -> None:
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            start = time.time() + 5.0 + hosts / 1000.0  # room to connect everyone first
+            stop = start + duration
+            for k in range(int(warmup) + 1, int(duration) - 4):
+                target = (k * 7919) % hosts
+                gpu = k % GPUS
+                fault_at.setdefault(k, []).append((f"bench-{target:05d}", gpu, 0.0))
+                fault_at.setdefault(k + 3, []).append((f"bench-{target:05d}", gpu, 1.0))
+            await asyncio.gather(*(host_loop(i, session, start, stop) for i in range(hosts)))
+
+    asyncio.run(main())
+    stats["ack_latency"] = [round(x, 4) for x in stats["ack_latency"]]
+    out.write_text(json.dumps(stats))
+
+
+# -- driver ---------------------------------------------------------------------------------------------
+
+
+def fetch(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=60) as response:
+        return response.read()
+
+
+def run_level(hosts: int, duration: float, warmup: float) -> dict[str, Any]:
+    import psutil
+
+    with tempfile.TemporaryDirectory(prefix="sentinel-bench-") as tmp:
+        workdir = Path(tmp)
+        cores = sorted(os.sched_getaffinity(0))
+        agg_core, gen_core = cores[0], cores[-1]
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        server = subprocess.Popen(
+            [sys.executable, __file__, "--serve", str(workdir), "--core", str(agg_core)], env=env
+        )
+        try:
+            deadline = time.time() + 30
+            while not (workdir / "port").exists():
+                if time.time() > deadline or server.poll() is not None:
+                    raise RuntimeError("aggregator did not start")
+                time.sleep(0.1)
+            port = int((workdir / "port").read_text())
+            base = f"http://127.0.0.1:{port}"
+            proc = psutil.Process(server.pid)
+            out = workdir / "gen.json"
+            gen = subprocess.Popen(
+                [
+                    sys.executable, __file__, "--generate", f"ws://127.0.0.1:{port}/api/v1/stream",
+                    "--hosts", str(hosts), "--duration", str(duration), "--warmup", str(warmup),
+                    "--out", str(out), "--core", str(gen_core),
+                ],
+                env=env,
+            )  # fmt: skip
+            cpu0 = proc.cpu_times()
+            t0 = time.time()
+            gen.wait(timeout=duration + hosts / 100 + 120)
+            elapsed = time.time() - t0
+            cpu1 = proc.cpu_times()
+            rss = proc.memory_info().rss
+            stats = json.loads(out.read_text())
+            verdicts = json.loads(fetch(base + "/api/v1/verdicts"))["verdicts"]
+            metrics = fetch(base + "/metrics").decode()
+        finally:
+            server.terminate()
+            try:
+                server.wait(10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+    latencies = []
+    missed = 0
+    for host, gpu, t_sent in stats["faults"]:
+        hits = [
+            v["opened_at"] - t_sent
+            for v in verdicts
+            if v["host"] == host
+            and v["gpu"] == gpu
+            and v["reason"] == "xid_79"
+            and v["opened_at"] >= t_sent - 0.001
+        ]
+        if hits:
+            latencies.append(min(hits))
+        else:
+            missed += 1
+    tick_p99 = _histogram_quantile(metrics, "sentinel_aggregator_tick_duration_seconds", 0.99)
+    expected = hosts * duration
+    result = {
+        "hosts": hosts,
+        "gpus": hosts * GPUS,
+        "duration_s": duration,
+        "batches_sent": stats["sent"],
+        "batches_expected": int(expected),
+        "batches_acked": stats["acked"],
+        "connect_errors": stats["connect_errors"],
+        "late_sends": stats["late_sends"],
+        "ack_p50_s": percentile(stats["ack_latency"], 0.5),
+        "ack_p99_s": percentile(stats["ack_latency"], 0.99),
+        "verdict_n": len(latencies),
+        "verdict_missed": missed,
+        "verdict_p50_s": percentile(latencies, 0.5),
+        "verdict_p99_s": percentile(latencies, 0.99),
+        "verdict_max_s": max(latencies) if latencies else float("nan"),
+        "tick_p99_s": tick_p99,
+        "aggregator_cpu": round((cpu1.user + cpu1.system - cpu0.user - cpu0.system) / elapsed, 3),
+        "aggregator_rss_mb": round(rss / 2**20, 1),
+    }
+    result["sustained"] = bool(
+        stats["connect_errors"] == 0
+        and stats["sent"] >= 0.98 * expected
+        and stats["acked"] >= 0.99 * stats["sent"]
+        and missed == 0
+        and latencies
+        and result["verdict_p99_s"] < 1.0
+        and result["ack_p99_s"] < 1.0
+    )
+    return result
+
+
+def _histogram_quantile(text: str, name: str, q: float) -> float:
+    buckets: list[tuple[float, float]] = []
+    for line in text.splitlines():
+        if line.startswith(name + "_bucket"):
+            le = line.split('le="')[1].split('"')[0]
+            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
+    if not buckets or buckets[-1][1] == 0:
+        return float("nan")
+    total = buckets[-1][1]
+    for le, count in buckets:
+        if count >= q * total:
+            return le
+    return float("inf")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--hosts", default="", help="comma list of host counts (default: a ramp up to 8192)")
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds of load per level (default 30)")
+    parser.add_argument(
+        "--warmup", type=float, default=5.0, help="seconds ignored at the start of each level"
+    )
+    parser.add_argument("--quick", action="store_true", help="256 and 1024 hosts, 10 s each")
+    parser.add_argument("--all", action="store_true", help="run every level even after one fails")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--generate", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--core", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve, args.core)
+        return 0
+    if args.generate:
+        generate(args.generate, int(args.hosts), args.duration, args.warmup, args.out, args.core)
+        return 0
+    if args.quick:
+        levels, duration = [256, 1024], 10.0
+    else:
+        levels = [int(x) for x in args.hosts.split(",") if x] or [1024, 2048, 4096, 6144, 8192]
+        duration = args.duration
+    print(
+        f"cores available: {sorted(os.sched_getaffinity(0))}; aggregator pinned to one, generator to another"
+    )
+    header = (
+        f"{'hosts':>6} {'GPUs':>6} {'sent/exp':>13} {'acked':>7} {'ack p99':>9} {'verdict p50/p99/max (n)':>26} "
+        f"{'tick p99':>8} {'agg CPU':>7} {'RSS MB':>7}  ok"
+    )
+    print(header)
+    results = []
+    best = 0
+    for hosts in levels:
+        r = run_level(hosts, duration, min(args.warmup, duration / 3))
+        results.append(r)
+        print(
+            f"{r['hosts']:>6} {r['gpus']:>6} {r['batches_sent']:>6}/{r['batches_expected']:<6} {r['batches_acked']:>7} "
+            f"{r['ack_p99_s'] * 1000:>7.1f}ms {r['verdict_p50_s'] * 1000:>5.1f}/{r['verdict_p99_s'] * 1000:.1f}/{r['verdict_max_s'] * 1000:.1f}ms "
+            f"({r['verdict_n']:>2}) {r['tick_p99_s']:>7.3f}s {r['aggregator_cpu']:>7.2f} {r['aggregator_rss_mb']:>7.1f}  "
+            f"{'yes' if r['sustained'] else 'NO'}",
+            flush=True,
+        )
+        if r["sustained"]:
+            best = max(best, hosts)
+        elif not args.all:
+            break
+    print(
+        f"largest sustained: {best} hosts ({best * GPUS} GPUs) at 1 Hz, ingest-to-verdict p99 < 1 s (goal 6144)"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
