@@ -68,17 +68,41 @@ class LogScanner:
         self.bytes = 0
 
     def feed(self, data: bytes) -> list[Classified]:
-        """Classify every complete line in ``data`` (plus what was buffered)."""
+        """Classify every complete line in ``data`` (plus what was buffered).
+
+        The chunk itself is never copied: the buffered partial line is completed with the head of
+        ``data`` and classified on its own, then the rest of ``data`` is scanned in place.
+        """
         self.bytes += len(data)
-        buffer = self._buffer + data if self._buffer else data
-        last = buffer.rfind(b"\n")
+        events: list[Classified] = []
+        begin = 0
+        if self._buffer:
+            newline = data.find(b"\n")
+            if newline < 0:
+                buffer = self._buffer + data
+                if len(buffer) <= MAX_LINE:
+                    self._buffer = buffer
+                    return events
+                data, self._buffer = buffer, b""
+            else:
+                head = self._buffer + data[: newline + 1]
+                self._buffer = b""
+                events, used = self._process(head, 0, len(head), final=False)
+                if used < len(head):
+                    # A multi-line record starts there and continues in data (rare, bounded by MAX_BLOCK).
+                    data = head[used:] + data[newline + 1 :]
+                else:
+                    begin = newline + 1
+        last = data.rfind(b"\n", begin)
         if last < 0:
-            if len(buffer) <= MAX_LINE:
-                self._buffer = buffer
-                return []
-            buffer, last = buffer + b"\n", len(buffer)
-        events, used = self._process(buffer, last + 1, final=False)
-        self._buffer = buffer[used:]
+            rest = data[begin:]
+            if len(rest) <= MAX_LINE:
+                self._buffer = rest
+                return events
+            data, begin, last = rest + b"\n", 0, len(rest)
+        more, used = self._process(data, begin, last + 1, final=False)
+        events.extend(more)
+        self._buffer = data[used:]
         return events
 
     def finish(self) -> list[Classified]:
@@ -87,34 +111,36 @@ class LogScanner:
             return []
         body = self._buffer if self._buffer.endswith(b"\n") else self._buffer + b"\n"
         self._buffer = b""
-        events, _ = self._process(body, len(body), final=True)
+        events, _ = self._process(body, 0, len(body), final=True)
         return events
 
-    def _starts(self, body: bytes, limit: int) -> list[int]:
-        """Offsets of the lines of ``body[:limit]`` worth classifying (every line with ``include_all``)."""
+    def _starts(self, body: bytes, begin: int, limit: int) -> list[int]:
+        """Offsets of the lines of ``body[begin:limit]`` worth classifying (all of them with ``include_all``)."""
         if self._include_all:
-            starts = [0]
-            pos = body.find(b"\n", 0, limit)
+            starts = [begin]
+            pos = body.find(b"\n", begin, limit)
             while 0 <= pos < limit - 1:
                 starts.append(pos + 1)
                 pos = body.find(b"\n", pos + 1, limit)
             return starts
-        starts = [] if _CHATTER_AT_START.match(body, 0, limit) else [0]
+        starts = [] if _CHATTER_AT_START.match(body, begin, limit) else [begin]
         end = limit - 1
-        starts.extend(m.end() for m in CANDIDATE.finditer(body, 0, limit) if m.end() <= end)
-        if body.find(b"\r", 0, limit) >= 0:
-            glued = {body.rfind(b"\n", 0, m.start()) + 1 for m in _GLUED.finditer(body, 0, limit)}
+        starts.extend(m.end() for m in CANDIDATE.finditer(body, begin, limit) if m.end() <= end)
+        if body.find(b"\r", begin, limit) >= 0:
+            glued = {
+                body.rfind(b"\n", begin, m.start()) + 1 or begin for m in _GLUED.finditer(body, begin, limit)
+            }
             starts = sorted(set(starts) | glued)
         return starts
 
-    def _process(self, body: bytes, limit: int, *, final: bool) -> tuple[list[Classified], int]:
-        """Classify the complete lines in ``body[:limit]``; return the events and how much was used."""
+    def _process(self, body: bytes, begin: int, limit: int, *, final: bool) -> tuple[list[Classified], int]:
+        """Classify the complete lines in ``body[begin:limit]``; return the events and how far it got."""
         events: list[Classified] = []
-        counted_to = 0
+        counted_to = begin
         line_no = self._line_base
         skip_until = 0
         used = limit
-        for start in self._starts(body, limit):
+        for start in self._starts(body, begin, limit):
             if start < skip_until:
                 continue
             line_no += body.count(b"\n", counted_to, start)
