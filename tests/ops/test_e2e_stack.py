@@ -130,12 +130,14 @@ async def _all_targets_up(stack: Stack) -> bool:
 
 
 def _webhook_alert(stack: Stack, name: str, **labels: str) -> list[dict[str, Any]]:
-    return [
-        alert
+    """Distinct firing alerts (by fingerprint; Alertmanager may notify a group again) matching the labels."""
+    matching = {
+        alert["fingerprint"]: alert
         for alert in stack.webhook.alerts()
         if alert["labels"].get("alertname") == name
         and all(alert["labels"].get(key) == value for key, value in labels.items())
-    ]
+    }
+    return list(matching.values())
 
 
 async def test_fault_scenario_alerts_reach_the_webhook_with_the_culprit(tmp_path: Path) -> None:
