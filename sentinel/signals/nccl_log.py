@@ -70,6 +70,10 @@ _BARE_NET_RE: Final = re.compile(
     r"socket\w{0,30}: Call to \w{1,12} (?:from|to) \S{1,80} failed|\bNet : Call to \w{1,12}|"
     r"Call to connect failed|Socket creation failed"
 )
+# Configuration complaints (deprecated variables, ignored settings) are worth a look, not a page.
+_CONFIG_WARN_RE: Final = re.compile(
+    r"deprecated|[Ii]gnoring|will be ignored|falling back|[Ii]nvalid value|not supported"
+)
 _RAS_MISMATCH_RE: Final = re.compile(
     r"MISMATCH\b[\s\S]{0,400}?Communicator ranks have different (?P<op>\w{1,40}) operation counts"
 )
@@ -212,6 +216,7 @@ _BENIGN_TORCH_RE: Final = re.compile(
 )
 _C10D_BAD_RE: Final = re.compile(r"\[c10d\].{0,400}?(?:failed|timed out|[Ee]rror|refused|reset by peer)")
 _GLOG_ERROR_RE: Final = re.compile(r"\[E\d{0,4}[ \]]|\[E ")
+_PG_GLOBAL_RANK_RE: Final = re.compile(r"global rank: (\d{1,7})")
 _PG_OPTIONS_TIMEOUT_RE: Final = re.compile(r"TIMEOUT\(ms\): (\d{1,22})")
 _ROOT_CAUSE_RE: Final = re.compile(r"Root Cause \(first observed failure\)")
 
@@ -386,8 +391,9 @@ def _warn_event(payload: str, source_file: str, ids: dict[str, object]) -> Class
         )
     if _NET_WARN_RE.search(payload) is not None or _NET_FILE_RE.search(source_file) is not None:
         return _net_event(payload, ids, rank=rank)
+    severity: Severity = "warning" if _CONFIG_WARN_RE.search(payload) is not None else "critical"
     return make_event(
-        "nccl_warn_other", "critical", rank=rank, reason="nccl_warn", message=clip(payload), **ids
+        "nccl_warn_other", severity, rank=rank, reason="nccl_warn", message=clip(payload), **ids
     )
 
 
@@ -524,11 +530,12 @@ def torch_events(text: str) -> list[Classified]:
     if not events and "TIMEOUT(ms)" in text:
         pg_timeout = _PG_OPTIONS_TIMEOUT_RE.search(text)
         if pg_timeout is not None:
+            explicit = _PG_GLOBAL_RANK_RE.search(text)
             events.append(
                 make_event(
                     "other",
                     "info",
-                    rank=get_rank(),
+                    rank=parse_int(explicit.group(1)) if explicit else get_rank(),
                     timeout_ms=parse_int(pg_timeout.group(1)),
                     reason="process_group_options",
                 )

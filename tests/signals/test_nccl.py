@@ -466,3 +466,16 @@ def test_quoted_cuda_failure_and_comm_lines() -> None:
     assert (comm.kind, comm.severity, comm.rank) == ("nccl_info", "info", 3)
     ipc = classify_text("h:1:2 [0] transport/p2p.cc:200 NCCL WARN Error: cudaIpcOpenMemHandle failed")
     assert ipc.kind == "nccl_warn_cuda"
+
+
+def test_configuration_warnings_are_not_pages() -> None:
+    event = classify_text("h:1:2 [0] init.cc:100 NCCL WARN NCCL_IB_GID_INDEX is deprecated, ignoring it")
+    assert (event.kind, event.severity) == ("nccl_warn_other", "warning")
+
+
+def test_process_group_options_global_rank() -> None:
+    event = classify_text(
+        "[I1 1:1:1.1 ProcessGroupNCCL.cpp:1200] [PG ID 1 PG GUID 1 Rank 2] ProcessGroupNCCL initialization options: "
+        "size: 4, global rank: 6, TIMEOUT(ms): 600000, USE_HIGH_PRIORITY_STREAM: 0"
+    )
+    assert (event.kind, event.severity, event.rank, event.timeout_ms) == ("other", "info", 6, 600000)
