@@ -38,10 +38,12 @@ def build() -> Dashboard:
                     stat(
                         "Open verdicts",
                         [
+                            # a 0 rather than "No data" when nothing is open
+                            target(f"count(sentinel_verdict_open{{{CLUSTER}}}) or vector(0)", "total"),
                             target(
                                 f"count by (kind) (sentinel_verdict_open{{{CLUSTER}}})",
                                 "{{kind}}",
-                            )
+                            ),
                         ],
                         description="Faulty, degraded, stuck, straggler and silent-host verdicts still open.",
                     ),

@@ -55,7 +55,10 @@ def build() -> Dashboard:
                 (
                     stat(
                         "Ranks with an open verdict",
-                        [target(f"count by (kind) (sentinel_verdict_open{{{JOB}}})", "{{kind}}")],
+                        [
+                            target(f"count(sentinel_verdict_open{{{JOB}}}) or vector(0)", "total"),
+                            target(f"count by (kind) (sentinel_verdict_open{{{JOB}}})", "{{kind}}"),
+                        ],
                     ),
                     Size(12, 6),
                 ),
