@@ -40,7 +40,7 @@ _COMM_RANK_RE: Final = re.compile(r"comm (?P<comm>0x[0-9A-Fa-f]{1,16}) rank (?P<
 _COMM_STATE_RE: Final = re.compile(
     r"- (Init START|Init COMPLETE|Abort COMPLETE|Destroy COMPLETE|Abort START)"
 )
-_VERSION_RE: Final = re.compile(r"^\s*NCCL version (?P<ver>\d{1,3}\.\d{1,3}\.\d{1,4}\S{0,40})")
+_VERSION_RE: Final = re.compile(r"NCCL version (?P<ver>\d{1,3}\.\d{1,3}\.\d{1,4}\S{0,40})")
 _TRACE_RE: Final = re.compile(r"^\s*\S{1,200}?:\d{1,6} -> (?P<ret>-?\d{1,4})\b")
 _FROM_RANK_RE: Final = re.compile(r"\bfrom rank (\d{1,9})\b")
 _PEER_RE: Final = re.compile(
@@ -78,7 +78,7 @@ _RAS_MISMATCH_RE: Final = re.compile(
     r"MISMATCH\b[\s\S]{0,400}?Communicator ranks have different (?P<op>\w{1,40}) operation counts"
 )
 _RAS_ROW_RE: Final = re.compile(
-    r"^\s*\d{1,9}(?:[ \t]+\d{1,12}){4,8}[ \t]+[A-Z_]{2,20}(?:[ \t]+[A-Z_]{2,20})?\s*$"
+    r"(?:^|\s)\d{1,9}(?:[ \t]+\d{1,12}){4,8}[ \t]+[A-Z_]{2,20}(?:[ \t]+[A-Z_]{2,20})?\s*$"
 )
 _NCCL_TESTS_FAIL_RE: Final = re.compile(r"\bTest (?:CUDA|NCCL) failure\b")
 
@@ -307,7 +307,8 @@ def nccl_events(text: str) -> list[Classified]:
             )
     if level_name is None and "NCCL version" in text:
         version = _VERSION_RE.search(text)
-        if version is not None:
+        # "..., NCCL version 2.21.5" ends PyTorch's NCCL error messages: part of that error, not a banner.
+        if version is not None and not text[: version.start()].rstrip().endswith(","):
             events.append(
                 make_event("nccl_init", "info", reason="nccl_version", nccl_version=version.group("ver"))
             )
@@ -323,7 +324,7 @@ def nccl_events(text: str) -> list[Classified]:
                     message=clip(text),
                 )
             )
-    elif "\n" not in text and text[:1] in (" ", "\t") and _RAS_ROW_RE.match(text) is not None:
+    elif "\n" not in text and text.rstrip()[-1:].isupper() and _RAS_ROW_RE.search(text) is not None:
         events.append(make_event("nccl_info", "info", reason="nccl_ras_status"))
     if "Test " in text and _NCCL_TESTS_FAIL_RE.search(text) is not None:
         events.append(make_event("other", "critical", reason="nccl_tests_failure", message=clip(text)))

@@ -81,3 +81,30 @@ def test_corpus_through_function() -> None:
 @pytest.mark.parametrize("kind", ["xid", "nccl_warn_net", "torch_watchdog_timeout"])
 def test_corpus_has_the_kinds_this_test_relies_on(kind: str) -> None:
     assert any(record["expect"]["kind"] == kind for record in _records())
+
+
+WRAPPERS = [
+    "2024-01-01T00:00:00.123Z ",
+    "node-17: ",
+    "[1,3]<stdout>:",
+    "Jan  2 03:04:05 host kernel: ",
+    "(Worker pid=12) ",
+    "[stderr] ",
+    "  ",
+]
+
+
+@pytest.mark.parametrize("wrapper", WRAPPERS)
+def test_wrappers_in_front_do_not_change_single_line_records(wrapper: str) -> None:
+    """Parse formats, not lines: a shipper/launcher prefix in front of a record changes nothing."""
+    changed = []
+    for index, record in enumerate(_records()):
+        text = record["text"]
+        if "\n" in text:
+            continue
+        plain = msgspec.to_builtins(classify_text(text))
+        wrapped = msgspec.to_builtins(classify_text(wrapper + text))
+        diff = [name for name in FIELDS if plain[name] != wrapped[name]]
+        if diff:
+            changed.append(f"#{index} {diff}: {text[:80]}")
+    assert not changed, "\n".join(changed)
