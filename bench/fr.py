@@ -18,7 +18,6 @@ import argparse
 import os
 import pickle
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -106,28 +105,33 @@ def build_set(source: dict[int, dict[str, Any]], ranks: int, entries: int, out: 
 
 def measure(cmd: list[str], timeout_s: float) -> dict[str, Any]:
     """Run cmd; wall seconds, exit code, peak RSS of the largest process and of the whole tree (MiB)."""
-    start = time.perf_counter()
-    proc = psutil.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
-    peak_tree = 0
-    peak_one = 0
-    timed_out = False
-    while proc.poll() is None:
-        try:
-            procs = [proc, *proc.children(recursive=True)]
-            rss = [p.memory_info().rss for p in procs if p.is_running()]
-            peak_tree = max(peak_tree, sum(rss))
-            peak_one = max(peak_one, max(rss, default=0))
-        except psutil.Error:
-            pass
-        if time.perf_counter() - start > timeout_s:
-            for p in proc.children(recursive=True):
-                p.kill()
-            proc.kill()
-            timed_out = True
-            break
-        time.sleep(0.02)
-    out, err = proc.communicate()
-    wall = time.perf_counter() - start
+    # output goes to files, not pipes: a chatty tool must not block on a full pipe
+    with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
+        start = time.perf_counter()
+        proc = psutil.Popen(cmd, stdout=out_file, stderr=err_file, cwd=REPO)
+        peak_tree = 0
+        peak_one = 0
+        timed_out = False
+        while proc.poll() is None:
+            try:
+                procs = [proc, *proc.children(recursive=True)]
+                rss = [p.memory_info().rss for p in procs if p.is_running()]
+                peak_tree = max(peak_tree, sum(rss))
+                peak_one = max(peak_one, max(rss, default=0))
+            except psutil.Error:
+                pass
+            if time.perf_counter() - start > timeout_s:
+                for p in proc.children(recursive=True):
+                    p.kill()
+                proc.kill()
+                timed_out = True
+                break
+            time.sleep(0.02)
+        proc.wait()
+        wall = time.perf_counter() - start
+        out_file.seek(0)
+        err_file.seek(0)
+        out, err = out_file.read(), err_file.read()
     return {
         "wall_s": wall,
         "rc": proc.returncode,

@@ -54,7 +54,7 @@ def _usage(parser: argparse.ArgumentParser) -> Any:
 
 def run_analyze(args: argparse.Namespace) -> int:
     try:
-        result = analyze_dir(args.dir, workers=args.workers)
+        result = analyze_dir(args.dir, workers=args.workers, start_method="fork")
     except FrFormatError as exc:
         print(f"sentinel fr analyze: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

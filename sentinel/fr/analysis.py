@@ -17,6 +17,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import statistics
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -387,16 +388,9 @@ def _stragglers(groups: dict[str, Group]) -> list[Straggler]:
             if not all(times):
                 continue
             ordered = sorted(times)
-            n = len(ordered)
             for (r, _, _), tv in zip(tracks, times, strict=True):
                 # median of the *other* members: a late rank in a group of two is late against its peer
-                i = ordered.index(tv)
-                peers = ordered[:i] + ordered[i + 1 :]
-                med = (
-                    peers[(n - 1) // 2]
-                    if (n - 1) % 2
-                    else (peers[(n - 1) // 2 - 1] + peers[(n - 1) // 2]) / 2
-                )
+                med = _median_without(ordered, bisect_left(ordered, tv))
                 lags.setdefault(r, []).append((tv - med) / 1e6)
     if len(lags) < 2:
         return []
@@ -415,6 +409,18 @@ def _stragglers(groups: dict[str, Group]) -> list[Straggler]:
             out.append(Straggler(r, m, late, len(lags[r])))
     out.sort(key=lambda s: -s.lag_ms_median)
     return out
+
+
+def _median_without(ordered: list[int], i: int) -> float:
+    """Median of the sorted list ``ordered`` without its element at index ``i`` (O(1))."""
+    m = len(ordered) - 1
+
+    def at(k: int) -> int:
+        return ordered[k] if k < i else ordered[k + 1]
+
+    if m % 2:
+        return float(at(m // 2))
+    return (at(m // 2 - 1) + at(m // 2)) / 2
 
 
 # ---------------------------------------------------------------- verdict

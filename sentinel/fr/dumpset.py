@@ -19,8 +19,9 @@ from sentinel.fr.errors import FrFormatError
 from sentinel.fr.loader import DumpFile, discover, load_dump
 from sentinel.fr.summary import RankSummary, summarize
 
-#: Below this many files, decoding in-process beats starting workers.
+#: Below this many files or bytes, decoding in-process beats starting workers.
 PARALLEL_MIN_FILES = 48
+PARALLEL_MIN_BYTES = 48 * 1024 * 1024
 _BATCH = 16
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -40,18 +41,24 @@ def _summarize_batch(batch: Sequence[tuple[str, int, str]]) -> bytes | str:
         return str(exc)
 
 
-def summarize_dir(root: Path, workers: int | None = None) -> list[RankSummary]:
-    """Every rank's summary under ``root``; FrFormatError for unusable input."""
+def summarize_dir(
+    root: Path, workers: int | None = None, start_method: str = "forkserver"
+) -> list[RankSummary]:
+    """Every rank's summary under ``root``; FrFormatError for unusable input.
+
+    ``start_method`` is the multiprocessing start method of the workers: "forkserver" is safe in threaded
+    daemons; a single-threaded command may pass "fork", which starts faster.
+    """
     files = discover(root)
     if workers is None:
         workers = min(os.cpu_count() or 1, 32)
-    if workers <= 1 or len(files) < PARALLEL_MIN_FILES:
+    if workers <= 1 or len(files) < PARALLEL_MIN_FILES or _total_bytes(files) < PARALLEL_MIN_BYTES:
         return [summarize_file(f) for f in files]
     batches = [
         [(str(f.path), f.rank, f.prefix) for f in files[i : i + _BATCH]] for i in range(0, len(files), _BATCH)
     ]
     out: list[RankSummary] = []
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("forkserver")) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context(start_method)) as pool:
         for result in pool.map(_summarize_batch, batches):
             if isinstance(result, str):
                 raise FrFormatError(result)
@@ -59,6 +66,18 @@ def summarize_dir(root: Path, workers: int | None = None) -> list[RankSummary]:
     return out
 
 
-def analyze_dir(root: Path, workers: int | None = None) -> FrAnalysis:
+def analyze_dir(root: Path, workers: int | None = None, start_method: str = "forkserver") -> FrAnalysis:
     """Read every dump under ``root`` and analyze them (see :func:`sentinel.fr.analysis.analyze`)."""
-    return analyze(summarize_dir(root, workers))
+    return analyze(summarize_dir(root, workers, start_method))
+
+
+def _total_bytes(files: Sequence[DumpFile]) -> int:
+    total = 0
+    for f in files:
+        try:
+            total += f.path.stat().st_size
+        except OSError:
+            continue
+        if total >= PARALLEL_MIN_BYTES:
+            break
+    return total

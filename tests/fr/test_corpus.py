@@ -60,12 +60,12 @@ def test_parallel_workers_give_the_same_answer() -> None:
     one = analyze_dir(folder / "pickle", workers=1).to_json()
     from sentinel.fr import dumpset
 
-    old = dumpset.PARALLEL_MIN_FILES
-    dumpset.PARALLEL_MIN_FILES = 1
+    old = dumpset.PARALLEL_MIN_FILES, dumpset.PARALLEL_MIN_BYTES
+    dumpset.PARALLEL_MIN_FILES = dumpset.PARALLEL_MIN_BYTES = 1
     try:
         two = analyze_dir(folder / "pickle", workers=2).to_json()
     finally:
-        dumpset.PARALLEL_MIN_FILES = old
+        dumpset.PARALLEL_MIN_FILES, dumpset.PARALLEL_MIN_BYTES = old
     assert one == two
 
 
