@@ -59,12 +59,15 @@ class RawDump:
 def discover(root: Path) -> list[DumpFile]:
     """Every file under ``root`` named like a dump, sorted by rank; FrFormatError when there is none.
 
-    Files whose name does not end in a rank number are ignored. A rank that appears in two files is an
-    error (two copies of the same job, e.g. pickle and JSON side by side): the caller must pick one folder.
+    Files are grouped by name prefix (``nccl_trace_rank_``, ``comm_lib_trace_rank_``, ...); the prefix
+    naming the most ranks is the dump set and other files ending in a number are ignored. A rank that
+    appears twice in that set (pickle and JSON side by side, two copies of a job) is an error: the caller
+    must pick one folder.
     """
     if not root.is_dir():
         raise FrFormatError(f"{root}: not a directory")
-    found: dict[int, DumpFile] = {}
+    by_prefix: dict[str, list[DumpFile]] = {}
+    count = 0
     for path in _walk(root):
         match = _NAME_RE.match(path.name)
         if match is None:
@@ -72,18 +75,24 @@ def discover(root: Path) -> list[DumpFile]:
         rank = int(match["rank"])
         if rank > 1 << 24:
             continue
-        dump = DumpFile(path=path, rank=rank, prefix=match["prefix"])
-        other = found.get(rank)
+        by_prefix.setdefault(match["prefix"], []).append(
+            DumpFile(path=path, rank=rank, prefix=match["prefix"])
+        )
+        count += 1
+        if count > MAX_FILES:
+            raise FrFormatError(f"{root}: more than {MAX_FILES} files named like dumps")
+    if not by_prefix:
+        raise FrFormatError(f"{root}: no flight recorder dumps (files named <prefix><rank>[.json][.gz])")
+    best = max(by_prefix.values(), key=lambda files: (len({f.rank for f in files}), len(files)))
+    found: dict[int, DumpFile] = {}
+    for dump in best:
+        other = found.get(dump.rank)
         if other is not None:
             raise FrFormatError(
-                f"{root}: rank {rank} has two dumps ({other.path.relative_to(root)} and "
-                f"{path.relative_to(root)}); point at one folder per dump set"
+                f"{root}: rank {dump.rank} has two dumps ({other.path.relative_to(root)} and "
+                f"{dump.path.relative_to(root)}); point at one folder per dump set"
             )
-        found[rank] = dump
-        if len(found) > MAX_FILES:
-            raise FrFormatError(f"{root}: more than {MAX_FILES} dump files")
-    if not found:
-        raise FrFormatError(f"{root}: no flight recorder dumps (files named <prefix><rank>[.json][.gz])")
+        found[dump.rank] = dump
     return [found[r] for r in sorted(found)]
 
 

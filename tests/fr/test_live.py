@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from sentinel.fr.errors import FrFormatError
 from sentinel.fr.heads import FrHeads, InFlight, PgHead
 from sentinel.fr.progress import find_stuck
 from sentinel.fr.reduce import reduce_snapshot
 from sentinel.fr.trigger import trigger_dumps
 from sentinel.probe import MAX_DATAGRAM, Probe, encode_capped
 from tests.fr.synth import T0, entry
+from tests.support import REPO, need_module
 
 NOW = T0 / 1e9 + 100.0
 
@@ -157,3 +164,48 @@ def test_trigger_writes_into_fifos(tmp_path: Path) -> None:
     assert result.missing == [2]
     assert 1 in result.failed
     assert got == [b"1\n"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=6),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=5),
+        max_leaves=25,
+    )
+)
+def test_reduce_snapshot_only_raises_our_error(obj: object) -> None:
+    for snap in ({"entries": [obj], "pg_status": {"0": obj}}, {"entries": obj}, {"pg_status": obj}):
+        with contextlib.suppress(FrFormatError):
+            reduce_snapshot(snap, rank=0, now=NOW)
+
+
+def test_probe_with_real_torch_gloo(tmp_path: Path) -> None:
+    need_module("torch")
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import json, os, socket, sys\n"
+        "os.environ['TORCH_FR_BUFFER_SIZE'] = '200'\n"
+        "import torch, torch.distributed as dist\n"
+        "from sentinel.probe import Probe\n"
+        "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "for _ in range(50): dist.all_reduce(torch.ones(8))\n"
+        "srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); srv.bind(sys.argv[1]); srv.settimeout(10)\n"
+        "p = Probe(2.0, sys.argv[1])\n"
+        "ok = [p.tick() for _ in range(3)]\n"
+        "sys.stdout.buffer.write(srv.recv(1 << 16))\n"
+        "print(json.dumps([ok, p.stats.dropped, p.stats.errors]), file=sys.stderr)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "s")],
+        capture_output=True,
+        cwd=REPO,
+        timeout=120,
+        check=False,
+        env={**os.environ, "RANK": "0", "WORLD_SIZE": "1", "SENTINEL_JOB_ID": "job-7"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    heads = msgspec.msgpack.decode(proc.stdout, type=FrHeads)
+    assert heads.job_id == "job-7" and heads.world_size == 1
+    [pg] = heads.pgs
+    assert pg.last_enqueued_seq == pg.last_completed_seq == 50
