@@ -122,21 +122,21 @@ async def test_agent_marks_lost_gpu_and_reports_it(fake_nvml: FakeNvml, tmp_path
 async def test_hung_call_marks_gpu_unresponsive_and_never_blocks_others(
     fake_nvml: FakeNvml, tmp_path: Path
 ) -> None:
-    config = make_config(tmp_path, collect={"nvml_timeout_s": 0.3, "nvml_events": False})
+    config = make_config(tmp_path, collect={"nvml_timeout_s": 1.5, "nvml_events": False})
     agent = Agent(config, NvmlSource())
     await agent.step(1.0)
     release = threading.Event()
     fake_nvml.gpus[1].hang = release
     started = time.monotonic()
     batch = await agent.step(2.0)
-    assert time.monotonic() - started < 2.0  # the deadline, not the hang, bounds the tick
+    assert time.monotonic() - started < 5.0  # the deadline, not the hang, bounds the tick
     assert {s.gpu: s.state for s in batch.samples} == {0: "ok", 1: "unresponsive"}
     assert [(e.kind, e.gpu) for e in batch.events] == [("gpu_unresponsive", 1)]
     calls_while_hung = fake_nvml.calls.total()
     for t in range(3, 6):  # the loop and GPU 0 keep going; nothing is queued behind the hung call
         started = time.monotonic()
         batch = await agent.step(float(t))
-        assert time.monotonic() - started < 0.25
+        assert time.monotonic() - started < 1.0  # not waiting on the hung call, nor another 1.5 s deadline
         assert {s.gpu: s.state for s in batch.samples} == {0: "ok", 1: "unresponsive"}
     hung_gpu_calls = sum(n for (gpu, _), n in fake_nvml.calls.items() if gpu == 1)
     release.set()
