@@ -109,6 +109,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    from sentinel.demo.hooks import DemoError
     from sentinel.demo.run import DemoOptions, run_demo
 
     options = DemoOptions(
@@ -149,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         return asyncio.run(main())
-    except ScenarioError as exc:
+    except (ScenarioError, DemoError) as exc:
         print(f"sentinel demo: {exc}", file=sys.stderr)
         return 2
     except asyncio.CancelledError:

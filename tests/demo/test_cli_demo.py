@@ -58,6 +58,17 @@ def test_bad_scenario_field_is_named(tmp_path: Path) -> None:
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_port_in_use_is_one_line_and_exit_2() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run("demo", "--scenario", str(SHORT), "--port", str(port), "--view", "plain")
+    assert result.returncode == 2
+    assert f"aggregator cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_ctrl_c_stops_everything_cleanly_and_still_summarises() -> None:
     proc = subprocess.Popen(
         [*SENTINEL, "demo", "--scenario", str(SHORT), "--view", "live", "--no-color", "--duration", "60"],
