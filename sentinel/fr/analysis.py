@@ -211,6 +211,19 @@ def _world_size(present: set[int], groups: dict[str, Group], summaries: Sequence
             size = max(size, max(g.members) + 1)
         if _is_world(g, present):
             size = max(size, g.size_hint)
+    # a family of sub-groups (same description) that partitions the ranks with one group short of the
+    # family's size says the world is larger than the ranks seen (the highest rank left no dump)
+    families: dict[str, list[Group]] = {}
+    for g in groups.values():
+        if g.desc and not _is_world(g, present):
+            families.setdefault(g.desc, []).append(g)
+    for family in families.values():
+        covered = [r for g in family for r in g.members]
+        if len(family) < 2 or len(covered) != len(set(covered)) or set(covered) != present:
+            continue
+        fam_size = max(max(len(g.members), g.size_hint) for g in family)
+        if any(len(g.members) < fam_size for g in family):
+            size = max(size, fam_size * len(family))
     return size
 
 
@@ -491,6 +504,7 @@ def _decide(
                 f"hang: rank {_ranks(first.ranks)} never entered {where}; "
                 f"{len(victims)} rank(s) are blocked behind it"
             )
+
         for c in culprits[:10]:
             cw = c.first_wait
             waiting = sorted(x.rank for x in waits if x.group == cw.group and x.seq == cw.seq)
@@ -498,6 +512,11 @@ def _decide(
                 f"rank {_ranks(c.ranks)} {'is' if len(c.ranks) == 1 else 'are'} missing from {cw.op} #{cw.seq} "
                 f"of group {groups[cw.group].label()}, which rank(s) {_ranks(waiting)} entered and wait in"
                 + (f"; {len(c.victims)} blocked rank(s) depend on it" if c.victims else "")
+            )
+        if res.verdict == "hang" and _one_behind(groups, waits, set(roots)):
+            res.findings.append(
+                "the culprit is exactly one collective behind its peers: if these dumps were taken on "
+                "demand while the job ran (not by a timeout), this can be ordinary skew"
             )
         return
     if waits:
@@ -541,6 +560,16 @@ def _decide(
         return
     res.verdict = "healthy"
     res.summary = "healthy: every collective in the dumps completed on all members; no straggler"
+
+
+def _one_behind(groups: dict[str, Group], waits: list[Wait], roots: set[int]) -> bool:
+    """Every wait on a root is for the collective right after the root's last one in that group."""
+    for w in waits:
+        for r in w.waiting_for & roots:
+            t = groups[w.group].tracks.get(r)
+            if t is None or t.enq != w.seq - 1:
+                return False
+    return True
 
 
 def _set_mismatch(res: FrAnalysis, mm: MismatchFinding, stalled: bool) -> None:

@@ -99,3 +99,22 @@ def test_healthy_has_no_straggler_under_jitter(tmp_path: Path) -> None:
         write(tmp_path, r, _steps("0", 40, desc="default_pg", lag=0.3 * ((r * 7) % 5)))
     result = analyze_dir(tmp_path, workers=1)
     assert result.verdict == "healthy", result.summary
+
+
+def test_highest_rank_without_dump_is_found_from_a_short_subgroup(tmp_path: Path) -> None:
+    # 8 ranks, tp groups of 4 ("1": 0-3, "2": 4-7); rank 7 crashed and left no dump; world has no all_gather
+    for r in range(7):
+        tp = "1" if r < 4 else "2"
+        es = [entry(tp, s, desc="tp", t_ms=10 * s) for s in range(1, 4)]
+        es += [entry("0", s, desc="default_pg", t_ms=10 * s + 5) for s in range(1, 4)]
+        es.append(entry(tp, 4, desc="tp", done=tp == "1", t_ms=60))
+        write(tmp_path, r, es)
+    result = analyze_dir(tmp_path, workers=1)
+    assert result.world_size == 8
+    assert result.missing_dumps == [7]
+    assert result.verdict == "crash"
+    assert result.culprit_ranks[0] == 7
+    assert result.collective is not None and (result.collective["pg_name"], result.collective["seq"]) == (
+        "2",
+        4,
+    )
