@@ -12,6 +12,7 @@ speed and then calls :func:`classify_line` / :func:`classify_text` on them only.
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Final
 
@@ -19,7 +20,7 @@ from sentinel.signals._text import bounded
 from sentinel.signals.ecc import evaluate_ecc, evaluate_retired_pages, parse_ecc, parse_retired_pages
 from sentinel.signals.kernel import kernel_events
 from sentinel.signals.nccl_log import chatter_event, global_rank, nccl_events, torch_events, torch_rank
-from sentinel.signals.record import Classified, make_event, most_severe
+from sentinel.signals.record import KIND_RANK, Classified, make_event, most_severe
 from sentinel.signals.rowremap import evaluate_row_remap, parse_row_remap
 from sentinel.signals.xid import parse_xid
 
@@ -94,9 +95,42 @@ def text_events(text: str) -> list[Classified]:
     if "Root Cause" in text:
         # Needs the line structure ("rank : 10" on its own line), so before the joined form.
         events.extend(event for event in torch_events(text) if event.reason == "torchrun_root_cause")
-    joined = " ".join(segment.strip() for segment in lines)
-    events.extend(line_events(joined))
+    events.extend(_joined_events(lines))
     return events
+
+
+def _reading_key(events: list[Classified]) -> tuple[int, int]:
+    """How well a reading of a wrapped message parses: a recognised kind first, then how many fields."""
+    best = most_severe(events)
+    if best is None:
+        return (-1, -1)
+    fields = (best.xid, best.pci_bus, best.rank, best.seq, best.op, best.timeout_ms, best.ran_for_ms)
+    return (KIND_RANK[best.kind], sum(value is not None for value in fields))
+
+
+def _joined_events(lines: list[str]) -> list[Classified]:
+    """Events of a hard-wrapped message, undoing the wrap the way that reads best.
+
+    A terminal wraps at a fixed column, mid-word, losing nothing: the lines join back with no separator.
+    An author (or a mail client) wraps at spaces or after a hyphen: the lines join back with one space, or
+    none after the hyphen. Evidence of a terminal wrap (three or more lines of one width of at least 64
+    columns, a first line of 100+ columns, a space kept at a line edge, a line ending in a hyphen) picks
+    the joined reading when it finds anything; otherwise the reading that finds the more specific, more
+    complete event wins, and a tie goes to the author's reading.
+    """
+    raw = line_events("".join(lines))
+    widths = {len(segment) for segment in lines[:-1]}
+    fixed_width = (
+        len(lines) > 2 and len(widths) == 1 and len(lines[0]) >= 64 and len(lines[-1]) <= len(lines[0])
+    )
+    kept_edge = any(
+        a.endswith(" ") or b.startswith(" ") or (a.endswith("-") and a[-2:-1].isalnum())
+        for a, b in itertools.pairwise(lines)
+    )
+    if raw and (fixed_width or kept_edge or len(lines[0]) >= 100):
+        return raw
+    spaced = line_events(" ".join(segment.strip() for segment in lines))
+    return raw if _reading_key(raw) > _reading_key(spaced) else spaced
 
 
 def _block_events(text: str) -> list[Classified]:

@@ -108,3 +108,35 @@ def test_wrappers_in_front_do_not_change_single_line_records(wrapper: str) -> No
         if diff:
             changed.append(f"#{index} {diff}: {text[:80]}")
     assert not changed, "\n".join(changed)
+
+
+def _wrap_columns(text: str, width: int) -> str:
+    return "\n".join(text[start : start + width] for start in range(0, len(text), width))
+
+
+def _wrap_words(text: str, width: int) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width))
+
+
+def test_hard_wrapped_records_read_like_the_original() -> None:
+    """A terminal (fixed columns, mid-word) or an author (at spaces) wrapping a line changes nothing."""
+    total, changed = 0, []
+    for index, record in enumerate(_records()):
+        text = record["text"]
+        if "\n" in text or len(text) < 90:
+            continue
+        plain = msgspec.to_builtins(classify_text(text))
+        for name, wrapped in (
+            ("col80", _wrap_columns(text, 80)),
+            ("col137", _wrap_columns(text, 137)),
+            ("words72", _wrap_words(text, 72)),
+        ):
+            total += 1
+            got = msgspec.to_builtins(classify_text(wrapped))
+            diff = [field for field in FIELDS if got[field] != plain[field]]
+            if diff:
+                changed.append(f"#{index} {name} {diff}")
+    print(f"\nwrapped readings that differ: {len(changed)} of {total}\n" + "\n".join(changed))
+    assert len(changed) <= total // 100, changed
