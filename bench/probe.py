@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sentinel.probe import Probe
+from sentinel.probe import Probe, _torch_dump_fn
 from tests.fr.synth import entry
 
 TICKS = 200
@@ -82,6 +82,8 @@ def main() -> int:
         dist.all_reduce(t)
     probe = Probe(2.0, path)
     _report("real torch gloo FR, 2000 entries (steady)", _ticks(probe, TICKS, server), probe)
+    full = Probe(2.0, path, dump_fn=_torch_dump_fn())
+    _report("real torch gloo FR, 2000 entries (full)", _ticks(full, 30, server), full)
     print(
         "  (first tick takes one full dump to learn group names; later full dumps only when a wait persists)"
     )

@@ -108,8 +108,7 @@ class Probe:
                 self._count("no_flight_recorder")
                 return None
             self._dump_fn = dump_fn
-            raw = dump_fn()
-            data = json.loads(raw) if raw else {}
+            data = _decode(dump_fn())
             self._last_full = now
         ident = self._identity
         heads = reduce_snapshot(
@@ -207,8 +206,22 @@ def encode_capped(heads: Any, limit: int = MAX_DATAGRAM) -> bytes:
     raise ValueError("heads do not fit in one datagram even without in-flight entries")
 
 
+def _decode(raw: bytes) -> dict[str, Any]:
+    """A live dump, pickle (decoded without resolving any global) or JSON."""
+    from sentinel.fr.safepickle import PICKLE_PROTO, loads_plain
+
+    if not raw:
+        return {}
+    obj = loads_plain(raw, source="live flight recorder") if raw[0] == PICKLE_PROTO else json.loads(raw)
+    return obj if isinstance(obj, dict) else {}
+
+
 def _torch_dump_fn() -> DumpFn | None:
-    """The build's live FR JSON dump with only active entries, when torch is already in use."""
+    """The build's live FR dump with only active entries, when torch is already in use.
+
+    The pickle variant without stack traces is the cheapest (no symbolization, no JSON text); builds
+    without it fall back to ``_dump_fr_trace_json`` / ``_dump_nccl_trace_json``.
+    """
     if "torch" not in sys.modules:
         return None
     try:
@@ -216,6 +229,9 @@ def _torch_dump_fn() -> DumpFn | None:
     except ImportError:
         return None
     c10d = getattr(torch._C, "_distributed_c10d", None)
+    pickled: Callable[..., bytes] | None = getattr(c10d, "_dump_fr_trace", None)
+    if pickled is not None:
+        return _bind_active(pickled, includeStackTraces=False)
     for name in ("_dump_fr_trace_json", "_dump_nccl_trace_json"):
         fn: Callable[..., bytes] | None = getattr(c10d, name, None)
         if fn is not None:
@@ -241,9 +257,9 @@ def _torch_status_fn() -> DumpFn | None:
     return status
 
 
-def _bind_active(fn: Callable[..., bytes]) -> DumpFn:
+def _bind_active(fn: Callable[..., bytes], **extra: bool) -> DumpFn:
     def dump() -> bytes:
-        return bytes(fn(includeCollectives=True, onlyActive=True))
+        return bytes(fn(includeCollectives=True, onlyActive=True, **extra))
 
     return dump
 
