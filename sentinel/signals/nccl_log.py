@@ -447,6 +447,8 @@ def torch_events(text: str) -> list[Classified]:
     """PyTorch distributed events (watchdog timeouts, NCCL errors, heartbeat, torchrun failures)."""
     text = bounded(text)
     events: list[Classified] = []
+    if not any(word in text for word in _TORCH_GATE):
+        return events
     rank: int | None = None
     rank_done = False
 
@@ -553,8 +555,40 @@ _TORCH_NEEDLES: Final = tuple(
 
 def _torch_rules_for(text: str) -> list[int]:
     """Indexes of the rules whose needle occurs in ``text``, in rule order, each once."""
-    hits = {index for needle, index in _TORCH_NEEDLES if needle in text}
-    return sorted(hits)
+    hits: list[int] = []
+    for needle, index in _TORCH_NEEDLES:
+        if needle in text and index not in hits:
+            hits.append(index)
+    hits.sort()
+    return hits
+
+
+#: Words one of which every PyTorch message handled here contains; a line with none skips them all.
+_TORCH_GATE: Final = (
+    "NCCL",
+    "atchdog",
+    "Error",
+    "rror",
+    "entire process",
+    "aborted",
+    "eartbeat",
+    "CUDA",
+    "Terminating",
+    "dump",
+    "Stack trace",
+    "flight recorder",
+    "timeout",
+    "timing out",
+    "exitcode",
+    "Root Cause",
+    "[c10d]",
+    "TIMEOUT(ms)",
+    "destroy",
+    "closing signal",
+    "Exception raised",
+    "frame #",
+    "Rendezvous",
+)
 
 
 def _maybe_benign(text: str) -> bool:
