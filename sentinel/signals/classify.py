@@ -16,6 +16,7 @@ import itertools
 import re
 from typing import Final
 
+from sentinel.signals._nvsmi import read_sections
 from sentinel.signals._text import bounded
 from sentinel.signals.ecc import evaluate_ecc, evaluate_retired_pages, parse_ecc, parse_retired_pages
 from sentinel.signals.kernel import kernel_events
@@ -35,6 +36,9 @@ CHATTER_PATTERN: Final = (
 )
 _CHATTER_RE: Final = re.compile(CHATTER_PATTERN, re.ASCII)
 
+_SMI_FIELD_RE: Final = re.compile(
+    r"^\s*(?P<name>Remapping Failure Occurred|Pending Page Blacklist|SRAM Threshold Exceeded)\s*: (?P<value>Yes|No|N/A)\s*$"
+)
 _BLOCK_WORDS: Final = ("Remapped Rows", "ECC Errors", "Retired", "Root Cause")
 
 
@@ -90,7 +94,8 @@ def text_events(text: str) -> list[Classified]:
     text = bounded(text)
     lines = [segment for segment in re.split(r"\r\n|\r|\n", text) if segment.strip()]
     if len(lines) <= 1:
-        return line_events(lines[0] if lines else text)
+        line = lines[0] if lines else text
+        return [*_field_events(line), *line_events(line)] if " : " in line else line_events(line)
     events = _block_events(text)
     if "Root Cause" in text:
         # Needs the line structure ("rank : 10" on its own line), so before the joined form.
@@ -133,8 +138,39 @@ def _joined_events(lines: list[str]) -> list[Classified]:
     return raw if _reading_key(raw) > _reading_key(spaced) else spaced
 
 
+def _field_events(line: str) -> list[Classified]:
+    """One ``nvidia-smi -q`` field quoted on its own, without its section."""
+    match = _SMI_FIELD_RE.search(line)
+    if match is None:
+        return []
+    name, value = " ".join(match.group("name").split()).lower(), match.group("value").lower()
+    if name == "remapping failure occurred":
+        if value == "yes":
+            return [make_event("row_remap", "critical", action="rma", reason="row_remap_failure")]
+        return [make_event("row_remap", "info", action="none", reason="row_remap_ok")]
+    if name == "pending page blacklist":
+        if value == "yes":
+            return [make_event("ecc", "warning", action="reset_gpu", reason="retired_pages_pending")]
+        return [make_event("ecc", "info", action="none", reason="retired_pages_ok")]
+    if value == "yes":
+        return [make_event("ecc", "critical", action="rma", reason="ecc_sram_threshold")]
+    return [make_event("ecc", "info", action="none", reason="ecc_ok")]
+
+
 def _block_events(text: str) -> list[Classified]:
     events: list[Classified] = []
+    if "ECC Mode" in text and not any(word in text for word in _BLOCK_WORDS):
+        mode = [value.lower() for path, value in read_sections(text) if "ecc mode" in path]
+        if mode:
+            changing = len(set(mode)) > 1
+            return [
+                make_event(
+                    "ecc",
+                    "warning" if changing else "info",
+                    action="reboot" if changing else "none",
+                    reason="ecc_mode_change_pending" if changing else "ecc_mode",
+                )
+            ]
     if not any(word in text for word in _BLOCK_WORDS) and "pages" not in text:
         return events
     rows = parse_row_remap(text) if "Remapped" in text else None

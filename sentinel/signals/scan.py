@@ -40,7 +40,7 @@ CANDIDATE: Final = re.compile(rb"\n(?:" + CHATTER_PATTERN.encode("ascii") + rb".
 _CHATTER_AT_START: Final = re.compile(CHATTER_PATTERN.encode("ascii"))
 _GLUED: Final = re.compile(rb"\r(?!\n)")
 
-_SECTION_HEAD_RE: Final = re.compile(r"^\s*(?:ECC Errors|Remapped Rows|Retired [Pp]ages)\s*:?\s*$")
+_SECTION_HEAD_RE: Final = re.compile(r"^\s*(?:ECC Errors|ECC Mode|Remapped Rows|Retired [Pp]ages)\s*:?\s*$")
 _ROOT_CAUSE_HEAD: Final = "Root Cause (first observed failure)"
 _WRAP_HEAD_RE: Final = re.compile(
     r"ProcessGroupNCCL|atchdog|what\(\)|WorkNCCL|Test (?:CUDA|NCCL) failure|MISMATCH"

@@ -267,3 +267,24 @@ def test_retired_pages_na_is_not_a_count() -> None:
         "    Retired Pages\n        Single Bit ECC     : N/A\n        Double Bit ECC     : N/A\n        Pending Page Blacklist : N/A"
     )
     assert pages == RetiredPages(single_bit=None, double_bit=None, pending=None)
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "severity"),
+    [
+        ("        Remapping Failure Occurred        : Yes", "row_remap", "critical"),
+        ("        Remapping Failure Occurred        : No", "row_remap", "info"),
+        ("        Pending Page Blacklist    : Yes", "ecc", "warning"),
+        (
+            "    ECC Mode\n        Current                           : Enabled\n        Pending                           : Disabled",
+            "ecc",
+            "warning",
+        ),
+        ("    ECC Mode\n        Current : Enabled\n        Pending : Enabled", "ecc", "info"),
+    ],
+)
+def test_single_nvidia_smi_fields_and_ecc_mode(text: str, kind: str, severity: str) -> None:
+    from sentinel.signals import classify_text
+
+    event = classify_text(text)
+    assert (event.kind, event.severity) == (kind, severity)
