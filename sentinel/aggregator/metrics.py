@@ -8,10 +8,12 @@ custom collector, so it costs nothing between scrapes and can never drift from t
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sentinel.aggregator.engine import Engine, EngineMetrics
@@ -33,34 +35,19 @@ class AggregatorMetrics(EngineMetrics):
         self.cluster = cluster
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.batches = Counter("sentinel_ingest_batches", "Batches applied", ["cluster"], registry=r).labels(
-            cluster
-        )
-        self.samples = Counter(
-            "sentinel_ingest_samples", "GPU samples applied", ["cluster"], registry=r
-        ).labels(cluster)
-        self.events = Counter("sentinel_ingest_events", "Events applied", ["cluster"], registry=r).labels(
-            cluster
-        )
-        self.duplicates = Counter(
-            "sentinel_ingest_duplicates",
-            "Resent batches recognised by (host, seq) and dropped",
-            ["cluster"],
-            registry=r,
-        ).labels(cluster)
+        # the per-batch counters are plain numbers (the hot path), exported by the collector at scrape time
+        self.n_batches = 0
+        self.n_samples = 0
+        self.n_events = 0
+        self.n_duplicates = 0
+        self.lag_counts = [0] * (len(LAG_BUCKETS) + 1)
+        self.lag_sum = 0.0
         self._rejected = Counter(
             "sentinel_ingest_rejected",
             "Frames or connections refused, by reason",
             ["cluster", "reason"],
             registry=r,
         )
-        self.lag = Histogram(
-            "sentinel_ingest_lag_seconds",
-            "Aggregator receive time minus batch time",
-            ["cluster"],
-            buckets=LAG_BUCKETS,
-            registry=r,
-        ).labels(cluster)
         self._detection = Histogram(
             "sentinel_detection_latency_seconds",
             "Verdict open time minus the time of its evidence",
@@ -90,14 +77,16 @@ class AggregatorMetrics(EngineMetrics):
 
     def batch(self, host: HostView, batch: Batch, now: float, fresh: bool) -> None:
         if not fresh:
-            self.duplicates.inc()
+            self.n_duplicates += 1
             return
-        self.batches.inc()
-        if batch.samples:
-            self.samples.inc(len(batch.samples))
-        if batch.events:
-            self.events.inc(len(batch.events))
-        self.lag.observe(max(0.0, now - batch.t))
+        self.n_batches += 1
+        self.n_samples += len(batch.samples)
+        self.n_events += len(batch.events)
+        lag = now - batch.t
+        if not 0.0 <= lag < 1e9:  # clock skew, NaN or nonsense
+            lag = 0.0
+        self.lag_counts[bisect.bisect_left(LAG_BUCKETS, lag)] += 1
+        self.lag_sum += lag
 
     def verdict(self, change: Change) -> None:
         if change.what != "opened":
@@ -107,19 +96,47 @@ class AggregatorMetrics(EngineMetrics):
         self._detection.labels(self.cluster, v.kind).observe(max(0.0, v.opened_at - v.evidence_t))
 
     def attach(self, engine: Engine, connected: Callable[[], int]) -> None:
-        self.registry.register(FleetCollector(engine, self.cluster, connected))
+        self.registry.register(FleetCollector(engine, self, connected))
+
+    def ingest_families(self) -> Iterator[Metric]:
+        cluster = self.cluster
+        for name, documentation, value in (
+            ("sentinel_ingest_batches", "Batches applied", self.n_batches),
+            ("sentinel_ingest_samples", "GPU samples applied", self.n_samples),
+            ("sentinel_ingest_events", "Events applied", self.n_events),
+            (
+                "sentinel_ingest_duplicates",
+                "Resent batches recognised by (host, seq) and dropped",
+                self.n_duplicates,
+            ),
+        ):
+            family = CounterMetricFamily(name, documentation, labels=["cluster"])
+            family.add_metric([cluster], float(value))
+            yield family
+        lag = HistogramMetricFamily(
+            "sentinel_ingest_lag_seconds", "Aggregator receive time minus batch time", labels=["cluster"]
+        )
+        cumulative = 0
+        buckets: list[tuple[str, float]] = []
+        for bound, count in zip([*LAG_BUCKETS, math.inf], self.lag_counts, strict=True):
+            cumulative += count
+            buckets.append(("+Inf" if bound == math.inf else repr(float(bound)), float(cumulative)))
+        lag.add_metric([cluster], buckets, self.lag_sum)
+        yield lag
 
 
 class FleetCollector(Collector):
     """Gauges computed from the engine's state at scrape time."""
 
-    def __init__(self, engine: Engine, cluster: str, connected: Callable[[], int]) -> None:
+    def __init__(self, engine: Engine, metrics: AggregatorMetrics, connected: Callable[[], int]) -> None:
         self.engine = engine
-        self.cluster = cluster
+        self.metrics = metrics
+        self.cluster = metrics.cluster
         self.connected = connected
 
     def collect(self) -> Iterator[Metric]:
         engine, cluster = self.engine, self.cluster
+        yield from self.metrics.ingest_families()
         verdict_open = GaugeMetricFamily(
             "sentinel_verdict_open",
             "1 per open verdict",

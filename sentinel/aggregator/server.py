@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hmac
 import itertools
 import re
@@ -127,6 +128,8 @@ class Aggregator:
         self.on_tick = on_tick
         self._ticker: asyncio.Task[None] | None = None
         self._ids = itertools.count(1)
+        self._next_gc_freeze = 0.0
+        self._next_gc_full = 0.0
         self.started_at = clock()
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -151,10 +154,30 @@ class Aggregator:
             task.cancel()
         await self.incidents.drain()
 
+    def _gc_maintenance(self, monotonic: float) -> None:
+        """Keep full garbage collections off the ingest path.
+
+        The fleet state is hundreds of thousands of long-lived objects; letting the collector walk them
+        all now and then stalls ingest for most of a second. Survivors are frozen (ignored by collections)
+        on a short period and a full collection runs rarely, at a known cost.
+        """
+        fleet = self.config.fleet
+        if fleet.gc_full_interval_s and monotonic >= self._next_gc_full:
+            self._next_gc_full = monotonic + fleet.gc_full_interval_s
+            gc.unfreeze()
+            gc.collect()
+            gc.freeze()
+        elif fleet.gc_freeze_interval_s and monotonic >= self._next_gc_freeze:
+            self._next_gc_freeze = monotonic + fleet.gc_freeze_interval_s
+            gc.collect(1)
+            gc.freeze()
+
     async def _tick_loop(self) -> None:
         period = self.config.fleet.tick_s
         loop = asyncio.get_running_loop()
         next_at = loop.time()
+        self._next_gc_freeze = loop.time() + self.config.fleet.gc_freeze_interval_s
+        self._next_gc_full = loop.time() + self.config.fleet.gc_full_interval_s
         while True:
             next_at += period
             started = time.perf_counter()
@@ -163,6 +186,7 @@ class Aggregator:
             except Exception as exc:  # a detector bug must not stop detection of everything else
                 log().error("tick_failed", error=f"{type(exc).__name__}: {exc}")
             self.metrics.tick_seconds.observe(time.perf_counter() - started)
+            self._gc_maintenance(loop.time())
             if self.on_tick is not None:
                 self.on_tick(self.clock())
             delay = next_at - loop.time()
@@ -239,6 +263,11 @@ class Aggregator:
         self.connections.add(conn)
         try:
             await self._serve(conn)
+        except Exception as exc:  # whatever one connection does, the aggregator carries on
+            self.metrics.rejected("ingest_error")
+            log().error(
+                "stream_failed", peer=peer, host=conn.host, error=f"{type(exc).__name__}: {exc}"[:300]
+            )
         finally:
             self.connections.discard(conn)
             if conn.host is not None and self.by_host.get(conn.host) is conn:
@@ -290,7 +319,10 @@ class Aggregator:
                             error=f"{type(exc).__name__}: {exc}",
                         )
                         self.metrics.rejected("ingest_error")
-                    await ws.send_bytes(encode(Ack(seq=frame.seq)))
+                    try:
+                        await ws.send_bytes(encode(Ack(seq=frame.seq)))
+                    except (ConnectionError, RuntimeError):
+                        return  # the agent went away; it resends what was not acked
                 elif isinstance(frame, Hello):
                     if view is not None:
                         await self._close(conn, CLOSE_POLICY, "protocol", "second hello")
@@ -315,20 +347,32 @@ class Aggregator:
                 return
             elif msg.type == WSMsgType.ERROR:
                 break
-        # the loop ends on a close from the agent, or on a protocol error aiohttp detected (too big: 1009)
+        # the loop ends on a close from the agent, on a dropped connection, or on a protocol error aiohttp
+        # detected itself (a message over max_msg_size: 1009)
         error = ws.exception()
         code = getattr(error, "code", None) or ws.close_code or 1000
-        if error is not None or code not in (1000, 1001):
-            reason = "frame_too_large" if code == CLOSE_TOO_BIG else "protocol"
-            self.metrics.rejected(reason)
+        if code == CLOSE_TOO_BIG:
+            self.metrics.rejected("frame_too_large")
             log().warning(
-                "stream_error",
+                "stream_closed",
                 peer=conn.peer,
                 host=conn.host,
                 code=code,
-                reason=reason,
+                reason="frame_too_large",
                 detail=str(error)[:300],
             )
+        elif error is not None and not isinstance(error, ConnectionError) and code != 1006:
+            self.metrics.rejected("protocol")
+            log().warning(
+                "stream_closed",
+                peer=conn.peer,
+                host=conn.host,
+                code=code,
+                reason="protocol",
+                detail=str(error)[:300],
+            )
+        elif error is not None or code not in (1000, 1001):
+            log().info("stream_lost", peer=conn.peer, host=conn.host, code=code)
 
     def _check_hello(self, hello: Hello) -> str:
         if not HOST_NAME.match(hello.host):

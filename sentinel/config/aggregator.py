@@ -58,6 +58,20 @@ class FleetConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             description="a job with no process and no heads reported for this long has ended; its verdicts close",
         ),
     ] = 30.0
+    gc_freeze_interval_s: Annotated[
+        float,
+        msgspec.Meta(
+            ge=0,
+            description="move surviving objects out of the garbage collector's reach this often (0: never); "
+            "a full collection over the state of a 49,152-GPU fleet pauses the event loop for most of a second",
+        ),
+    ] = 30.0
+    gc_full_interval_s: Annotated[
+        float,
+        msgspec.Meta(
+            ge=0, description="a full collection (one pause) this often, to reclaim cyclic garbage (0: never)"
+        ),
+    ] = 3600.0
     closed_verdicts_kept: Annotated[
         int, msgspec.Meta(ge=0, le=1_000_000, description="closed verdicts kept for the API (oldest dropped)")
     ] = 10000
