@@ -104,7 +104,8 @@ class Collectors:
         return next((c for c in self.items if c.name == name), None)
 
     async def run_due(self, now: float, *, first: tuple[str, ...] = ("nvml",)) -> None:
-        due = [c for c in self.items if now >= c.next_run]
+        # a collector on the tick's own cadence runs every tick, however late or early the loop woke up
+        due = [c for c in self.items if c.interval_s <= self.tick_s or now >= c.next_run]
         leading = [c for c in due if c.name in first]
         rest = [c for c in due if c.name not in first]
         for group in (leading, rest):

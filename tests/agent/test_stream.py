@@ -13,7 +13,7 @@ from aiohttp import web
 from sentinel.agent import Agent
 from sentinel.wire import Ack, Batch, Command, CommandResult, Hello, decode_agent_frame, encode
 from tests.agent.conftest import make_config
-from tests.agent.fakes import FakeSource
+from tests.agent.fakes import FakeExtras, FakeSource
 
 TOKEN = "s3cret-token"
 
@@ -239,3 +239,35 @@ async def test_wss_with_ca_file(tmp_path: Path) -> None:
         await asyncio.wait_for(asyncio.gather(*tasks), 15)
         await runner.cleanup()
     assert aggregator.hellos and {h.host for h in aggregator.hellos} == {"host-test"}
+
+
+async def test_outage_beyond_the_bound_drops_samples_first_and_reports_it(tmp_path: Path) -> None:
+    aggregator = FakeAggregator()
+    port = await aggregator.start()
+    await aggregator.stop()  # down from the start
+    extras = FakeExtras()
+    config = stream_config(tmp_path, port, spool_max_bytes=12000)  # fits the events, not the samples
+    agent = Agent(config, FakeSource(gpus=4), extras=extras)  # type: ignore[arg-type]
+    task = asyncio.create_task(agent.run())
+    try:
+        for i in range(30):  # one Xid line every tick, so every batch carries an event
+            extras.kernel.append(f"NVRM: Xid (PCI:0000:18:00): {100 + i}, pid=1, name=python, test")
+            ticks = agent.counters.ticks
+            await wait_for(lambda ticks=ticks: agent.counters.ticks > ticks)
+        assert agent.spool is not None and agent.spool.size_bytes <= 12000
+        await aggregator.start()
+        await wait_for(lambda: agent.spool is not None and len(agent.spool) == 0)
+        acked = agent.counters.batches_acked
+        await wait_for(lambda: agent.counters.batches_acked >= acked + 2)  # drops go out with the next batch
+    finally:
+        agent.request_stop()
+        await asyncio.wait_for(task, 15)
+        await aggregator.stop()
+    by_seq = {b.seq: b for b in aggregator.batches}
+    xids = sorted(e.xid for b in by_seq.values() for e in b.events if e.kind == "xid")
+    assert xids == [100 + i for i in range(30)]  # events survived the overflow
+    stripped = [seq for seq, b in sorted(by_seq.items()) if not b.samples]
+    assert stripped and stripped == sorted(by_seq)[: len(stripped)]  # samples went oldest first
+    reported = sum(b.drops.samples for b in by_seq.values() if b.drops is not None)
+    assert reported == 4 * len(stripped)  # and the drop was reported
+    assert agent.counters.dropped["samples"] == reported
