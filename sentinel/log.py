@@ -57,8 +57,12 @@ def setup_logging(
 
 
 def get_logger(**bind: Any) -> structlog.stdlib.BoundLogger:
-    """A logger for a module; component and host come from :func:`setup_logging`."""
-    logger: structlog.stdlib.BoundLogger = structlog.get_logger().bind(**bind)
+    """A logger for a module; component and host come from :func:`setup_logging`.
+
+    The logger is structlog's lazy proxy: modules create theirs at import time, before the daemon calls
+    :func:`setup_logging`, and each call must still honour the level and format configured then.
+    """
+    logger: structlog.stdlib.BoundLogger = structlog.get_logger(**bind)
     return logger
 
 

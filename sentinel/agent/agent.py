@@ -24,7 +24,6 @@ from typing import Any
 import msgspec
 
 from sentinel import __version__
-from sentinel.agent._log import module_logger
 from sentinel.agent.collectors import (
     Collectors,
     ExtrasCollector,
@@ -51,6 +50,7 @@ from sentinel.agent.spool import SeqAllocator, Spool
 from sentinel.agent.tailer import LogTailer
 from sentinel.config.agent import AgentConfig
 from sentinel.fr.heads import FrHeads
+from sentinel.log import get_logger
 from sentinel.wire import (
     MAX_FRAME_BYTES,
     Batch,
@@ -65,7 +65,7 @@ from sentinel.wire import (
     encode,
 )
 
-log = module_logger("agent")
+log = get_logger(module="agent")
 
 #: events kept per batch at most; a log flood beyond it is counted as dropped events
 MAX_EVENTS_PER_BATCH = 2000

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sentinel.agent._log import module_logger
 from sentinel.agent.kmsg import parse_xid
+from sentinel.log import get_logger
 
-log = module_logger("agent.classify")
+log = get_logger(module="agent.classify")
 
 #: the contract fields, then the extras the aggregator can use (reason, action, the logging pid, ...)
 FIELDS = (

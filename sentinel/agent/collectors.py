@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from sentinel.agent._log import module_logger
 from sentinel.agent.classify import LineClassifier
 from sentinel.agent.frdump import FrDumpWatcher
 from sentinel.agent.jobs import JobMapper
@@ -26,9 +25,10 @@ from sentinel.agent.source import GpuLostError, GpuSource, HostExtras, XidEvent
 from sentinel.agent.tailer import LogTailer
 from sentinel.agent.worker import GpuWorker, Unresponsive
 from sentinel.fr.heads import FrHeads
+from sentinel.log import get_logger
 from sentinel.wire import MAX_TEXT_CHARS, Event, GpuInfo, GpuSample, GpuState, ProcInfo, Severity
 
-log = module_logger("agent.collectors")
+log = get_logger(module="agent.collectors")
 T = TypeVar("T")
 
 #: Xids that mean the GPU (or its context) is gone or corrupt; others are reported as warnings

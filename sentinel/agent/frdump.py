@@ -15,11 +15,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sentinel.agent._log import module_logger
 from sentinel.fr.trigger import pipe_path, trigger_dumps
+from sentinel.log import get_logger
 from sentinel.wire import Event
 
-log = module_logger("agent.frdump")
+log = get_logger(module="agent.frdump")
 
 _RANK = re.compile(r"(\d+)(?:\.json)?(?:\.gz)?$")
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import psutil
 
-from sentinel.agent._log import module_logger
+from sentinel.log import get_logger
 from sentinel.wire import ProcInfo
 
-log = module_logger("agent.jobs")
+log = get_logger(module="agent.jobs")
 
 MAX_CACHE = 4096
 

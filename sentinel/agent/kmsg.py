@@ -20,12 +20,12 @@ import re
 import stat
 from dataclasses import dataclass
 
-from sentinel.agent._log import module_logger
+from sentinel.log import get_logger
 
 MAX_RECORD_BYTES = 8192
 REOPEN_AFTER_S = 60.0
 
-log = module_logger("agent.kmsg")
+log = get_logger(module="agent.kmsg")
 
 _PREFIX = re.compile(rb"^(\d{1,3}),(\d{1,20}),(\d{1,20}),[^;]{0,64};")
 _XID = re.compile(

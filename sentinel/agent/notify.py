@@ -12,9 +12,9 @@ import os
 import socket
 from collections.abc import Mapping
 
-from sentinel.agent._log import module_logger
+from sentinel.log import get_logger
 
-log = module_logger("agent.notify")
+log = get_logger(module="agent.notify")
 
 
 class SystemdNotifier:

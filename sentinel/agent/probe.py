@@ -20,10 +20,10 @@ from pathlib import Path
 
 import msgspec
 
-from sentinel.agent._log import module_logger
 from sentinel.fr.heads import FrHeads
+from sentinel.log import get_logger
 
-log = module_logger("agent.probe")
+log = get_logger(module="agent.probe")
 
 _decoder = msgspec.msgpack.Decoder(FrHeads)
 

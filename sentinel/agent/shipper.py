@@ -19,13 +19,13 @@ from pathlib import Path
 import aiohttp
 import msgspec
 
-from sentinel.agent._log import module_logger
 from sentinel.agent.metrics import AgentCounters
 from sentinel.agent.spool import Spool
 from sentinel.config.agent import StreamConfig
+from sentinel.log import get_logger
 from sentinel.wire import MAX_FRAME_BYTES, Ack, Command, CommandResult, Hello, decode_aggregator_frame, encode
 
-log = module_logger("agent.shipper")
+log = get_logger(module="agent.shipper")
 
 CommandHandler = Callable[[Command], Awaitable[CommandResult]]
 

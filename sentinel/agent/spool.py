@@ -24,12 +24,12 @@ from pathlib import Path
 
 import msgspec
 
-from sentinel.agent._log import module_logger
+from sentinel.log import get_logger
 from sentinel.wire import Batch, Drops, encode
 
 SEQ_BLOCK = 1000
 
-log = module_logger("agent.spool")
+log = get_logger(module="agent.spool")
 _batch_decoder = msgspec.msgpack.Decoder(Batch)
 
 

@@ -17,9 +17,9 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from sentinel.agent._log import module_logger
+from sentinel.log import get_logger
 
-log = module_logger("agent.tailer")
+log = get_logger(module="agent.tailer")
 
 
 @dataclass

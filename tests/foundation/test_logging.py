@@ -53,3 +53,15 @@ def test_level_filters() -> None:
 def test_bad_level_rejected() -> None:
     with pytest.raises(ValueError, match="log level"):
         setup_logging("agent", "loud")
+
+
+def test_logger_created_before_setup_honours_later_setup() -> None:
+    early = get_logger(module="early")  # as a module does at import time
+    out = io.StringIO()
+    setup_logging("agent", "warning", host="h", stream=out)
+    early.info("hidden")
+    early.warning("shown")
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [e["event"] for e in events] == ["shown"]
+    assert events[0]["module"] == "early"
+    assert events[0]["component"] == "agent"
