@@ -231,6 +231,11 @@ async def test_real_agents_on_simulated_hosts_end_to_end(tmp_path: Path) -> None
         gpu = 1
         kind = "xid"
         xid = 79
+        [[faults]]
+        at_s = 3.0
+        host = "host-000"
+        gpu = 2
+        kind = "hang"
         """
     )
     token_file = tmp_path / "token"
@@ -248,6 +253,10 @@ async def test_real_agents_on_simulated_hosts_end_to_end(tmp_path: Path) -> None
         tasks = [asyncio.create_task(a.run()) for a in agents]
         try:
             aggregator = running.aggregator
+
+            def kinds() -> set[tuple[str, str | None, int | None]]:
+                return {(v.kind, v.host, v.gpu) for v in aggregator.engine.book.all()}
+
             await wait_until(lambda: len(aggregator.by_host) == 2, 15)
             await wait_until(
                 lambda: any(v.kind == "faulty" for v in aggregator.engine.book.open.values()), 20
@@ -257,8 +266,19 @@ async def test_real_agents_on_simulated_hosts_end_to_end(tmp_path: Path) -> None
             assert faulty.opened_at - (started + 3.0) <= 3.0 + 1.0  # hardware bound plus one agent tick
             job = aggregator.engine.fleet.jobs["e2e"]
             assert {r.host for r in job.ranks.values()} == {"host-000", "host-001"}
+            await wait_until(lambda: ("stuck", "host-000", 2) in kinds(), 20)
+            hung = next(
+                v for v in aggregator.engine.book.all() if (v.kind, v.host, v.gpu) == ("stuck", "host-000", 2)
+            )
+            assert hung.rank == 2 and hung.reason == "not_entered_collective"
+            assert hung.opened_at - (started + 3.0) <= 10.0 + 1.0  # hang bound plus one agent tick
+            # nothing names a GPU without a fault: waiting peers are never blamed
+            assert {(v.host, v.gpu) for v in aggregator.engine.book.all()} <= {
+                ("host-001", 1),
+                ("host-000", 2),
+            }
             await wait_until(lambda: bool(aggregator.incidents.list()), 20)
-            incident = aggregator.incidents.get(aggregator.incidents.list()[0]["id"])
+            incident = aggregator.incidents.get(aggregator.incidents.list()[-1]["id"])  # the first one
             assert incident is not None and sorted(incident["hosts"]) == ["host-000", "host-001"]
             assert incident["missing_hosts"] == []
             assert {e["host"] for e in incident["timeline"] if e["type"] == "sample"} == {
