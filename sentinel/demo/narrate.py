@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from sentinel.demo.model import CELL_STATES, ViewModel
 from sentinel.demo.outcome import Fault, Verdict
+from sentinel.demo.summary import format_delay
 
 
 def _stamp(t_s: float) -> str:
@@ -74,9 +75,7 @@ class Narrator:
         )
         fault = _caught_by(vm, verdict)
         if fault is not None:
-            line += (
-                f" -- caught {fault.describe()} on {fault.where()} after {verdict.opened_s - fault.at_s:.1f}s"
-            )
+            line += f" -- caught {fault.describe()} on {fault.where()} after {format_delay(max(0.0, verdict.opened_s - fault.at_s))}"
         elif any(v.id == verdict.id for v in vm.outcome.wrong):
             line += " -- no injected fault explains it"
         if verdict.evidence:

@@ -9,7 +9,8 @@ correct detector may give for that fault kind (a thermal throttle may show as a 
 degraded GPU; an Xid 79 as a faulty GPU), and it opened after the fault was injected. A verdict that catches
 no fault but names a GPU (or host) already hit by a fault is a *consequence* (an Xid 79 GPU's rank stops, so
 its job may also report it stuck) and is not wrong. Any other verdict is *flagged wrongly*: a waiting peer
-blamed for a hang, a healthy GPU called faulty.
+blamed for a hang, a healthy GPU called faulty. Some faults must open no verdict at all (an application
+Xid): they are handled correctly when nothing names their GPU.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+from sentinel.signals.xid_catalog import xid_info
 
 #: Verdict kinds a correct detector may open for each fault kind (contract section 4).
 ACCEPTED_KINDS: Mapping[str, frozenset[str]] = {
@@ -64,6 +67,15 @@ class Fault:
     def where(self) -> str:
         return self.host if self.gpu is None else f"{self.host} gpu {self.gpu}"
 
+    @property
+    def expects_verdict(self) -> bool:
+        """False for faults a correct aggregator leaves alone: an application Xid (13, 31, 43, 45) is the
+        program's error, not the GPU's, and must not make the GPU faulty."""
+        if self.kind == "xid":
+            code = self.params.get("xid")
+            return not (isinstance(code, int) and xid_info(code).cause == "application")
+        return True
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -93,13 +105,21 @@ class Verdict:
 @dataclass(frozen=True)
 class Catch:
     fault: Fault
-    verdict: Verdict | None  # None: missed (so far)
+    verdict: Verdict | None  # None: missed (so far), or nothing expected
+    flagged_by: Verdict | None = None  # a fault that expects no verdict got this one anyway
 
     @property
     def delay_s(self) -> float | None:
         if self.verdict is None:
             return None
         return max(0.0, self.verdict.opened_s - self.fault.at_s)
+
+    @property
+    def ok(self) -> bool:
+        """Caught, or (for a fault that must not open a verdict) left alone."""
+        if self.fault.expects_verdict:
+            return self.verdict is not None
+        return self.flagged_by is None
 
 
 @dataclass(frozen=True)
@@ -110,11 +130,12 @@ class Outcome:
 
     @property
     def missed(self) -> tuple[Fault, ...]:
-        return tuple(c.fault for c in self.catches if c.verdict is None)
+        return tuple(c.fault for c in self.catches if c.fault.expects_verdict and c.verdict is None)
 
     @property
     def all_caught(self) -> bool:
-        return all(c.verdict is not None for c in self.catches)
+        """Every injected fault was caught, and none that should be ignored was flagged."""
+        return all(c.ok for c in self.catches)
 
 
 def _same_place(fault: Fault, verdict: Verdict) -> bool:
@@ -123,12 +144,17 @@ def _same_place(fault: Fault, verdict: Verdict) -> bool:
     return fault.gpu is None or verdict.gpu is None or fault.gpu == verdict.gpu
 
 
+def _after(fault: Fault, verdict: Verdict) -> bool:
+    return verdict.opened_s >= fault.at_s - EARLY_SLACK_S
+
+
 def catches(fault: Fault, verdict: Verdict) -> bool:
     """Whether ``verdict`` is a correct detection of ``fault``."""
     return (
-        verdict.kind in ACCEPTED_KINDS.get(fault.kind, frozenset())
+        fault.expects_verdict
+        and verdict.kind in ACCEPTED_KINDS.get(fault.kind, frozenset())
         and _same_place(fault, verdict)
-        and verdict.opened_s >= fault.at_s - EARLY_SLACK_S
+        and _after(fault, verdict)
     )
 
 
@@ -145,17 +171,19 @@ def evaluate(faults: Sequence[Fault], verdicts: Iterable[Verdict], now_s: float)
         result.append(Catch(fault, match))
     consequences: list[tuple[Verdict, Fault]] = []
     wrong: list[Verdict] = []
+    causes = [f for f in injected if f.expects_verdict]  # an ignorable fault explains no verdict
     for verdict in ordered:
         if verdict.id in used:
             continue
-        cause = next(
-            (f for f in injected if _same_place(f, verdict) and verdict.opened_s >= f.at_s - EARLY_SLACK_S),
-            None,
-        )
+        cause = next((f for f in causes if _same_place(f, verdict) and _after(f, verdict)), None)
         if cause is None:
             wrong.append(verdict)
         else:
             consequences.append((verdict, cause))
+    for i, catch in enumerate(result):
+        if not catch.fault.expects_verdict:
+            flag = next((v for v in wrong if _same_place(catch.fault, v) and _after(catch.fault, v)), None)
+            result[i] = Catch(catch.fault, None, flag)
     return Outcome(tuple(result), tuple(consequences), tuple(wrong))
 
 

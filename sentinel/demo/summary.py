@@ -27,12 +27,26 @@ def render_summary(
         for catch in outcome.catches:
             fault = catch.fault
             what = f"t+{fault.at_s:.0f}s {fault.describe()}"
+            if not fault.expects_verdict:
+                flag = catch.flagged_by
+                by = (
+                    "no verdict, as expected"
+                    if flag is None
+                    else f"FLAGGED {flag.kind} {flag.reason}, expected none"
+                )
+                rows.append((what, fault.where(), by, "-"))
+                continue
             if catch.verdict is None:
                 rows.append((what, fault.where(), "MISSED", "-"))
                 continue
             v = catch.verdict
             rows.append(
-                (what, fault.where(), f"{v.kind} {v.reason} -> {v.action}", f"{catch.delay_s or 0.0:.1f}s")
+                (
+                    what,
+                    fault.where(),
+                    f"{v.kind} {v.reason} -> {v.action}",
+                    format_delay(catch.delay_s or 0.0),
+                )
             )
         widths = [max(len(row[i]) for row in rows) for i in range(3)]
         for row in rows:
@@ -62,9 +76,12 @@ def render_summary(
     else:
         lines.append("flagged wrongly: none")
     missed = outcome.missed
-    caught = len(outcome.catches) - len(missed)
-    lines.append(
-        f"caught {caught} of {len(outcome.catches)} injected faults"
-        + (f"; missed: {', '.join(f'{f.describe()} on {f.where()}' for f in missed)}" if missed else "")
-    )
+    handled = sum(1 for c in outcome.catches if c.ok)
+    line = f"caught {handled} of {len(outcome.catches)} injected faults"
+    if missed:
+        line += f"; missed: {', '.join(f'{f.describe()} on {f.where()}' for f in missed)}"
+    flagged = [c.fault for c in outcome.catches if not c.ok and not c.fault.expects_verdict]
+    if flagged:
+        line += f"; flagged though harmless: {', '.join(f'{f.describe()} on {f.where()}' for f in flagged)}"
+    lines.append(line)
     return "\n".join(lines) + "\n"

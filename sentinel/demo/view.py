@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from sentinel.demo.model import CELL_STATES, ViewModel
 from sentinel.demo.outcome import Verdict
+from sentinel.demo.summary import format_delay
 
 RESET = "\x1b[0m"
 HOME = "\x1b[H"
@@ -86,10 +87,6 @@ def paint(line: Line, width: int, color: bool) -> str:
     for style, text in runs:
         out.append(f"\x1b[{style}m{text}{RESET}" if style and text else text)
     return "".join(out)
-
-
-def _fmt_s(seconds: float) -> str:
-    return f"{seconds:.1f}s" if seconds < 100 else f"{seconds:.0f}s"
 
 
 def _title(vm: ViewModel) -> Line:
@@ -203,11 +200,16 @@ def _faults(vm: ViewModel) -> list[Line]:
         catch = catches.get(fault.index)
         if catch is None:
             head.append(Seg(f"in {fault.at_s - vm.snap.t_s:.0f}s", "90"))
+        elif not fault.expects_verdict:
+            if catch.flagged_by is None:
+                head.append(Seg("no verdict, as expected (not the GPU's fault)", "32"))
+            else:
+                head.append(Seg(f"flagged {catch.flagged_by.kind} though harmless", "31;1"))
         elif catch.verdict is None:
             head.append(Seg(f"waiting for a verdict… {vm.snap.t_s - fault.at_s:.0f}s", "33"))
         else:
             v = catch.verdict
-            head.append(Seg(f"caught after {_fmt_s(catch.delay_s or 0.0)}: ", "32;1"))
+            head.append(Seg(f"caught after {format_delay(catch.delay_s or 0.0)}: ", "32;1"))
             head.append(Seg(f"{v.kind} {v.reason} → {v.action}", VERDICT_STYLE.get(v.kind, "")))
         lines.append(head)
     for verdict in vm.outcome.wrong:

@@ -137,3 +137,16 @@ def test_verdict_from_api_never_fails_other_than_with_a_shape_error(obj: object)
     except ApiShapeError:
         return
     assert isinstance(v.id, str) and isinstance(v.kind, str)
+
+
+def test_an_application_xid_is_handled_by_opening_nothing() -> None:
+    app_xid = fault(0, 10.0, "host-001", 3, "xid", xid=13)
+    assert not app_xid.expects_verdict and XID.expects_verdict
+    quiet = evaluate([app_xid, XID], [verdict("a", "faulty", "host-002", 6, 11.0)], now_s=60.0)
+    assert quiet.all_caught and quiet.missed == () and quiet.wrong == ()
+    assert quiet.catches[0].ok and quiet.catches[0].verdict is None
+    blamed = evaluate([app_xid], [verdict("b", "faulty", "host-001", 3, 11.0, reason="xid_13")], now_s=60.0)
+    assert not blamed.all_caught
+    assert [v.id for v in blamed.wrong] == ["b"]  # the application's error explains no GPU verdict
+    assert blamed.catches[0].flagged_by is not None and blamed.catches[0].flagged_by.id == "b"
+    assert blamed.missed == ()

@@ -48,3 +48,21 @@ def test_clean_summary() -> None:
     assert "flagged wrongly: none" in text
     assert "caught 1 of 1 injected faults" in text
     assert "MISSED" not in text
+
+
+def test_application_xid_lines() -> None:
+    app_xid = fault(0, 10.0, "host-001", 3, "xid", xid=13)
+    quiet = render_summary(
+        evaluate([app_xid], [], 60.0), [app_xid], scenario="t", ran_s=60.0, interrupted=False
+    )
+    assert "no verdict, as expected" in line_with(quiet, "xid 13")
+    assert "caught 1 of 1" in quiet
+    flagged = render_summary(
+        evaluate([app_xid], [verdict("b", "faulty", "host-001", 3, 12.0, reason="xid_13")], 60.0),
+        [app_xid],
+        scenario="t",
+        ran_s=60.0,
+        interrupted=False,
+    )
+    assert "FLAGGED faulty xid_13, expected none" in line_with(flagged, "t+10s xid 13")
+    assert line_with(flagged, "caught 0 of 1").endswith("flagged though harmless: xid 13 on host-001 gpu 3")
