@@ -327,3 +327,23 @@ def test_verdict_book_opens_once_escalates_and_closes() -> None:
     changes = book.reconcile("d", [], 5.0)
     assert [c.what for c in changes] == ["closed"] and verdict.closed_at == 5.0
     assert [v.id for v in book.all()] == [verdict.id]
+
+
+def test_stuck_verdict_closes_when_the_job_ends() -> None:
+    f = Fleet()
+    for t in (0.0, 2.0):
+        feed_cascade(f, t, age=0.1, completed=10 + int(t))
+        f.engine.tick(t)
+    for t in (4.0, 6.0, 8.0):
+        feed_cascade(f, t, age=t - 3.0, completed=12)
+        f.engine.tick(t)
+    verdict = f.engine.book.open[("stuck", "j", "3")]
+    # the job is killed: its processes disappear from both hosts, no more heads
+    f.send("h0", 9.0, procs=[])
+    f.send("h1", 9.0, procs=[])
+    for t in range(10, 50):
+        f.send("h0", float(t))
+        f.send("h1", float(t))
+        f.engine.tick(float(t))
+    assert verdict.state == "closed" and "j" not in f.engine.fleet.jobs
+    assert [v for v in f.engine.book.open.values() if v.kind == "stuck"] == []
