@@ -28,10 +28,10 @@ from sentinel.signals.xid import parse_xid
 #: An NCCL INFO line (``host:pid:tid [dev] NCCL INFO``, NCCL <= 2.4 without ``NCCL``, behind at most three
 #: wrapper tokens such as a pdsh host or a shipper timestamp) whose payload is not an init, version or
 #: error-trace line: plain chatter. The scanner uses the same expression on bytes (ASCII semantics), so
-#: the fast path and :func:`classify_line` agree on what is noise. The lazy ``{0,3}?`` tries the plain
-#: prefix first and the possessive ``+`` quantifiers never backtrack, so a line costs one linear attempt.
+#: the fast path and :func:`classify_line` agree on what is noise. The plain prefix is tried first and
+#: the possessive ``+`` quantifiers never backtrack, so a line costs one linear attempt.
 CHATTER_PATTERN: Final = (
-    r"(?:\S++ ){0,3}?\S++ \[\d{1,3}\] (?:NCCL INFO|INFO) "
+    r"\S++ (?:\[\d{1,3}\] |(?:\S++ ){1,3}?\[\d{1,3}\] )(?:NCCL INFO|INFO) "
     r"(?!comm 0x|NCCL version|[\w/.\[\]()-]{1,200}+(?::\d{1,6} -> | comm 0x[0-9A-Fa-f]{1,16} rank \d))"
 )
 _CHATTER_RE: Final = re.compile(CHATTER_PATTERN, re.ASCII)
