@@ -40,6 +40,36 @@ TRIGGER_KINDS = frozenset({"faulty", "stuck"})
 Requester = Callable[[str, Command, float], Awaitable[CommandResult | None]]
 
 
+def snapshot_entries(
+    host: str, payload: Any, t0: float, t1: float, *, samples: bool = True
+) -> tuple[list[dict[str, Any]], str | None]:
+    """The usable entries of one host's snapshot document in [t0, t1]; (entries, problem or None).
+
+    ``samples=False`` keeps only events, heads and job maps: the GPU samples of hosts that are not the
+    subject of the incident are noise, and on a 1,000-host job they would be most of the memory.
+    """
+    entries = payload.get("entries") if isinstance(payload, dict) else None
+    if not isinstance(entries, list):
+        return [], f"{host}: snapshot has no entries list"
+    out: list[dict[str, Any]] = []
+    bad = 0
+    for entry in entries:
+        if not isinstance(entry, dict):
+            bad += 1
+            continue
+        t, kind = entry.get("t"), entry.get("type")
+        if not isinstance(t, int | float) or isinstance(t, bool) or kind not in ENTRY_TYPES:
+            bad += 1
+            continue
+        if not t0 <= t <= t1 or (kind == "sample" and not samples):
+            continue
+        data = entry.get("data")
+        out.append(
+            {"t": float(t), "host": host, "type": kind, "data": data if isinstance(data, dict) else {}}
+        )
+    return out, (f"{host}: {bad} malformed entries skipped" if bad else None)
+
+
 def merge_timeline(
     snapshots: dict[str, Any], t0: float, t1: float, max_entries: int
 ) -> tuple[list[dict[str, Any]], list[str]]:
@@ -51,32 +81,19 @@ def merge_timeline(
     merged: list[dict[str, Any]] = []
     problems: list[str] = []
     for host, payload in snapshots.items():
-        entries = payload.get("entries") if isinstance(payload, dict) else None
-        if not isinstance(entries, list):
-            problems.append(f"{host}: snapshot has no entries list")
-            continue
-        bad = 0
-        for entry in entries:
-            if not isinstance(entry, dict):
-                bad += 1
-                continue
-            t, kind = entry.get("t"), entry.get("type")
-            if not isinstance(t, int | float) or isinstance(t, bool) or kind not in ENTRY_TYPES:
-                bad += 1
-                continue
-            if t < t0 or t > t1:
-                continue
-            data = entry.get("data")
-            merged.append(
-                {"t": float(t), "host": host, "type": kind, "data": data if isinstance(data, dict) else {}}
-            )
-        if bad:
-            problems.append(f"{host}: {bad} malformed entries skipped")
+        entries, problem = snapshot_entries(host, payload, t0, t1)
+        merged.extend(entries)
+        if problem:
+            problems.append(problem)
+    return _ordered(merged, max_entries, problems), problems
+
+
+def _ordered(merged: list[dict[str, Any]], max_entries: int, problems: list[str]) -> list[dict[str, Any]]:
     merged.sort(key=lambda e: (e["t"], e["host"]))
     if len(merged) > max_entries:
         problems.append(f"timeline cut to the last {max_entries} of {len(merged)} entries")
         merged = merged[-max_entries:]
-    return merged, problems
+    return merged
 
 
 class IncidentStore:
@@ -242,16 +259,27 @@ class IncidentManager:
             except (TimeoutError, ConnectionError):
                 return host, None
 
-        answers = await asyncio.gather(*(ask(h) for h in hosts))
-        snapshots: dict[str, Any] = {}
+        # merge each answer as it arrives, so at most the answers in flight are held in memory
+        focus = {verdict.host} if verdict.host else set()
+        merged: list[dict[str, Any]] = []
+        problems: list[str] = []
         missing: list[str] = []
-        for host, result in answers:
+        for next_answer in asyncio.as_completed([ask(h) for h in hosts]):
+            host, result = await next_answer
             if result is None or not result.ok:
                 missing.append(host)
-            else:
-                snapshots[host] = result.payload
+                continue
+            entries, problem = snapshot_entries(
+                host, result.payload, since, now + timeout + 1.0, samples=host in focus
+            )
+            merged.extend(entries)
+            if problem:
+                problems.append(problem)
+            if len(merged) > 2 * self.config.max_entries:
+                merged = _ordered(merged, self.config.max_entries, problems)
         end = self.clock()
-        timeline, problems = merge_timeline(snapshots, since, end, self.config.max_entries)
+        timeline = _ordered(merged, self.config.max_entries, problems)
+        missing.sort()
         related = [
             v.to_dict() for v in self.engine.book.all() if v.incident == incident_id or v.id == verdict.id
         ]
