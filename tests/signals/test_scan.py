@@ -124,3 +124,19 @@ def test_huge_line_without_newline_is_bounded() -> None:
         events.extend(scanner.feed(blob[offset : offset + (1 << 20)]))
     events.extend(scanner.finish())
     assert len(scanner._buffer) == 0
+
+
+def test_every_split_point_of_a_wrapped_block_gives_the_same_event() -> None:
+    data = (
+        b"h:1:2 [0] NCCL INFO Connected all trees\n"
+        b"[E1 1:1:1.1 ProcessGroupNCCL.cpp:1] [Rank 0] Watchdog\n"
+        b"caught collective operation timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE, Timeout(ms)=10000) ran for\n"
+        b"10028 milliseconds before timing out.\n"
+        b"NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.\n"
+    )
+    expected = [("torch_watchdog_timeout", 2, 2), ("xid", 5, None)]
+    for split in range(1, len(data)):
+        scanner = LogScanner()
+        events = scanner.feed(data[:split]) + scanner.feed(data[split:]) + scanner.finish()
+        assert [(e.kind, e.line, e.seq) for e in events] == expected, split
+        assert scanner.lines == 5
