@@ -450,6 +450,10 @@ def _ranks(ranks: Sequence[int] | set[int]) -> str:
     return ", ".join(str(r) for r in items)
 
 
+def _who(ranks: Sequence[int] | set[int]) -> str:
+    return f"rank {_ranks(ranks)}" if len(ranks) == 1 else f"ranks {_ranks(ranks)}"
+
+
 def _decide(
     res: FrAnalysis,
     *,
@@ -479,16 +483,16 @@ def _decide(
         if crashed:
             res.verdict = "crash"
             res.culprit_ranks = list(dict.fromkeys(crashed + roots))
-            res.summary = (
-                f"crash: rank {_ranks(crashed)} left no dump and {_ranks(victims)} wait for it in {where}"
-            )
+            res.summary = f"crash: {_who(crashed)} left no dump and {_who(victims)} "
+                f"{'waits' if len(victims) == 1 else 'wait'} for it in {where}"
         elif set(first.ranks) <= straggler_ranks:
             # an on-demand dump of a running job with a slow rank looks like a stall behind that rank
             res.verdict = "straggler"
             res.culprit_ranks = [s.rank for s in stragglers]
             res.collective = None
             res.summary = (
-                f"straggler: rank {_ranks(res.culprit_ranks)} enters collectives late "
+                f"straggler: {_who(res.culprit_ranks)} {'enters' if len(res.culprit_ranks) == 1 else 'enter'} "
+                f"collectives late "
                 f"(median {stragglers[0].lag_ms_median:.1f} ms behind its peers); the ranks blocked behind "
                 f"it in the dump are the job waiting for it (a dump taken while the job runs)"
             )
@@ -501,7 +505,7 @@ def _decide(
         else:
             res.verdict = "hang"
             res.summary = (
-                f"hang: rank {_ranks(first.ranks)} never entered {where}; "
+                f"hang: {_who(first.ranks)} never entered {where}; "
                 f"{len(victims)} rank(s) are blocked behind it"
             )
 
@@ -509,8 +513,8 @@ def _decide(
             cw = c.first_wait
             waiting = sorted(x.rank for x in waits if x.group == cw.group and x.seq == cw.seq)
             res.findings.append(
-                f"rank {_ranks(c.ranks)} {'is' if len(c.ranks) == 1 else 'are'} missing from {cw.op} #{cw.seq} "
-                f"of group {groups[cw.group].label()}, which rank(s) {_ranks(waiting)} entered and wait in"
+                f"{_who(c.ranks)} {'is' if len(c.ranks) == 1 else 'are'} missing from {cw.op} #{cw.seq} "
+                f"of group {groups[cw.group].label()}, which {_who(waiting)} entered and {'waits' if len(waiting) == 1 else 'wait'} in"
                 + (f"; {len(c.victims)} blocked rank(s) depend on it" if c.victims else "")
             )
         if res.verdict == "hang" and _one_behind(groups, waits, set(roots)):
@@ -550,7 +554,7 @@ def _decide(
     if missing:
         res.verdict = "crash"
         res.culprit_ranks = list(missing)
-        res.summary = f"crash: rank {_ranks(missing)} left no dump while no other rank is blocked"
+        res.summary = f"crash: {_who(missing)} left no dump while no other rank is blocked"
         return
     if history_mm is not None:
         _set_mismatch(res, history_mm, stalled=False)
@@ -583,9 +587,8 @@ def _set_mismatch(res: FrAnalysis, mm: MismatchFinding, stalled: bool) -> None:
         f"{mm.expected.in_sizes}→{mm.expected.out_sizes}",
         "dtype": f"passed dtype {mm.found.dtypes} where the others pass {mm.expected.dtypes}",
     }[mm.kind]
-    res.summary = (
-        f"mismatch: rank {_ranks(mm.ranks)} {what} in collective #{mm.seq} of group {mm.group.label()}"
-        + ("; the group is stuck there" if stalled else "")
+    res.summary = f"mismatch: {_who(mm.ranks)} {what} in collective #{mm.seq} of group {mm.group.label()}" + (
+        "; the group is stuck there" if stalled else ""
     )
 
 
@@ -594,7 +597,8 @@ def _set_straggler(res: FrAnalysis, stragglers: list[Straggler]) -> None:
     res.culprit_ranks = [s.rank for s in stragglers]
     s = stragglers[0]
     res.summary = (
-        f"straggler: rank {_ranks(res.culprit_ranks)} enters collectives late (median {s.lag_ms_median:.1f} ms "
+        f"straggler: {_who(res.culprit_ranks)} {'enters' if len(res.culprit_ranks) == 1 else 'enter'} "
+        f"collectives late (median {s.lag_ms_median:.1f} ms "
         f"behind its peers on {s.late_fraction:.0%} of {s.n_collectives} collectives); nothing is stuck"
     )
 
