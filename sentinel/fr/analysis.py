@@ -483,8 +483,10 @@ def _decide(
         if crashed:
             res.verdict = "crash"
             res.culprit_ranks = list(dict.fromkeys(crashed + roots))
-            res.summary = f"crash: {_who(crashed)} left no dump and {_who(victims)} "
+            res.summary = (
+                f"crash: {_who(crashed)} left no dump and {_who(victims)} "
                 f"{'waits' if len(victims) == 1 else 'wait'} for it in {where}"
+            )
         elif set(first.ranks) <= straggler_ranks:
             # an on-demand dump of a running job with a slow rank looks like a stall behind that rank
             res.verdict = "straggler"
