@@ -145,7 +145,7 @@ def analyze(summaries: Sequence[RankSummary]) -> FrAnalysis:
     for s in summaries:
         keys.update(s.keys)
 
-    waits = _waits(groups, set(missing))
+    waits = _waits(groups, keys)
     culprits = find_culprits(waits)
     stragglers = _stragglers(groups)
     frontier_mm = _frontier_mismatch(groups, waits, keys)
@@ -275,24 +275,26 @@ def _time_at(t: GroupTrack, seq: int) -> int:
     return 0
 
 
-def _waits(groups: dict[str, Group], missing: set[int]) -> list[Wait]:
+def _waits(groups: dict[str, Group], keys: dict[int, KeyInfo]) -> list[Wait]:
     waits: list[Wait] = []
     for g in groups.values():
+        absent_at: dict[int, frozenset[int]] = {}  # seq -> members that never entered it
         for rank, t in g.tracks.items():
             if t.enq <= t.done:
                 continue
             seq = t.done + 1
             pend = next((p for p in t.pending if p.seq == seq and not p.p2p), None)
-            op = op_name(pend.op) if pend else "?"
-            t_ns = pend.t_ns if pend else _time_at(t, seq)
-            waiting_for = set()
-            for m in g.members:
-                if m == rank:
-                    continue
-                other = g.tracks.get(m)
-                if other is None or other.enq < seq:
-                    waiting_for.add(m)
-            waits.append(Wait(rank, g.name, seq, op, t_ns, frozenset(waiting_for), g.desc))
+            if pend is not None:
+                op, t_ns = op_name(pend.op), pend.t_ns
+            else:  # pg_status says enqueued, the entry itself left the buffer or was not recorded
+                info = keys.get(_key_at(t, seq))
+                op, t_ns = (info.op if info else "?"), _time_at(t, seq)
+            waiting_for = absent_at.get(seq)
+            if waiting_for is None:
+                waiting_for = absent_at[seq] = frozenset(
+                    m for m in g.members if (other := g.tracks.get(m)) is None or other.enq < seq
+                )
+            waits.append(Wait(rank, g.name, seq, op, t_ns, waiting_for, g.desc))
     return waits
 
 
