@@ -31,6 +31,11 @@ _NVRM_BAD_WORDS: Final = (
     "cannot",
     "lost",
     "hang",
+    "not supported",
+    "not responding",
+    "unresponsive",
+    "mismatch",
+    "corrupt",
 )
 _PCIE_BW_RE: Final = re.compile(
     r"(?P<dev>\S{1,40}) (?P<bdf>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]): [\d.]{1,10} Gb/s available PCIe "
@@ -42,8 +47,24 @@ _MLX_BAD_RE: Final = re.compile(
 )
 _MLX_DOWN_RE: Final = re.compile(r"mlx5\w{0,20}.{0,120}?(?:Link DOWN|link down)")
 _HUNG_TASK_RE: Final = re.compile(r"\btask \S{1,80} blocked for more than \d{1,6} seconds")
-_PEERMEM_RE: Final = re.compile(r"nvidia-peermem\b.{0,200}?\bERROR\b")
-_SIGNAL_RE: Final = re.compile(r"Caught signal \d{1,3} \(|Segmentation fault|Bus error \(|core dumped")
+_PEERMEM_RE: Final = re.compile(r"(?:nvidia-peermem|nv_peer_mem)\b.{0,200}?\bERROR\b")
+_SIGNAL_RE: Final = re.compile(
+    r"Caught signal \d{1,3} \(|Segmentation fault|Bus error \(|core dumped|segfault at |general protection fault"
+)
+# nvidia-smi / NVML failures: the driver lost the GPU or cannot talk to it.
+_SMI_ERROR_RE: Final = re.compile(
+    r"Unable to determine the device handle for GPU ?(?P<bdf>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})?|"
+    r"Failed to initialize NVML|NVIDIA-SMI has failed|GPU is lost|No devices were found"
+)
+_HOST_TROUBLE: Final[tuple[tuple[str, Severity, str], ...]] = (
+    ("Out of memory: Killed process", "critical", "host_oom_kill"),
+    ("invoked oom-killer", "critical", "host_oom_kill"),
+    ("soft lockup", "warning", "cpu_lockup"),
+    ("hard LOCKUP", "critical", "cpu_lockup"),
+    ("detected stalls", "warning", "rcu_stall"),
+)
+_HW_ERROR_FATAL_RE: Final = re.compile(r"[Uu]ncorrected|[Ff]atal")
+_IB_ERROR_RE: Final = re.compile(r"WC error|CQE error|syndrome 0x|transport retry counter exceeded")
 _GPU_DEVICES: Final = ("pci", "nvidia")
 _AER_RE: Final = re.compile(
     r"AER: (?P<what>Multiple |)(?P<kind>Corrected|Uncorrected \((?:Non-)?Fatal\)) error(?:s)? received: (?P<src>\S{7,20})"
@@ -159,7 +180,31 @@ def kernel_events(text: str) -> list[Classified]:
             )
     if "blocked for more than" in text and _HUNG_TASK_RE.search(text) is not None:
         events.append(make_event("other", "warning", reason="hung_task", message=clip(text)))
-    if "peermem" in text and _PEERMEM_RE.search(text) is not None:
+    if (
+        "NVML" in text or "GPU" in text or "NVIDIA-SMI" in text or "devices were found" in text
+    ) and not events:
+        smi = _SMI_ERROR_RE.search(text)
+        if smi is not None:
+            bdf = smi.group("bdf")
+            events.append(
+                make_event(
+                    "other",
+                    "critical",
+                    pci_bus=normalize_pci(bdf) if bdf else None,
+                    reason="nvml_error",
+                    message=clip(text),
+                )
+            )
+    for needle, severity, reason in _HOST_TROUBLE:
+        if needle in text:
+            events.append(make_event("other", severity, reason=reason, message=clip(text)))
+            break
+    if "[Hardware Error]" in text:
+        hw_severity: Severity = "critical" if _HW_ERROR_FATAL_RE.search(text) else "warning"
+        events.append(make_event("other", hw_severity, reason="machine_check", message=clip(text)))
+    if ("mlx5" in text or "infiniband" in text) and _IB_ERROR_RE.search(text) is not None:
+        events.append(make_event("other", "critical", reason="ib_completion_error", message=clip(text)))
+    if "peer" in text and _PEERMEM_RE.search(text) is not None:
         events.append(make_event("other", "warning", reason="peermem_error", message=clip(text)))
     if _maybe_crash(text) and _SIGNAL_RE.search(text) is not None:
         events.append(make_event("other", "critical", reason="process_crash", message=clip(text)))

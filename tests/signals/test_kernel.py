@@ -51,6 +51,27 @@ from sentinel.signals import classify_line, classify_text
         ),
         ("INFO: task python:1234 blocked for more than 120 seconds.", "warning", None),
         ("[host:1234:0:5678] Caught signal 7 (Bus error: nonexistent physical address)", "critical", None),
+        (
+            "Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error",
+            "critical",
+            "0000:3b:00",
+        ),
+        ("Failed to initialize NVML: Driver/library version mismatch", "critical", None),
+        ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.", "critical", None),
+        ("[12345.6] Out of memory: Killed process 1234 (python) total-vm:123kB", "critical", None),
+        ("watchdog: BUG: soft lockup - CPU#3 stuck for 22s! [python:1234]", "warning", None),
+        ("mce: [Hardware Error]: Machine check events logged", "warning", None),
+        (
+            "infiniband mlx5_0: mlx5_handle_error_cqe:332:(pid 0): WC error: 12, Message: transport retry counter exceeded",
+            "critical",
+            None,
+        ),
+        ("python[1234]: segfault at 8 ip 00007f sp 00007f error 4 in libnccl.so.2[7f+1]", "critical", None),
+        (
+            "NVRM: API mismatch: the client has the version 535.54.03, but this kernel module has the version 550.54.15.",
+            "critical",
+            None,
+        ),
     ],
 )
 def test_kernel_other_lines(line: str, severity: str, pci: str | None) -> None:
