@@ -174,8 +174,18 @@ async def test_page_copes_with_a_49152_gpu_fleet(tmp_path: Path) -> None:
         dom = await dump_dom(
             chromium, str(server.make_url("/?group=cluster")), tmp_path / "profile", budget_ms=8000
         )
+        by_state = await dump_dom(
+            chromium, str(server.make_url("/?group=state")), tmp_path / "p2", budget_ms=8000
+        )
     finally:
         await server.close()
+    # grouped by state, the few problem hosts come first, in their own (big, named) groups
+    assert re.findall(r"<h3>([^<]*)</h3>", by_state) == [
+        "hosts with faulty GPUs — 2 hosts, 16 GPUs",
+        "hosts with stuck GPUs — 1 host, 8 GPUs",
+        "hosts with silent GPUs — 1 host, 8 GPUs",
+        "healthy hosts — 6,140 hosts, 49,120 GPUs",
+    ]
     assert "6,144 hosts · 49,152 GPUs" in dom
     # only problem GPUs get rows; the grid is two canvases (one per cluster), not 49,152 elements
     assert len(rows(dom, "problem")) == 4

@@ -285,8 +285,12 @@ function groupsOf(mode) {
         const s = model.cells.get(cellKey(host.name, g.index))?.state ?? "unknown";
         if (RANK[s] < RANK[worst]) worst = s;
       }
-      add(worst === "ok" ? "healthy hosts" : `hosts with ${worst} GPUs`, host);
+      add(worst, host);
     } else add(host.cluster, host);
+  }
+  if (mode === "state") {  // worst first, and named in words
+    return [...groups.entries()].sort((a, b) => RANK[a[0]] - RANK[b[0]])
+      .map(([worst, hosts]) => [worst === "ok" ? "healthy hosts" : `hosts with ${worst} GPUs`, hosts]);
   }
   return [...groups.entries()].sort((a, b) => a[0].localeCompare(b[0]));
 }
@@ -304,8 +308,6 @@ function renderGrid() {
   const filtering = q.host !== null || q.gpu !== null || q.words.length > 0;
   const problemsOnly = $("problems-only").checked;
   const total = model.cells.size;
-  const c = cellSize(total);
-  const gap = c >= 7 ? 2 : 1;
   const width = Math.max(200, container.clientWidth || 1000);
   const canvases = [];
   for (const [name, hosts] of groupsOf($("groupby").value)) {
@@ -313,18 +315,30 @@ function renderGrid() {
       ? hosts.filter((h) => h.gpus.some((g) => (model.cells.get(cellKey(h.name, g.index))?.state ?? "ok") !== "ok"))
       : hosts;
     if (shown.length === 0) continue;
-    const perHost = Math.max(1, ...shown.map((h) => h.gpus.length));
+    const perHost = shown.reduce((m, h) => Math.max(m, h.gpus.length), 1);
+    // cells as big as the group allows: a handful of problem hosts get big, named blocks
+    const c = cellSize(shown.length * perHost);
+    const gap = c >= 7 ? 2 : 1;
     const blockW = perHost * c + (perHost - 1) * (c >= 7 ? 1 : 0) + gap * 3;
+    const labels = c >= 12 && shown.length <= 1024;  // small fleets: each host block is named
     const perRow = Math.max(1, Math.floor(width / blockW));
     const rows = Math.ceil(shown.length / perRow);
+    const rowH = c + gap + (labels ? 13 : 0);
     const canvas = document.createElement("canvas");
     canvas.width = perRow * blockW;
-    canvas.height = rows * (c + gap);
+    canvas.height = rows * rowH;
     const ctx = canvas.getContext("2d");
     const inner = c >= 7 ? 1 : 0;
+    if (labels) ctx.font = "10px sans-serif";
     shown.forEach((h, i) => {
       const x0 = (i % perRow) * blockW;
-      const y0 = Math.floor(i / perRow) * (c + gap);
+      const y0 = Math.floor(i / perRow) * rowH;
+      if (labels) {
+        ctx.globalAlpha = 1;
+        ctx.fillStyle = css.getPropertyValue("--muted").trim() || "#888";
+        ctx.fillText(h.name, x0, y0 + 10, blockW - gap * 3);
+      }
+      const yc = y0 + (labels ? 13 : 0);
       const job = model.jobOfHost.get(h.name);
       for (const g of h.gpus) {
         const cell = model.cells.get(cellKey(h.name, g.index));
@@ -333,11 +347,11 @@ function renderGrid() {
           state + " " + (cell?.verdicts ?? []).map((v) => v.reason).join(" "));
         ctx.globalAlpha = hit ? 1 : 0.18;
         ctx.fillStyle = COLOR[state];
-        ctx.fillRect(x0 + g.index * (c + inner), y0, c, c);
+        ctx.fillRect(x0 + g.index * (c + inner), yc, c, c);
       }
     });
     canvas.dataset.group = name;
-    const layout = { hosts: shown, perRow, blockW, c, gap, inner };
+    const layout = { hosts: shown, perRow, blockW, c, gap, inner, rowH };
     canvas.addEventListener("mousemove", (ev) => hover(ev, layout));
     canvas.addEventListener("mouseleave", () => { $("tooltip").hidden = true; });
     canvas.addEventListener("click", (ev) => {
@@ -346,7 +360,8 @@ function renderGrid() {
     });
     const wrap = el("div", null, "group");
     const gpuCount = shown.reduce((n, h) => n + h.gpus.length, 0);
-    wrap.append(el("h3", `${name} — ${shown.length.toLocaleString()} hosts, ${gpuCount.toLocaleString()} GPUs`), canvas);
+    const plural = (n, word) => `${n.toLocaleString()} ${word}${n === 1 ? "" : "s"}`;
+    wrap.append(el("h3", `${name} — ${plural(shown.length, "host")}, ${plural(gpuCount, "GPU")}`), canvas);
     canvases.push(wrap);
   }
   container.replaceChildren(...canvases);
@@ -358,7 +373,7 @@ function locate(ev, layout) {
   const x = ev.clientX - rect.left;
   const y = ev.clientY - rect.top;
   const col = Math.floor(x / layout.blockW);
-  const rowIdx = Math.floor(y / (layout.c + layout.gap));
+  const rowIdx = Math.floor(y / layout.rowH);
   const host = layout.hosts[rowIdx * layout.perRow + col];
   if (!host) return null;
   const gpu = Math.floor((x - col * layout.blockW) / (layout.c + layout.inner));
@@ -480,18 +495,30 @@ async function loadTimeline() {
     if (id !== model.selectedIncident) return;
     const entries = asList(inc.timeline ?? inc.events ?? inc.entries ?? [], "timeline");
     const all = $("timeline-all").checked;
-    // samples and heads are most of a timeline; by default show the rest, plus the bulk of the last 20 s
-    const last = entries.length ? toMillis(entries[entries.length - 1].t) ?? 0 : 0;
-    const shown = entries.filter((e) => all || !BULK_TYPES.has(String(e.type)) ||
-      (toMillis(e.t) ?? 0) >= last - 20000).slice(-2000);
+    // Samples and heads are nearly all of a timeline. By default show every event, verdict and process
+    // change, and samples/heads only of the GPUs and ranks the incident's verdicts name.
+    const named = new Set();
+    const ranks = new Set();
+    for (const v of inc.verdicts ?? []) {
+      if (v.host) named.add(v.gpu === null || v.gpu === undefined ? String(v.host) : cellKey(v.host, v.gpu));
+      if (v.rank !== null && v.rank !== undefined) ranks.add(Number(v.rank));
+    }
+    const relevant = (e) => {
+      const d = e.data ?? {};
+      if (e.type === "heads") return ranks.has(Number(d.rank));
+      return named.has(String(e.host)) || named.has(cellKey(e.host, d.gpu));
+    };
+    const shown = entries.filter((e) => all || !BULK_TYPES.has(String(e.type)) || relevant(e)).slice(-2000);
     const verdicts = (inc.verdicts ?? []).map((v) => `${v.kind} ${v.reason} on ${v.host ?? ""}` +
       (v.gpu !== null && v.gpu !== undefined ? ` gpu ${v.gpu}` : "")).join(", ");
     const lines = [`incident ${id}` + (inc.job ? ` — job ${inc.job}` : "") + (verdicts ? ` — ${verdicts}` : ""),
       `${entries.length} entries from ${(inc.hosts ?? []).length} hosts` +
       ((inc.missing_hosts ?? []).length ? `, no snapshot from ${inc.missing_hosts.join(", ")}` : "") +
-      (shown.length < entries.length ? ` (showing ${shown.length})` : "")];
+      (shown.length < entries.length ? ` (showing ${shown.length}: ` +
+        (all ? "the last ones)" : "events, verdicts, and readings of the GPUs and ranks named)") : "")];
     for (const e of shown) lines.push(describeEntry(e));
     $("timeline").textContent = lines.join("\n");
+    $("timeline").scrollTop = $("timeline").scrollHeight;  // the verdict is at the end
   } catch (err) {
     $("timeline").textContent = `incident ${id}: ${err.message}`;
   }
