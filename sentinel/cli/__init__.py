@@ -58,8 +58,12 @@ def _not_available(command: str) -> Callable[[argparse.Namespace], int]:
     return run
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Build the full parser; commands without an implementation are marked as coming."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Build the parser; commands without an implementation are marked as coming.
+
+    With ``only``, just that command's module is imported and the others get a light placeholder: a
+    command like ``logs classify`` must not pay for importing the aggregator, torch helpers and so on.
+    """
     parser = argparse.ArgumentParser(
         prog="sentinel",
         description="GPU-cluster observability and fault detection. "
@@ -68,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sentinel {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command, help_text in COMMANDS:
-        registrar = _load_registrar(command)
+        registrar = _load_registrar(command) if only in (None, command) else None
         if registrar is None:
             sub = subparsers.add_parser(command, help=f"(coming) {help_text}", description=help_text)
             sub.set_defaults(func=_not_available(command))
@@ -79,8 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``sentinel`` console script."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    first = args_list[0] if args_list else None
+    parser = build_parser(only=first if first in dict(COMMANDS) else None)
+    args = parser.parse_args(args_list)
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
     if func is None:
         parser.print_help()

@@ -11,7 +11,9 @@ from sentinel.cli import COMMANDS, _load_registrar, build_parser, main
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sentinel", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "sentinel", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_top_level_help_lists_every_command() -> None:

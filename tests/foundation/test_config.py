@@ -81,7 +81,9 @@ def test_invalid_utf8(tmp_path: Path) -> None:
 
 def test_environment_overrides_file(tmp_path: Path) -> None:
     path = _write(tmp_path, "[collect]\ntick_s = 0.5\n")
-    config = _load_agent(path, env={"SENTINEL_AGENT_COLLECT__TICK_S": "2", "SENTINEL_AGENT_AGENT__HOST": "h1"})
+    config = _load_agent(
+        path, env={"SENTINEL_AGENT_COLLECT__TICK_S": "2", "SENTINEL_AGENT_AGENT__HOST": "h1"}
+    )
     assert config.collect.tick_s == 2.0
     assert config.agent.host == "h1"
 
@@ -124,7 +126,9 @@ def test_configuration_doc_is_current() -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=400))
-def test_arbitrary_bytes_never_escape_as_anything_but_config_error(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
+def test_arbitrary_bytes_never_escape_as_anything_but_config_error(
+    tmp_path_factory: pytest.TempPathFactory, data: bytes
+) -> None:
     path = tmp_path_factory.mktemp("fuzz") / "agent.toml"
     path.write_bytes(data)
     try:
@@ -136,10 +140,14 @@ def test_arbitrary_bytes_never_escape_as_anything_but_config_error(tmp_path_fact
 def test_cli_check_accepts_good_and_rejects_bad(tmp_path: Path) -> None:
     good = _write(tmp_path, "[collect]\ntick_s = 1.5\n", "agent.toml")
     bad = _write(tmp_path, "[server]\nlisten_port = 70000\n", "aggregator.toml")
-    ok = subprocess.run([sys.executable, "-m", "sentinel", "config", "check", str(good)], capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, "-m", "sentinel", "config", "check", str(good)], capture_output=True, text=True
+    )
     assert ok.returncode == 0, ok.stderr
     assert "ok" in ok.stdout
-    fail = subprocess.run([sys.executable, "-m", "sentinel", "config", "check", str(bad)], capture_output=True, text=True)
+    fail = subprocess.run(
+        [sys.executable, "-m", "sentinel", "config", "check", str(bad)], capture_output=True, text=True
+    )
     assert fail.returncode == 2
     assert fail.stderr.strip() == f"error: {bad}: server.listen_port: expected int <= 65535"
     assert "Traceback" not in fail.stderr
