@@ -140,8 +140,22 @@ async def test_page_renders_the_api(tmp_path: Path) -> None:
     await server.start_server()
     try:
         dom = await dump_dom(chromium, str(server.make_url("/")), tmp_path / "profile")
+        searches = {
+            q: await dump_dom(chromium, str(server.make_url("/").with_query(q=q)), tmp_path / f"p{i}")
+            for i, q in enumerate(("host-0013/2", "xid_79", "gpu 3"))
+        }
     finally:
         await server.close()
+    # search narrows every table: host/gpu, a reason, a GPU index
+    assert [(r["host"], r["gpu"]) for r in rows(searches["host-0013/2"], "verdict")] == [("host-0013", "2")]
+    assert [(r["host"], r["gpu"]) for r in rows(searches["host-0013/2"], "problem")] == [("host-0013", "2")]
+    assert [r["job"] for r in rows(searches["host-0013/2"], "job")] == ["ft"]
+    assert [r["reason"] for r in rows(searches["xid_79"], "verdict")] == ["xid_79"]
+    # (a silent host's row stands for all its GPUs, GPU 3 included)
+    assert [(r["host"], r["gpu"]) for r in rows(searches["gpu 3"], "problem")] == [
+        ("host-0009", "3"),
+        ("host-0005", "all"),
+    ]
     verdicts = {(r["kind"], r["host"], r["gpu"]) for r in rows(dom, "verdict")}
     assert verdicts == {("stuck", "host-0013", "2"), ("faulty", "host-0010", "6")}  # closed v3 not shown
     problems = {(r["host"], r["gpu"], r["state"]) for r in rows(dom, "problem")}
