@@ -34,38 +34,46 @@ class Narrator:
         self._reachable = True
 
     def lines(self, vm: ViewModel) -> list[str]:
+        """What changed since the last call, in time order (each line starts with its ``[t+...]`` stamp)."""
         t = vm.snap.t_s
-        out: list[str] = []
+        out: list[tuple[float, str]] = []
         if vm.snap.reachable != self._reachable:
             self._reachable = vm.snap.reachable
-            out.append(
-                f"{_stamp(t)} aggregator {'answering again' if vm.snap.reachable else 'not answering'}"
-            )
+            state = "answering again" if vm.snap.reachable else "not answering"
+            out.append((t, f"{_stamp(t)} aggregator {state}"))
         for fault in vm.info.faults:
             if fault.at_s <= t and fault.index not in self._faults_told:
                 self._faults_told.add(fault.index)
-                out.append(f"{_stamp(fault.at_s)} fault injected: {fault.describe()} on {fault.where()}")
+                out.append(
+                    (
+                        fault.at_s,
+                        f"{_stamp(fault.at_s)} fault injected: {fault.describe()} on {fault.where()}",
+                    )
+                )
+        for verdict in vm.snap.verdicts:
+            told = self._verdicts_open.get(verdict.id)
+            if told is None:
+                self._verdicts_open[verdict.id] = verdict.state
+                out.append((verdict.opened_s, self._opened(vm, verdict)))
+            elif told == "open" and verdict.state != "open":
+                self._verdicts_open[verdict.id] = verdict.state
+                out.append(
+                    (t, f"{_stamp(t)} verdict {verdict.id} closed: {verdict.kind} on {verdict.where()}")
+                )
         for job in vm.snap.jobs:
             if self._job_states.get(job.id) != job.state:
                 before = self._job_states.get(job.id)
                 self._job_states[job.id] = job.state
                 change = f"{before} -> {job.state}" if before else job.state
-                out.append(f"{_stamp(t)} job {job.id}: {change}")
-        for verdict in sorted(vm.snap.verdicts, key=lambda v: v.opened_s):
-            told = self._verdicts_open.get(verdict.id)
-            if told is None:
-                self._verdicts_open[verdict.id] = verdict.state
-                out.append(self._opened(vm, verdict))
-            elif told == "open" and verdict.state != "open":
-                self._verdicts_open[verdict.id] = verdict.state
-                out.append(f"{_stamp(t)} verdict {verdict.id} closed: {verdict.kind} on {verdict.where()}")
+                out.append((t, f"{_stamp(t)} job {job.id}: {change}"))
         if t >= self._next_status_s:
             self._next_status_s = t + self._status_every_s
             counts = vm.counts()
             parts = [f"{counts[s]} {s}" for s in CELL_STATES if counts[s]]
             jobs = ", ".join(f"{j.id} {j.state}" for j in vm.snap.jobs) or "none reported"
-            out.append(f"{_stamp(t)} status: GPUs {', '.join(parts)}; jobs: {jobs}")
-        return out
+            out.append((t, f"{_stamp(t)} status: GPUs {', '.join(parts)}; jobs: {jobs}"))
+        out.sort(key=lambda item: item[0])  # stable: same-time lines keep the order above
+        return [line for _, line in out]
 
     @staticmethod
     def _opened(vm: ViewModel, verdict: Verdict) -> str:

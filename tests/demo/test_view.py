@@ -118,6 +118,8 @@ def test_narrator_tells_each_change_once() -> None:
     assert not any("hang" in line for line in first)
     assert any("job finetune: stalled" in line for line in first)
     assert any("status:" in line for line in first)
+    stamps = [float(re.match(r"\[t\+\s*([\d.]+)s\]", line).group(1)) for line in first]  # type: ignore[union-attr]
+    assert stamps == sorted(stamps)  # told in time order
     v = verdict(
         "1", "faulty", "host-002", 6, 12.5, reason="xid_79", action="reset_gpu", evidence=("e1", "e2")
     )
