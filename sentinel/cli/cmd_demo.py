@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser(
         "demo",
         help="run a simulated cluster against a real aggregator on 127.0.0.1 with injected faults",
-        description=__doc__,
+        description=(__doc__ or "").replace("``", ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
