@@ -23,12 +23,20 @@ from sentinel.config import ConfigError, load_aggregator_config
 from sentinel.config.aggregator import AggregatorConfig
 from sentinel.log import get_logger, setup_logging
 
+DESCRIPTION = """sentinel aggregator run: the cluster-side aggregator (systemd Type=notify).
+
+Agents stream to GET /api/v1/stream; the detectors turn what they send into verdicts (faulty, degraded,
+stuck, straggler, host_silent), served at /api/v1/verdicts and as Prometheus metrics at /metrics;
+incidents (merged flight-recorder timelines of every agent involved) are kept in the state directory.
+See docs/aggregator.md.
+"""
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "aggregator",
         help="run the cluster-side aggregator: ingest, detectors, verdicts, incidents, API",
-        description=__doc__,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="aggregator_command", metavar="SUBCOMMAND", required=True)

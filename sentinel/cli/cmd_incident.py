@@ -25,11 +25,18 @@ class IncidentError(Exception):
     """One line saying what went wrong."""
 
 
+DESCRIPTION = """sentinel incident list|show ID: incident timelines gathered by the aggregator.
+
+Reads the aggregator's API (--api URL, default http://127.0.0.1:9400) or, with --state-dir, its state
+directory directly (on the aggregator host, also when the aggregator is down).
+"""
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "incident",
         help="list and show incident timelines gathered by the aggregator",
-        description=__doc__,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     source = p.add_mutually_exclusive_group()

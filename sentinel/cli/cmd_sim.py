@@ -15,12 +15,18 @@ from sentinel.config import ConfigError, load_aggregator_config
 from sentinel.sim.runner import run_scenario
 from sentinel.sim.scenario import ScenarioError, load_scenario
 
+DESCRIPTION = """sentinel sim SCENARIO.toml --report REPORT.json: a fault scenario on a simulated cluster, virtual clock.
+
+Deterministic for a given seed; the report is contract section 4's JSON (scenario, faults as injected,
+verdicts when they opened). Runs as fast as the CPU allows.
+"""
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "sim",
         help="run a fault scenario on a simulated cluster with a virtual clock and write a report",
-        description=__doc__,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("scenario", type=Path, help="scenario file (TOML, see docs/scenarios.md)")
