@@ -440,6 +440,46 @@ def _histogram_quantile(text: str, name: str, q: float) -> float:
     return float("inf")
 
 
+def engine_only(hosts: int, seconds: int) -> None:
+    """The detection path without sockets: engine ingest and ticks for ``hosts`` x 8 GPUs at 1 Hz."""
+    from sentinel.aggregator.engine import Engine
+    from sentinel.wire import Batch, Event, GpuInfo, GpuSample, Hello, decode_agent_frame, encode
+
+    engine = Engine()
+    gpus = [
+        GpuInfo(index=g, uuid=f"GPU-{g}", pci_bus=f"0000:{0x18 + g:02x}:00", name="H100") for g in range(GPUS)
+    ]
+    views = [engine.hello(Hello(host=f"bench-{i:05d}", gpus=gpus), 0.0) for i in range(hosts)]
+    # frames are decoded from bytes, as the server does
+    template = [
+        GpuSample(gpu=g, t=0.0, util_gpu_pct=98.0, temp_c=64.0, power_w=640.0, sm_clock_mhz=1980.0 - g)
+        for g in range(GPUS)
+    ]
+    ingest = tick = 0.0
+    latencies = []
+    for second in range(seconds):
+        frames = []
+        for i in range(hosts):
+            events = [Event(t=float(second), kind="xid", gpu=1, xid=79)] if i == second % hosts else []
+            frames.append(encode(Batch(seq=second, t=float(second), samples=template, events=events)))
+        started = time.perf_counter()
+        for view, frame in zip(views, frames, strict=True):
+            batch = decode_agent_frame(frame)
+            engine.ingest(view, batch, float(second))  # type: ignore[arg-type]
+        ingest += time.perf_counter() - started
+        started = time.perf_counter()
+        engine.tick(float(second))
+        tick_s = time.perf_counter() - started
+        tick += tick_s
+        latencies.append(tick_s)
+    per_batch = ingest / (hosts * seconds) * 1e6
+    print(
+        f"engine only, {hosts} hosts x {GPUS} GPUs, {seconds} s: decode+ingest {per_batch:.1f} µs/batch, "
+        f"tick mean {tick / seconds * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms; "
+        f"one core: {(hosts * per_batch / 1e6 + tick / seconds):.2f} s of CPU per second of fleet time"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -455,6 +495,7 @@ def main() -> int:
         "--pin", action="store_true", help="pin the aggregator and the generator to a core each"
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--engine", action="store_true", help="also time the detection path without sockets")
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--generate", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -467,6 +508,8 @@ def main() -> int:
         generate(args.generate, int(args.hosts), args.duration, args.warmup, args.out, args.core)
         return 0
     PIN[0] = args.pin
+    if args.engine:
+        engine_only(6144, 10)
     if args.quick:
         levels, duration = [256, 1024], 10.0
     else:
