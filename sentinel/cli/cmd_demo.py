@@ -3,7 +3,8 @@
 Starts the aggregator (with its status page) and one real agent per simulated host in this process, talking
 over WebSockets on 127.0.0.1; runs the scenario in real time while a live view shows the jobs, the hosts x
 GPUs grid and the verdicts as they open; at the end prints which verdict caught each injected fault and
-after how long. Exit 0 when every injected fault was caught, 1 when one was missed, 2 on bad input.
+after how long. Exit 0 when every injected fault was caught (a fault still within its detection bound at
+the end is pending, not missed), 1 when one was missed, 2 on bad input.
 Ctrl-C ends the run early (the summary still prints); a second Ctrl-C stops without waiting.
 """
 

@@ -36,26 +36,11 @@ from sentinel.sim.host import SimCluster
 from sentinel.sim.scenario import Scenario
 from sentinel.web import status_page_routes
 
-#: How long after a fault a correct detector has to name it (issue 5's bounds), used to decide whether the
-#: demo waits a little past its end for a verdict still due.
-DETECTION_BOUND_S: dict[str, float] = {
-    "straggler": 60.0,
-    "thermal_throttle": 60.0,
-    "hang": 10.0,
-    "nccl_net_error": 10.0,
-    "host_down": 15.0,
-}
-HARDWARE_BOUND_S = 3.0
 AGENT_STOP_S = 6.0
 
 
 class DemoError(Exception):
     """A one-line reason the demo could not run (port taken, state folder unusable)."""
-
-
-def detection_bound_s(kind: str) -> float:
-    """Seconds a detector may take for ``kind`` (plus one agent tick of transport)."""
-    return DETECTION_BOUND_S.get(kind, HARDWARE_BOUND_S) + 1.0
 
 
 # -- aggregator -----------------------------------------------------------------------------------------

@@ -38,6 +38,24 @@ ACCEPTED_KINDS: Mapping[str, frozenset[str]] = {
     "host_down": frozenset({"host_silent"}),
 }
 
+#: How long after a fault a correct detector has to name it (the aggregator issue's bounds: hardware 3 s,
+#: hang 10 s, straggler 60 s; a silent host after 10 missed ticks), plus one agent tick of transport. A fault
+#: without a verdict is only *missed* once its bound has passed; before that it is *pending*.
+DETECTION_BOUND_S: Mapping[str, float] = {
+    "straggler": 60.0,
+    "thermal_throttle": 60.0,
+    "hang": 10.0,
+    "nccl_net_error": 10.0,
+    "host_down": 15.0,
+}
+HARDWARE_BOUND_S = 3.0
+
+
+def detection_bound_s(kind: str) -> float:
+    """Seconds a detector may take for a fault of ``kind``, transport included."""
+    return DETECTION_BOUND_S.get(kind, HARDWARE_BOUND_S) + 1.0
+
+
 #: A verdict opened this long before the injection time still counts (the two clocks are the same process's,
 #: but the injection is scheduled on a tick, so it may land a fraction of a tick early).
 EARLY_SLACK_S = 0.5
@@ -105,8 +123,9 @@ class Verdict:
 @dataclass(frozen=True)
 class Catch:
     fault: Fault
-    verdict: Verdict | None  # None: missed (so far), or nothing expected
+    verdict: Verdict | None  # None: missed, pending, or nothing expected
     flagged_by: Verdict | None = None  # a fault that expects no verdict got this one anyway
+    pending: bool = False  # no verdict yet, but still within its detection bound
 
     @property
     def delay_s(self) -> float | None:
@@ -116,9 +135,9 @@ class Catch:
 
     @property
     def ok(self) -> bool:
-        """Caught, or (for a fault that must not open a verdict) left alone."""
+        """Caught (or still within its bound), or (for a fault that must not open a verdict) left alone."""
         if self.fault.expects_verdict:
-            return self.verdict is not None
+            return self.verdict is not None or self.pending
         return self.flagged_by is None
 
 
@@ -130,11 +149,16 @@ class Outcome:
 
     @property
     def missed(self) -> tuple[Fault, ...]:
-        return tuple(c.fault for c in self.catches if c.fault.expects_verdict and c.verdict is None)
+        return tuple(c.fault for c in self.catches if not c.ok and c.fault.expects_verdict)
+
+    @property
+    def pending(self) -> tuple[Fault, ...]:
+        return tuple(c.fault for c in self.catches if c.pending)
 
     @property
     def all_caught(self) -> bool:
-        """Every injected fault was caught, and none that should be ignored was flagged."""
+        """No injected fault was missed (past its bound without a verdict), none that should be ignored was
+        flagged."""
         return all(c.ok for c in self.catches)
 
 
@@ -168,7 +192,10 @@ def evaluate(faults: Sequence[Fault], verdicts: Iterable[Verdict], now_s: float)
         match = next((v for v in ordered if v.id not in used and catches(fault, v)), None)
         if match is not None:
             used.add(match.id)
-        result.append(Catch(fault, match))
+        pending = (
+            match is None and fault.expects_verdict and now_s < fault.at_s + detection_bound_s(fault.kind)
+        )
+        result.append(Catch(fault, match, pending=pending))
     consequences: list[tuple[Verdict, Fault]] = []
     wrong: list[Verdict] = []
     causes = [f for f in injected if f.expects_verdict]  # an ignorable fault explains no verdict

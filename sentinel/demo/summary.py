@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sentinel.demo.outcome import Fault, Outcome
+from sentinel.demo.outcome import Fault, Outcome, detection_bound_s
 
 
 def format_delay(seconds: float) -> str:
@@ -37,7 +37,9 @@ def render_summary(
                 rows.append((what, fault.where(), by, "-"))
                 continue
             if catch.verdict is None:
-                rows.append((what, fault.where(), "MISSED", "-"))
+                bound = detection_bound_s(fault.kind)
+                by = f"no verdict yet (within its {bound:g}s bound)" if catch.pending else "MISSED"
+                rows.append((what, fault.where(), by, "-"))
                 continue
             v = catch.verdict
             rows.append(
@@ -76,10 +78,12 @@ def render_summary(
     else:
         lines.append("flagged wrongly: none")
     missed = outcome.missed
-    handled = sum(1 for c in outcome.catches if c.ok)
+    handled = sum(1 for c in outcome.catches if c.ok and not c.pending)
     line = f"caught {handled} of {len(outcome.catches)} injected faults"
     if missed:
         line += f"; missed: {', '.join(f'{f.describe()} on {f.where()}' for f in missed)}"
+    if outcome.pending:
+        line += f"; {len(outcome.pending)} still within the detection bound when the demo ended"
     flagged = [c.fault for c in outcome.catches if not c.ok and not c.fault.expects_verdict]
     if flagged:
         line += f"; flagged though harmless: {', '.join(f'{f.describe()} on {f.where()}' for f in flagged)}"

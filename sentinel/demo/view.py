@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sentinel.demo.model import CELL_STATES, ViewModel
-from sentinel.demo.outcome import Verdict
+from sentinel.demo.outcome import Verdict, detection_bound_s
 from sentinel.demo.summary import format_delay
 
 RESET = "\x1b[0m"
@@ -205,8 +205,10 @@ def _faults(vm: ViewModel) -> list[Line]:
                 head.append(Seg("no verdict, as expected (not the GPU's fault)", "32"))
             else:
                 head.append(Seg(f"flagged {catch.flagged_by.kind} though harmless", "31;1"))
-        elif catch.verdict is None:
+        elif catch.pending:
             head.append(Seg(f"waiting for a verdict… {vm.snap.t_s - fault.at_s:.0f}s", "33"))
+        elif catch.verdict is None:
+            head.append(Seg(f"MISSED: no verdict within {detection_bound_s(fault.kind):g}s", "31;1"))
         else:
             v = catch.verdict
             head.append(Seg(f"caught after {format_delay(catch.delay_s or 0.0)}: ", "32;1"))

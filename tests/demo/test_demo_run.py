@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from sentinel.demo.hooks import detection_bound_s
+from sentinel.demo.outcome import detection_bound_s
 from sentinel.demo.run import DemoOptions, run_demo
 from tests.demo.helpers import SHORT, tune_for_short_runs
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sentinel.demo.outcome import ApiShapeError, evaluate, verdict_from_api
+from sentinel.demo.outcome import ApiShapeError, detection_bound_s, evaluate, verdict_from_api
 from tests.demo.helpers import fault, verdict
 
 XID = fault(0, 10.0, "host-002", 6, "xid", xid=79)
@@ -150,3 +150,13 @@ def test_an_application_xid_is_handled_by_opening_nothing() -> None:
     assert [v.id for v in blamed.wrong] == ["b"]  # the application's error explains no GPU verdict
     assert blamed.catches[0].flagged_by is not None and blamed.catches[0].flagged_by.id == "b"
     assert blamed.missed == ()
+
+
+def test_a_fault_without_verdict_is_pending_until_its_bound_passes() -> None:
+    bound = detection_bound_s("hang")
+    assert 10.0 <= bound <= 12.0
+    early = evaluate([HANG], [], now_s=HANG.at_s + bound - 0.5)
+    assert early.pending == (HANG,) and early.missed == () and early.all_caught
+    late = evaluate([HANG], [], now_s=HANG.at_s + bound)
+    assert late.pending == () and late.missed == (HANG,) and not late.all_caught
+    assert detection_bound_s("xid") < 5 < detection_bound_s("thermal_throttle")

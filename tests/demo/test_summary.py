@@ -66,3 +66,10 @@ def test_application_xid_lines() -> None:
     )
     assert "FLAGGED faulty xid_13, expected none" in line_with(flagged, "t+10s xid 13")
     assert line_with(flagged, "caught 0 of 1").endswith("flagged though harmless: xid 13 on host-001 gpu 3")
+
+
+def test_interrupted_within_a_bound_is_pending_not_missed() -> None:
+    text = render_summary(evaluate([HANG], [], 24.0), [HANG], scenario="t", ran_s=24.0, interrupted=True)
+    assert "no verdict yet (within its 11s bound)" in line_with(text, "t+20s hang")
+    assert "MISSED" not in text
+    assert line_with(text, "caught 0 of 1").endswith("1 still within the detection bound when the demo ended")

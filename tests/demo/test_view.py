@@ -77,6 +77,11 @@ def test_faults_show_caught_verdict_and_delay_and_waiting() -> None:
     assert "STALLED" in text and "finetune" in text
 
 
+def test_a_fault_past_its_bound_without_verdict_is_shown_missed() -> None:
+    text = "\n".join(render_frame(view([XID], [], t_s=30.0), width=160, height=60, color=False))
+    assert "MISSED: no verdict within 4s" in next(line for line in text.splitlines() if "xid 79" in line)
+
+
 def test_wrong_flag_is_shown() -> None:
     vm = view([HANG], [verdict("p", "stuck", "host-003", 3, 25.0)], t_s=30.0)
     text = "\n".join(render_frame(vm, width=160, height=60, color=False))
