@@ -78,7 +78,7 @@ class Engine:
         keys = set()
         for gpu in gpus:
             keys.add(hardware.gpu_key(gpu.host, gpu.index))
-            findings.extend(hardware.evaluate_gpu(gpu, cfg, now))
+            findings.extend(hardware.evaluate_gpu(gpu, cfg, now, self.config.detect.ecc))
         changes = self.book.reconcile(hardware.DETECTOR, findings, now, scope=keys.__contains__)
         self._emit(changes)
         return changes

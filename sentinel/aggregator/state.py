@@ -69,9 +69,10 @@ class GpuView:
     ema_thermal: float = 0.0
     ema_power_cap: float = 0.0
     ecc: EccCounters | None = None
+    ecc_prev: EccCounters | None = None  # the reading before the latest change (to see a rise)
     ecc_t: float = 0.0
-    ecc_base: int = 0  # volatile uncorrected count at the last reset/first sight
     remap: RowRemap | None = None
+    remap_prev: RowRemap | None = None
     remap_t: float = 0.0
     nvlink_hist: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RATE_HISTORY))
     nvlink_last: object = None
@@ -97,7 +98,7 @@ class GpuView:
         self.xid = None
         self.xid_codes.clear()
         self.reset_t = t
-        self.ecc_base = (self.ecc.volatile_uncorrected or 0) if self.ecc is not None else 0
+        self.ecc_prev = self.remap_prev = None  # rises are judged from the reset on
         self.dirty = True
 
 
@@ -309,17 +310,15 @@ class FleetState:
             gpu.pcie_prev = (s.t, s.pcie_replay)
         ecc = s.ecc
         if ecc is not None and ecc is not gpu.ecc:
-            if gpu.ecc is None:
-                gpu.ecc_base = ecc.volatile_uncorrected or 0
-            elif (ecc.volatile_uncorrected or 0) < gpu.ecc_base:  # volatile counters reset with the GPU
-                gpu.ecc_base = 0
             if gpu.ecc is None or ecc != gpu.ecc:
+                gpu.ecc_prev = gpu.ecc
                 gpu.ecc_t = s.t
                 gpu.dirty = True
             gpu.ecc = ecc
         remap = s.remap
         if remap is not None and remap is not gpu.remap:
             if gpu.remap is None or remap != gpu.remap:
+                gpu.remap_prev = gpu.remap
                 gpu.remap_t = s.t
                 gpu.dirty = True
             gpu.remap = remap

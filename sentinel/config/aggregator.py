@@ -11,6 +11,7 @@ from typing import Annotated
 import msgspec
 
 from sentinel.config.common import LogConfig
+from sentinel.signals.ecc import EccThresholds
 from sentinel.signals.xid_policy import XidPolicyConfig
 
 
@@ -190,6 +191,7 @@ class DetectConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     hardware: HardwareConfig = msgspec.field(default_factory=HardwareConfig)
     xid: XidPolicyConfig = msgspec.field(default_factory=XidPolicyConfig)
+    ecc: EccThresholds = msgspec.field(default_factory=EccThresholds)
     stuck: StuckConfig = msgspec.field(default_factory=StuckConfig)
     straggler: StragglerConfig = msgspec.field(default_factory=StragglerConfig)
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 from sentinel.aggregator.state import GpuView, counter_rate
 from sentinel.aggregator.verdicts import Finding
 from sentinel.config.aggregator import HardwareConfig
+from sentinel.signals.ecc import EccCounter, EccCounts, EccThresholds, evaluate_ecc
+from sentinel.signals.rowremap import BankAvailability, RemappedRows, RowRemapStatus, evaluate_row_remap
 from sentinel.signals.xid_catalog import xid_info
+from sentinel.wire import EccCounters, RowRemap
 
 DETECTOR = "hardware"
 #: The kernel's announcements of what the row-remap counters say precisely.
@@ -27,7 +30,40 @@ def gpu_key(host: str, gpu: int) -> tuple[str, ...]:
     return ("hw", host, str(gpu))
 
 
-def evaluate_gpu(gpu: GpuView, cfg: HardwareConfig, now: float) -> list[Finding]:
+def _remap_status(remap: RowRemap) -> RowRemapStatus:
+    return RowRemapStatus(
+        rows=RemappedRows(
+            correctable=remap.correctable,
+            uncorrectable=remap.uncorrectable,
+            pending=remap.pending,
+            failure=remap.failure,
+        ),
+        histogram=BankAvailability(
+            max=remap.hist_max,
+            high=remap.hist_high,
+            partial=remap.hist_partial,
+            low=remap.hist_low,
+            none=remap.hist_none,
+        ),
+    )
+
+
+def _ecc_counts(ecc: EccCounters) -> EccCounts:
+    return EccCounts(
+        volatile=EccCounter(corrected=ecc.volatile_corrected, uncorrected=ecc.volatile_uncorrected),
+        aggregate=EccCounter(corrected=ecc.aggregate_corrected, uncorrected=ecc.aggregate_uncorrected),
+        aggregate_sram=EccCounter(uncorrected=ecc.sram_uncorrected)
+        if ecc.sram_uncorrected is not None
+        else None,
+        aggregate_dram=EccCounter(uncorrected=ecc.dram_uncorrected)
+        if ecc.dram_uncorrected is not None
+        else None,
+    )
+
+
+def evaluate_gpu(
+    gpu: GpuView, cfg: HardwareConfig, now: float, ecc_limits: EccThresholds | None = None
+) -> list[Finding]:
     """Every hardware problem of ``gpu`` that is true now (the book merges them into one verdict)."""
     found: list[Finding] = []
     key = gpu_key(gpu.host, gpu.index)
@@ -80,37 +116,21 @@ def evaluate_gpu(gpu: GpuView, cfg: HardwareConfig, now: float) -> list[Finding]
             gpu.state_t,
             "NVML calls on this GPU do not return within the agent's deadline",
         )
-    remap = gpu.remap
-    if remap is not None:
-        if remap.failure:
-            add("faulty", "row_remap_failure", "rma", gpu.remap_t, "row remapping failed: the GPU needs RMA")
-        if remap.pending:
-            add(
-                "degraded",
-                "row_remap_pending",
-                "reset_gpu",
-                gpu.remap_t,
-                f"row remap pending ({remap.uncorrectable} uncorrectable remapped rows): reset the GPU to apply",
-            )
-        if remap.hist_none and not remap.failure:
-            add(
-                "degraded",
-                "row_remap_exhausted",
-                "drain",
-                gpu.remap_t,
-                "row remapper has banks with no spare rows",
-            )
-    ecc = gpu.ecc
-    if ecc is not None and ecc.volatile_uncorrected is not None:
-        new = ecc.volatile_uncorrected - gpu.ecc_base
-        if new > 0:
-            add(
-                "faulty",
-                "ecc_uncorrectable",
-                "reset_gpu",
-                gpu.ecc_t,
-                f"{new} uncorrectable ECC errors since the last reset (volatile {ecc.volatile_uncorrected})",
-            )
+    # memory health through the signals rules (row remapping, ECC): faulty stays faulty, suspect → degraded
+    if gpu.remap is not None:
+        memory = evaluate_row_remap(
+            _remap_status(gpu.remap), _remap_status(gpu.remap_prev) if gpu.remap_prev else None
+        )
+        if memory.state != "ok":
+            kind = "faulty" if memory.state == "faulty" else "degraded"
+            add(kind, memory.reason, memory.action, gpu.remap_t, *memory.evidence)
+    if gpu.ecc is not None:
+        memory = evaluate_ecc(
+            _ecc_counts(gpu.ecc), _ecc_counts(gpu.ecc_prev) if gpu.ecc_prev else None, ecc_limits
+        )
+        if memory.state != "ok":
+            kind = "faulty" if memory.state == "faulty" else "degraded"
+            add(kind, memory.reason, memory.action, gpu.ecc_t, *memory.evidence)
     if gpu.nvlink_prev is not None and cfg.nvlink_errors_per_s > 0:
         rate = counter_rate(gpu.nvlink_hist, gpu.nvlink_prev, cfg.rate_window_s)
         if rate >= cfg.nvlink_errors_per_s:
