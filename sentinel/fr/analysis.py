@@ -193,8 +193,8 @@ def _build_groups(summaries: Sequence[RankSummary]) -> dict[str, Group]:
             g.tracks[s.rank] = t
             if t.size_hints:
                 g.size_hint = max(g.size_hint, *t.size_hints)
-            if t.config_ranks:
-                config.setdefault(t.name, set()).update(t.config_ranks)
+            if t.config_ranks and t.name not in config:  # every member reports the same table
+                config[t.name] = {r for start, stop in t.config_ranks for r in range(start, stop)}
     for name, g in groups.items():
         g.members = set(g.tracks) | config.get(name, set())
     return groups

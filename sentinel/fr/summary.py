@@ -58,7 +58,7 @@ class GroupTrack(msgspec.Struct, array_like=True):
     name: str
     desc: str
     pg_id: int = -1
-    config_ranks: list[int] | None = None
+    config_ranks: list[tuple[int, int]] | None = None  # [start, stop) runs: a world of 4,096 is one pair
     enq: int = -1
     done: int = -1
     started: int = -1
@@ -303,9 +303,20 @@ def _apply_config(dump: RawDump, groups: list[GroupTrack]) -> None:
             continue
         ranks = _parse_ranks(cfg.get("ranks"))
         if ranks:
-            group.config_ranks = ranks
+            group.config_ranks = rank_runs(ranks)
         if not group.desc and isinstance(cfg.get("desc"), str):
             group.desc = cfg["desc"]
+
+
+def rank_runs(ranks: list[int]) -> list[tuple[int, int]]:
+    """Sorted distinct ranks as [start, stop) runs."""
+    runs: list[tuple[int, int]] = []
+    for r in ranks:
+        if runs and runs[-1][1] == r:
+            runs[-1] = (runs[-1][0], r + 1)
+        else:
+            runs.append((r, r + 1))
+    return runs
 
 
 def _parse_ranks(value: Any) -> list[int] | None:
