@@ -397,7 +397,9 @@ def _stragglers(groups: dict[str, Group]) -> list[Straggler]:
             continue
         lo = max(t.first_seq for _, t, _ in tracks)
         hi = min(t.first_seq + len(mv) for _, t, mv in tracks)
-        lo = max(lo, hi - TIMING_WINDOW)
+        # big groups give every member many samples per collective: fewer collectives suffice
+        window = max(TIMING_WINDOW // 4, min(TIMING_WINDOW, TIMING_WINDOW * 256 // len(tracks)))
+        lo = max(lo, hi - window)
         for seq in range(lo, hi):
             times = [mv[seq - t.first_seq] for _, t, mv in tracks]
             if not all(times):
@@ -410,13 +412,14 @@ def _stragglers(groups: dict[str, Group]) -> list[Straggler]:
     if len(lags) < 2:
         return []
     medians = {r: statistics.median(v) for r, v in lags.items()}
+    # how late the other ranks typically are; a straggler's partners look early by as much as it is
+    # late, so only lateness counts (a spread that included them would hide the straggler)
+    lateness = sorted(max(m, 0.0) for m in medians.values())
     out = []
     for r, m in medians.items():
         if m < MIN_STRAGGLER_LAG_MS:
             continue
-        # how late the other ranks typically are; a straggler's partners look early by as much as it is
-        # late, so only lateness counts (a spread that included them would hide the straggler)
-        others = statistics.median(max(o, 0.0) for q, o in medians.items() if q != r)
+        others = _median_without(lateness, bisect_left(lateness, max(m, 0.0)))
         if m <= STRAGGLER_FACTOR * others:
             continue
         late = sum(1 for x in lags[r] if x >= MIN_STRAGGLER_LAG_MS / 2) / len(lags[r])
@@ -426,11 +429,11 @@ def _stragglers(groups: dict[str, Group]) -> list[Straggler]:
     return out
 
 
-def _median_without(ordered: list[int], i: int) -> float:
+def _median_without(ordered: Sequence[float], i: int) -> float:
     """Median of the sorted list ``ordered`` without its element at index ``i`` (O(1))."""
     m = len(ordered) - 1
 
-    def at(k: int) -> int:
+    def at(k: int) -> float:
         return ordered[k] if k < i else ordered[k + 1]
 
     if m % 2:
