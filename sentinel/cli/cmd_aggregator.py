@@ -22,6 +22,7 @@ from sentinel.aggregator.server import AGGREGATOR_KEY, TokenError, create_app
 from sentinel.config import ConfigError, load_aggregator_config
 from sentinel.config.aggregator import AggregatorConfig
 from sentinel.log import get_logger, setup_logging
+from sentinel.web import status_page_routes
 
 DESCRIPTION = """sentinel aggregator run: the cluster-side aggregator (systemd Type=notify).
 
@@ -86,7 +87,7 @@ async def serve(config: AggregatorConfig) -> int:
                 last_ping[0] = now
                 notifier.watchdog()
 
-    app = create_app(config, on_tick=on_tick)
+    app = create_app(config, on_tick=on_tick, extra_routes=status_page_routes())
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     try:

@@ -58,6 +58,10 @@ def test_aggregator_run_notifies_systemd_serves_and_stops_cleanly(tmp_path: Path
                 port = int(record["addresses"][0].rsplit(":", 1)[1])
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as response:
             assert json.loads(response.read())["status"] == "ok"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as response:
+            page = response.read().decode()
+            assert response.headers["Content-Type"].startswith("text/html")
+            assert "/api/v1/verdicts" in page or "/ui/" in page  # the status page, wired into the daemon
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
         tail = []
