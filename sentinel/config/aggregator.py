@@ -147,6 +147,14 @@ class StuckConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         float,
         msgspec.Meta(gt=0, description="heads older than this are not extrapolated (probe sends every 2 s)"),
     ] = 5.0
+    unexplained_wait_s: Annotated[
+        float,
+        msgspec.Meta(
+            gt=0,
+            description="every rank inside one collective with no rank, NCCL or NVLink evidence: a stall only "
+            "after this long (a large collective or a checkpoint barrier legitimately takes tens of seconds)",
+        ),
+    ] = 120.0
     net_error_window_s: Annotated[
         float,
         msgspec.Meta(gt=0, description="NCCL NET errors this recent explain a collective nobody completes"),

@@ -230,6 +230,22 @@ def test_all_ranks_inside_with_nccl_net_errors_names_the_rank_with_the_errors() 
     assert [(v.host, v.gpu, v.rank, v.reason) for v in stuck] == [("h1", 5, 13, "nccl_net_error")]
 
 
+def test_all_ranks_inside_without_evidence_is_a_long_collective_until_the_unexplained_wait() -> None:
+    f = Fleet()
+    limit = f.engine.config.detect.stuck.unexplained_wait_s
+    completed = 12
+    for t in (0.0, 2.0, 4.0, 8.0, 30.0, limit - 1.0, limit + 5.0):
+        age = max(t - 3.0, 0.1)
+        for host, base in (("h0", 0), ("h1", 8)):
+            hs = [heads(base + g, t, [pg("world", completed, age)], host, g) for g in range(8)]
+            f.send(host, t, heads=hs, procs=procs(base // 8) if t == 0 else None)
+        f.engine.tick(t)
+        stuck = [(v.rank, v.reason) for v in f.engine.book.open.values() if v.kind == "stuck"]
+        if age < limit:
+            assert stuck == [], f"a {age:.0f}s collective with no evidence is not a stall yet"
+    assert stuck == [(None, "collective_stalled")]
+
+
 def test_no_heads_watchdog_timeouts_name_the_rank_that_did_not_time_out() -> None:
     f = Fleet()
     events = [

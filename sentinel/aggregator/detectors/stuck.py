@@ -318,6 +318,8 @@ def _all_entered(  # noqa: PLR0917
             )
     if out:
         return out[: cfg.max_culprits]
+    if age < cfg.unexplained_wait_s:
+        return []
     return [
         finding(
             "collective_stalled",
