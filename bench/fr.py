@@ -43,6 +43,18 @@ def _load_source(folder: Path) -> dict[int, dict[str, Any]]:
     return out
 
 
+def _extend_status(dump: dict[str, Any], entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """pg_status moved on as far as the extended entries (pg_id → the group's newest seqs)."""
+    newest: dict[int, int] = {}
+    for e in entries:
+        newest[e["pg_id"]] = max(newest.get(e["pg_id"], -1), e["collective_seq_id"])
+    status = {}
+    for pg_id, st in dump.get("pg_status", {}).items():
+        shift = newest.get(int(pg_id), st["last_enqueued_collective"]) - st["last_enqueued_collective"]
+        status[pg_id] = {k: (v + shift if v >= 0 else v) for k, v in st.items()}
+    return status
+
+
 def _extend(entries: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
     """Repeat the completed history (shifted seqs and times) until n entries; the stalled tail stays last."""
     done = [e for e in entries if e["retired"]]
@@ -77,6 +89,7 @@ def build_set(source: dict[int, dict[str, Any]], ranks: int, entries: int, out: 
     base = len(source)
     out.mkdir(parents=True, exist_ok=True)
     templates = {r: _extend(d["entries"], entries) for r, d in source.items()}
+    statuses = {r: _extend_status(d, templates[r]) for r, d in source.items()}
     names = sorted({e["process_group"][0] for d in source.values() for e in d["entries"]}, key=int)
     world = names[0]
     for ents in templates.values():  # the world group's all_gathers gather from every rank of the set
@@ -95,7 +108,7 @@ def build_set(source: dict[int, dict[str, Any]], ranks: int, entries: int, out: 
                 members = [int(x) for x in cfg["ranks"].strip("[]").split(",") if x.strip()]
                 members = list(range(ranks)) if name == world else [m + k * base for m in members]
                 pg_config[rename[name]] = {"name": rename[name], "desc": cfg["desc"], "ranks": str(members)}
-            dump = dict(d, entries=ents, pg_config=pg_config)
+            dump = dict(d, entries=ents, pg_config=pg_config, pg_status=statuses[r])
             (out / f"{PREFIX}{r + k * base}").write_bytes(pickle.dumps(dump, protocol=2))
             for e in ents:  # restore names for the next replica
                 name, desc = e["process_group"]

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sentinel.fr.analysis import FrAnalysis
-from sentinel.fr.dumpset import analyze_dir
+from sentinel.fr.dumpset import RECENT_ENTRIES, analyze_dir
 from sentinel.fr.errors import FrFormatError
 
 EXIT_OK = 0
@@ -40,6 +40,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="N",
         help="worker processes for decoding large dump sets (default: number of CPUs, at most 32)",
     )
+    a.add_argument(
+        "--all-entries",
+        action="store_true",
+        help="decode every ring-buffer entry of every dump; by default large pickle dumps are read for "
+        f"their newest {RECENT_ENTRIES} entries and pg_status only, when those hold every collective a "
+        "group still waits in",
+    )
     a.set_defaults(func=run_analyze)
     p.set_defaults(func=_usage(p))
 
@@ -54,7 +61,12 @@ def _usage(parser: argparse.ArgumentParser) -> Any:
 
 def run_analyze(args: argparse.Namespace) -> int:
     try:
-        result = analyze_dir(args.dir, workers=args.workers, start_method="fork")
+        result = analyze_dir(
+            args.dir,
+            workers=args.workers,
+            start_method="fork",
+            recent=None if args.all_entries else RECENT_ENTRIES,
+        )
     except FrFormatError as exc:
         print(f"sentinel fr analyze: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -25,6 +25,8 @@ from sentinel.fr.summary import RankSummary, summarize
 PARALLEL_MIN_FILES = 48
 PARALLEL_MIN_BYTES = 48 * 1024 * 1024
 _BATCH = 16
+#: Newest entries analyzed per large pickle dump by default (``None``: every entry).
+RECENT_ENTRIES = 512
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(list[RankSummary])
@@ -43,22 +45,25 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def summarize_file(dump: DumpFile) -> RankSummary:
-    """Load and reduce one dump file."""
-    return summarize(load_dump(dump.path, dump.rank))
+def summarize_file(dump: DumpFile, recent: int | None = RECENT_ENTRIES) -> RankSummary:
+    """Load and reduce one dump file (only its newest ``recent`` entries when that is enough)."""
+    return summarize(load_dump(dump.path, dump.rank, recent=recent))
 
 
-def _summarize_batch(batch: Sequence[tuple[str, int, str]]) -> bytes | str:
+def _summarize_batch(batch: Sequence[tuple[str, int, str]], recent: int | None) -> bytes | str:
     """Worker: reduce a batch; a format error comes back as its one-line message."""
     try:
         with _gc_paused():
-            return _ENCODER.encode([summarize_file(DumpFile(Path(p), r, pre)) for p, r, pre in batch])
+            return _ENCODER.encode([summarize_file(DumpFile(Path(p), r, pre), recent) for p, r, pre in batch])
     except FrFormatError as exc:
         return str(exc)
 
 
 def summarize_dir(
-    root: Path, workers: int | None = None, start_method: str = "forkserver"
+    root: Path,
+    workers: int | None = None,
+    start_method: str = "forkserver",
+    recent: int | None = RECENT_ENTRIES,
 ) -> list[RankSummary]:
     """Every rank's summary under ``root``; FrFormatError for unusable input.
 
@@ -70,13 +75,13 @@ def summarize_dir(
         workers = min(os.cpu_count() or 1, 32)
     if workers <= 1 or len(files) < PARALLEL_MIN_FILES or _total_bytes(files) < PARALLEL_MIN_BYTES:
         with _gc_paused():
-            return [summarize_file(f) for f in files]
+            return [summarize_file(f, recent) for f in files]
     batches = [
         [(str(f.path), f.rank, f.prefix) for f in files[i : i + _BATCH]] for i in range(0, len(files), _BATCH)
     ]
     out: list[RankSummary] = []
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context(start_method)) as pool:
-        for result in pool.map(_summarize_batch, batches):
+        for result in pool.map(_summarize_batch, batches, [recent] * len(batches)):
             if isinstance(result, str):
                 raise FrFormatError(result)
             with _gc_paused():
@@ -84,9 +89,18 @@ def summarize_dir(
     return out
 
 
-def analyze_dir(root: Path, workers: int | None = None, start_method: str = "forkserver") -> FrAnalysis:
-    """Read every dump under ``root`` and analyze them (see :func:`sentinel.fr.analysis.analyze`)."""
-    return analyze(summarize_dir(root, workers, start_method))
+def analyze_dir(
+    root: Path,
+    workers: int | None = None,
+    start_method: str = "forkserver",
+    recent: int | None = RECENT_ENTRIES,
+) -> FrAnalysis:
+    """Read every dump under ``root`` and analyze them (see :func:`sentinel.fr.analysis.analyze`).
+
+    ``recent``: analyze only the newest entries of large pickle dumps (when they hold every collective
+    still waited in); ``None`` decodes every entry.
+    """
+    return analyze(summarize_dir(root, workers, start_method, recent))
 
 
 def _total_bytes(files: Sequence[DumpFile]) -> int:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sentinel.fr.errors import FrFormatError
+from sentinel.fr.recent import decode_recent
 from sentinel.fr.safepickle import PICKLE_PROTO, loads_plain
 
 #: Largest dump file accepted, after decompression. A 2,000-entry dump with stack frames is ~0.3 MB.
@@ -54,6 +55,11 @@ class RawDump:
     pg_config: dict[str, Any] = field(default_factory=dict)
     pg_status: dict[str, Any] = field(default_factory=dict)
     is_json: bool = False
+    total_entries: int = -1  # entries in the file when only the newest were decoded, else -1
+
+    @property
+    def n_entries(self) -> int:
+        return self.total_entries if self.total_entries >= 0 else len(self.entries)
 
 
 def discover(root: Path) -> list[DumpFile]:
@@ -183,13 +189,45 @@ def parse_dump(obj: Any, *, rank: int, source: str, is_json: bool) -> RawDump:
     )
 
 
-def load_dump(path: Path, rank: int | None = None) -> RawDump:
-    """Read, decode and shape-check one dump file. ``rank`` defaults to the number ending its name."""
+def load_dump(path: Path, rank: int | None = None, recent: int | None = None) -> RawDump:
+    """Read, decode and shape-check one dump file. ``rank`` defaults to the number ending its name.
+
+    With ``recent``, a large pickle may be decoded only for its newest ``recent`` entries (see
+    :mod:`sentinel.fr.recent`), when they contain every collective a group still waits in.
+    """
     if rank is None:
         match = _NAME_RE.match(path.name)
         if match is None:
             raise FrFormatError(f"{path}: file name does not end in a rank number")
         rank = int(match["rank"])
     data = read_bytes(path)
+    if recent is not None:
+        found = decode_recent(data, recent)
+        if found is not None:
+            dump = parse_dump(found[0], rank=rank, source=str(path), is_json=False)
+            dump.total_entries = found[1]
+            if _recent_is_enough(dump):
+                return dump
     obj, is_json = decode(data, source=str(path))
     return parse_dump(obj, rank=rank, source=str(path), is_json=is_json)
+
+
+def _recent_is_enough(dump: RawDump) -> bool:
+    """Whether the newest entries hold, for every group still waiting per pg_status, the collective it
+    waits in (else the analysis needs the whole buffer)."""
+    present: set[tuple[Any, Any]] = set()
+    for e in dump.entries:
+        if isinstance(e, dict):
+            present.add((e.get("pg_id"), e.get("collective_seq_id")))
+    for pg_id, status in dump.pg_status.items():
+        if not isinstance(status, dict):
+            return False
+        try:
+            enq = int(status.get("last_enqueued_collective", -1))
+            done = int(status.get("last_completed_collective", -1))
+            key = (int(pg_id), done + 1)
+        except (TypeError, ValueError):
+            return False
+        if enq > done and key not in present:
+            return False
+    return True

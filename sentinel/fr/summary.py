@@ -219,7 +219,7 @@ def summarize(dump: RawDump) -> RankSummary:
         rank=dump.rank,
         source=source,
         version=dump.version,
-        n_entries=len(dump.entries),
+        n_entries=dump.n_entries,
         groups=groups,
         keys=key_info,
         first_t_ns=first_t,
