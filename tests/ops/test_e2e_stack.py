@@ -61,6 +61,13 @@ at_s = 6.0
 host = "host-004"
 gpu = 1
 kind = "row_remap_pending"
+
+[[faults]]
+at_s = 6.0
+host = "host-004"
+gpu = 0
+kind = "nvlink_errors"
+rate_per_s = 50.0
 """
 FAULTED_HOSTS = {"host-001", "host-003", "host-004"}
 
