@@ -64,7 +64,6 @@ def run_analyze(args: argparse.Namespace) -> int:
         result = analyze_dir(
             args.dir,
             workers=args.workers,
-            start_method="fork",
             recent=None if args.all_entries else RECENT_ENTRIES,
         )
     except FrFormatError as exc:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import gc
 import os
+import resource
+import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
@@ -21,9 +23,8 @@ from sentinel.fr.errors import FrFormatError
 from sentinel.fr.loader import DumpFile, discover, load_dump
 from sentinel.fr.summary import RankSummary, summarize
 
-#: Below this many files or bytes, decoding in-process beats starting workers.
-PARALLEL_MIN_FILES = 48
-PARALLEL_MIN_BYTES = 48 * 1024 * 1024
+#: Address space a decoding worker may add to what it had when it started.
+DECODE_MEMORY_LIMIT = 3 << 30
 _BATCH = 16
 #: Newest entries analyzed per large pickle dump by default (``None``: every entry).
 RECENT_ENTRIES = 512
@@ -52,35 +53,76 @@ def summarize_file(dump: DumpFile, recent: int | None = RECENT_ENTRIES) -> RankS
 
 def _summarize_batch(batch: Sequence[tuple[str, int, str]], recent: int | None) -> bytes | str:
     """Worker: reduce a batch; a format error comes back as its one-line message."""
+    out = []
+    for path, rank, prefix in batch:
+        try:
+            with _gc_paused():
+                out.append(summarize_file(DumpFile(Path(path), rank, prefix), recent))
+        except FrFormatError as exc:
+            return str(exc)
+        except MemoryError:
+            return f"{path}: decoding needs more than {DECODE_MEMORY_LIMIT >> 20} MiB: refused"
+    return _ENCODER.encode(out)
+
+
+def _limit_memory() -> None:
+    """Worker initializer: cap this process's address space, so a hostile dump (a memo index of 2^31 makes
+    the C unpickler allocate 16 GiB) fails with MemoryError instead of exhausting the host."""
     try:
-        with _gc_paused():
-            return _ENCODER.encode([summarize_file(DumpFile(Path(p), r, pre), recent) for p, r, pre in batch])
-    except FrFormatError as exc:
-        return str(exc)
+        with open("/proc/self/statm") as fh:
+            now = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        want = now + DECODE_MEMORY_LIMIT
+        if hard != resource.RLIM_INFINITY:
+            want = min(want, hard)
+        if soft == resource.RLIM_INFINITY or soft > want:
+            resource.setrlimit(resource.RLIMIT_AS, (want, hard))
+    except (OSError, ValueError):
+        pass
+
+
+@contextmanager
+def limited_address_space(extra: int = DECODE_MEMORY_LIMIT) -> Iterator[None]:
+    """Cap this process's address space for the duration (soft limit, restored after). For tests and
+    single-threaded tools decoding in-process; daemons decode in workers (:func:`summarize_dir`)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    _limit_memory()
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def summarize_dir(
     root: Path,
     workers: int | None = None,
-    start_method: str = "forkserver",
+    start_method: str | None = None,
     recent: int | None = RECENT_ENTRIES,
 ) -> list[RankSummary]:
     """Every rank's summary under ``root``; FrFormatError for unusable input.
 
-    ``start_method`` is the multiprocessing start method of the workers: "forkserver" is safe in threaded
-    daemons; a single-threaded command may pass "fork", which starts faster.
+    Dumps are decoded in ``workers`` processes (default: one per CPU, at most 32) whose address space is
+    capped (:data:`DECODE_MEMORY_LIMIT` beyond their start), so no dump can exhaust the host or crash the
+    caller. ``workers=0`` decodes in this process, for trusted input. ``start_method``: "fork" when this
+    process runs a single thread, else "forkserver" (safe in threaded daemons).
     """
     files = discover(root)
-    if workers is None:
-        workers = min(os.cpu_count() or 1, 32)
-    if workers <= 1 or len(files) < PARALLEL_MIN_FILES or _total_bytes(files) < PARALLEL_MIN_BYTES:
+    if workers == 0:
         with _gc_paused():
             return [summarize_file(f, recent) for f in files]
+    if workers is None:
+        workers = min(os.cpu_count() or 1, 32)
+    workers = max(1, min(workers, len(files)))
+    size = max(1, min(_BATCH, -(-len(files) // workers)))
     batches = [
-        [(str(f.path), f.rank, f.prefix) for f in files[i : i + _BATCH]] for i in range(0, len(files), _BATCH)
+        [(str(f.path), f.rank, f.prefix) for f in files[i : i + size]] for i in range(0, len(files), size)
     ]
+    if start_method is None:
+        start_method = "fork" if threading.active_count() == 1 else "forkserver"
     out: list[RankSummary] = []
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context(start_method)) as pool:
+    with ProcessPoolExecutor(
+        max_workers=workers, mp_context=get_context(start_method), initializer=_limit_memory
+    ) as pool:
         for result in pool.map(_summarize_batch, batches, [recent] * len(batches)):
             if isinstance(result, str):
                 raise FrFormatError(result)
@@ -92,7 +134,7 @@ def summarize_dir(
 def analyze_dir(
     root: Path,
     workers: int | None = None,
-    start_method: str = "forkserver",
+    start_method: str | None = None,
     recent: int | None = RECENT_ENTRIES,
 ) -> FrAnalysis:
     """Read every dump under ``root`` and analyze them (see :func:`sentinel.fr.analysis.analyze`).
@@ -101,15 +143,3 @@ def analyze_dir(
     still waited in); ``None`` decodes every entry.
     """
     return analyze(summarize_dir(root, workers, start_method, recent))
-
-
-def _total_bytes(files: Sequence[DumpFile]) -> int:
-    total = 0
-    for f in files:
-        try:
-            total += f.path.stat().st_size
-        except OSError:
-            continue
-        if total >= PARALLEL_MIN_BYTES:
-            break
-    return total

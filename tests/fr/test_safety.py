@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sentinel.fr.dumpset import analyze_dir
+from sentinel.fr.dumpset import analyze_dir, limited_address_space
 from sentinel.fr.errors import FrFormatError
 from sentinel.fr.loader import decode, gunzip_bounded, load_dump, parse_dump
 from sentinel.fr.safepickle import loads_plain
@@ -68,6 +68,13 @@ def test_code_paths_and_corrupt_pickles_are_refused(payload: bytes) -> None:
         loads_plain(payload, source="x")
 
 
+def test_memo_index_bomb_is_refused_by_the_worker_limit(tmp_path: Path) -> None:
+    # EMPTY_LIST, LONG_BINPUT 2^31-1: the C unpickler would grow its memo to 16 GiB
+    (tmp_path / "trace_rank_0").write_bytes(b"\x80\x02]r\xff\xff\xff\x7f.")
+    with pytest.raises(FrFormatError, match="trace_rank_0"):
+        analyze_dir(tmp_path, workers=1)
+
+
 def test_gzip_bomb_is_bounded() -> None:
     bomb = gzip.compress(b"\0" * (4 << 20))
     with pytest.raises(FrFormatError, match="expands beyond"):
@@ -75,9 +82,10 @@ def test_gzip_bomb_is_bounded() -> None:
 
 
 def _decode_all(data: bytes) -> None:
-    obj, is_json = decode(data, source="fuzz")
-    dump = parse_dump(obj, rank=0, source="fuzz", is_json=is_json)
-    summarize(dump)
+    with limited_address_space(1 << 30):  # a mutated memo index can ask for gigabytes
+        obj, is_json = decode(data, source="fuzz")
+        dump = parse_dump(obj, rank=0, source="fuzz", is_json=is_json)
+        summarize(dump)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
