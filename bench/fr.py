@@ -116,7 +116,7 @@ def build_set(source: dict[int, dict[str, Any]], ranks: int, entries: int, out: 
                 e["process_group"] = (back.get(name, name), desc)
 
 
-def measure(cmd: list[str], timeout_s: float) -> dict[str, Any]:
+def measure(cmd: list[str], timeout_s: float, max_rss_gib: float = 1e9) -> dict[str, Any]:
     """Run cmd; wall seconds, exit code, peak RSS of the largest process and of the whole tree (MiB)."""
     # output goes to files, not pipes: a chatty tool must not block on a full pipe
     with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
@@ -133,7 +133,7 @@ def measure(cmd: list[str], timeout_s: float) -> dict[str, Any]:
                 peak_one = max(peak_one, max(rss, default=0))
             except psutil.Error:
                 pass
-            if time.perf_counter() - start > timeout_s:
+            if time.perf_counter() - start > timeout_s or peak_tree > max_rss_gib * 2**30:
                 for p in proc.children(recursive=True):
                     p.kill()
                 proc.kill()
@@ -162,6 +162,12 @@ def main() -> int:
     ap.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="corpus folder to replicate")
     ap.add_argument("--skip-reference", action="store_true", help="do not run torchfrtrace")
     ap.add_argument("--reference-timeout", type=float, default=600, help="seconds per torchfrtrace run")
+    ap.add_argument(
+        "--reference-max-rss-gib",
+        type=float,
+        default=10.0,
+        help="stop torchfrtrace when its memory passes this (shared machines)",
+    )
     ap.add_argument("--workers", type=int, default=None, help="--workers passed to sentinel fr analyze")
     ap.add_argument("--keep", type=Path, default=None, help="build the sets here and keep them")
     args = ap.parse_args()
@@ -186,8 +192,12 @@ def main() -> int:
             ref = None
             if not args.skip_reference:
                 exe = shutil.which("torchfrtrace", path=str(Path(sys.executable).parent)) or "torchfrtrace"
-                ref = measure([exe, str(folder), "-p", PREFIX], timeout_s=args.reference_timeout)
-                state = "TIMEOUT" if ref["timed_out"] else f"rc={ref['rc']}"
+                ref = measure(
+                    [exe, str(folder), "-p", PREFIX],
+                    timeout_s=args.reference_timeout,
+                    max_rss_gib=args.reference_max_rss_gib,
+                )
+                state = "STOPPED (time or memory cap)" if ref["timed_out"] else f"rc={ref['rc']}"
                 print(f"  torchfrtrace: {ref['wall_s']:.2f} s {state}", flush=True)
             rows.append((spec, ranks, entries, ours, ref))
     finally:
