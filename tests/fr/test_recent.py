@@ -5,18 +5,21 @@ from __future__ import annotations
 import functools
 import pickle
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sentinel.fr.dumpset import limited_address_space
+from sentinel.fr.dumpset import analyze_dir, limited_address_space
 from sentinel.fr.errors import FrFormatError
 from sentinel.fr.loader import load_dump
 from sentinel.fr.recent import decode_recent
 from sentinel.fr.safepickle import loads_plain
 from tests.fr.synth import entry
+from tests.support import need_module
 
 FRAMES = [{"name": f"f{i}", "filename": "train.py", "line": i} for i in range(40)]
 
@@ -100,3 +103,32 @@ def test_mutated_big_pickles_never_decode_to_something_else(data: st.DataObject)
         except FrFormatError:
             return  # the full decode fails elsewhere in the file (e.g. in the skipped middle)
     assert found[0]["entries"] == full["entries"][-512:]
+
+
+def test_real_torch_dump_of_2000_entries(tmp_path: Path) -> None:
+    need_module("torch")
+    out = tmp_path / "nccl_trace_rank_0"
+    script = (
+        "import os, sys\n"
+        "os.environ['TORCH_FR_BUFFER_SIZE'] = '2000'\n"
+        "import torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "g = dist.new_group([0])\n"
+        "for i in range(2100):\n"
+        "    dist.all_reduce(torch.ones(8), group=g if i % 3 else None)\n"
+        "    if i % 50 == 0: dist.broadcast(torch.ones(4), src=0)\n"
+        "open(sys.argv[1], 'wb').write(torch._C._distributed_c10d._dump_fr_trace())\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(out)], capture_output=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    raw = out.read_bytes()
+    full = loads_plain(raw)
+    found = decode_recent(raw, 512)
+    assert found is not None
+    assert found[1] == len(full["entries"]) == 2000
+    assert found[0]["entries"] == full["entries"][-512:]
+    assert analyze_dir(tmp_path, workers=1).to_json() == analyze_dir(
+        tmp_path, workers=1, recent=None
+    ).to_json() | {"entries": 2000}
