@@ -56,6 +56,7 @@ class RawDump:
     pg_status: dict[str, Any] = field(default_factory=dict)
     is_json: bool = False
     total_entries: int = -1  # entries in the file when only the newest were decoded, else -1
+    pg_names: dict[int, list[str]] = field(default_factory=dict)  # pg_id -> [name, desc] from skipped entries
 
     @property
     def n_entries(self) -> int:
@@ -204,8 +205,10 @@ def load_dump(path: Path, rank: int | None = None, recent: int | None = None) ->
     if recent is not None:
         found = decode_recent(data, recent)
         if found is not None:
-            dump = parse_dump(found[0], rank=rank, source=str(path), is_json=False)
-            dump.total_entries = found[1]
+            top, total, names = found
+            dump = parse_dump(top, rank=rank, source=str(path), is_json=False)
+            dump.total_entries = total
+            dump.pg_names = names
             if _recent_is_enough(dump):
                 return dump
     obj, is_json = decode(data, source=str(path))

@@ -41,15 +41,16 @@ def _reader(data: bytes) -> io.BufferedReader:
     return io.BufferedReader(io.BytesIO(data), buffer_size=1 << 20)
 
 
-def decode_recent(data: bytes, keep: int) -> tuple[dict[str, Any], int] | None:
-    """(top-level dict whose ``entries`` are the newest ``keep`` entries, total entry count) or None."""
+def decode_recent(data: bytes, keep: int) -> tuple[dict[str, Any], int, dict[int, list[str]]] | None:
+    """(top-level dict whose ``entries`` are the newest ``keep`` entries, total entry count, pg_id → [name,
+    desc] of the groups in the first entries) or None."""
     try:
         return _decode_recent(data, keep)
     except Exception:  # any doubt: the caller decodes the whole file
         return None
 
 
-def _decode_recent(data: bytes, keep: int) -> tuple[dict[str, Any], int] | None:
+def _decode_recent(data: bytes, keep: int) -> tuple[dict[str, Any], int, dict[int, list[str]]] | None:
     if data[:2] != b"\x80\x02" or len(data) < 1 << 16:
         return None
     key = _ENTRIES_KEY.search(data)
@@ -119,4 +120,10 @@ def _decode_recent(data: bytes, keep: int) -> tuple[dict[str, Any], int] | None:
     if ids[HEAD:] != list(range(first_id + total - keep, first_id + total)):
         return None
     top["entries"] = tail
-    return top, total
+    # names of groups seen only in the skipped entries: pg_status still reports their progress
+    names: dict[int, list[str]] = {}
+    for e in head:
+        pg = e.get("process_group")
+        if type(e.get("pg_id")) is int and isinstance(pg, list | tuple) and len(pg) == 2:
+            names.setdefault(e["pg_id"], [str(pg[0]), str(pg[1])])
+    return top, total, names

@@ -277,9 +277,15 @@ def _apply_status(dump: RawDump, groups: list[GroupTrack], source: str) -> None:
     for pg_id, status in dump.pg_status.items():
         if not isinstance(status, dict):
             raise FrFormatError(f"{source}: pg_status[{str(pg_id)[:20]!r}] is not a dict")
-        group = by_id.get(_int(pg_id, "pg_status key", source))
+        key = _int(pg_id, "pg_status key", source)
+        group = by_id.get(key)
         if group is None:
-            continue  # a group whose entries all left the ring buffer: its name is unknown
+            named = dump.pg_names.get(key)
+            if named is None or any(g.name == named[0] for g in groups):
+                continue  # a group whose entries all left the ring buffer: its name is unknown
+            desc = "" if named[1] == "undefined" else named[1]
+            group = by_id[key] = GroupTrack(name=named[0], desc=desc, pg_id=key)
+            groups.append(group)
         enq = _int(status.get("last_enqueued_collective", -1), "last_enqueued_collective", source)
         done = _int(status.get("last_completed_collective", -1), "last_completed_collective", source)
         started = _int(status.get("last_started_collective", -1), "last_started_collective", source)
