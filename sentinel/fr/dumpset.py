@@ -12,6 +12,7 @@ import resource
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from multiprocessing import get_context
 from pathlib import Path
@@ -120,14 +121,17 @@ def summarize_dir(
     if start_method is None:
         start_method = "fork" if threading.active_count() == 1 else "forkserver"
     out: list[RankSummary] = []
-    with ProcessPoolExecutor(
-        max_workers=workers, mp_context=get_context(start_method), initializer=_limit_memory
-    ) as pool:
-        for result in pool.map(_summarize_batch, batches, [recent] * len(batches)):
-            if isinstance(result, str):
-                raise FrFormatError(result)
-            with _gc_paused():
-                out.extend(_DECODER.decode(result))
+    try:
+        with ProcessPoolExecutor(
+            max_workers=workers, mp_context=get_context(start_method), initializer=_limit_memory
+        ) as pool:
+            for result in pool.map(_summarize_batch, batches, [recent] * len(batches)):
+                if isinstance(result, str):
+                    raise FrFormatError(result)
+                with _gc_paused():
+                    out.extend(_DECODER.decode(result))
+    except BrokenProcessPool as exc:
+        raise FrFormatError(f"{root}: a decoding worker died ({exc or 'killed'})") from None
     return out
 
 
