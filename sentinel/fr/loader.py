@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sentinel.fr.errors import FrFormatError
-from sentinel.fr.recent import decode_recent
+from sentinel.fr.recent import decode_recent, decode_recent_json
 from sentinel.fr.safepickle import PICKLE_PROTO, loads_plain
 
 #: Largest dump file accepted, after decompression. A 2,000-entry dump with stack frames is ~0.3 MB.
@@ -203,10 +203,11 @@ def load_dump(path: Path, rank: int | None = None, recent: int | None = None) ->
         rank = int(match["rank"])
     data = read_bytes(path)
     if recent is not None:
-        found = decode_recent(data, recent)
+        is_json = data[:1] == b"{"
+        found = decode_recent_json(data, recent) if is_json else decode_recent(data, recent)
         if found is not None:
             top, total, names = found
-            dump = parse_dump(top, rank=rank, source=str(path), is_json=False)
+            dump = parse_dump(top, rank=rank, source=str(path), is_json=is_json)
             dump.total_entries = total
             dump.pg_names = names
             if _recent_is_enough(dump):

@@ -19,6 +19,7 @@ found); on any doubt — a memo reference into the skipped middle, an odd layout
 from __future__ import annotations
 
 import io
+import json
 import pickle
 import re
 from typing import Any
@@ -127,3 +128,43 @@ def _decode_recent(data: bytes, keep: int) -> tuple[dict[str, Any], int, dict[in
         if type(e.get("pg_id")) is int and isinstance(pg, list | tuple) and len(pg) == 2:
             names.setdefault(e["pg_id"], [str(pg[0]), str(pg[1])])
     return top, total, names
+
+
+_JSON_ENTRY = b'{"collective_seq_id":'
+
+
+def decode_recent_json(data: bytes, keep: int) -> tuple[dict[str, Any], int, dict[int, list[str]]] | None:
+    """The same for ``_dump_fr_trace_json`` output (keys sorted, no memo): the document is spliced to its
+    header, the newest ``keep`` entries and its trailer, and parsed once. None when in doubt."""
+    try:
+        return _decode_recent_json(data, keep)
+    except Exception:  # any doubt: the caller decodes the whole file
+        return None
+
+
+def _decode_recent_json(data: bytes, keep: int) -> tuple[dict[str, Any], int, dict[int, list[str]]] | None:
+    start = data.find(b'"entries":[' + _JSON_ENTRY, 0, 1 << 16)
+    if start < 0:
+        return None
+    first = start + len(b'"entries":[')
+    total = data.count(_JSON_ENTRY, first)
+    if total < max(MIN_ENTRIES, keep + 16):
+        return None
+    cut = len(data)
+    for _ in range(keep):
+        cut = data.rfind(_JSON_ENTRY, first, cut)
+    head_end = data.find(_JSON_ENTRY, first + 1)  # the first entry, for group names
+    obj = json.loads(data[:first] + data[cut:])
+    first_entry = json.loads(data[first : head_end - 1])
+    entries = obj.get("entries") if isinstance(obj, dict) else None
+    if not isinstance(entries, list) or len(entries) != keep or not isinstance(first_entry, dict):
+        return None
+    ids = [e.get("record_id") if isinstance(e, dict) else None for e in entries]
+    first_id = first_entry.get("record_id")
+    if type(first_id) is not int or ids != list(range(first_id + total - keep, first_id + total)):
+        return None
+    names: dict[int, list[str]] = {}
+    pg = first_entry.get("process_group")
+    if type(first_entry.get("pg_id")) is int and isinstance(pg, list) and len(pg) == 2:
+        names[first_entry["pg_id"]] = [str(pg[0]), str(pg[1])]
+    return obj, total, names

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import pickle
 import random
 import subprocess
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from sentinel.fr.dumpset import analyze_dir, limited_address_space
 from sentinel.fr.errors import FrFormatError
 from sentinel.fr.loader import load_dump
-from sentinel.fr.recent import decode_recent
+from sentinel.fr.recent import decode_recent, decode_recent_json
 from sentinel.fr.safepickle import loads_plain
 from tests.fr.synth import entry
 from tests.support import need_module
@@ -119,6 +120,7 @@ def test_real_torch_dump_of_2000_entries(tmp_path: Path) -> None:
         "    dist.all_reduce(torch.ones(8), group=g if i % 3 else None)\n"
         "    if i % 50 == 0: dist.broadcast(torch.ones(4), src=0)\n"
         "open(sys.argv[1], 'wb').write(torch._C._distributed_c10d._dump_fr_trace())\n"
+        "open(sys.argv[1] + '.json', 'wb').write(torch._C._distributed_c10d._dump_fr_trace_json())\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", script, str(out)], capture_output=True, timeout=120, check=False
@@ -130,6 +132,22 @@ def test_real_torch_dump_of_2000_entries(tmp_path: Path) -> None:
     assert found is not None
     assert found[1] == len(full["entries"]) == 2000
     assert found[0]["entries"] == full["entries"][-512:]
-    assert analyze_dir(tmp_path, workers=1).to_json() == analyze_dir(
-        tmp_path, workers=1, recent=None
-    ).to_json() | {"entries": 2000}
+    raw_json = (tmp_path / "nccl_trace_rank_0.json").read_bytes()
+    found_json = decode_recent_json(raw_json, 512)
+    assert found_json is not None
+    assert found_json[1] == 2000
+    assert found_json[0]["entries"] == json.loads(raw_json)["entries"][-512:]
+    (tmp_path / "nccl_trace_rank_0.json").rename(tmp_path / "elsewhere.json")
+    fast = analyze_dir(tmp_path, workers=1).to_json()
+    assert fast == analyze_dir(tmp_path, workers=1, recent=None).to_json()
+    assert fast["entries"] == 2000
+
+
+def test_json_newest_entries_equal_a_full_decode() -> None:
+    dump = loads_plain(_big_dump(1500))
+    raw = json.dumps(dump, sort_keys=True, separators=(",", ":")).encode()
+    found = decode_recent_json(raw, 512)
+    assert found is not None
+    assert found[1] == 1500
+    assert found[0]["entries"] == json.loads(raw)["entries"][-512:]
+    assert decode_recent_json(raw.replace(b'"collective_seq_id"', b'"seq_id"'), 512) is None
