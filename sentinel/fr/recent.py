@@ -71,15 +71,19 @@ def _decode_recent(data: bytes, keep: int) -> tuple[dict[str, Any], int, dict[in
     else:
         return None
     ref = b"h" + bytes([memo_index]) if memo_index < 256 else b"j" + memo_index.to_bytes(4, "little")
-    starts = [start] + [
-        m.start()
-        for m in re.finditer(rb"\}(?:q[\s\S]|r[\s\S]{4})?\(" + re.escape(ref), data[:end])
-        if m.start() > start
-    ]
-    total = len(starts)
+    needle = b"(" + ref  # MARK then the first key: the start of an entry dict, and only of one
+    total = 1 + data.count(needle, start + 1, end)
     if total < max(MIN_ENTRIES, HEAD + keep + 16):
         return None
-    head_reader = _PlainUnpickler(_reader(data[: starts[HEAD]] + b"eu."))
+    marks = _Marks(data, needle, start, end, total)
+    starts: dict[int, int] = {0: start}
+
+    def entry_start(i: int) -> int:
+        if i not in starts:
+            starts[i] = marks.dict_start(i)
+        return starts[i]
+
+    head_reader = _PlainUnpickler(_reader(data[: entry_start(HEAD)] + b"eu."))
     top = head_reader.load()
     head = top.get("entries") if isinstance(top, dict) else None
     if not isinstance(head, list) or len(head) != HEAD:
@@ -87,7 +91,7 @@ def _decode_recent(data: bytes, keep: int) -> tuple[dict[str, Any], int, dict[in
     memo_source = head_reader
     decoded = HEAD
     while True:
-        tail_reader = _PlainUnpickler(_reader(b"\x80\x02](" + data[starts[total - keep] : end] + b"e."))
+        tail_reader = _PlainUnpickler(_reader(b"\x80\x02](" + data[entry_start(total - keep) : end] + b"e."))
         # hand over the memo as the proxy: CPython 3.11 drops the values when a plain dict is assigned
         tail_reader.memo = memo_source.memo
         try:
@@ -100,7 +104,7 @@ def _decode_recent(data: bytes, keep: int) -> tuple[dict[str, Any], int, dict[in
         # decode further entries, only for their memo, and retry
         upto = min(total - keep, decoded * 4)
         chunk_reader = _PlainUnpickler(
-            io.BytesIO(b"\x80\x02](" + data[starts[decoded] : starts[upto]] + b"e.")
+            io.BytesIO(b"\x80\x02](" + data[entry_start(decoded) : entry_start(upto)] + b"e.")
         )
         chunk_reader.memo = memo_source.memo
         chunk = chunk_reader.load()
@@ -128,6 +132,34 @@ def _decode_recent(data: bytes, keep: int) -> tuple[dict[str, Any], int, dict[in
         if type(e.get("pg_id")) is int and isinstance(pg, list | tuple) and len(pg) == 2:
             names.setdefault(e["pg_id"], [str(pg[0]), str(pg[1])])
     return top, total, names
+
+
+class _Marks:
+    """Byte offsets of entry dicts, found by scanning forward from the first or back from the end."""
+
+    def __init__(self, data: bytes, needle: bytes, start: int, end: int, total: int) -> None:
+        self.data, self.needle, self.start, self.end, self.total = data, needle, start, end, total
+
+    def dict_start(self, i: int) -> int:
+        data, needle = self.data, self.needle
+        if i <= self.total // 2:
+            pos = self.start
+            for _ in range(i):
+                pos = data.find(needle, pos + 1, self.end)
+        else:
+            pos = self.end
+            for _ in range(self.total - i):
+                pos = data.rfind(needle, self.start + 1, pos)
+        if pos < 0:
+            raise ValueError("entry start not found")
+        # the dict opcode sits before the MARK: directly (PyTorch), or behind a BINPUT / LONG_BINPUT
+        if data[pos - 1] == 0x7D:
+            return pos - 1
+        if data[pos - 3] == 0x7D and data[pos - 2] == 0x71:
+            return pos - 3
+        if data[pos - 6] == 0x7D and data[pos - 5] == 0x72:
+            return pos - 6
+        raise ValueError("entry start without a dict opcode")
 
 
 _JSON_ENTRY = b'{"collective_seq_id":'

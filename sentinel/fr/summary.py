@@ -316,6 +316,8 @@ def _apply_config(dump: RawDump, groups: list[GroupTrack]) -> None:
 
 def rank_runs(ranks: list[int]) -> list[tuple[int, int]]:
     """Sorted distinct ranks as [start, stop) runs."""
+    if ranks and ranks[-1] - ranks[0] + 1 == len(ranks):  # one run (the usual case; ranks are distinct)
+        return [(ranks[0], ranks[-1] + 1)]
     runs: list[tuple[int, int]] = []
     for r in ranks:
         if runs and runs[-1][1] == r:
@@ -333,6 +335,8 @@ def _parse_ranks(value: Any) -> list[int] | None:
             value = json.loads(value)
         except ValueError:
             return None
-    if isinstance(value, list) and value and all(type(r) is int and 0 <= r < 1 << 24 for r in value):
-        return sorted(set(value))
+    if isinstance(value, list) and value and set(map(type, value)) == {int}:
+        ranks = sorted(set(value))
+        if ranks[0] >= 0 and ranks[-1] < 1 << 24:
+            return ranks
     return None
