@@ -28,7 +28,7 @@ from sentinel.fr.summary import RankSummary, summarize
 DECODE_MEMORY_LIMIT = 3 << 30
 _BATCH = 16
 #: Newest entries analyzed per large pickle dump by default (``None``: every entry).
-RECENT_ENTRIES = 512
+RECENT_ENTRIES = 256
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(list[RankSummary])

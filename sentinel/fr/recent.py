@@ -28,7 +28,7 @@ from sentinel.fr.safepickle import _PlainUnpickler
 
 #: Entries decoded from the start of the buffer: they define the memo (keys, op names, stack frames) that
 #: later entries refer to; one pass of a training loop, periodic collectives included, usually fits.
-HEAD = 256
+HEAD = 128
 #: Below this many entries a full decode is as cheap.
 MIN_ENTRIES = 1024
 
