@@ -400,15 +400,28 @@ def _stragglers(groups: dict[str, Group]) -> list[Straggler]:
         # big groups give every member many samples per collective: fewer collectives suffice
         window = max(TIMING_WINDOW // 4, min(TIMING_WINDOW, TIMING_WINDOW * 256 // len(tracks)))
         lo = max(lo, hi - window)
+        sinks = [lags.setdefault(r, []) for r, _, _ in tracks]
+        offsets = [(mv, t.first_seq) for _, t, mv in tracks]
         for seq in range(lo, hi):
-            times = [mv[seq - t.first_seq] for _, t, mv in tracks]
+            times = [mv[seq - first] for mv, first in offsets]
             if not all(times):
                 continue
+            # lag = own time minus the median of the *other* members (a late rank in a group of two is
+            # late against its peer): with the others' median worked out once per side of the middle
             ordered = sorted(times)
-            for (r, _, _), tv in zip(tracks, times, strict=True):
-                # median of the *other* members: a late rank in a group of two is late against its peer
-                med = _median_without(ordered, bisect_left(ordered, tv))
-                lags.setdefault(r, []).append((tv - med) / 1e6)
+            h = (len(ordered) - 1) // 2
+            mid = ordered[h]
+            if len(ordered) % 2 == 0:  # odd number of peers
+                below, above = ordered[h + 1], ordered[h]
+                for sink, tv in zip(sinks, times, strict=True):
+                    sink.append((tv - (below if tv <= mid else above)) / 1e6)
+            else:
+                low = ordered[h - 1]
+                a = (ordered[h] + ordered[h + 1]) / 2
+                b = (low + ordered[h + 1]) / 2
+                c = (low + mid) / 2
+                for sink, tv in zip(sinks, times, strict=True):
+                    sink.append((tv - (a if tv <= low else b if tv <= mid else c)) / 1e6)
     if len(lags) < 2:
         return []
     medians = {r: statistics.median(v) for r, v in lags.items()}
