@@ -14,6 +14,7 @@ failed collectives as retired and never sets ``state``).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import zlib
@@ -27,7 +28,7 @@ from sentinel.fr.loader import RawDump
 from sentinel.fr.ops import P2P, group_size_hint, match_key, op_name, p2p_peer
 
 #: Newest entries per dump whose match key is computed (see :func:`summarize`).
-KEY_WINDOW = 512
+KEY_WINDOW = 128
 
 
 class KeyInfo(msgspec.Struct, frozen=True, array_like=True):
@@ -307,9 +308,11 @@ def _apply_config(dump: RawDump, groups: list[GroupTrack]) -> None:
         group = by_name.get(name) if isinstance(name, str) and name else None
         if group is None:
             continue
-        ranks = _parse_ranks(cfg.get("ranks"))
-        if ranks:
-            group.config_ranks = rank_runs(ranks)
+        value = cfg.get("ranks")
+        # cached by text (bounded: at most 256 texts of at most 256 KiB)
+        runs = _runs_of_text(value) if isinstance(value, str) and len(value) <= 1 << 18 else _runs_of(value)
+        if runs:
+            group.config_ranks = list(runs)
         if not group.desc and isinstance(cfg.get("desc"), str):
             group.desc = cfg["desc"]
 
@@ -325,6 +328,18 @@ def rank_runs(ranks: list[int]) -> list[tuple[int, int]]:
         else:
             runs.append((r, r + 1))
     return runs
+
+
+@functools.lru_cache(maxsize=256)
+def _runs_of_text(text: str) -> tuple[tuple[int, int], ...] | None:
+    """Every dump of a job repeats the same member lists (4,096 ranks for the world): parse each once."""
+    ranks = _parse_ranks(text)
+    return tuple(rank_runs(ranks)) if ranks else None
+
+
+def _runs_of(value: Any) -> tuple[tuple[int, int], ...] | None:
+    ranks = _parse_ranks(value)
+    return tuple(rank_runs(ranks)) if ranks else None
 
 
 def _parse_ranks(value: Any) -> list[int] | None:
