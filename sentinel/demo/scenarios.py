@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from sentinel.demo.outcome import Fault
-from sentinel.sim.scenario import MAX_FILE_BYTES, PARAMS, Scenario, ScenarioError, host_name, parse_scenario
+from sentinel.sim.scenario import (
+    PARAMS,
+    Scenario,
+    ScenarioError,
+    host_name,
+    parse_scenario,
+    read_scenario_document,
+)
 
 DEFAULT_NAME = "default"
 _HOST_RE = re.compile(r"^host-(\d+)$")
@@ -31,24 +38,11 @@ def read_document(path: Path | None) -> tuple[dict[str, Any], str]:
     """The scenario as a TOML document and its source name; raises :class:`ScenarioError`."""
     if path is None:
         source = f"<built-in {DEFAULT_NAME} scenario>"
-        text = default_text()
-    else:
-        source = str(path)
         try:
-            with path.open("rb") as handle:
-                raw = handle.read(MAX_FILE_BYTES + 1)
-        except OSError as exc:
-            raise ScenarioError(source, None, f"cannot read: {exc.strerror or exc}") from None
-        if len(raw) > MAX_FILE_BYTES:
-            raise ScenarioError(source, None, f"larger than {MAX_FILE_BYTES} bytes")
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ScenarioError(source, None, f"not UTF-8 text (byte {exc.start})") from None
-    try:
-        return tomllib.loads(text), source
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(source, None, f"invalid TOML: {exc}") from None
+            return tomllib.loads(default_text()), source
+        except tomllib.TOMLDecodeError as exc:
+            raise ScenarioError(source, None, f"invalid TOML: {exc}") from None
+    return read_scenario_document(path), str(path)
 
 
 def _index(name: Any, field: str, source: str, old: int) -> int:

@@ -205,16 +205,19 @@ def _check(scenario: Scenario, source: str) -> None:
             raise ScenarioError(source, f"{where}.host", f"{fault.kind} needs a job on {fault.host}")
 
 
-def load_scenario_text(text: str, source: str = "<scenario>") -> Scenario:
+def _parse_toml(text: str, source: str) -> dict[str, Any]:
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(source, None, f"invalid TOML: {exc}") from None
-    return parse_scenario(data, source)
 
 
-def load_scenario(path: Path) -> Scenario:
-    """Read and validate a scenario file; raises :class:`ScenarioError` with a one-line message."""
+def load_scenario_text(text: str, source: str = "<scenario>") -> Scenario:
+    return parse_scenario(_parse_toml(text, source), source)
+
+
+def read_scenario_document(path: Path) -> dict[str, Any]:
+    """A scenario file as a TOML document (bounded, UTF-8), before validation; raises ScenarioError."""
     source = str(path)
     try:
         with path.open("rb") as handle:
@@ -227,4 +230,9 @@ def load_scenario(path: Path) -> Scenario:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ScenarioError(source, None, f"not UTF-8 text (byte {exc.start})") from None
-    return load_scenario_text(text, source)
+    return _parse_toml(text, source)
+
+
+def load_scenario(path: Path) -> Scenario:
+    """Read and validate a scenario file; raises :class:`ScenarioError` with a one-line message."""
+    return parse_scenario(read_scenario_document(path), str(path))
