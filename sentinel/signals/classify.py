@@ -19,9 +19,10 @@ from typing import Final
 from sentinel.signals._nvsmi import read_sections
 from sentinel.signals._text import bounded
 from sentinel.signals.ecc import evaluate_ecc, evaluate_retired_pages, parse_ecc, parse_retired_pages
+from sentinel.signals.health import MemoryFinding
 from sentinel.signals.kernel import kernel_events
 from sentinel.signals.nccl_log import chatter_event, global_rank, nccl_events, torch_events, torch_rank
-from sentinel.signals.record import KIND_RANK, Classified, make_event, most_severe
+from sentinel.signals.record import KIND_RANK, Classified, Kind, make_event, most_severe
 from sentinel.signals.rowremap import evaluate_row_remap, parse_row_remap
 from sentinel.signals.xid import parse_xid
 
@@ -174,41 +175,24 @@ def _block_events(text: str) -> list[Classified]:
     if not any(word in text for word in _BLOCK_WORDS) and "pages" not in text:
         return events
     rows = parse_row_remap(text) if "Remapped" in text else None
-    if rows is not None:
-        finding = evaluate_row_remap(rows)
-        events.append(
-            make_event(
-                "row_remap",
-                finding.severity,
-                action=finding.action,
-                reason=finding.reason,
-                message="; ".join(finding.evidence),
-            )
-        )
     ecc = parse_ecc(text) if "ECC Errors" in text else None
-    if ecc is not None:
-        finding = evaluate_ecc(ecc)
-        events.append(
-            make_event(
-                "ecc",
-                finding.severity,
-                action=finding.action,
-                reason=finding.reason,
-                message="; ".join(finding.evidence),
-            )
-        )
     pages = parse_retired_pages(text) if "etired" in text else None
-    if pages is not None:
-        finding = evaluate_retired_pages(pages)
-        events.append(
-            make_event(
-                "ecc",
-                finding.severity,
-                action=finding.action,
-                reason=finding.reason,
-                message="; ".join(finding.evidence),
+    findings: tuple[tuple[Kind, MemoryFinding | None], ...] = (
+        ("row_remap", evaluate_row_remap(rows) if rows is not None else None),
+        ("ecc", evaluate_ecc(ecc) if ecc is not None else None),
+        ("ecc", evaluate_retired_pages(pages) if pages is not None else None),
+    )
+    for kind, finding in findings:
+        if finding is not None:
+            events.append(
+                make_event(
+                    kind,
+                    finding.severity,
+                    action=finding.action,
+                    reason=finding.reason,
+                    message="; ".join(finding.evidence),
+                )
             )
-        )
     return events
 
 
