@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import socket
 import time
 from collections.abc import Callable
@@ -37,7 +38,7 @@ from sentinel.agent.collectors import (
     XidCollector,
     XidListener,
 )
-from sentinel.agent.frdump import FrDumpWatcher, trigger_fr_dump
+from sentinel.agent.frdump import MAX_COLLECT_BYTES, FrDumpWatcher, collect_dumps, trigger_fr_dump
 from sentinel.agent.jobs import JobMapper
 from sentinel.agent.kmsg import KmsgReader, XidDedup
 from sentinel.agent.metrics import AgentCounters, AgentMetricsCollector, GpuView, make_registry
@@ -70,6 +71,8 @@ log = get_logger(module="agent")
 #: events kept per batch at most; a log flood beyond it is counted as dropped events
 MAX_EVENTS_PER_BATCH = 2000
 MAX_HEADS_PER_BATCH = 4096
+#: jobs whose local ranks (from probe heads) are remembered for fr_dump, oldest forgotten first
+MAX_JOBS_REMEMBERED = 64
 #: a batch must fit one WebSocket frame with room to spare
 MAX_BATCH_BYTES = MAX_FRAME_BYTES * 3 // 4
 SHUTDOWN_DRAIN_S = 3.0
@@ -118,6 +121,7 @@ class Agent:
         self._heads: list[FrHeads] = []
         self._procs: list[ProcInfo] = []
         self._procs_changed = False
+        self._ranks_by_job: dict[str, set[int]] = {}
         self._drops_reported = Drops()
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
@@ -243,7 +247,12 @@ class Agent:
     # -- one tick -------------------------------------------------------------------------------------------
 
     def _fill_heads(self, heads: list[FrHeads]) -> list[FrHeads]:
-        """Set host, and gpu from the process mapping: by pid, else by (job, rank)."""
+        """Set host, and gpu from the process mapping: by pid, else by (job, rank), else LOCAL_RANK.
+
+        The LOCAL_RANK fallback covers ranks NVML does not list (no NVML, a pid namespace the agent cannot
+        see, CPU-only jobs): launchers give local rank i the host's GPU i, so the slot is the local rank when
+        this host has such a GPU. A mapping from NVML pids always wins.
+        """
         by_pid = {p.pid: p for p in self._procs}
         by_rank = {(p.job_id, p.rank): p for p in self._procs if p.rank is not None}
         out: list[FrHeads] = []
@@ -252,9 +261,31 @@ class Agent:
             if proc is None:
                 proc = by_rank.get((h.job_id, h.rank))
             gpu = proc.gpu if proc is not None else h.gpu
+            if gpu is None and h.local_rank is not None and h.local_rank in self.gpus:
+                gpu = h.local_rank
             job = h.job_id or (proc.job_id if proc is not None else None)
+            if job:
+                self._note_rank(job, h.rank)
             out.append(_replace_heads(h, host=self.host, gpu=gpu, job_id=job))
         return out
+
+    def _note_rank(self, job: str, rank: int) -> None:
+        """Remember that ``rank`` of ``job`` reports from this host (fr_dump asks these ranks to dump)."""
+        ranks = self._ranks_by_job.get(job)
+        if ranks is None:
+            if len(self._ranks_by_job) >= MAX_JOBS_REMEMBERED:
+                self._ranks_by_job.pop(next(iter(self._ranks_by_job)))
+            ranks = self._ranks_by_job[job] = set()
+        if len(ranks) < MAX_HEADS_PER_BATCH:
+            ranks.add(rank)
+
+    def local_ranks(self, job: str | None) -> list[int]:
+        """The ranks (of ``job``, or of every job) known to run here: process mapping and probe heads."""
+        ranks = {p.rank for p in self._procs if p.rank is not None and (job is None or p.job_id == job)}
+        for name, seen in self._ranks_by_job.items():
+            if job is None or name == job:
+                ranks.update(seen)
+        return sorted(ranks)
 
     async def step(self, now: float | None = None) -> Batch:
         """Run the due collectors once and return this tick's batch (also kept in the ring and spooled)."""
@@ -350,8 +381,40 @@ class Agent:
     def trigger_fr_dump(self, job: str | None = None) -> dict[str, Any]:
         """Ask the local ranks (of ``job``, or all) to dump their flight recorder; the fr_dump payload."""
         prefix = self.config.probe.fr_pipe_prefix
-        ranks = [p.rank for p in self._procs if p.rank is not None and (job is None or p.job_id == job)]
-        return trigger_fr_dump(prefix, ranks or None)
+        return trigger_fr_dump(prefix, self.local_ranks(job) or None)
+
+    def fr_dump_collect(
+        self, job: str | None, *, since: float, wait_s: float, max_bytes: int = MAX_COLLECT_BYTES
+    ) -> dict[str, Any]:
+        """Trigger the job's local ranks, then gather their fresh dumps (blocking; run off the loop).
+
+        The fr_dump payload plus ``dumps`` (gzip bytes per rank) and ``skipped`` — see
+        :func:`sentinel.agent.frdump.collect_dumps`. Ranks are the job's known local ranks; when none is
+        known, every pipe is triggered and every fresh dump in the folder is returned.
+        """
+        payload = self.trigger_fr_dump(job)
+        directory = self.config.probe.fr_dump_dir
+        if not directory:
+            return payload | {"dumps": [], "skipped": {}, "error": "probe.fr_dump_dir not set"}
+        known = self.local_ranks(job)
+        found = collect_dumps(
+            directory,
+            self.config.probe.fr_dump_prefix,
+            since=since,
+            expect=payload["triggered"],
+            ranks=known or None,
+            wait_s=wait_s,
+            max_bytes=max_bytes,
+        )
+        log.info(
+            "fr_dump_collected",
+            job=job,
+            triggered=len(payload["triggered"]),
+            dumps=len(found["dumps"]),
+            skipped=len(found["skipped"]),
+            waited_s=found["waited_s"],
+        )
+        return payload | found
 
     async def handle_command(self, command: Command) -> CommandResult:
         if command.name == "snapshot":
@@ -359,8 +422,19 @@ class Agent:
             since_t = float(since) if isinstance(since, int | float) and not isinstance(since, bool) else None
             return CommandResult(id=command.id, payload=self.snapshot(since_t))
         if command.name == "fr_dump":
-            job = command.args.get("job")
-            payload = await asyncio.to_thread(self.trigger_fr_dump, job if isinstance(job, str) else None)
+            args = command.args
+            job = args.get("job")
+            job_id = job if isinstance(job, str) else None
+            if args.get("collect") is True:
+                payload = await asyncio.to_thread(
+                    self.fr_dump_collect,
+                    job_id,
+                    since=_number(args.get("since"), self.clock() - 60.0),
+                    wait_s=_number(args.get("wait_s"), 10.0),
+                    max_bytes=int(_number(args.get("max_bytes"), float(MAX_COLLECT_BYTES))),
+                )
+            else:
+                payload = await asyncio.to_thread(self.trigger_fr_dump, job_id)
             return CommandResult(id=command.id, ok=True, payload=payload)
         return CommandResult(id=command.id, ok=False, error=f"unknown command {command.name!r}")
 
@@ -471,6 +545,13 @@ class _ProcsEntry(msgspec.Struct, kw_only=True):
     """Ring entry payload for a process-mapping change (a dict with one key, ``procs``)."""
 
     procs: list[ProcInfo]
+
+
+def _number(value: object, default: float) -> float:
+    """A finite number from a command argument, else ``default``."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return default
 
 
 def _replace_heads(h: FrHeads, **changes: Any) -> FrHeads:

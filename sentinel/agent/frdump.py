@@ -5,13 +5,20 @@ asked); the agent watches that folder and reports each new file as an ``fr_dump`
 knows where the evidence is. A dump is requested by writing to the pipe each rank opens at
 ``TORCH_NCCL_DEBUG_INFO_PIPE_FILE`` + rank + ``.pipe`` (ProcessGroupNCCL's DumpPipe polls it), through
 :mod:`sentinel.fr.trigger`.
+
+For a job-wide analysis the aggregator asks for the dumps themselves (:func:`collect_dumps`): after the
+pipes are written the agent waits, bounded, until every triggered rank's dump has appeared and stopped
+growing, and returns the files gzip-compressed within a byte budget that fits one WebSocket frame. The agent
+never decodes a dump; the aggregator does, with the safe loader.
 """
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +29,15 @@ from sentinel.wire import Event
 log = get_logger(module="agent.frdump")
 
 _RANK = re.compile(r"(\d+)(?:\.json)?(?:\.gz)?$")
+_DUMP_SUFFIX = re.compile(r"(\d{1,8})(\.json)?(\.gz)?")
+_GZIP_MAGIC = b"\x1f\x8b"
+#: Largest dump file read (raw). A 2,000-entry dump with stack frames is ~0.3 MB.
+MAX_DUMP_FILE_BYTES = 64 * 1024 * 1024
+#: Compressed dump bytes returned in one answer at most: with the msgpack envelope it fits one frame.
+MAX_COLLECT_BYTES = 6 * 1024 * 1024
+#: Longest wait for triggered ranks to write their dumps.
+MAX_COLLECT_WAIT_S = 60.0
+_POLL_S = 0.1
 
 
 def local_pipe_ranks(prefix: str) -> list[int]:
@@ -107,3 +123,99 @@ class FrDumpWatcher:
         if len(self._seen) > 100000:
             self._seen.clear()
         return events
+
+
+def fresh_dumps(
+    directory: str, prefix: str, since: float, ranks: set[int] | None = None
+) -> dict[int, tuple[str, int, float]]:
+    """rank → (path, size, mtime) of the newest dump per rank written at or after ``since`` (unix time).
+
+    Only names PyTorch writes count: ``<prefix><rank>``, optionally ``.json`` and/or ``.gz`` (a temporary
+    file being written under another name is not a dump yet). ``ranks`` restricts to those ranks.
+    """
+    found: dict[int, tuple[str, int, float]] = {}
+    try:
+        entries = [e for e in os.scandir(directory) if e.name.startswith(prefix)]
+    except OSError:
+        return found
+    for entry in entries:
+        match = _DUMP_SUFFIX.fullmatch(entry.name[len(prefix) :])
+        if match is None:
+            continue
+        rank = int(match.group(1))
+        if ranks is not None and rank not in ranks:
+            continue
+        try:
+            st = entry.stat()
+        except OSError:
+            continue
+        if not entry.is_file() or st.st_mtime < since:
+            continue
+        known = found.get(rank)
+        if known is None or st.st_mtime > known[2]:
+            found[rank] = (entry.path, st.st_size, st.st_mtime)
+    return found
+
+
+def collect_dumps(
+    directory: str,
+    prefix: str,
+    *,
+    since: float,
+    expect: Iterable[int] = (),
+    ranks: Iterable[int] | None = None,
+    wait_s: float = 10.0,
+    max_bytes: int = MAX_COLLECT_BYTES,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """The fresh dump files of this host, gzip-compressed, for the aggregator's job-wide analysis.
+
+    Waits up to ``wait_s`` until every rank in ``expect`` (the ranks whose pipes were written) has a dump
+    written since ``since`` whose size and mtime held still over one poll (PyTorch may write in place).
+    Returns ``{"dumps": [{"rank", "name", "size", "data"}], "skipped": {rank: reason}, "waited_s"}``;
+    ``data`` is gzip bytes, at most ``max_bytes`` over all dumps (the rest is listed in ``skipped``).
+    """
+    wanted = set(ranks) if ranks is not None else None
+    expected = set(expect)
+    if wanted is not None:
+        wanted |= expected
+    wait_s = min(max(wait_s, 0.0), MAX_COLLECT_WAIT_S)
+    max_bytes = min(max(max_bytes, 0), MAX_COLLECT_BYTES)
+    start = clock()
+    previous: dict[int, tuple[str, int, float]] = {}
+    while True:
+        found = fresh_dumps(directory, prefix, since, wanted)
+        stable = {r for r, info in found.items() if info[1] > 0 and previous.get(r) == info}
+        if (expected <= stable and found.keys() <= stable) or clock() - start >= wait_s:
+            break
+        previous = found
+        sleep(_POLL_S)
+    dumps: list[dict[str, Any]] = []
+    skipped: dict[str, str] = {}
+    budget = max_bytes
+    for rank in sorted(found):
+        path, size, _ = found[rank]
+        if rank not in stable:
+            skipped[str(rank)] = "still being written when the wait ended"
+            continue
+        if size > MAX_DUMP_FILE_BYTES:
+            skipped[str(rank)] = f"{size} bytes, more than {MAX_DUMP_FILE_BYTES}"
+            continue
+        try:
+            with open(path, "rb") as fh:
+                raw = fh.read(MAX_DUMP_FILE_BYTES + 1)
+        except OSError as exc:
+            skipped[str(rank)] = f"cannot read: {exc.strerror or exc}"
+            continue
+        data = raw if raw[:2] == _GZIP_MAGIC else gzip.compress(raw, compresslevel=6, mtime=0)
+        if len(data) > budget:
+            skipped[str(rank)] = (
+                f"{len(data)} compressed bytes do not fit the remaining {budget} of the answer"
+            )
+            continue
+        budget -= len(data)
+        dumps.append({"rank": rank, "name": os.path.basename(path)[:255], "size": len(raw), "data": data})
+    for rank in sorted(expected - found.keys()):
+        skipped[str(rank)] = "no dump appeared"
+    return {"dumps": dumps, "skipped": skipped, "waited_s": round(clock() - start, 3)}

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 from pathlib import Path
 
 from sentinel.agent import Agent
-from sentinel.agent.frdump import FrDumpWatcher, trigger_fr_dump
-from sentinel.wire import ProcInfo
+from sentinel.agent.frdump import FrDumpWatcher, collect_dumps, trigger_fr_dump
+from sentinel.fr.heads import FrHeads
+from sentinel.wire import Command, ProcInfo
 from tests.agent.conftest import make_config
 from tests.agent.fakes import FakeSource
 
@@ -55,3 +57,95 @@ async def test_fr_dump_writes_pipes_of_the_jobs_local_ranks(tmp_path: Path) -> N
     finally:
         for fd in readers.values():
             os.close(fd)
+
+
+def test_collect_dumps_waits_for_triggered_ranks_and_bounds_bytes(tmp_path: Path) -> None:
+    (tmp_path / "nccl_trace_rank_0").write_bytes(b"stale")
+    os.utime(tmp_path / "nccl_trace_rank_0", (1000.0, 1000.0))
+    (tmp_path / "nccl_trace_rank_1").write_bytes(b"\x80\x02" + os.urandom(5000))
+    (tmp_path / ".nccl_trace_rank_2.tmp").write_bytes(b"partial")  # a writer's temporary file
+    (tmp_path / "nccl_trace_rank_3.json").write_bytes(b"{}")
+    (tmp_path / "nccl_trace_rank_9").write_bytes(b"another job's rank")
+    polls: list[float] = []
+    clock = iter(x * 0.1 for x in range(1000))
+
+    def sleep(dt: float) -> None:
+        polls.append(dt)
+        if len(polls) == 3:  # rank 2's dump lands while the agent waits
+            (tmp_path / "nccl_trace_rank_2").write_bytes(b"\x80\x02late")
+
+    found = collect_dumps(
+        str(tmp_path),
+        "nccl_trace_rank_",
+        since=2000.0,
+        expect=[1, 2],
+        ranks=[0, 1, 3],
+        wait_s=5.0,
+        clock=lambda: next(clock),
+        sleep=sleep,
+    )
+    got = {d["rank"]: gzip.decompress(d["data"]) for d in found["dumps"]}
+    assert sorted(got) == [1, 2, 3]  # rank 0 is stale, rank 9 not asked for
+    assert got[1].startswith(b"\x80\x02") and got[2] == b"\x80\x02late" and got[3] == b"{}"
+    assert found["skipped"] == {}
+    small = collect_dumps(
+        str(tmp_path), "nccl_trace_rank_", since=2000.0, ranks=[1, 2], wait_s=1, max_bytes=60
+    )
+    assert [d["rank"] for d in small["dumps"]] == [2] and "do not fit" in small["skipped"]["1"]
+
+
+def test_collect_dumps_gives_up_after_the_wait(tmp_path: Path) -> None:
+    clock = iter(x * 0.5 for x in range(100))
+    found = collect_dumps(
+        str(tmp_path),
+        "p_",
+        since=0.0,
+        expect=[4],
+        wait_s=2.0,
+        clock=lambda: next(clock),
+        sleep=lambda _: None,
+    )
+    assert found["dumps"] == [] and found["skipped"] == {"4": "no dump appeared"}
+
+
+async def test_fr_dump_command_collects_the_jobs_dumps(tmp_path: Path) -> None:
+    dumps, prefix = tmp_path / "dumps", tmp_path / "pipe_"
+    dumps.mkdir()
+    reader = _reader(Path(f"{prefix}6.pipe"))
+    try:
+        config = make_config(
+            tmp_path,
+            probe={"fr_pipe_prefix": str(prefix), "fr_dump_dir": str(dumps), "fr_dump_prefix": "rank_"},
+        )
+        agent = Agent(config, FakeSource(gpus=8))
+        agent.set_inventory(FakeSource(gpus=8).open())
+        # the probe's heads say rank 6 of job "j" runs here (LOCAL_RANK 2); NVML reports no pid
+        agent.add_heads([FrHeads(rank=6, t=1.0, job_id="j", local_rank=2, pid=4242)])
+        batch = await agent.step(10.0)
+        assert [(h.rank, h.host, h.gpu) for h in batch.heads] == [(6, "host-test", 2)]
+        (dumps / "rank_6").write_bytes(b"\x80\x02dump")
+        result = await agent.handle_command(
+            Command(id="c1", name="fr_dump", args={"job": "j", "collect": True, "since": 0.0, "wait_s": 2.0})
+        )
+        assert result.ok and result.payload["triggered"] == [6]
+        assert os.read(reader, 16) == b"1\n"
+        [dump] = result.payload["dumps"]
+        assert dump["rank"] == 6 and gzip.decompress(dump["data"]) == b"\x80\x02dump"
+        await agent.shutdown()
+    finally:
+        os.close(reader)
+
+
+async def test_heads_gpu_from_nvml_mapping_wins_over_local_rank(tmp_path: Path) -> None:
+    source = FakeSource(gpus=4)
+    source.pids = {3: [77]}  # NVML lists pid 77 on GPU 3
+    agent = Agent(make_config(tmp_path), source)
+    agent.add_heads(
+        [
+            FrHeads(rank=1, t=1.0, job_id="j", local_rank=0, pid=77),  # NVML: pid 77 is on GPU 3
+            FrHeads(rank=2, t=1.0, job_id="j", local_rank=9, pid=78),  # no such GPU slot: unknown
+        ]
+    )
+    batch = await agent.step(10.0)
+    assert [(h.rank, h.gpu) for h in batch.heads] == [(1, 3), (2, None)]
+    await agent.shutdown()
