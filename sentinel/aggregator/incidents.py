@@ -7,6 +7,11 @@ and ``sentinel incident``.
 
 Snapshots come from the network: their shape is checked entry by entry, sizes are bounded, and a host that
 does not answer in time is listed as missing rather than holding the incident back.
+
+A stuck job's incident also gets a job-wide Flight Recorder dump (:mod:`sentinel.aggregator.frdumps`): the
+job's agents are asked for ``fr_dump`` while the snapshots are gathered; the incident is saved with
+``fr_dump.state = "collecting"`` as soon as the timeline is merged, then saved again with the dumps' analysis
+(verdict, culprit ranks, collective, findings) once it ran.
 """
 
 from __future__ import annotations
@@ -15,13 +20,16 @@ import asyncio
 import gzip
 import json
 import secrets
+import shutil
 import sqlite3
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from sentinel.aggregator.engine import Engine
+from sentinel.aggregator.frdumps import FrDumpSettings, analyze_dumps, per_host_budget, store_answer
 from sentinel.aggregator.verdicts import Change, Verdict
 from sentinel.config.aggregator import IncidentsConfig
 from sentinel.log import get_logger
@@ -36,6 +44,7 @@ def log() -> Any:
 ENTRY_TYPES = frozenset({"sample", "event", "heads", "procs"})
 MAX_INCIDENT_FILE_BYTES = 256 * 1024 * 1024
 TRIGGER_KINDS = frozenset({"faulty", "stuck"})
+DEFAULT_FR_DUMPS = FrDumpSettings()
 
 Requester = Callable[[str, Command, float], Awaitable[CommandResult | None]]
 
@@ -192,8 +201,10 @@ class IncidentManager:
         *,
         clock: Callable[[], float] = time.time,
         on_saved: Callable[[dict[str, Any]], None] | None = None,
+        fr_dumps: FrDumpSettings | None = DEFAULT_FR_DUMPS,
     ) -> None:
         self.engine = engine
+        self.fr_dumps = fr_dumps
         self.store = store
         self.requester = requester
         self.config = config
@@ -249,6 +260,37 @@ class IncidentManager:
 
     async def _collect(self, incident_id: str, verdict: Verdict, now: float) -> None:
         hosts = self._hosts(verdict)
+        fr_task: asyncio.Task[dict[str, Any]] | None = None
+        if self.fr_dumps is not None and verdict.kind == "stuck" and verdict.job and hosts:
+            fr_task = asyncio.get_running_loop().create_task(
+                self._fr_dump(incident_id, verdict, hosts, now, self.fr_dumps)
+            )
+        try:
+            incident = await self._timeline(incident_id, verdict, now, hosts, fr_task is not None)
+        except BaseException:
+            if fr_task is not None:
+                fr_task.cancel()
+            raise
+        if fr_task is not None:
+            incident["fr_dump"] = await fr_task
+            await self._save(incident)
+            log().info(
+                "incident_fr_dump",
+                incident=incident_id,
+                state=incident["fr_dump"]["state"],
+                ranks=len(incident["fr_dump"]["ranks"]),
+                verdict=(incident["fr_dump"].get("analysis") or {}).get("verdict"),
+            )
+
+    async def _save(self, incident: dict[str, Any]) -> None:
+        if self.store is not None:
+            await asyncio.to_thread(self.store.save, incident)
+        else:
+            self.in_memory[incident["id"]] = incident
+
+    async def _timeline(
+        self, incident_id: str, verdict: Verdict, now: float, hosts: list[str], fr_pending: bool
+    ) -> dict[str, Any]:
         since = now - self.config.window_s
         timeout = self.config.snapshot_timeout_s
 
@@ -296,11 +338,9 @@ class IncidentManager:
             "window": [since, end],
             "problems": problems,
             "timeline": timeline,
+            "fr_dump": {"state": "collecting", "ranks": []} if fr_pending else None,
         }
-        if self.store is not None:
-            await asyncio.to_thread(self.store.save, incident)
-        else:
-            self.in_memory[incident_id] = incident
+        await self._save(incident)
         log().info(
             "incident_recorded",
             incident=incident_id,
@@ -310,6 +350,76 @@ class IncidentManager:
         )
         if self.on_saved is not None:
             self.on_saved(incident)
+        return incident
+
+    async def _fr_dump(
+        self, incident_id: str, verdict: Verdict, hosts: list[str], now: float, settings: FrDumpSettings
+    ) -> dict[str, Any]:
+        """Ask the job's agents for their ranks' dumps, store them, analyze them: the incident's fr_dump."""
+        started = self.clock()
+        since = min(verdict.evidence_t, now) - settings.clock_skew_s
+        args: dict[str, str | int | float | bool | None] = {
+            "job": verdict.job,
+            "collect": True,
+            "since": since,
+            "wait_s": settings.wait_s,
+            "max_bytes": per_host_budget(settings, len(hosts)),
+        }
+        timeout = settings.wait_s + settings.answer_margin_s
+        if self.store is not None:
+            root = self.store.dir / f"{incident_id}.fr"
+            keep = True
+        else:
+            root = Path(tempfile.mkdtemp(prefix="sentinel-fr-"))
+            keep = False
+        report: dict[str, Any] = {
+            "state": "done",
+            "requested_at": started,
+            "hosts": {},
+            "missing_hosts": [],
+            "ranks": [],
+            "dir": str(root) if keep else None,
+            "analysis": None,
+            "error": None,
+        }
+
+        async def ask(host: str) -> tuple[str, CommandResult | None]:
+            command = Command(id=f"{incident_id}:fr:{host}", name="fr_dump", args=args)
+            try:
+                return host, await asyncio.wait_for(self.requester(host, command, timeout), timeout + 1.0)
+            except (TimeoutError, ConnectionError):
+                return host, None
+
+        seen: set[int] = set()
+        budget = settings.max_total_bytes
+        try:
+            for next_answer in asyncio.as_completed([ask(h) for h in hosts]):
+                host, result = await next_answer
+                if result is None or not result.ok:
+                    report["missing_hosts"].append(host)
+                    continue
+                host_report, used = await asyncio.to_thread(
+                    store_answer, root, host, result.payload, seen, budget
+                )
+                budget -= used
+                report["hosts"][host] = host_report
+            report["missing_hosts"].sort()
+            report["ranks"] = sorted(seen)
+            if not seen:
+                report["state"] = "no_dumps"
+                report["error"] = "no agent returned a flight-recorder dump"
+                return report
+            analysis = await asyncio.to_thread(analyze_dumps, root, settings.workers)
+            if "error" in analysis:
+                report["state"] = "failed"
+                report["error"] = analysis["error"]
+            else:
+                report["analysis"] = analysis
+            return report
+        finally:
+            report["finished_at"] = self.clock()
+            if not keep or not seen:
+                await asyncio.to_thread(shutil.rmtree, root, True)
 
     def list(self) -> list[dict[str, Any]]:
         if self.store is not None:

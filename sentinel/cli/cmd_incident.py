@@ -150,6 +150,34 @@ def _print_list(items: list[dict[str, Any]]) -> None:
         )
 
 
+def _print_fr_dump(fr: Any) -> None:
+    """The job-wide flight-recorder dump and its analysis (stuck incidents)."""
+    if not isinstance(fr, dict):
+        return
+    ranks = fr.get("ranks") or []
+    line = f"  flight recorder: {fr.get('state')}, dumps of {len(ranks)} rank(s)"
+    missing = fr.get("missing_hosts") or []
+    if missing:
+        line += f"; no answer from {', '.join(str(h) for h in missing)}"
+    print(line)
+    if fr.get("error"):
+        print(f"    error: {fr['error']}")
+    analysis = fr.get("analysis")
+    if not isinstance(analysis, dict):
+        return
+    culprits = ",".join(str(r) for r in analysis.get("culprit_ranks") or []) or "none"
+    print(
+        f"    analysis: {analysis.get('verdict')}, culprit rank(s) {culprits}: {analysis.get('summary', '')}"
+    )
+    coll = analysis.get("collective")
+    if isinstance(coll, dict):
+        print(
+            f"    collective: {coll.get('op')} pg {coll.get('pg_name')} ({coll.get('pg_desc')}) seq {coll.get('seq')}"
+        )
+    for finding in (analysis.get("findings") or [])[:20]:
+        print(f"    - {finding}")
+
+
 def _print_incident(incident: dict[str, Any], types: set[str], limit: int) -> None:
     print(
         f"incident {incident.get('id')}  created {_ts(incident.get('created_at'))}  job {incident.get('job') or '-'}"
@@ -164,6 +192,7 @@ def _print_incident(incident: dict[str, Any], types: set[str], limit: int) -> No
     print(f"  hosts asked: {len(hosts)}; missing: {', '.join(incident.get('missing_hosts') or []) or 'none'}")
     for problem in incident.get("problems") or []:
         print(f"  note: {problem}")
+    _print_fr_dump(incident.get("fr_dump"))
     timeline = [e for e in incident.get("timeline") or [] if isinstance(e, dict) and e.get("type") in types]
     if len(timeline) > limit:
         print(f"  (showing the last {limit} of {len(timeline)} entries)")

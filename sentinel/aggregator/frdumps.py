@@ -1,0 +1,120 @@
+"""Job-wide Flight Recorder dumps for stuck incidents: ask the job's agents, keep the files, analyze them.
+
+When a job stalls, the heads say who the live detector blames; the full dumps say it with every rank's ring
+buffer. The incident manager sends ``Command(name="fr_dump", args={"job", "collect": True, "since",
+"wait_s", "max_bytes"})`` to every agent of the job. Each agent writes its ranks' dump pipes, waits (bounded)
+for the dump files and answers with them gzip-compressed (``payload["dumps"]``). This module checks each
+answer's shape, writes the dumps under one folder per host (``<dir>/<host>/nccl_trace_rank_<rank>.gz``) and
+runs the post-mortem analysis (:func:`sentinel.fr.dumpset.analyze_dir`: the no-globals unpickler in
+memory-capped worker processes — the bytes came over the network and are never ``pickle.load``-ed).
+
+Every size is bounded: the bytes per host are asked for within a fleet-wide budget, the payload is checked
+entry by entry, and a rank seen twice (two hosts claiming it) keeps its first dump.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sentinel.fr.dumpset import analyze_dir
+from sentinel.fr.errors import FrFormatError
+
+#: File name prefix of the stored dumps (the loader reads ``<prefix><rank>[.gz]``).
+DUMP_PREFIX = "nccl_trace_rank_"
+#: Largest rank number accepted from an agent.
+MAX_RANK = 1 << 24
+_GZIP_MAGIC = b"\x1f\x8b"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+@dataclass(frozen=True, slots=True)
+class FrDumpSettings:
+    """How the incident manager collects job-wide dumps (``None`` in its place disables collection)."""
+
+    wait_s: float = 8.0  # how long an agent waits for its ranks to write their dumps
+    answer_margin_s: float = 7.0  # beyond wait_s, for reading, compressing and sending
+    max_bytes_per_host: int = 6 * 1024 * 1024  # compressed dump bytes one agent may return (one frame)
+    max_total_bytes: int = 128 * 1024 * 1024  # over every host: also bounds the memory of answers in flight
+    clock_skew_s: float = 5.0  # dumps written this long before the stall began still count
+    workers: int = 2  # decoding processes of the analysis
+
+
+def per_host_budget(settings: FrDumpSettings, hosts: int) -> int:
+    """Bytes each of ``hosts`` agents may return: the per-host bound within the fleet-wide budget."""
+    share = settings.max_total_bytes // max(hosts, 1)
+    return max(64 * 1024, min(settings.max_bytes_per_host, share))
+
+
+def host_dir_name(host: str) -> str:
+    """A folder name for ``host`` that cannot leave the dump folder."""
+    name = _UNSAFE.sub("_", host)[:200].lstrip(".")
+    return name or "host"
+
+
+def store_answer(
+    root: Path, host: str, payload: Any, seen: set[int], budget: int
+) -> tuple[dict[str, Any], int]:
+    """Write one agent's dumps under ``root/<host>/``; returns (the host's report, bytes written).
+
+    ``seen`` holds the ranks already stored (updated here); ``budget`` is what may still be written. The
+    report keeps what the agent said about its pipes (triggered, missing, failed) and what it skipped, plus
+    the ranks stored and the problems found in the answer.
+    """
+    report: dict[str, Any] = {"dumps": [], "problems": []}
+    if not isinstance(payload, dict):
+        report["problems"].append(f"{host}: fr_dump answer is {type(payload).__name__}, expected a map")
+        return report, 0
+    for key in ("triggered", "missing"):
+        value = payload.get(key)
+        if isinstance(value, list):
+            report[key] = [r for r in value[:4096] if isinstance(r, int) and not isinstance(r, bool)]
+    for key in ("failed", "skipped"):
+        value = payload.get(key)
+        if isinstance(value, dict):
+            report[key] = {str(k)[:16]: str(v)[:200] for k, v in list(value.items())[:4096]}
+    if isinstance(payload.get("error"), str):
+        report["problems"].append(f"{host}: {payload['error'][:200]}")
+    dumps = payload.get("dumps")
+    if not isinstance(dumps, list):
+        report["problems"].append(f"{host}: fr_dump answer has no dumps list")
+        return report, 0
+    folder = root / host_dir_name(host)
+    written = 0
+    for i, item in enumerate(dumps[:4096]):
+        rank = item.get("rank") if isinstance(item, dict) else None
+        data = item.get("data") if isinstance(item, dict) else None
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < MAX_RANK:
+            report["problems"].append(f"{host}: dumps[{i}]: field 'rank' is not a rank number")
+            continue
+        if not isinstance(data, bytes) or not data:
+            report["problems"].append(f"{host}: dumps[{i}] (rank {rank}): field 'data' is not dump bytes")
+            continue
+        if rank in seen:
+            report["problems"].append(f"{host}: rank {rank} already has a dump from another host; ignored")
+            continue
+        if len(data) > budget - written:
+            report["problems"].append(f"{host}: rank {rank}'s dump ({len(data)} bytes) exceeds the budget")
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        suffix = ".gz" if data[:2] == _GZIP_MAGIC else ""
+        (folder / f"{DUMP_PREFIX}{rank}{suffix}").write_bytes(data)
+        written += len(data)
+        seen.add(rank)
+        report["dumps"].append(rank)
+    return report, written
+
+
+def analyze_dumps(root: Path, workers: int = 2) -> dict[str, Any]:
+    """The contract's ``fr analyze --json`` object for the dumps under ``root``, or ``{"error": ...}``.
+
+    Blocking (run it off the event loop). Decoding happens in memory-capped worker processes started with
+    forkserver, which is safe in a threaded daemon.
+    """
+    try:
+        result = analyze_dir(root, workers=max(1, workers), start_method="forkserver")
+    except FrFormatError as exc:
+        return {"error": str(exc)[:500]}
+    return result.to_json()

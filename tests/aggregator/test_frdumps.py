@@ -1,0 +1,210 @@
+"""Job-wide FR dumps in stuck incidents: agents' answers stored and analyzed with the safe loader.
+
+The agents' answers are real dumps (the corpus ``hang_n4`` set: rank 3 never enters the world all_reduce
+seq 93) carried the way an agent carries them (gzip bytes in the fr_dump payload), plus broken and hostile
+answers.
+"""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sentinel.aggregator.engine import Engine
+from sentinel.aggregator.frdumps import FrDumpSettings, per_host_budget, store_answer
+from sentinel.aggregator.incidents import IncidentManager, IncidentStore
+from sentinel.aggregator.state import JobView, RankView
+from sentinel.aggregator.verdicts import Verdict
+from sentinel.cli import main as cli_main
+from sentinel.config.aggregator import AggregatorConfig, IncidentsConfig
+from sentinel.wire import Command, CommandResult
+from tests.support import corpus_path
+
+HOSTS = {"host-a": (0, 1), "host-b": (2, 3)}
+
+
+def _corpus_dumps() -> dict[int, bytes]:
+    folder = corpus_path("flight_recorder", "hang_n4", "pickle")
+    return {rank: (folder / f"comm_lib_trace_rank_{rank}").read_bytes() for rank in range(4)}
+
+
+def _verdict(now: float) -> Verdict:
+    return Verdict(
+        id="v-1",
+        key=("stuck", "job-1", "3"),
+        detector="stuck",
+        kind="stuck",
+        reason="not_entered_collective",
+        action="restart_app",
+        host="host-b",
+        gpu=1,
+        job="job-1",
+        rank=3,
+        evidence=["rank 3 never entered (pg 0, seq 93)"],
+        opened_at=now,
+        evidence_t=now - 5.0,
+        updated_at=now,
+    )
+
+
+def _manager(tmp_path: Path, answers: dict[str, Any], asked: list[Command]) -> IncidentManager:
+    engine = Engine(AggregatorConfig())
+    job = engine.fleet.jobs["job-1"] = JobView(id="job-1", world_size=4)
+    for host, ranks in HOSTS.items():
+        for rank in ranks:
+            job.ranks[rank] = RankView(rank=rank, host=host, gpu=rank % 2)
+
+    async def requester(host: str, command: Command, timeout: float) -> CommandResult | None:
+        asked.append(command)
+        if command.name == "snapshot":
+            return CommandResult(id=command.id, payload={"host": host, "entries": []})
+        answer = answers.get(host)
+        return None if answer is None else CommandResult(id=command.id, payload=answer)
+
+    return IncidentManager(
+        engine,
+        IncidentStore(tmp_path),
+        requester,
+        IncidentsConfig(snapshot_timeout_s=2.0),
+        fr_dumps=FrDumpSettings(wait_s=0.5, answer_margin_s=1.0, workers=1),
+    )
+
+
+def _answer(ranks: tuple[int, ...], dumps: dict[int, bytes]) -> dict[str, Any]:
+    """What an agent sends back: its pipe report and the gzip-compressed dumps of its ranks."""
+    return {
+        "pipes": [],
+        "triggered": list(ranks),
+        "missing": [],
+        "failed": {},
+        "dumps": [
+            {
+                "rank": r,
+                "name": f"nccl_trace_rank_{r}",
+                "size": len(dumps[r]),
+                "data": gzip.compress(dumps[r]),
+            }
+            for r in ranks
+        ],
+        "skipped": {},
+        "waited_s": 0.2,
+    }
+
+
+async def test_stuck_incident_gets_the_job_wide_dump_analysis(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dumps = _corpus_dumps()
+    asked: list[Command] = []
+    manager = _manager(tmp_path, {host: _answer(ranks, dumps) for host, ranks in HOSTS.items()}, asked)
+    now = time.time()
+    await manager.collect("inc-1", _verdict(now), now)
+
+    fr_commands = [c for c in asked if c.name == "fr_dump"]
+    assert sorted(c.id for c in fr_commands) == ["inc-1:fr:host-a", "inc-1:fr:host-b"]
+    args = fr_commands[0].args
+    assert args["job"] == "job-1" and args["collect"] is True
+    assert isinstance(args["since"], float) and args["since"] <= now - 5.0
+    assert isinstance(args["max_bytes"], int) and 0 < args["max_bytes"] <= 6 * 1024 * 1024
+
+    incident = manager.get("inc-1")
+    assert incident is not None
+    fr = incident["fr_dump"]
+    assert fr["state"] == "done", fr
+    assert fr["ranks"] == [0, 1, 2, 3] and fr["missing_hosts"] == []
+    assert fr["hosts"]["host-a"]["dumps"] == [0, 1] and fr["hosts"]["host-b"]["triggered"] == [2, 3]
+    analysis = fr["analysis"]
+    assert analysis["verdict"] == "hang"
+    assert analysis["culprit_ranks"] == [3]
+    assert analysis["collective"]["seq"] == 93 and "all_reduce" in analysis["collective"]["op"]
+    assert analysis["findings"]
+    stored = sorted(p.relative_to(tmp_path / "incidents" / "inc-1.fr") for p in Path(fr["dir"]).rglob("*"))
+    assert Path("host-b/nccl_trace_rank_3.gz") in stored
+
+    assert cli_main(["incident", "--state-dir", str(tmp_path), "show", "inc-1"]) == 0
+    out = capsys.readouterr().out
+    assert "flight recorder: done, dumps of 4 rank(s)" in out
+    assert "analysis: hang, culprit rank(s) 3" in out
+
+
+async def test_missing_host_and_partial_answers_are_reported(tmp_path: Path) -> None:
+    dumps = _corpus_dumps()
+    asked: list[Command] = []
+    manager = _manager(tmp_path, {"host-a": _answer((0, 1), dumps)}, asked)  # host-b never answers
+    now = time.time()
+    await manager.collect("inc-2", _verdict(now), now)
+    fr = manager.get("inc-2")["fr_dump"]  # type: ignore[index]
+    assert fr["missing_hosts"] == ["host-b"] and fr["ranks"] == [0, 1]
+    # every rank that dumped waits in seq 93 for ranks 2 and 3, which left no dump
+    assert fr["state"] == "done" and set(fr["analysis"]["missing_dumps"]) == {2, 3}
+
+
+async def test_no_dumps_leaves_no_folder(tmp_path: Path) -> None:
+    asked: list[Command] = []
+    empty = {"triggered": [], "missing": [0], "failed": {}, "dumps": [], "skipped": {}}
+    manager = _manager(tmp_path, {"host-a": empty, "host-b": "garbage"}, asked)
+    now = time.time()
+    await manager.collect("inc-3", _verdict(now), now)
+    incident = manager.get("inc-3")
+    assert incident is not None
+    fr = incident["fr_dump"]
+    assert fr["state"] == "no_dumps" and fr["analysis"] is None
+    assert "expected a map" in fr["hosts"]["host-b"]["problems"][0]
+    assert not (tmp_path / "incidents" / "inc-3.fr").exists()
+
+
+class _Boom:
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        import os
+
+        return (os.system, ("touch PWNED",))
+
+
+async def test_hostile_dump_is_refused_without_running_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    evil = pickle.dumps({"version": "2.10", "entries": [_Boom()]}, protocol=2)
+    asked: list[Command] = []
+    answer = {"dumps": [{"rank": 0, "data": evil}]}
+    manager = _manager(tmp_path, {"host-a": answer, "host-b": {"dumps": []}}, asked)
+    now = time.time()
+    await manager.collect("inc-4", _verdict(now), now)
+    fr = manager.get("inc-4")["fr_dump"]  # type: ignore[index]
+    assert fr["state"] == "failed" and fr["error"]
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_store_answer_checks_every_field(tmp_path: Path) -> None:
+    seen = {5}
+    payload = {
+        "triggered": [1, "x", True],
+        "failed": {"2": "no reader"},
+        "dumps": [
+            {"rank": -1, "data": b"x"},
+            {"rank": True, "data": b"x"},
+            {"rank": 1, "data": "text"},
+            {"rank": 5, "data": b"dup"},
+            {"rank": 7, "data": b"y" * 100},
+            "nonsense",
+            {"rank": 2, "data": b"\x1f\x8bzz"},
+        ],
+    }
+    report, written = store_answer(tmp_path, "../evil host", payload, seen, budget=50)
+    assert report["dumps"] == [2] and written == 4
+    assert report["triggered"] == [1] and report["failed"] == {"2": "no reader"}
+    assert len(report["problems"]) == 6
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["nccl_trace_rank_2.gz"]
+    assert all(tmp_path in p.parents for p in tmp_path.rglob("*"))
+
+
+def test_per_host_budget_shares_the_total() -> None:
+    settings = FrDumpSettings(max_bytes_per_host=6 << 20, max_total_bytes=128 << 20)
+    assert per_host_budget(settings, 2) == 6 << 20
+    assert per_host_budget(settings, 1024) == 128 << 10
+    assert per_host_budget(settings, 1 << 20) == 64 << 10
