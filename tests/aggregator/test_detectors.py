@@ -358,3 +358,25 @@ def test_stuck_verdict_closes_when_the_job_ends() -> None:
         f.engine.tick(float(t))
     assert verdict.state == "closed" and "j" not in f.engine.fleet.jobs
     assert [v for v in f.engine.book.open.values() if v.kind == "stuck"] == []
+
+
+def test_a_job_that_ends_between_snapshots_is_not_stuck() -> None:
+    """The last heads of a finishing job catch some ranks inside the final collective and others not yet
+    in it; then every rank stops reporting. Extrapolating those waits must not open a stall."""
+    f = Fleet()
+    for t in (0.0, 1.0, 2.0):
+        feed_cascade(f, t, age=0.1, completed=10 + int(t))
+        f.engine.tick(t)
+    feed_cascade(f, 3.0, age=0.3, completed=13)  # the last snapshot: waits just begun
+    for t in (3.0, 4.0, 5.0, 6.0, 7.0, 7.5, 7.9, 8.5, 9.0, 12.0):
+        f.engine.tick(t)
+        assert f.open() == [], t
+    # the same picture with waits the ranks themselves saw grow is a stall
+    g = Fleet()
+    for t in (0.0, 1.0, 2.0):
+        feed_cascade(g, t, age=0.1, completed=10 + int(t))
+        g.engine.tick(t)
+    for t in (3.0, 4.0, 5.0, 6.0, 7.0):
+        feed_cascade(g, t, age=t - 2.7, completed=13)
+        g.engine.tick(t)
+    assert [v.rank for v in g.engine.book.open.values() if v.kind == "stuck"] == [3]

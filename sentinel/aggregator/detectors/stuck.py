@@ -20,6 +20,8 @@ from sentinel.fr.heads import PgHead
 
 DETECTOR = "stuck"
 _MAX_DEPTH = 64
+#: share of min_wait_s that some waiting rank must have reported itself (not extrapolated by the aggregator)
+OBSERVED_WAIT_FRACTION = 0.5
 
 
 @dataclass(slots=True)
@@ -90,6 +92,7 @@ def evaluate_job(
             members[name].update(range(job.world_size))
 
     stalled: dict[tuple[str, int], tuple[str, float, list[int]]] = {}
+    reported: dict[tuple[str, int], float] = {}
     for rank, info in ranks.items():
         if not info.fresh:
             continue
@@ -98,6 +101,17 @@ def evaluate_job(
                 op0, age0, waiting = stalled.get((pg_name, seq), (op, 0.0, []))
                 waiting.append(rank)
                 stalled[(pg_name, seq)] = (op0, max(age0, age), waiting)
+                own = age - info.offset
+                reported[(pg_name, seq)] = max(reported.get((pg_name, seq), 0.0), own)
+    # A wait only extrapolated from the last heads is not a stall: when a job ends, its ranks' last heads
+    # are taken at slightly different moments (some already inside the final collective, some not) and
+    # then stop; extrapolated, that looks like a stall for the second before the heads turn stale. Some
+    # waiting rank must itself have reported the wait for part of min_wait_s.
+    stalled = {
+        key: value
+        for key, value in stalled.items()
+        if reported[key] >= cfg.min_wait_s * OBSERVED_WAIT_FRACTION
+    }
     if not stalled:
         return [], None
 
