@@ -307,6 +307,14 @@ async def test_gloo_job_hang_is_named_with_host_and_gpu_and_fr_dump_analyzed(tmp
             assert analysis["collective"]["op"].endswith("all_reduce"), analysis
             assert analysis["collective"]["pg_desc"] == "default_pg", analysis
 
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "sentinel", "incident", "--api", url, "show", incident_id,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO,
+            )  # fmt: skip
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+            assert proc.returncode == 0, err.decode()
+            assert f"analysis: hang, culprit rank(s) {CULPRIT}" in out.decode(), out.decode()[:3000]
+
             # never a waiting peer, on either run
             for v in await verdicts():
                 assert v["job"] == hang.id and v["rank"] == CULPRIT, v
