@@ -15,7 +15,7 @@ entry by entry, and a rank seen twice (two hosts claiming it) keeps its first du
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,16 @@ class FrDumpSettings:
 def per_host_budget(settings: FrDumpSettings, hosts: int) -> int:
     """Bytes each of ``hosts`` agents may return: the per-host bound within the fleet-wide budget."""
     share = settings.max_total_bytes // max(hosts, 1)
-    return max(64 * 1024, min(settings.max_bytes_per_host, share))
+    floor = min(64 * 1024, settings.max_bytes_per_host)
+    return max(floor, min(settings.max_bytes_per_host, share))
+
+
+def settings_for_frame(max_frame_bytes: int, base: FrDumpSettings | None = None) -> FrDumpSettings:
+    """``base`` with the per-host bound lowered so an agent's answer fits a frame of ``max_frame_bytes``
+    (a larger answer would make the aggregator close that agent's stream with 1009)."""
+    base = base or FrDumpSettings()
+    fits = max(1024, max_frame_bytes * 3 // 4 - 4096)
+    return replace(base, max_bytes_per_host=min(base.max_bytes_per_host, fits))
 
 
 def host_dir_name(host: str) -> str:

@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from sentinel.aggregator.engine import Engine
+from sentinel.aggregator.frdumps import settings_for_frame
 from sentinel.aggregator.incidents import IncidentManager, IncidentStore
 from sentinel.aggregator.metrics import AggregatorMetrics
 from sentinel.aggregator.views import gpu_health, host_dict, job_detail, job_summary
@@ -123,6 +124,7 @@ class Aggregator:
             config.incidents,
             clock=clock,
             on_saved=lambda _: self.metrics.incidents.inc(),
+            fr_dumps=settings_for_frame(config.limits.max_frame_bytes),
         )
         self.engine.listeners.append(self.incidents.on_change)
         self.engine.listeners.append(self._log_change)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from sentinel.aggregator.engine import Engine
-from sentinel.aggregator.frdumps import FrDumpSettings, per_host_budget, store_answer
+from sentinel.aggregator.frdumps import FrDumpSettings, per_host_budget, settings_for_frame, store_answer
 from sentinel.aggregator.incidents import IncidentManager, IncidentStore
 from sentinel.aggregator.state import JobView, RankView
 from sentinel.aggregator.verdicts import Verdict
@@ -208,3 +208,6 @@ def test_per_host_budget_shares_the_total() -> None:
     assert per_host_budget(settings, 2) == 6 << 20
     assert per_host_budget(settings, 1024) == 128 << 10
     assert per_host_budget(settings, 1 << 20) == 64 << 10
+    small = settings_for_frame(64 * 1024)  # an aggregator with small frames asks for less
+    assert small.max_bytes_per_host < 48 * 1024 and per_host_budget(small, 1) == small.max_bytes_per_host
+    assert settings_for_frame(64 << 20).max_bytes_per_host == 6 << 20
