@@ -42,7 +42,6 @@ from sentinel.agent.frdump import MAX_COLLECT_BYTES, FrDumpWatcher, collect_dump
 from sentinel.agent.jobs import JobMapper
 from sentinel.agent.kmsg import KmsgReader, XidDedup
 from sentinel.agent.metrics import AgentCounters, AgentMetricsCollector, GpuView, make_registry
-from sentinel.agent.notify import SystemdNotifier
 from sentinel.agent.probe import ProbeServer
 from sentinel.agent.ring import RingBuffer
 from sentinel.agent.shipper import Shipper
@@ -52,6 +51,7 @@ from sentinel.agent.tailer import LogTailer
 from sentinel.config.agent import AgentConfig
 from sentinel.fr.heads import FrHeads
 from sentinel.log import get_logger
+from sentinel.systemd import SystemdNotifier
 from sentinel.wire import (
     MAX_FRAME_BYTES,
     Batch,

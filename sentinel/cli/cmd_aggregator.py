@@ -17,11 +17,11 @@ from pathlib import Path
 
 from aiohttp import web
 
-from sentinel.agent.notify import SystemdNotifier
 from sentinel.aggregator.server import AGGREGATOR_KEY, TokenError, create_app
 from sentinel.config import ConfigError, load_aggregator_config
 from sentinel.config.aggregator import AggregatorConfig
 from sentinel.log import get_logger, setup_logging
+from sentinel.systemd import SystemdNotifier
 from sentinel.web import status_page_routes
 
 DESCRIPTION = """sentinel aggregator run: the cluster-side aggregator (systemd Type=notify).

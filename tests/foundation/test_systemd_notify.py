@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from sentinel.agent import Agent
-from sentinel.agent.notify import SystemdNotifier
+from sentinel.systemd import SystemdNotifier
 from tests.agent.conftest import make_config
 from tests.agent.fakes import FakeSource
 

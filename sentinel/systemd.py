@@ -1,8 +1,8 @@
 """systemd notifications (sd_notify) over ``$NOTIFY_SOCKET``, without libsystemd.
 
 ``Type=notify`` units wait for ``READY=1``; with ``WatchdogSec=`` systemd restarts the service unless
-``WATCHDOG=1`` arrives at least every ``$WATCHDOG_USEC``. The agent sends WATCHDOG from its event loop (not
-a thread), so a loop stuck on something gets the agent restarted. ``STATUS=`` shows in ``systemctl status``.
+``WATCHDOG=1`` arrives at least every ``$WATCHDOG_USEC``. Both daemons send WATCHDOG from their event loop
+(not a thread), so a loop stuck on something gets the daemon restarted. ``STATUS=`` shows in ``systemctl status``.
 An address starting with ``@`` is in the abstract namespace.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from sentinel.log import get_logger
 
-log = get_logger(module="agent.notify")
+log = get_logger(module="systemd")
 
 
 class SystemdNotifier:
