@@ -8,6 +8,7 @@ the next tick runs it again. Collectors write what they found into the agent thr
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import collections
 import threading
@@ -58,8 +59,8 @@ class AgentSink(Protocol):
     def nvml_error(self, function: str, error: str) -> None: ...
 
 
-class Collector:
-    """Base: ``name``, ``interval_s``; override :meth:`collect`.
+class Collector(abc.ABC):
+    """Base: ``name``, ``interval_s``; subclasses implement :meth:`collect`.
 
     Blocking file-system work goes through :meth:`blocking`: a worker thread of this collector with a
     deadline. Reading /proc/<pid>/environ of a process stuck in the GPU driver, or a log file on a hung NFS
@@ -75,8 +76,9 @@ class Collector:
         self.next_run = 0.0
         self._worker: GpuWorker | None = None
 
+    @abc.abstractmethod
     async def collect(self, now: float) -> None:
-        raise NotImplementedError
+        """Read this collector's source once and record what it found."""
 
     async def blocking(self, fn: Callable[[], T]) -> T:
         if self._worker is None:
