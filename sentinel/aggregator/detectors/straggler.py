@@ -79,24 +79,32 @@ def measure_lateness(job: JobView, now: float, fresh_s: float) -> None:
                 busy = True
                 break
         sample: float | None = None
+        censored = False
         for pg in heads.pgs:
             current = pg.last_completed_seq + 1
             first = earliest.get((pg.pg_name, current))
             if first is None:
                 continue
             late: float | None = None
+            bound = False
             if pg.last_enqueued_seq >= current:
                 for flight in pg.in_flight:
                     if flight.seq == current:
                         late = heads.t - flight.age_s - first
                         break
             elif not busy and heads.t > first:
-                late = heads.t - first
+                late, bound = heads.t - first, True
             if late is not None and (sample is None or late > sample):
-                sample = max(0.0, late)
-        if sample is not None:
-            view.late_ema += _ALPHA * (sample - view.late_ema) if view.late_n else sample - view.late_ema
-            view.late_n += 1
+                sample, censored = max(0.0, late), bound
+        if sample is None:
+            continue
+        if censored and view.late_n and sample <= view.late_ema:
+            # The rank has not entered yet: the sample is only a lower bound on its lag. A bound below
+            # the estimate says nothing; averaging it in would pull a slow rank's estimate towards half
+            # its true lag (it is mostly seen mid-compute, rarely inside the collective it completes last).
+            continue
+        view.late_ema += _ALPHA * (sample - view.late_ema) if view.late_n else sample - view.late_ema
+        view.late_n += 1
 
 
 def _reason(gpu: GpuView | None) -> str:
