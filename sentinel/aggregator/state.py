@@ -27,6 +27,7 @@ from sentinel.wire import Batch, EccCounters, Event, GpuInfo, GpuSample, Hello, 
 DEDUP_WINDOW = 4096  # seqs above the contiguous high-water mark remembered per host
 HOST_EVENTS_KEPT = 256
 RATE_HISTORY = 64
+STEP_BASELINE_S = 10.0  # a job's step time is measured over at least this long
 THERMAL_REASONS = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown"})
 POWER_REASONS = frozenset({"sw_power_cap", "hw_power_brake_slowdown"})
 #: NCCL's line prefix ``hostname:pid:tid [cudaDev]``: the pid names the process, hence the GPU and rank.
@@ -158,6 +159,7 @@ class JobView:
     first_seen: float = 0.0
     last_seen: float = 0.0
     pg_progress: dict[str, tuple[int, float]] = field(default_factory=dict)  # pg → (max completed seq, when)
+    step_base: dict[str, tuple[int, float]] = field(default_factory=dict)  # pg → (seq, when) step baseline
     last_progress_at: float = -math.inf
     step_s: float | None = None
     heads_dirty: bool = False
@@ -461,10 +463,16 @@ class FleetState:
             elif seq > known[0]:
                 progress[pg.pg_name] = (seq, now)
                 job.last_progress_at = now
-                dt = now - known[1]
-                if dt > 0:
-                    step = dt / (seq - known[0])
-                    job.step_s = step if job.step_s is None else job.step_s + 0.2 * (step - job.step_s)
+            base = job.step_base.get(pg.pg_name)
+            if base is None or seq < base[0]:
+                job.step_base[pg.pg_name] = (seq, now)
+            elif now - base[1] >= STEP_BASELINE_S and seq > base[0]:
+                # Heads arrive every ~2 s and a step may be ~1 s: a per-snapshot estimate jumps between one
+                # and two steps per snapshot. Measuring over >= 10 s keeps the step time (and the straggler
+                # floor derived from it) steady.
+                step = (now - base[1]) / (seq - base[0])
+                job.step_s = step if job.step_s is None else job.step_s + 0.3 * (step - job.step_s)
+                job.step_base[pg.pg_name] = (seq, now)
 
     def _reset(self, gpu: GpuView, t: float) -> None:
         host = self.hosts.get(gpu.host)

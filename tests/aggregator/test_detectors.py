@@ -415,3 +415,19 @@ def test_lateness_of_a_rank_seen_mid_compute_is_a_lower_bound_not_an_average() -
     _lateness_round(job, 18.0, seq=9, peers_at=17.0, slow_at=17.0)  # an exact on-time entry lowers it
     assert slow.late_ema < raised
     assert job.ranks[0].late_ema == pytest.approx(0.0)
+
+
+def test_step_time_is_steady_when_snapshots_are_slower_than_steps() -> None:
+    """Heads every 2 s, a step every 4/3 s: seq advances 1, 2, 1, 2... per snapshot; the step stays ~1.33 s."""
+    f = Fleet(hosts=1)
+    steps: list[float] = []
+    for k in range(30):
+        t = 2.0 * k
+        completed = int(t / (4.0 / 3.0))
+        hs = [heads(g, t, [pg("world", completed)], "h0", g) for g in range(8)]
+        f.send("h0", t, heads=hs, procs=procs(0) if k == 0 else None)
+        step = f.engine.fleet.jobs["j"].step_s
+        if k >= 10 and step is not None:
+            steps.append(step)
+    assert steps
+    assert all(abs(step - 4.0 / 3.0) < 0.15 for step in steps), steps
