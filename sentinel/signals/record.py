@@ -6,7 +6,7 @@ parser found them, so JSON output stays small for the common case.
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Final, Literal, get_args
 
 import msgspec
 
@@ -26,19 +26,7 @@ Kind = Literal[
     "other",
 ]
 
-KINDS: Final[tuple[Kind, ...]] = (
-    "nccl_init",
-    "nccl_info",
-    "nccl_warn_net",
-    "nccl_warn_cuda",
-    "nccl_warn_other",
-    "torch_watchdog_timeout",
-    "torch_other_error",
-    "xid",
-    "row_remap",
-    "ecc",
-    "other",
-)
+KINDS: Final[tuple[Kind, ...]] = get_args(Kind)
 
 SEVERITY_RANK: Final[dict[str, int]] = {"info": 0, "warning": 1, "critical": 2}
 
