@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sentinel.aggregator.engine import Engine
@@ -73,24 +73,7 @@ def run_scenario(
         if change.what == "opened":
             # a snapshot of the verdict as it opened (it may be updated later)
             v = change.verdict
-            result.opened.append(
-                Verdict(
-                    id=v.id,
-                    key=v.key,
-                    detector=v.detector,
-                    kind=v.kind,
-                    reason=v.reason,
-                    action=v.action,
-                    host=v.host,
-                    gpu=v.gpu,
-                    job=v.job,
-                    rank=v.rank,
-                    evidence=list(v.evidence),
-                    opened_at=v.opened_at,
-                    evidence_t=v.evidence_t,
-                    updated_at=v.updated_at,
-                )
-            )
+            result.opened.append(replace(v, evidence=list(v.evidence), extra=dict(v.extra)))
 
     engine.listeners.append(record)
     agents = [VirtualAgent(cluster, host) for host in cluster.hosts]
