@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
-CORPUS = SHARED / "corpus"
+#: The real data nobody here wrote (logs from real clusters, PyTorch Flight Recorder dumps), copied from
+#: ``../shared/corpus`` so that a fresh clone runs every test without the shared folder.
+CORPUS = REPO / "tests" / "data" / "corpus"
 
 
 def require_e2e() -> bool:
@@ -46,5 +47,5 @@ def need_module(name: str) -> None:
 
 def corpus_path(*parts: str) -> Path:
     path = CORPUS.joinpath(*parts)
-    need(path.exists(), f"shared corpus not found at {path}")
+    assert path.exists(), f"test corpus file missing: {path}"
     return path
