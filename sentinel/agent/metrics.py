@@ -51,6 +51,8 @@ class AgentCounters:
     collector_duration: dict[str, float] = field(default_factory=dict)
     collector_success: dict[str, bool] = field(default_factory=dict)
     queue_depth: dict[str, int] = field(default_factory=dict)
+    #: connections the aggregator refused for who this agent is (token file, token, host), by reason
+    stream_refused: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     spool_bytes: int = 0
     connected: bool = False
     batches_sent: int = 0
@@ -349,6 +351,15 @@ class AgentMetricsCollector(Collector):
         )
         connected.add_metric(base, 1.0 if c.connected else 0.0)
         yield connected
+        refused = CounterMetricFamily(
+            "sentinel_agent_stream_refused",
+            "connections to the aggregator refused for the agent's identity (token_file, unauthorized, "
+            "host_not_allowed)",
+            labels=[*names, "reason"],
+        )
+        for reason in ("token_file", "unauthorized", "host_not_allowed"):
+            refused.add_metric([*base, reason], float(c.stream_refused.get(reason, 0)))
+        yield refused
         sent = CounterMetricFamily(
             "sentinel_agent_batches_sent", "batches sent (resends included)", labels=names
         )

@@ -14,7 +14,6 @@ import contextlib
 import random
 import ssl
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import aiohttp
 import msgspec
@@ -30,25 +29,44 @@ log = get_logger(module="agent.shipper")
 CommandHandler = Callable[[Command], Awaitable[CommandResult]]
 
 
+MAX_TOKEN_FILE_BYTES = 8192
+CLOSE_HOST_NOT_ALLOWED = 4003  # the aggregator's close code: the token may not speak for this host
+
+
+class TokenFileError(Exception):
+    """The token file cannot give a token: the message names the file and what is wrong."""
+
+
 def read_token(path: str) -> str | None:
-    """The bearer token (first line of the file), or None when there is no file."""
+    """The bearer token (first non-comment line of the file); None when no token file is configured.
+
+    Raises :class:`TokenFileError` when the file is missing, unreadable or empty: without a token every
+    connection would be refused with 401, so the agent says why instead of looping on refusals.
+    """
     if not path:
         return None
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_TOKEN_FILE_BYTES)
     except FileNotFoundError:
-        return None
+        raise TokenFileError(f"token file {path} does not exist") from None
     except OSError as exc:
-        log.warning("token_unreadable", path=path, error=exc.strerror or str(exc))
-        return None
-    token = text.strip().splitlines()[0].strip() if text.strip() else ""
-    return token or None
+        raise TokenFileError(f"token file {path} cannot be read: {exc.strerror or exc}") from None
+    text = raw.decode("utf-8", errors="replace")
+    for raw_line in text.splitlines():
+        line = raw_line.strip()
+        if line and not line.startswith("#"):
+            return line.split()[0]
+    raise TokenFileError(f"token file {path} holds no token")
 
 
-def ssl_context(url: str, ca_file: str) -> ssl.SSLContext | bool:
+def ssl_context(url: str, ca_file: str, cert_file: str = "", key_file: str = "") -> ssl.SSLContext | bool:
+    """TLS for a wss:// aggregator: its CA, and this host's client certificate where mutual TLS is used."""
     if not url.startswith("wss://"):
         return False
     context = ssl.create_default_context(cafile=ca_file or None)
+    if cert_file:
+        context.load_cert_chain(cert_file, key_file or None)
     return context
 
 
@@ -109,6 +127,22 @@ class Shipper:
                     await self._connection(session)
                 except asyncio.CancelledError:
                     raise
+                except TokenFileError as exc:
+                    self._refused("token_file", str(exc))
+                except aiohttp.WSServerHandshakeError as exc:
+                    if exc.status in (401, 403):
+                        self._refused(
+                            "unauthorized",
+                            f"the aggregator refused the token in {self.config.token_file} "
+                            f"(HTTP {exc.status}); check that file against the aggregator's tokens file",
+                        )
+                    else:
+                        self.last_error = f"{type(exc).__name__}: {exc}"
+                        log.warning(
+                            "aggregator_connection_failed",
+                            url=self.config.aggregator_url,
+                            error=self.last_error,
+                        )
                 except (aiohttp.ClientError, OSError, TimeoutError, msgspec.DecodeError, ValueError) as exc:
                     self.last_error = f"{type(exc).__name__}: {exc}"
                     log.warning(
@@ -130,6 +164,19 @@ class Shipper:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wait_stop(), sleep)
 
+    def _refused(self, reason: str, problem: str) -> None:
+        """The aggregator will not take this agent's stream: say which file and host, count it for an alert."""
+        self.last_error = problem
+        self.counters.stream_refused[reason] += 1
+        log.error(
+            "aggregator_refused_agent",
+            reason=reason,
+            host=self.host,
+            token_file=self.config.token_file,
+            url=self.config.aggregator_url,
+            problem=problem,
+        )
+
     async def _wait_stop(self) -> None:
         while not self._stopping:
             self._wake.clear()
@@ -144,7 +191,12 @@ class Shipper:
             session.ws_connect(
                 self.config.aggregator_url,
                 headers=headers,
-                ssl=ssl_context(self.config.aggregator_url, self.config.ca_file),
+                ssl=ssl_context(
+                    self.config.aggregator_url,
+                    self.config.ca_file,
+                    self.config.tls_cert_file,
+                    self.config.tls_key_file,
+                ),
                 heartbeat=30.0,
                 max_msg_size=MAX_FRAME_BYTES,
                 autoping=True,
@@ -212,6 +264,13 @@ class Shipper:
                 task = asyncio.create_task(self._command(ws, frame))
                 self._command_tasks.add(task)
                 task.add_done_callback(self._command_tasks.discard)
+        if ws.close_code == CLOSE_HOST_NOT_ALLOWED:
+            self._refused(
+                "host_not_allowed",
+                f"the token in {self.config.token_file} may not speak for host {self.host!r} "
+                "(its line in the aggregator's tokens file names other hosts)",
+            )
+            return
         log.warning("aggregator_closed", url=self.config.aggregator_url, code=ws.close_code)
 
     async def _command(self, ws: aiohttp.ClientWebSocketResponse, command: Command) -> None:

@@ -172,9 +172,16 @@ class FleetCollector(Collector):
             "Time of the host's latest frame",
             labels=["cluster", "host"],
         )
+        drops = CounterMetricFamily(
+            "sentinel_agent_reported_drops",
+            "What agents reported they had to drop (Batch.drops: spool full, oversize events, probe datagrams)",
+            labels=["cluster", "host", "what"],
+        )
         for host in engine.fleet.hosts.values():
             if host.last_seen > 0:
                 last_seen.add_metric([host.cluster or cluster, host.name], host.last_seen)
+            for what, value in host.drops.items():
+                drops.add_metric([host.cluster or cluster, host.name, what], float(value))
             for gpu in host.gpus:
                 if gpu.state != "ok":
                     counts["lost"] += 1
@@ -185,6 +192,7 @@ class FleetCollector(Collector):
             gpus.add_metric([cluster, state], float(counts[state]))
         yield gpus
         yield last_seen
+        yield drops
         yield _single("sentinel_agents_connected", "Agents with an open stream", cluster, self.connected())
 
 

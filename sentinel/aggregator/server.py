@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import gc
 import hmac
 import itertools
+import math
 import re
 import socket
+import ssl
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +38,7 @@ from sentinel.aggregator.frdumps import settings_for_frame
 from sentinel.aggregator.incidents import IncidentManager, IncidentStore
 from sentinel.aggregator.metrics import AggregatorMetrics
 from sentinel.aggregator.views import gpu_health, host_dict, job_detail, job_summary
-from sentinel.config.aggregator import AggregatorConfig
+from sentinel.config.aggregator import AggregatorConfig, ServerConfig
 from sentinel.log import get_logger
 from sentinel.wire import Ack, Batch, Command, CommandResult, Hello, decode_agent_frame, encode
 
@@ -45,11 +49,13 @@ def log() -> Any:
 
 
 HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+HOST_GLOB = re.compile(r"^[A-Za-z0-9._*?\[\]!-]{1,253}$")
 CLOSE_UNSUPPORTED = 1003
 CLOSE_MALFORMED = 1007
 CLOSE_POLICY = 1008
 CLOSE_TOO_BIG = 1009
 CLOSE_REPLACED = 4000
+CLOSE_HOST_NOT_ALLOWED = 4003  # the token (or client certificate) may not speak for the host it claimed
 MAX_TOKEN_BYTES = 4096
 MAX_TOKENS = 10000
 _json = msgspec.json.Encoder()
@@ -59,8 +65,42 @@ class TokenError(Exception):
     """The tokens file cannot be used (one line naming it and what is wrong)."""
 
 
-def load_tokens(path: Path) -> list[str]:
-    """Accepted bearer tokens, one per line (blank lines and ``#`` comments ignored)."""
+@dataclass(frozen=True, slots=True)
+class TokenGrant:
+    """One line of the tokens file: a bearer token and the host names it may speak for.
+
+    ``hosts`` holds shell-style globs (``host-0*``); empty means any host name (a token-only line, kept for
+    small labs and reported as a warning at start-up, since any holder can then speak for every host).
+    """
+
+    token: bytes
+    hosts: tuple[str, ...] = ()
+    line: int = 0
+
+    @property
+    def any_host(self) -> bool:
+        return not self.hosts
+
+    def allows(self, host: str) -> bool:
+        return not self.hosts or any(fnmatch.fnmatchcase(host, glob) for glob in self.hosts)
+
+
+def parse_token_line(line: str, number: int = 0) -> TokenGrant | None:
+    """``TOKEN [HOSTGLOB ...]`` → a grant; None for a blank or ``#`` comment line."""
+    text = line.strip()
+    if not text or text.startswith("#"):
+        return None
+    token, *globs = text.split()
+    if len(token.encode()) > MAX_TOKEN_BYTES:
+        raise TokenError(f"token {number}: longer than {MAX_TOKEN_BYTES} bytes")
+    for glob in globs:
+        if not HOST_GLOB.match(glob):
+            raise TokenError(f"token {number}: {glob[:80]!r} is not a host name glob")
+    return TokenGrant(token.encode(), tuple(globs), number)
+
+
+def load_tokens(path: Path) -> list[TokenGrant]:
+    """The grants of a tokens file: ``TOKEN HOSTGLOB`` per line (blank lines and ``#`` comments ignored)."""
     try:
         with path.open("rb") as handle:
             raw = handle.read(MAX_TOKENS * (MAX_TOKEN_BYTES + 1))
@@ -70,22 +110,80 @@ def load_tokens(path: Path) -> list[str]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise TokenError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    tokens = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
-    if not tokens:
+    grants: list[TokenGrant] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            grant = parse_token_line(line, number)
+        except TokenError as exc:
+            raise TokenError(f"{path}: line {exc}") from None
+        if grant is not None:
+            grants.append(grant)
+    if not grants:
         raise TokenError(f"{path}: no token in the file")
-    for number, token in enumerate(tokens, 1):
-        if len(token.encode()) > MAX_TOKEN_BYTES:
-            raise TokenError(f"{path}: token {number}: longer than {MAX_TOKEN_BYTES} bytes")
-    return tokens
+    return grants
+
+
+def as_grants(tokens: Iterable[str | TokenGrant]) -> list[TokenGrant]:
+    """Tokens given in code (tests, the demo): grants as they are, strings parsed as tokens-file lines."""
+    grants: list[TokenGrant] = []
+    for number, item in enumerate(tokens, 1):
+        grant = item if isinstance(item, TokenGrant) else parse_token_line(item, number)
+        if grant is not None and grant.token:
+            grants.append(grant)
+    return grants
+
+
+def server_ssl_context(server: ServerConfig) -> ssl.SSLContext | None:
+    """The listener's TLS context (None: plain http/ws); raises :class:`TokenError` naming the bad file."""
+    if not server.tls_cert_file:
+        if server.tls_client_ca_file:
+            raise TokenError("server.tls_client_ca_file: mutual TLS needs server.tls_cert_file too")
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(server.tls_cert_file, server.tls_key_file or None)
+    except (OSError, ssl.SSLError) as exc:
+        raise TokenError(f"{server.tls_cert_file}: cannot load the certificate/key: {exc}") from None
+    if server.tls_client_ca_file:
+        try:
+            context.load_verify_locations(cafile=server.tls_client_ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise TokenError(f"{server.tls_client_ca_file}: cannot load the client CA: {exc}") from None
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def certificate_names(peercert: Any) -> tuple[str, ...]:
+    """The DNS subjectAltNames and common name of a verified peer certificate (``getpeercert()``)."""
+    if not isinstance(peercert, dict):
+        return ()
+    names = [value for kind, value in peercert.get("subjectAltName", ()) if kind == "DNS"]
+    for rdn in peercert.get("subject", ()):
+        names.extend(value for key, value in rdn if key == "commonName")
+    return tuple(str(name) for name in names)
 
 
 class Connection:
     """One agent's stream."""
 
-    def __init__(self, ws: web.WebSocketResponse, peer: str) -> None:
+    def __init__(
+        self,
+        ws: web.WebSocketResponse,
+        peer: str,
+        grants: Sequence[TokenGrant] = (),
+        cert_names: tuple[str, ...] | None = None,
+    ) -> None:
         self.ws = ws
         self.peer = peer
+        self.grants = tuple(grants)  # what the bearer token may speak for
+        self.cert_names = cert_names  # None: the host is not bound to a client certificate
         self.host: str | None = None
+
+    def may_speak_for(self, host: str) -> bool:
+        if self.cert_names is not None and host not in self.cert_names:
+            return False
+        return any(grant.allows(host) for grant in self.grants)
 
 
 class Aggregator:
@@ -95,7 +193,7 @@ class Aggregator:
         self,
         config: AggregatorConfig,
         *,
-        tokens: Sequence[str],
+        tokens: Iterable[str | TokenGrant],
         clock: Callable[[], float] = time.time,
         registry: CollectorRegistry | None = None,
         state_dir: Path | None = None,
@@ -103,13 +201,21 @@ class Aggregator:
     ) -> None:
         self.config = config
         self.clock = clock
-        self._tokens = [t.encode() for t in tokens if t]
+        self._grants = as_grants(tokens)
+        for grant in self._grants:
+            if grant.any_host:
+                log().warning(
+                    "token_any_host",
+                    line=grant.line,
+                    detail="a token without a host glob may speak for every host; bind it: TOKEN HOSTGLOB",
+                )
         self.metrics = AggregatorMetrics(config.fleet.cluster, registry)
         self.engine = Engine(config, metrics=self.metrics)
         self.metrics.attach(self.engine, lambda: len(self.by_host))
         self.connections: set[Connection] = set()
         self.by_host: dict[str, Connection] = {}
-        self.pending: dict[str, asyncio.Future[CommandResult]] = {}
+        #: command id → (the connection it went to, its answer); only that connection may answer it
+        self.pending: dict[str, tuple[Connection, asyncio.Future[CommandResult]]] = {}
         directory = state_dir if state_dir is not None else Path(config.server.state_dir)
         store: IncidentStore | None = None
         if config.incidents.enabled:
@@ -131,6 +237,7 @@ class Aggregator:
         self.on_tick = on_tick
         self._ticker: asyncio.Task[None] | None = None
         self._ids = itertools.count(1)
+        self._drops_logged: dict[str, float] = {}
         self._next_gc_freeze = 0.0
         self._next_gc_full = 0.0
         self.started_at = clock()
@@ -150,7 +257,7 @@ class Aggregator:
         for conn in list(self.connections):
             with contextlib.suppress(Exception):
                 await conn.ws.close(code=WSCloseCode.GOING_AWAY, message=b"aggregator shutting down")
-        for future in self.pending.values():
+        for _, future in self.pending.values():
             future.cancel()
         self.pending.clear()
         for task in list(self.incidents.tasks):
@@ -216,15 +323,23 @@ class Aggregator:
 
     # -- auth -----------------------------------------------------------------------------------------
 
-    def token_ok(self, header: str) -> bool:
+    def grants_for(self, header: str) -> list[TokenGrant]:
+        """The grants of the bearer token in ``header`` (empty: not a valid token).
+
+        Every accepted token is compared, in constant time, so timing tells nothing about which matched.
+        """
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
-            return False
+            return []
         given = token.strip().encode()[:MAX_TOKEN_BYTES]
-        ok = False
-        for accepted in self._tokens:
-            ok |= hmac.compare_digest(given, accepted)
-        return ok
+        matched = []
+        for grant in self._grants:
+            if hmac.compare_digest(given, grant.token):
+                matched.append(grant)
+        return matched
+
+    def token_ok(self, header: str) -> bool:
+        return bool(self.grants_for(header))
 
     # -- commands -------------------------------------------------------------------------------------
 
@@ -237,7 +352,7 @@ class Aggregator:
             self.metrics.rejected("commands_pending")
             return None
         future: asyncio.Future[CommandResult] = asyncio.get_running_loop().create_future()
-        self.pending[command.id] = future
+        self.pending[command.id] = (conn, future)
         try:
             await conn.ws.send_bytes(encode(command))
             return await asyncio.wait_for(future, timeout_s)
@@ -250,7 +365,8 @@ class Aggregator:
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
         peer = request.remote or "?"
-        if not self.token_ok(request.headers.get("Authorization", "")):
+        grants = self.grants_for(request.headers.get("Authorization", ""))
+        if not grants:
             self.metrics.rejected("unauthorized")
             log().warning("stream_unauthorized", peer=peer)
             raise web.HTTPUnauthorized(
@@ -266,7 +382,7 @@ class Aggregator:
         ws = web.WebSocketResponse(max_msg_size=limits.max_frame_bytes, heartbeat=None, compress=False)
         _keepalive(request)
         await ws.prepare(request)
-        conn = Connection(ws, peer)
+        conn = Connection(ws, peer, grants, self._cert_names(request))
         self.connections.add(conn)
         try:
             await self._serve(conn)
@@ -282,10 +398,26 @@ class Aggregator:
                 self.engine.disconnected(conn.host)
         return ws
 
-    async def _close(self, conn: Connection, code: int, reason: str, why: str) -> None:
+    def _cert_names(self, request: web.Request) -> tuple[str, ...] | None:
+        server = self.config.server
+        if not (server.tls_client_ca_file and server.tls_client_cert_names_host):
+            return None
+        transport = request.transport
+        ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+        if ssl_object is None:
+            return ()  # mutual TLS configured but this connection is not TLS: it may speak for no host
+        return certificate_names(ssl_object.getpeercert())
+
+    async def _close(self, conn: Connection, code: int, reason: str, why: str, **extra: str) -> None:
         self.metrics.rejected(reason)
         log().warning(
-            "stream_closed", peer=conn.peer, host=conn.host, code=code, reason=reason, detail=why[:300]
+            "stream_closed",
+            peer=conn.peer,
+            host=conn.host,
+            code=code,
+            reason=reason,
+            detail=why[:300],
+            **extra,
         )
         await conn.ws.close(code=code, message=f"{reason}: {why}".encode()[:120])
 
@@ -317,7 +449,9 @@ class Aggregator:
                         )
                         return
                     try:
-                        engine.ingest(view, frame, self.clock())
+                        fresh = engine.ingest(view, frame, self.clock())
+                        if fresh and frame.drops is not None:
+                            self._log_drops(view.name, frame)
                     except Exception as exc:  # never die from what an agent sends
                         log().error(
                             "ingest_failed",
@@ -334,6 +468,17 @@ class Aggregator:
                     if view is not None:
                         await self._close(conn, CLOSE_POLICY, "protocol", "second hello")
                         return
+                    if not conn.may_speak_for(frame.host):
+                        # before anything is touched: the host's real stream and state are unaffected
+                        await self._close(
+                            conn,
+                            CLOSE_HOST_NOT_ALLOWED,
+                            "host_not_allowed",
+                            f"the token{' or client certificate' if conn.cert_names is not None else ''} "
+                            f"may not speak for host {frame.host[:80]!r}",
+                            claimed=frame.host[:80],
+                        )
+                        return
                     problem = self._check_hello(frame)
                     if problem:
                         await self._close(conn, CLOSE_POLICY, "bad_hello", problem)
@@ -346,9 +491,7 @@ class Aggregator:
                             await old.ws.close(code=CLOSE_REPLACED, message=b"replaced by a newer connection")
                     view = engine.hello(frame, self.clock())
                 else:  # CommandResult
-                    future = self.pending.get(frame.id)
-                    if future is not None and not future.done():
-                        future.set_result(frame)
+                    self._answer(conn, frame)
             elif msg.type == WSMsgType.TEXT:
                 await self._close(conn, CLOSE_UNSUPPORTED, "text_frame", "frames are binary msgpack")
                 return
@@ -380,6 +523,41 @@ class Aggregator:
             )
         elif error is not None or code not in (1000, 1001):
             log().info("stream_lost", peer=conn.peer, host=conn.host, code=code)
+
+    def _log_drops(self, host: str, batch: Batch) -> None:
+        """An agent's reported drops (also ``sentinel_agent_reported_drops_total``): a line a minute per host."""
+        now = time.monotonic()
+        if batch.drops is None or now < self._drops_logged.get(host, -math.inf):
+            return
+        if len(self._drops_logged) > 4 * self.config.limits.max_hosts:
+            self._drops_logged.clear()
+        self._drops_logged[host] = now + 60.0
+        log().warning(
+            "agent_reported_drops", host=host, seq=batch.seq, drops=msgspec.structs.asdict(batch.drops)
+        )
+
+    def _answer(self, conn: Connection, result: CommandResult) -> None:
+        """Resolve a pending command with ``result`` only when it comes from the connection it was sent to.
+
+        Command ids are not secret; an answer from any other connection (another agent forging a snapshot
+        or an FR dump for an incident) is counted and dropped.
+        """
+        entry = self.pending.get(result.id)
+        if entry is None:
+            return
+        target, future = entry
+        if target is not conn:
+            self.metrics.rejected("foreign_answer")
+            log().warning(
+                "command_answer_refused",
+                peer=conn.peer,
+                host=conn.host,
+                command=result.id[:64],
+                sent_to=target.host,
+            )
+            return
+        if not future.done():
+            future.set_result(result)
 
     def _check_hello(self, hello: Hello) -> str:
         if not HOST_NAME.match(hello.host):
@@ -465,7 +643,7 @@ AGGREGATOR_KEY: web.AppKey[Aggregator] = web.AppKey("sentinel_aggregator", Aggre
 def create_app(
     config: AggregatorConfig | None = None,
     *,
-    tokens: Sequence[str] | None = None,
+    tokens: Iterable[str | TokenGrant] | None = None,
     clock: Callable[[], float] = time.time,
     registry: CollectorRegistry | None = None,
     state_dir: Path | None = None,

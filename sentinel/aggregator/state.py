@@ -22,7 +22,7 @@ from sentinel.fr.heads import FrHeads
 from sentinel.signals.xid import XidRecord, parse_xid
 from sentinel.signals.xid_catalog import xid_info
 from sentinel.signals.xid_policy import XidDecision, XidPolicy, XidPolicyConfig
-from sentinel.wire import Batch, EccCounters, Event, GpuInfo, GpuSample, Hello, ProcInfo, RowRemap
+from sentinel.wire import Batch, Drops, EccCounters, Event, GpuInfo, GpuSample, Hello, ProcInfo, RowRemap
 
 DEDUP_WINDOW = 4096  # seqs above the contiguous high-water mark remembered per host
 HOST_EVENTS_KEPT = 256
@@ -120,6 +120,19 @@ class HostView:
     xid_policy: XidPolicy = field(default_factory=XidPolicy)
     batches: int = 0
     duplicates: int = 0
+    #: what the agent reported it had to drop (``Batch.drops``: spool full, oversize events, probe), totals
+    drops: dict[str, int] = field(default_factory=dict)
+
+    def restart_numbering(self, next_seq: int) -> None:
+        """A new boot: seqs from ``next_seq`` on are new, even below the old high-water mark.
+
+        A reimaged host, or one whose seq file was lost, counts from 0 again; without this its batches would
+        be acked as duplicates (and deleted from its spool) until the old mark was passed — days of data.
+        A host whose numbering survived the reboot (``next_seq`` above the mark) keeps its window as it is.
+        """
+        if next_seq <= self.seq_hw:
+            self.seq_hw = max(next_seq, 0) - 1
+            self.seq_above = set()  # marks of the old numbering, all at or above next_seq
 
     def seen(self, seq: int) -> bool:
         return seq <= self.seq_hw or seq in self.seq_above
@@ -203,6 +216,7 @@ class FleetState:
         host.cluster = hello.cluster
         host.tick_s = hello.tick_s if hello.tick_s > 0 else 1.0
         if host.boot_id and hello.boot_id and hello.boot_id != host.boot_id:
+            host.restart_numbering(hello.next_seq)
             host.xid_policy.observe_reboot(hello.started_at or now)
             for gpu in host.gpus:  # a reboot clears every latched hardware fact
                 gpu.clear_latches(hello.started_at or now)
@@ -259,6 +273,8 @@ class FleetState:
             self._event(host, event, now)
         if batch.procs is not None:
             self._procs(host, batch.procs, now)
+        if batch.drops is not None:
+            _add_drops(host.drops, batch.drops)
         for heads in batch.heads:
             self._heads(host, heads, now)
         return True
@@ -526,6 +542,17 @@ def counter_rate(
     if at_start < v_now:
         best = max(best, (v_now - at_start) / max(window_s, min_span_s))
     return best
+
+
+DROP_KINDS = ("samples", "events", "log_lines", "probe")
+MAX_DROPS_PER_BATCH = 1 << 40  # a report beyond this is nonsense; counted as this much
+
+
+def _add_drops(totals: dict[str, int], drops: Drops) -> None:
+    for kind in DROP_KINDS:
+        value = getattr(drops, kind)
+        if value > 0:
+            totals[kind] = totals.get(kind, 0) + min(value, MAX_DROPS_PER_BATCH)
 
 
 def _gpu_of_nccl_line(host: HostView, text: str) -> int | None:

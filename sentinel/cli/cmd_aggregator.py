@@ -17,7 +17,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from sentinel.aggregator.server import AGGREGATOR_KEY, TokenError, create_app
+from sentinel.aggregator.server import AGGREGATOR_KEY, TokenError, create_app, server_ssl_context
 from sentinel.config import ConfigError, load_aggregator_config
 from sentinel.config.aggregator import AggregatorConfig
 from sentinel.log import get_logger, setup_logging
@@ -87,11 +87,18 @@ async def serve(config: AggregatorConfig) -> int:
                 last_ping[0] = now
                 notifier.watchdog()
 
+    ssl_context = server_ssl_context(config.server)
     app = create_app(config, on_tick=on_tick, extra_routes=status_page_routes())
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, config.server.listen_host, config.server.listen_port, shutdown_timeout=5.0)
+        site = web.TCPSite(
+            runner,
+            config.server.listen_host,
+            config.server.listen_port,
+            shutdown_timeout=5.0,
+            ssl_context=ssl_context,
+        )
         await site.start()
         addresses = [f"{a[0]}:{a[1]}" for a in runner.addresses if isinstance(a, tuple)]
         log.info("aggregator_listening", addresses=addresses, state_dir=config.server.state_dir)

@@ -129,6 +129,13 @@ class StreamConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ca_file: Annotated[
         str, msgspec.Meta(description="CA bundle to verify a wss:// aggregator; empty: system")
     ] = ""
+    tls_cert_file: Annotated[
+        str,
+        msgspec.Meta(
+            description="PEM client certificate for an aggregator that wants mutual TLS; empty: none"
+        ),
+    ] = ""
+    tls_key_file: Annotated[str, msgspec.Meta(description="PEM private key of tls_cert_file")] = ""
     spool_max_bytes: Annotated[
         int, msgspec.Meta(ge=0, description="on-disk spool bound while the aggregator is unreachable")
     ] = 256 * 1024 * 1024

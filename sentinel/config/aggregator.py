@@ -26,6 +26,24 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     state_dir: Annotated[str, msgspec.Meta(description="incidents database and timelines")] = (
         "/var/lib/sentinel"
     )
+    tls_cert_file: Annotated[
+        str, msgspec.Meta(description="PEM certificate chain to serve https/wss; empty: plain http/ws")
+    ] = ""
+    tls_key_file: Annotated[str, msgspec.Meta(description="PEM private key of tls_cert_file")] = ""
+    tls_client_ca_file: Annotated[
+        str,
+        msgspec.Meta(
+            description="mutual TLS: agents must present a certificate signed by this CA (needs tls_cert_file); "
+            "empty: no client certificates"
+        ),
+    ] = ""
+    tls_client_cert_names_host: Annotated[
+        bool,
+        msgspec.Meta(
+            description="with mutual TLS, an agent may only speak for a host its certificate names "
+            "(a DNS subjectAltName or the common name), on top of its token's host globs"
+        ),
+    ] = True
 
 
 class FleetConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -80,9 +80,14 @@ class Running:
 
 @asynccontextmanager
 async def running_aggregator(
-    tmp_path: Path, config: AggregatorConfig | None = None, **kwargs: object
+    tmp_path: Path, config: AggregatorConfig | None = None, tokens: list[str] | None = None, **kwargs: object
 ) -> AsyncIterator[Running]:
-    app = create_app(config or AggregatorConfig(), tokens=[TOKEN], state_dir=tmp_path, **kwargs)  # type: ignore[arg-type]
+    app = create_app(
+        config or AggregatorConfig(),
+        tokens=tokens if tokens is not None else [TOKEN],
+        state_dir=tmp_path,
+        **kwargs,  # type: ignore[arg-type]
+    )
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
