@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from sentinel.aggregator.engine import Engine, EngineMetrics
 from sentinel.aggregator.state import HostView
+from sentinel.aggregator.store import StateStore
 from sentinel.aggregator.verdicts import Change
 from sentinel.wire import Batch
 
@@ -38,6 +39,9 @@ class AggregatorMetrics(EngineMetrics):
         # the per-batch counters are plain numbers (the hot path), exported by the collector at scrape time
         self.n_batches = 0
         self.n_samples = 0
+        #: the durable state store, when there is one (its counters are exported at scrape time)
+        self.store: StateStore | None = None
+        self.state_errors = 0  # failures outside the store (it could not be opened)
         self.n_events = 0
         self.n_duplicates = 0
         self.lag_counts = [0] * (len(LAG_BUCKETS) + 1)
@@ -124,6 +128,40 @@ class AggregatorMetrics(EngineMetrics):
         lag.add_metric([cluster], buckets, self.lag_sum)
         yield lag
 
+    def state_families(self) -> Iterator[Metric]:
+        """The durable state store's health: errors (an alert watches them), writes, last commit."""
+        store, cluster = self.store, self.cluster
+        errors = self.state_errors + (store.write_errors if store is not None else 0)
+        family = CounterMetricFamily(
+            "sentinel_aggregator_state_errors",
+            "Durable state store failures (open, snapshot, write, restore): verdicts may not survive a restart",
+            labels=["cluster"],
+        )
+        family.add_metric([cluster], float(errors))
+        yield family
+        if store is None:
+            return
+        written = CounterMetricFamily(
+            "sentinel_aggregator_state_records_written",
+            "Records committed to the state store",
+            labels=["cluster"],
+        )
+        written.add_metric([cluster], float(store.records_written))
+        yield written
+        deferred = CounterMetricFamily(
+            "sentinel_aggregator_state_flushes_deferred",
+            "Write-behind flushes put off because earlier ones were not yet committed (slow disk)",
+            labels=["cluster"],
+        )
+        deferred.add_metric([cluster], float(store.flushes_deferred))
+        yield deferred
+        yield _single(
+            "sentinel_aggregator_state_last_commit_timestamp_seconds",
+            "Time of the state store's latest commit",
+            cluster,
+            store.last_commit_at,
+        )
+
 
 class FleetCollector(Collector):
     """Gauges computed from the engine's state at scrape time."""
@@ -194,6 +232,7 @@ class FleetCollector(Collector):
         yield last_seen
         yield drops
         yield _single("sentinel_agents_connected", "Agents with an open stream", cluster, self.connected())
+        yield from self.metrics.state_families()
 
 
 def _single(name: str, documentation: str, cluster: str, value: float) -> GaugeMetricFamily:

@@ -36,7 +36,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.frdumps import settings_for_frame
 from sentinel.aggregator.incidents import IncidentManager, IncidentStore
+from sentinel.aggregator.latches import FleetLatches
 from sentinel.aggregator.metrics import AggregatorMetrics
+from sentinel.aggregator.store import StateStore, StoreError
 from sentinel.aggregator.views import gpu_health, host_dict, job_detail, job_summary
 from sentinel.config.aggregator import AggregatorConfig, ServerConfig
 from sentinel.log import get_logger
@@ -232,6 +234,7 @@ class Aggregator:
             on_saved=lambda _: self.metrics.incidents.inc(),
             fr_dumps=settings_for_frame(config.limits.max_frame_bytes),
         )
+        self.store = self._open_store(directory)
         self.engine.listeners.append(self.incidents.on_change)
         self.engine.listeners.append(self._log_change)
         self.on_tick = on_tick
@@ -241,6 +244,24 @@ class Aggregator:
         self._next_gc_freeze = 0.0
         self._next_gc_full = 0.0
         self.started_at = clock()
+
+    def _open_store(self, directory: Path) -> StateStore | None:
+        """Durable state: restore verdicts and latched hardware facts before any agent is heard."""
+        cfg = self.config
+        if not cfg.state.enabled:
+            return None
+        try:
+            store = StateStore(directory, flush_interval_s=cfg.state.flush_interval_s)
+        except StoreError as exc:  # the aggregator still detects; what it knows is lost on a restart
+            log().error("state_store_unavailable", state_dir=str(directory), error=str(exc))
+            self.metrics.state_errors += 1
+            return None
+        self.engine.book.restore_hold_s = restore_holds(cfg)
+        now = self.clock()
+        store.register(self.engine.book, now)
+        store.register(FleetLatches(self.engine.fleet), now)
+        self.metrics.store = store
+        return store
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -263,6 +284,9 @@ class Aggregator:
         for task in list(self.incidents.tasks):
             task.cancel()
         await self.incidents.drain()
+        if self.store is not None:  # SIGTERM / systemctl restart: everything known is written
+            await asyncio.to_thread(self.store.close)
+            self.store = None
 
     def _gc_maintenance(self, monotonic: float) -> None:
         """Keep full garbage collections off the ingest path.
@@ -296,6 +320,8 @@ class Aggregator:
             except Exception as exc:  # a detector bug must not stop detection of everything else
                 log().error("tick_failed", error=f"{type(exc).__name__}: {exc}")
             self.metrics.tick_seconds.observe(time.perf_counter() - started)
+            if self.store is not None and self.store.due(loop.time()):
+                self.store.flush(loop.time())
             self._gc_maintenance(loop.time())
             if self.on_tick is not None:
                 self.on_tick(self.clock())
@@ -618,6 +644,23 @@ class Aggregator:
         if found is None:
             raise web.HTTPNotFound(text="no such incident\n")
         return _json_response(found)
+
+
+def restore_holds(config: AggregatorConfig) -> dict[str, float]:
+    """How long each detector needs after a restart to judge its restored verdicts again from fresh input.
+
+    The stuck detector needs fresh heads and a wait of ``min_wait_s``; the straggler detector needs its
+    moving averages and ``persistence`` evaluations in a row; host_silent needs the silence threshold (every
+    restored host counts as seen at the restart). Hardware verdicts need no hold: the latched facts they
+    are judged from are restored with them.
+    """
+    fleet, detect = config.fleet, config.detect
+    return {
+        "stuck": detect.stuck.min_wait_s + detect.stuck.heads_fresh_s + 2 * fleet.tick_s,
+        "straggler": detect.straggler.ema_window_s
+        + detect.straggler.eval_interval_s * (detect.straggler.persistence + 1),
+        "host_silent": fleet.host_silent_after_s + 2 * fleet.tick_s,
+    }
 
 
 def _keepalive(request: web.Request) -> None:

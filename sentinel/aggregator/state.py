@@ -206,6 +206,8 @@ class FleetState:
         self.ignored = 0  # jobs/ranks beyond the bounds
         self.dirty_gpus: list[GpuView] = []
         self.unknown_gpu_samples = 0
+        #: hosts whose inventory or latched hardware facts changed since the state store last looked
+        self.changed_hosts: set[str] = set()
 
     # -- connection -----------------------------------------------------------------------------------
 
@@ -227,6 +229,7 @@ class FleetState:
         self._inventory(host, hello.gpus[: self.max_gpus_per_host])
         host.connected = True
         host.last_seen = now
+        self.changed_hosts.add(host.name)
         return host
 
     def _inventory(self, host: HostView, gpus: list[GpuInfo]) -> None:
@@ -499,10 +502,12 @@ class FleetState:
     def take_dirty(self) -> list[GpuView]:
         dirty, self.dirty_gpus = self.dirty_gpus, []
         out: list[GpuView] = []
+        changed = self.changed_hosts
         for gpu in dirty:
             if gpu.dirty:
                 gpu.dirty = False
                 out.append(gpu)
+                changed.add(gpu.host)
         return out
 
     def gpu(self, host: str, index: int | None) -> GpuView | None:

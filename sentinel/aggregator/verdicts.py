@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 KINDS = ("faulty", "degraded", "stuck", "straggler", "host_silent")
 ACTIONS = ("none", "restart_app", "drain", "reset_gpu", "reboot", "rma")
 _KIND_RANK = {"host_silent": 0, "straggler": 1, "degraded": 2, "stuck": 3, "faulty": 4}
@@ -97,8 +99,48 @@ class Change:
     what: str  # opened | updated | closed
 
 
+class VerdictRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A verdict as the state store keeps it (every field of :class:`Verdict`, typed)."""
+
+    id: str
+    key: list[str]
+    detector: str
+    kind: str
+    reason: str
+    action: str
+    host: str | None = None
+    gpu: int | None = None
+    job: str | None = None
+    rank: int | None = None
+    evidence: list[str] = []
+    opened_at: float
+    evidence_t: float
+    updated_at: float
+    closed_at: float | None = None
+    close_reason: str = ""
+    incident: str | None = None
+
+
+class BookMeta(msgspec.Struct, kw_only=True):
+    """The book's own counter: ids stay unique across restarts."""
+
+    next_id: int
+
+
+_record_decoder = msgspec.msgpack.Decoder(VerdictRecord)
+_meta_decoder = msgspec.msgpack.Decoder(BookMeta)
+_encoder = msgspec.msgpack.Encoder()
+_META_KEY = "~meta"
+
+
 class VerdictBook:
-    """Open verdicts by key plus a bounded history of closed ones."""
+    """Open verdicts by key plus a bounded history of closed ones.
+
+    It is a state-store holder (:mod:`sentinel.aggregator.store`): every verdict that opened, changed or
+    closed since the last :meth:`snapshot` is written; one pushed out of the closed history is deleted.
+    """
+
+    state_name = "verdicts"
 
     def __init__(self, closed_kept: int = 10000, id_prefix: str = "v") -> None:
         self.open: dict[tuple[str, ...], Verdict] = {}
@@ -106,6 +148,12 @@ class VerdictBook:
         self.by_id: dict[str, Verdict] = {}
         self._next = 1
         self._prefix = id_prefix
+        self._changed: set[str] = set()
+        self._dropped: set[str] = set()
+        #: per detector, how long after a restore its restored verdicts are kept open while it gathers
+        #: fresh evidence (a detector whose inputs are not persisted, e.g. the stuck detector's live heads)
+        self.restore_hold_s: dict[str, float] = {}
+        self._held: dict[tuple[str, ...], float] = {}
 
     def reconcile(
         self, detector: str, findings: Iterable[Finding], now: float, scope: Any = None
@@ -131,17 +179,32 @@ class VerdictBook:
                 verdict = self._open(finding, now)
                 changes.append(Change(verdict, "opened"))
             elif self._update(verdict, finding, now):
+                self._changed.add(verdict.id)
                 changes.append(Change(verdict, "updated"))
+            if self._held:
+                self._held.pop(key, None)  # its detector found the evidence again: an ordinary verdict
         for key in [k for k, v in self.open.items() if v.detector == detector and k not in current]:
             if scope is not None and not scope(key):
                 continue
+            held = self._held.get(key)
+            if held is not None:
+                if now < held:
+                    continue  # restored, and its detector has not yet seen enough to judge it again
+                del self._held[key]
             verdict = self.open.pop(key)
             verdict.closed_at = now
             verdict.close_reason = "evidence gone"
-            self.closed.append(verdict)
+            self._keep_closed(verdict)
             changes.append(Change(verdict, "closed"))
         self._trim()
         return changes
+
+    def _keep_closed(self, verdict: Verdict) -> None:
+        closed = self.closed
+        if closed.maxlen is not None and len(closed) >= closed.maxlen:
+            self._dropped.add(closed[0].id)  # pushed out of the history: out of the store too
+        closed.append(verdict)
+        self._changed.add(verdict.id)
 
     def close(self, key: tuple[str, ...], now: float, reason: str) -> Change | None:
         verdict = self.open.pop(key, None)
@@ -149,9 +212,14 @@ class VerdictBook:
             return None
         verdict.closed_at = now
         verdict.close_reason = reason
-        self.closed.append(verdict)
+        self._held.pop(key, None)
+        self._keep_closed(verdict)
         self._trim()
         return Change(verdict, "closed")
+
+    def touch(self, verdict: Verdict) -> None:
+        """``verdict`` was changed from outside (its incident id): persist it with the next snapshot."""
+        self._changed.add(verdict.id)
 
     def _open(self, finding: Finding, now: float) -> Verdict:
         verdict = Verdict(
@@ -173,6 +241,7 @@ class VerdictBook:
         self._next += 1
         self.open[finding.key] = verdict
         self.by_id[verdict.id] = verdict
+        self._changed.add(verdict.id)
         return verdict
 
     @staticmethod
@@ -200,6 +269,100 @@ class VerdictBook:
 
     def all(self) -> list[Verdict]:
         return [*self.closed, *self.open.values()]
+
+    # -- state store ----------------------------------------------------------------------------------
+
+    def snapshot(self, full: bool = False) -> dict[str, bytes | None]:
+        """Verdicts changed since the last call (every kept one when ``full``), by id, plus the id counter."""
+        if full:
+            ids = [v.id for v in self.closed] + [v.id for v in self.open.values()]
+            dropped: set[str] = set()
+        else:
+            if not self._changed and not self._dropped:
+                return {}
+            ids, dropped = list(self._changed - self._dropped), self._dropped
+        out: dict[str, bytes | None] = dict.fromkeys(dropped)
+        for verdict_id in ids:
+            verdict = self.by_id.get(verdict_id)
+            if verdict is not None:
+                out[verdict_id] = _encoder.encode(_record(verdict))
+        out[_META_KEY] = _encoder.encode(BookMeta(next_id=self._next))
+        self._changed, self._dropped = set(), set()
+        return out
+
+    def restore(self, records: dict[str, bytes], now: float) -> None:
+        """Open verdicts come back open with their ``opened_at``; closed ones refill the history.
+
+        Verdicts of detectors named in :attr:`restore_hold_s` are held open that long: the detector's own
+        inputs (live heads, lateness streaks, last-seen times) start empty after a restart, and a verdict
+        must close because its evidence went away, not because the aggregator forgot it.
+        """
+        meta = records.get(_META_KEY)
+        if meta is not None:
+            self._next = max(self._next, _meta_decoder.decode(meta).next_id)
+        closed: list[Verdict] = []
+        for key, data in records.items():
+            if key == _META_KEY:
+                continue
+            verdict = _verdict(_record_decoder.decode(data))
+            self.by_id[verdict.id] = verdict
+            number = verdict.id.removeprefix(self._prefix)
+            if number.isdigit():
+                self._next = max(self._next, int(number) + 1)
+            if verdict.closed_at is None:
+                self.open[verdict.key] = verdict
+                hold = self.restore_hold_s.get(verdict.detector, 0.0)
+                if hold > 0:
+                    self._held[verdict.key] = now + hold
+            else:
+                closed.append(verdict)
+        closed.sort(key=lambda v: (v.closed_at or 0.0, v.id))
+        self.closed.extend(closed)
+        self._trim()
+
+
+def _record(verdict: Verdict) -> VerdictRecord:
+    return VerdictRecord(
+        id=verdict.id,
+        key=list(verdict.key),
+        detector=verdict.detector,
+        kind=verdict.kind,
+        reason=verdict.reason,
+        action=verdict.action,
+        host=verdict.host,
+        gpu=verdict.gpu,
+        job=verdict.job,
+        rank=verdict.rank,
+        evidence=list(verdict.evidence),
+        opened_at=verdict.opened_at,
+        evidence_t=verdict.evidence_t,
+        updated_at=verdict.updated_at,
+        closed_at=verdict.closed_at,
+        close_reason=verdict.close_reason,
+        incident=verdict.incident,
+    )
+
+
+def _verdict(record: VerdictRecord) -> Verdict:
+    return Verdict(
+        id=record.id,
+        key=tuple(record.key),
+        detector=record.detector,
+        kind=record.kind,
+        reason=record.reason,
+        action=record.action,
+        host=record.host,
+        gpu=record.gpu,
+        job=record.job,
+        rank=record.rank,
+        evidence=list(record.evidence[:MAX_EVIDENCE]),
+        opened_at=record.opened_at,
+        evidence_t=record.evidence_t,
+        updated_at=record.updated_at,
+        closed_at=record.closed_at,
+        close_reason=record.close_reason,
+        incident=record.incident,
+    )
 
 
 def _merge(primary: Finding, other: Finding) -> Finding:

@@ -23,9 +23,9 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tokens_file: Annotated[
         str, msgspec.Meta(description="file with the accepted agent bearer tokens, one per line")
     ] = "/etc/sentinel/tokens"
-    state_dir: Annotated[str, msgspec.Meta(description="incidents database and timelines")] = (
-        "/var/lib/sentinel"
-    )
+    state_dir: Annotated[
+        str, msgspec.Meta(description="incidents database and timelines, durable state (state.sqlite3)")
+    ] = "/var/lib/sentinel"
     tls_cert_file: Annotated[
         str, msgspec.Meta(description="PEM certificate chain to serve https/wss; empty: plain http/ws")
     ] = ""
@@ -239,6 +239,27 @@ class IncidentsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = 300.0
 
 
+class StateConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Durable state: verdicts and latched hardware facts in SQLite (WAL) under ``server.state_dir``."""
+
+    enabled: Annotated[
+        bool,
+        msgspec.Meta(
+            description="keep open and recent closed verdicts, latched per-GPU hardware facts and the Xid "
+            "policy's history in state.sqlite3, so a restart neither forgets a fault nor reopens one"
+        ),
+    ] = True
+    flush_interval_s: Annotated[
+        float,
+        msgspec.Meta(
+            gt=0,
+            le=1.0,
+            description="write-behind period: a kill -9 loses at most the changes of this last interval "
+            "(SIGTERM loses nothing); at most 1 s, the agents' sampling tick",
+        ),
+    ] = 0.5
+
+
 class AggregatorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Everything ``sentinel aggregator`` reads from its TOML file."""
 
@@ -248,3 +269,4 @@ class AggregatorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
     detect: DetectConfig = msgspec.field(default_factory=DetectConfig)
     incidents: IncidentsConfig = msgspec.field(default_factory=IncidentsConfig)
+    state: StateConfig = msgspec.field(default_factory=StateConfig)

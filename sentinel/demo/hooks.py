@@ -54,8 +54,10 @@ class RunningAggregator:
 
 def aggregator_config(state_dir: Path, tick_s: float) -> AggregatorConfig:
     """The aggregator's configuration for a demo: defaults, except where the demo keeps its state and a
-    detector cadence no slower than the agents' ticks."""
+    detector cadence no slower than the agents' ticks. Durable state is off: each demo run tells its own
+    scenario from t=0, and a reused ``--state-dir`` must not bring back the verdicts of an earlier run."""
     config = AggregatorConfig()
+    config.state.enabled = False
     config.server.listen_host = "127.0.0.1"
     config.server.state_dir = str(state_dir)
     config.fleet.cluster = "demo"

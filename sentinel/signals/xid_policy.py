@@ -114,6 +114,18 @@ class XidDecision(msgspec.Struct, frozen=True, kw_only=True):
     since: float | None = None
 
 
+class XidGpuMemory(msgspec.Struct, frozen=True, kw_only=True):
+    """One GPU's policy state as it survives an aggregator restart: the latch and the repeat history."""
+
+    pci_bus: str
+    state: GpuState
+    reason: str
+    action: Action
+    since: float | None = None
+    evidence: list[str] = []
+    events: list[tuple[float, int, int | None]] = []
+
+
 @dataclass
 class _Gpu:
     state: GpuState = "ok"
@@ -201,6 +213,29 @@ class XidPolicy:
     def decisions(self) -> list[XidDecision]:
         """Current decisions for every tracked GPU."""
         return [self._decision(key, gpu, changed=False) for key, gpu in self._gpus.items()]
+
+    def export(self) -> list[XidGpuMemory]:
+        """Everything the policy latched and counted, for the aggregator's state store."""
+        return [
+            XidGpuMemory(
+                pci_bus=key,
+                state=gpu.state,
+                reason=gpu.reason,
+                action=gpu.action,
+                since=gpu.since,
+                evidence=list(gpu.evidence),
+                events=list(gpu.events),
+            )
+            for key, gpu in self._gpus.items()
+        ]
+
+    def load(self, items: list[XidGpuMemory]) -> None:
+        """Take back an :meth:`export` (a latched GPU stays latched across a restart), within the bounds."""
+        for item in items[-self.config.max_gpus :]:
+            gpu = self._gpu(item.pci_bus)
+            gpu.state, gpu.reason, gpu.action, gpu.since = item.state, item.reason, item.action, item.since
+            gpu.evidence = list(item.evidence[:_MAX_EVIDENCE])
+            gpu.events = deque(item.events[-self.config.max_events_per_gpu :])
 
     # -- internals ------------------------------------------------------------------------------------
 

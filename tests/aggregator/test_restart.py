@@ -1,0 +1,91 @@
+"""A real aggregator process killed with SIGKILL and restarted: the open verdict comes back open, with its
+original opened time, and closes only when the agent reports the evidence (a GPU reset)."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from pathlib import Path
+
+import aiohttp
+
+from sentinel.wire import Ack, Batch, Event, decode_aggregator_frame, encode
+from tests.aggregator.helpers import TOKEN, hello, sample
+from tests.aggregator.procs import AggregatorProcess
+
+
+async def _send(url: str, batches: list[Batch]) -> None:
+    """Connect as host h0 (boot id unchanged throughout), send the batches, wait for every ack."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.ws_connect(url, headers={"Authorization": f"Bearer {TOKEN}"}) as ws,
+    ):
+        await ws.send_bytes(encode(hello("h0")))
+        for batch in batches:
+            await ws.send_bytes(encode(batch))
+            message = await ws.receive(timeout=10)
+            frame = decode_aggregator_frame(message.data)
+            assert isinstance(frame, Ack) and frame.seq == batch.seq
+
+
+def _batch(seq: int, t: float, events: list[Event] | None = None) -> Batch:
+    return Batch(seq=seq, t=t, samples=[sample(i, t) for i in range(8)], events=events or [])
+
+
+def _committed(state_dir: Path, verdict_id: str) -> bool:
+    """The verdict is in the state database (read the way a second process would, WAL included)."""
+    path = state_dir / "state.sqlite3"
+    if not path.exists():
+        return False
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        row = db.execute("SELECT 1 FROM records WHERE holder='verdicts' AND key=?", (verdict_id,)).fetchone()
+    return row is not None
+
+
+async def _until(predicate: object, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+async def test_sigkill_then_restart_keeps_the_open_verdict_and_closes_it_only_on_evidence(
+    tmp_path: Path,
+) -> None:
+    aggregator = AggregatorProcess(tmp_path)
+    try:
+        aggregator.start()
+        t0 = time.time()
+        await _send(
+            aggregator.stream_url,
+            [_batch(1, t0), _batch(2, t0 + 1, [Event(t=t0 + 1, kind="xid", gpu=3, xid=79)])],
+        )
+        (opened,) = aggregator.get("/api/v1/verdicts?state=open")["verdicts"]
+        assert (opened["host"], opened["gpu"], opened["reason"]) == ("h0", 3, "xid_79")
+        await _until(lambda: _committed(aggregator.state_dir, opened["id"]))
+        aggregator.kill()
+
+        aggregator.start()
+        (restored,) = aggregator.get("/api/v1/verdicts?state=open")["verdicts"]
+        assert (restored["id"], restored["opened_at"], restored["state"]) == (
+            opened["id"],
+            opened["opened_at"],
+            "open",
+        )
+        # the agent reconnects (same boot: no reboot) and sends healthy readings: a latched Xid 79 stays
+        t1 = time.time()
+        await _send(aggregator.stream_url, [_batch(3 + i, t1 + i) for i in range(3)])
+        assert [v["id"] for v in aggregator.get("/api/v1/verdicts?state=open")["verdicts"]] == [opened["id"]]
+        # the evidence: the GPU was reset. Then SIGTERM at once: a clean stop loses nothing
+        await _send(aggregator.stream_url, [_batch(6, t1 + 3, [Event(t=t1 + 3, kind="gpu_reset", gpu=3)])])
+        assert aggregator.get("/api/v1/verdicts?state=open")["verdicts"] == []
+        assert aggregator.stop() == 0
+
+        aggregator.start()
+        assert aggregator.get("/api/v1/verdicts?state=open")["verdicts"] == []
+        (closed,) = aggregator.get("/api/v1/verdicts?state=closed")["verdicts"]
+        assert (closed["id"], closed["opened_at"]) == (opened["id"], opened["opened_at"])
+        assert closed["close_reason"] == "evidence gone" and closed["closed_at"] >= t1
+    finally:
+        aggregator.close()

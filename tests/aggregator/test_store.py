@@ -1,0 +1,205 @@
+"""Durable state: verdicts and latched hardware facts survive a restart and close only through evidence."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from sentinel.aggregator.engine import Engine
+from sentinel.aggregator.latches import FleetLatches
+from sentinel.aggregator.server import restore_holds
+from sentinel.aggregator.state import HostView
+from sentinel.aggregator.store import StateStore
+from sentinel.aggregator.verdicts import Finding, VerdictBook
+from sentinel.config.aggregator import AggregatorConfig
+from sentinel.wire import Batch, Event, GpuSample, Hello, RowRemap
+from tests.aggregator.helpers import hello, sample
+
+
+class Node:
+    """One engine ("an aggregator process") with its store under ``state_dir``."""
+
+    def __init__(self, state_dir: Path, now: float, config: AggregatorConfig | None = None) -> None:
+        self.config = config or AggregatorConfig()
+        self.engine = Engine(self.config)
+        self.engine.book.restore_hold_s = restore_holds(self.config)
+        self.store = StateStore(state_dir)
+        self.restored = self.store.register(self.engine.book, now)
+        self.restored += self.store.register(FleetLatches(self.engine.fleet), now)
+        self.seq = 0
+        self.views: dict[str, HostView] = {}
+
+    def hello(self, message: Hello, now: float) -> None:
+        self.views[message.host] = self.engine.hello(message, now)
+
+    def send(self, host: str, t: float, samples: list[GpuSample] | None = None, **kwargs: object) -> None:
+        samples = samples if samples is not None else [sample(i, t) for i in range(8)]
+        self.seq += 1
+        self.engine.ingest(self.views[host], Batch(seq=self.seq, t=t, samples=samples, **kwargs), t)  # type: ignore[arg-type]
+
+    def persist(self) -> None:
+        self.store.flush()
+        assert self.store.wait_idle()
+
+    def crash(self) -> None:
+        """What a kill -9 leaves: only what was committed (no final flush)."""
+        self.store._queue.put(None)
+        self.store._writer.join()
+        self.store._db.close()
+
+    def open(self) -> list[tuple[str, str, str | None, int | None, str, float]]:
+        return sorted(
+            (v.id, v.kind, v.host, v.gpu, v.reason, v.opened_at) for v in self.engine.book.open.values()
+        )
+
+
+def xid(t: float, gpu: int, code: int, pid: int | None = None) -> Event:
+    return Event(t=t, kind="xid", gpu=gpu, xid=code, fields={"pid": pid} if pid is not None else {})
+
+
+def test_a_latched_xid_stays_open_across_a_restart_with_its_opened_time_and_closes_on_reset(
+    tmp_path: Path,
+) -> None:
+    first = Node(tmp_path, 0.0)
+    first.hello(hello("h0"), 0.0)
+    first.send("h0", 5.0, events=[xid(5.0, 3, 79)])
+    before = first.open()
+    assert [(k, h, g, r) for _, k, h, g, r, _ in before] == [("faulty", "h0", 3, "xid_79")]
+    first.persist()
+    first.crash()
+
+    second = Node(tmp_path, 100.0)
+    assert second.open() == before  # same id, same opened_at (5.0), still open
+    second.hello(hello("h0"), 101.0)  # the agent comes back with the same boot id: not a reboot
+    for t in range(102, 110):
+        second.send("h0", float(t))  # healthy readings do not clear a latched Xid 79
+        second.engine.tick(float(t))
+    assert second.open() == before
+    second.send("h0", 110.0, events=[Event(t=110.0, kind="gpu_reset", gpu=3)])
+    assert second.open() == []
+    closed = second.engine.book.by_id[before[0][0]]
+    assert closed.closed_at == 110.0 and closed.close_reason == "evidence gone"
+    # the next verdict gets a new id, not one the restored history already used
+    second.send("h0", 111.0, events=[xid(111.0, 5, 79)])
+    assert second.open()[0][0] != before[0][0]
+
+
+def test_a_reboot_seen_after_the_restart_is_evidence_and_closes_the_restored_verdict(tmp_path: Path) -> None:
+    first = Node(tmp_path, 0.0)
+    first.hello(hello("h0"), 0.0)
+    remap = RowRemap(pending=True, correctable=0, uncorrectable=1)
+    first.send("h0", 2.0, samples=[sample(i, 2.0, remap=remap if i == 1 else None) for i in range(8)])
+    assert [r for *_, r, _ in first.open()] == ["row_remap_pending_uncorrectable"]
+    first.persist()
+    first.crash()
+
+    second = Node(tmp_path, 50.0)
+    assert [r for *_, r, _ in second.open()] == ["row_remap_pending_uncorrectable"]
+    second.engine.tick(51.0)
+    # evaluated again on the restored readings, not on an empty GPU
+    assert [r for *_, r, _ in second.open()] == ["row_remap_pending_uncorrectable"]
+    rebooted = Hello(host="h0", boot_id="boot-2", gpus=hello("h0").gpus, started_at=52.0)
+    second.hello(rebooted, 52.0)
+    assert second.open() != []  # the reboot alone: the remap reading is still the pending one
+    remapped = RowRemap(pending=False, correctable=0, uncorrectable=1)  # the reset applied the remap
+    second.send("h0", 53.0, samples=[sample(i, 53.0, remap=remapped if i == 1 else None) for i in range(8)])
+    assert second.open() == []
+
+
+def test_the_xid_policy_repeat_history_survives_so_the_third_process_makes_the_gpu_suspect(
+    tmp_path: Path,
+) -> None:
+    first = Node(tmp_path, 0.0)
+    first.hello(hello("h0"), 0.0)
+    first.send("h0", 1.0, events=[xid(1.0, 2, 13, pid=101)])
+    first.send("h0", 2.0, events=[xid(2.0, 2, 13, pid=102)])
+    assert first.open() == []
+    first.persist()
+    first.crash()
+
+    second = Node(tmp_path, 10.0)
+    second.hello(hello("h0"), 10.0)
+    second.send("h0", 11.0, events=[xid(11.0, 2, 13, pid=103)])
+    assert [(k, g, r) for _, k, _, g, r, _ in second.open()] == [("degraded", 2, "xid_13_repeated")]
+
+
+def test_what_was_not_flushed_is_lost_and_only_that(tmp_path: Path) -> None:
+    first = Node(tmp_path, 0.0)
+    first.hello(hello("h0"), 0.0)
+    first.send("h0", 1.0, events=[xid(1.0, 0, 79)])
+    first.persist()
+    first.send("h0", 2.0, events=[xid(2.0, 1, 79)])  # after the last flush: a kill -9 now loses it
+    first.crash()
+    second = Node(tmp_path, 10.0)
+    assert [g for _, _, _, g, _, _ in second.open()] == [0]
+
+
+def _finding(key: str, detector: str = "stuck") -> Finding:
+    return Finding(
+        key=(detector, key),
+        detector=detector,
+        kind="stuck",
+        reason="not_entered_collective",
+        action="restart_app",
+        evidence=("rank 7 never entered allreduce seq 12",),
+        evidence_t=1.0,
+        job="train",
+        rank=7,
+    )
+
+
+def test_a_restored_stuck_verdict_is_held_while_its_detector_gathers_fresh_heads(tmp_path: Path) -> None:
+    book = VerdictBook()
+    store = StateStore(tmp_path)
+    store.register(book, 0.0)
+    book.reconcile("stuck", [_finding("a"), _finding("b")], 1.0)
+    store.flush()
+    store.close()
+
+    restored = VerdictBook()
+    restored.restore_hold_s = {"stuck": 20.0}
+    again = StateStore(tmp_path)
+    again.register(restored, 100.0)
+    ids = {v.key: v.id for v in restored.open.values()}
+    # no heads yet: the detector finds nothing, but that is not evidence that the stall is over
+    assert restored.reconcile("stuck", [], 105.0) == []
+    # fresh heads show job a still stalled (same key: same verdict, same opened_at) and b moving again
+    changes = restored.reconcile("stuck", [_finding("a")], 121.0)
+    assert [(c.what, c.verdict.key) for c in changes] == [("closed", ("stuck", "b"))]
+    assert restored.open[("stuck", "a")].id == ids[("stuck", "a")]
+    assert restored.open[("stuck", "a")].opened_at == 1.0
+    # held no longer: a later absence closes it at once
+    assert [c.what for c in restored.reconcile("stuck", [], 122.0)] == ["closed"]
+    again.close()
+
+
+def test_closed_history_in_the_store_is_bounded_like_the_book(tmp_path: Path) -> None:
+    book = VerdictBook(closed_kept=3)
+    store = StateStore(tmp_path)
+    store.register(book, 0.0)
+    for i in range(10):
+        book.reconcile("stuck", [_finding(str(i))], float(i))
+        book.reconcile("stuck", [], float(i) + 0.5)
+        store.flush()
+    store.close()
+    with sqlite3.connect(tmp_path / "state.sqlite3") as db:
+        (rows,) = db.execute("SELECT count(*) FROM records WHERE holder='verdicts'").fetchone()
+    assert rows == 3 + 1  # three closed verdicts and the id counter
+    restored = VerdictBook(closed_kept=3)
+    StateStore(tmp_path).register(restored, 20.0)
+    assert [v.key for v in restored.closed] == [("stuck", "7"), ("stuck", "8"), ("stuck", "9")]
+
+
+def test_a_damaged_record_starts_that_holder_empty_and_is_counted(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    book = VerdictBook()
+    store.register(book, 0.0)
+    book.reconcile("stuck", [_finding("a")], 1.0)
+    store.close()
+    with sqlite3.connect(tmp_path / "state.sqlite3") as db:
+        db.execute("UPDATE records SET value=x'c1c1c1' WHERE holder='verdicts' AND key!='~meta'")
+    again = StateStore(tmp_path)
+    restored = VerdictBook()
+    assert again.register(restored, 5.0) == 0
+    assert restored.open == {} and again.write_errors == 1
+    again.close()
