@@ -162,8 +162,10 @@ def analyze(summaries: Sequence[RankSummary]) -> FrAnalysis:
         entries=sum(s.n_entries for s in summaries),
         groups=[_group_json(g) for g in sorted(groups.values(), key=lambda g: _name_order(g.name))],
     )
+    stale = _stale_ranks(groups, {s.rank: s.last_t_ns for s in summaries})
     _decide(
         result,
+        stale=stale,
         groups=groups,
         waits=waits,
         culprits=culprits,
@@ -386,6 +388,33 @@ def _earlier(a: MismatchFinding, b: MismatchFinding) -> bool:
     return ta < tb
 
 
+def _stale_ranks(groups: dict[str, Group], last_t: dict[int, int]) -> dict[int, tuple[str, int, int]]:
+    """Ranks whose dump is provably older than a peer's: rank -> (group, seq, witness rank).
+
+    A collective completes only after every member entered it. When member A completed (group, s) and
+    then created newer entries, while member B's dump never entered s, B's dump was taken before B
+    entered s: the dumps are snapshots of a running job taken at different moments, and B's "absence"
+    is not a hang. (A collective that fails also counts as completed under gloo; a rank that failed
+    stops, so it creates no newer entry and is no witness.) Linear: one witness per group.
+    """
+    out: dict[int, tuple[str, int, int]] = {}
+    for g in groups.values():
+        if len(g.tracks) < 2:
+            continue
+        witness, best = max(g.tracks.items(), key=lambda rt: (rt[1].done, -rt[0]))
+        if best.done < 0:
+            continue
+        newest = last_t.get(witness, 0)
+        for r, t in g.tracks.items():
+            if r in out or t.enq >= best.done:
+                continue
+            seq = t.enq + 1
+            at = _time_at(best, seq)
+            if at == 0 or newest > at:  # (an entry gone from the ring buffer is long past)
+                out[r] = (g.name, seq, witness)
+    return out
+
+
 # ---------------------------------------------------------------- stragglers
 
 
@@ -482,94 +511,78 @@ def _decide(
     history_mm: MismatchFinding | None,
     stragglers: list[Straggler],
     missing: list[int],
+    stale: dict[int, tuple[str, int, int]],
 ) -> None:
+    """The verdict, strongest evidence first.
+
+    1. A mismatch at the stall, or in a collective some member never completed (it left no dump, or is
+       still inside it): the mismatch caused what follows (a transport that aborts on an oversized
+       message, peers that wait for the aborted rank), so it outranks the abort and the wait.
+    2. Ranks missing from a collective others wait in (``missing``/``cycle`` sinks of the wait graph):
+       crash when they left no dump, straggler when they are the stragglers, else hang — unless the
+       dumps themselves prove that rank moved on (``stale``: a peer completed and left a collective the
+       rank's dump never entered, so its dump was taken earlier: on-demand dumps of a running job).
+    3. Ranks only inside collectives every member entered (``all_in``): in progress when some member
+       completed it or the dumps are skewed snapshots; a network/transport stall when every member started
+       it (NCCL) and none completed; else inconclusive (gloo records neither start nor completion).
+    """
     straggler_ranks = {s.rank for s in stragglers}
     blocked = {w.rank for w in waits}
     if frontier_mm is not None:
         _set_mismatch(res, frontier_mm, stalled=True)
         return
-    if culprits:
-        roots = [r for c in culprits for r in c.ranks]
-        first = culprits[0]
-        w = first.first_wait
-        g = groups[w.group]
-        res.culprit_ranks = list(dict.fromkeys(roots))
-        res.collective = _coll(g, w.seq, w.op)
-        victims = set().union(*(c.victims for c in culprits)) or blocked
-        where = f"{w.op} #{w.seq} of process group {g.label()}"
-        crashed = [r for r in roots if r in missing]
+    if history_mm is not None and _unfinished(groups[history_mm.group.name], history_mm.seq, missing):
+        _set_mismatch(res, history_mm, stalled=False)
+        after = [c for c in culprits if c.kind != "all_in"]
+        crashed = sorted(set(missing) & set(groups[history_mm.group.name].members))
         if crashed:
-            res.verdict = "crash"
-            res.culprit_ranks = list(dict.fromkeys(crashed + roots))
-            res.summary = (
-                f"crash: {_who(crashed)} left no dump and {_who(victims)} "
-                f"{'waits' if len(victims) == 1 else 'wait'} for it in {where}"
+            res.findings.append(
+                f"{_who(crashed)} of that group left no dump: aborted after the mismatch (e.g. a transport "
+                f"that refuses an oversized message); {'it is a victim' if len(crashed) == 1 else 'they are victims'}"
             )
-        elif set(first.ranks) <= straggler_ranks:
-            # an on-demand dump of a running job with a slow rank looks like a stall behind that rank
-            res.verdict = "straggler"
-            res.culprit_ranks = [s.rank for s in stragglers]
-            res.collective = None
-            res.summary = (
-                f"straggler: {_who(res.culprit_ranks)} {'enters' if len(res.culprit_ranks) == 1 else 'enter'} "
-                f"collectives late "
-                f"(median {stragglers[0].lag_ms_median:.1f} ms behind its peers); the ranks blocked behind "
-                f"it in the dump are the job waiting for it (a dump taken while the job runs)"
-            )
-        elif first.cycle:
-            res.verdict = "hang"
-            res.summary = (
-                f"hang: ranks {_ranks(first.ranks)} wait for each other in different collectives "
-                f"(call-order deadlock), first in {where}"
-            )
-        else:
-            res.verdict = "hang"
-            res.summary = (
-                f"hang: {_who(first.ranks)} never entered {where}; "
-                f"{len(victims)} rank(s) are blocked behind it"
-            )
-
-        for c in culprits[:10]:
+        for c in after[:5]:
             cw = c.first_wait
-            waiting = sorted(x.rank for x in waits if x.group == cw.group and x.seq == cw.seq)
             res.findings.append(
-                f"{_who(c.ranks)} {'is' if len(c.ranks) == 1 else 'are'} missing from {cw.op} #{cw.seq} "
-                f"of group {groups[cw.group].label()}, which {_who(waiting)} entered and {'waits' if len(waiting) == 1 else 'wait'} in"
-                + (f"; {len(c.victims)} blocked rank(s) depend on it" if c.victims else "")
+                f"after it, {_who(sorted(c.victims or {cw.rank}))} wait in {cw.op} #{cw.seq} of group "
+                f"{groups[cw.group].label()} for {_who(c.ranks)}"
             )
-        if res.verdict == "hang" and _one_behind(groups, waits, set(roots)):
+        return
+    real = [c for c in culprits if c.kind != "all_in" and not all(r in stale for r in c.ranks)]
+    disproved = [c for c in culprits if c.kind == "missing" and all(r in stale for r in c.ranks)]
+    if real:
+        _set_culprits(
+            res,
+            groups=groups,
+            waits=waits,
+            culprits=real,
+            stragglers=stragglers,
+            straggler_ranks=straggler_ranks,
+            missing=missing,
+            blocked=blocked,
+        )
+        return
+    if disproved:
+        if stragglers:
+            _set_straggler(res, stragglers, on_demand=True)
+        else:
+            res.verdict = "healthy"
+            res.summary = (
+                "healthy: the dumps were taken while the job ran (on demand); ranks are a collective or so "
+                "apart, nothing is stuck"
+            )
+        for c in disproved[:5]:
+            r = c.ranks[0]
+            gname, seq, witness = stale[r]
             res.findings.append(
-                "the culprit is exactly one collective behind its peers: if these dumps were taken on "
-                "demand while the job ran (not by a timeout), this can be ordinary skew"
+                f"rank {r}'s dump predates {groups[gname].label()} #{seq}, which rank {witness} completed and "
+                f"moved on from: rank {r} entered it after dumping (skewed snapshots, not a hang)"
             )
         return
     if waits:
         if history_mm is not None:
             _set_mismatch(res, history_mm, stalled=False)
             return
-        if stragglers:
-            _set_straggler(res, stragglers)
-            return
-        w = min(waits, key=lambda w: (w.t_ns, w.seq))
-        g = groups[w.group]
-        started = any(
-            p.seq == w.seq and p.state == "started" for t in g.tracks.values() for p in t.pending if not p.p2p
-        )
-        res.collective = _coll(g, w.seq, w.op)
-        in_it = sorted(x.rank for x in waits if x.group == w.group and x.seq == w.seq)
-        if started:
-            res.verdict = "hang"
-            res.summary = (
-                f"hang: every member entered {w.op} #{w.seq} of group {g.label()} and none completed it "
-                f"(network/transport or device fault; the dumps cannot name one rank)"
-            )
-        else:
-            res.verdict = "inconclusive"
-            res.summary = (
-                f"inconclusive: every member entered {w.op} #{w.seq} of group {g.label()} and it had not "
-                f"completed when dumped (in progress when dumped on demand, or a network/transport stall)"
-            )
-        res.findings.append(f"ranks {_ranks(in_it)} are inside {w.op} #{w.seq} of group {g.label()}")
+        _judge_all_in(res, groups, waits, stragglers, stale)
         return
     if missing:
         res.verdict = "crash"
@@ -584,6 +597,138 @@ def _decide(
         return
     res.verdict = "healthy"
     res.summary = "healthy: every collective in the dumps completed on all members; no straggler"
+
+
+def _unfinished(g: Group, seq: int, missing: list[int]) -> bool:
+    """Some member of ``g`` never completed ``seq``: it left no dump, or its dump is still inside it."""
+    if any(m in missing for m in g.members):
+        return True
+    return any(t.done < seq <= t.enq for t in g.tracks.values())
+
+
+def _set_culprits(
+    res: FrAnalysis,
+    *,
+    groups: dict[str, Group],
+    waits: list[Wait],
+    culprits: list[Culprit],
+    stragglers: list[Straggler],
+    straggler_ranks: set[int],
+    missing: list[int],
+    blocked: set[int],
+) -> None:
+    roots = [r for c in culprits for r in c.ranks]
+    first = culprits[0]
+    w = first.first_wait
+    g = groups[w.group]
+    res.culprit_ranks = list(dict.fromkeys(roots))
+    res.collective = _coll(g, w.seq, w.op)
+    victims = set().union(*(c.victims for c in culprits)) or blocked
+    where = f"{w.op} #{w.seq} of process group {g.label()}"
+    crashed = [r for r in roots if r in missing]
+    if crashed:
+        res.verdict = "crash"
+        res.culprit_ranks = list(dict.fromkeys(crashed + roots))
+        res.summary = (
+            f"crash: {_who(crashed)} left no dump and {_who(victims)} "
+            f"{'waits' if len(victims) == 1 else 'wait'} for it in {where}"
+        )
+    elif set(first.ranks) <= straggler_ranks:
+        # an on-demand dump of a running job with a slow rank looks like a stall behind that rank
+        _set_straggler(res, stragglers, on_demand=True)
+    elif first.cycle:
+        res.verdict = "hang"
+        res.summary = (
+            f"hang: ranks {_ranks(first.ranks)} wait for each other in different collectives "
+            f"(call-order deadlock), first in {where}"
+        )
+    else:
+        res.verdict = "hang"
+        res.summary = (
+            f"hang: {_who(first.ranks)} never entered {where}; {len(victims)} rank(s) are blocked behind it"
+        )
+    for c in culprits[:10]:
+        cw = c.first_wait
+        waiting = sorted(x.rank for x in waits if x.group == cw.group and x.seq == cw.seq)
+        verb = "waits" if len(waiting) == 1 else "wait"
+        res.findings.append(
+            f"{_who(c.ranks)} {'is' if len(c.ranks) == 1 else 'are'} missing from {cw.op} #{cw.seq} "
+            f"of group {groups[cw.group].label()}, which {_who(waiting)} entered and {verb} in"
+            + (f"; {len(c.victims)} blocked rank(s) depend on it" if c.victims else "")
+        )
+    if res.verdict == "hang" and _one_behind(groups, waits, set(roots)):
+        res.findings.append(
+            "the culprit is exactly one collective behind its peers: if these dumps were taken on "
+            "demand while the job ran (not by a timeout), this can be ordinary skew"
+        )
+
+
+def _judge_all_in(
+    res: FrAnalysis,
+    groups: dict[str, Group],
+    waits: list[Wait],
+    stragglers: list[Straggler],
+    stale: dict[int, tuple[str, int, int]],
+) -> None:
+    """Every blocked rank is inside a collective all its members entered: in progress or a stall."""
+    by_coll: dict[tuple[str, int], list[Wait]] = {}
+    for w in waits:
+        by_coll.setdefault((w.group, w.seq), []).append(w)
+    done_on: dict[tuple[str, int], list[int]] = {}
+    for key in by_coll:
+        g = groups[key[0]]
+        done_on[key] = sorted(r for r, t in g.tracks.items() if t.done >= key[1])
+    stuck = [key for key in by_coll if not done_on[key]]
+    for key, ws in sorted(by_coll.items(), key=lambda kv: min(w.t_ns for w in kv[1]))[:10]:
+        g = groups[key[0]]
+        if done_on[key]:
+            res.findings.append(
+                f"{ws[0].op} #{key[1]} of group {g.label()} was in progress when dumped: completed on "
+                f"{_who(done_on[key])}, not yet on {_who(sorted(w.rank for w in ws))}"
+            )
+    if not stuck or stale:
+        if stragglers:
+            _set_straggler(res, stragglers, on_demand=True)
+            return
+        res.verdict = "healthy"
+        res.summary = (
+            "healthy: the last collectives were in progress when dumped (every member entered them"
+            + (", some completed them" if not stuck else "; the dumps were taken while the job ran")
+            + "); nothing is stuck"
+        )
+        if stale:
+            r, (gname, seq, witness) = next(iter(sorted(stale.items())))
+            res.findings.append(
+                f"rank {r}'s dump predates {groups[gname].label()} #{seq}, which rank {witness} completed "
+                f"and moved on from (skewed snapshots of a running job)"
+            )
+        return
+    name, seq = min(stuck, key=lambda k: (min(w.t_ns for w in by_coll[k]), k[1]))
+    g = groups[name]
+    ws = by_coll[(name, seq)]
+    op = ws[0].op
+    res.collective = _coll(g, seq, op)
+    in_it = sorted(w.rank for w in ws)
+    pend = [p for t in g.tracks.values() for p in t.pending if p.seq == seq and not p.p2p]
+    started = bool(pend) and all(p.state == "started" for p in pend) and len(in_it) >= len(g.tracks)
+    if stragglers:
+        _set_straggler(res, stragglers, on_demand=True)
+    elif started:
+        res.verdict = "hang"
+        res.summary = (
+            f"hang: every member started {op} #{seq} of group {g.label()} and none completed it "
+            f"(network/transport or device fault; the dumps cannot name one rank)"
+        )
+    else:
+        res.verdict = "inconclusive"
+        res.summary = (
+            f"inconclusive: every member entered {op} #{seq} of group {g.label()} and none had completed it "
+            f"when dumped (in progress when dumped on demand, or a network/transport stall; this backend "
+            f"records neither start nor completion times)"
+        )
+    res.findings.append(
+        f"{_who(in_it)} {'is' if len(in_it) == 1 else 'are'} inside {op} #{seq} of group {g.label()}"
+    )
 
 
 def _one_behind(groups: dict[str, Group], waits: list[Wait], roots: set[int]) -> bool:
@@ -612,14 +757,20 @@ def _set_mismatch(res: FrAnalysis, mm: MismatchFinding, stalled: bool) -> None:
     )
 
 
-def _set_straggler(res: FrAnalysis, stragglers: list[Straggler]) -> None:
+def _set_straggler(res: FrAnalysis, stragglers: list[Straggler], on_demand: bool = False) -> None:
     res.verdict = "straggler"
     res.culprit_ranks = [s.rank for s in stragglers]
+    res.collective = None
     s = stragglers[0]
     res.summary = (
         f"straggler: {_who(res.culprit_ranks)} {'enters' if len(res.culprit_ranks) == 1 else 'enter'} "
         f"collectives late (median {s.lag_ms_median:.1f} ms "
-        f"behind its peers on {s.late_fraction:.0%} of {s.n_collectives} collectives); nothing is stuck"
+        f"behind its peers on {s.late_fraction:.0%} of {s.n_collectives} collectives); "
+        + (
+            "the ranks blocked behind it in the dump are the job waiting for it (a dump taken while the job runs)"
+            if on_demand
+            else "nothing is stuck"
+        )
     )
 
 

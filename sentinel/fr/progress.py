@@ -65,7 +65,8 @@ def find_stuck(heads_by_rank: Mapping[int, FrHeads], now: float, min_age_s: floa
             )
     if not waits:
         return None
-    culprits = find_culprits(waits)
+    # a rank inside a collective every member entered is not to blame: that collective is judged below
+    culprits = [c for c in find_culprits(waits) if c.kind != "all_in"]
     if culprits:
         first = culprits[0]
         w = first.first_wait

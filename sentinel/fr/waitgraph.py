@@ -2,17 +2,31 @@
 
 A rank blocked in collective (group G, seq s) waits for the members of G that never entered s. Those may
 themselves be blocked in another group (a cascade: rank 7 of dp waits for rank 3 which ... ), so the real
-culprits are the *sinks* of this wait-for graph reachable from the blocked ranks: ranks that wait for
-nobody (hung outside any collective, crashed, or without a dump), or a set of ranks that wait on each
-other (call-order deadlock). Both the post-mortem dump analysis and the live stuck detector use this.
+culprits are the *sinks* of this wait-for graph reachable from the blocked ranks. Sinks come in three kinds
+(:attr:`Culprit.kind`):
 
-Pure: no I/O, no clock.
+* ``missing`` — a rank that waits for nobody and is not inside any collective: hung outside collectives,
+  crashed, or without a dump/heads. The rank is to blame.
+* ``cycle`` — ranks that wait on each other in different collectives (call-order deadlock).
+* ``all_in`` — a rank inside a collective that *every* member entered. It waits for no rank: that collective
+  is in progress (a dump taken while the job runs) or stalled in the network/transport/device. The rank is
+  not to blame; callers judge the collective (:attr:`Culprit.first_wait` is the rank's own wait there).
+
+Both the post-mortem dump analysis (:mod:`sentinel.fr.analysis`) and the live stuck detector
+(:mod:`sentinel.fr.progress`) use this. The API is deliberately small and stable:
+
+* :class:`Wait` — one blocked rank: (rank, group, seq, op, t_ns, waiting_for, group_desc);
+* :func:`find_culprits` ``(waits) -> list[Culprit]`` — sinks, root cause first (earliest wait naming them);
+* :class:`Culprit` — ``ranks``, ``first_wait``, ``victims``, ``kind`` (and ``cycle`` = kind == "cycle").
+
+Pure: no I/O, no clock. Linear in the number of waits and edges (Tarjan, iterative).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,23 +42,40 @@ class Wait:
     group_desc: str = ""
 
 
+CulpritKind = Literal["missing", "cycle", "all_in"]
+
+
 @dataclass(slots=True)
 class Culprit:
-    """A root cause of a stall and the earliest collective that waits for it."""
+    """A root cause of a stall and the earliest collective that waits for it (see the module docstring)."""
 
     ranks: tuple[int, ...]  # one rank, or the members of a deadlock cycle
     first_wait: Wait
     victims: set[int] = field(default_factory=set)
-    cycle: bool = False
+    kind: CulpritKind = "missing"
+
+    @property
+    def cycle(self) -> bool:
+        return self.kind == "cycle"
 
 
 def find_culprits(waits: Sequence[Wait]) -> list[Culprit]:
     """The sinks of the wait-for graph, root cause first (ordered by the earliest wait naming them)."""
     edges: dict[int, set[int]] = {}
+    all_in: dict[int, Wait] = {}  # rank -> its wait in a collective every member entered
     for w in waits:
-        edges.setdefault(w.rank, set()).update(w.waiting_for - {w.rank})
+        targets = edges.setdefault(w.rank, set())
+        targets.update(w.waiting_for - {w.rank})
+        if not w.waiting_for - {w.rank}:
+            prev = all_in.get(w.rank)
+            if prev is None or (w.t_ns, w.seq) < (prev.t_ns, prev.seq):
+                all_in[w.rank] = w
     if not any(edges.values()):
-        return []
+        # nobody waits for a rank: every blocked rank is inside a collective all its members entered
+        return [
+            Culprit(ranks=(r,), first_wait=w, kind="all_in")
+            for r, w in sorted(all_in.items(), key=lambda kv: (kv[1].t_ns, kv[1].seq, kv[0]))
+        ]
     nodes = set(edges)
     for targets in edges.values():
         nodes |= targets
@@ -68,17 +99,25 @@ def find_culprits(waits: Sequence[Wait]) -> list[Culprit]:
         inside = [w for w in waits if comp_of.get(w.rank) == comp]
         first[comp] = min(inside, key=lambda w: (w.t_ns, w.seq, w.rank))
     victims = _victims(edges, comp_of, sink_comps)
-    culprits = [
-        Culprit(
-            ranks=tuple(sorted(members[comp])),
-            first_wait=first[comp],
-            victims=victims.get(comp, set()),
-            cycle=len(members[comp]) > 1,
+    culprits = []
+    for comp in sink_comps:
+        kind = _kind(members[comp], all_in, edges)
+        culprits.append(
+            Culprit(
+                ranks=tuple(sorted(members[comp])),
+                first_wait=all_in[members[comp][0]] if kind == "all_in" else first[comp],
+                victims=victims.get(comp, set()),
+                kind=kind,
+            )
         )
-        for comp in sink_comps
-    ]
     culprits.sort(key=lambda c: (c.first_wait.t_ns, c.first_wait.seq, -len(c.victims), c.ranks))
     return culprits
+
+
+def _kind(ranks: list[int], all_in: Mapping[int, Wait], edges: Mapping[int, set[int]]) -> CulpritKind:
+    if len(ranks) > 1:
+        return "cycle"
+    return "all_in" if ranks[0] in all_in and not edges.get(ranks[0]) else "missing"
 
 
 def _victims(

@@ -1,6 +1,6 @@
 """A small real torch.distributed gloo job that writes Flight Recorder dumps, with an injected fault.
 
-Run as ``python -m tests.fr.gloo_job SCENARIO WORLD OUTDIR``. Every rank records its flight recorder
+Run as ``python -m tests.fr.gloo_job SCENARIO WORLD OUTDIR [STEPS]``. Every rank records its flight recorder
 (TORCH_FR_BUFFER_SIZE) and a helper thread dumps it (``_dump_fr_trace`` into OUTDIR/pickle, the JSON variant
 into OUTDIR/json) when OUTDIR/DUMP appears. The trigger comes, like PyTorch's watchdog, from any rank that
 sees no progress for STALL_S, or on demand from rank 0 (straggler), or after the last step (healthy).
@@ -8,7 +8,10 @@ OUTDIR/expected.json records, counted by this script independently of any analyz
 
 Scenarios: healthy, hang (rank 3 never enters its tp all_reduce: a cascade through dp), straggler (rank 1
 enters every collective late; on-demand dump mid-run), op_mismatch (rank 3 calls broadcast where the others
-call the world all_reduce).
+call the world all_reduce), ondemand (a healthy job dumped on demand by rank 0 while it runs: ranks are
+caught up to a collective apart), bcast_size (rank 2 broadcasts twice the elements its peers expect: gloo's
+transport aborts a receiving rank, which leaves no dump). With STEPS above ~500 every rank's 2,000-entry ring buffer wraps (the fault
+comes 8 steps before the end): full-buffer dumps with stack frames, as a long job leaves them.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ STEPS = 14
 FAULT_STEP = 6
 STALL_S = 1.0
 STRAGGLE_S = 0.03
-CULPRIT = {"hang": 3, "straggler": 1, "op_mismatch": 3, "healthy": -1}
+CULPRIT = {"hang": 3, "straggler": 1, "op_mismatch": 3, "healthy": -1, "ondemand": -1, "bcast_size": 2}
 
 
 def _dumper(rank: int, out: Path, state: dict[str, float]) -> None:
@@ -46,7 +49,7 @@ def _dumper(rank: int, out: Path, state: dict[str, float]) -> None:
         return
 
 
-def worker(rank: int, world: int, scenario: str, out: str, port: int) -> None:
+def worker(rank: int, world: int, scenario: str, out: str, port: int, steps: int = STEPS) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCH_FR_BUFFER_SIZE="2000")
     from datetime import timedelta
 
@@ -61,8 +64,12 @@ def worker(rank: int, world: int, scenario: str, out: str, port: int) -> None:
     tp = tp_groups[rank // half]
     dp = dp_groups[rank % half]
     culprit = CULPRIT[scenario]
+    fault_step = FAULT_STEP if steps == STEPS else steps - 8
     # only faulty runs arm the stall watchdog: a loaded CI machine must not turn a healthy run into a dump
-    state = {"progress": time.monotonic(), "watch": 1.0 if scenario in ("hang", "op_mismatch") else 0.0}
+    state = {
+        "progress": time.monotonic(),
+        "watch": 1.0 if scenario in ("hang", "op_mismatch", "bcast_size") else 0.0,
+    }
     thread = threading.Thread(target=_dumper, args=(rank, outdir, state), daemon=True)
     thread.start()
     seq = {"world": 0, "tp": 0, "dp": 0}
@@ -86,21 +93,29 @@ def worker(rank: int, world: int, scenario: str, out: str, port: int) -> None:
             time.sleep(0.02)
         time.sleep(30)
 
-    for step in range(STEPS):
-        if scenario == "straggler" and rank == 0 and step == STEPS - 4:
+    for step in range(steps):
+        if scenario in ("straggler", "ondemand") and rank == 0 and step == steps - 4:
             (outdir / "DUMP").write_text("on demand")
-        if scenario == "hang" and rank == culprit and step == FAULT_STEP:
+        if scenario == "hang" and rank == culprit and step == fault_step:
             expected = {"pg_name": names["tp"], "seq": seq["tp"] + 1, "op": "all_reduce"}
             (outdir / "expected.json").write_text(json.dumps(expected))
             hang_forever()
         coll("tp", lambda: dist.all_reduce(torch.ones(256), group=tp))
         g = torch.ones(64)
         coll("dp", lambda g=g: dist.all_gather_into_tensor(torch.empty(128), g, group=dp))
-        if scenario == "op_mismatch" and rank == culprit and step == FAULT_STEP:
+        if scenario == "op_mismatch" and rank == culprit and step == fault_step:
             expected = {"pg_name": names["world"], "seq": seq["world"] + 1, "op": "broadcast"}
             (outdir / "expected.json").write_text(json.dumps(expected))
             with contextlib.suppress(Exception):
                 coll("world", lambda: dist.broadcast(torch.ones(1024), src=0))
+            hang_forever()
+        if scenario == "bcast_size" and step == fault_step:
+            if rank == culprit:
+                expected = {"pg_name": names["world"], "seq": seq["world"] + 1, "op": "broadcast"}
+                (outdir / "expected.json").write_text(json.dumps(expected))
+            n = 2048 if rank == culprit else 1024
+            with contextlib.suppress(Exception):
+                coll("world", lambda n=n: dist.broadcast(torch.ones(n), src=culprit))
             hang_forever()
         coll("world", lambda: dist.all_reduce(torch.ones(1024)))
         coll("world", lambda step=step: dist.broadcast(torch.ones(128), src=step % world))
@@ -120,7 +135,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run(scenario: str, world: int, out: Path, timeout_s: float = 40.0) -> dict[str, object]:
+def run(
+    scenario: str, world: int, out: Path, timeout_s: float = 40.0, steps: int = STEPS
+) -> dict[str, object]:
     """Run the job; returns expected.json's content (empty for healthy/straggler) once every rank dumped."""
     import multiprocessing as mp
 
@@ -129,7 +146,7 @@ def run(scenario: str, world: int, out: Path, timeout_s: float = 40.0) -> dict[s
     ctx = mp.get_context("spawn")
     port = _free_port()
     procs = [
-        ctx.Process(target=worker, args=(r, world, scenario, str(out), port), daemon=True)
+        ctx.Process(target=worker, args=(r, world, scenario, str(out), port, steps), daemon=True)
         for r in range(world)
     ]
     for p in procs:
@@ -137,14 +154,15 @@ def run(scenario: str, world: int, out: Path, timeout_s: float = 40.0) -> dict[s
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
-            if all((out / f"dumped_{r}").exists() for r in range(world)):
+            dumped = [(out / f"dumped_{r}").exists() for r in range(world)]
+            if any(dumped) and all(d or p.exitcode is not None for d, p in zip(dumped, procs, strict=True)):
                 break
-            if any(p.exitcode not in (None, 0) for p in procs):
+            if scenario != "bcast_size" and any(p.exitcode not in (None, 0) for p in procs):
                 raise RuntimeError(f"a rank failed: exit codes {[p.exitcode for p in procs]}")
             time.sleep(0.05)
         else:
             raise TimeoutError(f"{scenario}: not every rank dumped within {timeout_s} s")
-        if scenario in ("healthy", "straggler"):
+        if scenario in ("healthy", "straggler", "ondemand"):
             for p in procs:
                 p.join(max(0.1, deadline - time.monotonic()))
     finally:
@@ -158,4 +176,5 @@ def run(scenario: str, world: int, out: Path, timeout_s: float = 40.0) -> dict[s
 
 
 if __name__ == "__main__":
-    print(run(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])))
+    steps = int(sys.argv[4]) if len(sys.argv) > 4 else STEPS
+    print(run(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), timeout_s=60 + steps * 0.5, steps=steps))

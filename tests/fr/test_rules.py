@@ -1,0 +1,134 @@
+"""Rules of the format on dumps recorded from a real torch 2.13 gloo job (tests/data/fr, gzip).
+
+``bcast_size_n8``: rank 2 broadcasts 2,048 elements where its peers expect 1,024; gloo's transport aborts
+the receiving ranks 3, 4 and 6 (no dump). ``ondemand_n8``: a healthy job dumped on demand by rank 0 while it
+ran (ranks a collective apart). Both recorded with ``python -m tests.fr.gloo_job SCENARIO 8 OUT``.
+Variants are derived the way gloo itself would have written them (a failed collective is retired).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sentinel.fr.dumpset import analyze_dir
+from sentinel.fr.loader import discover, load_dump
+from sentinel.fr.waitgraph import Wait, find_culprits
+from tests.fr.conftest import corpus_folders
+from tests.support import REPO
+
+DATA = REPO / "tests" / "data" / "fr"
+
+
+def _rewrite(src: Path, dst: Path, edit: Any) -> None:
+    """Copy every dump of ``src`` to ``dst`` as a pickle, after ``edit(rank, dump_dict)``."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in discover(src):
+        d = load_dump(f.path)
+        top = {"version": d.version, "pg_config": d.pg_config, "pg_status": d.pg_status, "entries": d.entries}
+        edit(f.rank, top)
+        (dst / f"nccl_trace_rank_{f.rank}").write_bytes(pickle.dumps(top, protocol=2))
+
+
+@pytest.mark.parametrize("fmt", ["pickle", "json"])
+def test_broadcast_size_mismatch_names_the_sender_not_the_aborted_receivers(fmt: str) -> None:
+    expected = json.loads((DATA / "bcast_size_n8" / "expected.json").read_text())
+    result = analyze_dir(DATA / "bcast_size_n8" / fmt, workers=0)
+    assert result.verdict == "mismatch", result.summary
+    assert result.culprit_ranks == [2]
+    assert result.mismatch is not None and result.mismatch["kind"] == "size"
+    assert result.collective is not None
+    assert (result.collective["pg_name"], result.collective["seq"]) == (expected["pg_name"], expected["seq"])
+    assert result.missing_dumps == [3, 4, 6]
+
+
+def test_mismatch_outranks_the_abort_when_every_survivor_completed_it(tmp_path: Path) -> None:
+    # gloo records the failed broadcast as retired: nobody waits, three ranks left no dump
+    def fail_it(rank: int, top: dict[str, Any]) -> None:
+        for e in top["entries"]:
+            e["retired"] = True
+        for st in top["pg_status"].values():
+            st["last_completed_collective"] = st["last_enqueued_collective"]
+
+    _rewrite(DATA / "bcast_size_n8" / "pickle", tmp_path, fail_it)
+    result = analyze_dir(tmp_path, workers=0)
+    assert result.verdict == "mismatch", result.summary
+    assert result.culprit_ranks == [2]
+    assert any("left no dump" in f for f in result.findings)
+
+
+@pytest.mark.parametrize("fmt", ["pickle", "json"])
+def test_on_demand_dumps_of_a_running_job_are_not_a_hang(fmt: str) -> None:
+    result = analyze_dir(DATA / "ondemand_n8" / fmt, workers=0)
+    assert result.verdict == "healthy", result.summary
+    assert result.culprit_ranks == []
+    text = " ".join(result.findings)
+    # no self-contradicting evidence: a rank named missing from a collective is never one that entered it
+    assert "is missing from" not in text
+
+
+def test_skewed_snapshot_of_rank_0_is_not_blamed(tmp_path: Path) -> None:
+    # rank 0's dump is taken a collective earlier than its peers' (the on-demand skew, on rank 0 this time)
+    folder = next(p for p in corpus_folders() if p.name == "healthy_n8")
+
+    def earlier(rank: int, top: dict[str, Any]) -> None:
+        if rank != 0:
+            return
+        last = top["entries"].pop()
+        pg = str(last["pg_id"])
+        top["pg_status"][pg]["last_enqueued_collective"] = last["collective_seq_id"] - 1
+        top["pg_status"][pg]["last_completed_collective"] = last["collective_seq_id"] - 1
+
+    def later(rank: int, top: dict[str, Any]) -> None:
+        earlier(rank, top)
+        if rank == 0:
+            return
+        e = dict(top["entries"][-1])  # peers moved on into the next barrier
+        e.update(collective_seq_id=e["collective_seq_id"] + 1, retired=False)
+        e["time_created_ns"] += 1_000_000
+        top["entries"].append(e)
+        top["pg_status"][str(e["pg_id"])]["last_enqueued_collective"] = e["collective_seq_id"]
+
+    _rewrite(folder / "pickle", tmp_path, later)
+    result = analyze_dir(tmp_path, workers=0)
+    # the peers completed barrier #139 and moved on into #140: rank 0 must have entered #139 after its dump
+    assert result.verdict == "healthy", result.summary
+    assert result.culprit_ranks == []
+    assert any("rank 0's dump predates" in f for f in result.findings)
+
+
+def test_last_barrier_in_progress_on_one_rank_is_healthy(tmp_path: Path) -> None:
+    folder = next(p for p in corpus_folders() if p.name == "healthy_n8")
+
+    def still_in_it(rank: int, top: dict[str, Any]) -> None:
+        if rank != 5:
+            return
+        last = top["entries"][-1]
+        last["retired"] = False
+        top["pg_status"][str(last["pg_id"])]["last_completed_collective"] = last["collective_seq_id"] - 1
+
+    _rewrite(folder / "pickle", tmp_path, still_in_it)
+    result = analyze_dir(tmp_path, workers=0)
+    assert result.verdict == "healthy", result.summary
+    assert result.culprit_ranks == []
+    assert any("in progress" in f and "rank 5" in f for f in result.findings)
+
+
+def test_wait_graph_kinds() -> None:
+    # ranks 0-3 inside tp #11 (all entered); 4 waits in dp for 0; 5 waits in world for 6, which waits nowhere
+    waits = [Wait(r, "tp", 11, "all_reduce", 10 + r, frozenset()) for r in range(4)]
+    waits.append(Wait(4, "dp", 11, "all_gather", 20, frozenset({0})))
+    waits.append(Wait(5, "world", 21, "all_reduce", 30, frozenset({6})))
+    culprits = find_culprits(waits)
+    kinds = {c.ranks: c.kind for c in culprits}
+    assert kinds == {(0,): "all_in", (1,): "all_in", (2,): "all_in", (3,): "all_in", (6,): "missing"}
+    zero = next(c for c in culprits if c.ranks == (0,))
+    assert (zero.first_wait.group, zero.first_wait.rank) == ("tp", 0)
+    assert zero.victims == {4}
+    only_inside = find_culprits(waits[:4])
+    assert [c.kind for c in only_inside] == ["all_in"] * 4
+    assert [c.ranks for c in only_inside] == [(0,), (1,), (2,), (3,)]
