@@ -16,6 +16,9 @@ from typing import Any, Literal
 
 import msgspec
 
+from sentinel.components.ib.record import IbPort
+from sentinel.components.nccl_debug.record import DebugReadiness
+from sentinel.components.nccl_ras.record import RasStatus
 from sentinel.fr.heads import FrHeads
 
 PROTOCOL_VERSION = 1
@@ -141,6 +144,7 @@ class ProcInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     world_size: int | None = None
     master_addr: str | None = None
     master_port: int | None = None
+    debug: DebugReadiness | None = None  # NCCL/PyTorch async-debug readiness from the environment
 
 
 class Drops(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -176,6 +180,8 @@ class Batch(msgspec.Struct, tag="batch", kw_only=True, omit_defaults=True):
     procs: list[ProcInfo] | None = None  # None: unchanged since the last batch
     heads: list[FrHeads] = []
     drops: Drops | None = None
+    ports: list[IbPort] | None = None  # IB/RoCE ports; None: not read this tick
+    ras: list[RasStatus] = []  # NCCL RAS answers that arrived since the last batch
 
 
 class CommandResult(msgspec.Struct, tag="result", kw_only=True, omit_defaults=True):

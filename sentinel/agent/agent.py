@@ -48,6 +48,14 @@ from sentinel.agent.shipper import Shipper
 from sentinel.agent.source import GpuSource, HostExtras
 from sentinel.agent.spool import SeqAllocator, Spool
 from sentinel.agent.tailer import LogTailer
+from sentinel.components.ib.collector import IbCollector, IbPortReader, PortSource
+from sentinel.components.ib.metrics import IbPortMetrics
+from sentinel.components.ib.record import IbPort
+from sentinel.components.ib.sysfs import SysfsPorts
+from sentinel.components.ib.tracker import PortTracker
+from sentinel.components.nccl_ras.collector import RasCollector
+from sentinel.components.nccl_ras.metrics import RasMetrics
+from sentinel.components.nccl_ras.record import RasStatus
 from sentinel.config.agent import AgentConfig
 from sentinel.fr.heads import FrHeads
 from sentinel.log import get_logger
@@ -121,6 +129,8 @@ class Agent:
         self._heads: list[FrHeads] = []
         self._procs: list[ProcInfo] = []
         self._procs_changed = False
+        self._ports: list[IbPort] | None = None
+        self._ras: list[RasStatus] = []
         self._ranks_by_job: dict[str, set[int]] = {}
         self._drops_reported = Drops()
         self._stop = asyncio.Event()
@@ -170,6 +180,7 @@ class Agent:
             self.gpu_collector.on_open = self.xid_listener.start
             self.collectors.add(XidCollector(self, self.xid_listener, self.dedup, tick))
         self.probe: ProbeServer | None = None
+        self._build_network_collectors()
         if self.extras is not None:
             self.collectors.add(ExtrasCollector(self, self.extras, self.lines, tick))
             return
@@ -186,7 +197,25 @@ class Agent:
                 max_files=c.logs.max_files,
             )
             self.collectors.add(LogCollector(tailer, self.lines, self.counters, tick))
-        self.collectors.add(JobsCollector(self, JobMapper(), c.collect.procs_interval_s))
+        self.collectors.add(
+            JobsCollector(self, JobMapper(tailed_globs=c.logs.globs), c.collect.procs_interval_s)
+        )
+        if c.nccl_ras.enabled:
+            self.ras_metrics = RasMetrics(self.cluster, self.host)
+            self.registry.register(self.ras_metrics)
+            r = c.nccl_ras
+            self.collectors.add(
+                RasCollector(
+                    self,
+                    self.ras_metrics,
+                    host=r.host,
+                    port=r.port,
+                    interval_s=r.interval_s,
+                    timeout_s=r.timeout_s,
+                    refused_backoff_s=r.refused_backoff_s,
+                    tick_s=tick,
+                )
+            )
         if c.probe.socket_path:
             self.probe = ProbeServer(
                 c.probe.socket_path,
@@ -201,6 +230,23 @@ class Agent:
                     self, FrDumpWatcher(c.probe.fr_dump_dir, c.probe.fr_dump_prefix), max(tick, 2.0)
                 )
             )
+
+    def _build_network_collectors(self) -> None:
+        """IB/RoCE ports: from sysfs, or from a simulated host that offers a port source (``ib_ports``)."""
+        c = self.config.ib
+        if not c.enabled:
+            return
+        sim_source: PortSource | None = getattr(self.extras, "ib_ports", None)
+        source: PortSource = sim_source if sim_source is not None else SysfsPorts(c.sysfs_root)
+        state_dir = Path(self.config.agent.state_dir)
+        tracker = PortTracker(
+            flap_window_s=c.flap_window_s,
+            error_window_s=c.error_window_s,
+            state_path=state_dir / "ib_ports.json" if state_dir.is_dir() and self.extras is None else None,
+        )
+        self.ib_metrics = IbPortMetrics(self.cluster, self.host)
+        self.registry.register(self.ib_metrics)
+        self.collectors.add(IbCollector(self, IbPortReader(source, tracker, self.ib_metrics), c.interval_s))
 
     # -- AgentSink ------------------------------------------------------------------------------------------
 
@@ -237,6 +283,16 @@ class Agent:
                 if found is not None and proc.job_id and not found.job:
                     found.job = proc.job_id
                     found.rank = str(proc.rank) if proc.rank is not None else ""
+
+    def set_ports(self, ports: list[IbPort]) -> None:
+        self._ports = ports
+
+    def add_ras(self, status: RasStatus) -> None:
+        self._ras.append(status)
+
+    def ras_jobs(self) -> list[str]:
+        """Jobs whose global rank 0 runs here: this host asks NCCL RAS on the job's behalf."""
+        return sorted({p.job_id for p in self._procs if p.job_id and p.rank == 0})
 
     def gpu_of_pid(self, pid: int) -> int | None:
         return next((p.gpu for p in self._procs if p.pid == pid), None)
@@ -301,8 +357,11 @@ class Agent:
             procs=procs,
             heads=heads,
             drops=self._drops(),
+            ports=self._ports,
+            ras=self._ras,
         )
         self._samples, self._events, self._heads, self._procs_changed = [], [], [], False
+        self._ports, self._ras = None, []
         ring = self.ring
         for sample in batch.samples:
             ring.append(sample.t, "sample", sample)

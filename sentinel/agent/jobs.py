@@ -10,10 +10,12 @@ long-running rank costs one read, not one per poll.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psutil
 
+from sentinel.components.nccl_debug.record import DebugReadiness
+from sentinel.components.nccl_debug.rule import assess, pattern_is_tailed
 from sentinel.log import get_logger
 from sentinel.wire import ProcInfo
 
@@ -30,6 +32,7 @@ class JobFields:
     world_size: int | None = None
     master_addr: str | None = None
     master_port: int | None = None
+    debug: DebugReadiness | None = field(default=None, compare=False)
 
 
 def _int(value: str | None) -> int | None:
@@ -68,7 +71,8 @@ def job_from_environ(env: Mapping[str, str]) -> JobFields:
 class JobMapper:
     """Maps the pids NVML reports on each GPU to ProcInfo with job/rank."""
 
-    def __init__(self) -> None:
+    def __init__(self, tailed_globs: list[str] | None = None) -> None:
+        self.tailed_globs = list(tailed_globs or [])
         self._cache: dict[tuple[int, float], tuple[str, JobFields]] = {}
         self.permission_errors = 0
         self.vanished = 0
@@ -90,9 +94,14 @@ class JobMapper:
         fields = JobFields()
         try:
             name = proc.name()
-            fields = job_from_environ(proc.environ())
+            env = proc.environ()
+            fields = job_from_environ(env)
             if fields.job_id is None:
                 fields = _from_cmdline(proc.cmdline(), fields)
+            if fields.job_id is not None:
+                globs = self.tailed_globs
+                readiness = assess(env, lambda path: pattern_is_tailed(path, globs))
+                fields = JobFields(**{**fields.__dict__, "debug": readiness})
         except psutil.AccessDenied:
             self.permission_errors += 1
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
@@ -126,6 +135,7 @@ class JobMapper:
                         world_size=f.world_size,
                         master_addr=f.master_addr,
                         master_port=f.master_port,
+                        debug=f.debug,
                     )
                 )
         return out

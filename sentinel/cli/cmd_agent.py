@@ -38,10 +38,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     once = sub.add_parser(
         "once",
-        help="collect once from the real GPUs and print the batch as JSON (debugging on a GPU host)",
-        description="open NVML, read every GPU with the slow counters, print the inventory and one batch",
+        help="collect once from the real GPUs and IB/RoCE ports and print it as JSON (debugging a host)",
+        description="open NVML, read every GPU with the slow counters and every IB/RoCE port from sysfs, "
+        "print one JSON object (inventory, samples, ib_ports, errors); exit 0 when any source was read, 2 "
+        "when none was",
     )
     _config_option(once)
+    once.add_argument("--json", action="store_true", help="print JSON (the only format; for scripts)")
+    once.add_argument(
+        "--sysfs-root",
+        help="where sysfs is mounted, for the IB/RoCE ports (default: the config's ib.sysfs_root, /sys)",
+    )
     once.set_defaults(func=_once)
 
     snap = sub.add_parser(
@@ -112,34 +119,48 @@ def _once(args: argparse.Namespace) -> int:
     config = _load(args)
     if config is None:
         return 2
-    from sentinel.agent.nvml import NvmlSource
-
-    errors: list[str] = []
-    source = NvmlSource(on_error=lambda fn, err: errors.append(f"{fn}: {err}"))
-    try:
-        inventory = source.open()
-    except Exception as exc:
-        print(f"error: NVML: cannot initialise: {exc}", file=sys.stderr)
-        return 2
     import time
 
+    from sentinel.agent.nvml import NvmlSource
+    from sentinel.components.ib.record import contract_view
+    from sentinel.components.ib.sysfs import SysfsPorts
+
+    errors: list[str] = []
+    read = 0
     now = time.time()
+    inventory: list[Any] = []
     samples: list[Any] = []
-    for gpu in inventory:
-        try:
-            samples.append(source.read_slow(gpu.index, now))
-        except Exception as exc:
-            errors.append(f"GPU {gpu.index}: {type(exc).__name__}: {exc}")
-    unsupported = sorted(f"{g}:{f}" for g, f in source.unsupported())
-    source.close()
+    unsupported: list[str] = []
+    source = NvmlSource(on_error=lambda fn, err: errors.append(f"nvml: {fn}: {err}"))
+    try:
+        inventory = source.open()
+        read += 1
+    except Exception as exc:
+        errors.append(f"nvml: cannot initialise: {type(exc).__name__}: {exc}")
+    else:
+        for gpu in inventory:
+            try:
+                samples.append(source.read_slow(gpu.index, now))
+            except Exception as exc:
+                errors.append(f"nvml: GPU {gpu.index}: {type(exc).__name__}: {exc}")
+        unsupported = sorted(f"{g}:{f}" for g, f in source.unsupported())
+        source.close()
+    root = args.sysfs_root or config.ib.sysfs_root
+    scan = SysfsPorts(root, {g.pci_bus: g.index for g in inventory}).read()
+    if scan.present:
+        read += 1
+    else:
+        errors.append(f"ib: {Path(root) / 'class' / 'infiniband'}: not found (no IB/RoCE device)")
+    errors.extend(f"ib: {problem}" for problem in scan.errors)
     out = {
         "inventory": msgspec.to_builtins(inventory),
         "samples": msgspec.to_builtins(samples),
         "unsupported": unsupported,
+        "ib_ports": [contract_view(port) for port in scan.ports],
         "errors": errors,
     }
     sys.stdout.write(json.dumps(out, indent=2) + "\n")
-    return 0
+    return 0 if read else 2
 
 
 def _snapshot(args: argparse.Namespace) -> int:

@@ -166,6 +166,55 @@ class SystemdConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     notify: Annotated[bool, msgspec.Meta(description="send READY/WATCHDOG/STATUS when run by systemd")] = True
 
 
+class IbConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """InfiniBand / RoCE ports read from sysfs (state, rate, counters, the GPUs each port serves)."""
+
+    enabled: Annotated[bool, msgspec.Meta(description="read the IB/RoCE ports")] = True
+    sysfs_root: Annotated[
+        str, msgspec.Meta(description="where sysfs is mounted (a container may see the host's elsewhere)")
+    ] = "/sys"
+    interval_s: Annotated[
+        float,
+        msgspec.Meta(
+            ge=0.05,
+            le=3600,
+            description="read interval; link_downed counts the losses of link in between, so a short bounce "
+            "is never missed, only timed less precisely",
+        ),
+    ] = 2.0
+    flap_window_s: Annotated[
+        float,
+        msgspec.Meta(
+            ge=10, le=86400, description="losses of link are remembered this long (kept across restarts)"
+        ),
+    ] = 600.0
+    error_window_s: Annotated[
+        float,
+        msgspec.Meta(ge=60, le=7 * 86400, description="window of the per-hour error budgets (symbol errors)"),
+    ] = 3600.0
+
+
+class NcclRasConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Queries of NCCL's RAS service (NCCL >= 2.24) while a job's rank 0 runs on the host."""
+
+    enabled: Annotated[bool, msgspec.Meta(description="query the local RAS service")] = True
+    host: Annotated[str, msgspec.Meta(description="RAS address (NCCL_RAS_ADDR's host)")] = "127.0.0.1"
+    port: Annotated[int, msgspec.Meta(ge=1, le=65535, description="RAS port (NCCL_RAS_ADDR's port)")] = 28028
+    interval_s: Annotated[
+        float,
+        msgspec.Meta(
+            ge=1, le=3600, description="query interval (each query makes RAS gather data from the whole job)"
+        ),
+    ] = 15.0
+    timeout_s: Annotated[
+        float,
+        msgspec.Meta(gt=0, le=120, description="the whole query's deadline (connect, handshake, answer)"),
+    ] = 8.0
+    refused_backoff_s: Annotated[
+        float, msgspec.Meta(ge=1, le=3600, description="retry delay when nothing listens on the port")
+    ] = 60.0
+
+
 class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Everything ``sentinel agent`` reads from its TOML file."""
 
@@ -179,3 +228,5 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ring: RingConfig = msgspec.field(default_factory=RingConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     systemd: SystemdConfig = msgspec.field(default_factory=SystemdConfig)
+    ib: IbConfig = msgspec.field(default_factory=IbConfig)
+    nccl_ras: NcclRasConfig = msgspec.field(default_factory=NcclRasConfig)

@@ -1,0 +1,207 @@
+"""Port health policy: a host's port records and ``now`` in, findings with a reason and an action out.
+
+Pure: no I/O, no clock. The aggregator's network detector runs it on each host's latest records; the
+thresholds (:class:`PortRuleConfig`, under ``[detect.network]``) carry the reason for each default:
+
+* **port down** — not ``ACTIVE``/``LinkUp`` for ``down_after_s``, on a port this agent has seen up (so an
+  unused or never-cabled port is not a fault): the GPUs behind it lose their rail; NCCL either stalls or
+  falls back to slower paths. Faulty, drain (a cable, a transceiver or the switch port needs hands).
+* **flap** — ``flap_downs`` losses of link within the agent's flap window (3 in 10 minutes by default:
+  one loss is an event, three are a pattern; GPUd and NVSentinel likewise treat repeated down→up
+  transitions in a window as a flap). Each flap can abort or stall every job crossing the link. Faulty, drain.
+* **link_downed rising** — a single loss of link that recovered: degraded, no action yet (the flap rule
+  escalates it if it repeats).
+* **rate below expected** — a link that trained at a lower speed or width (``200 Gb/sec (2X NDR)`` on a
+  400G fabric) slows every collective of its jobs to its pace. Expected: ``expected_rate_gbps`` or, when
+  0, the rate most up ports of the same link layer on the host run at. Degraded, drain.
+* **symbol errors over budget** — the physical layer corrects what it can and counts symbol errors; more
+  than ``symbol_error_budget_per_hour`` (10: the threshold infiniband-diags' ``ibcheckerrs`` has long used
+  for SymbolErrorCounter) means a marginal cable or transceiver. Degraded, drain.
+* **receive / integrity errors rising** — port_rcv_errors, remote physical errors, local link integrity
+  and buffer overrun errors over ``receive_error_budget_per_hour`` (10, the same ibcheckerrs heritage):
+  packets are being dropped and retransmitted. Degraded, drain.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections import Counter
+from typing import Annotated, Literal
+
+import msgspec
+
+from sentinel.components.ib.record import RECEIVE_ERROR_COUNTERS, IbPort
+
+Kind = Literal["faulty", "degraded"]
+Action = Literal["none", "drain"]
+
+
+class PortRuleConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """InfiniBand / RoCE port rules (see docs/network.md for the reason behind each default)."""
+
+    enabled: Annotated[bool, msgspec.Meta(description="judge the ports agents report")] = True
+    down_after_s: Annotated[
+        float,
+        msgspec.Meta(
+            ge=0,
+            le=3600,
+            description="a port seen up before and not ACTIVE/LinkUp for this long is down (two agent ticks: "
+            "a bounce shorter than that is counted by the flap rule instead)",
+        ),
+    ] = 2.0
+    flap_downs: Annotated[
+        int,
+        msgspec.Meta(
+            ge=1,
+            le=64,
+            description="losses of link within the agent's flap window that make a flap (one is an event, "
+            "three a pattern)",
+        ),
+    ] = 3
+    expected_rate_gbps: Annotated[
+        float,
+        msgspec.Meta(
+            ge=0, description="the rate every port should run at; 0: the majority of the host's up ports"
+        ),
+    ] = 0.0
+    symbol_error_budget_per_hour: Annotated[
+        float,
+        msgspec.Meta(
+            ge=0, description="symbol errors per hour tolerated (ibcheckerrs' SymbolErrorCounter threshold)"
+        ),
+    ] = 10.0
+    receive_error_budget_per_hour: Annotated[
+        float,
+        msgspec.Meta(
+            ge=0,
+            description="receive / link-integrity / buffer-overrun errors per hour tolerated (ibcheckerrs' "
+            "PortRcvErrors and LocalLinkIntegrityErrors threshold)",
+        ),
+    ] = 10.0
+    ignore_devices: Annotated[
+        list[str],
+        msgspec.Meta(description="device name globs never judged (storage or management HCAs), e.g. mlx5_bond*"),
+    ] = []
+
+
+class PortFinding(msgspec.Struct, frozen=True, kw_only=True):
+    """What one rule says about one port."""
+
+    device: str
+    port: int
+    kind: Kind
+    action: Action
+    reason: str  # ib_port_down, ib_link_flap, ib_link_downed, ib_rate_degraded, ib_symbol_errors, ...
+    evidence: tuple[str, ...]
+    since: float  # agent time the evidence began
+
+
+def expected_rate(ports: list[IbPort], cfg: PortRuleConfig, link_layer: str) -> float | None:
+    """The configured rate, else the rate most up ports of ``link_layer`` run at (None: no majority)."""
+    if cfg.expected_rate_gbps > 0:
+        return cfg.expected_rate_gbps
+    rates = Counter(p.rate_gbps for p in ports if p.up and p.link_layer == link_layer and p.rate_gbps > 0)
+    if len(rates) < 1 or sum(rates.values()) < 2:
+        return None
+    (best, count), *rest = rates.most_common()
+    if rest and rest[0][1] == count:
+        return None  # a tie is no majority
+    return best
+
+
+def _per_hour(increase: int, window_s: float) -> float:
+    # a window shorter than an hour (a young agent) is judged as a full hour: no budget alarm from one error
+    return increase * 3600.0 / max(window_s, 3600.0)
+
+
+def evaluate_ports(ports: list[IbPort], cfg: PortRuleConfig, now: float) -> list[PortFinding]:
+    """Every finding true now for one host's ports (``now`` on the agent's clock, like the records)."""
+    if not cfg.enabled:
+        return []
+    judged = [p for p in ports if not any(fnmatch.fnmatchcase(p.device, g) for g in cfg.ignore_devices)]
+    out: list[PortFinding] = []
+    for port in judged:
+        out.extend(_port(port, judged, cfg, now))
+    return out
+
+
+def _port(port: IbPort, ports: list[IbPort], cfg: PortRuleConfig, now: float) -> list[PortFinding]:
+    out: list[PortFinding] = []
+    name = f"{port.device} port {port.port}"
+
+    def finding(kind: Kind, action: Action, reason: str, since: float, *evidence: str) -> None:
+        out.append(
+            PortFinding(
+                device=port.device,
+                port=port.port,
+                kind=kind,
+                action=action,
+                reason=reason,
+                evidence=tuple(evidence),
+                since=since,
+            )
+        )
+
+    if not port.up and port.seen_up and port.down_since is not None:
+        down_for = now - port.down_since
+        if down_for >= cfg.down_after_s:
+            finding(
+                "faulty",
+                "drain",
+                "ib_port_down",
+                port.down_since,
+                f"{name} is {port.state.upper()} / {port.phys_state} for {down_for:.0f}s (was up before)",
+            )
+    downs = len(port.downs)
+    if downs >= cfg.flap_downs:
+        finding(
+            "faulty",
+            "drain",
+            "ib_link_flap",
+            port.downs[0],
+            f"{name} lost its link {downs} times in the last {port.flap_window_s:.0f}s "
+            f"(threshold {cfg.flap_downs})",
+        )
+    elif downs and port.up:
+        finding(
+            "degraded",
+            "none",
+            "ib_link_downed",
+            port.downs[-1],
+            f"{name} lost its link {downs} time(s) in the last {port.flap_window_s:.0f}s and is up again "
+            f"(link_downed {port.counters.get('link_downed', 0)})",
+        )
+    if port.up:
+        want = expected_rate(ports, cfg, port.link_layer)
+        if want is not None and 0 < port.rate_gbps < want:
+            source = "configured" if cfg.expected_rate_gbps > 0 else "the host's other ports"
+            finding(
+                "degraded",
+                "drain",
+                "ib_rate_degraded",
+                port.t,
+                f"{name} runs at {port.rate_gbps:g} Gb/s, expected {want:g} Gb/s ({source})",
+            )
+    symbol = port.window_increase.get("symbol_error", 0)
+    if symbol and _per_hour(symbol, port.window_s) > cfg.symbol_error_budget_per_hour:
+        finding(
+            "degraded",
+            "drain",
+            "ib_symbol_errors",
+            port.t - port.window_s,
+            f"{name}: {symbol} symbol errors in {port.window_s / 60:.0f} min "
+            f"(budget {cfg.symbol_error_budget_per_hour:g}/h)",
+        )
+    receive = {n: port.window_increase[n] for n in RECEIVE_ERROR_COUNTERS if port.window_increase.get(n)}
+    total = sum(receive.values())
+    if total and _per_hour(total, port.window_s) > cfg.receive_error_budget_per_hour:
+        detail = ", ".join(f"{n} +{v}" for n, v in sorted(receive.items()))
+        finding(
+            "degraded",
+            "drain",
+            "ib_receive_errors",
+            port.t - port.window_s,
+            f"{name}: receive/integrity errors rising ({detail} in {port.window_s / 60:.0f} min, "
+            f"budget {cfg.receive_error_budget_per_hour:g}/h)",
+        )
+    return out

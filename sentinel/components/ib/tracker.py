@@ -1,0 +1,242 @@
+"""Port history: readings in, :class:`~sentinel.components.ib.record.IbPort` records out.
+
+Only history says that a link flaps, that symbol errors exceed a per-hour budget, or how fast a counter
+grows, so the agent keeps, per port, the previous reading, a few spaced samples of the error counters over
+the error window, and the link-down events within the flap window. Link-down events come from the
+``link_downed`` counter (the HCA counts every loss of link, including the ones that recover between two
+readings) and, where the counter did not move, from an observed up → down transition.
+
+The history that verdicts depend on — downs, the error samples, whether the port was ever up, since when it
+is down — is written to a small JSON file in the agent's state directory, so an agent restart (an upgrade, a
+crash loop) neither forgets a flapping link nor mistakes a long-down port for a fresh one. The file is
+bounded (ports, events, samples) and a damaged one is ignored with a log line, never a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sentinel.components.ib.record import ERROR_COUNTERS, IbPort, PortReading
+from sentinel.log import get_logger
+
+log = get_logger(module="components.ib.tracker")
+
+MAX_PORTS = 1024
+MAX_DOWNS = 64
+MAX_ERROR_SAMPLES = 64
+STATE_VERSION = 1
+#: persist at least this often even when nothing verdict-relevant changed (error samples move on)
+PERSIST_EVERY_S = 60.0
+MAX_STATE_BYTES = 4 * 1024 * 1024
+
+
+@dataclass
+class _History:
+    counters: dict[str, int] = field(default_factory=dict)
+    t: float = -math.inf
+    up: bool | None = None
+    seen_up: bool = False
+    down_since: float | None = None
+    downs: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_DOWNS))
+    samples: deque[tuple[float, dict[str, int]]] = field(
+        default_factory=lambda: deque(maxlen=MAX_ERROR_SAMPLES)
+    )
+
+
+class PortTracker:
+    """Turns readings into records; ``state_path`` (None: memory only) keeps the history across restarts."""
+
+    def __init__(
+        self, *, flap_window_s: float = 600.0, error_window_s: float = 3600.0, state_path: Path | None = None
+    ) -> None:
+        self.flap_window_s = flap_window_s
+        self.error_window_s = error_window_s
+        self.state_path = state_path
+        self.ports: dict[str, _History] = {}
+        self.persist_errors = 0
+        self._dirty = False
+        self._persisted_at = -math.inf
+        if state_path is not None:
+            self._load(state_path)
+
+    # -- readings ---------------------------------------------------------------------------------------
+
+    def update(self, readings: list[PortReading], now: float) -> list[IbPort]:
+        out = [self._one(reading, now) for reading in readings[:MAX_PORTS]]
+        self._persist(now)
+        return out
+
+    def _one(self, r: PortReading, now: float) -> IbPort:
+        key = r.key
+        h = self.ports.get(key)
+        if h is None:
+            if len(self.ports) >= MAX_PORTS:
+                self.ports.pop(next(iter(self.ports)))
+            h = self.ports[key] = _History()
+        up = r.up
+        rates: dict[str, float] = {}
+        reset = any(r.counters.get(name, value) < value for name, value in h.counters.items())
+        if h.counters and not reset:
+            dt = now - h.t
+            if dt > 0:
+                for name, value in r.counters.items():
+                    before = h.counters.get(name)
+                    if before is not None:
+                        rates[name] = (value - before) / dt
+            downed = r.counters.get("link_downed", 0) - h.counters.get("link_downed", 0)
+        else:
+            downed = 0
+        if reset:
+            h.samples.clear()  # a driver reload or reboot zeroed the counters: the window starts over
+            self._dirty = True
+        went_down = h.up is True and not up
+        events = max(downed, 1 if went_down else 0)
+        for _ in range(min(events, MAX_DOWNS)):
+            h.downs.append(now)
+        if events:
+            self._dirty = True
+        if up:
+            if not h.seen_up or h.down_since is not None:
+                self._dirty = True
+            h.seen_up = True
+            h.down_since = None
+        elif h.down_since is None:
+            h.down_since = now
+            self._dirty = True
+        while h.downs and now - h.downs[0] > self.flap_window_s:
+            h.downs.popleft()
+            self._dirty = True
+        errors = {name: r.counters[name] for name in ERROR_COUNTERS if name in r.counters}
+        spacing = self.error_window_s / (MAX_ERROR_SAMPLES - 1)
+        if not h.samples or now - h.samples[-1][0] >= spacing:
+            h.samples.append((now, errors))
+        while len(h.samples) > 1 and now - h.samples[1][0] >= self.error_window_s:
+            h.samples.popleft()
+        oldest = h.samples[0][1]
+        increase = {
+            name: value - oldest[name]
+            for name, value in errors.items()
+            if name in oldest and value > oldest[name]
+        }
+        h.counters, h.t, h.up = dict(r.counters), now, up
+        return IbPort(
+            device=r.device,
+            port=r.port,
+            state=r.state,
+            phys_state=r.phys_state,
+            rate_gbps=r.rate_gbps,
+            link_layer=r.link_layer,
+            counters=r.counters,
+            gpus=r.gpus,
+            netdev=r.netdev,
+            pci_bus=r.pci_bus,
+            numa_node=r.numa_node,
+            locality=r.locality,
+            t=now,
+            rates=rates,
+            window_increase=increase,
+            window_s=min(self.error_window_s, max(0.0, now - h.samples[0][0])),
+            downs=list(h.downs),
+            flap_window_s=self.flap_window_s,
+            seen_up=h.seen_up,
+            down_since=h.down_since,
+        )
+
+    # -- persistence ------------------------------------------------------------------------------------
+
+    def _persist(self, now: float) -> None:
+        path = self.state_path
+        if path is None or (not self._dirty and now - self._persisted_at < PERSIST_EVERY_S):
+            return
+        document = {
+            "version": STATE_VERSION,
+            "ports": {
+                key: {
+                    "counters": h.counters,
+                    "t": h.t,
+                    "up": h.up,
+                    "seen_up": h.seen_up,
+                    "down_since": h.down_since,
+                    "downs": list(h.downs),
+                    "samples": [[t, c] for t, c in h.samples],
+                }
+                for key, h in self.ports.items()
+            },
+        }
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps(document, separators=(",", ":")))
+            os.replace(tmp, path)
+        except OSError as exc:
+            self.persist_errors += 1
+            log.warning("ib_state_write_failed", path=str(path), error=exc.strerror or str(exc))
+            return
+        self._dirty = False
+        self._persisted_at = now
+
+    def _load(self, path: Path) -> None:
+        try:
+            with path.open("rb") as handle:
+                raw = handle.read(MAX_STATE_BYTES + 1)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            log.warning("ib_state_unreadable", path=str(path), error=exc.strerror or str(exc))
+            return
+        try:
+            if len(raw) > MAX_STATE_BYTES:
+                raise ValueError(f"larger than {MAX_STATE_BYTES} bytes")
+            document = json.loads(raw)
+            if not isinstance(document, dict) or document.get("version") != STATE_VERSION:
+                raise ValueError("unknown version")
+            ports = document.get("ports")
+            if not isinstance(ports, dict):
+                raise ValueError("no ports object")
+            for key, entry in list(ports.items())[:MAX_PORTS]:
+                self.ports[str(key)[:160]] = _history_of(entry)
+        except (ValueError, TypeError, KeyError) as exc:
+            self.ports.clear()
+            log.warning("ib_state_ignored", path=str(path), error=str(exc)[:200])
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"not a finite number: {str(value)[:40]}")
+    return float(value)
+
+
+def _counts(value: Any) -> dict[str, int]:
+    if not isinstance(value, dict):
+        raise ValueError("counters not an object")
+    out: dict[str, int] = {}
+    for name, count in list(value.items())[:256]:
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"counter {str(name)[:40]} not a non-negative integer")
+        out[str(name)[:64]] = count
+    return out
+
+
+def _history_of(entry: Any) -> _History:
+    if not isinstance(entry, dict):
+        raise ValueError("port entry not an object")
+    h = _History()
+    h.counters = _counts(entry.get("counters", {}))
+    h.t = _number(entry.get("t", 0.0))
+    up = entry.get("up")
+    h.up = up if isinstance(up, bool) else None
+    h.seen_up = entry.get("seen_up") is True
+    since = entry.get("down_since")
+    h.down_since = None if since is None else _number(since)
+    for t in list(entry.get("downs", []))[-MAX_DOWNS:]:
+        h.downs.append(_number(t))
+    for item in list(entry.get("samples", []))[-MAX_ERROR_SAMPLES:]:
+        if not isinstance(item, list) or len(item) != 2:
+            raise ValueError("sample not a [t, counters] pair")
+        h.samples.append((_number(item[0]), _counts(item[1])))
+    return h

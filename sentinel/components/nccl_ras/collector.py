@@ -1,0 +1,108 @@
+"""The agent's ``nccl_ras`` collector: query the local RAS service for the jobs whose rank 0 runs here.
+
+RAS gives every node the job-wide view, and each query makes RAS gather data from every process of the
+job, so one host per job asks — the one running global rank 0 — instead of all of them. The query runs as
+a background task: a slow answer (RAS waits for unresponsive processes) never delays the tick; its result
+ships with the first tick after it arrives. Nothing listening (no NCCL >= 2.24 job, or RAS disabled) is
+normal: it is counted as ``not_listening`` and retried after ``refused_backoff_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from sentinel.agent.collectors import Collector
+from sentinel.components.nccl_ras.client import RasError, RasNotListening, query_status
+from sentinel.components.nccl_ras.metrics import RasMetrics
+from sentinel.components.nccl_ras.parse import parse_status
+from sentinel.components.nccl_ras.record import RasStatus
+from sentinel.log import get_logger
+
+log = get_logger(module="components.nccl_ras")
+MAX_JOBS = 16
+
+
+class RasSink(Protocol):
+    def ras_jobs(self) -> list[str]: ...
+
+    def add_ras(self, status: RasStatus) -> None: ...
+
+
+class RasCollector(Collector):
+    name = "nccl_ras"
+
+    def __init__(  # noqa: PLR0913
+        self,
+        sink: RasSink,
+        metrics: RasMetrics,
+        *,
+        host: str,
+        port: int,
+        interval_s: float,
+        timeout_s: float,
+        refused_backoff_s: float,
+        tick_s: float,
+    ) -> None:
+        super().__init__(tick_s)
+        self.sink = sink
+        self.metrics = metrics
+        self.host = host
+        self.port = port
+        self.query_interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.refused_backoff_s = refused_backoff_s
+        self._task: asyncio.Task[str] | None = None
+        self._task_job = ""
+        self._task_t = 0.0
+        self._next = 0.0
+
+    async def collect(self, now: float) -> None:
+        task = self._task
+        if task is not None and task.done():
+            self._task = None
+            self._finish(task, now)
+        if self._task is not None or now < self._next:
+            return
+        jobs = self.sink.ras_jobs()
+        if not jobs:
+            return
+        job = jobs[0] if len(jobs) == 1 else sorted(jobs)[int(now / self.query_interval_s) % len(jobs)]
+        self._task_job, self._task_t = job, now
+        self._next = now + self.query_interval_s
+        self._task = asyncio.create_task(
+            query_status(
+                self.host,
+                self.port,
+                timeout_s=self.timeout_s,
+                collective_timeout_s=max(1, int(self.timeout_s) - 1),
+            ),
+            name=f"nccl-ras-{job}",
+        )
+
+    def _finish(self, task: asyncio.Task[str], now: float) -> None:
+        try:
+            text = task.result()
+        except RasNotListening:
+            self.metrics.queries["not_listening"] += 1
+            self._next = max(self._next, now + self.refused_backoff_s)
+            return
+        except (RasError, OSError) as exc:
+            self.metrics.queries["error"] += 1
+            log.warning("nccl_ras_query_failed", job=self._task_job, error=str(exc)[:300])
+            return
+        self.metrics.queries["ok"] += 1
+        status = parse_status(text)
+        status.t, status.job = self._task_t, self._task_job
+        if status.unparsed:
+            log.info("nccl_ras_unparsed_lines", job=self._task_job, lines=status.unparsed)
+        latest = self.metrics.latest
+        if self._task_job not in latest and len(latest) >= MAX_JOBS:
+            latest.pop(next(iter(latest)))
+        latest[self._task_job] = status
+        self.sink.add_ras(status)
+
+    def close(self) -> None:
+        super().close()
+        if self._task is not None:
+            self._task.cancel()
