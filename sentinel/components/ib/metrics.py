@@ -39,9 +39,7 @@ class IbPortMetrics(Collector):
             "IB/RoCE port identity and the GPUs it serves; always 1",
             labels=[*LABELS, "link_layer", "netdev", "pci_bus", "numa_node", "gpus", "locality"],
         )
-        up = GaugeMetricFamily(
-            "sentinel_ib_port_up", "1 when the port is ACTIVE and LinkUp", labels=LABELS
-        )
+        up = GaugeMetricFamily("sentinel_ib_port_up", "1 when the port is ACTIVE and LinkUp", labels=LABELS)
         state = GaugeMetricFamily(
             "sentinel_ib_port_state",
             "1 for the port's logical state (active, down, init, armed, other), 0 for the others",

@@ -80,7 +80,9 @@ class PortRuleConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = 10.0
     ignore_devices: Annotated[
         list[str],
-        msgspec.Meta(description="device name globs never judged (storage or management HCAs), e.g. mlx5_bond*"),
+        msgspec.Meta(
+            description="device name globs never judged (storage or management HCAs), e.g. mlx5_bond*"
+        ),
     ] = []
 
 

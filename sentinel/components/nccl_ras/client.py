@@ -32,7 +32,8 @@ async def _line(reader: asyncio.StreamReader, deadline_s: float) -> str:
     try:
         data = await asyncio.wait_for(reader.readline(), deadline_s)
     except (TimeoutError, asyncio.LimitOverrunError, ValueError) as exc:
-        raise RasError(f"no reply line within {deadline_s:g}s" if isinstance(exc, TimeoutError) else str(exc))
+        detail = f"no reply line within {deadline_s:g}s" if isinstance(exc, TimeoutError) else str(exc)
+        raise RasError(detail) from exc
     if not data:
         raise RasError("the RAS service closed the connection")
     return data.decode("ascii", "replace").strip()

@@ -32,7 +32,7 @@ class RasSink(Protocol):
 class RasCollector(Collector):
     name = "nccl_ras"
 
-    def __init__(  # noqa: PLR0913
+    def __init__(
         self,
         sink: RasSink,
         metrics: RasMetrics,

@@ -35,15 +35,18 @@ class RasMetrics(Collector):
             queries.add_metric([*base, result], float(self.queries.get(result, 0)))
         yield queries
         healthy = GaugeMetricFamily(
-            "sentinel_nccl_ras_healthy", "1 when the job's latest RAS answer reports no problem",
+            "sentinel_nccl_ras_healthy",
+            "1 when the job's latest RAS answer reports no problem",
             labels=["cluster", "host", "job"],
         )
         missing = GaugeMetricFamily(
-            "sentinel_nccl_ras_missing_processes", "job processes RAS got no data from",
+            "sentinel_nccl_ras_missing_processes",
+            "job processes RAS got no data from",
             labels=["cluster", "host", "job"],
         )
         dead = GaugeMetricFamily(
-            "sentinel_nccl_ras_dead_processes", "job processes RAS considers dead",
+            "sentinel_nccl_ras_dead_processes",
+            "job processes RAS considers dead",
             labels=["cluster", "host", "job"],
         )
         for job, status in sorted(self.latest.items()):

@@ -34,7 +34,9 @@ _ROW = re.compile(
 _COMMS_TIME = re.compile(r"^Communicators\.\.\.\s*\((\d{1,6}(?:\.\d{1,6})?)s\)")
 _OBTAINED = re.compile(r"obtained a result in (\d{1,6}(?:\.\d{1,6})?)s")
 _COMM_HEAD = re.compile(r"^#(\d{1,9})-(\d{1,9}) \(([0-9a-fA-F]{1,32})\) ([A-Z]{1,16})\s*$")
-_PROCESS = re.compile(r"^Process (\d{1,10}) on node (\S{1,256}) managing GPUs? ([0-9][0-9 ,()\-NVML]{0,200})$")
+_PROCESS = re.compile(
+    r"^Process (\d{1,10}) on node (\S{1,256}) managing GPUs? ([0-9][0-9 ,()\-NVML]{0,200})$"
+)
 _RANK = re.compile(
     r"^Rank (\d{1,10})(?P<what>(?: has status (?P<status>\w{1,16})| has launched up to operation (?P<ops>\d{1,20})"
     r"| has not launched any operations| reported (?P<error>.{1,120}?)))? -- "
@@ -123,6 +125,11 @@ class _Parser:
                     self._block(block)
                     block = []
                 continue
+            if self.section not in ("errors", "warnings") and _COMM_HEAD.match(stripped):
+                self.section = "warnings"  # an excerpt without its section title: still a block
+            elif stripped.startswith("Group ") and "Comms" in stripped:
+                self.section = "comms"  # the table's header, with or without the Communicators title
+                continue
             if self.section in ("errors", "warnings"):
                 block.append(stripped)
             else:
@@ -182,7 +189,11 @@ class _Parser:
         if self.section == "job":
             totals = _TOTALS.match(line)
             if totals is not None:  # Nodes (total), Processes per node, GPUs per process, Processes, GPUs
-                s.nodes, s.processes, s.gpus = int(totals.group(1)), int(totals.group(4)), int(totals.group(5))
+                s.nodes, s.processes, s.gpus = (
+                    int(totals.group(1)),
+                    int(totals.group(4)),
+                    int(totals.group(5)),
+                )
                 return
             if _TOTALS3.match(line) is not None or line.startswith(
                 ("Nodes", "(total)", "per node", "The outlier", "Node ")
@@ -271,7 +282,8 @@ class _Parser:
             missing_ranks=missing_ranks,
             about=about,
             groups=[
-                RasOpGroup(count=c, ops=o, status=st, ranks=r[:MAX_ITEMS]) for c, o, st, r in groups[:MAX_ITEMS]
+                RasOpGroup(count=c, ops=o, status=st, ranks=r[:MAX_ITEMS])
+                for c, o, st, r in groups[:MAX_ITEMS]
             ],
             errors=errors,
             lines=[line[:200] for line in body[:MAX_LINES]],
@@ -281,14 +293,14 @@ class _Parser:
     def _place(rank: RasRankRef, groups: list[tuple[int, int | None, str, list[RasRankRef]]]) -> None:
         """A rank line belongs to the group printed just before it (or says its own count / status)."""
         if rank.ops is not None or rank.status:
-            for count, ops, status, ranks in groups:
+            for _count, ops, status, ranks in groups:
                 if (rank.ops is not None and ops == rank.ops) or (rank.status and status == rank.status):
                     ranks.append(rank)
                     return
             groups.append((1, rank.ops, rank.status if rank.ops is None else "", [rank]))
             return
         if groups:
-            count, ops, status, ranks = groups[-1]
+            _count, ops, status, ranks = groups[-1]
             if ops is not None and rank.ops is None:
                 rank = RasRankRef(rank=rank.rank, gpu=rank.gpu, pid=rank.pid, node=rank.node, ops=ops)
             elif status:

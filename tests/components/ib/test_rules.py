@@ -1,0 +1,129 @@
+"""Port history and port rules over ticks of a changing fixture tree (virtual time, no sleeping)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sentinel.components.ib.record import IbPort
+from sentinel.components.ib.rule import PortRuleConfig, evaluate_ports
+from sentinel.components.ib.sysfs import SysfsPorts
+from sentinel.components.ib.tracker import PortTracker
+from tests.components.ib.conftest import SysfsTree
+
+CFG = PortRuleConfig()
+
+
+def tick(tree: SysfsTree, tracker: PortTracker, t: float) -> dict[str, IbPort]:
+    return {p.device: p for p in tracker.update(SysfsPorts(tree.root).read().ports, t)}
+
+
+def reasons(ports: dict[str, IbPort], t: float, cfg: PortRuleConfig = CFG) -> set[tuple[str, str]]:
+    return {(f.device, f.reason) for f in evaluate_ports(list(ports.values()), cfg, t)}
+
+
+def test_healthy_tree_has_no_findings(dgx: SysfsTree) -> None:
+    tracker = PortTracker()
+    for t in (0.0, 2.0, 4.0):
+        ports = tick(dgx, tracker, t)
+    assert reasons(ports, 4.0) == set()  # mlx5_3 was never up: an unused port is no fault
+
+
+def test_counter_rates_per_second(dgx: SysfsTree) -> None:
+    tracker = PortTracker()
+    tick(dgx, tracker, 0.0)
+    dgx.add("mlx5_0", "port_xmit_data", 50_000_000)
+    ports = tick(dgx, tracker, 2.0)
+    assert ports["mlx5_0"].rates["port_xmit_data"] == 25_000_000.0
+    assert ports["mlx5_0"].rates["symbol_error"] == 0.0
+
+
+def test_port_down_after_grace_and_recovery(dgx: SysfsTree) -> None:
+    tracker = PortTracker()
+    tick(dgx, tracker, 0.0)
+    dgx.link_down("mlx5_0")
+    ports = tick(dgx, tracker, 2.0)
+    assert ("mlx5_0", "ib_port_down") not in reasons(ports, 3.0)  # inside down_after_s
+    ports = tick(dgx, tracker, 4.0)
+    found = evaluate_ports(list(ports.values()), CFG, 4.0)
+    down = next(f for f in found if f.reason == "ib_port_down")
+    assert (down.kind, down.action, down.since) == ("faulty", "drain", 2.0)
+    dgx.link_up("mlx5_0")
+    ports = tick(dgx, tracker, 6.0)
+    assert reasons(ports, 6.0) == {("mlx5_0", "ib_link_downed")}  # one loss that recovered: degraded
+
+
+def test_flap_from_link_downed_between_reads(dgx: SysfsTree) -> None:
+    tracker = PortTracker()
+    tick(dgx, tracker, 0.0)
+    dgx.add("mlx5_1", "link_downed", 3)  # three bounces between two reads: the state never looked down
+    ports = tick(dgx, tracker, 2.0)
+    assert ("mlx5_1", "ib_link_flap") in reasons(ports, 2.0)
+    ports = tick(dgx, tracker, 2.0 + 601.0)
+    assert reasons(ports, 603.0) == set()  # out of the flap window
+
+
+def test_flaps_survive_an_agent_restart(dgx: SysfsTree, tmp_path: Path) -> None:
+    state = tmp_path / "ib_ports.json"
+    tracker = PortTracker(state_path=state)
+    tick(dgx, tracker, 0.0)
+    for t in (10.0, 20.0):
+        dgx.link_down("mlx5_0")
+        tick(dgx, tracker, t)
+        dgx.link_up("mlx5_0")
+        tick(dgx, tracker, t + 2)
+    assert state.exists()
+    restarted = PortTracker(state_path=state)  # a new agent process
+    dgx.link_down("mlx5_0")
+    dgx.link_up("mlx5_0")  # the third bounce happened while the agent was restarting
+    ports = tick(dgx, restarted, 40.0)
+    assert len(ports["mlx5_0"].downs) == 3
+    assert ("mlx5_0", "ib_link_flap") in reasons(ports, 40.0)
+    fresh = PortTracker()  # without the state file the same reading shows no history
+    assert len(tick(dgx, fresh, 40.0)["mlx5_0"].downs) == 0
+
+
+def test_damaged_state_file_is_ignored(dgx: SysfsTree, tmp_path: Path) -> None:
+    state = tmp_path / "ib_ports.json"
+    state.write_text('{"version": 1, "ports": {"mlx5_0/1": {"downs": ["x"]}}}')
+    tracker = PortTracker(state_path=state)
+    assert tracker.ports == {}
+    assert tick(dgx, tracker, 0.0)["mlx5_0"].downs == []
+
+
+def test_rate_below_host_majority_or_config(dgx: SysfsTree) -> None:
+    tracker = PortTracker()
+    dgx.set("mlx5_1", "rate", "200 Gb/sec (2X NDR)")
+    ports = tick(dgx, tracker, 0.0)
+    assert reasons(ports, 0.0) == set()  # 400 vs 200 among InfiniBand ports: a tie is no majority
+    configured = PortRuleConfig(expected_rate_gbps=400, ignore_devices=["mlx5_2"])  # the RoCE NIC is 200G
+    assert reasons(ports, 0.0, configured) == {("mlx5_1", "ib_rate_degraded")}
+    dgx.set("mlx5_3", "state", "4: ACTIVE")
+    dgx.set("mlx5_3", "phys_state", "5: LinkUp")
+    dgx.set("mlx5_3", "rate", "400 Gb/sec (4X NDR)")
+    ports = tick(dgx, tracker, 2.0)
+    assert reasons(ports, 2.0) == {("mlx5_1", "ib_rate_degraded")}  # two of three run at 400
+
+
+def test_symbol_and_receive_error_budgets(dgx: SysfsTree) -> None:
+    tracker = PortTracker(error_window_s=3600.0)
+    tick(dgx, tracker, 0.0)
+    dgx.add("mlx5_0", "symbol_error", 10)
+    dgx.add("mlx5_2", "port_rcv_errors", 6)
+    dgx.add("mlx5_2", "local_link_integrity_errors", 5)
+    ports = tick(dgx, tracker, 600.0)
+    assert reasons(ports, 600.0) == {("mlx5_2", "ib_receive_errors")}  # 10 symbol errors: within budget
+    dgx.add("mlx5_0", "symbol_error", 1)
+    ports = tick(dgx, tracker, 1200.0)
+    assert ("mlx5_0", "ib_symbol_errors") in reasons(ports, 1200.0)
+    ports = tick(dgx, tracker, 1200.0 + 3700.0)
+    assert reasons(ports, 4900.0) == set()  # the errors aged out of the hour
+
+
+def test_ignored_devices(dgx: SysfsTree) -> None:
+    tracker = PortTracker()
+    tick(dgx, tracker, 0.0)
+    dgx.link_down("mlx5_2")
+    tick(dgx, tracker, 10.0)
+    ports = tick(dgx, tracker, 12.0)
+    assert ("mlx5_2", "ib_port_down") in reasons(ports, 12.0)
+    assert reasons(ports, 12.0, PortRuleConfig(ignore_devices=["mlx5_2*"])) == set()
