@@ -24,6 +24,10 @@ _BDF_RE: Final = re.compile(
 )
 
 
+# ``PCI:`` before an address, also as OCR misreads it (``PCl:``, ``PC1:``).
+_PCI_TAG_RE: Final = re.compile(r"PC[Il1|]:")
+
+
 def bounded(text: str) -> str:
     """Cut ``text`` to :data:`MAX_TEXT` characters so every regex runs in bounded time."""
     return text if len(text) <= MAX_TEXT else text[:MAX_TEXT]
@@ -59,7 +63,7 @@ def normalize_pci(text: str | None) -> str | None:
     """
     if not text:
         return None
-    match = _BDF_RE.search(text.replace("PCI:", "PCI "))
+    match = _BDF_RE.search(_PCI_TAG_RE.sub("PCI ", text) if "PC" in text else text)
     if match is None:
         return None
     domain, bus, device = match.group(1), match.group(2), match.group(3)

@@ -22,8 +22,10 @@ from sentinel.signals.ecc import evaluate_ecc, evaluate_retired_pages, parse_ecc
 from sentinel.signals.health import MemoryFinding
 from sentinel.signals.kernel import kernel_events
 from sentinel.signals.nccl_log import chatter_event, global_rank, nccl_events, torch_events, torch_rank
-from sentinel.signals.record import KIND_RANK, Classified, Kind, make_event, most_severe
+from sentinel.signals.ocr import repair
+from sentinel.signals.record import KIND_RANK, Classified, Kind, make_event, most_severe, severity_key
 from sentinel.signals.rowremap import evaluate_row_remap, parse_row_remap
+from sentinel.signals.rules import rule_events
 from sentinel.signals.xid import parse_xid
 
 #: An NCCL INFO line (``host:pid:tid [dev] NCCL INFO``, NCCL <= 2.4 without ``NCCL``, behind at most three
@@ -49,12 +51,43 @@ def is_noise(event: Classified) -> bool:
 
 
 def line_events(line: str) -> list[Classified]:
-    """Every event in one logical line (no block parsing)."""
+    """Every event in one logical line (no block parsing).
+
+    The format parsers read the fields; :func:`~sentinel.signals.rules.rule_events` applies the labelling
+    rules to what they do not recognise. A line in which nothing above info was found is read once more
+    with OCR-damaged key words repaired (:func:`~sentinel.signals.ocr.repair`); that reading wins only
+    when it finds something more severe.
+    """
     text = bounded(line)
     chatter = _CHATTER_RE.match(text)
     if chatter is not None:
         return [chatter_event(text)]
-    events: list[Classified] = []
+    events = _parsed_events(_strip_table(text))
+    best = most_severe(events)
+    if best is None or best.severity == "info" or best.reason == "failure_words":
+        repaired = repair(text)
+        if repaired != text:
+            again = _parsed_events(_strip_table(repaired))
+            fixed = most_severe(again)
+            if fixed is not None and (
+                best is None
+                or severity_key(fixed) > severity_key(best)
+                or (best.reason == "failure_words" and fixed.reason != "failure_words")
+            ):
+                return again
+    return events
+
+
+def _strip_table(text: str) -> str:
+    """A diagnostics-tool table row (``| GPU Memory | Fail - GPU 0 ... |``) read as its cells' text."""
+    stripped = text.strip()
+    if len(stripped) > 2 and stripped[0] == "|" and stripped[-1] == "|":
+        return " | ".join(cell.strip() for cell in stripped[1:-1].split("|") if cell.strip())
+    return text
+
+
+def _parsed_events(text: str) -> list[Classified]:
+    events: list[Classified] = _field_events(text) if " : " in text else []
     xid = parse_xid(text)
     if xid is not None:
         events.append(
@@ -76,6 +109,7 @@ def line_events(line: str) -> list[Classified]:
         events.extend(kernel_events(text))
     events.extend(nccl_events(text))
     events.extend(torch_events(text))
+    events.extend(rule_events(text, events))
     rank = global_rank(text)
     if rank is not None:
         for index, event in enumerate(events):
@@ -96,11 +130,17 @@ def text_events(text: str) -> list[Classified]:
     lines = [segment for segment in re.split(r"\r\n|\r|\n", text) if segment.strip()]
     if len(lines) <= 1:
         line = lines[0] if lines else text
-        return [*_field_events(line), *line_events(line)] if " : " in line else line_events(line)
+        return line_events(line)
     events = _block_events(text)
-    if "Root Cause" in text:
-        # Needs the line structure ("rank : 10" on its own line), so before the joined form.
-        events.extend(event for event in torch_events(text) if event.reason == "torchrun_root_cause")
+    if events:
+        # An ``nvidia-smi -q`` section read field by field; joining its lines would only blur it.
+        return events
+    if "Root Cause" in text or "exitcode" in text:
+        # torchrun's failure summary needs the line structure ("rank : 10" on its own line); its fields
+        # say everything, so the joined reading is not tried.
+        summary = [event for event in torch_events(text) if event.reason == "torchrun_root_cause"]
+        if summary:
+            return summary
     events.extend(_joined_events(lines))
     return events
 

@@ -77,10 +77,6 @@ _CONFIG_WARN_RE: Final = re.compile(
 _RAS_MISMATCH_RE: Final = re.compile(
     r"MISMATCH\b[\s\S]{0,400}?Communicator ranks have different (?P<op>\w{1,40}) operation counts"
 )
-_RAS_ROW_RE: Final = re.compile(
-    r"(?:^|\s)\d{1,9}(?:[ \t]+\d{1,12}){4,8}[ \t]+[A-Z_]{2,20}(?:[ \t]+[A-Z_]{2,20})?\s*$"
-)
-_NCCL_TESTS_FAIL_RE: Final = re.compile(r"\bTest (?:CUDA|NCCL) failure\b")
 
 # --- PyTorch ------------------------------------------------------------------------------------------
 
@@ -168,7 +164,6 @@ _TORCH_RULES: Final[tuple[tuple[tuple[str, ...], re.Pattern[str], Severity, str]
         "critical",
         "watchdog_heartbeat",
     ),
-    (("ChildFailedError",), re.compile(r"\bChildFailedError\b"), "critical", "torchrun_child_failed"),
     (
         ("CUDA error",),
         re.compile(r"RuntimeError: CUDA error|\bCUDA error: an illegal"),
@@ -319,15 +314,11 @@ def nccl_events(text: str) -> list[Classified]:
                 make_event(
                     "nccl_warn_other",
                     "critical",
-                    op=ras.group("op"),
+                    op=ras.group("op") if ras.group("op") != "collective" else None,
                     reason="nccl_ras_mismatch",
                     message=clip(text),
                 )
             )
-    elif "\n" not in text and text.rstrip()[-1:].isupper() and _RAS_ROW_RE.search(text) is not None:
-        events.append(make_event("nccl_info", "info", reason="nccl_ras_status"))
-    if "Test " in text and _NCCL_TESTS_FAIL_RE.search(text) is not None:
-        events.append(make_event("other", "critical", reason="nccl_tests_failure", message=clip(text)))
     return events
 
 
@@ -503,9 +494,10 @@ def torch_events(text: str) -> list[Classified]:
                 message=clip(text[exit_match.start() :]),
             )
         )
-    if "Root Cause" in text and _ROOT_CAUSE_RE.search(text) is not None:
+    block_exit = _BLOCK_EXIT_RE.search(text) if "\n" in text and "exitcode" in text else None
+    if block_exit is not None or ("Root Cause" in text and _ROOT_CAUSE_RE.search(text) is not None):
+        # torchrun's failure summary ("Root Cause" or "Failures:" section): one field per line.
         block_rank = _BLOCK_RANK_RE.search(text)
-        block_exit = _BLOCK_EXIT_RE.search(text)
         code = parse_int(block_exit.group(1)) if block_exit else None
         events.append(
             make_event(
