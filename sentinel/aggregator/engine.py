@@ -3,20 +3,42 @@
 The WebSocket server and ``sentinel sim`` both go through :class:`Engine` — ``hello`` and ``ingest`` for
 what agents send, ``tick`` once per detector period — so the simulator exercises exactly the code path of
 production, minus the socket.
+
+Detectors follow :mod:`sentinel.aggregator.detectors.base`: each one is run in isolation (an exception is
+counted, logged and leaves that detector's open verdicts as they were; the others still run), timed for
+``sentinel_aggregator_detector_duration_seconds``, and can be switched off in ``detect.disabled``.
+:meth:`Engine.reconfigure` applies a reloaded configuration without losing state.
 """
 
 from __future__ import annotations
 
-import math
+import time
 from collections.abc import Callable
 
-from sentinel.aggregator.detectors import hardware, host_silent, straggler, stuck
+import structlog
+
+from sentinel.aggregator.detectors.base import Detector, Evaluation, Observation
+from sentinel.aggregator.detectors.hardware import HardwareDetector
+from sentinel.aggregator.detectors.host_silent import HostSilentDetector
+from sentinel.aggregator.detectors.straggler import StragglerDetector
+from sentinel.aggregator.detectors.stuck import Stall, StuckDetector
 from sentinel.aggregator.state import FleetState, HostView
-from sentinel.aggregator.verdicts import Change, Finding, Verdict, VerdictBook
+from sentinel.aggregator.verdicts import Change, Verdict, VerdictBook
 from sentinel.config.aggregator import AggregatorConfig
 from sentinel.wire import Batch, Hello
 
 Listener = Callable[[Change], None]
+log = structlog.get_logger("sentinel.aggregator.engine")
+
+#: every detector, in the order a tick runs them (hardware first: a stall's culprit GPU may be faulty)
+DETECTORS: tuple[type[Detector], ...] = (
+    HardwareDetector,
+    StuckDetector,
+    StragglerDetector,
+    HostSilentDetector,
+)
+#: verdicts of these detectors are about a job and close when the job ends
+JOB_DETECTORS = frozenset({StuckDetector.name, StragglerDetector.name})
 
 
 class EngineMetrics:
@@ -28,13 +50,21 @@ class EngineMetrics:
     def verdict(self, change: Change) -> None:
         """A verdict opened, changed or closed."""
 
+    def detector_run(self, name: str, seconds: float, ok: bool) -> None:
+        """A detector ran (``ok``) or raised; ``seconds`` of real time either way."""
+
 
 class Engine:
     def __init__(
-        self, config: AggregatorConfig | None = None, *, metrics: EngineMetrics | None = None
+        self,
+        config: AggregatorConfig | None = None,
+        *,
+        metrics: EngineMetrics | None = None,
+        timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.config = config or AggregatorConfig()
         self.metrics = metrics or EngineMetrics()
+        self.timer = timer
         self.fleet = FleetState(
             ema_window_s=self.config.detect.straggler.ema_window_s,
             max_gpus_per_host=self.config.limits.max_gpus_per_host,
@@ -43,17 +73,45 @@ class Engine:
             xid_config=self.config.detect.xid,
         )
         self.book = VerdictBook(closed_kept=self.config.fleet.closed_verdicts_kept)
-        self.streaks: dict[tuple[str, ...], straggler.Streak] = {}
-        self.stalls: dict[str, stuck.Stall] = {}
+        self.detectors: dict[str, Detector] = {cls.name: cls(self.config) for cls in DETECTORS}
+        self.failures: dict[str, int] = dict.fromkeys(self.detectors, 0)
         self.listeners: list[Listener] = []
-        self._next_straggler = -math.inf
-        self.last_tick = -math.inf
+        self.last_tick = -float("inf")
+
+    # -- configuration --------------------------------------------------------------------------------
+
+    @property
+    def enabled(self) -> list[Detector]:
+        off = set(self.config.detect.disabled)
+        return [d for name, d in self.detectors.items() if name not in off]
+
+    def reconfigure(self, config: AggregatorConfig, now: float) -> list[Change]:
+        """Apply a reloaded configuration: new thresholds, detectors switched on or off; state is kept.
+
+        The verdicts of a detector switched off close at once ("detector disabled"): an alert on-call
+        silences this way must stop firing.
+        """
+        was_off = set(self.config.detect.disabled)
+        self.config = config
+        off = set(config.detect.disabled)
+        for name, detector in self.detectors.items():
+            detector.configure(config)
+            if name in was_off and name not in off:
+                detector.switched_on()
+        changes: list[Change] = []
+        for key, verdict in list(self.book.open.items()):
+            if verdict.detector in off:
+                change = self.book.close(key, now, "detector disabled")
+                if change is not None:
+                    changes.append(change)
+        self._emit(changes)
+        return changes
 
     # -- input ----------------------------------------------------------------------------------------
 
     def hello(self, hello: Hello, now: float) -> HostView:
         host = self.fleet.hello(hello, now)
-        self._hardware(now)
+        self._on_ingest(now)
         return host
 
     def ingest(self, host: HostView, batch: Batch, now: float) -> bool:
@@ -61,7 +119,7 @@ class Engine:
         fresh = self.fleet.apply(host, batch, now)
         self.metrics.batch(host, batch, now, fresh)
         if fresh and self.fleet.dirty_gpus:
-            self._hardware(now)
+            self._on_ingest(now)
         return fresh
 
     def disconnected(self, host: str) -> None:
@@ -69,74 +127,66 @@ class Engine:
 
     # -- detection ------------------------------------------------------------------------------------
 
-    def _hardware(self, now: float) -> list[Change]:
-        gpus = self.fleet.take_dirty()
-        if not gpus:
+    def _on_ingest(self, now: float) -> list[Change]:
+        seen = Observation(self.fleet, now, self.fleet.take_dirty(), tick=False)
+        if not seen.changed_gpus:
             return []
-        cfg = self.config.detect.hardware
-        findings: list[Finding] = []
-        keys = set()
-        for gpu in gpus:
-            keys.add(hardware.gpu_key(gpu.host, gpu.index))
-            findings.extend(hardware.evaluate_gpu(gpu, cfg, now, self.config.detect.ecc))
-        changes = self.book.reconcile(hardware.DETECTOR, findings, now, scope=keys.__contains__)
-        self._emit(changes)
+        changes: list[Change] = []
+        for detector in self.enabled:
+            if detector.on_ingest:
+                changes.extend(self._run(detector, seen))
         return changes
 
     def tick(self, now: float) -> list[Change]:
-        """Run every detector once; returns what changed (also sent to the listeners)."""
+        """Run every enabled detector once, each in isolation; returns what changed (also to the listeners)."""
         self.last_tick = now
-        cfg = self.config
-        changes: list[Change] = []
-        # hardware verdicts whose evidence fades with time (error rates) are re-checked every tick
-        for verdict in list(self.book.open.values()):
-            if verdict.detector == hardware.DETECTOR:
-                gpu = self.fleet.gpu(verdict.host or "", verdict.gpu)
-                if gpu is not None and not gpu.dirty:
-                    gpu.dirty = True
-                    self.fleet.dirty_gpus.append(gpu)
-        changes.extend(self._hardware(now))
-        self._end_jobs(now)
-        stuck_findings: list[Finding] = []
-        stalls: dict[str, stuck.Stall] = {}
-        fresh_s = cfg.detect.stuck.heads_fresh_s
-        for job in self.fleet.jobs.values():
-            if job.heads_dirty:
-                job.heads_dirty = False
-                straggler.measure_lateness(job, now, fresh_s)
-            found, stall = stuck.evaluate_job(job, self.fleet, cfg.detect.stuck, cfg.detect.hardware, now)
-            stuck_findings.extend(found)
-            if stall is not None:
-                stalls[job.id] = stall
-        self.stalls = stalls
-        changes.extend(self._reconcile(stuck.DETECTOR, stuck_findings, now))
-        if now >= self._next_straggler:
-            self._next_straggler = now + cfg.detect.straggler.eval_interval_s
-            found = straggler.evaluate(self.fleet, cfg.detect.straggler, now, self.streaks, set(stalls))
-            changes.extend(self._reconcile(straggler.DETECTOR, found, now))
-        silent = host_silent.evaluate(self.fleet, cfg.fleet.host_silent_after_s, now)
-        changes.extend(self._reconcile(host_silent.DETECTOR, silent, now))
+        changes = self._end_jobs(now)
+        seen = Observation(self.fleet, now, self.fleet.take_dirty(), tick=True)
+        for detector in self.enabled:
+            changes.extend(self._run(detector, seen))
         return changes
 
-    def _reconcile(self, detector: str, findings: list[Finding], now: float) -> list[Change]:
-        changes = self.book.reconcile(detector, findings, now)
+    def _run(self, detector: Detector, seen: Observation) -> list[Change]:
+        started = self.timer()
+        try:
+            evaluation: Evaluation | None = detector.evaluate(seen)
+        except Exception as exc:  # one broken rule must not silence the others
+            self.failures[detector.name] += 1
+            self.metrics.detector_run(detector.name, self.timer() - started, False)
+            log.error(
+                "detector_failed",
+                detector=detector.name,
+                error=f"{type(exc).__name__}: {exc}",
+                failures=self.failures[detector.name],
+                exc_info=True,
+            )
+            return []
+        self.metrics.detector_run(detector.name, self.timer() - started, True)
+        if evaluation is None:
+            return []
+        changes = self.book.reconcile(detector.name, evaluation.findings, seen.now, scope=evaluation.scope)
         self._emit(changes)
         return changes
 
-    def _end_jobs(self, now: float) -> None:
+    def _end_jobs(self, now: float) -> list[Change]:
         gone_after = self.config.fleet.job_gone_after_s
         ended = [
             job.id
             for job in self.fleet.jobs.values()
             if now - job.last_seen > gone_after and not any(r.alive for r in job.ranks.values())
         ]
+        changes: list[Change] = []
         for job_id in ended:
-            del self.fleet.jobs[job_id]
+            self.fleet.end_job(job_id)
+            for detector in self.detectors.values():
+                detector.job_ended(job_id)
             for key, verdict in list(self.book.open.items()):
-                if verdict.job == job_id and verdict.detector in (stuck.DETECTOR, straggler.DETECTOR):
+                if verdict.job == job_id and verdict.detector in JOB_DETECTORS:
                     change = self.book.close(key, now, "job ended")
                     if change is not None:
-                        self._emit([change])
+                        changes.append(change)
+        self._emit(changes)
+        return changes
 
     def _emit(self, changes: list[Change]) -> None:
         for change in changes:
@@ -145,6 +195,19 @@ class Engine:
                 listener(change)
 
     # -- queries --------------------------------------------------------------------------------------
+
+    @property
+    def stalls(self) -> dict[str, Stall]:
+        """Jobs the stuck detector found stalled at its latest run (empty while it is switched off)."""
+        stuck = self.detectors[StuckDetector.name]
+        assert isinstance(stuck, StuckDetector)
+        return stuck.stalls if stuck.name not in self.config.detect.disabled else {}
+
+    @property
+    def straggler(self) -> StragglerDetector:
+        detector = self.detectors[StragglerDetector.name]
+        assert isinstance(detector, StragglerDetector)
+        return detector
 
     def verdicts(self, state: str | None = None) -> list[Verdict]:
         if state == "open":

@@ -12,7 +12,7 @@ import bisect
 import math
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -75,6 +75,49 @@ class AggregatorMetrics(EngineMetrics):
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
             registry=r,
         ).labels(cluster)
+
+        self._detector_seconds = Histogram(
+            "sentinel_aggregator_detector_duration_seconds",
+            "Time one detector's evaluation takes",
+            ["cluster", "detector"],
+            buckets=(0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=r,
+        )
+        self._detector_success = Gauge(
+            "sentinel_aggregator_detector_success",
+            "1 when the detector's latest evaluation succeeded, 0 when it raised",
+            ["cluster", "detector"],
+            registry=r,
+        )
+        self._detector_failures = Counter(
+            "sentinel_aggregator_detector_failures",
+            "Detector evaluations that raised (the other detectors still ran)",
+            ["cluster", "detector"],
+            registry=r,
+        )
+        self.config_reloads = Counter(
+            "sentinel_aggregator_config_reloads",
+            "Configuration reloads on SIGHUP, by result (applied, refused)",
+            ["cluster", "result"],
+            registry=r,
+        )
+        self.config_reload_success = Gauge(
+            "sentinel_aggregator_config_last_reload_success",
+            "1 when the latest SIGHUP reload was applied, 0 when the new file was refused",
+            ["cluster"],
+            registry=r,
+        ).labels(cluster)
+        self.config_reload_success.set(1)
+
+    def detector_run(self, name: str, seconds: float, ok: bool) -> None:
+        self._detector_seconds.labels(self.cluster, name).observe(max(0.0, seconds))
+        self._detector_success.labels(self.cluster, name).set(1.0 if ok else 0.0)
+        if not ok:
+            self._detector_failures.labels(self.cluster, name).inc()
+
+    def reload(self, ok: bool) -> None:
+        self.config_reloads.labels(self.cluster, "applied" if ok else "refused").inc()
+        self.config_reload_success.set(1.0 if ok else 0.0)
 
     def rejected(self, reason: str) -> None:
         self._rejected.labels(self.cluster, reason).inc()

@@ -265,6 +265,31 @@ class Aggregator:
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
+    def reload(self, load: Callable[[], AggregatorConfig]) -> bool:
+        """SIGHUP: read the configuration again and apply it without a restart; False when refused.
+
+        A file that does not load (bad TOML, a bad value) is refused with its one-line error and the
+        running configuration stays. ``server`` and ``limits`` (listener, tokens, bounds already in use)
+        only change at a restart; a reload that changes them says so and keeps the running values.
+        """
+        try:
+            new = load()
+        except Exception as exc:  # ConfigError and anything else: the old configuration stays
+            self.metrics.reload(False)
+            log().error("config_reload_refused", error=str(exc), kept="the running configuration")
+            return False
+        old = self.config
+        fixed = [name for name in ("server", "limits") if getattr(new, name) != getattr(old, name)]
+        if fixed:
+            log().warning("config_reload_needs_restart", sections=fixed)
+            new = msgspec.structs.replace(new, server=old.server, limits=old.limits)
+        self.config = new
+        self.incidents.config = new.incidents
+        self.engine.reconfigure(new, self.clock())
+        self.metrics.reload(True)
+        log().info("config_reloaded", disabled_detectors=list(new.detect.disabled))
+        return True
+
     async def start(self) -> None:
         if self._ticker is None:
             self._ticker = asyncio.get_running_loop().create_task(self._tick_loop(), name="aggregator-tick")

@@ -159,9 +159,6 @@ class RankView:
     alive: bool = True
     heads: FrHeads | None = None
     heads_at: float = -math.inf  # aggregator clock when the heads arrived
-    late_ema: float = 0.0
-    late_n: int = 0
-    measured_t: float = -math.inf
 
 
 @dataclass(slots=True)
@@ -175,7 +172,7 @@ class JobView:
     step_base: dict[str, tuple[int, float]] = field(default_factory=dict)  # pg → (seq, when) step baseline
     last_progress_at: float = -math.inf
     step_s: float | None = None
-    heads_dirty: bool = False
+    heads_version: int = 0  # bumped by every heads applied (detectors compare it to skip quiet jobs)
 
     def rank_view(self, rank: int) -> RankView:
         view = self.ranks.get(rank)
@@ -185,7 +182,10 @@ class JobView:
 
 
 class FleetState:
-    """All hosts, GPUs and jobs; mutated only through :meth:`hello` and :meth:`apply`."""
+    """All hosts, GPUs and jobs; mutated only through its methods (:meth:`hello`, :meth:`apply`, ...).
+
+    Detectors read it and never write it; what they must remember is their own state.
+    """
 
     def __init__(
         self,
@@ -448,6 +448,10 @@ class FleetState:
         job.last_seen = now
         return job
 
+    def end_job(self, job_id: str) -> None:
+        """The job is over (no process, no heads for ``job_gone_after_s``): forget it."""
+        self.jobs.pop(job_id, None)
+
     def _rank(self, job: JobView, rank: int) -> RankView | None:
         if rank not in job.ranks and len(job.ranks) >= self.max_ranks_per_job:
             self.ignored += 1
@@ -472,7 +476,7 @@ class FleetState:
         view.host = host.name
         if heads.gpu is not None:
             view.gpu = heads.gpu
-        job.heads_dirty = True
+        job.heads_version += 1
         progress = job.pg_progress
         for pg in heads.pgs:
             seq = pg.last_completed_seq

@@ -88,6 +88,18 @@ def job_summary(engine: Engine, job: JobView) -> dict[str, Any]:
     }
 
 
+def _compute(engine: Engine, job: str, rank: int) -> dict[str, Any]:
+    """The straggler detector's view of a rank: its median compute per step and how late that makes it."""
+    judged = engine.straggler.rank_judgement(job, rank)
+    if judged is None:
+        return {"compute_ms": None, "lateness_ms": None, "slowdown": None}
+    return {
+        "compute_ms": round(judged.median_s * 1000, 1),
+        "lateness_ms": round((judged.median_s - judged.job_median_s) * 1000, 1),
+        "slowdown": round(judged.slowdown, 3),
+    }
+
+
 def job_detail(engine: Engine, job: JobView, now: float) -> dict[str, Any]:
     out = job_summary(engine, job)
     ranks = []
@@ -116,7 +128,7 @@ def job_detail(engine: Engine, job: JobView, now: float) -> dict[str, Any]:
                 "pid": view.pid,
                 "alive": view.alive,
                 "heads_age_s": round(now - view.heads_at, 1) if heads is not None else None,
-                "lateness_ms": round(view.late_ema * 1000, 1) if view.late_n else None,
+                **_compute(engine, job.id, rank),
                 "pgs": pgs,
             }
         )

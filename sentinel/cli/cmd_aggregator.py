@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     setup_logging("aggregator", args.log_level or config.log.level)
     try:
-        return asyncio.run(serve(config))
+        return asyncio.run(serve(config, config_path=args.config))
     except TokenError as exc:
         print(f"sentinel aggregator: {exc}", file=sys.stderr)
         return 2
@@ -74,8 +74,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
-async def serve(config: AggregatorConfig) -> int:
-    """Run until SIGTERM/SIGINT; READY=1 once listening, WATCHDOG=1 from the detector loop."""
+async def serve(config: AggregatorConfig, *, config_path: Path | None = None) -> int:
+    """Run until SIGTERM/SIGINT; READY=1 once listening, WATCHDOG=1 from the detector loop.
+
+    SIGHUP reads the configuration again (``config_path``, else the default path) and applies it without a
+    restart; a bad file is refused with its error and the running configuration kept.
+    """
     log = get_logger(module="aggregator.main")
     notifier = SystemdNotifier()
     last_ping = [0.0]
@@ -108,6 +112,9 @@ async def serve(config: AggregatorConfig) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         aggregator = app[AGGREGATOR_KEY]
+        loop.add_signal_handler(
+            signal.SIGHUP, lambda: aggregator.reload(lambda: load_aggregator_config(config_path))
+        )
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), 10.0)

@@ -6,7 +6,7 @@ file and ``sentinel sim`` runs the very same defaults.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -198,13 +198,42 @@ class StragglerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     min_clock_drop: Annotated[
         float, msgspec.Meta(ge=0, le=1, description="SM clock at least this fraction under the peer median")
     ] = 0.08
-    min_lag_fraction: Annotated[
+    compute_window_steps: Annotated[
+        int,
+        msgspec.Meta(
+            ge=4,
+            le=1024,
+            description="steps of each rank's compute time remembered; the median over them is compared "
+            "(32: a 1.2x straggler moves it within ~20 steps, a 2-3 s pause never does)",
+        ),
+    ] = 32
+    min_steps: Annotated[
+        int, msgspec.Meta(ge=3, le=1024, description="steps a rank must have reported before it is judged")
+    ] = 12
+    min_slowdown: Annotated[
         float,
         msgspec.Meta(
-            ge=0, le=1, description="collective entry lag at least this fraction of the job's step time"
+            ge=0,
+            le=10,
+            description="a rank's median compute per step at least this fraction over the job's median rank",
         ),
-    ] = 0.15
-    min_lag_s: Annotated[float, msgspec.Meta(ge=0, description="and at least this many seconds")] = 0.1
+    ] = 0.07
+    compute_z_threshold: Annotated[
+        float,
+        msgspec.Meta(
+            gt=0,
+            description="and its robust z (median of medians, 1.4826*MAD) at least this: the ranks' own "
+            "spread decides what is noise (+-20% jitter per step still leaves 1.2x at z > 5)",
+        ),
+    ] = 4.0
+    host_share: Annotated[
+        float,
+        msgspec.Meta(
+            gt=0,
+            le=1,
+            description="this share of a host's GPUs (and at least two) slow together is one host verdict",
+        ),
+    ] = 0.5
     persistence: Annotated[
         int,
         msgspec.Meta(ge=1, description="consecutive evaluations a GPU must stand out before a verdict opens"),
@@ -212,8 +241,20 @@ class StragglerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     min_peers: Annotated[int, msgspec.Meta(ge=3, description="fewest peers a comparison needs")] = 4
 
 
+DetectorName = Literal["hardware", "stuck", "straggler", "host_silent"]
+
+
 class DetectConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Thresholds of the detectors, one section each."""
+
+    disabled: Annotated[
+        list[DetectorName],
+        msgspec.Meta(
+            max_length=16,
+            description="detectors switched off (their open verdicts close); on-call's way to silence a "
+            "misbehaving rule: edit, then SIGHUP the aggregator",
+        ),
+    ] = []
 
     hardware: HardwareConfig = msgspec.field(default_factory=HardwareConfig)
     xid: XidPolicyConfig = msgspec.field(default_factory=XidPolicyConfig)

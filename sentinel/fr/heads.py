@@ -11,6 +11,8 @@ rank-local counters.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 
@@ -36,6 +38,23 @@ class PgHead(msgspec.Struct, frozen=True, kw_only=True):
     in_flight: list[InFlight] = []
 
 
+#: compute times of this many recent steps travel in each heads (heads every 2 s, steps rarely under 0.25 s)
+MAX_STEPS = 8
+
+
+class StepTime(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """How long this rank computed before its step-``seq`` collective, on its own clock.
+
+    Measured from the completion of the rank's previous collective of its step group (the world group) to
+    the start of its next collective in any group: time the rank spent outside communication. Unlike
+    entry lateness it is not moved by a peer: a tensor-parallel peer that waits for a straggler waits
+    *inside* a collective, so its compute time stays normal.
+    """
+
+    seq: int
+    compute_s: Annotated[float, msgspec.Meta(ge=0.0, le=86400.0)]
+
+
 class FrHeads(msgspec.Struct, frozen=True, kw_only=True):
     """One rank's snapshot of collective progress."""
 
@@ -48,3 +67,6 @@ class FrHeads(msgspec.Struct, frozen=True, kw_only=True):
     host: str | None = None  # filled in by the agent
     gpu: int | None = None  # filled in by the agent from the process → GPU mapping
     pgs: list[PgHead] = []
+    steps: Annotated[
+        list[StepTime], msgspec.Meta(max_length=MAX_STEPS)
+    ] = []  # the latest completed steps' compute times, oldest first (<= MAX_STEPS)

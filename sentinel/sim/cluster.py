@@ -144,6 +144,9 @@ class ClusterSim:
                 tp=spec.tp or n_gpus,
                 start_s=spec.start_s,
                 seed=scenario.seed,
+                jitter=spec.jitter,
+                pause_every_s=spec.pause_every_s,
+                pause_s=spec.pause_s,
             )
             self.jobs[spec.id] = job
             for r in ranks:
@@ -169,7 +172,11 @@ class ClusterSim:
         if fault.kind == "host_down":
             host.down_at = t
             return
-        assert fault.gpu is not None
+        if fault.gpu is None:  # a host-wide fault: every GPU of the host at once (a slow host)
+            for index in range(len(host.gpus)):
+                self.apply(msgspec.structs.replace(fault, gpu=index))
+            self.applied.pop()
+            return
         gpu = host.gpus[fault.gpu]
         rank = self._rank(gpu)
         kind = fault.kind

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import math
 import random
+from collections import deque
 from dataclasses import dataclass, field
 
-from sentinel.fr.heads import FrHeads, InFlight, PgHead
+from sentinel.fr.heads import FrHeads, InFlight, PgHead, StepTime
 
 INF = math.inf
 _NOISE_SIZE = 4096
 HEALTHY_SPREAD = 0.02  # healthy ranks finish compute within +2% of the iteration's base time
+STEPS_IN_HEADS = 4  # completed steps' compute times each heads carries (heads every 2 s, steps ~1 s)
 
 
 @dataclass
@@ -47,6 +49,7 @@ class Iteration:
     start: float
     base: float  # this iteration's healthy compute time (job-wide jitter applied)
     tp_done: dict[int, float] = field(default_factory=dict)  # group → completion (only modified groups)
+    tp_base: dict[int, float] = field(default_factory=dict)  # groups delayed by healthy jitter or a pause
     tp_done_healthy: float = 0.0
     world_done: float = INF
     world_stalled_by_net: bool = False
@@ -65,8 +68,15 @@ class JobSim:
         tp: int,
         start_s: float,
         seed: int,
+        jitter: float = 0.0,
+        pause_every_s: float = 0.0,
+        pause_s: float = 2.5,
     ) -> None:
         self.job_id = job_id
+        self.jitter = jitter
+        self.pause_s = pause_s
+        # chance that a rank pauses (GC, data loader, checkpoint shard) in any one iteration
+        self.pause_p = min(1.0, compute_s / pause_every_s) if pause_every_s > 0 else 0.0
         self.ranks = ranks
         self.world_size = len(ranks)
         self.compute_s = compute_s
@@ -76,19 +86,31 @@ class JobSim:
         self.comm_world = 0.02 + 0.004 * math.log2(max(2, self.world_size))
         rng = random.Random(f"{seed}:{job_id}")
         self._noise = [rng.random() for _ in range(_NOISE_SIZE)]
+        self._pause_noise = [rng.random() for _ in range(_NOISE_SIZE)]
         self._jitter = [1.0 + 0.03 * (2 * rng.random() - 1) for _ in range(_NOISE_SIZE)]
         self.modified: dict[int, RankSim] = {}
-        self.it = self._plan(1, start_s)
-        self.tp_pg = [f"{job_id}:tp{g}" for g in range(self.groups)]
         self.tp_members = [
             list(range(g * tp, min((g + 1) * tp, self.world_size))) for g in range(self.groups)
         ]
+        self.history: deque[Iteration] = deque(maxlen=STEPS_IN_HEADS)  # the latest completed iterations
+        self.it = self._plan(1, start_s)
+        self.tp_pg = [f"{job_id}:tp{g}" for g in range(self.groups)]
         self.world_members = list(range(self.world_size))
 
     # -- timeline -------------------------------------------------------------------------------------
 
     def _eps(self, rank: int, k: int) -> float:
-        return self._noise[(rank * 2654435761 + k * 40503) % _NOISE_SIZE] * HEALTHY_SPREAD
+        u = self._noise[(rank * 2654435761 + k * 40503) % _NOISE_SIZE]
+        return u * HEALTHY_SPREAD + self.jitter * (2.0 * u - 1.0)
+
+    def _pause(self, rank: int, k: int) -> float:
+        """Seconds ``rank`` stops in iteration ``k`` on top of its compute (0 for most iterations)."""
+        if not self.pause_p:
+            return 0.0
+        v = self._pause_noise[(rank * 40503 + k * 2654435761 + 7) % _NOISE_SIZE]
+        if v >= self.pause_p:
+            return 0.0
+        return self.pause_s * (0.8 + 0.4 * v / self.pause_p)
 
     def enter_tp(self, rank: int, it: Iteration | None = None) -> float:
         """When ``rank`` enters its tensor-parallel collective in the current iteration (INF: never)."""
@@ -96,7 +118,7 @@ class JobSim:
         if it.enter is not None and rank not in self.modified:
             return it.enter[rank]
         r = self.ranks[rank]
-        t = it.start + it.base * (1.0 + self._eps(rank, it.k)) * r.factor
+        t = it.start + it.base * (1.0 + self._eps(rank, it.k)) * r.factor + self._pause(rank, it.k)
         if t >= r.hang_at or t >= r.dead_at:
             return INF
         return t
@@ -105,16 +127,38 @@ class JobSim:
         base = self.compute_s * self._jitter[k % _NOISE_SIZE]
         it = Iteration(k=k, start=start, base=base)
         it.tp_done_healthy = start + base * (1.0 + HEALTHY_SPREAD) + self.comm_tp
-        noise, size, spread = self._noise, _NOISE_SIZE, HEALTHY_SPREAD
-        it.enter = [
-            start + base * (1.0 + noise[(rank * 2654435761 + k * 40503) % size] * spread)
-            for rank in range(self.world_size)
-        ]
+        noise, size, spread, jitter = self._noise, _NOISE_SIZE, HEALTHY_SPREAD, self.jitter
+        if jitter:
+            it.enter = [
+                start
+                + base
+                * (
+                    1.0
+                    + (u := noise[(rank * 2654435761 + k * 40503) % size]) * spread
+                    + jitter * (2.0 * u - 1.0)
+                )
+                for rank in range(self.world_size)
+            ]
+            it.tp_done_healthy = start + base * (1.0 + spread + jitter) + self.comm_tp
+        else:
+            it.enter = [
+                start + base * (1.0 + noise[(rank * 2654435761 + k * 40503) % size] * spread)
+                for rank in range(self.world_size)
+            ]
+        if self.pause_p:
+            enter = it.enter
+            for rank in range(self.world_size):
+                pause = self._pause(rank, k)
+                if pause:
+                    enter[rank] += pause
+                    g = rank // self.tp
+                    done = enter[rank] + self.comm_tp
+                    it.tp_base[g] = max(it.tp_base.get(g, it.tp_done_healthy), done)
         self._complete(it)
         return it
 
     def _complete(self, it: Iteration) -> None:
-        it.tp_done = {}
+        it.tp_done = dict(it.tp_base)
         for rank, r in self.modified.items():
             g = rank // self.tp
             done = it.tp_done.get(g, it.tp_done_healthy)
@@ -146,6 +190,7 @@ class JobSim:
 
     def advance(self, t: float) -> None:
         while self.it.world_done <= t:
+            self.history.append(self.it)
             self.it = self._plan(self.it.k + 1, self.it.world_done)
 
     @property
@@ -219,6 +264,13 @@ class JobSim:
                 in_flight=flight_w,
             )
         )
+        steps = []
+        for past in self.history:
+            entered_at = self.enter_tp(rank, past)
+            if entered_at < INF:
+                steps.append(StepTime(seq=past.k, compute_s=entered_at - past.start))
+        if e <= t:
+            steps.append(StepTime(seq=k, compute_s=e - it.start))
         return FrHeads(
             rank=rank,
             t=t,
@@ -229,4 +281,5 @@ class JobSim:
             host=host,
             gpu=r.gpu,
             pgs=pgs,
+            steps=steps[-STEPS_IN_HEADS:],
         )

@@ -31,6 +31,8 @@ FAULT_KINDS: tuple[str, ...] = FaultKind.__args__  # type: ignore[attr-defined]
 
 #: Faults that concern the whole host (``gpu`` must be omitted).
 HOST_FAULTS = frozenset({"host_down"})
+#: Faults that hit one GPU, or every GPU of the host when ``gpu`` is omitted (a slow host).
+HOST_OR_GPU_FAULTS = frozenset({"straggler"})
 #: Parameters each kind requires; any other kind-specific parameter is refused.
 REQUIRED_PARAMS: dict[str, tuple[str, ...]] = {
     "xid": ("xid",),
@@ -72,6 +74,12 @@ class JobSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     compute_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 0.8
     tp: Annotated[int, msgspec.Meta(ge=1, le=MAX_GPUS_PER_HOST)] | None = None  # default: gpus_per_host
     start_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    #: extra symmetric compute jitter per rank and step (0.2: each step takes 80-120 % of the base)
+    jitter: Annotated[float, msgspec.Meta(ge=0, le=0.5)] = 0.0
+    #: mean seconds between one rank's pauses (GC, data loader); 0: ranks never pause
+    pause_every_s: Annotated[float, msgspec.Meta(ge=0, le=1e6)] = 0.0
+    #: how long a pause lasts (each one 80-120 % of this)
+    pause_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 2.5
 
 
 class FaultSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -190,9 +198,9 @@ def _check(scenario: Scenario, source: str) -> None:
         if fault.kind in HOST_FAULTS:
             if fault.gpu is not None:
                 raise ScenarioError(source, f"{where}.gpu", f"{fault.kind} is a host fault: omit gpu")
-        elif fault.gpu is None:
+        elif fault.gpu is None and fault.kind not in HOST_OR_GPU_FAULTS:
             raise ScenarioError(source, f"{where}.gpu", f"{fault.kind} needs a gpu index")
-        elif fault.gpu >= gpus:
+        elif fault.gpu is not None and fault.gpu >= gpus:
             raise ScenarioError(source, f"{where}.gpu", f"gpu {fault.gpu} out of range (0..{gpus - 1})")
         required = REQUIRED_PARAMS.get(fault.kind, ())
         for param in PARAMS:

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
-from sentinel.aggregator.detectors.straggler import measure_lateness
 from sentinel.aggregator.engine import Engine
-from sentinel.aggregator.state import HostView, JobView
+from sentinel.aggregator.state import HostView
 from sentinel.aggregator.verdicts import Finding, VerdictBook
 from sentinel.fr.heads import FrHeads, InFlight, PgHead
 from sentinel.wire import Batch, EccCounters, Event, NvLink, ProcInfo, RowRemap
@@ -383,38 +380,6 @@ def test_a_job_that_ends_between_snapshots_is_not_stuck() -> None:
         feed_cascade(g, t, age=t - 2.7, completed=13)
         g.engine.tick(t)
     assert [v.rank for v in g.engine.book.open.values() if v.kind == "stuck"] == [3]
-
-
-def _lateness_round(job: JobView, t: float, seq: int, peers_at: float, slow_at: float | None) -> None:
-    """Ranks 0-2 entered world ``seq`` at ``peers_at``; rank 3 at ``slow_at`` (None: still computing)."""
-    for rank in range(4):
-        entered = peers_at if rank < 3 else slow_at
-        if entered is None:
-            head = PgHead(pg_name="world", last_enqueued_seq=seq - 1, last_completed_seq=seq - 1)
-        else:
-            flight = [InFlight(seq=seq, op="allreduce", age_s=t - entered)]
-            head = PgHead(
-                pg_name="world", last_enqueued_seq=seq, last_completed_seq=seq - 1, in_flight=flight
-            )
-        view = job.rank_view(rank)
-        view.heads = FrHeads(rank=rank, t=t, pgs=[head])
-        view.heads_at = t
-    measure_lateness(job, t, fresh_s=5.0)
-
-
-def test_lateness_of_a_rank_seen_mid_compute_is_a_lower_bound_not_an_average() -> None:
-    job = JobView(id="j")
-    slow = job.rank_view(3)
-    _lateness_round(job, 10.0, seq=6, peers_at=9.0, slow_at=9.6)  # caught inside: exactly 0.6 s late
-    assert slow.late_ema == pytest.approx(0.6)
-    _lateness_round(job, 12.2, seq=7, peers_at=12.0, slow_at=None)  # mid-compute: "at least 0.2 s late"
-    assert slow.late_ema == pytest.approx(0.6)
-    _lateness_round(job, 16.0, seq=8, peers_at=14.0, slow_at=None)  # "at least 2 s late" raises it
-    assert slow.late_ema > 0.6
-    raised = slow.late_ema
-    _lateness_round(job, 18.0, seq=9, peers_at=17.0, slow_at=17.0)  # an exact on-time entry lowers it
-    assert slow.late_ema < raised
-    assert job.ranks[0].late_ema == pytest.approx(0.0)
 
 
 def test_step_time_is_steady_when_snapshots_are_slower_than_steps() -> None:

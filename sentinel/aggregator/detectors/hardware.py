@@ -7,9 +7,12 @@ thresholds and ``now`` in, findings out.
 
 from __future__ import annotations
 
+from typing import Any
+
+from sentinel.aggregator.detectors.base import Detector, Evaluation, Key, Observation
 from sentinel.aggregator.state import GpuView, counter_rate
 from sentinel.aggregator.verdicts import Finding
-from sentinel.config.aggregator import HardwareConfig
+from sentinel.config.aggregator import AggregatorConfig, HardwareConfig
 from sentinel.signals.ecc import EccCounter, EccCounts, EccThresholds, evaluate_ecc
 from sentinel.signals.rowremap import BankAvailability, RemappedRows, RowRemapStatus, evaluate_row_remap
 from sentinel.signals.xid_catalog import xid_info
@@ -18,6 +21,55 @@ from sentinel.wire import EccCounters, RowRemap
 DETECTOR = "hardware"
 #: The kernel's announcements of what the row-remap counters say precisely.
 REMAP_REASONS = frozenset({"xid_63", "xid_64", "xid_63_repeated", "xid_64_repeated"})
+
+
+class HardwareDetector(Detector):
+    """Runs on the GPUs whose facts changed (at ingest and on the tick) and, on the tick, re-checks the GPUs
+    it found something on last time: evidence that fades with time (an error rate) closes their verdict."""
+
+    name = DETECTOR
+    on_ingest = True
+
+    def __init__(self, config: AggregatorConfig) -> None:
+        super().__init__(config)
+        self.flagged: set[tuple[str, int]] = set()  # GPUs with findings at their latest evaluation
+        self.recheck_all = False
+
+    def switched_on(self) -> None:
+        self.recheck_all = True  # changes made while it was off were drained unseen
+
+    def evaluate(self, seen: Observation) -> Evaluation | None:
+        gpus = {(g.host, g.index): g for g in seen.changed_gpus}
+        if seen.tick and self.recheck_all:
+            self.recheck_all = False
+            for host_view in seen.fleet.hosts.values():
+                for each in host_view.gpus:
+                    gpus.setdefault((each.host, each.index), each)
+        if seen.tick:
+            for host, index in self.flagged:
+                if (host, index) not in gpus:
+                    known = seen.fleet.gpu(host, index)
+                    if known is not None:
+                        gpus[(host, index)] = known
+        if not gpus:
+            return None
+        findings: list[Finding] = []
+        keys: set[Key] = set()
+        detect = self.config.detect
+        for where, gpu in gpus.items():
+            keys.add(gpu_key(gpu.host, gpu.index))
+            found = evaluate_gpu(gpu, detect.hardware, seen.now, detect.ecc)
+            if found:
+                self.flagged.add(where)
+            else:
+                self.flagged.discard(where)
+            findings.extend(found)
+        gone = {(h, i) for h, i in self.flagged if seen.fleet.gpu(h, i) is None}
+        self.flagged -= gone
+        return Evaluation(findings, scope=keys.__contains__)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"flagged": sorted([h, i] for h, i in self.flagged)}
 
 
 def xid_rule_meaning(reason: str) -> str:

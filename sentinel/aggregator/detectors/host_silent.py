@@ -6,6 +6,7 @@ is judged fairly. The verdict closes as soon as the host is heard from again.
 
 from __future__ import annotations
 
+from sentinel.aggregator.detectors.base import Detector, Evaluation, Observation
 from sentinel.aggregator.state import FleetState
 from sentinel.aggregator.verdicts import Finding
 
@@ -35,3 +36,12 @@ def evaluate(fleet: FleetState, silent_after_s: float, now: float) -> list[Findi
             )
         )
     return found
+
+
+class HostSilentDetector(Detector):
+    """Stateless: the fleet's last-seen times say everything."""
+
+    name = DETECTOR
+
+    def evaluate(self, seen: Observation) -> Evaluation:
+        return Evaluation(evaluate(seen.fleet, self.config.fleet.host_silent_after_s, seen.now))

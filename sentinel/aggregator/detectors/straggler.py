@@ -1,29 +1,39 @@
-"""Straggler detector: the GPU or rank that is slower than its peers, and why.
+"""Straggler detector: the GPU, rank or host that is slower than its peers, and why.
 
 Two robust peer comparisons (median and MAD, so one sick GPU does not move the yardstick):
 
 - across identical busy GPUs of the fleet: the moving average of the SM clock, with temperature, power and
   the throttle reasons telling thermal from power from unknown;
-- inside a job: how late each rank enters its collectives compared with the first member to enter
-  (measured from the flight-recorder heads, and only while the rank is computing — a rank late because it
-  waits in another group is a victim, not a straggler).
+- inside a job: each rank's own compute time per step (from its flight-recorder heads: the time from
+  completing its previous step collective to starting its next collective, on its own clock). The median
+  over the rank's last steps is compared with the median rank. Time spent *waiting inside* a collective is
+  not compute, so a tensor-parallel peer that waits for a straggler is never blamed; a median ignores the
+  occasional 2-3 s pause (GC, data loader); a rank whose GPU is unknown (no NVML mapping) is judged all the
+  same, by rank.
 
-A GPU must stand out in ``persistence`` consecutive evaluations before a verdict opens and must stop
+When most GPUs of one host stand out together, the cause is the host (cooling, CPU, PCIe, power), and the
+detector says so in one host verdict instead of one per GPU.
+
+A candidate must stand out in ``persistence`` consecutive evaluations before a verdict opens and must stop
 standing out as many times before it closes, so one noisy sample neither opens nor flaps a verdict.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
 
+from sentinel.aggregator.detectors.base import Detector, Evaluation, Key, Observation
 from sentinel.aggregator.state import FleetState, GpuView, JobView
 from sentinel.aggregator.verdicts import Finding
-from sentinel.config.aggregator import StragglerConfig
+from sentinel.config.aggregator import AggregatorConfig, StragglerConfig
 
 DETECTOR = "straggler"
 _MAD_SCALE = 1.4826
-_ALPHA = 0.2
-MIN_LATENESS_SAMPLES = 3
+#: the robust scale never falls below this share of the median compute time (identical ranks: MAD 0)
+_MIN_SCALE_FRACTION = 0.005
 
 
 @dataclass(slots=True)
@@ -31,6 +41,29 @@ class Streak:
     hits: int = 0
     misses: int = 0
     finding: Finding | None = None
+
+
+@dataclass(slots=True)
+class RankSteps:
+    """One rank's recent compute times per step (its own clock), newest last."""
+
+    last_seq: int = -1
+    compute: deque[float] = field(default_factory=deque)
+    heads_at: float = -math.inf  # aggregator time of the heads last folded in
+
+
+@dataclass(slots=True)
+class RankJudgement:
+    """A rank's place among its job's peers at the latest evaluation (for evidence and the API)."""
+
+    median_s: float
+    job_median_s: float
+    steps: int
+    z: float
+
+    @property
+    def slowdown(self) -> float:
+        return self.median_s / self.job_median_s if self.job_median_s > 0 else 1.0
 
 
 def median(values: list[float]) -> float:
@@ -45,68 +78,6 @@ def median_mad(values: list[float]) -> tuple[float, float]:
     return med, median([abs(v - med) for v in values])
 
 
-def measure_lateness(job: JobView, now: float, fresh_s: float) -> None:
-    """Fold the newest heads of ``job`` into each rank's collective-entry lateness average."""
-    live = [
-        view
-        for view in job.ranks.values()
-        if view.heads is not None and view.alive and now - view.heads_at <= fresh_s
-    ]
-    earliest: dict[tuple[str, int], float] = {}
-    for view in live:
-        heads = view.heads
-        assert heads is not None
-        for pg in heads.pgs:
-            for flight in pg.in_flight:
-                if flight.p2p:
-                    continue
-                key = (pg.pg_name, flight.seq)
-                entry = heads.t - flight.age_s
-                known = earliest.get(key)
-                if known is None or entry < known:
-                    earliest[key] = entry
-    if not earliest:
-        return
-    for view in live:
-        heads = view.heads
-        assert heads is not None
-        if heads.t <= view.measured_t:
-            continue
-        view.measured_t = heads.t
-        busy = False
-        for pg in heads.pgs:
-            if pg.in_flight:
-                busy = True
-                break
-        sample: float | None = None
-        censored = False
-        for pg in heads.pgs:
-            current = pg.last_completed_seq + 1
-            first = earliest.get((pg.pg_name, current))
-            if first is None:
-                continue
-            late: float | None = None
-            bound = False
-            if pg.last_enqueued_seq >= current:
-                for flight in pg.in_flight:
-                    if flight.seq == current:
-                        late = heads.t - flight.age_s - first
-                        break
-            elif not busy and heads.t > first:
-                late, bound = heads.t - first, True
-            if late is not None and (sample is None or late > sample):
-                sample, censored = max(0.0, late), bound
-        if sample is None:
-            continue
-        if censored and view.late_n and sample <= view.late_ema:
-            # The rank has not entered yet: the sample is only a lower bound on its lag. A bound below
-            # the estimate says nothing; averaging it in would pull a slow rank's estimate towards half
-            # its true lag (it is mostly seen mid-compute, rarely inside the collective it completes last).
-            continue
-        view.late_ema += _ALPHA * (sample - view.late_ema) if view.late_n else sample - view.late_ema
-        view.late_n += 1
-
-
 def _reason(gpu: GpuView | None) -> str:
     if gpu is None:
         return "unknown"
@@ -117,10 +88,245 @@ def _reason(gpu: GpuView | None) -> str:
     return "unknown"
 
 
-_ACTION = {"thermal": "drain", "power": "drain", "unknown": "none"}
+_ACTION = {"thermal": "drain", "power": "drain", "unknown": "none", "slow_host": "drain"}
 
 
-def _candidates_by_clock(fleet: FleetState, cfg: StragglerConfig) -> dict[tuple[str, ...], Finding]:
+def gpu_key(host: str, gpu: int) -> Key:
+    return ("straggler", host, str(gpu))
+
+
+def rank_key(job: str, rank: int) -> Key:
+    return ("straggler", "rank", job, str(rank))
+
+
+def host_key(host: str) -> Key:
+    return ("straggler", "host", host, "*")
+
+
+class StragglerDetector(Detector):
+    """Owns every rank's step history and the candidates' streaks."""
+
+    name = DETECTOR
+
+    def __init__(self, config: AggregatorConfig) -> None:
+        super().__init__(config)
+        self.steps: dict[str, dict[int, RankSteps]] = {}
+        self.heads_versions: dict[str, int] = {}
+        self.judged: dict[str, dict[int, RankJudgement]] = {}
+        self.streaks: dict[Key, Streak] = {}
+        self.next_eval = -math.inf
+
+    def evaluate(self, seen: Observation) -> Evaluation | None:
+        cfg = self.config.detect.straggler
+        for job in seen.fleet.jobs.values():
+            self._measure(job, cfg)
+        if seen.now < self.next_eval:
+            return None
+        self.next_eval = seen.now + cfg.eval_interval_s
+        return Evaluation(self._judge(seen.fleet, seen.now))
+
+    def job_ended(self, job: str) -> None:
+        self.steps.pop(job, None)
+        self.heads_versions.pop(job, None)
+        self.judged.pop(job, None)
+
+    def rank_judgement(self, job: str, rank: int) -> RankJudgement | None:
+        return self.judged.get(job, {}).get(rank)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "steps": {
+                job: {str(r): list(s.compute) for r, s in ranks.items()} for job, ranks in self.steps.items()
+            },
+            "streaks": [[list(k), s.hits, s.misses] for k, s in self.streaks.items()],
+        }
+
+    # -- measuring --------------------------------------------------------------------------------------
+
+    def _measure(self, job: JobView, cfg: StragglerConfig) -> None:
+        """Fold new steps from the ranks' newest heads into their histories (steps dedup by seq)."""
+        if self.heads_versions.get(job.id) == job.heads_version:
+            return
+        self.heads_versions[job.id] = job.heads_version
+        ranks = self.steps.setdefault(job.id, {})
+        window = cfg.compute_window_steps
+        for view in job.ranks.values():
+            heads = view.heads
+            if heads is None or not heads.steps:
+                continue
+            steps = ranks.get(view.rank)
+            if steps is None:
+                steps = ranks[view.rank] = RankSteps(compute=deque(maxlen=window))
+            elif steps.heads_at >= view.heads_at:
+                continue
+            steps.heads_at = view.heads_at
+            for step in heads.steps:
+                if step.seq > steps.last_seq:
+                    steps.compute.append(step.compute_s)
+                    steps.last_seq = step.seq
+        for rank in [r for r in ranks if r not in job.ranks]:
+            del ranks[rank]
+
+    # -- judging ----------------------------------------------------------------------------------------
+
+    def _judge(self, fleet: FleetState, now: float) -> list[Finding]:
+        cfg = self.config.detect.straggler
+        candidates = _candidates_by_clock(fleet, cfg)
+        for key, finding in self._candidates_by_compute(fleet, cfg, now).items():
+            known = candidates.get(key)
+            candidates[key] = finding if known is None else _merged(known, finding)
+        candidates = _by_host(fleet, candidates, cfg)
+        streaks = self.streaks
+        for key, finding in candidates.items():
+            streak = streaks.get(key)
+            if streak is None:
+                streak = streaks[key] = Streak()
+            streak.hits += 1
+            streak.misses = 0
+            streak.finding = finding
+        for key in [k for k in streaks if k not in candidates]:
+            streak = streaks[key]
+            streak.misses += 1
+            if streak.hits < cfg.persistence or streak.misses >= cfg.persistence:
+                del streaks[key]
+        return [s.finding for s in streaks.values() if s.hits >= cfg.persistence and s.finding is not None]
+
+    def _candidates_by_compute(
+        self, fleet: FleetState, cfg: StragglerConfig, now: float
+    ) -> dict[Key, Finding]:
+        out: dict[Key, Finding] = {}
+        fresh_s = self.config.detect.stuck.heads_fresh_s
+        stalled_after = self.config.detect.stuck.min_wait_s
+        self.judged = {}
+        for job in fleet.jobs.values():
+            if now - job.last_progress_at >= stalled_after:
+                continue  # a stalled job is the stuck detector's; its ranks compute nothing
+            histories = self.steps.get(job.id, {})
+            recent = cfg.min_steps
+            # Two windows per rank: the last ``min_steps`` steps (a large slowdown also slows the job's steps,
+            # so it must be seen within few of them) and all remembered steps (a small one needs more of them
+            # to stand out of ±20% jitter). Each is compared with the same window of the other ranks.
+            windows: tuple[dict[int, tuple[float, int]], dict[int, tuple[float, int]]] = ({}, {})
+            for rank, steps in histories.items():
+                view = job.ranks.get(rank)
+                if view is None or not view.alive or now - view.heads_at > fresh_s:
+                    continue
+                n = len(steps.compute)
+                if n >= recent:
+                    values = list(steps.compute)
+                    windows[0][rank] = (median(values[-recent:]), recent)
+                    windows[1][rank] = (median(values), n)
+            if len(windows[1]) < cfg.min_peers:
+                continue
+            judged = self.judged[job.id] = {}
+            flagged: dict[int, RankJudgement] = {}
+            for index, medians in enumerate(windows):
+                med, mad = median_mad([m for m, _ in medians.values()])
+                if med <= 0:
+                    continue
+                scale = max(_MAD_SCALE * mad, _MIN_SCALE_FRACTION * med)
+                for rank, (own, n) in medians.items():
+                    z = (own - med) / scale
+                    judgement = RankJudgement(median_s=own, job_median_s=med, steps=n, z=z)
+                    if index == 1:
+                        judged[rank] = judgement
+                    if own / med - 1.0 >= cfg.min_slowdown and z >= cfg.compute_z_threshold:
+                        flagged[rank] = judgement
+            for rank, judgement in flagged.items():
+                own, med, n, z = judgement.median_s, judgement.job_median_s, judgement.steps, judgement.z
+                view = job.ranks[rank]
+                gpu = fleet.gpu(view.host, view.gpu) if view.host is not None else None
+                reason = _reason(gpu)
+                evidence = [
+                    f"rank {rank} computes {own * 1000:.0f} ms per step vs {med * 1000:.0f} ms for the median "
+                    f"of {len(windows[1])} ranks ({own / med:.2f}x, {(own - med) * 1000:.0f} ms late per step, "
+                    f"robust z {z:.1f}; medians of each rank's last {n} steps)"
+                ]
+                if gpu is not None and gpu.throttle:
+                    evidence.append("clock-event reasons: " + ", ".join(gpu.throttle))
+                if gpu is None:
+                    evidence.append("its GPU is unknown (no NVML process mapping): judged by rank")
+                elif reason == "unknown":
+                    evidence.append("no thermal or power clock event on its GPU: slow compute, input or host")
+                key = gpu_key(view.host, view.gpu) if view.host is not None and view.gpu is not None else None
+                key = key or rank_key(job.id, rank)
+                out[key] = Finding(
+                    key=key,
+                    detector=DETECTOR,
+                    kind="straggler",
+                    reason=reason,
+                    action=_ACTION[reason],
+                    evidence=tuple(evidence),
+                    evidence_t=now,
+                    host=view.host,
+                    gpu=view.gpu,
+                    job=job.id,
+                    rank=rank,
+                )
+        return out
+
+
+def _merged(known: Finding, finding: Finding) -> Finding:
+    return Finding(
+        key=known.key,
+        detector=DETECTOR,
+        kind="straggler",
+        reason=known.reason,
+        action=known.action,
+        evidence=known.evidence + finding.evidence,
+        evidence_t=known.evidence_t,
+        host=known.host,
+        gpu=known.gpu,
+        job=finding.job,
+        rank=finding.rank,
+    )
+
+
+def _by_host(fleet: FleetState, candidates: dict[Key, Finding], cfg: StragglerConfig) -> dict[Key, Finding]:
+    """Most GPUs of one host slow together: one host verdict replaces theirs."""
+    per_host: dict[str, list[Finding]] = {}
+    for finding in candidates.values():
+        if finding.host is not None:
+            per_host.setdefault(finding.host, []).append(finding)
+    for host_name, found in per_host.items():
+        host = fleet.hosts.get(host_name)
+        size = len(host.gpus) if host is not None else 0
+        size = max(size, len({f.gpu if f.gpu is not None else f"r{f.rank}" for f in found}))
+        if len(found) < 2 or len(found) < cfg.host_share * size:
+            continue
+        found.sort(key=lambda f: (f.gpu if f.gpu is not None else -1, f.rank if f.rank is not None else -1))
+        reasons = {f.reason for f in found}
+        reason = reasons.pop() if len(reasons) == 1 and "unknown" not in reasons else "slow_host"
+        names = ", ".join(
+            f"GPU {f.gpu}" + (f" (rank {f.rank})" if f.rank is not None else "")
+            if f.gpu is not None
+            else f"rank {f.rank}"
+            for f in found[:16]
+        )
+        jobs = sorted({f.job for f in found if f.job is not None})
+        evidence = (
+            f"{len(found)} of {size} GPUs of {host_name} are slow together ({names}): the host, not one GPU "
+            "(cooling, CPU, PCIe or power)",
+            *found[0].evidence[:3],
+        )
+        for f in found:
+            del candidates[f.key]
+        key = host_key(host_name)
+        candidates[key] = Finding(
+            key=key,
+            detector=DETECTOR,
+            kind="straggler",
+            reason=reason,
+            action=_ACTION.get(reason, "drain"),
+            evidence=evidence,
+            evidence_t=min(f.evidence_t for f in found),
+            host=host_name,
+            job=jobs[0] if len(jobs) == 1 else None,
+        )
+    return candidates
+
+
+def _candidates_by_clock(fleet: FleetState, cfg: StragglerConfig) -> dict[Key, Finding]:
     groups: dict[str, list[GpuView]] = {}
     for host in fleet.hosts.values():
         for gpu in host.gpus:
@@ -132,7 +338,7 @@ def _candidates_by_clock(fleet: FleetState, cfg: StragglerConfig) -> dict[tuple[
                 and "gpu_idle" not in gpu.throttle
             ):
                 groups.setdefault(gpu.name, []).append(gpu)
-    out: dict[tuple[str, ...], Finding] = {}
+    out: dict[Key, Finding] = {}
     for name, gpus in groups.items():
         if len(gpus) < cfg.min_peers:
             continue
@@ -163,7 +369,7 @@ def _candidates_by_clock(fleet: FleetState, cfg: StragglerConfig) -> dict[tuple[
                 evidence.append(f"power {gpu.ema_power:.0f} W vs {med_power:.0f} W median")
             if gpu.throttle:
                 evidence.append("clock-event reasons: " + ", ".join(gpu.throttle))
-            key = ("straggler", gpu.host, str(gpu.index))
+            key = gpu_key(gpu.host, gpu.index)
             out[key] = Finding(
                 key=key,
                 detector=DETECTOR,
@@ -178,90 +384,3 @@ def _candidates_by_clock(fleet: FleetState, cfg: StragglerConfig) -> dict[tuple[
                 rank=gpu.rank,
             )
     return out
-
-
-def _candidates_by_lag(
-    fleet: FleetState, cfg: StragglerConfig, skip_jobs: set[str], now: float
-) -> dict[tuple[str, ...], Finding]:
-    out: dict[tuple[str, ...], Finding] = {}
-    for job in fleet.jobs.values():
-        if job.id in skip_jobs:
-            continue
-        views = [v for v in job.ranks.values() if v.alive and v.late_n >= MIN_LATENESS_SAMPLES]
-        if len(views) < cfg.min_peers:
-            continue
-        med, mad = median_mad([v.late_ema for v in views])
-        scale = max(_MAD_SCALE * mad, 0.01)
-        step = job.step_s or 0.0
-        floor = max(cfg.min_lag_s, cfg.min_lag_fraction * step)
-        for view in views:
-            lag = view.late_ema - med
-            if lag < floor or lag / scale < cfg.z_threshold or view.host is None or view.gpu is None:
-                continue
-            gpu = fleet.gpu(view.host, view.gpu)
-            reason = _reason(gpu)
-            evidence = [
-                f"rank {view.rank} enters its collectives {lag * 1000:.0f} ms after the first peer, "
-                f"median rank {med * 1000:.0f} ms (step {step:.2f}s, {len(views)} ranks)"
-            ]
-            if gpu is not None and gpu.throttle:
-                evidence.append("clock-event reasons: " + ", ".join(gpu.throttle))
-            if reason == "unknown":
-                evidence.append("no thermal or power clock event on its GPU: slow compute, input or host")
-            key = ("straggler", view.host, str(view.gpu))
-            out[key] = Finding(
-                key=key,
-                detector=DETECTOR,
-                kind="straggler",
-                reason=reason,
-                action=_ACTION[reason],
-                evidence=tuple(evidence),
-                evidence_t=now,
-                host=view.host,
-                gpu=view.gpu,
-                job=job.id,
-                rank=view.rank,
-            )
-    return out
-
-
-def evaluate(
-    fleet: FleetState,
-    cfg: StragglerConfig,
-    now: float,
-    streaks: dict[tuple[str, ...], Streak],
-    stalled_jobs: set[str],
-) -> list[Finding]:
-    """Findings that have persisted; ``streaks`` is this detector's memory between evaluations."""
-    candidates = _candidates_by_clock(fleet, cfg)
-    for key, finding in _candidates_by_lag(fleet, cfg, stalled_jobs, now).items():
-        known = candidates.get(key)
-        if known is None:
-            candidates[key] = finding
-        else:
-            candidates[key] = Finding(
-                key=key,
-                detector=DETECTOR,
-                kind="straggler",
-                reason=known.reason,
-                action=known.action,
-                evidence=known.evidence + finding.evidence,
-                evidence_t=known.evidence_t,
-                host=known.host,
-                gpu=known.gpu,
-                job=finding.job,
-                rank=finding.rank,
-            )
-    for key, finding in candidates.items():
-        streak = streaks.get(key)
-        if streak is None:
-            streak = streaks[key] = Streak()
-        streak.hits += 1
-        streak.misses = 0
-        streak.finding = finding
-    for key in [k for k in streaks if k not in candidates]:
-        streak = streaks[key]
-        streak.misses += 1
-        if streak.hits < cfg.persistence or streak.misses >= cfg.persistence:
-            del streaks[key]
-    return [s.finding for s in streaks.values() if s.hits >= cfg.persistence and s.finding is not None]

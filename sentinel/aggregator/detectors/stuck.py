@@ -11,11 +11,13 @@ are the suspects. A waiting peer is never blamed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
+from sentinel.aggregator.detectors.base import Detector, Evaluation, Observation
 from sentinel.aggregator.state import FleetState, GpuView, JobView, RankView, counter_rate
 from sentinel.aggregator.verdicts import Finding
-from sentinel.config.aggregator import HardwareConfig, StuckConfig
+from sentinel.config.aggregator import AggregatorConfig, HardwareConfig, StuckConfig
 from sentinel.fr.heads import PgHead
 
 DETECTOR = "stuck"
@@ -44,6 +46,34 @@ class _Rank:
     offset: float
     pgs: dict[str, PgHead]
     waits: list[tuple[str, int, str, float]]  # (pg, seq, op, age now)
+
+
+class StuckDetector(Detector):
+    """Per job, every tick; remembers the stalls it saw last (for metrics, incidents and the API)."""
+
+    name = DETECTOR
+
+    def __init__(self, config: AggregatorConfig) -> None:
+        super().__init__(config)
+        self.stalls: dict[str, Stall] = {}
+
+    def evaluate(self, seen: Observation) -> Evaluation:
+        detect = self.config.detect
+        findings: list[Finding] = []
+        stalls: dict[str, Stall] = {}
+        for job in seen.fleet.jobs.values():
+            found, stall = evaluate_job(job, seen.fleet, detect.stuck, detect.hardware, seen.now)
+            findings.extend(found)
+            if stall is not None:
+                stalls[job.id] = stall
+        self.stalls = stalls
+        return Evaluation(findings)
+
+    def job_ended(self, job: str) -> None:
+        self.stalls.pop(job, None)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"stalls": {job: asdict(stall) for job, stall in self.stalls.items()}}
 
 
 def _ranks_summary(ranks: list[int], limit: int = 8) -> str:

@@ -1,0 +1,73 @@
+"""The detector contract: a name, its own state, and fleet state + the clock in, findings out.
+
+A detector never changes :class:`~sentinel.aggregator.state.FleetState` (the agents' batches do, through its
+methods); what it must remember between evaluations (streaks, per-rank step histories, the last stall) is its
+own, in msgspec structs or plain dataclasses that :meth:`Detector.snapshot` can turn into builtins. The
+engine runs every enabled detector in isolation — an exception in one is counted and logged and the others
+still run — and reconciles each one's findings into verdicts with :meth:`VerdictBook.reconcile`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from sentinel.aggregator.state import FleetState, GpuView
+from sentinel.aggregator.verdicts import Finding
+from sentinel.config.aggregator import AggregatorConfig
+
+Key = tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What a detector looks at: the fleet (read-only by contract), the clock, and what changed."""
+
+    fleet: FleetState
+    now: float
+    #: GPUs whose hardware facts changed since the last hardware evaluation (drained by the engine)
+    changed_gpus: Sequence[GpuView] = ()
+    #: the once-per-tick run (False: the run right after an ingested batch, for ``on_ingest`` detectors)
+    tick: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """A detector's findings; ``scope`` limits which of its open verdicts may close (None: all of them)."""
+
+    findings: list[Finding]
+    scope: Callable[[Key], bool] | None = None
+
+
+class Detector(ABC):
+    """One rule family. Subclasses set :attr:`name` and implement :meth:`evaluate`."""
+
+    #: the detector's name: the ``detector`` of its verdicts, its metrics label, its switch in ``detect.disabled``
+    name: ClassVar[str]
+    #: also evaluated right after a batch that changed some GPU's hardware facts (not only once per tick)
+    on_ingest: ClassVar[bool] = False
+
+    def __init__(self, config: AggregatorConfig) -> None:
+        self.config = config
+
+    def configure(self, config: AggregatorConfig) -> None:
+        """A reloaded configuration (SIGHUP): thresholds change, the detector's memory is kept."""
+        self.config = config
+
+    @abstractmethod
+    def evaluate(self, seen: Observation) -> Evaluation | None:
+        """The findings true at ``seen.now``; None when the detector did not evaluate this time (not due)."""
+
+    def switched_on(self) -> None:
+        """The detector was off and is on again (a reload): what happened meanwhile must be looked at."""
+        return
+
+    def job_ended(self, job: str) -> None:
+        """Forget what is remembered about ``job`` (it is gone from the fleet)."""
+        return
+
+    def snapshot(self) -> dict[str, Any]:
+        """The detector's memory as builtins (for persistence and the debug API); empty when stateless."""
+        return {}

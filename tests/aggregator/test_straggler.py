@@ -1,0 +1,131 @@
+"""The straggler detector on ranks' own compute times per step (heads ``steps``), through the engine.
+
+Every rank sends heads each 2 s with its latest steps' compute times; the tests drive a 32-rank job (4 hosts
+x 8 GPUs, tensor-parallel groups = hosts) on a virtual clock with ±20% jitter per step.
+"""
+
+from __future__ import annotations
+
+import random
+
+from sentinel.aggregator.engine import Engine
+from sentinel.aggregator.state import HostView
+from sentinel.fr.heads import FrHeads, PgHead, StepTime
+from sentinel.wire import Batch, ProcInfo
+from tests.aggregator.helpers import hello, sample
+
+HOSTS, GPUS, STEP_S = 4, 8, 0.8
+
+
+class Job:
+    """A 32-rank job whose ranks report step compute times; ``slow`` maps rank → compute multiplier."""
+
+    def __init__(self, *, known_gpus: bool = True, seed: int = 1) -> None:
+        self.engine = Engine()
+        self.rng = random.Random(seed)
+        self.views: dict[str, HostView] = {}
+        self.seq = 0
+        self.step = 0
+        self.known_gpus = known_gpus
+        self.paused: dict[int, float] = {}
+        for h in range(HOSTS):
+            name = f"h{h}"
+            self.views[name] = self.engine.hello(hello(name, GPUS), 0.0)
+
+    def run(self, t0: float, t1: float, slow: dict[int, float]) -> list[tuple[float, str | None, int | None]]:
+        """Advance from ``t0`` to ``t1`` (2 s heads, 1 s ticks); returns straggler verdicts as they open."""
+        opened: list[tuple[float, str | None, int | None]] = []
+        self.engine.listeners.append(
+            lambda c: (
+                opened.append((c.verdict.opened_at, c.verdict.host, c.verdict.rank))
+                if c.what == "opened" and c.verdict.kind == "straggler"
+                else None
+            )
+        )
+        t = t0
+        while t < t1:
+            t += 1.0
+            if int(t) % 2 == 0:
+                self._heads(t, slow)
+            self.engine.tick(t)
+        self.engine.listeners.pop()
+        return opened
+
+    def _heads(self, t: float, slow: dict[int, float]) -> None:
+        first = self.step
+        self.step += 2  # ~2 steps per 2 s
+        for h, view in enumerate(self.views.values()):
+            heads = []
+            procs = []
+            for g in range(GPUS):
+                rank = h * GPUS + g
+                steps = []
+                for k in range(first, self.step):
+                    compute = STEP_S * (1.0 + 0.2 * (2 * self.rng.random() - 1)) * slow.get(rank, 1.0)
+                    if self.rng.random() < 0.03:  # an occasional 2-3 s pause (GC, data loader)
+                        compute += 2.0 + self.rng.random()
+                    steps.append(StepTime(seq=k, compute_s=compute))
+                gpu = g if self.known_gpus else None
+                heads.append(
+                    FrHeads(
+                        rank=rank,
+                        t=t,
+                        job_id="j",
+                        world_size=HOSTS * GPUS,
+                        gpu=gpu,
+                        pgs=[PgHead(pg_name="0", pg_desc="default_pg", last_completed_seq=self.step)],
+                        steps=steps,
+                    )
+                )
+                procs.append(ProcInfo(gpu=g, pid=100 + g, job_id="j", rank=rank, world_size=HOSTS * GPUS))
+            batch = Batch(
+                seq=self.seq,
+                t=t,
+                samples=[sample(i, t) for i in range(GPUS)],
+                heads=heads,
+                procs=procs if self.known_gpus and first == 0 else None,
+            )
+            self.seq += 1
+            self.engine.ingest(view, batch, t)
+
+
+def test_a_1_2x_straggler_is_named_within_60_s_and_its_tensor_parallel_peers_never() -> None:
+    job = Job()
+    assert job.run(0.0, 120.0, {}) == []  # ±20% jitter and 2-3 s pauses: nothing
+    opened = job.run(120.0, 240.0, {13: 1.2})
+    assert [(host, rank) for _, host, rank in opened] == [("h1", 13)]
+    assert opened[0][0] - 120.0 <= 60.0
+    (verdict,) = job.engine.book.open.values()
+    assert verdict.gpu == 5 and verdict.reason == "unknown"
+    # the measured lateness is the truth: 1.2 x 0.8 s = 160 ms late per step (median of jittered steps)
+    judged = job.engine.straggler.rank_judgement("j", 13)
+    assert judged is not None and 0.12 <= judged.median_s - judged.job_median_s <= 0.2
+    assert "ms late per step" in verdict.evidence[0]
+
+
+def test_a_whole_slow_host_is_one_host_verdict_not_eight() -> None:
+    job = Job()
+    job.run(0.0, 60.0, {})
+    opened = job.run(60.0, 180.0, dict.fromkeys(range(16, 24), 1.3))
+    assert [(host, rank) for _, host, rank in opened] == [("h2", None)]
+    (verdict,) = job.engine.book.open.values()
+    assert verdict.reason == "slow_host" and verdict.gpu is None and verdict.job == "j"
+    assert "of 8 GPUs of h2 are slow together" in verdict.evidence[0]
+
+
+def test_a_rank_whose_gpu_is_unknown_is_still_judged() -> None:
+    job = Job(known_gpus=False)
+    job.run(0.0, 60.0, {})
+    opened = job.run(60.0, 180.0, {6: 1.5})
+    assert [rank for _, _, rank in opened] == [6]
+    (verdict,) = job.engine.book.open.values()
+    assert verdict.gpu is None and verdict.key == ("straggler", "rank", "j", "6")
+    assert any("GPU is unknown" in e for e in verdict.evidence)
+
+
+def test_the_verdict_closes_when_the_rank_recovers() -> None:
+    job = Job()
+    job.run(0.0, 150.0, {3: 1.5})
+    assert len(job.engine.book.open) == 1
+    job.run(150.0, 300.0, {})
+    assert job.engine.book.open == {}
