@@ -73,14 +73,18 @@ class JobMapper:
 
     def __init__(self, tailed_globs: list[str] | None = None) -> None:
         self.tailed_globs = list(tailed_globs or [])
-        self._cache: dict[tuple[int, float], tuple[str, JobFields]] = {}
+        self._cache: dict[tuple[int, float, tuple[str, ...]], tuple[str, JobFields]] = {}
         self.permission_errors = 0
         self.vanished = 0
 
     def _inspect(self, pid: int) -> tuple[str, JobFields] | None:
         try:
             proc = psutil.Process(pid)
-            key = (pid, proc.create_time())
+            # The command line is part of the key: a process seen between fork and exec still has its
+            # parent's environment (and no job identity of its own); after the exec it is a new program
+            # under the same pid and create time, and must be read again.
+            cmdline = tuple(proc.cmdline())
+            key = (pid, proc.create_time(), cmdline)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             self.vanished += 1
             return None
@@ -97,7 +101,7 @@ class JobMapper:
             env = proc.environ()
             fields = job_from_environ(env)
             if fields.job_id is None:
-                fields = _from_cmdline(proc.cmdline(), fields)
+                fields = _from_cmdline(list(cmdline), fields)
             if fields.job_id is not None:
                 globs = self.tailed_globs
                 readiness = assess(env, lambda path: pattern_is_tailed(path, globs))

@@ -31,7 +31,15 @@ def ranks() -> Iterator[list[subprocess.Popen[bytes]]]:
     ]
     for extra in envs:
         env = {"PATH": os.environ.get("PATH", ""), **extra}
-        procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+                env=env,
+                stdout=subprocess.PIPE,
+            )
+        )
+    for p in procs:  # each child has exec'd its own program (and environment) once it says so
+        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
     yield procs
     for p in procs:
         p.kill()
@@ -52,6 +60,35 @@ def test_maps_real_processes_to_jobs(ranks: list[subprocess.Popen[bytes]]) -> No
     assert (by_gpu[3].master_addr, by_gpu[3].master_port) == ("10.0.0.1", 29500)
     assert (by_gpu[5].job_id, by_gpu[5].rank) == ("explicit", 0)
     assert by_gpu[0].name.startswith("python")
+
+
+def test_a_process_seen_before_its_exec_is_read_again_after_it() -> None:
+    """Between fork and exec a child still carries its parent's environment; the mapper must not keep that."""
+    mapper = JobMapper()
+    env = {"PATH": os.environ.get("PATH", ""), "SENTINEL_JOB_ID": "child-job", "RANK": "4"}
+    code = (
+        "import os, sys; sys.stdin.readline(); os.execve(sys.executable, [sys.executable, '-c', 'import time; print(1, flush=True); time.sleep(60)'], "
+        + repr(env)
+        + ")"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env={"PATH": os.environ.get("PATH", "")},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        (before,) = mapper.map({0: [child.pid]})
+        assert before.job_id is None  # the launcher side: no job identity yet
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.write(b"go\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == b"1\n"  # exec'd: same pid, same create time, new program
+        (after,) = mapper.map({0: [child.pid]})
+        assert (after.job_id, after.rank) == ("child-job", 4)
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_vanished_and_denied_processes_are_counted_not_fatal(
