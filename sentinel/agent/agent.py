@@ -141,7 +141,12 @@ class Agent:
         state_dir = Path(config.agent.state_dir)
         self.spool: Spool | None = None
         if config.stream.enabled:
-            self.spool = Spool(state_dir / "spool", config.stream.spool_max_bytes)
+            urls = config.stream.urls()
+            self.spool = Spool(
+                state_dir / "spool",
+                config.stream.spool_max_bytes,
+                consumers=tuple(urls) if len(urls) > 1 else (),
+            )
             self.seq = SeqAllocator(state_dir / "seq", floor=self.spool.max_seq + 1)
         else:
             self.seq = SeqAllocator(state_dir / "seq" if state_dir.is_dir() else None)

@@ -54,7 +54,9 @@ class AgentCounters:
     #: connections the aggregator refused for who this agent is (token file, token, host), by reason
     stream_refused: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     spool_bytes: int = 0
-    connected: bool = False
+    connected: bool = False  # to at least one aggregator (the host's data reaches someone)
+    #: per aggregator URL: its stream is up (several with ``stream.aggregator_urls``)
+    aggregators: dict[str, bool] = field(default_factory=dict)
     batches_sent: int = 0
     batches_acked: int = 0
     last_tick: float = 0.0
@@ -351,6 +353,14 @@ class AgentMetricsCollector(Collector):
         )
         connected.add_metric(base, 1.0 if c.connected else 0.0)
         yield connected
+        per_url = GaugeMetricFamily(
+            "sentinel_agent_aggregator_connected",
+            "1 while the WebSocket to this aggregator is up (one series per configured URL)",
+            labels=[*names, "url"],
+        )
+        for url, up in sorted(c.aggregators.items()):
+            per_url.add_metric([*base, url], 1.0 if up else 0.0)
+        yield per_url
         refused = CounterMetricFamily(
             "sentinel_agent_stream_refused",
             "connections to the aggregator refused for the agent's identity (token_file, unauthorized, "

@@ -1,10 +1,14 @@
-"""One WebSocket to the aggregator: hello, spooled batches in seq order, acks, commands.
+"""WebSockets to the aggregators (one, or several for high availability): hello, spooled batches in seq
+order, acks, commands.
 
 The spool is the source of truth: every batch is on disk until its Ack arrives. On each connection the
 shipper sends a Hello, then every spooled batch in seq order (at most ``max_inflight`` unacked at a time),
 then new batches as the agent makes them. When the connection drops, whatever was not acked is simply
 sent again on the next one (the aggregator drops a resend by (host, seq)). Reconnects back off
 exponentially with full jitter, so a restarted aggregator is not hit by every agent at the same instant.
+
+With ``stream.aggregator_urls`` every aggregator gets the same stream over its own connection; each
+aggregator's acks are kept apart in the spool, so each is sent exactly what it has not acknowledged.
 """
 
 from __future__ import annotations
@@ -71,7 +75,14 @@ def ssl_context(url: str, ca_file: str, cert_file: str = "", key_file: str = "")
 
 
 class Shipper:
-    """Streams the spool to the aggregator; run :meth:`run` as a task, :meth:`wake` after each new batch."""
+    """Streams the spool to every configured aggregator; run :meth:`run` as a task, :meth:`wake` after each
+    new batch.
+
+    One :class:`AggregatorStream` per URL (``stream.aggregator_urls``, else ``stream.aggregator_url``), each
+    with its own connection, backoff, in-flight window and spool cursor (the spool keeps per-aggregator
+    acks), so losing one aggregator neither slows nor loses anything for the other, and the one that comes
+    back is sent what it missed.
+    """
 
     def __init__(
         self,
@@ -83,15 +94,81 @@ class Shipper:
         counters: AgentCounters,
         host: str,
     ) -> None:
+        urls = config.urls()
+        #: set by the agent once its first tick has run, so the Hello carries the GPU inventory
+        self.ready = asyncio.Event()
+        self.streams = [
+            AggregatorStream(
+                config,
+                url=url,
+                consumer=url if len(urls) > 1 else None,
+                spool=spool,
+                hello=hello,
+                on_command=on_command,
+                counters=counters,
+                host=host,
+                ready=self.ready,
+            )
+            for url in urls
+        ]
+
+    def wake(self) -> None:
+        for stream in self.streams:
+            stream.wake()
+
+    @property
+    def connected(self) -> bool:
+        return any(stream.connected for stream in self.streams)
+
+    @property
+    def last_error(self) -> str:
+        return next((s.last_error for s in self.streams if s.last_error), "")
+
+    @property
+    def connections(self) -> int:
+        return sum(stream.connections for stream in self.streams)
+
+    def request_reconnect(self) -> None:
+        for stream in self.streams:
+            stream.request_reconnect()
+
+    async def run(self) -> None:
+        await asyncio.gather(*(stream.run() for stream in self.streams))
+
+    async def drain(self, timeout_s: float) -> None:
+        await asyncio.gather(*(stream.drain(timeout_s) for stream in self.streams))
+
+    async def close(self) -> None:
+        await asyncio.gather(*(stream.close() for stream in self.streams))
+
+
+class AggregatorStream:
+    """One aggregator's WebSocket: hello, its unacked spooled batches in seq order, acks, commands."""
+
+    def __init__(
+        self,
+        config: StreamConfig,
+        *,
+        url: str,
+        consumer: str | None,
+        spool: Spool,
+        hello: Callable[[int], Hello],
+        on_command: CommandHandler,
+        counters: AgentCounters,
+        host: str,
+        ready: asyncio.Event,
+    ) -> None:
         self.config = config
+        self.url = url
+        self.consumer = consumer  # the spool's name for this aggregator's acks (None: the only one)
         self.spool = spool
         self.hello = hello
         self.on_command = on_command
         self.counters = counters
         self.host = host
         self._wake = asyncio.Event()
-        #: set by the agent once its first tick has run, so the Hello carries the GPU inventory
-        self.ready = asyncio.Event()
+        self.ready = ready
+        self.acked = 0
         self._stopping = False
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._inflight: set[int] = set()
@@ -122,7 +199,7 @@ class Shipper:
         delay = self.config.backoff_initial_s
         async with aiohttp.ClientSession() as session:
             while not self._stopping:
-                acked_before = self.counters.batches_acked
+                acked_before = self.acked
                 try:
                     await self._connection(session)
                 except asyncio.CancelledError:
@@ -140,29 +217,32 @@ class Shipper:
                         self.last_error = f"{type(exc).__name__}: {exc}"
                         log.warning(
                             "aggregator_connection_failed",
-                            url=self.config.aggregator_url,
+                            url=self.url,
                             error=self.last_error,
                         )
                 except (aiohttp.ClientError, OSError, TimeoutError, msgspec.DecodeError, ValueError) as exc:
                     self.last_error = f"{type(exc).__name__}: {exc}"
-                    log.warning(
-                        "aggregator_connection_failed", url=self.config.aggregator_url, error=self.last_error
-                    )
+                    log.warning("aggregator_connection_failed", url=self.url, error=self.last_error)
                 except Exception as exc:  # a bug here must not end streaming for the agent's lifetime
                     self.last_error = f"{type(exc).__name__}: {exc}"
-                    log.error("shipper_failed", url=self.config.aggregator_url, error=self.last_error)
+                    log.error("shipper_failed", url=self.url, error=self.last_error)
                 finally:
                     self._ws = None
-                    self.counters.connected = False
+                    self._set_connected(False)
                     self._inflight.clear()
                 if self._stopping:
                     break
-                if self.counters.batches_acked > acked_before:
+                if self.acked > acked_before:
                     delay = self.config.backoff_initial_s
                 sleep = random.uniform(0, delay)
                 delay = min(delay * 2, self.config.backoff_max_s)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wait_stop(), sleep)
+
+    def _set_connected(self, up: bool) -> None:
+        counters = self.counters
+        counters.aggregators[self.url] = up
+        counters.connected = any(counters.aggregators.values())
 
     def _refused(self, reason: str, problem: str) -> None:
         """The aggregator will not take this agent's stream: say which file and host, count it for an alert."""
@@ -173,7 +253,7 @@ class Shipper:
             reason=reason,
             host=self.host,
             token_file=self.config.token_file,
-            url=self.config.aggregator_url,
+            url=self.url,
             problem=problem,
         )
 
@@ -189,10 +269,10 @@ class Shipper:
             headers["Authorization"] = f"Bearer {token}"
         ws = await asyncio.wait_for(
             session.ws_connect(
-                self.config.aggregator_url,
+                self.url,
                 headers=headers,
                 ssl=ssl_context(
-                    self.config.aggregator_url,
+                    self.url,
                     self.config.ca_file,
                     self.config.tls_cert_file,
                     self.config.tls_key_file,
@@ -206,10 +286,10 @@ class Shipper:
         self._ws = ws
         self.connections += 1
         try:
-            pending = self.spool.seqs()
+            pending = self.spool.seqs(self.consumer)
             await ws.send_bytes(encode(self.hello(pending[0] if pending else -1)))
-            self.counters.connected = True
-            log.info("aggregator_connected", url=self.config.aggregator_url, spooled=len(pending))
+            self._set_connected(True)
+            log.info("aggregator_connected", url=self.url, spooled=len(pending))
             reader = asyncio.create_task(self._read(ws))
             writer = asyncio.create_task(self._write(ws))
             done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
@@ -229,7 +309,7 @@ class Shipper:
         sent_upto = -1
         while not ws.closed:
             self._wake.clear()
-            for seq in self.spool.seqs_after(sent_upto):
+            for seq in self.spool.seqs_after(sent_upto, self.consumer):
                 if len(self._inflight) >= self.config.max_inflight:
                     break
                 data = self.spool.read(seq)
@@ -239,7 +319,7 @@ class Shipper:
                 await ws.send_bytes(data)
                 self._inflight.add(seq)
                 self.counters.batches_sent += 1
-            if self._stopping and not self._inflight and not self.spool.seqs_after(sent_upto):
+            if self._stopping and not self._inflight and not self.spool.seqs_after(sent_upto, self.consumer):
                 return
             await self._wake.wait()
 
@@ -252,11 +332,12 @@ class Shipper:
             try:
                 frame = decode_aggregator_frame(message.data)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                log.warning("aggregator_frame_invalid", url=self.config.aggregator_url, error=str(exc))
+                log.warning("aggregator_frame_invalid", url=self.url, error=str(exc))
                 continue
             if isinstance(frame, Ack):
                 self._inflight.discard(frame.seq)
-                if self.spool.ack(frame.seq):
+                if self.spool.ack(frame.seq, self.consumer):
+                    self.acked += 1
                     self.counters.batches_acked += 1
                 self.counters.spool_bytes = self.spool.size_bytes
                 self._wake.set()
@@ -271,7 +352,7 @@ class Shipper:
                 "(its line in the aggregator's tokens file names other hosts)",
             )
             return
-        log.warning("aggregator_closed", url=self.config.aggregator_url, code=ws.close_code)
+        log.warning("aggregator_closed", url=self.url, code=ws.close_code)
 
     async def _command(self, ws: aiohttp.ClientWebSocketResponse, command: Command) -> None:
         try:
@@ -295,7 +376,9 @@ class Shipper:
         if not self.connected:
             return
         deadline = asyncio.get_running_loop().time() + timeout_s
-        while self.connected and self.spool.seqs() and asyncio.get_running_loop().time() < deadline:
+        while (
+            self.connected and self.spool.seqs(self.consumer) and asyncio.get_running_loop().time() < deadline
+        ):
             self._wake.set()
             await asyncio.sleep(0.05)
 

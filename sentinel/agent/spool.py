@@ -6,6 +6,12 @@ batches first lose their samples (and FR heads), keeping their events; only when
 are whole batches — events — dropped, oldest first. What was dropped is counted and reported to the
 aggregator in the next batch's ``drops``.
 
+With several aggregators (``stream.aggregator_urls``) each is a *consumer* with its own acks: a batch stays
+until every consumer has acked it (or the byte bound pushes it out), and each consumer's cursor lists only
+what it has not acked yet, so the aggregator that comes back after an outage is sent its backlog while the
+other one is not sent anything twice. Acks are kept in memory: after an agent restart a batch acked by only
+one aggregator is sent to both again, and that one drops it by (host, seq).
+
 File names are ``<seq:020d>_<samples>_<events>.batch`` so the spool can be indexed at start-up without
 decoding every file.
 
@@ -87,9 +93,13 @@ class SeqAllocator:
 class Spool:
     """Unacked batches on disk, bounded in bytes, in seq order."""
 
-    def __init__(self, directory: Path, max_bytes: int) -> None:
+    def __init__(self, directory: Path, max_bytes: int, consumers: tuple[str, ...] = ()) -> None:
+        """``consumers``: one name per aggregator when there are several (empty or one: plain acks)."""
         self.directory = directory
         self.max_bytes = max_bytes
+        self.consumers = consumers if len(consumers) > 1 else ()
+        #: per consumer, the spooled seqs it has acked while another consumer has not yet
+        self._acked: dict[str, set[int]] = {name: set() for name in self.consumers}
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._with_samples: deque[int] = deque()
         self._bytes = 0
@@ -135,12 +145,18 @@ class Spool:
     def max_seq(self) -> int:
         return next(reversed(self._entries)) if self._entries else -1
 
-    def seqs(self) -> list[int]:
-        """Spooled (unacked) batch numbers, oldest first."""
-        return list(self._entries)
+    def seqs(self, consumer: str | None = None) -> list[int]:
+        """Spooled batch numbers not yet acked (by ``consumer``, when given), oldest first."""
+        acked = self._acked.get(consumer) if consumer is not None else None
+        if not acked:
+            return list(self._entries)
+        return [s for s in self._entries if s not in acked]
 
-    def seqs_after(self, seq: int) -> list[int]:
-        return [s for s in self._entries if s > seq]
+    def seqs_after(self, seq: int, consumer: str | None = None) -> list[int]:
+        acked = self._acked.get(consumer) if consumer is not None else None
+        if not acked:
+            return [s for s in self._entries if s > seq]
+        return [s for s in self._entries if s > seq and s not in acked]
 
     # -- writing --------------------------------------------------------------------------------------------
 
@@ -172,15 +188,27 @@ class Spool:
             self._forget(seq, unlink=False)
             return None
 
-    def ack(self, seq: int) -> bool:
-        """The aggregator has the batch: forget it. False if it was not (or no longer) spooled."""
+    def ack(self, seq: int, consumer: str | None = None) -> bool:
+        """The aggregator (``consumer``) has the batch; forgotten once every consumer has it.
+
+        False if it was not (or no longer) spooled, or this consumer had acked it already.
+        """
         if seq not in self._entries:
             return False
+        acked = self._acked.get(consumer) if consumer is not None else None
+        if acked is not None:
+            if seq in acked:
+                return False
+            acked.add(seq)
+            if not all(seq in others for others in self._acked.values()):
+                return True
         self._forget(seq, unlink=True)
         return True
 
     def _forget(self, seq: int, *, unlink: bool) -> _Entry:
         entry = self._entries.pop(seq)
+        for acked in self._acked.values():
+            acked.discard(seq)
         self._bytes -= entry.size
         if unlink:
             with contextlib.suppress(FileNotFoundError):

@@ -119,10 +119,22 @@ class ProbeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class StreamConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The WebSocket stream to the aggregator."""
 
+    def urls(self) -> list[str]:
+        """The aggregators to stream to: ``aggregator_urls``, else the single ``aggregator_url``."""
+        return list(dict.fromkeys(self.aggregator_urls)) or [self.aggregator_url]
+
     enabled: Annotated[bool, msgspec.Meta(description="stream to the aggregator at all")] = True
     aggregator_url: Annotated[
         str, msgspec.Meta(description="ws:// or wss:// URL of the aggregator's stream")
     ] = "ws://127.0.0.1:9400/api/v1/stream"
+    aggregator_urls: Annotated[
+        list[Annotated[str, msgspec.Meta(pattern=r"^wss?://\S+$")]],
+        msgspec.Meta(
+            max_length=8,
+            description="stream to every one of these aggregators (high availability: each has its own "
+            "acks and spool cursor, a batch leaves the spool once all have it); empty: aggregator_url alone",
+        ),
+    ] = []
     token_file: Annotated[str, msgspec.Meta(description="file holding the bearer token")] = (
         "/etc/sentinel/token"
     )

@@ -61,3 +61,29 @@ def test_seq_is_monotonic_across_restarts(tmp_path: Path) -> None:
     assert used == [0, 1, 2, 3, 4] and after > used[-1]
     assert after == SEQ_BLOCK
     assert SeqAllocator(tmp_path / "other", floor=77).allocate() == 77
+
+
+def test_each_aggregator_has_its_own_acks_and_a_batch_leaves_once_all_have_it(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, max_bytes=1 << 20, consumers=("ws://a", "ws://b"))
+    for seq in range(4):
+        spool.add(_batch(seq))
+    assert spool.ack(0, "ws://a") and spool.ack(1, "ws://a") and not spool.ack(1, "ws://a")
+    assert spool.seqs("ws://a") == [2, 3] and spool.seqs("ws://b") == [0, 1, 2, 3]
+    assert spool.seqs_after(0, "ws://a") == [2, 3] and spool.seqs_after(0, "ws://b") == [1, 2, 3]
+    assert len(spool) == 4  # B has none of them yet: all stay on disk
+    assert spool.ack(0, "ws://b")
+    assert spool.seqs() == [1, 2, 3] and not (tmp_path / f"{0:020d}_4_1.batch").exists()
+    # after an agent restart the acks are gone: both are sent everything again (they drop it by seq)
+    reopened = Spool(tmp_path, max_bytes=1 << 20, consumers=("ws://a", "ws://b"))
+    assert reopened.seqs("ws://a") == reopened.seqs("ws://b") == [1, 2, 3]
+
+
+def test_the_byte_bound_applies_whoever_has_not_acked(tmp_path: Path) -> None:
+    size = len(msgspec.msgpack.encode(_batch(0, samples=0)))
+    spool = Spool(tmp_path, max_bytes=4 * size, consumers=("ws://a", "ws://b"))
+    for seq in range(40):
+        spool.add(_batch(seq, samples=0))
+        spool.ack(seq, "ws://a")  # A keeps up; B is down
+    assert spool.size_bytes <= 4 * size
+    assert spool.seqs("ws://a") == [] and spool.seqs("ws://b") == spool.seqs()
+    assert spool.dropped_events > 0  # the oldest were dropped for B, and counted
