@@ -38,7 +38,7 @@ from sentinel.aggregator.frdumps import settings_for_frame
 from sentinel.aggregator.incidents import IncidentManager, IncidentStore
 from sentinel.aggregator.latches import FleetLatches
 from sentinel.aggregator.metrics import AggregatorMetrics
-from sentinel.aggregator.store import StateStore, StoreError
+from sentinel.aggregator.store import BuiltinsHolder, StateStore, StoreError
 from sentinel.aggregator.views import gpu_health, host_dict, job_detail, job_summary
 from sentinel.config.aggregator import AggregatorConfig, ServerConfig
 from sentinel.log import get_logger
@@ -260,6 +260,7 @@ class Aggregator:
         now = self.clock()
         store.register(self.engine.book, now)
         store.register(FleetLatches(self.engine.fleet), now)
+        store.register(BuiltinsHolder("detectors", dict(self.engine.detectors)), now)
         self.metrics.store = store
         return store
 

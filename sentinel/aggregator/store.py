@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
+
 from sentinel.log import get_logger
 
 SCHEMA_VERSION = 1
@@ -57,6 +59,70 @@ class StateHolder(Protocol):
     def restore(self, records: dict[str, bytes], now: float) -> None:
         """Take back what an earlier process snapshotted (called once, before any input)."""
         ...
+
+
+class Snapshottable(Protocol):
+    """What a detector offers (:class:`sentinel.aggregator.detectors.base.Detector`): memory as builtins."""
+
+    def snapshot(self) -> dict[str, Any]: ...
+
+    def restore(self, state: dict[str, Any]) -> None: ...
+
+
+class BuiltinsHolder:
+    """A :class:`StateHolder` over objects whose memory is a dict of builtins (the detectors).
+
+    Their memory is a warm start, not evidence (the verdicts it led to are persisted by the verdict book),
+    so it is written at most every ``min_interval_s`` and only when its encoding changed; a snapshot above
+    ``max_bytes`` is skipped and logged rather than letting one detector's history bloat every flush.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        members: dict[str, Snapshottable],
+        *,
+        min_interval_s: float = 10.0,
+        max_bytes: int = 8 << 20,
+        clock: Any = time.monotonic,
+    ) -> None:
+        self.state_name = name
+        self.members = members
+        self.min_interval_s = min_interval_s
+        self.max_bytes = max_bytes
+        self.clock = clock
+        self.oversize = 0
+        self._next = 0.0
+        self._written: dict[str, bytes] = {}
+
+    def snapshot(self, full: bool = False) -> dict[str, bytes | None]:
+        now = self.clock()
+        if not full and now < self._next:
+            return {}
+        self._next = now + self.min_interval_s
+        out: dict[str, bytes | None] = {}
+        for name, member in self.members.items():
+            data = _encoder.encode(member.snapshot())
+            if len(data) > self.max_bytes:
+                self.oversize += 1
+                log().warning(
+                    "state_snapshot_too_large", holder=self.state_name, member=name, bytes=len(data)
+                )
+                continue
+            if full or self._written.get(name) != data:
+                out[name] = self._written[name] = data
+        return out
+
+    def restore(self, records: dict[str, bytes], now: float) -> None:
+        for name, data in records.items():
+            member = self.members.get(name)
+            if member is not None:
+                member.restore(_decoder.decode(data))
+                self._written[name] = data
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(dict[str, Any])
 
 
 class StoreError(Exception):

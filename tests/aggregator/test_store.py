@@ -9,7 +9,7 @@ from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.latches import FleetLatches
 from sentinel.aggregator.server import restore_holds
 from sentinel.aggregator.state import HostView
-from sentinel.aggregator.store import StateStore
+from sentinel.aggregator.store import BuiltinsHolder, StateStore
 from sentinel.aggregator.verdicts import Finding, VerdictBook
 from sentinel.config.aggregator import AggregatorConfig
 from sentinel.wire import Batch, Event, GpuSample, Hello, RowRemap
@@ -203,3 +203,54 @@ def test_a_damaged_record_starts_that_holder_empty_and_is_counted(tmp_path: Path
     assert again.register(restored, 5.0) == 0
     assert restored.open == {} and again.write_errors == 1
     again.close()
+
+
+class Memory:
+    def __init__(self) -> None:
+        self.state: dict[str, object] = {}
+        self.restored: dict[str, object] | None = None
+
+    def snapshot(self) -> dict[str, object]:
+        return dict(self.state)
+
+    def restore(self, state: dict[str, object]) -> None:
+        self.restored = state
+
+
+def test_detector_memory_is_written_when_it_changed_at_most_every_interval_and_restored(
+    tmp_path: Path,
+) -> None:
+    clock = [0.0]
+    memory = Memory()
+    holder = BuiltinsHolder("detectors", {"streaks": memory}, min_interval_s=10.0, clock=lambda: clock[0])
+    memory.state = {"hits": [["gpu", "h0", "3"], 2]}
+    assert list(holder.snapshot()) == ["streaks"]
+    memory.state = {"hits": [["gpu", "h0", "3"], 3]}
+    clock[0] = 5.0
+    assert holder.snapshot() == {}  # within the interval
+    clock[0] = 10.0
+    assert list(holder.snapshot()) == ["streaks"]
+    clock[0] = 20.0
+    assert holder.snapshot() == {}  # unchanged: nothing to write
+    store = StateStore(tmp_path)
+    store.register(holder, 0.0)
+    store.flush(full=True)
+    store.close()
+    again = Memory()
+    StateStore(tmp_path).register(BuiltinsHolder("detectors", {"streaks": again}), 30.0)
+    assert again.restored == {"hits": [["gpu", "h0", "3"], 3]}
+
+
+def test_a_restarted_engine_rechecks_every_restored_gpu_on_its_first_tick(tmp_path: Path) -> None:
+    first = Node(tmp_path, 0.0)
+    first.store.register(BuiltinsHolder("detectors", dict(first.engine.detectors)), 0.0)
+    first.hello(hello("h0"), 0.0)
+    first.send("h0", 1.0, events=[xid(1.0, 4, 79)])
+    first.persist()
+    first.store.flush(full=True)
+    first.crash()
+    second = Node(tmp_path, 10.0)
+    second.store.register(BuiltinsHolder("detectors", dict(second.engine.detectors)), 10.0)
+    changes = second.engine.tick(11.0)
+    assert changes == []  # evaluated on the restored facts: the same verdict, nothing opened or closed
+    assert [(g, r) for _, _, _, g, r, _ in second.open()] == [(4, "xid_79")]

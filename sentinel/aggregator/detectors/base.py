@@ -71,3 +71,14 @@ class Detector(ABC):
     def snapshot(self) -> dict[str, Any]:
         """The detector's memory as builtins (for persistence and the debug API); empty when stateless."""
         return {}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take back the :meth:`snapshot` of an earlier process (the aggregator's durable state store).
+
+        The default keeps nothing of it and looks at the whole fleet again, as after being switched on: the
+        restored fleet facts are evaluated afresh, and the restored verdicts of a detector whose inputs are
+        live (heads, steps) are held open while it gathers them again
+        (:attr:`~sentinel.aggregator.verdicts.VerdictBook.restore_hold_s`). A detector whose memory is worth
+        more than that overrides this.
+        """
+        self.switched_on()
