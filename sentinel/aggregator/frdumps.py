@@ -15,12 +15,14 @@ entry by entry, and a rank seen twice (two hosts claiming it) keeps its first du
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from sentinel.fr.dumpset import analyze_dir
 from sentinel.fr.errors import FrFormatError
+from sentinel.fr.workers import Cancelled
 
 #: File name prefix of the stored dumps (the loader reads ``<prefix><rank>[.gz]``).
 DUMP_PREFIX = "nccl_trace_rank_"
@@ -116,14 +118,19 @@ def store_answer(
     return report, written
 
 
-def analyze_dumps(root: Path, workers: int = 2) -> dict[str, Any]:
-    """The contract's ``fr analyze --json`` object for the dumps under ``root``, or ``{"error": ...}``.
+def analyze_dumps(root: Path, workers: int = 2, cancel: threading.Event | None = None) -> dict[str, Any]:
+    """The contract's ``fr analyze --json`` object for the dumps under ``root``, or ``{"error": reason}``.
 
-    Blocking (run it off the event loop). Decoding happens in memory-capped worker processes started with
-    forkserver, which is safe in a threaded daemon.
+    Blocking (run it off the event loop). Decoding happens in bounded worker processes started with
+    forkserver, which is safe in a threaded daemon; setting ``cancel`` (aggregator shutdown) kills them
+    within 0.1 s. Never raises for what the dumps contain: every failure is the incident's reason.
     """
     try:
-        result = analyze_dir(root, workers=max(1, workers), start_method="forkserver")
+        result = analyze_dir(root, workers=max(1, workers), start_method="forkserver", cancel=cancel)
     except FrFormatError as exc:
         return {"error": str(exc)[:500]}
+    except Cancelled:
+        return {"error": "analysis cancelled (aggregator shutting down)"}
+    except Exception as exc:  # a daemon never dies from what it observes
+        return {"error": f"analysis failed: {type(exc).__name__}: {str(exc)[:300]}"}
     return result.to_json()

@@ -23,6 +23,7 @@ import secrets
 import shutil
 import sqlite3
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -272,7 +273,15 @@ class IncidentManager:
                 fr_task.cancel()
             raise
         if fr_task is not None:
-            incident["fr_dump"] = await fr_task
+            try:
+                incident["fr_dump"] = await fr_task
+            except Exception as exc:  # the FR part failed: say so with the reason, never stay "collecting"
+                incident["fr_dump"] = {
+                    "state": "failed",
+                    "ranks": [],
+                    "analysis": None,
+                    "error": f"{type(exc).__name__}: {str(exc)[:300]}",
+                }
             await self._save(incident)
             log().info(
                 "incident_fr_dump",
@@ -409,7 +418,12 @@ class IncidentManager:
                 report["state"] = "no_dumps"
                 report["error"] = "no agent returned a flight-recorder dump"
                 return report
-            analysis = await asyncio.to_thread(analyze_dumps, root, settings.workers)
+            cancel = threading.Event()
+            try:
+                analysis = await asyncio.to_thread(analyze_dumps, root, settings.workers, cancel)
+            except asyncio.CancelledError:
+                cancel.set()  # shutdown: the workers are killed at once instead of finishing their dumps
+                raise
             if "error" in analysis:
                 report["state"] = "failed"
                 report["error"] = analysis["error"]

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 from sentinel.fr.analysis import FrAnalysis
 from sentinel.fr.dumpset import RECENT_ENTRIES, analyze_dir
 from sentinel.fr.errors import FrFormatError
+from sentinel.fr.workers import TerminalProgress
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -60,20 +63,61 @@ def _usage(parser: argparse.ArgumentParser) -> Any:
 
 
 def run_analyze(args: argparse.Namespace) -> int:
+    """Analyze, never with a traceback: the analysis (exit 0) or one escaped line naming what is wrong
+    (exit 2). SIGTERM stops the decoding workers at once (exit 143)."""
+    progress = TerminalProgress(sys.stderr) if sys.stderr.isatty() else None
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_term(_signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signal.SIGTERM)  # unwinds through the pool, which kills its workers
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_term)
     try:
         result = analyze_dir(
             args.dir,
             workers=args.workers,
             recent=None if args.all_entries else RECENT_ENTRIES,
+            progress=progress,
         )
     except FrFormatError as exc:
-        print(f"sentinel fr analyze: {exc}", file=sys.stderr)
+        _finish(progress)
+        print(f"sentinel fr analyze: {terminal_safe(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except (MemoryError, RecursionError, OverflowError, ValueError, OSError) as exc:
+        _finish(progress)
+        print(
+            f"sentinel fr analyze: {terminal_safe(str(args.dir))}: cannot analyze: {type(exc).__name__}: "
+            f"{terminal_safe(str(exc)[:200])}",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
+    _finish(progress)
     if args.json:
         print(json.dumps(result.to_json()))
     else:
-        print(render_text(result))
+        print(terminal_safe(render_text(result)))
     return EXIT_OK
+
+
+def _finish(progress: TerminalProgress | None) -> None:
+    if progress is not None:
+        progress.finish()
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every control character (ESC, CR, BEL, C1, bidi overrides, ...) but newline shown as
+    an escape: file names and ``pg_desc`` come from the dumps and must not drive the terminal."""
+    return "\n".join(
+        line if line.isprintable() else "".join(map(_safe_char, line)) for line in text.split("\n")
+    )
+
+
+def _safe_char(c: str) -> str:
+    return c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
 
 
 def render_text(result: FrAnalysis) -> str:

@@ -35,6 +35,8 @@ MIN_STRAGGLER_LAG_MS = 5.0
 STRAGGLER_FACTOR = 3.0
 #: ... on at least this fraction of its collectives.
 STRAGGLER_LATE_FRACTION = 0.5
+#: ... measured on at least this many collectives (one late collective is noise, not a straggler).
+MIN_STRAGGLER_SAMPLES = 8
 #: Collectives per group used for the timing analysis (the most recent ones).
 TIMING_WINDOW = 64
 #: Most findings printed; the JSON carries the same cap.
@@ -185,6 +187,7 @@ def analyze(summaries: Sequence[RankSummary]) -> FrAnalysis:
 def _build_groups(summaries: Sequence[RankSummary]) -> dict[str, Group]:
     groups: dict[str, Group] = {}
     config: dict[str, set[int]] = {}
+    max_rank = max(s.rank for s in summaries)
     for s in summaries:
         for t in s.groups:
             g = groups.get(t.name)
@@ -196,7 +199,11 @@ def _build_groups(summaries: Sequence[RankSummary]) -> dict[str, Group]:
             if t.size_hints:
                 g.size_hint = max(g.size_hint, *t.size_hints)
             if t.config_ranks and t.name not in config:  # every member reports the same table
-                config[t.name] = {r for start, stop in t.config_ranks for r in range(start, stop)}
+                # believed up to twice the ranks seen (see _world_size): linear in the dumps, not in a claim
+                cap = 2 * (max(len(summaries), max_rank + 1))
+                config[t.name] = {
+                    r for start, stop in t.config_ranks[:cap] for r in range(start, min(stop, cap))
+                }
     for name, g in groups.items():
         g.members = set(g.tracks) | config.get(name, set())
     return groups
@@ -207,12 +214,17 @@ def _is_world(g: Group, present: set[int]) -> bool:
 
 
 def _world_size(present: set[int], groups: dict[str, Group], summaries: Sequence[RankSummary]) -> int:
-    size = max(present) + 1
+    """The job's world size: at least max rank + 1, more when pg_config, the default group's all_gather
+    shapes or a short sub-group family say ranks left no dump. Hints are believed up to twice the ranks
+    seen: a hostile shape must not make the analysis enumerate millions of absent ranks."""
+    seen = max(present) + 1
+    cap = max(2 * seen, 2 * len(present))
+    size = seen
     for g in groups.values():
         if g.members:
-            size = max(size, max(g.members) + 1)
+            size = max(size, min(max(g.members) + 1, cap))
         if _is_world(g, present):
-            size = max(size, g.size_hint)
+            size = max(size, min(g.size_hint, cap))
     # a family of sub-groups (same description) that partitions the ranks with one group short of the
     # family's size says the world is larger than the ranks seen (the highest rank left no dump)
     families: dict[str, list[Group]] = {}
@@ -225,7 +237,7 @@ def _world_size(present: set[int], groups: dict[str, Group], summaries: Sequence
             continue
         fam_size = max(max(len(g.members), g.size_hint) for g in family)
         if any(len(g.members) < fam_size for g in family):
-            size = max(size, fam_size * len(family))
+            size = max(size, min(fam_size * len(family), cap))
     return size
 
 
@@ -429,6 +441,8 @@ def _stragglers(groups: dict[str, Group]) -> list[Straggler]:
         # big groups give every member many samples per collective: fewer collectives suffice
         window = max(TIMING_WINDOW // 4, min(TIMING_WINDOW, TIMING_WINDOW * 256 // len(tracks)))
         lo = max(lo, hi - window)
+        if hi <= lo:  # the members' ring buffers do not overlap: no collective to compare
+            continue
         sinks = [lags.setdefault(r, []) for r, _, _ in tracks]
         offsets = [(mv, t.first_seq) for _, t, mv in tracks]
         for seq in range(lo, hi):
@@ -451,6 +465,7 @@ def _stragglers(groups: dict[str, Group]) -> list[Straggler]:
                 c = (low + mid) / 2
                 for sink, tv in zip(sinks, times, strict=True):
                     sink.append((tv - (a if tv <= low else b if tv <= mid else c)) / 1e6)
+    lags = {r: v for r, v in lags.items() if v}
     if len(lags) < 2:
         return []
     medians = {r: statistics.median(v) for r, v in lags.items()}
@@ -459,7 +474,7 @@ def _stragglers(groups: dict[str, Group]) -> list[Straggler]:
     lateness = sorted(max(m, 0.0) for m in medians.values())
     out = []
     for r, m in medians.items():
-        if m < MIN_STRAGGLER_LAG_MS:
+        if m < MIN_STRAGGLER_LAG_MS or len(lags[r]) < MIN_STRAGGLER_SAMPLES:
             continue
         others = _median_without(lateness, bisect_left(lateness, max(m, 0.0)))
         if m <= STRAGGLER_FACTOR * others:

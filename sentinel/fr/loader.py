@@ -11,16 +11,18 @@ enqueued/started/completed collective; strings in JSON dumps) and ``comm_lib_ver
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import stat
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sentinel.fr.errors import FrFormatError
+from sentinel.fr.errors import FrFormatError, brief
 from sentinel.fr.recent import decode_recent, decode_recent_json
 from sentinel.fr.safepickle import PICKLE_PROTO, loads_plain
 
@@ -30,6 +32,8 @@ MAX_DUMP_BYTES = 256 * 1024 * 1024
 MAX_FILES = 1 << 17
 #: Largest number of ring-buffer entries accepted in one dump.
 MAX_ENTRIES = 1 << 20
+#: Deepest folder level searched below the dump directory (per-host subfolders and a little more).
+MAX_DEPTH = 4
 
 _NAME_RE = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)(?P<json>\.json)?(?P<gz>\.gz)?$")
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -104,23 +108,72 @@ def discover(root: Path) -> list[DumpFile]:
 
 
 def _walk(root: Path) -> Iterator[Path]:
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in sorted(filenames):
-            if name.startswith("."):
+    """Regular files under ``root`` (sorted, hidden names skipped). A symlink (file or folder), FIFO,
+    socket or device named like a dump — or a symlinked folder — is refused with FrFormatError: a link
+    to ``/etc/shadow`` must not be read by a root daemon, and a FIFO must not be silently skipped and
+    then reported as a rank that left no dump."""
+    stack = [root]
+    depth = {root: 0}
+    while stack:
+        folder = stack.pop()
+        try:
+            with os.scandir(folder) as it:
+                items = sorted(it, key=lambda d: d.name)
+        except OSError as exc:
+            raise FrFormatError(f"{folder}: cannot list: {exc.strerror or exc}") from None
+        subdirs = []
+        for item in items:
+            if item.name.startswith("."):
                 continue
-            path = Path(dirpath) / name
-            if path.is_file():
+            path = Path(item.path)
+            try:
+                st = item.stat(follow_symlinks=False)
+            except OSError:
+                continue  # vanished while listing
+            if stat.S_ISDIR(st.st_mode):
+                if depth[folder] < MAX_DEPTH:
+                    depth[path] = depth[folder] + 1
+                    subdirs.append(path)
+                continue
+            if stat.S_ISREG(st.st_mode):
                 yield path
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                if _NAME_RE.match(item.name) or os.path.isdir(path):
+                    raise FrFormatError(f"{path}: is a symbolic link: refused (links are never followed)")
+                continue
+            if _NAME_RE.match(item.name):
+                kind = (
+                    "a FIFO"
+                    if stat.S_ISFIFO(st.st_mode)
+                    else "a socket"
+                    if stat.S_ISSOCK(st.st_mode)
+                    else "a device"
+                )
+                raise FrFormatError(f"{path}: is {kind}, not a dump file: refused")
+        stack.extend(reversed(subdirs))
 
 
 def read_bytes(path: Path, limit: int = MAX_DUMP_BYTES) -> bytes:
-    """The file's bytes, gunzipped when gzip, refusing anything larger than ``limit`` once expanded."""
+    """The file's bytes, gunzipped when gzip, refusing anything larger than ``limit`` once expanded.
+
+    Opened without following a symlink and without blocking (a FIFO swapped in after the listing must
+    not hang us), and refused unless it is a regular file."""
     try:
-        with path.open("rb") as fh:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise FrFormatError(f"{path}: is a symbolic link: refused (links are never followed)") from None
+        raise FrFormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FrFormatError(f"{path}: not a regular file: refused")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
             data = fh.read(limit + 1)
     except OSError as exc:
         raise FrFormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
     if len(data) > limit:
         raise FrFormatError(f"{path}: larger than {limit} bytes")
     if data[:2] == _GZIP_MAGIC:
@@ -167,7 +220,7 @@ def parse_dump(obj: Any, *, rank: int, source: str, is_json: bool) -> RawDump:
         raise FrFormatError(f"{source}: top level is {type(obj).__name__}, expected a dict")
     version = obj.get("version")
     if not isinstance(version, str) or not re.fullmatch(r"2\.\d{1,4}", version):
-        raise FrFormatError(f"{source}: field 'version' is {str(version)[:40]!r}, expected '2.x'")
+        raise FrFormatError(f"{source}: field 'version' is {brief(version, 40)}, expected '2.x'")
     entries = obj.get("entries", [])
     if not isinstance(entries, list):
         raise FrFormatError(f"{source}: field 'entries' is {type(entries).__name__}, expected a list")

@@ -78,8 +78,14 @@ def p2p_peer(profiling_name: str) -> tuple[int, int] | None:
     return None
 
 
+#: Element counts saturate here: a shape of 100,000 dims of 2^62 must not build a 6-million-bit integer
+#: (each multiplication would cost more than the last: quadratic).
+NUMEL_CAP = 1 << 64
+
+
 def numel(sizes: Any) -> int:
-    """Total elements of a list of tensor shapes; FrFormatError when the shapes are not lists of ints."""
+    """Total elements of a list of tensor shapes (saturating at NUMEL_CAP); FrFormatError when the shapes
+    are not lists of ints."""
     total = 0
     for shape in sizes:
         if not isinstance(shape, list | tuple):
@@ -88,8 +94,8 @@ def numel(sizes: Any) -> int:
         for dim in shape:
             if type(dim) is not int:
                 raise FrFormatError(f"tensor dimension is {type(dim).__name__}, expected an int")
-            n *= dim
-        total += n
+            n = min(n * dim, NUMEL_CAP) if dim >= 0 else -1
+        total = min(total + n, NUMEL_CAP)
     return total
 
 
@@ -101,7 +107,7 @@ def group_size_hint(op: str, in_sizes: Any, out_sizes: Any) -> int:
         small, big = numel(out_sizes), numel(in_sizes)
     else:
         return 0
-    if small <= 0 or big <= 0 or big % small:
+    if small <= 0 or big <= 0 or big >= NUMEL_CAP or big % small:
         return 0
     ratio = big // small
     return ratio if ratio <= 1 << 24 else 0

@@ -23,12 +23,17 @@ from typing import Any
 
 import msgspec
 
-from sentinel.fr.errors import FrFormatError
+from sentinel.fr.errors import FrFormatError, brief
 from sentinel.fr.loader import RawDump
 from sentinel.fr.ops import P2P, group_size_hint, match_key, op_name, p2p_peer
 
 #: Newest entries per dump whose match key is computed (see :func:`summarize`).
 KEY_WINDOW = 128
+#: Integers the format carries (seqs, times, ids) are int64 in PyTorch; anything outside is refused.
+INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
+#: Most tensors per entry and dims per tensor shape accepted (a coalesced op carries one per tensor).
+MAX_TENSORS = 1 << 16
+MAX_DIMS = 64
 
 
 class KeyInfo(msgspec.Struct, frozen=True, array_like=True):
@@ -114,10 +119,44 @@ class _Builder:
 
 def _int(value: Any, what: str, source: str) -> int:
     if type(value) is int:
-        return value
-    if isinstance(value, str) and re.fullmatch(r"-?\d{1,19}", value.strip()):
-        return int(value)
-    raise FrFormatError(f"{source}: {what} is {str(value)[:30]!r}, expected an integer")
+        if INT_MIN <= value <= INT_MAX:
+            return value
+    elif isinstance(value, str) and re.fullmatch(r"-?\d{1,19}", value.strip()):
+        number = int(value)
+        if INT_MIN <= number <= INT_MAX:
+            return number
+    raise FrFormatError(f"{source}: {what} is {brief(value)}, expected a 64-bit integer")
+
+
+def _sizes(value: Any, what: str, index: int, source: str) -> str:
+    """Canonical text of a list of tensor shapes (lists of ints), checked for shape and bounds in one
+    linear pass; FrFormatError otherwise (never ``str()`` of hostile nesting)."""
+    if value is None:
+        return ""
+    if type(value) not in (list, tuple) or len(value) > MAX_TENSORS:
+        raise FrFormatError(f"{source}: entry {index}: {what} is {brief(value)}, expected a list of shapes")
+    parts = []
+    for shape in value:
+        if type(shape) not in (list, tuple) or len(shape) > MAX_DIMS:
+            raise FrFormatError(f"{source}: entry {index}: {what} holds {brief(shape)}, expected a shape")
+        for dim in shape:
+            if type(dim) is not int or not INT_MIN <= dim <= INT_MAX:
+                raise FrFormatError(
+                    f"{source}: entry {index}: {what} holds dimension {brief(dim)}, expected a 64-bit integer"
+                )
+        parts.append(",".join(map(str, shape)))
+    return "[" + "],[".join(parts) + "]" if parts else ""
+
+
+def _dtypes(value: Any, what: str, index: int, source: str) -> list[str]:
+    if value is None:
+        return []
+    if type(value) not in (list, tuple) or len(value) > MAX_TENSORS:
+        raise FrFormatError(f"{source}: entry {index}: {what} is {brief(value)}, expected a list of names")
+    for d in value:
+        if type(d) is not str:
+            raise FrFormatError(f"{source}: entry {index}: {what} holds {brief(d)}, expected a dtype name")
+    return list(value)
 
 
 def summarize(dump: RawDump) -> RankSummary:
@@ -130,7 +169,7 @@ def summarize(dump: RawDump) -> RankSummary:
     source = dump.source
     entries = dump.entries
     builders: dict[str, _Builder] = {}
-    key_cache: dict[tuple[str, str], tuple[int, int]] = {}
+    key_cache: dict[tuple[str, str, str, str], tuple[int, int]] = {}
     key_info: dict[int, KeyInfo] = {}
     p2p_names: dict[str, bool] = {}
     keyed_from = len(entries) - KEY_WINDOW
@@ -155,13 +194,15 @@ def summarize(dump: RawDump) -> RankSummary:
                 b = _Builder(name, desc, _int(e.get("pg_id", -1), f"entry {index} pg_id", source))
                 builders[name] = b
             t = e["time_created_ns"]
-            if type(t) is not int:
+            if type(t) is not int or not INT_MIN <= t <= INT_MAX:
                 t = _int(t, f"entry {index} time_created_ns", source)
             if t < first_t or first_t == 0:
                 first_t = t
             if t > last_t:  # noqa: PLR1730 - cheaper than a call per entry
                 last_t = t
             state = e.get("state", "scheduled")
+            if type(state) is not str:
+                state = "scheduled" if state is None else _bad(source, index, "state", state)
             completed = e.get("retired") is True or state == "completed"
             is_p2p = p2p_names.get(profiling)
             if is_p2p is None:
@@ -170,13 +211,14 @@ def summarize(dump: RawDump) -> RankSummary:
                 is_p2p = p2p_names[profiling] = op_name(profiling) in P2P
             key = 0
             if index >= keyed_from or not completed or is_p2p:
-                ck = (
-                    profiling,
-                    f"{e.get('input_sizes')}{e.get('output_sizes')}{e.get('input_dtypes')}{e.get('output_dtypes')}",
-                )
+                in_sizes = _sizes(e.get("input_sizes"), "input_sizes", index, source)
+                out_sizes = _sizes(e.get("output_sizes"), "output_sizes", index, source)
+                dtypes = _dtypes(e.get("input_dtypes"), "input_dtypes", index, source)
+                dtypes += _dtypes(e.get("output_dtypes"), "output_dtypes", index, source)
+                ck = (profiling, in_sizes, out_sizes, ",".join(dtypes))
                 cached = key_cache.get(ck)
                 if cached is None:
-                    cached = key_cache[ck] = _new_key(profiling, e, key_info)
+                    cached = key_cache[ck] = _new_key(profiling, e, (in_sizes, out_sizes), dtypes, key_info)
                 key, hint = cached
                 if hint:
                     b.hints.add(hint)
@@ -187,10 +229,10 @@ def summarize(dump: RawDump) -> RankSummary:
                     if peers is not None:
                         local_peer = peers[1] if op_name(profiling) in ("send", "isend") else peers[0]
                     p2p_seq = _int(e.get("p2p_seq_id", -1), f"entry {index} p2p_seq_id", source)
-                    b.pending.append(Pending(p2p_seq, key, profiling, t, str(state), True, local_peer))
+                    b.pending.append(Pending(p2p_seq, key, profiling, t, state, True, local_peer))
                 continue
             seq = e.get("collective_seq_id", e.get("seq_id"))
-            if type(seq) is not int:
+            if type(seq) is not int or not INT_MIN <= seq <= INT_MAX:
                 seq = _int(seq, f"entry {index} collective_seq_id", source)
             if seq == b.last_seq:
                 # ops of one coalesced collective share its seq: fold their keys together
@@ -204,15 +246,21 @@ def summarize(dump: RawDump) -> RankSummary:
             if seq > b.enq:  # noqa: PLR1730 - a call per entry costs more than the comparison
                 b.enq = seq
             if not completed:
-                b.pending.append(Pending(seq, key, profiling, t, str(state)))
+                b.pending.append(Pending(seq, key, profiling, t, state))
             elif seq > b.done:
                 b.done = seq
     except FrFormatError:
         raise
-    except (KeyError, TypeError, IndexError, AttributeError, ValueError, OverflowError) as exc:
-        raise FrFormatError(
-            f"{source}: entry {index}: malformed ({type(exc).__name__}: {str(exc)[:80]})"
-        ) from None
+    except (
+        KeyError,
+        TypeError,
+        IndexError,
+        AttributeError,
+        ValueError,
+        OverflowError,
+        RecursionError,
+    ) as exc:
+        raise FrFormatError(f"{source}: entry {index}: malformed ({type(exc).__name__})") from None
     groups = [_finish(b) for b in builders.values()]
     _apply_status(dump, groups, source)
     _apply_config(dump, groups)
@@ -228,15 +276,27 @@ def summarize(dump: RawDump) -> RankSummary:
     )
 
 
-def _new_key(profiling: str, e: dict[str, Any], key_info: dict[int, KeyInfo]) -> tuple[int, int]:
+def _bad(source: str, index: int, what: str, value: Any) -> str:
+    raise FrFormatError(f"{source}: entry {index}: {what} is {brief(value)}, expected a string")
+
+
+def _new_key(
+    profiling: str,
+    e: dict[str, Any],
+    texts: tuple[str, str],
+    dtypes: list[str],
+    key_info: dict[int, KeyInfo],
+) -> tuple[int, int]:
     op = op_name(profiling)
-    in_sizes = e.get("input_sizes", [])
-    out_sizes = e.get("output_sizes", [])
-    dtypes = [str(d) for d in (e.get("input_dtypes") or []) + (e.get("output_dtypes") or [])]
+    in_sizes = e.get("input_sizes") or []
+    out_sizes = e.get("output_sizes") or []
     hint = group_size_hint(op, in_sizes, out_sizes)
-    text = match_key(op, in_sizes, out_sizes, set(dtypes))
+    in_text, out_text = texts
+    text = match_key(op, in_text, out_text, set(dtypes))
     key = zlib.crc32(text.encode()) or 1
-    key_info.setdefault(key, KeyInfo(op, str(in_sizes), str(out_sizes), ",".join(sorted(set(dtypes))), hint))
+    key_info.setdefault(
+        key, KeyInfo(op, f"[{in_text}]", f"[{out_text}]", ",".join(sorted(set(dtypes))), hint)
+    )
     return key, hint
 
 
@@ -277,7 +337,7 @@ def _apply_status(dump: RawDump, groups: list[GroupTrack], source: str) -> None:
     by_id = {g.pg_id: g for g in groups if g.pg_id >= 0}
     for pg_id, status in dump.pg_status.items():
         if not isinstance(status, dict):
-            raise FrFormatError(f"{source}: pg_status[{str(pg_id)[:20]!r}] is not a dict")
+            raise FrFormatError(f"{source}: pg_status[{brief(pg_id, 20)}] is not a dict")
         key = _int(pg_id, "pg_status key", source)
         group = by_id.get(key)
         if group is None:

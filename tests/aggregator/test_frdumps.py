@@ -211,3 +211,17 @@ def test_per_host_budget_shares_the_total() -> None:
     small = settings_for_frame(64 * 1024)  # an aggregator with small frames asks for less
     assert small.max_bytes_per_host < 48 * 1024 and per_host_budget(small, 1) == small.max_bytes_per_host
     assert settings_for_frame(64 << 20).max_bytes_per_host == 6 << 20
+
+
+async def test_analysis_failure_marks_the_fr_part_failed_with_the_file(tmp_path: Path) -> None:
+    # a plausible dump whose input_sizes nest 6,000 deep (raised RecursionError and stayed "collecting")
+    from tests.fr.test_hostile import _deep_list_pickle
+
+    asked: list[Command] = []
+    answer = {"dumps": [{"rank": 0, "data": _deep_list_pickle(6000)}]}
+    manager = _manager(tmp_path, {"host-a": answer, "host-b": {"dumps": []}}, asked)
+    now = time.time()
+    await manager.collect("inc-5", _verdict(now), now)
+    fr = manager.get("inc-5")["fr_dump"]  # type: ignore[index]
+    assert fr["state"] == "failed"
+    assert "nccl_trace_rank_0" in fr["error"] and "input_sizes" in fr["error"]
