@@ -212,10 +212,12 @@ def run_pool(
                     procs[slot].join(1.0)
                     _raise_died(procs[slot].exitcode, jobs[current[slot]][1], extra, cpu_s)
                 began = started[slot]
-                if began and time.monotonic() - began > WALL_FACTOR * cpu_s:
+                wall_limit = WALL_FACTOR * cpu_s + 10.0
+                if began and time.monotonic() - began > wall_limit:
                     # stuck in C code where SIGXCPU cannot raise (or starved): stop it, name the dump
                     raise FrFormatError(
-                        f"{jobs[current[slot]][1]}: decoding took more than {WALL_FACTOR * cpu_s:.0f} s: refused"
+                        f"{jobs[current[slot]][1]}: decoding took more than {wall_limit:.0f} s "
+                        f"(CPU limit {cpu_s:.0f} s per dump): refused"
                     )
         for conn in conns:
             conn.send(None)
