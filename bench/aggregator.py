@@ -66,13 +66,14 @@ def serve(workdir: Path, core: int) -> None:
     from aiohttp import web
 
     from sentinel.aggregator.server import create_app
-    from sentinel.config.aggregator import AggregatorConfig, IncidentsConfig, ServerConfig
+    from sentinel.config.aggregator import AggregatorConfig, IncidentsConfig, LimitsConfig, ServerConfig
     from sentinel.log import setup_logging
 
     setup_logging("aggregator", "warning")
     config = AggregatorConfig(
         server=ServerConfig(listen_host="127.0.0.1", listen_port=0, state_dir=str(workdir)),
         incidents=IncidentsConfig(enabled=False),
+        limits=LimitsConfig(max_streams_per_peer=1 << 20),  # every simulated host connects from 127.0.0.1
     )
 
     async def main() -> None:

@@ -190,6 +190,13 @@ def encode_capped(heads: Any, limit: int = MAX_DATAGRAM) -> bytes:
     """msgpack of the heads, trimming the newest in-flight entries until it fits in ``limit`` bytes."""
     import msgspec
 
+    from sentinel.fr.heads import MAX_IN_FLIGHT
+
+    if any(len(pg.in_flight) > MAX_IN_FLIGHT for pg in heads.pgs):  # the agent refuses more: keep the oldest
+        heads = msgspec.structs.replace(
+            heads,
+            pgs=[msgspec.structs.replace(pg, in_flight=pg.in_flight[:MAX_IN_FLIGHT]) for pg in heads.pgs],
+        )
     data = msgspec.msgpack.encode(heads)
     if len(data) <= limit:
         return data

@@ -12,7 +12,7 @@ Aggregator → agent: :class:`Ack` per batch, :class:`Command` (ring-buffer snap
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -25,6 +25,17 @@ PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 8 * 1024 * 1024
 MAX_TEXT_CHARS = 4096  # an event's raw text is cut to this many characters by the agent
 
+# Hard bounds on every list, map and string of every frame, enforced by the decoder in the same single pass
+# that validates the frame (the configurable ``[limits]`` of the aggregator are checked after, and are
+# smaller). A frame is bounded in bytes; these bound what its bytes may expand to once decoded and kept.
+MAX_BATCH_ITEMS = 1 << 18  # samples, events, procs or heads in one batch
+MAX_GPUS = 1024
+MAX_LIST = 256  # throttle reasons, NVLinks, pids of one GPU, an event's fields
+Short = Annotated[str, msgspec.Meta(max_length=512)]
+Text = Annotated[str, msgspec.Meta(max_length=4 * MAX_TEXT_CHARS)]
+FieldValue = str | int | float | bool | None
+Fields = Annotated[dict[Short, FieldValue], msgspec.Meta(max_length=MAX_LIST)]
+
 GpuState = Literal["ok", "lost", "unresponsive"]
 Severity = Literal["info", "warning", "critical"]
 
@@ -33,12 +44,12 @@ class GpuInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Identity of one GPU, sent in the hello."""
 
     index: int
-    uuid: str
-    pci_bus: str  # dddd:bb:dd lower-case
-    name: str = ""
-    serial: str = ""
-    driver: str = ""
-    vbios: str = ""
+    uuid: Short
+    pci_bus: Short  # dddd:bb:dd lower-case
+    name: Short = ""
+    serial: Short = ""
+    driver: Short = ""
+    vbios: Short = ""
     memory_total_bytes: int = 0
     nvlinks: int = 0
 
@@ -103,16 +114,16 @@ class GpuSample(msgspec.Struct, kw_only=True, omit_defaults=True):
     sm_clock_max_mhz: float | None = None
     mem_clock_mhz: float | None = None
     pstate: int | None = None
-    throttle: list[str] = []  # named clock-event reasons, e.g. "hw_thermal_slowdown"
+    throttle: Annotated[list[Short], msgspec.Meta(max_length=MAX_LIST)] = []  # e.g. "hw_thermal_slowdown"
     pcie_replay: int | None = None
     pcie_tx_kbps: float | None = None
     pcie_rx_kbps: float | None = None
-    recovery_action: str | None = None
-    pids: list[int] = []
+    recovery_action: Short | None = None
+    pids: Annotated[list[int], msgspec.Meta(max_length=MAX_LIST)] = []
     ecc: EccCounters | None = None
     remap: RowRemap | None = None
     retired: RetiredPages | None = None
-    nvlink: list[NvLink] | None = None
+    nvlink: Annotated[list[NvLink], msgspec.Meta(max_length=MAX_LIST)] | None = None
 
 
 class Event(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -123,13 +134,13 @@ class Event(msgspec.Struct, kw_only=True, omit_defaults=True):
     """
 
     t: float
-    kind: str
-    source: str = ""  # nvml, kmsg, log:<path>, probe, agent
+    kind: Short
+    source: Short = ""  # nvml, kmsg, log:<path>, probe, agent
     gpu: int | None = None
     severity: Severity = "info"
     xid: int | None = None
-    text: str = ""
-    fields: dict[str, str | int | float | bool | None] = {}
+    text: Text = ""
+    fields: Fields = {}
 
 
 class ProcInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -137,12 +148,12 @@ class ProcInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
     gpu: int
     pid: int
-    name: str = ""
-    job_id: str | None = None
+    name: Short = ""
+    job_id: Short | None = None
     rank: int | None = None
     local_rank: int | None = None
     world_size: int | None = None
-    master_addr: str | None = None
+    master_addr: Short | None = None
     master_port: int | None = None
     debug: DebugReadiness | None = None  # NCCL/PyTorch async-debug readiness from the environment
 
@@ -159,14 +170,14 @@ class Drops(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 class Hello(msgspec.Struct, tag="hello", kw_only=True):
     """First frame of every connection."""
 
-    host: str
+    host: Short
     protocol: int = PROTOCOL_VERSION
-    cluster: str = "default"
-    agent_version: str = ""
-    boot_id: str = ""
+    cluster: Short = "default"
+    agent_version: Short = ""
+    boot_id: Short = ""
     started_at: float = 0.0
     tick_s: float = 1.0
-    gpus: list[GpuInfo] = []
+    gpus: Annotated[list[GpuInfo], msgspec.Meta(max_length=MAX_GPUS)] = []
     next_seq: int = 0  # the first seq this connection will send (resends may be lower)
 
 
@@ -175,10 +186,11 @@ class Batch(msgspec.Struct, tag="batch", kw_only=True, omit_defaults=True):
 
     seq: int
     t: float
-    samples: list[GpuSample] = []
-    events: list[Event] = []
-    procs: list[ProcInfo] | None = None  # None: unchanged since the last batch
-    heads: list[FrHeads] = []
+    samples: Annotated[list[GpuSample], msgspec.Meta(max_length=MAX_BATCH_ITEMS)] = []
+    events: Annotated[list[Event], msgspec.Meta(max_length=MAX_BATCH_ITEMS)] = []
+    #: None: unchanged since the last batch
+    procs: Annotated[list[ProcInfo], msgspec.Meta(max_length=MAX_BATCH_ITEMS)] | None = None
+    heads: Annotated[list[FrHeads], msgspec.Meta(max_length=MAX_BATCH_ITEMS)] = []
     drops: Drops | None = None
     ports: list[IbPort] | None = None  # IB/RoCE ports; None: not read this tick
     ras: list[RasStatus] = []  # NCCL RAS answers that arrived since the last batch
@@ -187,9 +199,9 @@ class Batch(msgspec.Struct, tag="batch", kw_only=True, omit_defaults=True):
 class CommandResult(msgspec.Struct, tag="result", kw_only=True, omit_defaults=True):
     """The agent's answer to a :class:`Command`; ``payload`` is command-specific (a snapshot document)."""
 
-    id: str
+    id: Short
     ok: bool = True
-    error: str = ""
+    error: Text = ""
     payload: Any = None
 
 
@@ -202,9 +214,9 @@ class Ack(msgspec.Struct, tag="ack", kw_only=True):
 class Command(msgspec.Struct, tag="command", kw_only=True, omit_defaults=True):
     """A request from the aggregator: ``snapshot`` (ring buffer since ``since``), ``fr_dump`` (job-wide)."""
 
-    id: str
+    id: Short
     name: Literal["snapshot", "fr_dump"]
-    args: dict[str, str | int | float | bool | None] = {}
+    args: Fields = {}
 
 
 AgentFrame = Hello | Batch | CommandResult

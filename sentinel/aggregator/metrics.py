@@ -108,6 +108,13 @@ class AggregatorMetrics(EngineMetrics):
             registry=r,
         ).labels(cluster)
         self.config_reload_success.set(1)
+        self.loop_errors = Counter(
+            "sentinel_aggregator_loop_errors",
+            "Errors the event loop or aiohttp reported outside any handler (accept failures: out of file "
+            "descriptors), by kind; logged at most every 10 s per kind",
+            ["cluster", "kind"],
+            registry=r,
+        )
 
     def detector_run(self, name: str, seconds: float, ok: bool) -> None:
         self._detector_seconds.labels(self.cluster, name).observe(max(0.0, seconds))

@@ -18,6 +18,7 @@ import fnmatch
 import gc
 import hmac
 import itertools
+import logging
 import math
 import re
 import socket
@@ -40,7 +41,7 @@ from sentinel.aggregator.latches import FleetLatches
 from sentinel.aggregator.metrics import AggregatorMetrics
 from sentinel.aggregator.store import BuiltinsHolder, StateStore, StoreError
 from sentinel.aggregator.views import gpu_health, host_dict, job_detail, job_summary
-from sentinel.config.aggregator import AggregatorConfig, ServerConfig
+from sentinel.config.aggregator import AggregatorConfig, LimitsConfig, ServerConfig
 from sentinel.log import get_logger
 from sentinel.wire import Ack, Batch, Command, CommandResult, Hello, decode_agent_frame, encode
 
@@ -241,6 +242,8 @@ class Aggregator:
         self._ticker: asyncio.Task[None] | None = None
         self._ids = itertools.count(1)
         self._drops_logged: dict[str, float] = {}
+        self._per_peer: dict[str, int] = {}
+        self._warned: dict[str, tuple[float, int]] = {}
         self._next_gc_freeze = 0.0
         self._next_gc_full = 0.0
         self.started_at = clock()
@@ -428,6 +431,10 @@ class Aggregator:
         if len(self.connections) >= limits.max_connections:
             self.metrics.rejected("too_many_connections")
             raise web.HTTPServiceUnavailable(text="too many agent connections\n")
+        if self._per_peer.get(peer, 0) >= limits.max_streams_per_peer:
+            self.metrics.rejected("too_many_from_peer")
+            self._warn_limited("stream_peer_limit", peer=peer, limit=limits.max_streams_per_peer)
+            raise web.HTTPServiceUnavailable(text="too many agent connections from this address\n")
         # No WebSocket heartbeat: it re-arms a timer on every message, a measurable share of the ingest cost
         # at 6,000 agents. Dead peers are found by TCP keepalive instead; a reconnecting agent replaces its
         # old connection at once, and a silent host is a verdict of its own.
@@ -436,6 +443,7 @@ class Aggregator:
         await ws.prepare(request)
         conn = Connection(ws, peer, grants, self._cert_names(request))
         self.connections.add(conn)
+        self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
         try:
             await self._serve(conn)
         except Exception as exc:  # whatever one connection does, the aggregator carries on
@@ -445,6 +453,11 @@ class Aggregator:
             )
         finally:
             self.connections.discard(conn)
+            left = self._per_peer.get(peer, 1) - 1
+            if left > 0:
+                self._per_peer[peer] = left
+            else:
+                self._per_peer.pop(peer, None)
             if conn.host is not None and self.by_host.get(conn.host) is conn:
                 del self.by_host[conn.host]
                 self.engine.disconnected(conn.host)
@@ -476,7 +489,23 @@ class Aggregator:
     async def _serve(self, conn: Connection) -> None:
         ws, limits, engine = conn.ws, self.config.limits, self.engine
         view = None
-        async for msg in ws:
+        while True:
+            try:
+                msg = await ws.receive(
+                    timeout=limits.hello_timeout_s if view is None else limits.idle_timeout_s
+                )
+            except TimeoutError:
+                if view is None:
+                    await self._close(
+                        conn, CLOSE_POLICY, "hello_timeout", f"no hello within {limits.hello_timeout_s:g}s"
+                    )
+                else:
+                    await self._close(
+                        conn, CLOSE_POLICY, "idle_timeout", f"nothing sent for {limits.idle_timeout_s:g}s"
+                    )
+                return
+            if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
+                break
             if msg.type == WSMsgType.BINARY:
                 try:
                     frame = decode_agent_frame(msg.data)
@@ -487,17 +516,10 @@ class Aggregator:
                     if view is None:
                         await self._close(conn, CLOSE_POLICY, "protocol", "batch before hello")
                         return
-                    if (
-                        len(frame.samples) > limits.max_samples_per_batch
-                        or len(frame.events) > limits.max_events_per_batch
-                        or len(frame.heads) > limits.max_heads_per_batch
-                    ):
+                    problem = _batch_over_limits(frame, limits)
+                    if problem:
                         await self._close(
-                            conn,
-                            CLOSE_POLICY,
-                            "batch_too_large",
-                            f"seq {frame.seq}: {len(frame.samples)} samples, {len(frame.events)} events, "
-                            f"{len(frame.heads)} heads",
+                            conn, CLOSE_POLICY, "batch_too_large", f"seq {frame.seq}: {problem}"
                         )
                         return
                     try:
@@ -575,6 +597,16 @@ class Aggregator:
             )
         elif error is not None or code not in (1000, 1001):
             log().info("stream_lost", peer=conn.peer, host=conn.host, code=code)
+
+    def _warn_limited(self, event: str, **fields: Any) -> None:
+        """A warning at most every 10 s per event, with how many were suppressed: floods cannot fill the log."""
+        now = time.monotonic()
+        until, suppressed = self._warned.get(event, (-math.inf, 0))
+        if now < until:
+            self._warned[event] = (until, suppressed + 1)
+            return
+        self._warned[event] = (now + 10.0, 0)
+        log().warning(event, suppressed=suppressed, **fields)
 
     def _log_drops(self, host: str, batch: Batch) -> None:
         """An agent's reported drops (also ``sentinel_agent_reported_drops_total``): a line a minute per host."""
@@ -689,6 +721,26 @@ def restore_holds(config: AggregatorConfig) -> dict[str, float]:
     }
 
 
+def _batch_over_limits(batch: Batch, limits: LimitsConfig) -> str:
+    """What in ``batch`` exceeds ``[limits]`` (empty: nothing); the decoder already bounded every list."""
+    procs = len(batch.procs) if batch.procs is not None else 0
+    if (
+        len(batch.samples) > limits.max_samples_per_batch
+        or len(batch.events) > limits.max_events_per_batch
+        or len(batch.heads) > limits.max_heads_per_batch
+        or procs > limits.max_procs_per_batch
+    ):
+        return f"{len(batch.samples)} samples, {len(batch.events)} events, {len(batch.heads)} heads, {procs} procs"
+    items = 0
+    for heads in batch.heads:
+        items += len(heads.pgs)
+        for pg in heads.pgs:
+            items += len(pg.in_flight) + (len(pg.ranks) if pg.ranks else 0)
+    if items > limits.max_heads_items_per_batch:
+        return f"heads carry {items} groups, group ranks and in-flight entries, at most {limits.max_heads_items_per_batch}"
+    return ""
+
+
 def _keepalive(request: web.Request) -> None:
     """TCP keepalive on an agent's socket: a vanished peer is noticed within about two minutes."""
     transport = request.transport
@@ -707,6 +759,73 @@ def _json_response(data: Any) -> web.Response:
 
 
 AGGREGATOR_KEY: web.AppKey[Aggregator] = web.AppKey("sentinel_aggregator", Aggregator)
+
+
+class LoopErrorLimiter(logging.Filter):
+    """Rate-limited reporting of what the event loop and aiohttp log outside our handlers.
+
+    An accept that fails (no file descriptors left) is retried by asyncio and logged with a traceback every
+    time; under a connection flood that wrote 55 MB of log in 6 s. Each kind is counted in
+    ``sentinel_aggregator_loop_errors_total`` and logged once per ``every_s`` with the count suppressed.
+    Installed as the loop's exception handler and as a filter on the ``asyncio``/``aiohttp`` loggers.
+    """
+
+    LOGGERS = ("asyncio", "aiohttp.server", "aiohttp.web", "aiohttp.access")
+
+    def __init__(
+        self, metrics: AggregatorMetrics, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__()
+        self.metrics = metrics
+        self.every_s = every_s
+        self.clock = clock
+        self._next: dict[str, tuple[float, int]] = {}
+
+    def report(self, kind: str, message: str) -> bool:
+        """Count one; True when it is to be logged now."""
+        kind = kind[:80]
+        self.metrics.loop_errors.labels(self.metrics.cluster, kind).inc()
+        now = self.clock()
+        until, suppressed = self._next.get(kind, (-math.inf, 0))
+        if now < until:
+            self._next[kind] = (until, suppressed + 1)
+            return False
+        if len(self._next) > 1000:
+            self._next.clear()
+        self._next[kind] = (now + self.every_s, 0)
+        log().error("loop_error", kind=kind, message=message[:300], suppressed=suppressed)
+        return True
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        kind = type(exc).__name__ if exc is not None else "loop"
+        self.report(
+            kind, f"{context.get('message', '')}: {exc}" if exc is not None else str(context.get("message"))
+        )
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            self.report(record.name, record.getMessage())
+        return False  # reported (or suppressed) above, in our own format
+
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.set_exception_handler(self)
+        for name in self.LOGGERS:
+            logging.getLogger(name).addFilter(self)
+
+    def uninstall(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.set_exception_handler(None)
+        for name in self.LOGGERS:
+            logging.getLogger(name).removeFilter(self)
+
+
+def make_runner(app: web.Application, **kwargs: Any) -> web.AppRunner:
+    """An AppRunner for the aggregator's app with its HTTP bounds: request headers (and idle keep-alive
+    connections) time out after ``limits.header_timeout_s``, so sockets that never send a request are closed
+    instead of holding file descriptors."""
+    limits = app[AGGREGATOR_KEY].config.limits
+    kwargs.setdefault("access_log", None)
+    return web.AppRunner(app, keepalive_timeout=limits.header_timeout_s, **kwargs)
 
 
 def create_app(

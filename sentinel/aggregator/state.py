@@ -173,6 +173,8 @@ class JobView:
     last_progress_at: float = -math.inf
     step_s: float | None = None
     heads_version: int = 0  # bumped by every heads applied (detectors compare it to skip quiet jobs)
+    #: pg name → its ranks list as first reported; every rank's heads share that one list
+    pg_ranks: dict[str, list[int]] = field(default_factory=dict)
 
     def rank_view(self, rank: int) -> RankView:
         view = self.ranks.get(rank)
@@ -472,7 +474,7 @@ class FleetState:
             return
         if heads.world_size and 0 < heads.world_size <= self.max_ranks_per_job:
             job.world_size = heads.world_size
-        view.heads, view.heads_at = heads, now
+        view.heads, view.heads_at = _share_group_ranks(job, heads), now
         view.host = host.name
         if heads.gpu is not None:
             view.gpu = heads.gpu
@@ -519,6 +521,33 @@ class FleetState:
         if view is None or index is None or not 0 <= index < len(view.gpus):
             return None
         return view.gpus[index]
+
+
+MAX_GROUPS_PER_JOB = 4096
+
+
+def _share_group_ranks(job: JobView, heads: FrHeads) -> FrHeads:
+    """``heads`` with each group's ranks list replaced by the job's copy of an equal list.
+
+    Every rank of a group reports the same membership; kept verbatim per rank, a job of N ranks in groups of
+    N would hold N² integers (heads with large ranks lists took the aggregator from 50 to 867 MB). Sharing
+    keeps one list per group; a list that differs from the known one is kept as sent (and then replaces it).
+    """
+    if not any(pg.ranks for pg in heads.pgs):
+        return heads
+    known = job.pg_ranks
+    pgs = []
+    for pg in heads.pgs:
+        ranks = pg.ranks
+        kept = pg
+        if ranks:
+            shared = known.get(pg.pg_name)
+            if shared is not None and shared is not ranks and shared == ranks:
+                kept = msgspec.structs.replace(pg, ranks=shared)
+            elif shared is None and len(known) < MAX_GROUPS_PER_JOB:
+                known[pg.pg_name] = ranks
+        pgs.append(kept)
+    return msgspec.structs.replace(heads, pgs=pgs)
 
 
 def _change(hist: deque[tuple[float, int]], prev: tuple[float, int] | None, t: float, value: int) -> None:

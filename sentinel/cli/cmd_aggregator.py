@@ -17,7 +17,14 @@ from pathlib import Path
 
 from aiohttp import web
 
-from sentinel.aggregator.server import AGGREGATOR_KEY, TokenError, create_app, server_ssl_context
+from sentinel.aggregator.server import (
+    AGGREGATOR_KEY,
+    LoopErrorLimiter,
+    TokenError,
+    create_app,
+    make_runner,
+    server_ssl_context,
+)
 from sentinel.config import ConfigError, load_aggregator_config
 from sentinel.config.aggregator import AggregatorConfig
 from sentinel.log import get_logger, setup_logging
@@ -93,7 +100,9 @@ async def serve(config: AggregatorConfig, *, config_path: Path | None = None) ->
 
     ssl_context = server_ssl_context(config.server)
     app = create_app(config, on_tick=on_tick, extra_routes=status_page_routes())
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = make_runner(app, handle_signals=False)
+    limiter = LoopErrorLimiter(app[AGGREGATOR_KEY].metrics)
+    limiter.install(asyncio.get_running_loop())
     await runner.setup()
     try:
         site = web.TCPSite(
@@ -126,5 +135,6 @@ async def serve(config: AggregatorConfig, *, config_path: Path | None = None) ->
         log.info("aggregator_stopping")
     finally:
         await runner.cleanup()
+        limiter.uninstall(asyncio.get_running_loop())
         notifier.close()
     return 0

@@ -113,6 +113,20 @@ class LimitsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_heads_per_batch: Annotated[
         int, msgspec.Meta(ge=1, description="flight-recorder heads in one batch")
     ] = 4096
+    max_procs_per_batch: Annotated[
+        int,
+        msgspec.Meta(
+            ge=1, description="GPU processes in one batch (64 GPUs x 64 processes; 240k stalled ingest 0.6 s)"
+        ),
+    ] = 4096
+    max_heads_items_per_batch: Annotated[
+        int,
+        msgspec.Meta(
+            ge=1,
+            description="process groups + group ranks + in-flight entries over all heads of one batch "
+            "(a host's 8 ranks x a few groups of a few thousand ranks)",
+        ),
+    ] = 262144
     max_gpus_per_host: Annotated[int, msgspec.Meta(ge=1, le=1024, description="GPUs a hello may declare")] = (
         64
     )
@@ -126,6 +140,35 @@ class LimitsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_connections: Annotated[
         int, msgspec.Meta(ge=1, description="concurrent agent connections (one per host; 503 beyond)")
     ] = 20000
+    max_streams_per_peer: Annotated[
+        int,
+        msgspec.Meta(
+            ge=1,
+            description="agent streams from one IP address at once (one per host; 503 beyond), so one peer "
+            "cannot fill max_connections (a simulated fleet on one machine needs one per simulated host)",
+        ),
+    ] = 512
+    header_timeout_s: Annotated[
+        float,
+        msgspec.Meta(
+            gt=0,
+            le=600,
+            description="a TCP connection must complete its HTTP request headers within this long (and an idle "
+            "keep-alive connection is closed after it): idle sockets cannot pile up",
+        ),
+    ] = 10.0
+    hello_timeout_s: Annotated[
+        float,
+        msgspec.Meta(gt=0, le=600, description="after the upgrade, the Hello must arrive within this long"),
+    ] = 10.0
+    idle_timeout_s: Annotated[
+        float,
+        msgspec.Meta(
+            gt=0,
+            le=86400,
+            description="a stream that sends nothing for this long is closed (agents send a batch every tick)",
+        ),
+    ] = 120.0
     max_pending_commands: Annotated[
         int, msgspec.Meta(ge=1, description="commands awaiting an agent's answer, fleet-wide")
     ] = 4096

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from sentinel.agent.agent import Agent
 from sentinel.agent.source import GpuSource
-from sentinel.aggregator.server import create_app
+from sentinel.aggregator.server import create_app, make_runner
 from sentinel.config.agent import (
     AgentConfig,
     AgentIdentity,
@@ -88,7 +88,7 @@ async def aggregator(
         state_dir=state_dir,
         extra_routes=status_page_routes(),
     )
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=2.0)
+    runner = make_runner(app, handle_signals=False, shutdown_timeout=2.0)
     await runner.setup()
     try:
         site = web.TCPSite(runner, "127.0.0.1", port)

@@ -15,27 +15,36 @@ from typing import Annotated
 
 import msgspec
 
+# Bounds on every list and string of the heads, enforced by msgspec while decoding (the agent's probe socket
+# and the aggregator's stream both decode with these types): an object count bound alone let one datagram or
+# frame carry lists that cost hundreds of MB once decoded and kept per rank. A 60 KiB datagram cannot carry
+# more than these for a real job anyway.
+MAX_PGS = 4096
+MAX_PG_RANKS = 32768
+MAX_IN_FLIGHT = 256
+Name = Annotated[str, msgspec.Meta(max_length=512)]
+
 
 class InFlight(msgspec.Struct, frozen=True, kw_only=True):
     """One collective (or p2p op) this rank has enqueued but not completed."""
 
     seq: int
-    op: str
+    op: Name
     age_s: float
-    state: str = "scheduled"  # scheduled | started
+    state: Name = "scheduled"  # scheduled | started
     p2p: bool = False
 
 
 class PgHead(msgspec.Struct, frozen=True, kw_only=True):
     """Progress of this rank in one process group."""
 
-    pg_name: str
-    pg_desc: str = ""
-    ranks: list[int] | None = None  # global ranks of the group when known
+    pg_name: Name
+    pg_desc: Name = ""
+    ranks: Annotated[list[int], msgspec.Meta(max_length=MAX_PG_RANKS)] | None = None  # global ranks, if known
     last_enqueued_seq: int = -1
     last_started_seq: int = -1
     last_completed_seq: int = -1
-    in_flight: list[InFlight] = []
+    in_flight: Annotated[list[InFlight], msgspec.Meta(max_length=MAX_IN_FLIGHT)] = []
 
 
 #: compute times of this many recent steps travel in each heads (heads every 2 s, steps rarely under 0.25 s)
@@ -60,13 +69,13 @@ class FrHeads(msgspec.Struct, frozen=True, kw_only=True):
 
     rank: int
     t: float  # unix time of the snapshot, seconds
-    job_id: str | None = None
+    job_id: Name | None = None
     world_size: int | None = None
     local_rank: int | None = None
     pid: int | None = None
-    host: str | None = None  # filled in by the agent
+    host: Name | None = None  # filled in by the agent
     gpu: int | None = None  # filled in by the agent from the process → GPU mapping
-    pgs: list[PgHead] = []
+    pgs: Annotated[list[PgHead], msgspec.Meta(max_length=MAX_PGS)] = []
     steps: Annotated[
         list[StepTime], msgspec.Meta(max_length=MAX_STEPS)
     ] = []  # the latest completed steps' compute times, oldest first (<= MAX_STEPS)

@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from sentinel.aggregator.server import AGGREGATOR_KEY, Aggregator, create_app
+from sentinel.aggregator.server import AGGREGATOR_KEY, Aggregator, create_app, make_runner
 from sentinel.config.aggregator import AggregatorConfig
 from sentinel.wire import (
     Ack,
@@ -88,7 +88,7 @@ async def running_aggregator(
         state_dir=tmp_path,
         **kwargs,  # type: ignore[arg-type]
     )
-    runner = web.AppRunner(app, access_log=None)
+    runner = make_runner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

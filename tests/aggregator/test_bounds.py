@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
+import aiohttp
+import msgspec
+import pytest
 import structlog
 
-from sentinel.wire import Drops
-from tests.aggregator.helpers import agent, batch, running_aggregator
+from sentinel.aggregator.engine import Engine
+from sentinel.aggregator.metrics import AggregatorMetrics
+from sentinel.aggregator.server import LoopErrorLimiter
+from sentinel.config.aggregator import AggregatorConfig, LimitsConfig
+from sentinel.fr.heads import MAX_IN_FLIGHT, MAX_PG_RANKS, FrHeads, InFlight, PgHead
+from sentinel.wire import Batch, Drops, Hello, ProcInfo
+from tests.aggregator.helpers import TOKEN, agent, batch, running_aggregator, wait_until
 
 
 def reported_drops(running: object, host: str, what: str) -> float | None:
@@ -36,3 +45,134 @@ async def test_batch_drops_are_counted_per_host_and_logged(tmp_path: Path) -> No
         assert reported_drops(running, "host-a", "events") is None  # a negative count is nonsense, ignored
         lines = [e for e in logs if e["event"] == "agent_reported_drops"]
         assert len(lines) == 1 and lines[0]["host"] == "host-a"  # one line a minute per host, not per batch
+
+
+async def closed_with(conn: object) -> int | None:
+    ws = conn.ws  # type: ignore[attr-defined]
+    msg = await ws.receive(timeout=5.0)
+    while msg.type == aiohttp.WSMsgType.BINARY:
+        msg = await ws.receive(timeout=5.0)
+    return ws.close_code  # type: ignore[no-any-return]
+
+
+def heads(rank: int, *, ranks: list[int] | None = None, in_flight: int = 0, world: int = 16) -> FrHeads:
+    flights = [InFlight(seq=100 + i, op="allreduce", age_s=30.0, state="started") for i in range(in_flight)]
+    pg = PgHead(pg_name="0", pg_desc="default_pg", ranks=ranks, last_enqueued_seq=99 + in_flight,
+                last_completed_seq=99, in_flight=flights)  # fmt: skip
+    return FrHeads(rank=rank, t=time.time(), job_id="job-1", world_size=world, pgs=[pg])
+
+
+async def test_lists_beyond_the_wire_bounds_are_refused_by_the_decoder(tmp_path: Path) -> None:
+    async with running_aggregator(tmp_path) as running, agent(running, "host-a") as conn:
+        huge = {"type": "batch", "seq": 0, "t": time.time(),
+                "heads": [{"rank": 0, "t": 1.0, "pgs": [{"pg_name": "0", "ranks": list(range(MAX_PG_RANKS + 1))}]}]}  # fmt: skip
+        await conn.ws.send_bytes(msgspec.msgpack.encode(huge))
+        assert await closed_with(conn) == 1007
+    async with running_aggregator(tmp_path) as running, agent(running, "host-a") as conn:
+        throttles = {
+            "type": "batch",
+            "seq": 0,
+            "t": 1.0,
+            "samples": [{"gpu": 0, "t": 1.0, "throttle": ["x"] * 1000}],
+        }
+        await conn.ws.send_bytes(msgspec.msgpack.encode(throttles))
+        assert await closed_with(conn) == 1007
+
+
+async def test_too_many_procs_or_heads_items_in_one_batch_close_with_1008(tmp_path: Path) -> None:
+    async with running_aggregator(tmp_path) as running, agent(running, "host-a") as conn:
+        procs = [
+            ProcInfo(gpu=0, pid=i, job_id="j", rank=i) for i in range(LimitsConfig().max_procs_per_batch + 1)
+        ]
+        await conn.send(Batch(seq=0, t=time.time(), procs=procs))
+        assert await closed_with(conn) == 1008
+    config = AggregatorConfig(limits=LimitsConfig(max_heads_items_per_batch=1000))
+    async with running_aggregator(tmp_path, config) as running, agent(running, "host-a") as conn:
+        await conn.send(
+            Batch(seq=0, t=time.time(), heads=[heads(r, ranks=list(range(600))) for r in range(2)])
+        )
+        assert await closed_with(conn) == 1008
+        assert running.aggregator.engine.fleet.jobs == {}
+
+
+def test_every_rank_of_a_group_shares_one_ranks_list() -> None:
+    engine = Engine(AggregatorConfig())
+    host = engine.hello(Hello(host="host-a"), 0.0)
+    members = list(range(4096))
+    engine.ingest(
+        host, Batch(seq=0, t=1.0, heads=[heads(r, ranks=list(members), world=4096) for r in range(64)]), 1.0
+    )
+    job = engine.fleet.jobs["job-1"]
+    lists = {id(view.heads.pgs[0].ranks) for view in job.ranks.values() if view.heads is not None}
+    assert len(job.ranks) == 64 and len(lists) == 1
+
+
+def test_stuck_detection_work_per_tick_is_bounded_whatever_the_heads_claim() -> None:
+    """One rank claims world size 131,072 with 256 collectives in flight; the tick stays bounded."""
+    engine = Engine(AggregatorConfig())
+    host = engine.hello(Hello(host="host-a"), 0.0)
+    engine.ingest(host, Batch(seq=0, t=1.0, heads=[heads(0, in_flight=MAX_IN_FLIGHT, world=131072)]), 1.0)
+    engine.fleet.jobs["job-1"].last_progress_at = -100.0
+    started = time.process_time()
+    changes = engine.tick(2.0)
+    cost = time.process_time() - started
+    stuck = [c for c in changes if c.verdict.kind == "stuck"]
+    assert 0 < len(stuck) <= AggregatorConfig().detect.stuck.max_culprits
+    print(f"tick with world 131072 x {MAX_IN_FLIGHT} in flight: {cost:.3f} s CPU")
+
+
+async def test_sockets_that_never_finish_their_headers_or_their_hello_are_closed(tmp_path: Path) -> None:
+    config = AggregatorConfig(limits=LimitsConfig(header_timeout_s=0.3, hello_timeout_s=0.3))
+    async with running_aggregator(tmp_path, config) as running:
+        port = int(running.url.rsplit(":", 1)[1])
+        # slowloris: half a request line, then nothing
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /api/v1/stream HTTP/1.1\r\nHost: x\r\n")
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 5.0) == b""  # closed by the aggregator, not by us
+        writer.close()
+        # upgraded, authenticated, but never a Hello
+        async with aiohttp.ClientSession() as session:
+            ws = await session.ws_connect(running.stream_url, headers={"Authorization": f"Bearer {TOKEN}"})
+            msg = await ws.receive(timeout=5.0)
+            assert msg.type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1008
+            assert "hello_timeout" in str(msg.extra)
+        await wait_until(lambda: running.aggregator.connections == set())
+
+
+async def test_one_peer_cannot_take_every_connection(tmp_path: Path) -> None:
+    config = AggregatorConfig(limits=LimitsConfig(max_streams_per_peer=2))
+    async with running_aggregator(tmp_path, config) as running:
+        async with agent(running, "host-a"), agent(running, "host-b"):
+            with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+                async with agent(running, "host-c"):
+                    pass
+            assert info.value.status == 503
+        async with agent(running, "host-c") as conn:  # the slots are given back
+            await conn.send(batch(0, time.time()))
+            assert await conn.ack() == 0
+
+
+def test_loop_errors_are_counted_and_logged_at_most_every_10_s() -> None:
+    now = [0.0]
+    metrics = AggregatorMetrics("default")
+    limiter = LoopErrorLimiter(metrics, clock=lambda: now[0])
+    loop = asyncio.new_event_loop()
+    try:
+        with structlog.testing.capture_logs() as logs:
+            error = OSError(24, "Too many open files")
+            for i in range(5000):
+                now[0] = i * 0.001  # 5,000 failed accepts in 5 s
+                limiter(loop, {"message": "socket.accept() out of system resource", "exception": error})
+            now[0] = 11.0
+            limiter(loop, {"message": "socket.accept() out of system resource", "exception": error})
+    finally:
+        loop.close()
+    lines = [e for e in logs if e["event"] == "loop_error"]
+    assert len(lines) == 2 and lines[1]["suppressed"] == 4999 and lines[0]["kind"] == "OSError"
+    assert (
+        metrics.registry.get_sample_value(
+            "sentinel_aggregator_loop_errors_total", {"cluster": "default", "kind": "OSError"}
+        )
+        == 5001
+    )
