@@ -4,7 +4,8 @@
 
 (a) synthetic: a JSON snapshot whose 2,000 entries are all in flight (the worst case: onlyActive returns
 everything) fed to Probe.tick; (b) real: a 1-rank gloo process group with a 2,000-entry flight recorder,
-the probe calling torch's own ``_dump_fr_trace_json(onlyActive=True)``. Thread CPU time per tick.
+the probe calling torch's own ``_dump_fr_trace_json(onlyActive=True)``. Thread CPU time per tick, and per
+step-clock sample (the status-only dump the probe takes every 50 ms to time each step's compute).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sentinel.probe import Probe, _torch_dump_fn
+from sentinel.probe import SAMPLE_S, Probe, _torch_dump_fn
 from tests.fr.synth import entry
 
 TICKS = 200
@@ -82,6 +83,17 @@ def main() -> int:
         dist.all_reduce(t)
     probe = Probe(2.0, path)
     _report("real torch gloo FR, 2000 entries (steady)", _ticks(probe, TICKS, server), probe)
+    samples = []
+    for _ in range(2000):
+        start = time.thread_time()
+        probe.sample()
+        samples.append((time.thread_time() - start) * 1e3)
+    samples.sort()
+    per_s = statistics.median(samples) / SAMPLE_S / 1e3
+    print(
+        f"{'real torch gloo FR, one step sample':38s} median {statistics.median(samples):6.3f} ms  "
+        f"p90 {samples[int(0.9 * len(samples))]:6.3f} ms  -> {per_s:.2%} of one core at one per {SAMPLE_S * 1e3:.0f} ms"
+    )
     full = Probe(2.0, path, dump_fn=_torch_dump_fn())
     _report("real torch gloo FR, 2000 entries (full)", _ticks(full, 30, server), full)
     print(

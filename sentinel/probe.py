@@ -8,7 +8,8 @@ One call in a training script::
 A daemon thread takes the live Flight Recorder with only the active entries
 (``torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=True)``, or
 ``_dump_nccl_trace_json`` on builds that only have that), reduces it to :class:`sentinel.fr.heads.FrHeads`
-with this rank's identity, and sends it as one unix datagram (msgpack, at most 60 KiB: in-flight entries
+with this rank's identity and its latest steps' compute times (:mod:`sentinel.fr.steps`, from the
+per-group counters sampled every 50 ms), and sends it as one unix datagram (msgpack, at most 60 KiB: in-flight entries
 are trimmed to fit). It never blocks or breaks training: a missing socket or a full queue drops the
 snapshot and counts it, the next tick tries again. Importing this module imports nothing heavy; torch is
 imported by the thread, and only if the process already uses it.
@@ -32,6 +33,10 @@ MAX_DATAGRAM = 60 * 1024
 #: everything; they are taken only to learn group names or detail a wait, at most this often.
 FULL_DUMP_MIN_INTERVAL_S = 30.0
 
+#: how often the per-group counters are sampled between snapshots, to time each step's compute (the
+#: status dump without entries costs microseconds; 50 ms keeps the step timing within ~1/20 of a second)
+SAMPLE_S = 0.05
+
 DumpFn = Callable[[], bytes]
 
 
@@ -49,15 +54,27 @@ class ProbeStats:
 class Probe:
     """A running probe; :func:`start` returns it. ``stop()`` ends the thread."""
 
-    def __init__(self, interval_s: float, socket_path: str, dump_fn: DumpFn | None = None) -> None:
+    def __init__(
+        self,
+        interval_s: float,
+        socket_path: str,
+        dump_fn: DumpFn | None = None,
+        *,
+        status_fn: DumpFn | None = None,
+        sample_s: float = SAMPLE_S,
+    ) -> None:
+        from sentinel.fr.steps import StepClock
+
         self.interval_s = interval_s
+        self.sample_s = min(sample_s, interval_s)
+        self.steps = StepClock()
         self.socket_path = socket_path
         self.stats = ProbeStats()
         self._dump_fn = dump_fn
         self._stop = threading.Event()
         self._known_groups: dict[int, tuple[str, str]] = {}
         self._sock: socket.socket | None = None
-        self._status_fn: DumpFn | None = None
+        self._status_fn: DumpFn | None = status_fn
         self._last_full = 0.0
         self._waiting_since: dict[int, tuple[tuple[int, int], float]] = {}
         self._thread = threading.Thread(target=self._run, name="sentinel-probe", daemon=True)
@@ -74,8 +91,26 @@ class Probe:
             self._sock.close()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.tick()
+        next_send = time.monotonic() + self.interval_s
+        while not self._stop.wait(self.sample_s):
+            self.sample()
+            if time.monotonic() >= next_send:
+                next_send += self.interval_s
+                self.tick()
+
+    def sample(self, now: float | None = None) -> None:
+        """Feed the step clock one reading of the per-group counters (at ``now``, default the time). Never
+        raises."""
+        try:
+            if self._status_fn is None:
+                self._status_fn = _torch_status_fn()
+                if self._status_fn is None:
+                    return
+            status = self._light_status()
+            if status is not None:
+                self.steps.observe(time.time() if now is None else now, status)
+        except Exception as exc:  # the probe must never break training
+            self._count(type(exc).__name__)
 
     def tick(self) -> bool:
         """Take, reduce and send one snapshot; True when it was sent. Never raises."""
@@ -94,6 +129,8 @@ class Probe:
 
     def snapshot(self) -> bytes | None:
         """The encoded heads of this rank now, or None when no flight recorder is available yet."""
+        import msgspec
+
         from sentinel.fr.reduce import reduce_snapshot
 
         now = time.time()
@@ -121,6 +158,7 @@ class Probe:
             local_rank=ident["local_rank"],
             pid=ident["pid"],
         )
+        heads = msgspec.structs.replace(heads, steps=self.steps.recent())
         return encode_capped(self._with_observed_waits(heads, now))
 
     def _light_status(self) -> dict[str, Any] | None:

@@ -1,0 +1,144 @@
+"""Step compute times from sampled per-group counters (the probe's StepClock), and through the probe."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import socket
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from sentinel.fr.heads import FrHeads
+from sentinel.fr.steps import StepClock
+from sentinel.probe import Probe
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _status(world: tuple[int, int], tp: tuple[int, int] | None = None) -> dict[str, dict[str, str]]:
+    out = {
+        "0": {
+            "last_enqueued_collective": str(world[0]),
+            "last_started_collective": "-1",
+            "last_completed_collective": str(world[1]),
+        }
+    }
+    if tp is not None:
+        out["1"] = {
+            "last_enqueued_collective": str(tp[0]),
+            "last_started_collective": "-1",
+            "last_completed_collective": str(tp[1]),
+        }
+    return out
+
+
+def _run_rank(compute_s: float, wait_s: float, steps: int, dt: float = 0.05) -> StepClock:
+    """A rank: compute, tp allreduce (waits ``wait_s`` inside for a slow peer), world allreduce, repeat."""
+    clock = StepClock()
+    t = 0.0
+    for k in range(1, steps + 1):
+        start = t
+        while t < start + compute_s:
+            clock.observe(t, _status((k - 1, k - 1), (k - 1, k - 1)))
+            t += dt
+        tp_end = t + wait_s + 0.01
+        while t < tp_end:
+            clock.observe(t, _status((k - 1, k - 1), (k, k - 1)))
+            t += dt
+        world_end = t + 0.02
+        while t < world_end:
+            clock.observe(t, _status((k, k - 1), (k, k)))
+            t += dt
+    clock.observe(t, _status((steps, steps), (steps, steps)))
+    return clock
+
+
+def test_compute_is_measured_to_a_sample_and_a_waiting_peer_is_not_slow() -> None:
+    slow = _run_rank(compute_s=1.2, wait_s=0.0, steps=10).recent()
+    peer = _run_rank(compute_s=1.0, wait_s=0.2, steps=10).recent()  # waits 0.2 s inside tp for the slow one
+    assert [s.seq for s in slow] == list(range(3, 11))  # the latest 8 steps (first step has no start)
+    assert all(s.compute_s == pytest.approx(1.2, abs=0.06) for s in slow)
+    assert all(s.compute_s == pytest.approx(1.0, abs=0.06) for s in peer)
+
+
+def test_garbage_status_is_ignored() -> None:
+    clock = StepClock()
+    clock.observe(0.0, {"0": {"last_completed_collective": "x"}, "1": "nonsense"})  # type: ignore[dict-item]
+    clock.observe(0.1, {})
+    assert clock.recent() == []
+
+
+def test_the_probe_samples_its_status_and_sends_step_times(tmp_path: Path) -> None:
+    path = str(tmp_path / "probe.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(path)
+    current = [_status((0, 0))]
+    raw = msgspec.json.encode({"version": "2.10", "entries": [], "pg_status": current[0]})
+    probe = Probe(2.0, path, dump_fn=lambda: raw, status_fn=lambda: pickle.dumps({"pg_status": current[0]}))
+    base, t = 1.7e9, 0.0
+    for k in range(1, 6):  # compute 0.5 s, then a short world allreduce
+        for phase_s, status in ((0.5, _status((k - 1, k - 1))), (0.1, _status((k, k - 1)))):
+            current[0] = status
+            end = t + phase_s
+            while t < end - 1e-9:
+                probe.sample(now=base + t)
+                t += 0.05
+    assert probe.tick()
+    heads = msgspec.msgpack.decode(server.recv(1 << 16), type=FrHeads)
+    assert [s.seq for s in heads.steps] == [2, 3, 4, 5]
+    assert all(s.compute_s == pytest.approx(0.5, abs=0.06) for s in heads.steps)
+    server.close()
+
+
+JOB = """
+import json, os, sys, time
+os.environ['TORCH_FR_BUFFER_SIZE'] = '200'
+import torch, torch.distributed as dist
+from sentinel.probe import Probe
+rank = int(sys.argv[2])
+store = dist.FileStore(sys.argv[1], 2)
+dist.init_process_group('gloo', store=store, rank=rank, world_size=2)
+probe = Probe(2.0, sys.argv[1] + '.sock', sample_s=0.01)
+probe._thread.start()  # samples every 10 ms; its sends fail (no agent) and are only counted
+t = torch.ones(8)
+for _ in range(25):
+    time.sleep(0.1 + (0.12 if rank == 1 else 0.0))  # rank 1: 120 ms more compute per step
+    dist.all_reduce(t)
+probe.stop()
+print(json.dumps([s.compute_s for s in probe.steps.recent()]))
+dist.destroy_process_group()
+"""
+
+
+def test_real_torch_ranks_measure_their_own_compute_a_waiting_peer_does_not_look_slow(tmp_path: Path) -> None:
+    """Two gloo ranks, rank 1 computes 120 ms more per step: its measured compute says so, rank 0's does not
+    (rank 0 waits for it inside the allreduce)."""
+    pytest.importorskip("torch")
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    store = str(tmp_path / "store")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), store, str(rank)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=REPO,
+            env={**os.environ, "RANK": str(rank), "WORLD_SIZE": "2"},
+        )
+        for rank in (0, 1)
+    ]
+    medians = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-2000:]
+        values = json.loads(out)
+        assert len(values) == 8
+        medians.append(statistics.median(values))
+    assert medians[0] == pytest.approx(0.1, abs=0.03)
+    assert medians[1] == pytest.approx(0.22, abs=0.03)
