@@ -61,18 +61,20 @@ class StepClock:
         if self._done_at is not None:  # computing since the last step: did it enter a collective?
             for pg, (entered, _) in now.items():
                 if entered > self._entered_at_done.get(pg, entered):
-                    self.steps.append(StepTime(seq=self._done_seq + 1, compute_s=max(0.0, mid - self._done_at)))
+                    self.steps.append(
+                        StepTime(seq=self._done_seq + 1, compute_s=max(0.0, mid - self._done_at))
+                    )
                     self._done_at = None
                     break
         if step is not None and self._prev_t is not None:
             before = self._prev.get(self.step_group)
             if before is not None and step[1] > before[1]:  # the step collective completed
-                entered = {pg: c[0] for pg, c in now.items()}
+                entered_now = {pg: c[0] for pg, c in now.items()}
                 if step[0] > step[1]:  # and the next one began within the same interval: compute ~0
                     self.steps.append(StepTime(seq=step[1] + 1, compute_s=0.0))
                 else:
                     self._done_at, self._done_seq = mid, step[1]
-                    self._entered_at_done = entered
+                    self._entered_at_done = entered_now
         self._prev_t, self._prev = t, now
 
     def recent(self) -> list[StepTime]:
