@@ -71,6 +71,7 @@ class Engine:
             max_jobs=self.config.limits.max_jobs,
             max_ranks_per_job=self.config.limits.max_ranks_per_job,
             xid_config=self.config.detect.xid,
+            max_clock_skew_s=self.config.limits.max_clock_skew_s,
         )
         self.book = VerdictBook(closed_kept=self.config.fleet.closed_verdicts_kept)
         self.detectors: dict[str, Detector] = {cls.name: cls(self.config) for cls in DETECTORS}
@@ -141,6 +142,8 @@ class Engine:
         """Run every enabled detector once, each in isolation; returns what changed (also to the listeners)."""
         self.last_tick = now
         changes = self._end_jobs(now)
+        for name in self.fleet.silent_hosts(now, self.config.fleet.host_forget_after_s)[:100]:
+            changes.extend(self.forget_host(name, now))
         seen = Observation(self.fleet, now, self.fleet.take_dirty(), tick=True)
         for detector in self.enabled:
             changes.extend(self._run(detector, seen))
@@ -173,7 +176,7 @@ class Engine:
         ended = [
             job.id
             for job in self.fleet.jobs.values()
-            if now - job.last_seen > gone_after and not any(r.alive for r in job.ranks.values())
+            if now - job.last_seen > gone_after and not job.running(now, gone_after)
         ]
         changes: list[Change] = []
         for job_id in ended:
@@ -185,6 +188,18 @@ class Engine:
                     change = self.book.close(key, now, "job ended")
                     if change is not None:
                         changes.append(change)
+        self._emit(changes)
+        return changes
+
+    def forget_host(self, name: str, now: float) -> list[Change]:
+        """Forget a host (retention, or room for a new one at ``limits.max_hosts``); its open verdicts close."""
+        self.fleet.forget_host(name)
+        changes: list[Change] = []
+        for key, verdict in list(self.book.open.items()):
+            if verdict.host == name:
+                change = self.book.close(key, now, "host forgotten")
+                if change is not None:
+                    changes.append(change)
         self._emit(changes)
         return changes
 

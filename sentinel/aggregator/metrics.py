@@ -281,6 +281,13 @@ class FleetCollector(Collector):
         yield gpus
         yield last_seen
         yield drops
+        future = CounterMetricFamily(
+            "sentinel_ingest_future_stamped",
+            "Samples, events and heads stamped more than limits.max_clock_skew_s ahead of the aggregator",
+            labels=["cluster"],
+        )
+        future.add_metric([cluster], float(engine.fleet.future_stamped))
+        yield future
         yield _single("sentinel_agents_connected", "Agents with an open stream", cluster, self.connected())
         yield from self.metrics.state_families()
 

@@ -523,7 +523,16 @@ class Aggregator:
                         )
                         return
                     try:
+                        skewed = engine.fleet.future_stamped
                         fresh = engine.ingest(view, frame, self.clock())
+                        if engine.fleet.future_stamped != skewed:
+                            self._warn_limited(
+                                "clock_skew",
+                                host=view.name,
+                                ignored=engine.fleet.future_stamped - skewed,
+                                max_clock_skew_s=limits.max_clock_skew_s,
+                                detail="samples/heads stamped ahead of the aggregator's clock: check the host's NTP",
+                            )
                         if fresh and frame.drops is not None:
                             self._log_drops(view.name, frame)
                     except Exception as exc:  # never die from what an agent sends
@@ -646,11 +655,19 @@ class Aggregator:
     def _check_hello(self, hello: Hello) -> str:
         if not HOST_NAME.match(hello.host):
             return f"host name {hello.host[:80]!r} is not a valid host name"
-        if (
-            hello.host not in self.engine.fleet.hosts
-            and len(self.engine.fleet.hosts) >= self.config.limits.max_hosts
-        ):
-            return f"the aggregator already tracks {self.config.limits.max_hosts} hosts"
+        fleet = self.engine.fleet
+        if hello.host not in fleet.hosts and len(fleet.hosts) >= self.config.limits.max_hosts:
+            # make room: the longest-silent disconnected host that has been silent long enough to be flagged
+            silent = fleet.silent_hosts(self.clock(), self.config.fleet.host_silent_after_s)
+            if not silent:
+                return (
+                    f"the aggregator already tracks {self.config.limits.max_hosts} hosts, all recently seen"
+                )
+            log().warning(
+                "host_evicted", host=silent[0], for_host=hello.host, max_hosts=self.config.limits.max_hosts
+            )
+            self.metrics.rejected("host_evicted")
+            self.engine.forget_host(silent[0], self.clock())
         if len(hello.gpus) > self.config.limits.max_gpus_per_host:
             return f"{len(hello.gpus)} GPUs declared, at most {self.config.limits.max_gpus_per_host}"
         return ""

@@ -176,6 +176,14 @@ class JobView:
     #: pg name → its ranks list as first reported; every rank's heads share that one list
     pg_ranks: dict[str, list[int]] = field(default_factory=dict)
 
+    def running(self, now: float, gone_after_s: float) -> bool:
+        """Some rank still runs: its process is reported by an agent, or (known only from its flight-recorder
+        heads) its heads are recent. A rank known only from heads never gets a process report saying it
+        ended, so without the second clause such a job would never end."""
+        return any(
+            r.alive and (r.pid is not None or now - r.heads_at <= gone_after_s) for r in self.ranks.values()
+        )
+
     def rank_view(self, rank: int) -> RankView:
         view = self.ranks.get(rank)
         if view is None:
@@ -197,6 +205,7 @@ class FleetState:
         max_jobs: int = 10000,
         max_ranks_per_job: int = 131072,
         xid_config: XidPolicyConfig | None = None,
+        max_clock_skew_s: float = 300.0,
     ) -> None:
         self.hosts: dict[str, HostView] = {}
         self.jobs: dict[str, JobView] = {}
@@ -208,6 +217,9 @@ class FleetState:
         self.ignored = 0  # jobs/ranks beyond the bounds
         self.dirty_gpus: list[GpuView] = []
         self.unknown_gpu_samples = 0
+        self.max_clock_skew_s = max_clock_skew_s
+        #: samples, events and heads stamped further ahead of the aggregator's clock than max_clock_skew_s
+        self.future_stamped = 0
         #: hosts whose inventory or latched hardware facts changed since the state store last looked
         self.changed_hosts: set[str] = set()
 
@@ -260,12 +272,16 @@ class FleetState:
             return False
         host.mark(batch.seq)
         host.batches += 1
-        host.last_t = max(host.last_t, batch.t)
+        horizon = now + self.max_clock_skew_s
+        if batch.t <= horizon:
+            host.last_t = max(host.last_t, batch.t)
         gpus = host.gpus
         n = len(gpus)
         for sample in batch.samples:
             index = sample.gpu
-            if 0 <= index < n:
+            if not sample.t <= horizon:  # a year ahead (or NaN) would make every later sample look old
+                self.future_stamped += 1
+            elif 0 <= index < n:
                 self._sample(gpus[index], sample, now)
             elif 0 <= index < self.max_gpus_per_host:
                 while len(gpus) <= index:
@@ -275,13 +291,19 @@ class FleetState:
             else:
                 self.unknown_gpu_samples += 1
         for event in batch.events:
+            if not event.t <= horizon:  # the event itself counts, at the time it reached us
+                self.future_stamped += 1
+                event.t = now
             self._event(host, event, now)
         if batch.procs is not None:
             self._procs(host, batch.procs, now)
         if batch.drops is not None:
             _add_drops(host.drops, batch.drops)
         for heads in batch.heads:
-            self._heads(host, heads, now)
+            if heads.t <= horizon:
+                self._heads(host, heads, now)
+            else:
+                self.future_stamped += 1
         return True
 
     def _sample(self, gpu: GpuView, s: GpuSample, now: float) -> None:
@@ -449,6 +471,17 @@ class FleetState:
             job = self.jobs[job_id] = JobView(id=job_id, first_seen=now, last_progress_at=now)
         job.last_seen = now
         return job
+
+    def silent_hosts(self, now: float, after_s: float) -> list[str]:
+        """Disconnected hosts with no frame for ``after_s``, longest silent first."""
+        silent = [h for h in self.hosts.values() if not h.connected and now - h.last_seen > after_s]
+        return [h.name for h in sorted(silent, key=lambda h: h.last_seen)]
+
+    def forget_host(self, name: str) -> None:
+        """Drop everything about host ``name`` (it comes back as new if it ever connects again)."""
+        host = self.hosts.pop(name, None)
+        if host is not None:
+            self.dirty_gpus = [g for g in self.dirty_gpus if g.host != name]
 
     def end_job(self, job_id: str) -> None:
         """The job is over (no process, no heads for ``job_gone_after_s``): forget it."""

@@ -77,6 +77,15 @@ class FleetConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             description="a job with no process and no heads reported for this long has ended; its verdicts close",
         ),
     ] = 30.0
+    host_forget_after_s: Annotated[
+        float,
+        msgspec.Meta(
+            gt=0,
+            description="a disconnected host silent this long is forgotten (its verdicts close): hosts that "
+            "were decommissioned or renamed do not hold memory for ever. When limits.max_hosts is reached, the "
+            "longest-silent disconnected host (silent past host_silent_after_s) makes room for a new one",
+        ),
+    ] = 7 * 86400.0
     gc_freeze_interval_s: Annotated[
         float,
         msgspec.Meta(
@@ -169,6 +178,14 @@ class LimitsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             description="a stream that sends nothing for this long is closed (agents send a batch every tick)",
         ),
     ] = 120.0
+    max_clock_skew_s: Annotated[
+        float,
+        msgspec.Meta(
+            gt=0,
+            description="samples and heads stamped further ahead of the aggregator's clock are ignored and "
+            "counted (one sample a year ahead once froze a GPU's state: every later sample looked old)",
+        ),
+    ] = 300.0
     max_pending_commands: Annotated[
         int, msgspec.Meta(ge=1, description="commands awaiting an agent's answer, fleet-wide")
     ] = 4096

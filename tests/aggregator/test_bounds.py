@@ -14,10 +14,10 @@ import structlog
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.metrics import AggregatorMetrics
 from sentinel.aggregator.server import LoopErrorLimiter
-from sentinel.config.aggregator import AggregatorConfig, LimitsConfig
+from sentinel.config.aggregator import AggregatorConfig, FleetConfig, LimitsConfig
 from sentinel.fr.heads import MAX_IN_FLIGHT, MAX_PG_RANKS, FrHeads, InFlight, PgHead
 from sentinel.wire import Batch, Drops, Hello, ProcInfo
-from tests.aggregator.helpers import TOKEN, agent, batch, running_aggregator, wait_until
+from tests.aggregator.helpers import TOKEN, agent, batch, hello, running_aggregator, sample, wait_until
 
 
 def reported_drops(running: object, host: str, what: str) -> float | None:
@@ -55,11 +55,13 @@ async def closed_with(conn: object) -> int | None:
     return ws.close_code  # type: ignore[no-any-return]
 
 
-def heads(rank: int, *, ranks: list[int] | None = None, in_flight: int = 0, world: int = 16) -> FrHeads:
+def heads(
+    rank: int, *, ranks: list[int] | None = None, in_flight: int = 0, world: int = 16, t: float = 0.0
+) -> FrHeads:
     flights = [InFlight(seq=100 + i, op="allreduce", age_s=30.0, state="started") for i in range(in_flight)]
     pg = PgHead(pg_name="0", pg_desc="default_pg", ranks=ranks, last_enqueued_seq=99 + in_flight,
                 last_completed_seq=99, in_flight=flights)  # fmt: skip
-    return FrHeads(rank=rank, t=time.time(), job_id="job-1", world_size=world, pgs=[pg])
+    return FrHeads(rank=rank, t=t, job_id="job-1", world_size=world, pgs=[pg])
 
 
 async def test_lists_beyond_the_wire_bounds_are_refused_by_the_decoder(tmp_path: Path) -> None:
@@ -176,3 +178,56 @@ def test_loop_errors_are_counted_and_logged_at_most_every_10_s() -> None:
         )
         == 5001
     )
+
+
+def test_a_sample_stamped_a_year_ahead_does_not_freeze_the_gpu() -> None:
+    engine = Engine(AggregatorConfig())
+    host = engine.hello(hello("host-a", gpus=1), 1000.0)
+    engine.ingest(
+        host, Batch(seq=0, t=1000.0, samples=[sample(0, 1000.0 + 365 * 86400, temp_c=20.0)]), 1000.0
+    )
+    engine.ingest(host, Batch(seq=1, t=1001.0, samples=[sample(0, 1001.0, temp_c=91.0)]), 1001.0)
+    gpu = engine.fleet.hosts["host-a"].gpus[0]
+    assert gpu.t == 1001.0 and gpu.temp == 91.0
+    assert engine.fleet.future_stamped == 1
+
+
+def test_jobs_known_only_from_heads_end_when_their_heads_stop() -> None:
+    engine = Engine(AggregatorConfig())
+    host = engine.hello(Hello(host="host-a"), 0.0)
+    engine.ingest(host, Batch(seq=0, t=0.0, heads=[heads(r) for r in range(4)]), 0.0)
+    assert "job-1" in engine.fleet.jobs
+    engine.tick(10.0)
+    assert "job-1" in engine.fleet.jobs  # recent heads: still running
+    engine.tick(100.0)
+    assert "job-1" not in engine.fleet.jobs
+
+
+def test_silent_hosts_are_forgotten_after_the_retention_and_their_verdicts_close() -> None:
+    config = AggregatorConfig(fleet=FleetConfig(host_forget_after_s=3600.0))
+    engine = Engine(config)
+    for name in ("gone", "here"):
+        engine.hello(hello(name, gpus=1), 0.0)
+    engine.disconnected("gone")
+    engine.tick(60.0)
+    assert any(v.host == "gone" and v.kind == "host_silent" for v in engine.book.open.values())
+    engine.fleet.hosts["here"].last_seen = 3700.0
+    changes = engine.tick(3700.0)
+    assert set(engine.fleet.hosts) == {"here"}
+    assert any(c.what == "closed" and c.verdict.host == "gone" for c in changes)
+    assert not any(v.host == "gone" for v in engine.book.open.values())
+
+
+async def test_max_hosts_makes_room_for_a_new_real_host(tmp_path: Path) -> None:
+    config = AggregatorConfig(limits=LimitsConfig(max_hosts=3), fleet=FleetConfig(host_silent_after_s=0.01))
+    async with running_aggregator(tmp_path, config) as running:
+        for name in ("fake-1", "fake-2", "fake-3"):
+            async with agent(running, name) as conn:
+                await conn.send(batch(0, time.time()))
+                await conn.ack()
+        await wait_until(lambda: not running.aggregator.by_host)
+        async with agent(running, "real-new") as conn:  # was refused for ever once max_hosts was reached
+            await conn.send(batch(0, time.time()))
+            assert await conn.ack() == 0
+        assert "real-new" in running.aggregator.engine.fleet.hosts
+        assert len(running.aggregator.engine.fleet.hosts) == 3
