@@ -16,10 +16,43 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from sentinel.components.bounds import MAX_LIST, Short
+from sentinel.components.device.record import GpuInfo, GpuState
+from sentinel.components.ecc.record import EccCounters, RetiredPages
 from sentinel.components.ib.record import IbPort
 from sentinel.components.nccl_debug.record import DebugReadiness
 from sentinel.components.nccl_ras.record import RasStatus
+from sentinel.components.nvlink.record import NvLink
+from sentinel.components.rowremap.record import RowRemap
+from sentinel.components.vocab import Severity
 from sentinel.fr.heads import FrHeads
+
+__all__ = [
+    "MAX_FRAME_BYTES",
+    "MAX_TEXT_CHARS",
+    "PROTOCOL_VERSION",
+    "Ack",
+    "AgentFrame",
+    "AggregatorFrame",
+    "Batch",
+    "Command",
+    "CommandResult",
+    "Drops",
+    "EccCounters",
+    "Event",
+    "GpuInfo",
+    "GpuSample",
+    "GpuState",
+    "Hello",
+    "NvLink",
+    "ProcInfo",
+    "RetiredPages",
+    "RowRemap",
+    "Severity",
+    "decode_agent_frame",
+    "decode_aggregator_frame",
+    "encode",
+]
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 8 * 1024 * 1024
@@ -30,71 +63,12 @@ MAX_TEXT_CHARS = 4096  # an event's raw text is cut to this many characters by t
 # smaller). A frame is bounded in bytes; these bound what its bytes may expand to once decoded and kept.
 MAX_BATCH_ITEMS = 1 << 18  # samples, events, procs or heads in one batch
 MAX_GPUS = 1024
-MAX_LIST = 256  # throttle reasons, NVLinks, pids of one GPU, an event's fields
-Short = Annotated[str, msgspec.Meta(max_length=512)]
 Text = Annotated[str, msgspec.Meta(max_length=4 * MAX_TEXT_CHARS)]
 FieldValue = str | int | float | bool | None
 Fields = Annotated[dict[Short, FieldValue], msgspec.Meta(max_length=MAX_LIST)]
 
-GpuState = Literal["ok", "lost", "unresponsive"]
-Severity = Literal["info", "warning", "critical"]
-
-
-class GpuInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """Identity of one GPU, sent in the hello."""
-
-    index: int
-    uuid: Short
-    pci_bus: Short  # dddd:bb:dd lower-case
-    name: Short = ""
-    serial: Short = ""
-    driver: Short = ""
-    vbios: Short = ""
-    memory_total_bytes: int = 0
-    nvlinks: int = 0
-
-
-class EccCounters(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """NVML ECC error counters; ``None`` where the GPU does not report the field."""
-
-    volatile_corrected: int | None = None
-    volatile_uncorrected: int | None = None
-    aggregate_corrected: int | None = None
-    aggregate_uncorrected: int | None = None
-    sram_uncorrected: int | None = None  # aggregate, where NVML splits SRAM/DRAM
-    dram_uncorrected: int | None = None
-
-
-class RowRemap(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """nvmlDeviceGetRemappedRows and the row-remapper histogram (bank availability)."""
-
-    correctable: int = 0
-    uncorrectable: int = 0
-    pending: bool = False
-    failure: bool = False
-    hist_max: int | None = None
-    hist_high: int | None = None
-    hist_partial: int | None = None
-    hist_low: int | None = None
-    hist_none: int | None = None
-
-
-class RetiredPages(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """Dynamic page retirement (pre-Ampere GPUs)."""
-
-    single_bit: int = 0
-    double_bit: int = 0
-    pending: bool = False
-
-
-class NvLink(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """Per-link state and cumulative error counters."""
-
-    link: int
-    active: bool = True
-    crc_errors: int = 0
-    replay_errors: int = 0
-    recovery_errors: int = 0
+# A GPU's records are defined by its components (sentinel/components/<name>/record.py): one type on the
+# wire, in the rules and in the metrics.
 
 
 class GpuSample(msgspec.Struct, kw_only=True, omit_defaults=True):

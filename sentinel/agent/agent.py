@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import socket
 import time
 from collections.abc import Callable
@@ -25,35 +24,20 @@ from typing import Any
 import msgspec
 
 from sentinel import __version__
-from sentinel.agent.collectors import (
-    Collectors,
-    ExtrasCollector,
-    FrDumpCollector,
-    GpuCollector,
-    JobsCollector,
-    KmsgCollector,
-    LineProcessor,
-    LogCollector,
-    ProbeCollector,
-    XidCollector,
-    XidListener,
-)
-from sentinel.agent.frdump import MAX_COLLECT_BYTES, FrDumpWatcher, collect_dumps, trigger_fr_dump
-from sentinel.agent.jobs import JobMapper
-from sentinel.agent.kmsg import KmsgReader, XidDedup
+from sentinel.agent.batch import MAX_BATCH_BYTES, TickFindings, build_batch, fill_heads, fit_frame
+from sentinel.agent.collectors import Collectors, GpuCollector, LineProcessor
+from sentinel.agent.commands import dispatch
+from sentinel.agent.frdump import MAX_COLLECT_BYTES, collect_dumps, trigger_fr_dump
+from sentinel.agent.kmsg import XidDedup
 from sentinel.agent.metrics import AgentCounters, AgentMetricsCollector, GpuView, make_registry
 from sentinel.agent.probe import ProbeServer
+from sentinel.agent.registry import build_collectors
 from sentinel.agent.ring import RingBuffer
 from sentinel.agent.shipper import Shipper
 from sentinel.agent.source import GpuSource, HostExtras
 from sentinel.agent.spool import SeqAllocator, Spool
-from sentinel.agent.tailer import LogTailer
-from sentinel.components.ib.collector import IbCollector, IbPortReader, PortSource
 from sentinel.components.ib.metrics import IbPortMetrics
 from sentinel.components.ib.record import IbPort
-from sentinel.components.ib.sysfs import SysfsPorts
-from sentinel.components.ib.tracker import PortTracker
-from sentinel.components.nccl_ras.collector import RasCollector
 from sentinel.components.nccl_ras.metrics import RasMetrics
 from sentinel.components.nccl_ras.record import RasStatus
 from sentinel.config.agent import AgentConfig
@@ -61,7 +45,6 @@ from sentinel.fr.heads import FrHeads
 from sentinel.log import get_logger
 from sentinel.systemd import SystemdNotifier
 from sentinel.wire import (
-    MAX_FRAME_BYTES,
     Batch,
     Command,
     CommandResult,
@@ -71,18 +54,13 @@ from sentinel.wire import (
     GpuSample,
     Hello,
     ProcInfo,
-    encode,
 )
 
 log = get_logger(module="agent")
 
-#: events kept per batch at most; a log flood beyond it is counted as dropped events
-MAX_EVENTS_PER_BATCH = 2000
-MAX_HEADS_PER_BATCH = 4096
 #: jobs whose local ranks (from probe heads) are remembered for fr_dump, oldest forgotten first
 MAX_JOBS_REMEMBERED = 64
-#: a batch must fit one WebSocket frame with room to spare
-MAX_BATCH_BYTES = MAX_FRAME_BYTES * 3 // 4
+MAX_RANKS_REMEMBERED = 4096
 SHUTDOWN_DRAIN_S = 3.0
 
 
@@ -124,13 +102,8 @@ class Agent:
             if notifier is not None
             else (SystemdNotifier() if config.systemd.notify else SystemdNotifier(env={}))
         )
-        self._samples: list[GpuSample] = []
-        self._events: list[Event] = []
-        self._heads: list[FrHeads] = []
+        self._tick = TickFindings()
         self._procs: list[ProcInfo] = []
-        self._procs_changed = False
-        self._ports: list[IbPort] | None = None
-        self._ras: list[RasStatus] = []
         self._ranks_by_job: dict[str, set[int]] = {}
         self._drops_reported = Drops()
         self._stop = asyncio.Event()
@@ -161,97 +134,16 @@ class Agent:
                 host=self.host,
             )
 
-        self.dedup = XidDedup(config.collect.xid_dedup_window_s)
-        self.lines = LineProcessor(self, self.dedup, forward_info=config.logs.forward_info)
-        self.collectors = Collectors(self.counters, config.collect.tick_s)
-        self._build_collectors()
-
-    # -- collectors -----------------------------------------------------------------------------------------
-
-    def _build_collectors(self) -> None:
-        c = self.config
-        tick = c.collect.tick_s
-        self.gpu_collector = GpuCollector(
-            self,
-            self.source,
-            tick_s=tick,
-            slow_tick_s=c.collect.slow_tick_s,
-            timeout_s=c.collect.nvml_timeout_s,
-        )
-        self.collectors.add(self.gpu_collector)
-        self.xid_listener: XidListener | None = None
-        if c.collect.nvml_events:
-            self.xid_listener = XidListener(self.source, f"{self.host}-xid")
-            self.gpu_collector.on_open = self.xid_listener.start
-            self.collectors.add(XidCollector(self, self.xid_listener, self.dedup, tick))
+        self.kmsg_cursor_path: Path | None = state_dir / "kmsg.cursor" if state_dir.is_dir() else None
+        self.xids = XidDedup(config.collect.xid_dedup_window_s)
+        self.lines = LineProcessor(self, self.xids, forward_info=config.logs.forward_info)
         self.probe: ProbeServer | None = None
-        self._build_network_collectors()
-        if self.extras is not None:
-            self.collectors.add(ExtrasCollector(self, self.extras, self.lines, tick))
-            return
-        if c.kmsg.enabled:
-            self.collectors.add(
-                KmsgCollector(KmsgReader(c.kmsg.path, c.kmsg.max_records_per_tick), self.lines, tick)
-            )
-        if c.logs.globs:
-            tailer = LogTailer(
-                c.logs.globs,
-                rescan_s=c.logs.rescan_s,
-                max_line_bytes=c.logs.max_line_bytes,
-                max_bytes_per_poll=c.logs.max_bytes_per_tick,
-                max_files=c.logs.max_files,
-            )
-            self.collectors.add(LogCollector(tailer, self.lines, self.counters, tick))
-        self.collectors.add(
-            JobsCollector(self, JobMapper(tailed_globs=c.logs.globs), c.collect.procs_interval_s)
-        )
-        if c.nccl_ras.enabled:
-            self.ras_metrics = RasMetrics(self.cluster, self.host)
-            self.registry.register(self.ras_metrics)
-            r = c.nccl_ras
-            self.collectors.add(
-                RasCollector(
-                    self,
-                    self.ras_metrics,
-                    host=r.host,
-                    port=r.port,
-                    interval_s=r.interval_s,
-                    timeout_s=r.timeout_s,
-                    refused_backoff_s=r.refused_backoff_s,
-                    tick_s=tick,
-                )
-            )
-        if c.probe.socket_path:
-            self.probe = ProbeServer(
-                c.probe.socket_path,
-                max_bytes=c.probe.max_datagram_bytes,
-                max_pending=c.probe.max_pending,
-                mode=c.probe.socket_mode,
-            )
-            self.collectors.add(ProbeCollector(self, self.probe, tick))
-        if c.probe.fr_dump_dir:
-            self.collectors.add(
-                FrDumpCollector(
-                    self, FrDumpWatcher(c.probe.fr_dump_dir, c.probe.fr_dump_prefix), max(tick, 2.0)
-                )
-            )
-
-    def _build_network_collectors(self) -> None:
-        """IB/RoCE ports: from sysfs, or from a simulated host that offers a port source (``ib_ports``)."""
-        c = self.config.ib
-        if not c.enabled:
-            return
-        sim_source: PortSource | None = getattr(self.extras, "ib_ports", None)
-        source: PortSource = sim_source if sim_source is not None else SysfsPorts(c.sysfs_root)
-        state_dir = Path(self.config.agent.state_dir)
-        tracker = PortTracker(
-            flap_window_s=c.flap_window_s,
-            error_window_s=c.error_window_s,
-            state_path=state_dir / "ib_ports.json" if state_dir.is_dir() and self.extras is None else None,
-        )
-        self.ib_metrics = IbPortMetrics(self.cluster, self.host)
-        self.registry.register(self.ib_metrics)
-        self.collectors.add(IbCollector(self, IbPortReader(source, tracker, self.ib_metrics), c.interval_s))
+        self.gpu_collector: GpuCollector  # set by the registry's nvml entry
+        self.ib_metrics: IbPortMetrics | None = None  # set by the registry's ib entry
+        self.ras_metrics: RasMetrics | None = None  # set by the registry's nccl_ras entry
+        self.collectors = Collectors(self.counters, config.collect.tick_s)
+        for collector in build_collectors(self):
+            self.collectors.add(collector)
 
     # -- AgentSink ------------------------------------------------------------------------------------------
 
@@ -265,22 +157,19 @@ class Agent:
             self.shipper.request_reconnect()
 
     def add_sample(self, sample: GpuSample) -> None:
-        self._samples.append(sample)
+        self._tick.samples.append(sample)
 
     def add_event(self, event: Event) -> None:
-        if len(self._events) >= MAX_EVENTS_PER_BATCH:
+        if not self._tick.add_event(event):
             self.counters.drop_parts["events_over_cap"] += 1
-            return
-        self._events.append(event)
 
     def add_heads(self, heads: list[FrHeads]) -> None:
-        room = MAX_HEADS_PER_BATCH - len(self._heads)
-        self._heads.extend(heads[: max(room, 0)])
+        self._tick.add_heads(heads)
 
     def set_procs(self, procs: list[ProcInfo]) -> None:
         if procs != self._procs:
             self._procs = list(procs)
-            self._procs_changed = True
+            self._tick.procs = self._procs
             for view in self.gpus.values():
                 view.job, view.rank = "", ""
             for proc in procs:
@@ -290,10 +179,10 @@ class Agent:
                     found.rank = str(proc.rank) if proc.rank is not None else ""
 
     def set_ports(self, ports: list[IbPort]) -> None:
-        self._ports = ports
+        self._tick.ports = ports
 
     def add_ras(self, status: RasStatus) -> None:
-        self._ras.append(status)
+        self._tick.ras.append(status)
 
     def ras_jobs(self) -> list[str]:
         """Jobs whose global rank 0 runs here: this host asks NCCL RAS on the job's behalf."""
@@ -307,29 +196,6 @@ class Agent:
 
     # -- one tick -------------------------------------------------------------------------------------------
 
-    def _fill_heads(self, heads: list[FrHeads]) -> list[FrHeads]:
-        """Set host, and gpu from the process mapping: by pid, else by (job, rank), else LOCAL_RANK.
-
-        The LOCAL_RANK fallback covers ranks NVML does not list (no NVML, a pid namespace the agent cannot
-        see, CPU-only jobs): launchers give local rank i the host's GPU i, so the slot is the local rank when
-        this host has such a GPU. A mapping from NVML pids always wins.
-        """
-        by_pid = {p.pid: p for p in self._procs}
-        by_rank = {(p.job_id, p.rank): p for p in self._procs if p.rank is not None}
-        out: list[FrHeads] = []
-        for h in heads:
-            proc = by_pid.get(h.pid) if h.pid is not None else None
-            if proc is None:
-                proc = by_rank.get((h.job_id, h.rank))
-            gpu = proc.gpu if proc is not None else h.gpu
-            if gpu is None and h.local_rank is not None and h.local_rank in self.gpus:
-                gpu = h.local_rank
-            job = h.job_id or (proc.job_id if proc is not None else None)
-            if job:
-                self._note_rank(job, h.rank)
-            out.append(_replace_heads(h, host=self.host, gpu=gpu, job_id=job))
-        return out
-
     def _note_rank(self, job: str, rank: int) -> None:
         """Remember that ``rank`` of ``job`` reports from this host (fr_dump asks these ranks to dump)."""
         ranks = self._ranks_by_job.get(job)
@@ -337,7 +203,7 @@ class Agent:
             if len(self._ranks_by_job) >= MAX_JOBS_REMEMBERED:
                 self._ranks_by_job.pop(next(iter(self._ranks_by_job)))
             ranks = self._ranks_by_job[job] = set()
-        if len(ranks) < MAX_HEADS_PER_BATCH:
+        if len(ranks) < MAX_RANKS_REMEMBERED:
             ranks.add(rank)
 
     def local_ranks(self, job: str | None) -> list[int]:
@@ -352,21 +218,11 @@ class Agent:
         """Run the due collectors once and return this tick's batch (also kept in the ring and spooled)."""
         now = self.clock() if now is None else now
         await self.collectors.run_due(now)
-        heads = self._fill_heads(self._heads)
-        procs = self._procs if self._procs_changed else None
-        batch = Batch(
-            seq=self.seq.allocate(),
-            t=now,
-            samples=self._samples,
-            events=self._events,
-            procs=procs,
-            heads=heads,
-            drops=self._drops(),
-            ports=self._ports,
-            ras=self._ras,
+        tick, self._tick = self._tick, TickFindings()
+        heads = fill_heads(
+            tick.heads, host=self.host, procs=self._procs, gpus=self.gpus.keys(), note_rank=self._note_rank
         )
-        self._samples, self._events, self._heads, self._procs_changed = [], [], [], False
-        self._ports, self._ras = None, []
+        batch = build_batch(tick, heads, seq=self.seq.allocate(), now=now, drops=self._drops())
         ring = self.ring
         for sample in batch.samples:
             ring.append(sample.t, "sample", sample)
@@ -374,13 +230,22 @@ class Agent:
             ring.append(event.t, "event", event)
         for h in heads:
             ring.append(now, "heads", h)
-        if procs is not None:
-            ring.append(now, "procs", _ProcsEntry(procs=procs))
-        data = encode(batch)
-        if len(data) > MAX_BATCH_BYTES:
-            batch, data = self._shrink(batch, data)
+        if batch.procs is not None:
+            ring.append(now, "procs", _ProcsEntry(procs=batch.procs))
+        fitted = fit_frame(batch, MAX_BATCH_BYTES)
+        if fitted.heads_cut or fitted.events_cut:
+            self.counters.drop_parts["heads_oversize"] += fitted.heads_cut
+            self.counters.drop_parts["events_oversize"] += fitted.events_cut
+            log.warning(
+                "batch_shrunk",
+                seq=batch.seq,
+                bytes=len(fitted.data),
+                heads=len(fitted.batch.heads),
+                events=len(fitted.batch.events),
+            )
+        batch = fitted.batch
         if self.spool is not None:
-            self.spool.add(batch, data)
+            self.spool.add(batch, fitted.data)
             self.counters.spool_bytes = self.spool.size_bytes
             self.counters.drop_parts["spool_samples"] = self.spool.dropped_samples
             self.counters.drop_parts["spool_events"] = self.spool.dropped_events
@@ -392,23 +257,6 @@ class Agent:
             self.shipper.ready.set()
             self.shipper.wake()
         return batch
-
-    def _shrink(self, batch: Batch, data: bytes) -> tuple[Batch, bytes]:
-        """Halve heads, then events, until the batch fits a frame; what goes is counted as dropped."""
-        heads, events = list(batch.heads), list(batch.events)
-        while len(data) > MAX_BATCH_BYTES and (heads or events):
-            if heads:
-                cut = len(heads) - len(heads) // 2
-                self.counters.drop_parts["heads_oversize"] += cut
-                heads = heads[: len(heads) // 2]
-            else:
-                cut = len(events) - len(events) // 2
-                self.counters.drop_parts["events_oversize"] += cut
-                events = events[: len(events) // 2]
-            batch = msgspec.structs.replace(batch, heads=heads, events=events)
-            data = encode(batch)
-        log.warning("batch_shrunk", seq=batch.seq, bytes=len(data), heads=len(heads), events=len(events))
-        return batch, data
 
     def _drops(self) -> Drops | None:
         """Drops since the last batch: the cumulative totals (also the metric) minus what was reported."""
@@ -481,26 +329,8 @@ class Agent:
         return payload | found
 
     async def handle_command(self, command: Command) -> CommandResult:
-        if command.name == "snapshot":
-            since = command.args.get("since")
-            since_t = float(since) if isinstance(since, int | float) and not isinstance(since, bool) else None
-            return CommandResult(id=command.id, payload=self.snapshot(since_t))
-        if command.name == "fr_dump":
-            args = command.args
-            job = args.get("job")
-            job_id = job if isinstance(job, str) else None
-            if args.get("collect") is True:
-                payload = await asyncio.to_thread(
-                    self.fr_dump_collect,
-                    job_id,
-                    since=_number(args.get("since"), self.clock() - 60.0),
-                    wait_s=_number(args.get("wait_s"), 10.0),
-                    max_bytes=int(_number(args.get("max_bytes"), float(MAX_COLLECT_BYTES))),
-                )
-            else:
-                payload = await asyncio.to_thread(self.trigger_fr_dump, job_id)
-            return CommandResult(id=command.id, ok=True, payload=payload)
-        return CommandResult(id=command.id, ok=False, error=f"unknown command {command.name!r}")
+        """Answer a command from the aggregator through the command table (:mod:`sentinel.agent.commands`)."""
+        return await dispatch(self, command)
 
     def _hello(self, first_pending: int) -> Hello:
         return Hello(
@@ -609,14 +439,3 @@ class _ProcsEntry(msgspec.Struct, kw_only=True):
     """Ring entry payload for a process-mapping change (a dict with one key, ``procs``)."""
 
     procs: list[ProcInfo]
-
-
-def _number(value: object, default: float) -> float:
-    """A finite number from a command argument, else ``default``."""
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return default
-
-
-def _replace_heads(h: FrHeads, **changes: Any) -> FrHeads:
-    return msgspec.structs.replace(h, **changes)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sentinel.agent.kmsg import parse_xid
+from sentinel.components.xid.parse import parse_xid
 from sentinel.log import get_logger
 
 log = get_logger(module="agent.classify")
@@ -91,7 +91,7 @@ class LineClassifier:
         if xid is not None:
             return Classification(
                 kind="xid",
-                severity="critical",
-                fields={"kind": "xid", "severity": "critical", "xid": xid.xid, "pci_bus": xid.pci_bus},
+                severity=xid.severity,
+                fields={"kind": "xid", "severity": xid.severity, "xid": xid.xid, "pci_bus": xid.pci_bus},
             )
         return None

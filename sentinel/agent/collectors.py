@@ -25,15 +25,13 @@ from sentinel.agent.probe import ProbeServer
 from sentinel.agent.source import GpuLostError, GpuSource, HostExtras, XidEvent
 from sentinel.agent.tailer import LogTailer
 from sentinel.agent.worker import GpuWorker, Unresponsive
+from sentinel.components.xid.parse import xid_severity
 from sentinel.fr.heads import FrHeads
 from sentinel.log import get_logger
 from sentinel.wire import MAX_TEXT_CHARS, Event, GpuInfo, GpuSample, GpuState, ProcInfo, Severity
 
 log = get_logger(module="agent.collectors")
 T = TypeVar("T")
-
-#: Xids that mean the GPU (or its context) is gone or corrupt; others are reported as warnings
-CRITICAL_XIDS = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140, 154})
 
 
 class AgentSink(Protocol):
@@ -310,7 +308,8 @@ def record_xid(
     """Emit an Xid event unless the other source reported the same (gpu, xid) just before."""
     if not dedup.first(gpu, xid, t):
         return False
-    sink.counters.xid[(gpu, xid)] += 1
+    severity = xid_severity(xid, text)
+    sink.counters.xid[(gpu, xid, severity)] += 1
     fields: dict[str, str | int | float | bool | None] = {"kind": "xid", "xid": xid}
     if pci_bus:
         fields["pci_bus"] = pci_bus
@@ -320,7 +319,7 @@ def record_xid(
             kind="xid",
             source=source,
             gpu=gpu if gpu >= 0 else None,
-            severity="critical" if xid in CRITICAL_XIDS else "warning",
+            severity=severity,
             xid=xid,
             text=text[:MAX_TEXT_CHARS],
             fields=fields,
@@ -423,8 +422,11 @@ class KmsgCollector(Collector):
         self.lines = lines
 
     async def collect(self, now: float) -> None:
-        for record in self.reader.poll(now):
+        records = self.reader.poll(now)
+        for record in records:
             self.lines.kernel(record.message, now)
+        if records:
+            self.reader.save_cursor()  # after the lines are in this tick's batch
         if self.reader.open_errors and self.reader._fd is None:
             raise PermissionError(f"{self.reader.path}: cannot be opened (see the log)")
 

@@ -1,4 +1,11 @@
-"""The kernel log: ``/dev/kmsg`` read from its end, surviving overruns and permission errors.
+"""The kernel log: ``/dev/kmsg`` read from a cursor in the state directory, surviving overruns and
+permission errors.
+
+With a cursor file (``<state_dir>/kmsg.cursor``: boot id + the last record's sequence number, or for a plain
+file its byte offset) a restarted agent resumes where it stopped: on the same boot nothing is lost or read
+twice (records up to the saved sequence number are skipped); on a new boot — or the first start — it reads
+the whole ring of this boot, so an Xid that landed while the agent was down (or before it started) is still
+seen. Without a cursor path the reader starts at the end (a CLI follower).
 
 ``/dev/kmsg`` returns one record per ``read()``: ``<prio>,<seq>,<usec>,<flags>[,...];<message>\\n`` followed
 by optional continuation lines that start with a space (``SUBSYSTEM=...``). When the kernel ring wraps past
@@ -9,16 +16,19 @@ counts it, logs it once, and retries now and then, while the rest of the agent k
 The same reader follows a plain file (tests, or a ``dmesg`` copy): reads are then line-buffered, and a file
 that shrinks is re-read from its start.
 
-:func:`parse_kmsg_record` and :func:`parse_xid` are pure and fuzzed.
+:func:`parse_kmsg_record` is pure and fuzzed; Xid lines are parsed by :mod:`sentinel.components.xid.parse`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import os
 import re
 import stat
 from dataclasses import dataclass
+from pathlib import Path
 
 from sentinel.log import get_logger
 
@@ -28,9 +38,6 @@ REOPEN_AFTER_S = 60.0
 log = get_logger(module="agent.kmsg")
 
 _PREFIX = re.compile(rb"^(\d{1,3}),(\d{1,20}),(\d{1,20}),[^;]{0,64};")
-_XID = re.compile(
-    r"NVRM: Xid \(PCI:(?P<pci>[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2})(?:\.\d)?\): (?P<xid>\d{1,5})\b"
-)
 
 
 @dataclass(frozen=True)
@@ -41,12 +48,6 @@ class KmsgRecord:
     priority: int | None = None
     seq: int | None = None
     ts_us: int | None = None
-
-
-@dataclass(frozen=True)
-class XidLine:
-    xid: int
-    pci_bus: str  # dddd:bb:dd lower-case
 
 
 def parse_kmsg_record(line: bytes) -> KmsgRecord | None:
@@ -63,24 +64,24 @@ def parse_kmsg_record(line: bytes) -> KmsgRecord | None:
     return KmsgRecord(message=message, priority=prio, seq=int(match.group(2)), ts_us=int(match.group(3)))
 
 
-def parse_xid(message: str) -> XidLine | None:
-    """``NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.`` → (79, "0000:3b:00")."""
-    match = _XID.search(message)
-    if match is None:
-        return None
-    domain, bus, device = match.group("pci").lower().split(":")
-    return XidLine(
-        xid=int(match.group("xid")),
-        pci_bus=f"{domain[-4:].rjust(4, '0')}:{bus.rjust(2, '0')}:{device.rjust(2, '0')}",
-    )
-
-
 class KmsgReader:
     """Non-blocking reader of new kernel log records; call :meth:`poll` each tick."""
 
-    def __init__(self, path: str, max_records: int = 2000) -> None:
+    def __init__(
+        self,
+        path: str,
+        max_records: int = 2000,
+        *,
+        cursor_path: Path | None = None,
+        boot_id: str | None = None,
+    ) -> None:
         self.path = path
         self.max_records = max_records
+        self.cursor_path = cursor_path
+        self.boot_id = boot_id if boot_id is not None else _boot_id()
+        self._skip_to_seq: int | None = None  # same boot: records up to this seq were read before the restart
+        self._last_seq: int | None = None
+        self.replayed = 0  # records read from the ring on start (new boot / first start / resumed cursor)
         self._fd: int | None = None
         self._is_file = False
         self._buffer = b""
@@ -105,12 +106,45 @@ class KmsgReader:
             return False
         try:
             self._is_file = stat.S_ISREG(os.fstat(fd).st_mode)
-            self._position = os.lseek(fd, 0, os.SEEK_END)
+            self._position = self._start_position(fd)
         except OSError:
             self._position = 0
         self._fd = fd
         self._buffer = b""
         return True
+
+    def _start_position(self, fd: int) -> int:
+        """Where to start: the end without a cursor; else the saved place (same boot) or the ring's start."""
+        if self.cursor_path is None:
+            return os.lseek(fd, 0, os.SEEK_END)
+        cursor = _load_cursor(self.cursor_path)
+        same_boot = cursor is not None and bool(self.boot_id) and cursor.get("boot_id") == self.boot_id
+        if self._is_file:
+            offset = cursor.get("offset") if same_boot and cursor is not None else 0
+            size = os.fstat(fd).st_size
+            start = offset if isinstance(offset, int) and 0 <= offset <= size else 0
+            return os.lseek(fd, start, os.SEEK_SET)
+        seq = cursor.get("seq") if same_boot and cursor is not None else None
+        self._skip_to_seq = seq if isinstance(seq, int) else None
+        return os.lseek(fd, 0, os.SEEK_SET)  # the first record still in the ring
+
+    def save_cursor(self) -> None:
+        """Persist where we are (atomically: a crash leaves the old cursor or the new one, never half)."""
+        if self.cursor_path is None or self._fd is None:
+            return
+        state: dict[str, object] = {"boot_id": self.boot_id}
+        if self._is_file:
+            state["offset"] = self._position - len(self._buffer)
+        elif self._last_seq is not None:
+            state["seq"] = self._last_seq
+        else:
+            return
+        tmp = self.cursor_path.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps(state))
+            os.replace(tmp, self.cursor_path)
+        except OSError as exc:
+            log.warning("kmsg_cursor_save_failed", path=str(self.cursor_path), error=exc.strerror or str(exc))
 
     def close(self) -> None:
         if self._fd is not None:
@@ -164,11 +198,32 @@ class KmsgReader:
             lines.append(self._buffer)
             self._buffer = b""
         out: list[KmsgRecord] = []
+        skip = self._skip_to_seq
         for line in lines:
             record = parse_kmsg_record(line)
-            if record is not None:
-                out.append(record)
+            if record is None:
+                continue
+            if record.seq is not None:
+                if skip is not None and record.seq <= skip:
+                    continue  # read before the restart
+                self._last_seq = record.seq
+            out.append(record)
         return out
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _load_cursor(path: Path) -> dict[str, object] | None:
+    with contextlib.suppress(OSError, ValueError):
+        data = json.loads(path.read_text()[:4096])
+        if isinstance(data, dict):
+            return data
+    return None
 
 
 class XidDedup:

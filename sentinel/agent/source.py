@@ -16,12 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from sentinel.components.nvml_read import GpuLostError
 from sentinel.fr.heads import FrHeads
 from sentinel.wire import EccCounters, GpuInfo, GpuSample, NvLink, ProcInfo, RetiredPages, RowRemap
 
-
-class GpuLostError(Exception):
-    """The GPU is gone (fallen off the bus); every further call on it will fail."""
+__all__ = ["GpuLostError", "GpuSource", "HostExtras", "SlowReadings", "XidEvent", "XidRecord"]
 
 
 class SlowReadings(Protocol):

@@ -19,7 +19,7 @@ import math
 import msgspec
 
 from sentinel.aggregator.state import FleetState, GpuView, HostView
-from sentinel.signals.xid_policy import XidDecision, XidGpuMemory, XidPolicy
+from sentinel.components.xid.rule import XidDecision, XidGpuMemory, XidPolicy
 from sentinel.wire import EccCounters, RowRemap
 
 

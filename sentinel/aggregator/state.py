@@ -18,18 +18,18 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from sentinel.components.clocks.record import POWER_REASONS, THERMAL_REASONS
+from sentinel.components.nvlink.rule import error_total as nvlink_error_total
+from sentinel.components.xid.catalog import xid_info
+from sentinel.components.xid.parse import XidRecord, parse_xid
+from sentinel.components.xid.rule import XidDecision, XidPolicy, XidPolicyConfig
 from sentinel.fr.heads import FrHeads
-from sentinel.signals.xid import XidRecord, parse_xid
-from sentinel.signals.xid_catalog import xid_info
-from sentinel.signals.xid_policy import XidDecision, XidPolicy, XidPolicyConfig
 from sentinel.wire import Batch, Drops, EccCounters, Event, GpuInfo, GpuSample, Hello, ProcInfo, RowRemap
 
 DEDUP_WINDOW = 4096  # seqs above the contiguous high-water mark remembered per host
 HOST_EVENTS_KEPT = 256
 RATE_HISTORY = 64
 STEP_BASELINE_S = 10.0  # a job's step time is measured over at least this long
-THERMAL_REASONS = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown"})
-POWER_REASONS = frozenset({"sw_power_cap", "hw_power_brake_slowdown"})
 #: NCCL's line prefix ``hostname:pid:tid [cudaDev]``: the pid names the process, hence the GPU and rank.
 _NCCL_PREFIX = re.compile(r"(?:^|\s)[\w.-]+:(\d{1,10}):\d{1,10} \[(\d{1,3})\]")
 
@@ -370,9 +370,7 @@ class FleetState:
         links = s.nvlink
         if links is not None and links is not gpu.nvlink_last:
             gpu.nvlink_last = links
-            total = 0
-            for link in links:
-                total += link.crc_errors + link.replay_errors + link.recovery_errors
+            total = nvlink_error_total(links)
             prev = gpu.nvlink_prev
             if prev is None or prev[1] != total:
                 _change(gpu.nvlink_hist, prev, s.t, total)

@@ -15,14 +15,16 @@ from typing import Any
 
 import msgspec
 
-KINDS = ("faulty", "degraded", "stuck", "straggler", "host_silent")
-ACTIONS = ("none", "restart_app", "drain", "reset_gpu", "reboot", "rma")
-_KIND_RANK = {"host_silent": 0, "straggler": 1, "degraded": 2, "stuck": 3, "faulty": 4}
-_ACTION_RANK = {action: i for i, action in enumerate(ACTIONS)}
+from sentinel.components.vocab import ACTIONS, VERDICT_KINDS, action_rank
+
+KINDS = VERDICT_KINDS
+_KIND_RANK = {kind: i for i, kind in enumerate(VERDICT_KINDS)}
+
+__all__ = ["ACTIONS", "KINDS", "Change", "Finding", "Verdict", "VerdictBook"]
 
 
 def _severity(kind: str, action: str) -> tuple[int, int]:
-    return _KIND_RANK[kind], _ACTION_RANK.get(action, 0)
+    return _KIND_RANK[kind], action_rank(action)  # type: ignore[index]
 
 
 MAX_EVIDENCE = 12

@@ -10,9 +10,9 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from sentinel.components.ecc.rule import EccThresholds
+from sentinel.components.xid.rule import XidPolicyConfig
 from sentinel.config.common import LogConfig
-from sentinel.signals.ecc import EccThresholds
-from sentinel.signals.xid_policy import XidPolicyConfig
 
 
 class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sentinel.signals.xid_catalog import xid_info
+from sentinel.components.xid.catalog import xid_info
 
 #: Verdict kinds a correct detector may open for each fault kind (contract section 4).
 ACCEPTED_KINDS: Mapping[str, frozenset[str]] = {

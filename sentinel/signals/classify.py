@@ -16,17 +16,19 @@ import itertools
 import re
 from typing import Final
 
-from sentinel.signals._nvsmi import read_sections
-from sentinel.signals._text import bounded
-from sentinel.signals.ecc import evaluate_ecc, evaluate_retired_pages, parse_ecc, parse_retired_pages
-from sentinel.signals.health import MemoryFinding
+from sentinel.components.ecc.parse import parse_ecc, parse_retired_pages
+from sentinel.components.ecc.rule import evaluate_ecc, evaluate_retired_pages
+from sentinel.components.nvsmi import read_sections
+from sentinel.components.rowremap.parse import parse_row_remap
+from sentinel.components.rowremap.rule import evaluate_row_remap
+from sentinel.components.vocab import Finding
+from sentinel.components.xid.parse import parse_xid
 from sentinel.signals.kernel import kernel_events
 from sentinel.signals.nccl_log import chatter_event, global_rank, nccl_events, torch_events, torch_rank
 from sentinel.signals.ocr import repair
 from sentinel.signals.record import KIND_RANK, Classified, Kind, make_event, most_severe, severity_key
-from sentinel.signals.rowremap import evaluate_row_remap, parse_row_remap
 from sentinel.signals.rules import rule_events
-from sentinel.signals.xid import parse_xid
+from sentinel.text import bounded
 
 #: An NCCL INFO line (``host:pid:tid [dev] NCCL INFO``, NCCL <= 2.4 without ``NCCL``, behind at most three
 #: wrapper tokens such as a pdsh host or a shipper timestamp) whose payload is not an init, version or
@@ -217,7 +219,7 @@ def _block_events(text: str) -> list[Classified]:
     rows = parse_row_remap(text) if "Remapped" in text else None
     ecc = parse_ecc(text) if "ECC Errors" in text else None
     pages = parse_retired_pages(text) if "etired" in text else None
-    findings: tuple[tuple[Kind, MemoryFinding | None], ...] = (
+    findings: tuple[tuple[Kind, Finding | None], ...] = (
         ("row_remap", evaluate_row_remap(rows) if rows is not None else None),
         ("ecc", evaluate_ecc(ecc) if ecc is not None else None),
         ("ecc", evaluate_retired_pages(pages) if pages is not None else None),

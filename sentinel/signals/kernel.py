@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from sentinel.signals._text import bounded, clip, normalize_pci
+from sentinel.components.vocab import Severity
+from sentinel.components.xid.parse import parse_sxid
 from sentinel.signals.record import Classified, make_event
-from sentinel.signals.xid import parse_sxid
-from sentinel.signals.xid_catalog import Severity
+from sentinel.text import bounded, clip, normalize_pci
 
 _NVRM_RE: Final = re.compile(r"\bNVRM: ?(?P<msg>.*)")
 _NVRM_BAD_WORDS: Final = (

@@ -17,9 +17,9 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from sentinel.signals._text import bounded, clip, parse_int, pci_from_nccl_busid
+from sentinel.components.vocab import Severity
 from sentinel.signals.record import Classified, make_event
-from sentinel.signals.xid_catalog import Severity
+from sentinel.text import bounded, clip, parse_int, pci_from_nccl_busid
 
 # --- NCCL ---------------------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from typing import Final, Literal, get_args
 
 import msgspec
 
-from sentinel.signals.xid_catalog import Action, Severity
+from sentinel.components.vocab import Action, Severity
 
 Kind = Literal[
     "nccl_init",

@@ -2,7 +2,7 @@
 to lines whose exact format no parser knows.
 
 The format parsers (:mod:`~sentinel.signals.nccl_log`, :mod:`~sentinel.signals.kernel`,
-:mod:`~sentinel.signals.xid`) read the fields of the formats they know. Real logs also carry the same
+:mod:`~sentinel.components.xid.parse`) read the fields of the formats they know. Real logs also carry the same
 failures in other dresses: an Xid relayed by a device plugin or DCGM, an uncorrectable memory error
 reported by CUDA or PyTorch, a C++ ``terminate called ...``, a bare CUDA runtime error string, a torchrun
 failure-summary field line, an nccl-tests failure, a Slurm step killed, a look-alike library (UCX, HCCL,
@@ -16,7 +16,7 @@ RCCL, oneCCL) complaining. This module decides those by the rules rather than by
   critical, what is wrong or degraded is a warning, a line with no failure word is info. An unknown line
   with failure words is therefore never ``info``.
 
-Everything is pure, bounded (the text is cut to :data:`~sentinel.signals._text.MAX_TEXT`), and every
+Everything is pure, bounded (the text is cut to :data:`~sentinel.text.MAX_TEXT`), and every
 regex is linear: no nested quantifiers.
 """
 
@@ -25,10 +25,10 @@ from __future__ import annotations
 import re
 from typing import Final, Literal
 
-from sentinel.signals._text import clip, normalize_pci, parse_int
+from sentinel.components.vocab import Severity
+from sentinel.components.xid.parse import parse_xid
 from sentinel.signals.record import Classified, Kind, make_event
-from sentinel.signals.xid import parse_xid
-from sentinel.signals.xid_catalog import Severity
+from sentinel.text import clip, normalize_pci, parse_int
 
 Producer = Literal["nccl", "torch", "kernel", "lookalike", "other"]
 

@@ -196,7 +196,7 @@ class ClusterSim:
         elif kind == "row_remap_pending":
             gpu.remap = RowRemap(
                 correctable=gpu.remap.correctable,
-                uncorrectable=gpu.remap.uncorrectable + 1,
+                uncorrectable=(gpu.remap.uncorrectable or 0) + 1,
                 pending=True,
                 failure=gpu.remap.failure,
                 hist_max=639,
@@ -206,7 +206,7 @@ class ClusterSim:
         elif kind == "row_remap_failure":
             gpu.remap = RowRemap(
                 correctable=gpu.remap.correctable,
-                uncorrectable=gpu.remap.uncorrectable + 1,
+                uncorrectable=(gpu.remap.uncorrectable or 0) + 1,
                 pending=gpu.remap.pending,
                 failure=True,
                 hist_max=0,

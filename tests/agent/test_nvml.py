@@ -12,7 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sentinel.agent import Agent, GpuLostError
-from sentinel.agent.nvml import NvmlSource, normalize_pci_bus
+from sentinel.agent.nvml import NvmlSource
+from sentinel.components.device.nvml import normalize_pci_bus
 from tests.agent.conftest import make_config
 from tests.agent.fakenvml import FakeGpu, FakeNvml
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sentinel.agent import Agent
-from sentinel.agent.agent import MAX_BATCH_BYTES, MAX_EVENTS_PER_BATCH
+from sentinel.agent.batch import MAX_BATCH_BYTES, MAX_EVENTS_PER_BATCH
 from sentinel.agent.collectors import JobsCollector
 from sentinel.fr.heads import FrHeads, PgHead
 from sentinel.wire import Event, encode

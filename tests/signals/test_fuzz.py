@@ -13,17 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sentinel.signals import (
-    LogScanner,
-    classify_line,
-    classify_text,
-    parse_ecc,
-    parse_retired_pages,
-    parse_row_remap,
-    parse_sxid,
-    parse_xid,
-    scan_bytes,
-)
+from sentinel.components.ecc.parse import parse_ecc, parse_retired_pages
+from sentinel.components.rowremap.parse import parse_row_remap
+from sentinel.components.xid.parse import parse_sxid, parse_xid
+from sentinel.signals import LogScanner, classify_line, classify_text, scan_bytes
 
 FRAGMENTS = [
     "NVRM: Xid (PCI:",

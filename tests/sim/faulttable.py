@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sentinel.signals.xid_catalog import APPLICATION_CODES
+from sentinel.components.xid.catalog import APPLICATION_CODES
 from sentinel.sim.runner import run_scenario
 from sentinel.sim.scenario import FaultSpec, load_scenario
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sentinel.signals.xid_catalog import APPLICATION_CODES as APPLICATION_XIDS
+from sentinel.components.xid.catalog import APPLICATION_CODES as APPLICATION_XIDS
 from sentinel.sim.runner import run_scenario
 from sentinel.sim.scenario import FaultSpec, load_scenario
 from tests.support import REPO

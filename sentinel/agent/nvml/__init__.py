@@ -1,5 +1,5 @@
-"""Real GPUs through NVML (nvidia-ml-py)."""
+"""Real GPUs through NVML (nvidia-ml-py): the GPU source that runs every component's NVML read."""
 
-from sentinel.agent.nvml.source import THROTTLE_REASONS, NvmlSource, normalize_pci_bus
+from sentinel.agent.nvml.source import NvmlSource
 
-__all__ = ["THROTTLE_REASONS", "NvmlSource", "normalize_pci_bus"]
+__all__ = ["NvmlSource"]

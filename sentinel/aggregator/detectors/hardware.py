@@ -12,11 +12,15 @@ from typing import Any
 from sentinel.aggregator.detectors.base import Detector, Evaluation, Key, Observation
 from sentinel.aggregator.state import GpuView, counter_rate
 from sentinel.aggregator.verdicts import Finding
+from sentinel.components.device.rule import evaluate_state
+from sentinel.components.ecc.rule import EccThresholds, evaluate_ecc
+from sentinel.components.nvlink.rule import evaluate_error_rate
+from sentinel.components.pcie.rule import evaluate_replay_rate
+from sentinel.components.rowremap.rule import evaluate_row_remap
+from sentinel.components.vocab import Finding as RuleFinding
+from sentinel.components.vocab import verdict_kind
+from sentinel.components.xid.catalog import xid_info
 from sentinel.config.aggregator import AggregatorConfig, HardwareConfig
-from sentinel.signals.ecc import EccCounter, EccCounts, EccThresholds, evaluate_ecc
-from sentinel.signals.rowremap import BankAvailability, RemappedRows, RowRemapStatus, evaluate_row_remap
-from sentinel.signals.xid_catalog import xid_info
-from sentinel.wire import EccCounters, RowRemap
 
 DETECTOR = "hardware"
 #: The kernel's announcements of what the row-remap counters say precisely.
@@ -82,37 +86,6 @@ def gpu_key(host: str, gpu: int) -> tuple[str, ...]:
     return ("hw", host, str(gpu))
 
 
-def _remap_status(remap: RowRemap) -> RowRemapStatus:
-    return RowRemapStatus(
-        rows=RemappedRows(
-            correctable=remap.correctable,
-            uncorrectable=remap.uncorrectable,
-            pending=remap.pending,
-            failure=remap.failure,
-        ),
-        histogram=BankAvailability(
-            max=remap.hist_max,
-            high=remap.hist_high,
-            partial=remap.hist_partial,
-            low=remap.hist_low,
-            none=remap.hist_none,
-        ),
-    )
-
-
-def _ecc_counts(ecc: EccCounters) -> EccCounts:
-    return EccCounts(
-        volatile=EccCounter(corrected=ecc.volatile_corrected, uncorrected=ecc.volatile_uncorrected),
-        aggregate=EccCounter(corrected=ecc.aggregate_corrected, uncorrected=ecc.aggregate_uncorrected),
-        aggregate_sram=EccCounter(uncorrected=ecc.sram_uncorrected)
-        if ecc.sram_uncorrected is not None
-        else None,
-        aggregate_dram=EccCounter(uncorrected=ecc.dram_uncorrected)
-        if ecc.dram_uncorrected is not None
-        else None,
-    )
-
-
 def evaluate_gpu(
     gpu: GpuView, cfg: HardwareConfig, now: float, ecc_limits: EccThresholds | None = None
 ) -> list[Finding]:
@@ -158,49 +131,21 @@ def evaluate_gpu(
             decision.since if decision.since is not None else now,
             *evidence,
         )
-    if gpu.state == "lost":
-        add("faulty", "gpu_lost", "reboot", gpu.state_t, "NVML: GPU is lost (fallen off the bus)")
-    elif gpu.state == "unresponsive":
-        add(
-            "faulty",
-            "gpu_unresponsive",
-            "reset_gpu",
-            gpu.state_t,
-            "NVML calls on this GPU do not return within the agent's deadline",
-        )
-    # memory health through the signals rules (row remapping, ECC): faulty stays faulty, suspect → degraded
+
+    def rule(finding: RuleFinding | None, t: float) -> None:
+        if finding is not None and finding.state != "ok":
+            add(verdict_kind(finding.state), finding.reason, finding.action, t, *finding.evidence)
+
+    rule(evaluate_state(gpu.state), gpu.state_t)  # type: ignore[arg-type]
+    # memory health (row remapping, ECC): faulty stays faulty, suspect → degraded
     if gpu.remap is not None:
-        memory = evaluate_row_remap(
-            _remap_status(gpu.remap), _remap_status(gpu.remap_prev) if gpu.remap_prev else None
-        )
-        if memory.state != "ok":
-            kind = "faulty" if memory.state == "faulty" else "degraded"
-            add(kind, memory.reason, memory.action, gpu.remap_t, *memory.evidence)
+        rule(evaluate_row_remap(gpu.remap, gpu.remap_prev), gpu.remap_t)
     if gpu.ecc is not None:
-        memory = evaluate_ecc(
-            _ecc_counts(gpu.ecc), _ecc_counts(gpu.ecc_prev) if gpu.ecc_prev else None, ecc_limits
-        )
-        if memory.state != "ok":
-            kind = "faulty" if memory.state == "faulty" else "degraded"
-            add(kind, memory.reason, memory.action, gpu.ecc_t, *memory.evidence)
-    if gpu.nvlink_prev is not None and cfg.nvlink_errors_per_s > 0:
+        rule(evaluate_ecc(gpu.ecc, gpu.ecc_prev, ecc_limits), gpu.ecc_t)
+    if gpu.nvlink_prev is not None:
         rate = counter_rate(gpu.nvlink_hist, gpu.nvlink_prev, cfg.rate_window_s)
-        if rate >= cfg.nvlink_errors_per_s:
-            add(
-                "degraded",
-                "nvlink_errors",
-                "reset_gpu",
-                gpu.nvlink_prev[0],
-                f"NVLink CRC/replay errors at {rate:.1f}/s (threshold {cfg.nvlink_errors_per_s:g}/s)",
-            )
-    if gpu.pcie_prev is not None and cfg.pcie_replays_per_s > 0:
+        rule(evaluate_error_rate(rate, cfg.nvlink_errors_per_s), gpu.nvlink_prev[0])
+    if gpu.pcie_prev is not None:
         rate = counter_rate(gpu.pcie_hist, gpu.pcie_prev, cfg.rate_window_s)
-        if rate >= cfg.pcie_replays_per_s:
-            add(
-                "degraded",
-                "pcie_replays",
-                "drain",
-                gpu.pcie_prev[0],
-                f"PCIe replays at {rate:.1f}/s (threshold {cfg.pcie_replays_per_s:g}/s)",
-            )
+        rule(evaluate_replay_rate(rate, cfg.pcie_replays_per_s), gpu.pcie_prev[0])
     return found

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from sentinel.signals._text import parse_int
+from sentinel.text import parse_int
 
 MAX_LINES: Final = 400
 

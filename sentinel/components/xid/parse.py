@@ -15,8 +15,9 @@ from typing import Final
 
 import msgspec
 
-from sentinel.signals._text import bounded, clip, normalize_pci, parse_int
-from sentinel.signals.xid_catalog import NVLINK5_CODES, Action, Severity, xid_info
+from sentinel.components.vocab import Action, Severity
+from sentinel.components.xid.catalog import NVLINK5_CODES, xid_info
+from sentinel.text import bounded, clip, normalize_pci, parse_int
 
 #: Code NVIDIA uses for "GPU has fallen off the bus"; newer drivers print that text without a number.
 XID_FALLEN_OFF_BUS: Final = 79
@@ -168,3 +169,12 @@ def _with_severity(record: XidRecord) -> XidRecord:
         # Any Xid means the driver saw something go wrong on this GPU; never quieter than a warning.
         severity = "warning"
     return msgspec.structs.replace(record, severity=severity, action=action, fatal=fatal)
+
+
+def xid_severity(code: int, text: str = "") -> Severity:
+    """The severity of one occurrence: the catalog's, refined by the kernel line when ``text`` is one."""
+    parsed = parse_xid(text) if "Xid" in text else None
+    if parsed is not None and parsed.xid == code:
+        return parsed.severity
+    severity = xid_info(code).severity
+    return "warning" if severity == "info" else severity

@@ -22,9 +22,9 @@ from typing import Annotated, Final
 
 import msgspec
 
-from sentinel.signals.health import GpuState
-from sentinel.signals.xid import XidRecord
-from sentinel.signals.xid_catalog import ACTIONS, APPLICATION_CODES, Action
+from sentinel.components.vocab import ACTIONS, Action, GpuHealth
+from sentinel.components.xid.catalog import APPLICATION_CODES
+from sentinel.components.xid.parse import XidRecord
 
 _STATE_RANK: Final[dict[str, int]] = {"ok": 0, "suspect": 1, "faulty": 2}
 _MAX_EVIDENCE: Final = 16
@@ -103,7 +103,7 @@ class XidDecision(msgspec.Struct, frozen=True, kw_only=True):
     """The policy's view of one GPU after an observation."""
 
     pci_bus: str
-    state: GpuState
+    state: GpuHealth
     #: ``ok``, ``xid_79`` (fatal code), ``xid_13_repeated``, ``gpu_reset_observed``, ``reboot_observed``.
     reason: str
     action: Action
@@ -118,7 +118,7 @@ class XidGpuMemory(msgspec.Struct, frozen=True, kw_only=True):
     """One GPU's policy state as it survives an aggregator restart: the latch and the repeat history."""
 
     pci_bus: str
-    state: GpuState
+    state: GpuHealth
     reason: str
     action: Action
     since: float | None = None
@@ -128,7 +128,7 @@ class XidGpuMemory(msgspec.Struct, frozen=True, kw_only=True):
 
 @dataclass
 class _Gpu:
-    state: GpuState = "ok"
+    state: GpuHealth = "ok"
     reason: str = "ok"
     action: Action = "none"
     since: float | None = None
@@ -266,7 +266,7 @@ class XidPolicy:
         return len({pid if pid is not None else f"unknown-{index}" for pid, index in same})
 
     def _raise(
-        self, key: str, gpu: _Gpu, *, state: GpuState, reason: str, action: Action, note: str, now: float
+        self, key: str, gpu: _Gpu, *, state: GpuHealth, reason: str, action: Action, note: str, now: float
     ) -> XidDecision:
         if len(gpu.evidence) < _MAX_EVIDENCE:
             gpu.evidence.append(note)

@@ -8,7 +8,7 @@ data file to lose and so that reviews see every change.
 Severity is what an operator should feel when the line shows up (``warning``: look at it; ``critical``: the
 GPU or the job is in trouble now). ``action`` is the first remedy, the cheapest one that fixes the usual
 cause. Application-caused codes never make a GPU faulty on their own; only repetition across different
-processes (see :mod:`sentinel.signals.xid_policy`) points at the hardware.
+processes (see :mod:`sentinel.components.xid.rule`) points at the hardware.
 """
 
 from __future__ import annotations
@@ -17,12 +17,9 @@ from typing import Final, Literal
 
 import msgspec
 
-Cause = Literal["hardware", "driver", "application"]
-Severity = Literal["info", "warning", "critical"]
-Action = Literal["none", "restart_app", "reset_gpu", "reboot", "rma"]
+from sentinel.components.vocab import Action, Severity
 
-ACTIONS: Final[tuple[Action, ...]] = ("none", "restart_app", "reset_gpu", "reboot", "rma")
-SEVERITIES: Final[tuple[Severity, ...]] = ("info", "warning", "critical")
+Cause = Literal["hardware", "driver", "application"]
 
 #: Codes whose typical cause is the application (bad pointer, killed process). By themselves they never
 #: make a GPU faulty.

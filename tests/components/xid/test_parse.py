@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sentinel.signals import classify_line, classify_text, parse_sxid, parse_xid
-from sentinel.signals.xid_catalog import APPLICATION_CODES, XID_TABLE, xid_info
+from sentinel.components.xid.catalog import APPLICATION_CODES, XID_TABLE, xid_info
+from sentinel.components.xid.parse import parse_sxid, parse_xid
+from sentinel.signals import classify_line, classify_text
 
 BODY = "NVRM: Xid (PCI:0000:3b:00): 48, pid=4242, name=python3, An uncorrectable double bit error (DBE)"
 

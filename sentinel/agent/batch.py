@@ -1,0 +1,125 @@
+"""The batch builder: one tick's findings → one :class:`wire.Batch`, with no I/O and no clock.
+
+Collectors write what they found into a :class:`TickFindings` (through the agent, their sink); at the end of
+the tick the daemon calls :func:`build_batch`, which fills every FR heads record with this host and the GPU
+of its rank (from the process mapping), and :func:`fit_frame`, which halves heads then events until the
+batch fits one WebSocket frame. Both are pure functions of their arguments, so ``sentinel sim`` (virtual
+clock), ``sentinel demo`` and the daemon produce the same batches from the same readings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+
+import msgspec
+
+from sentinel.components.ib.record import IbPort
+from sentinel.components.nccl_ras.record import RasStatus
+from sentinel.fr.heads import FrHeads
+from sentinel.wire import MAX_FRAME_BYTES, Batch, Drops, Event, GpuSample, ProcInfo, encode
+
+#: events kept per batch at most; a log flood beyond it is counted as dropped events
+MAX_EVENTS_PER_BATCH = 2000
+MAX_HEADS_PER_BATCH = 4096
+#: a batch must fit one WebSocket frame with room to spare
+MAX_BATCH_BYTES = MAX_FRAME_BYTES * 3 // 4
+
+
+@dataclass
+class TickFindings:
+    """What the collectors found in one tick (bounded: beyond the caps things are counted, not kept)."""
+
+    samples: list[GpuSample] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    heads: list[FrHeads] = field(default_factory=list)
+    #: set when the process mapping changed this tick (``None``: unchanged, not sent)
+    procs: list[ProcInfo] | None = None
+    #: IB/RoCE ports when the port collector read them this tick
+    ports: list[IbPort] | None = None
+    ras: list[RasStatus] = field(default_factory=list)
+    events_over_cap: int = 0
+
+    def add_event(self, event: Event) -> bool:
+        if len(self.events) >= MAX_EVENTS_PER_BATCH:
+            self.events_over_cap += 1
+            return False
+        self.events.append(event)
+        return True
+
+    def add_heads(self, heads: list[FrHeads]) -> None:
+        room = MAX_HEADS_PER_BATCH - len(self.heads)
+        self.heads.extend(heads[: max(room, 0)])
+
+
+def fill_heads(
+    heads: list[FrHeads],
+    *,
+    host: str,
+    procs: list[ProcInfo],
+    gpus: Collection[int],
+    note_rank: Callable[[str, int], None] | None = None,
+) -> list[FrHeads]:
+    """Set host, and gpu from the process mapping: by pid, else by (job, rank), else LOCAL_RANK.
+
+    The LOCAL_RANK fallback covers ranks NVML does not list (no NVML, a pid namespace the agent cannot
+    see, CPU-only jobs): launchers give local rank i the host's GPU i, so the slot is the local rank when
+    this host has such a GPU. A mapping from NVML pids always wins.
+    """
+    by_pid = {p.pid: p for p in procs}
+    by_rank = {(p.job_id, p.rank): p for p in procs if p.rank is not None}
+    out: list[FrHeads] = []
+    for h in heads:
+        proc = by_pid.get(h.pid) if h.pid is not None else None
+        if proc is None:
+            proc = by_rank.get((h.job_id, h.rank))
+        gpu = proc.gpu if proc is not None else h.gpu
+        if gpu is None and h.local_rank is not None and h.local_rank in gpus:
+            gpu = h.local_rank
+        job = h.job_id or (proc.job_id if proc is not None else None)
+        if job and note_rank is not None:
+            note_rank(job, h.rank)
+        out.append(msgspec.structs.replace(h, host=host, gpu=gpu, job_id=job))
+    return out
+
+
+def build_batch(
+    tick: TickFindings, heads: list[FrHeads], *, seq: int, now: float, drops: Drops | None
+) -> Batch:
+    """The tick's batch: its samples, events, (filled) heads, the process mapping if it changed, drops."""
+    return Batch(
+        seq=seq,
+        t=now,
+        samples=tick.samples,
+        events=tick.events,
+        procs=tick.procs,
+        heads=heads,
+        drops=drops,
+        ports=tick.ports,
+        ras=tick.ras,
+    )
+
+
+@dataclass(frozen=True)
+class Fitted:
+    batch: Batch
+    data: bytes
+    heads_cut: int = 0
+    events_cut: int = 0
+
+
+def fit_frame(batch: Batch, max_bytes: int = MAX_BATCH_BYTES) -> Fitted:
+    """Encode; halve heads, then events, until the batch fits a frame (what goes is counted by the caller)."""
+    data = encode(batch)
+    heads, events = list(batch.heads), list(batch.events)
+    heads_cut = events_cut = 0
+    while len(data) > max_bytes and (heads or events):
+        if heads:
+            heads_cut += len(heads) - len(heads) // 2
+            heads = heads[: len(heads) // 2]
+        else:
+            events_cut += len(events) - len(events) // 2
+            events = events[: len(events) // 2]
+        batch = msgspec.structs.replace(batch, heads=heads, events=events)
+        data = encode(batch)
+    return Fitted(batch=batch, data=data, heads_cut=heads_cut, events_cut=events_cut)

@@ -1,0 +1,182 @@
+"""The agent's collector registry: every collector the agent can run, each built from the configuration.
+
+node_exporter's model: a collector has a name, is built (or left out) from the config by its entry here,
+and reports its own ``sentinel_agent_collector_{duration_seconds,success}``. The agent runs whatever the
+registry builds; nothing else decides which collectors exist. A simulated host (``extras``) provides its
+kernel log, job logs, processes and FR heads in place of the host collectors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+from sentinel.agent.collectors import (
+    Collector,
+    ExtrasCollector,
+    FrDumpCollector,
+    GpuCollector,
+    JobsCollector,
+    KmsgCollector,
+    LogCollector,
+    ProbeCollector,
+    XidCollector,
+    XidListener,
+)
+from sentinel.agent.frdump import FrDumpWatcher
+from sentinel.agent.jobs import JobMapper
+from sentinel.agent.kmsg import KmsgReader
+from sentinel.agent.probe import ProbeServer
+from sentinel.agent.tailer import LogTailer
+from sentinel.components.ib.collector import IbCollector, IbPortReader, PortSource
+from sentinel.components.ib.metrics import IbPortMetrics
+from sentinel.components.ib.sysfs import SysfsPorts
+from sentinel.components.ib.tracker import PortTracker
+from sentinel.components.nccl_ras.collector import RasCollector
+from sentinel.components.nccl_ras.metrics import RasMetrics
+
+if TYPE_CHECKING:
+    from sentinel.agent.agent import Agent
+
+
+@dataclass(frozen=True)
+class CollectorEntry:
+    name: str
+    #: the collector for this agent, or ``None`` when its configuration leaves it out
+    build: Callable[[Agent], Collector | None]
+
+
+def _nvml(agent: Agent) -> Collector:
+    c = agent.config.collect
+    collector = GpuCollector(
+        agent, agent.source, tick_s=c.tick_s, slow_tick_s=c.slow_tick_s, timeout_s=c.nvml_timeout_s
+    )
+    agent.gpu_collector = collector
+    return collector
+
+
+def _xid(agent: Agent) -> Collector | None:
+    if not agent.config.collect.nvml_events:
+        return None
+    listener = XidListener(agent.source, f"{agent.host}-xid")
+    agent.gpu_collector.on_open = listener.start
+    return XidCollector(agent, listener, agent.xids, agent.config.collect.tick_s)
+
+
+def _ib(agent: Agent) -> Collector | None:
+    """IB/RoCE ports: from sysfs, or from a simulated host that offers a port source (``ib_ports``)."""
+    c = agent.config.ib
+    if not c.enabled:
+        return None
+    sim_source: PortSource | None = getattr(agent.extras, "ib_ports", None)
+    source: PortSource = sim_source if sim_source is not None else SysfsPorts(c.sysfs_root)
+    state_dir = Path(agent.config.agent.state_dir)
+    tracker = PortTracker(
+        flap_window_s=c.flap_window_s,
+        error_window_s=c.error_window_s,
+        state_path=state_dir / "ib_ports.json" if state_dir.is_dir() and agent.extras is None else None,
+    )
+    agent.ib_metrics = IbPortMetrics(agent.cluster, agent.host)
+    agent.registry.register(agent.ib_metrics)
+    return IbCollector(agent, IbPortReader(source, tracker, agent.ib_metrics), c.interval_s)
+
+
+def _extras(agent: Agent) -> Collector | None:
+    if agent.extras is None:
+        return None
+    return ExtrasCollector(agent, agent.extras, agent.lines, agent.config.collect.tick_s)
+
+
+def _kmsg(agent: Agent) -> Collector | None:
+    c = agent.config
+    if agent.extras is not None or not c.kmsg.enabled:
+        return None
+    reader = KmsgReader(c.kmsg.path, c.kmsg.max_records_per_tick, cursor_path=agent.kmsg_cursor_path)
+    return KmsgCollector(reader, agent.lines, c.collect.tick_s)
+
+
+def _logs(agent: Agent) -> Collector | None:
+    c = agent.config
+    if agent.extras is not None or not c.logs.globs:
+        return None
+    tailer = LogTailer(
+        c.logs.globs,
+        rescan_s=c.logs.rescan_s,
+        max_line_bytes=c.logs.max_line_bytes,
+        max_bytes_per_poll=c.logs.max_bytes_per_tick,
+        max_files=c.logs.max_files,
+    )
+    return LogCollector(tailer, agent.lines, agent.counters, c.collect.tick_s)
+
+
+def _jobs(agent: Agent) -> Collector | None:
+    if agent.extras is not None:
+        return None
+    c = agent.config
+    return JobsCollector(agent, JobMapper(tailed_globs=c.logs.globs), c.collect.procs_interval_s)
+
+
+def _nccl_ras(agent: Agent) -> Collector | None:
+    c = agent.config
+    if agent.extras is not None or not c.nccl_ras.enabled:
+        return None
+    agent.ras_metrics = RasMetrics(agent.cluster, agent.host)
+    agent.registry.register(agent.ras_metrics)
+    r = c.nccl_ras
+    return RasCollector(
+        agent,
+        agent.ras_metrics,
+        host=r.host,
+        port=r.port,
+        interval_s=r.interval_s,
+        timeout_s=r.timeout_s,
+        refused_backoff_s=r.refused_backoff_s,
+        tick_s=c.collect.tick_s,
+    )
+
+
+def _probe(agent: Agent) -> Collector | None:
+    c = agent.config
+    if agent.extras is not None or not c.probe.socket_path:
+        return None
+    agent.probe = ProbeServer(
+        c.probe.socket_path,
+        max_bytes=c.probe.max_datagram_bytes,
+        max_pending=c.probe.max_pending,
+        mode=c.probe.socket_mode,
+    )
+    return ProbeCollector(agent, agent.probe, c.collect.tick_s)
+
+
+def _fr_dumps(agent: Agent) -> Collector | None:
+    c = agent.config
+    if agent.extras is not None or not c.probe.fr_dump_dir:
+        return None
+    watcher = FrDumpWatcher(c.probe.fr_dump_dir, c.probe.fr_dump_prefix)
+    return FrDumpCollector(agent, watcher, max(c.collect.tick_s, 2.0))
+
+
+COLLECTORS: Final[tuple[CollectorEntry, ...]] = (
+    CollectorEntry("nvml", _nvml),
+    CollectorEntry("xid", _xid),
+    CollectorEntry("ib", _ib),
+    CollectorEntry("extras", _extras),
+    CollectorEntry("kmsg", _kmsg),
+    CollectorEntry("logs", _logs),
+    CollectorEntry("jobs", _jobs),
+    CollectorEntry("nccl_ras", _nccl_ras),
+    CollectorEntry("probe", _probe),
+    CollectorEntry("fr_dumps", _fr_dumps),
+)
+
+
+def build_collectors(agent: Agent) -> list[Collector]:
+    """Every collector the configuration enables, in registry order (``nvml`` first: it opens the GPUs)."""
+    built: list[Collector] = []
+    for entry in COLLECTORS:
+        collector = entry.build(agent)
+        if collector is not None:
+            built.append(collector)
+    return built

@@ -1,0 +1,29 @@
+"""The clocks component's families: temperature, power, clocks, performance state, clock-event reasons."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from sentinel.components.clocks.record import THROTTLE_NAMES
+from sentinel.components.exposition import Gauge, MetricsView, Writer, gauges
+
+GAUGES: Final[tuple[Gauge, ...]] = (
+    ("temp_c", "sentinel_gpu_temperature_celsius", "GPU core temperature", 1.0, 1.0),
+    ("power_w", "sentinel_gpu_power_watts", "power draw", 1.0, 1.0),
+    ("power_limit_w", "sentinel_gpu_power_limit_watts", "enforced power limit", 1.0, 1.0),
+    ("sm_clock_mhz", "sentinel_gpu_sm_clock_hertz", "current SM clock", 1e6, 1.0),
+    ("sm_clock_max_mhz", "sentinel_gpu_sm_clock_max_hertz", "maximum SM clock", 1e6, 1.0),
+    ("mem_clock_mhz", "sentinel_gpu_memory_clock_hertz", "current memory clock", 1e6, 1.0),
+    ("pstate", "sentinel_gpu_performance_state", "performance state P0..P15 (0 fastest)", 1.0, 1.0),
+)
+
+
+def render(out: Writer, view: MetricsView) -> None:
+    fast = view.fast()
+    gauges(out, fast, GAUGES)
+    name = "sentinel_gpu_throttle_reason"
+    out.family(name, "gauge", "1 while the clock-event (throttle) reason is active")
+    for sample, labels in fast:
+        active = set(sample.throttle)
+        for reason in THROTTLE_NAMES:
+            out.line(name, labels, 1.0 if reason in active else 0.0, f'reason="{reason}"')

@@ -1,0 +1,27 @@
+"""A GPU's identity and its NVML state: the records of the device component."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from sentinel.components.bounds import Short
+
+#: ``lost``: NVML_ERROR_GPU_IS_LOST (fallen off the bus); ``unresponsive``: a call did not return within the
+#: agent's deadline; ``unavailable``: NVML could not open it (its handle or identity failed).
+GpuState = Literal["ok", "lost", "unresponsive", "unavailable"]
+
+
+class GpuInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Identity of one GPU, sent in the hello."""
+
+    index: int
+    uuid: Short
+    pci_bus: Short  # dddd:bb:dd lower-case
+    name: Short = ""
+    serial: Short = ""
+    driver: Short = ""
+    vbios: Short = ""
+    memory_total_bytes: int = 0
+    nvlinks: int = 0

@@ -1,0 +1,3 @@
+"""PCIe: ``nvml.py`` reads the replay counter and throughput (``GpuSample.pcie_*``); ``metrics.py`` exports
+them; ``rule.py`` decides (replays climbing → degraded, drain).
+"""

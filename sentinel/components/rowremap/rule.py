@@ -1,0 +1,78 @@
+"""Row remapping (Ampere and later): the rules on NVML's remapped-row counters.
+
+NVML reports, per GPU, how many DRAM rows were remapped because of correctable errors and because of
+uncorrectable errors, whether a remap is *pending* (recorded, takes effect at the next GPU reset) and
+whether a remap *failed* (no spare row left in that bank). The bank-availability histogram says how many
+memory banks still have many (max/high), some (partial), few (low) or no (none) spare rows.
+
+Rules (NVIDIA's memory error management guidance):
+
+* remapping failure -> the memory cannot repair itself any more: faulty, RMA;
+* pending with uncorrectable remaps -> an uncorrectable error already hit: faulty until reset, reset_gpu;
+* pending (correctable only) -> schedule a reset: suspect, reset_gpu;
+* uncorrectable remaps rising since the previous sample, or banks with low/no spare rows -> early warning.
+
+Pure: records in, a :class:`~sentinel.components.vocab.Finding` out; the aggregator's hardware detector
+turns it into a verdict (suspect → degraded).
+"""
+
+from __future__ import annotations
+
+from sentinel.components.rowremap.record import RowRemap
+from sentinel.components.vocab import Finding
+
+
+def evaluate_row_remap(current: RowRemap, previous: RowRemap | None = None) -> Finding:
+    """Apply the row-remapping rules to one sample (and the previous one, to see a rise)."""
+    corr = current.correctable or 0
+    unc = current.uncorrectable or 0
+    evidence = [
+        f"remapped rows: correctable={current.correctable}, uncorrectable={current.uncorrectable}",
+        f"pending={current.pending}, failure={current.failure}",
+    ]
+    if current.failure:
+        return Finding(
+            state="faulty",
+            severity="critical",
+            action="rma",
+            reason="row_remap_failure",
+            evidence=(*evidence, "a row could not be remapped: no spare rows left"),
+        )
+    if current.pending and unc > 0:
+        return Finding(
+            state="faulty",
+            severity="critical",
+            action="reset_gpu",
+            reason="row_remap_pending_uncorrectable",
+            evidence=(*evidence, "uncorrectable-error remap waits for a GPU reset"),
+        )
+    if current.pending:
+        return Finding(
+            state="suspect",
+            severity="warning",
+            action="reset_gpu",
+            reason="row_remap_pending",
+            evidence=(*evidence, f"{corr} correctable-error remap(s) wait for a GPU reset"),
+        )
+    if previous is not None and unc > (previous.uncorrectable or 0):
+        return Finding(
+            state="suspect",
+            severity="warning",
+            action="none",
+            reason="row_remap_uncorrectable_rising",
+            evidence=(*evidence, f"uncorrectable remaps rose from {previous.uncorrectable} to {unc}"),
+        )
+    if (current.hist_none or 0) > 0 or (current.hist_low or 0) > 0:
+        return Finding(
+            state="suspect",
+            severity="warning",
+            action="none",
+            reason="row_remap_spares_low",
+            evidence=(
+                *evidence,
+                f"banks with few spare rows: low={current.hist_low}, none={current.hist_none}",
+            ),
+        )
+    return Finding(
+        state="ok", severity="info", action="none", reason="row_remap_ok", evidence=tuple(evidence)
+    )

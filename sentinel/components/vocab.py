@@ -1,0 +1,65 @@
+"""The one vocabulary of GPU health that verdicts, metrics, alerts and rules share.
+
+Every component's rule speaks these types, the aggregator's verdicts carry them, the agent's metrics put
+them in labels and the alert rules match those labels — so "critical" or "reset_gpu" means the same thing
+in a Python rule, a Prometheus series and a page. Adding a value here is the only way to add one anywhere.
+
+Orders matter: :data:`ACTIONS` runs from the cheapest remedy to the most drastic, and a verdict that
+gathers several findings keeps the most drastic one; :data:`VERDICT_KINDS` likewise from least to most
+urgent.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal, get_args
+
+import msgspec
+
+#: How an operator should feel when it shows up: ``warning`` look at it, ``critical`` trouble now.
+Severity = Literal["info", "warning", "critical"]
+SEVERITIES: Final[tuple[Severity, ...]] = get_args(Severity)
+
+#: The first remedy, cheapest that fixes the usual cause (ordered: later = more drastic).
+Action = Literal["none", "restart_app", "drain", "reset_gpu", "reboot", "rma"]
+ACTIONS: Final[tuple[Action, ...]] = get_args(Action)
+
+#: What the aggregator concludes about a GPU, a rank or a host (ordered: later = more urgent).
+VerdictKind = Literal["host_silent", "straggler", "degraded", "stuck", "faulty"]
+VERDICT_KINDS: Final[tuple[VerdictKind, ...]] = get_args(VerdictKind)
+
+#: A rule's view of one GPU: ``suspect`` becomes a degraded verdict, ``faulty`` a faulty one.
+GpuHealth = Literal["ok", "suspect", "faulty"]
+
+_SEVERITY_RANK: Final = {s: i for i, s in enumerate(SEVERITIES)}
+_ACTION_RANK: Final = {a: i for i, a in enumerate(ACTIONS)}
+
+
+def worse_action(a: Action, b: Action) -> Action:
+    """The more drastic of two actions."""
+    return a if _ACTION_RANK[a] >= _ACTION_RANK[b] else b
+
+
+def action_rank(action: str) -> int:
+    """Position of ``action`` in :data:`ACTIONS` (0 for an unknown string)."""
+    return _ACTION_RANK.get(action, 0)  # type: ignore[call-overload,no-any-return]
+
+
+def severity_rank(severity: str) -> int:
+    return _SEVERITY_RANK.get(severity, 0)  # type: ignore[call-overload,no-any-return]
+
+
+def verdict_kind(health: GpuHealth) -> VerdictKind:
+    """The verdict a rule's GPU health maps to (``ok`` has none; callers filter it out first)."""
+    return "faulty" if health == "faulty" else "degraded"
+
+
+class Finding(msgspec.Struct, frozen=True, kw_only=True):
+    """What one component rule concludes from its records (row remap, ECC, NVLink, fabric, ...)."""
+
+    state: GpuHealth
+    severity: Severity
+    action: Action
+    #: Short machine-readable code, e.g. ``row_remap_pending``, ``ecc_uncorrected_volatile``.
+    reason: str
+    #: Human-readable facts that led to the decision.
+    evidence: tuple[str, ...] = ()
