@@ -219,13 +219,15 @@ def test_silent_hosts_are_forgotten_after_the_retention_and_their_verdicts_close
 
 
 async def test_max_hosts_makes_room_for_a_new_real_host(tmp_path: Path) -> None:
-    config = AggregatorConfig(limits=LimitsConfig(max_hosts=3), fleet=FleetConfig(host_silent_after_s=0.01))
-    async with running_aggregator(tmp_path, config) as running:
+    config = AggregatorConfig(limits=LimitsConfig(max_hosts=3))
+    offset = [0.0]
+    async with running_aggregator(tmp_path, config, clock=lambda: time.time() + offset[0]) as running:
         for name in ("fake-1", "fake-2", "fake-3"):
             async with agent(running, name) as conn:
                 await conn.send(batch(0, time.time()))
                 await conn.ack()
         await wait_until(lambda: not running.aggregator.by_host)
+        offset[0] = 60.0  # a minute later: past host_silent_after_s
         async with agent(running, "real-new") as conn:  # was refused for ever once max_hosts was reached
             await conn.send(batch(0, time.time()))
             assert await conn.ack() == 0
