@@ -185,12 +185,26 @@ class Ack(msgspec.Struct, tag="ack", kw_only=True):
     seq: int
 
 
-class Command(msgspec.Struct, tag="command", kw_only=True, omit_defaults=True):
-    """A request from the aggregator: ``snapshot`` (ring buffer since ``since``), ``fr_dump`` (job-wide)."""
+class HostVerdict(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """An open verdict on the agent's own host, as the aggregator pushes it back (for ``sentinel health``)."""
 
     id: Short
-    name: Literal["snapshot", "fr_dump"]
+    kind: Short
+    reason: Short
+    action: Short
+    gpu: int | None = None
+    job: Short | None = None
+    rank: int | None = None
+
+
+class Command(msgspec.Struct, tag="command", kw_only=True, omit_defaults=True):
+    """A request from the aggregator: ``snapshot`` (ring buffer since ``since``), ``fr_dump`` (job-wide),
+    ``verdicts`` (every open verdict on the agent's host, in ``verdicts``: the whole set, replacing the last)."""
+
+    id: Short
+    name: Literal["snapshot", "fr_dump", "verdicts"]
     args: Fields = {}
+    verdicts: Annotated[list[HostVerdict], msgspec.Meta(max_length=MAX_LIST)] = []
 
 
 AgentFrame = Hello | Batch | CommandResult

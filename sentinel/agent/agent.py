@@ -28,6 +28,8 @@ from sentinel.agent.batch import MAX_BATCH_BYTES, TickFindings, build_batch, fil
 from sentinel.agent.collectors import Collectors, GpuCollector, LineProcessor
 from sentinel.agent.commands import dispatch
 from sentinel.agent.frdump import MAX_COLLECT_BYTES, collect_dumps, trigger_fr_dump
+from sentinel.agent.health import LocalHealth, cannot_tell
+from sentinel.agent.health import report as health_report
 from sentinel.agent.kmsg import XidDedup
 from sentinel.agent.metrics import AgentCounters, AgentMetricsCollector, GpuView, make_registry
 from sentinel.agent.probe import ProbeServer
@@ -110,6 +112,7 @@ class Agent:
         self._tasks: list[asyncio.Task[Any]] = []
         self.http_port: int | None = None
         self._http: Any = None
+        self.health = LocalHealth(self.host)
 
         state_dir = Path(config.agent.state_dir)
         self.spool: Spool | None = None
@@ -153,6 +156,7 @@ class Agent:
         for info in inventory:
             self.gpus[info.index] = GpuView(info)
         self.pci_to_gpu = {g.pci_bus: g.index for g in inventory if g.pci_bus}
+        self.health.hello(self._hello(-1), self.clock())
         if self.shipper is not None:
             self.shipper.request_reconnect()
 
@@ -223,6 +227,12 @@ class Agent:
             tick.heads, host=self.host, procs=self._procs, gpus=self.gpus.keys(), note_rank=self._note_rank
         )
         batch = build_batch(tick, heads, seq=self.seq.allocate(), now=now, drops=self._drops())
+        try:
+            self.health.apply(batch, now)
+            self.counters.collector_success["health"] = True
+        except Exception as exc:  # a rule bug must not stop the tick; health says "cannot tell" meanwhile
+            self.counters.collector_success["health"] = False
+            log.error("health_apply_failed", error=f"{type(exc).__name__}: {exc}")
         ring = self.ring
         for sample in batch.samples:
             ring.append(sample.t, "sample", sample)
@@ -327,6 +337,31 @@ class Agent:
             waited_s=found["waited_s"],
         )
         return payload | found
+
+    def health_report(self) -> dict[str, Any]:
+        """This node's fitness (``GET /api/v1/health``, ``sentinel health``): see :mod:`sentinel.agent.health`."""
+        now = self.clock()
+        open_errors = [
+            f"{fn}: {err}" for (fn, err), n in self.counters.nvml_errors.items() if fn == "open" and n
+        ]
+        why_not = cannot_tell(
+            self.gpu_collector.opened,
+            "; ".join(open_errors),
+            self.counters.last_tick,
+            self.config.collect.tick_s,
+            now,
+        )
+        if self.counters.collector_success.get("health") is False and not why_not:
+            why_not = "the health rules failed on the last batch (see the agent's log)"
+        gpus: list[tuple[int, str, str]] = [(i, v.info.uuid, v.state) for i, v in sorted(self.gpus.items())]
+        return health_report(
+            self.health,
+            host=self.host,
+            gpus=gpus,
+            why_not=why_not,
+            now=now,
+            aggregator_connected=self.counters.connected,
+        )
 
     async def handle_command(self, command: Command) -> CommandResult:
         """Answer a command from the aggregator through the command table (:mod:`sentinel.agent.commands`)."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import msgspec
 
 from sentinel.agent.frdump import MAX_COLLECT_BYTES
-from sentinel.wire import Command, CommandResult
+from sentinel.wire import Command, CommandResult, HostVerdict
 
 if TYPE_CHECKING:
     from sentinel.agent.agent import Agent
@@ -52,6 +52,17 @@ async def _fr_dump(agent: Agent, args: FrDumpArgs) -> Any:
     )
 
 
+class VerdictsArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """``verdicts``: every open verdict on this host (the whole set; it replaces the last one)."""
+
+    verdicts: list[HostVerdict] = []
+
+
+async def _verdicts(agent: Agent, args: VerdictsArgs) -> Any:
+    agent.health.push(args.verdicts, agent.clock())
+    return None
+
+
 @dataclass(frozen=True)
 class CommandSpec:
     args: type[msgspec.Struct]
@@ -61,6 +72,7 @@ class CommandSpec:
 COMMANDS: dict[str, CommandSpec] = {
     "snapshot": CommandSpec(SnapshotArgs, _snapshot),
     "fr_dump": CommandSpec(FrDumpArgs, _fr_dump),
+    "verdicts": CommandSpec(VerdictsArgs, _verdicts),
 }
 
 
@@ -70,7 +82,10 @@ async def dispatch(agent: Agent, command: Command) -> CommandResult:
     if spec is None:
         return CommandResult(id=command.id, ok=False, error=f"unknown command {command.name!r}")
     try:
-        args = msgspec.convert(command.args, spec.args)
+        given: dict[str, Any] = dict(command.args)
+        if command.verdicts:  # the one structured argument, carried in its own field of the frame
+            given["verdicts"] = msgspec.to_builtins(command.verdicts)
+        args = msgspec.convert(given, spec.args)
     except msgspec.ValidationError as exc:
         return CommandResult(id=command.id, ok=False, error=f"{command.name}: {exc}")
     payload = await spec.handler(agent, args)

@@ -2,7 +2,8 @@
 
 ``GET /api/v1/snapshot[?since=UNIX_TIME]`` returns the ring-buffer snapshot document (what
 ``sentinel agent snapshot`` prints); ``POST /api/v1/fr_dump[?job=ID]`` asks the local ranks to dump their
-flight recorder. It binds to 127.0.0.1 by default: the control API is for the host's operator, the
+flight recorder; ``GET /api/v1/health`` is this node's fitness (what ``sentinel health`` asks, see
+:mod:`sentinel.agent.health`). It binds to 127.0.0.1 by default: the control API is for the host's operator, the
 aggregator reaches the same functions over its WebSocket.
 """
 
@@ -43,10 +44,14 @@ def build_app(agent: Agent) -> web.Application:
         job = request.query.get("job") or None
         return web.json_response(await asyncio.to_thread(agent.trigger_fr_dump, job))
 
+    async def health(_: web.Request) -> web.Response:
+        return web.json_response(agent.health_report())
+
     app = web.Application(client_max_size=1024)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/api/v1/snapshot", snapshot)
+    app.router.add_get("/api/v1/health", health)
     app.router.add_post("/api/v1/fr_dump", fr_dump)
     return app
 

@@ -1,16 +1,24 @@
-"""GPU → process → job/rank, from each GPU process's environment and command line (psutil).
+"""GPU → process → job/rank, from each GPU process's environment, its Slurm cgroup, ``scontrol listpids``.
 
 Launchers leave the job identity in the environment of every rank: Slurm (SLURM_JOB_ID, SLURM_PROCID),
 torchrun (TORCHELASTIC_RUN_ID, RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), or an explicit
-SENTINEL_JOB_ID. Reading another user's /proc/<pid>/environ needs privileges: a refusal is counted, and the
-process is still reported (pid and name) without job fields. Results are cached per (pid, create time), so a
-long-running rank costs one read, not one per poll.
+SENTINEL_JOB_ID; that stays the first choice. Reading another user's /proc/<pid>/environ needs privileges
+(and a hardened agent has none), so when the environment is refused or names no job, a Slurm task is known by
+its cgroup instead — ``/proc/<pid>/cgroup`` is readable by anyone and slurmstepd puts every task in
+``.../job_<id>/step_<step>/task_<local id>`` (cgroup v1 and v2 layouts, :func:`slurm_from_cgroup`) — and its
+global rank from ``scontrol listpids`` (:func:`parse_listpids`) where the command is there. A process still
+unknown is reported (pid and name) without job fields, and the refusal is counted. Results are cached per
+(pid, create time), so a long-running rank costs one read, not one per poll.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import re
+import shutil
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import psutil
 
@@ -22,6 +30,78 @@ from sentinel.wire import ProcInfo
 log = get_logger(module="agent.jobs")
 
 MAX_CACHE = 4096
+MAX_CGROUP_BYTES = 64 * 1024
+MAX_LISTPIDS_BYTES = 4 * 1024 * 1024
+LISTPIDS_TIMEOUT_S = 5.0
+#: a Slurm task's place in the cgroup tree: v1 ``/slurm[_node]/uid_U/job_J/step_S/task_T``,
+#: v2 ``/system.slice/[node_]slurmstepd.scope/job_J/step_S/user/task_T`` (the step's own processes,
+#: slurmstepd itself, live in ``step_S/slurm``)
+_CGROUP_JOB = re.compile(
+    r"/job_(\d{1,18})(?:/step_([A-Za-z0-9_]{1,32}))?(?:/user)?(?:/task_(\d{1,9}))?(?=/|$)"
+)
+
+
+@dataclass(frozen=True)
+class SlurmTask:
+    """Where a process sits in Slurm: job, step (``0``, ``batch``, ``extern``...), local task id, rank."""
+
+    job_id: str
+    step: str | None = None
+    local_id: int | None = None
+    global_id: int | None = None
+
+
+def slurm_from_cgroup(text: str) -> SlurmTask | None:
+    """The Slurm job/step/task of a process from its ``/proc/<pid>/cgroup`` text, or None outside Slurm.
+
+    Every hierarchy line is looked at (v1 has one per controller, v2 one ``0::`` line); the most specific
+    match wins (one naming the task over one naming only the job).
+    """
+    best: SlurmTask | None = None
+    for line in text[:MAX_CGROUP_BYTES].splitlines():
+        _, _, path = line.partition(":")
+        _, _, path = path.partition(":")
+        for m in _CGROUP_JOB.finditer(path):
+            task = SlurmTask(job_id=m.group(1), step=m.group(2), local_id=_int(m.group(3)))
+            score = (task.local_id is not None, task.step is not None)
+            if best is None or score > (best.local_id is not None, best.step is not None):
+                best = task
+    return best
+
+
+def parse_listpids(text: str) -> dict[int, SlurmTask]:
+    """``scontrol listpids`` output (``PID JOBID STEPID LOCALID GLOBALID``, ``-`` when none) by pid."""
+    out: dict[int, SlurmTask] = {}
+    for line in text[:MAX_LISTPIDS_BYTES].splitlines():
+        parts = line.split()
+        if len(parts) != 5 or not parts[0].isdigit() or not parts[1].isdigit():
+            continue
+        pid = _int(parts[0])
+        if pid is None or len(parts[1]) > 18:
+            continue
+        step = parts[2] if parts[2] != "-" and len(parts[2]) <= 32 else None
+        out[pid] = SlurmTask(job_id=parts[1], step=step, local_id=_int(parts[3]), global_id=_int(parts[4]))
+    return out
+
+
+def run_listpids() -> str | None:
+    """``scontrol listpids`` on this node (every local Slurm task), or None where it cannot be had."""
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        return None
+    try:
+        done = subprocess.run(
+            [scontrol, "listpids"],
+            capture_output=True,
+            timeout=LISTPIDS_TIMEOUT_S,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    return done.stdout[:MAX_LISTPIDS_BYTES].decode("utf-8", "replace")
 
 
 @dataclass(frozen=True)
@@ -69,13 +149,50 @@ def job_from_environ(env: Mapping[str, str]) -> JobFields:
 
 
 class JobMapper:
-    """Maps the pids NVML reports on each GPU to ProcInfo with job/rank."""
+    """Maps the pids NVML reports on each GPU to ProcInfo with job/rank.
 
-    def __init__(self, tailed_globs: list[str] | None = None) -> None:
+    ``proc_root`` is where the cgroup files are read (``/proc``; a fixture tree in tests) and ``listpids``
+    returns ``scontrol listpids`` output (None: not available); both are consulted only for a process whose
+    environment gave no job.
+    """
+
+    def __init__(
+        self,
+        tailed_globs: list[str] | None = None,
+        *,
+        proc_root: Path = Path("/proc"),
+        listpids: Callable[[], str | None] | None = run_listpids,
+    ) -> None:
         self.tailed_globs = list(tailed_globs or [])
         self._cache: dict[tuple[int, float, tuple[str, ...]], tuple[str, JobFields]] = {}
         self.permission_errors = 0
         self.vanished = 0
+        self.from_cgroup = 0
+        self.proc_root = proc_root
+        self.listpids = listpids
+        self._listed: dict[int, SlurmTask] | None = None  # one listpids per map() call, when needed
+
+    def slurm_task(self, pid: int) -> SlurmTask | None:
+        """The Slurm task of ``pid`` from its cgroup, with the rank from ``scontrol listpids`` when known."""
+        try:
+            with (self.proc_root / str(pid) / "cgroup").open("rb") as handle:
+                text = handle.read(MAX_CGROUP_BYTES).decode("utf-8", "replace")
+        except OSError:
+            text = ""
+        task = slurm_from_cgroup(text)
+        if self._listed is None and self.listpids is not None:
+            self._listed = parse_listpids(self.listpids() or "")
+        listed = (self._listed or {}).get(pid)
+        if listed is not None and (task is None or task.job_id == listed.job_id):
+            return SlurmTask(
+                job_id=listed.job_id,
+                step=listed.step or (task.step if task else None),
+                local_id=listed.local_id
+                if listed.local_id is not None
+                else (task.local_id if task else None),
+                global_id=listed.global_id,
+            )
+        return task
 
     def _inspect(self, pid: int) -> tuple[str, JobFields] | None:
         try:
@@ -113,6 +230,16 @@ class JobMapper:
             return None
         except OSError:
             self.permission_errors += 1
+        if fields.job_id is None:
+            task = self.slurm_task(pid)
+            if task is not None:
+                self.from_cgroup += 1
+                fields = replace(
+                    fields,
+                    job_id=task.job_id,
+                    rank=fields.rank if fields.rank is not None else task.global_id,
+                    local_rank=fields.local_rank if fields.local_rank is not None else task.local_id,
+                )
         if len(self._cache) >= MAX_CACHE:
             self._cache.clear()
         self._cache[key] = (name, fields)
@@ -120,6 +247,7 @@ class JobMapper:
 
     def map(self, pids_by_gpu: Mapping[int, list[int]]) -> list[ProcInfo]:
         """ProcInfo for every (gpu, pid); never raises."""
+        self._listed = None
         out: list[ProcInfo] = []
         for gpu, pids in sorted(pids_by_gpu.items()):
             for pid in pids:

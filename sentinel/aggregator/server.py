@@ -39,6 +39,8 @@ from sentinel.aggregator.frdumps import settings_for_frame
 from sentinel.aggregator.incidents import IncidentManager, IncidentStore
 from sentinel.aggregator.latches import FleetLatches
 from sentinel.aggregator.metrics import AggregatorMetrics
+from sentinel.aggregator.pushback import VerdictPush
+from sentinel.aggregator.remediation import Remediator
 from sentinel.aggregator.store import BuiltinsHolder, StateStore, StoreError
 from sentinel.aggregator.views import gpu_health, host_dict, job_detail, job_summary
 from sentinel.config.aggregator import AggregatorConfig, LimitsConfig, ServerConfig
@@ -238,6 +240,17 @@ class Aggregator:
         self.store = self._open_store(directory)
         self.engine.listeners.append(self.incidents.on_change)
         self.engine.listeners.append(self._log_change)
+        self.pushback = VerdictPush(self.engine.book)
+        self.engine.listeners.append(self.pushback.on_change)
+        self.remediator = Remediator(
+            config.remediation,
+            self.engine.book,
+            state_dir=directory,
+            cluster=config.fleet.cluster,
+            registry=self.metrics.registry,
+            clock=clock,
+        )
+        self.engine.listeners.append(self.remediator.on_change)
         self.on_tick = on_tick
         self._ticker: asyncio.Task[None] | None = None
         self._ids = itertools.count(1)
@@ -295,6 +308,7 @@ class Aggregator:
         return True
 
     async def start(self) -> None:
+        await self.remediator.start()
         if self._ticker is None:
             self._ticker = asyncio.get_running_loop().create_task(self._tick_loop(), name="aggregator-tick")
 
@@ -316,6 +330,7 @@ class Aggregator:
         if self.store is not None:  # SIGTERM / systemctl restart: everything known is written
             await asyncio.to_thread(self.store.close)
             self.store = None
+        await self.remediator.stop()
 
     def _gc_maintenance(self, monotonic: float) -> None:
         """Keep full garbage collections off the ingest path.
@@ -351,6 +366,12 @@ class Aggregator:
             self.metrics.tick_seconds.observe(time.perf_counter() - started)
             if self.store is not None and self.store.due(loop.time()):
                 self.store.flush(loop.time())
+            self.remediator.tick(self.clock())
+            if self.pushback.marked:
+                try:
+                    await self.pushback.flush(self._send)
+                except Exception as exc:  # health pushback must not stop the detector loop
+                    log().error("verdict_push_failed", error=f"{type(exc).__name__}: {exc}")
             self._gc_maintenance(loop.time())
             if self.on_tick is not None:
                 self.on_tick(self.clock())
@@ -415,6 +436,17 @@ class Aggregator:
             return None
         finally:
             self.pending.pop(command.id, None)
+
+    async def _send(self, host: str, command: Command) -> bool:
+        """Send a command without waiting for its answer; False when the host is not connected."""
+        conn = self.by_host.get(host)
+        if conn is None or conn.ws.closed:
+            return False
+        try:
+            await conn.ws.send_bytes(encode(command))
+        except (ConnectionError, RuntimeError):
+            return False
+        return True
 
     # -- stream ---------------------------------------------------------------------------------------
 
@@ -573,6 +605,7 @@ class Aggregator:
                         with contextlib.suppress(Exception):
                             await old.ws.close(code=CLOSE_REPLACED, message=b"replaced by a newer connection")
                     view = engine.hello(frame, self.clock())
+                    self.pushback.mark(frame.host)
                 else:  # CommandResult
                     self._answer(conn, frame)
             elif msg.type == WSMsgType.TEXT:

@@ -92,7 +92,7 @@ class Verdict:
             "updated_at": self.updated_at,
             "close_reason": self.close_reason,
             "incident": self.incident,
-        }
+        } | ({"remediation": list(self.extra["remediation"])} if "remediation" in self.extra else {})
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("fr", "analyze PyTorch Flight Recorder dumps of every rank"),
     ("dashboards", "build the Grafana dashboards from their grafanalib sources"),
     ("incident", "list and show incident timelines gathered by the aggregator"),
+    ("health", "is this node fit? ask the local agent (Slurm HealthCheckProgram, prolog/epilog, launchers)"),
     ("config", "check and document configuration files"),
 )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import signal
 import sys
@@ -34,6 +35,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "run", help="run the agent daemon (systemd: Type=notify)", description="run the agent daemon"
     )
     _config_option(run)
+    run.add_argument(
+        "--simulate",
+        type=Path,
+        metavar="SCENARIO.toml",
+        help="watch the simulated GPUs of --host from this scenario instead of NVML (real time: scenario "
+        "time 0 is the agent's start), for staging an aggregator, alerts and Slurm before GPUs arrive",
+    )
+    run.add_argument("--host", help="with --simulate: the scenario host to be (e.g. host-003)")
     run.set_defaults(func=_run)
 
     once = sub.add_parser(
@@ -85,6 +94,8 @@ def _run(args: argparse.Namespace) -> int:
     config = _load(args)
     if config is None:
         return 2
+    if args.simulate is not None:
+        return _run_simulated(args, config)
     from sentinel.agent import Agent
     from sentinel.agent.nvml import NvmlSource
     from sentinel.log import setup_logging
@@ -110,6 +121,68 @@ def _run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, agent.request_stop)
         await agent.run()
+
+    asyncio.run(main())
+    return 0
+
+
+def _run_simulated(args: argparse.Namespace, config: AgentConfig) -> int:
+    """The real agent on one simulated host of a scenario (the demo's SimHost), in real time."""
+    import time
+    from typing import cast
+
+    from sentinel.agent import Agent
+    from sentinel.agent.source import GpuSource
+    from sentinel.log import setup_logging
+    from sentinel.sim.host import SimCluster
+    from sentinel.sim.scenario import ScenarioError, load_scenario
+
+    if not args.host:
+        print("error: --simulate needs --host NAME (a host of the scenario)", file=sys.stderr)
+        return 2
+    try:
+        scenario = load_scenario(args.simulate)
+    except ScenarioError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    names = scenario.host_names()
+    if args.host not in names:
+        shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+        print(f"error: --host: {args.host!r} is not a host of {args.simulate} ({shown})", file=sys.stderr)
+        return 2
+    # the agent reports itself under the simulated host's name unless the configuration names it
+    config = msgspec.structs.replace(
+        config, agent=msgspec.structs.replace(config.agent, host=config.agent.host or args.host)
+    )
+    setup_logging("agent", config.log.level, host=config.agent.host)
+    try:
+        Path(config.agent.state_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(
+            f"error: agent.state_dir: cannot create {config.agent.state_dir}: {exc.strerror}", file=sys.stderr
+        )
+        return 2
+
+    async def main() -> None:
+        sim = SimCluster(scenario, started_at=time.time(), clock=time.time)
+        host = next(h for h in sim.hosts if h.name == args.host)
+        agent = Agent(config, cast(GpuSource, host), host)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, agent.request_stop)
+
+        def host_down(name: str) -> None:  # the scenario takes this host down: its agent goes quiet
+            if name == args.host:
+                agent.request_stop()
+
+        driver = asyncio.create_task(sim.drive(host_down), name="sim-driver")
+        try:
+            await agent.run()
+        finally:
+            sim.close()  # releases simulated NVML calls that hang by design
+            driver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await driver
 
     asyncio.run(main())
     return 0

@@ -361,6 +361,133 @@ class StateConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = 0.5
 
 
+class RemediationRule(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One line of the policy: verdicts matching every field (shell globs) get ``do``; the first match wins."""
+
+    kind: Annotated[str, msgspec.Meta(description="verdict kind glob (faulty, degraded, stuck, ...)")] = "*"
+    action: Annotated[
+        str, msgspec.Meta(description="verdict action glob (drain, reset_gpu, reboot, rma, ...)")
+    ] = "*"
+    reason: Annotated[
+        str, msgspec.Meta(description="verdict reason glob (xid_79, not_entered_collective, ...)")
+    ] = "*"
+    do: Annotated[
+        Literal["drain", "none"], msgspec.Meta(description="drain the verdict's node, or leave it alone")
+    ] = "drain"
+
+
+def _default_rules() -> list[RemediationRule]:
+    # hardware that needs a reset, reboot or replacement takes no new jobs; a job-level action does not drain
+    return [
+        RemediationRule(kind="faulty", action="restart_app", do="none"),
+        RemediationRule(kind="faulty", action="none", do="none"),
+        RemediationRule(kind="faulty"),
+        RemediationRule(kind="degraded", action="drain"),
+        RemediationRule(kind="degraded", action="rma"),
+        RemediationRule(do="none"),
+    ]
+
+
+class BreakerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The circuit breaker: one bad rule must not drain half the fleet. Counted from Slurm's own state."""
+
+    window_s: Annotated[
+        float,
+        msgspec.Meta(
+            gt=0,
+            le=30 * 86400,
+            description="sentinel's drains within this window count (by Slurm's reason time)",
+        ),
+    ] = 3600.0
+    max_drains: Annotated[
+        int,
+        msgspec.Meta(ge=0, description="refuse a drain that would make more sentinel drains in the window"),
+    ] = 5
+    max_fraction: Annotated[
+        float,
+        msgspec.Meta(
+            ge=0,
+            le=1,
+            description="...or more than this fraction of the partition's nodes drained by sentinel",
+        ),
+    ] = 0.1
+    max_unavailable_fraction: Annotated[
+        float,
+        msgspec.Meta(
+            ge=0,
+            le=1,
+            description="refuse a drain that would leave more than this fraction of the partition down or drained "
+            "for any reason",
+        ),
+    ] = 0.2
+
+
+class ResumeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Opt-in return to service, only for nodes sentinel drained, after the verdict closed and a check passed."""
+
+    enabled: Annotated[bool, msgspec.Meta(description="resume nodes at all")] = False
+    validation_command: Annotated[
+        list[str],
+        msgspec.Meta(
+            description="argv run before a resume, {node} replaced by the node name (e.g. ssh {node} dcgmi "
+            "diag -r 2); exit 0 passes; empty: never resume"
+        ),
+    ] = []
+    validation_timeout_s: Annotated[
+        float, msgspec.Meta(gt=0, le=86400, description="deadline of the check")
+    ] = 900.0
+    detectors: Annotated[
+        list[str],
+        msgspec.Meta(
+            description="verdicts of these detectors may resume their node (hardware: closed by a GPU reset or a "
+            "new boot clearing the evidence)"
+        ),
+    ] = msgspec.field(default_factory=lambda: ["hardware"])
+    close_reasons: Annotated[
+        list[str], msgspec.Meta(description="close reasons that count as real evidence of repair")
+    ] = msgspec.field(default_factory=lambda: ["evidence gone"])
+
+
+class RemediationConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Acting on verdicts through Slurm: drain the node a verdict names (docs/remediation.md)."""
+
+    enabled: Annotated[bool, msgspec.Meta(description="act on verdicts at all (off by default)")] = False
+    dry_run: Annotated[
+        bool, msgspec.Meta(description="log and count what would be done, touch nothing (the first step)")
+    ] = True
+    partition: Annotated[
+        str, msgspec.Meta(description="Slurm partition whose nodes the breaker counts (empty: every node)")
+    ] = ""
+    node_name: Annotated[
+        str, msgspec.Meta(description="Slurm node name of a sentinel host; {host} is the host name")
+    ] = "{host}"
+    scontrol: Annotated[str, msgspec.Meta(description="scontrol command (path or name)")] = "scontrol"
+    sinfo: Annotated[str, msgspec.Meta(description="sinfo command (path or name)")] = "sinfo"
+    command_timeout_s: Annotated[
+        float, msgspec.Meta(gt=0, le=300, description="deadline of one scontrol/sinfo call")
+    ] = 15.0
+    retry_s: Annotated[
+        float,
+        msgspec.Meta(
+            ge=0, le=86400, description="a refused or failed drain of an open verdict is retried this often"
+        ),
+    ] = 60.0
+    audit_log: Annotated[
+        str,
+        msgspec.Meta(
+            description="JSON-lines audit log of every action and refusal (empty: state_dir/remediation.jsonl)"
+        ),
+    ] = ""
+    audit_max_bytes: Annotated[
+        int, msgspec.Meta(ge=4096, description="the audit log is rotated to .1 past this size")
+    ] = 64 * 1024 * 1024
+    rules: Annotated[list[RemediationRule], msgspec.Meta(description="the policy, first match wins")] = (
+        msgspec.field(default_factory=_default_rules)
+    )
+    breaker: BreakerConfig = msgspec.field(default_factory=BreakerConfig)
+    resume: ResumeConfig = msgspec.field(default_factory=ResumeConfig)
+
+
 class AggregatorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Everything ``sentinel aggregator`` reads from its TOML file."""
 
@@ -371,3 +498,4 @@ class AggregatorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     detect: DetectConfig = msgspec.field(default_factory=DetectConfig)
     incidents: IncidentsConfig = msgspec.field(default_factory=IncidentsConfig)
     state: StateConfig = msgspec.field(default_factory=StateConfig)
+    remediation: RemediationConfig = msgspec.field(default_factory=RemediationConfig)

@@ -65,13 +65,25 @@ def render_markdown(cls: type[msgspec.Struct], title: str, env_prefix: str) -> s
     if top:
         lines += _table(top, (), env_prefix)
     for section in sections:
-        assert isinstance(section.type, msgspec.inspect.StructType)
-        doc = (section.type.cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
-        lines += [f"### `[{section.encode_name}]`", ""]
-        if doc:
-            lines += [doc, ""]
-        lines += _table(list(section.type.fields), (section.encode_name,), env_prefix)
+        lines += _section(section, (section.encode_name,), env_prefix)
     return "\n".join(lines)
+
+
+def _section(section: msgspec.inspect.Field, path: tuple[str, ...], env_prefix: str) -> list[str]:
+    """One ``[a.b]`` table: its plain keys, then each nested struct as a section of its own."""
+    assert isinstance(section.type, msgspec.inspect.StructType)
+    doc = (section.type.cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+    lines = [f"### `[{'.'.join(path)}]`", ""]
+    if doc:
+        lines += [doc, ""]
+    fields = list(section.type.fields)
+    plain = [f for f in fields if not isinstance(f.type, msgspec.inspect.StructType)]
+    nested = [f for f in fields if isinstance(f.type, msgspec.inspect.StructType)]
+    if plain:
+        lines += _table(plain, path, env_prefix)
+    for sub in nested:
+        lines += _section(sub, (*path, sub.encode_name), env_prefix)
+    return lines
 
 
 def _table(fields: list[msgspec.inspect.Field], path: tuple[str, ...], env_prefix: str) -> list[str]:

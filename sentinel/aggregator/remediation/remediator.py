@@ -1,0 +1,378 @@
+"""The remediator: carries out the policy on verdicts through Slurm, one action at a time, off the event loop.
+
+It subscribes to the engine's verdict changes (open, update, close) and queues work; one worker task does the
+work in order, so two decisions never race inside one aggregator. Each drain reads Slurm first:
+
+1. the node already drained by sentinel → ``already`` (idempotent: a second aggregator, a restart, a
+   duplicate verdict never act twice); drained or down by someone else → refused ``not_ours``;
+2. the circuit breaker (:func:`policy.check_breaker`), counted from Slurm's node list, may refuse;
+3. ``dry_run`` → ``dry_run`` (what would have been done, nothing touched); else ``scontrol update ...
+   state=drain reason="sentinel: <reason> <verdict id>"``.
+
+Resume is opt-in and needs all of: the verdict closed by a configured detector for a configured reason
+(real evidence such as a GPU reset or a new boot), Slurm showing the node drained by sentinel *for this
+verdict*, no other open verdict that drains the node, and the validation command passing.
+
+Every outcome — done, dry_run, already, refused, failed — goes to the audit log, the
+``sentinel_remediation_actions`` counter and the verdict's ``remediation`` record (shown by the API).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from sentinel.aggregator.remediation.audit import AuditLog
+from sentinel.aggregator.remediation.policy import check_breaker, wants_drain
+from sentinel.aggregator.verdicts import Change, Verdict, VerdictBook
+from sentinel.config.aggregator import RemediationConfig
+from sentinel.log import get_logger
+from sentinel.slurm import Slurm, run_command
+
+#: per verdict, the remediation records kept on it (oldest dropped)
+MAX_RECORDS_PER_VERDICT = 20
+#: queued work items at most; beyond, new work is refused and counted (a flood of verdicts)
+MAX_QUEUE = 10_000
+#: verdicts remembered as handled or waiting for a retry
+MAX_TRACKED = 100_000
+BREAKER_REFUSALS = frozenset(
+    {"breaker_sentinel_drains", "breaker_sentinel_fraction", "breaker_partition_unavailable"}
+)
+
+
+def log() -> Any:
+    return get_logger(module="aggregator.remediation")
+
+
+class RemediationMetrics:
+    def __init__(self, cluster: str, registry: CollectorRegistry | None) -> None:
+        r = registry
+        self.cluster = cluster
+        self.actions = Counter(
+            "sentinel_remediation_actions",
+            "Remediation decisions carried out, by action (drain, resume) and outcome (done, dry_run, already, "
+            "refused, failed) and reason of a refusal or failure",
+            ["cluster", "action", "outcome", "reason"],
+            registry=r,
+        )
+        self.breaker_open = Gauge(
+            "sentinel_remediation_breaker_open",
+            "1 while the circuit breaker refuses drains (until a drain passes it again)",
+            ["cluster"],
+            registry=r,
+        ).labels(cluster)
+        self.mode = Gauge(
+            "sentinel_remediation_mode",
+            "Remediation mode: 0 off, 1 dry run, 2 acting",
+            ["cluster"],
+            registry=r,
+        ).labels(cluster)
+        self.audit_errors = Counter(
+            "sentinel_remediation_audit_errors",
+            "Audit log records that could not be written",
+            ["cluster"],
+            registry=r,
+        ).labels(cluster)
+
+    def count(self, action: str, outcome: str, reason: str) -> None:
+        self.actions.labels(self.cluster, action, outcome, reason).inc()
+
+
+class Remediator:
+    def __init__(
+        self,
+        config: RemediationConfig,
+        book: VerdictBook,
+        *,
+        state_dir: Path,
+        cluster: str = "default",
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.time,
+        slurm: Slurm | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.config = config
+        self.book = book
+        self.clock = clock
+        self.env = env
+        self.slurm = slurm or Slurm(
+            scontrol=config.scontrol, sinfo=config.sinfo, timeout_s=config.command_timeout_s, env=env
+        )
+        self.audit = AuditLog(
+            Path(config.audit_log) if config.audit_log else state_dir / "remediation.jsonl",
+            config.audit_max_bytes,
+        )
+        self.metrics = RemediationMetrics(cluster, registry)
+        self.metrics.mode.set(0 if not config.enabled else (1 if config.dry_run else 2))
+        self.queue: asyncio.Queue[tuple[str, Verdict]] = asyncio.Queue(MAX_QUEUE)
+        #: verdict id → last attempt time, for drains not done yet (retried every retry_s while open)
+        self.retry: OrderedDict[str, float] = OrderedDict()
+        #: verdict ids whose drain is settled (done, dry run, already drained): never queued again
+        self.settled: OrderedDict[str, None] = OrderedDict()
+        self._queued: set[str] = set()
+        self._worker: asyncio.Task[None] | None = None
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.config.enabled and self._worker is None:
+            self._worker = asyncio.get_running_loop().create_task(self._work(), name="remediation")
+            log().info(
+                "remediation_started",
+                dry_run=self.config.dry_run,
+                partition=self.config.partition,
+                audit_log=str(self.audit.path),
+            )
+
+    async def stop(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+            self._worker = None
+
+    # -- input ----------------------------------------------------------------------------------------
+
+    def on_change(self, change: Change) -> None:
+        """Engine listener (synchronous, on the loop): queue what the policy asks for."""
+        if not self.config.enabled:
+            return
+        v = change.verdict
+        if change.what in ("opened", "updated"):
+            if v.id in self.settled or v.id in self._queued or not v.host:
+                return
+            if not wants_drain(self.config.rules, v.kind, v.action, v.reason):
+                return
+            if change.what == "updated" and v.id in self.retry:
+                return  # waiting for its retry time (tick)
+            self._enqueue("drain", v)
+        elif change.what == "closed":
+            self.retry.pop(v.id, None)
+            resume = self.config.resume
+            if resume.enabled and v.id in self.settled and v.host:
+                self._enqueue("resume", v)
+
+    def tick(self, now: float) -> None:
+        """Retry refused or failed drains of verdicts still open, each at most every ``retry_s``."""
+        if not self.config.enabled or not self.retry:
+            return
+        for vid, tried in list(self.retry.items()):
+            verdict = self.book.by_id.get(vid)
+            if verdict is None or verdict.state != "open":
+                self.retry.pop(vid, None)
+                continue
+            if now - tried >= self.config.retry_s and vid not in self._queued:
+                self._enqueue("drain", verdict)
+
+    def _enqueue(self, op: str, verdict: Verdict) -> None:
+        try:
+            self.queue.put_nowait((op, verdict))
+        except asyncio.QueueFull:
+            self._record(
+                verdict, op, "refused", "queue_full", node="", detail=f"more than {MAX_QUEUE} actions queued"
+            )
+            return
+        self._queued.add(verdict.id)
+        self.idle.clear()
+
+    # -- work -----------------------------------------------------------------------------------------
+
+    async def _work(self) -> None:
+        while True:
+            op, verdict = await self.queue.get()
+            try:
+                if op == "drain":
+                    await self.drain(verdict)
+                else:
+                    await self.resume(verdict)
+            except Exception as exc:  # remediation must never stop over one verdict
+                self._record(
+                    verdict, op, "failed", "internal_error", node="", detail=f"{type(exc).__name__}: {exc}"
+                )
+            finally:
+                self._queued.discard(verdict.id)
+                if self.queue.empty():
+                    self.idle.set()
+
+    def node_of(self, host: str) -> str:
+        return self.config.node_name.replace("{host}", host)
+
+    def reason_of(self, verdict: Verdict) -> str:
+        where = (
+            f"GPU {verdict.gpu}" if verdict.gpu is not None else (f"job {verdict.job}" if verdict.job else "")
+        )
+        return f"sentinel: {verdict.kind} {verdict.reason}{' ' + where if where else ''} {verdict.id}"
+
+    async def drain(self, verdict: Verdict) -> str:
+        """Drain the verdict's node if the policy, Slurm's state and the breaker allow; returns the outcome."""
+        now = self.clock()
+        node = self.node_of(verdict.host or "")
+        if verdict.state != "open":
+            return "skipped"
+        nodes, error = await self.slurm.nodes(self.config.partition)
+        if error:
+            return self._failed(verdict, "drain", "slurm_unreadable", node=node, detail=error, now=now)
+        target = next((n for n in nodes if n.name == node), None)
+        if target is None:
+            where = f"partition {self.config.partition!r}" if self.config.partition else "Slurm"
+            return self._failed(
+                verdict, "drain", "unknown_node", node=node, detail=f"{where} has no node {node!r}", now=now
+            )
+        if target.drained_by_sentinel:
+            self._settle(verdict.id)
+            return self._record(
+                verdict, "drain", "already", "", node=node, detail=f"already drained: {target.reason}"
+            )
+        if target.unavailable:
+            self._settle(verdict.id)  # someone else's drain or down: theirs to lift, not ours to overwrite
+            return self._record(
+                verdict,
+                "drain",
+                "refused",
+                "not_ours",
+                node=node,
+                detail=f"node is {target.state}: {target.reason}",
+            )
+        check = check_breaker(self.config.breaker, nodes, node, now)
+        if not check.allowed:
+            self.metrics.breaker_open.set(1)
+            self.retry[verdict.id] = now
+            self._bound(self.retry)
+            log().error("remediation_breaker_open", node=node, verdict=verdict.id, detail=check.detail)
+            return self._record(verdict, "drain", "refused", check.refusal, node=node, detail=check.detail)
+        self.metrics.breaker_open.set(0)
+        reason = self.reason_of(verdict)
+        if self.config.dry_run:
+            self._settle(verdict.id)
+            return self._record(
+                verdict, "drain", "dry_run", "", node=node, detail=f"would drain with reason {reason!r}"
+            )
+        done = await self.slurm.drain(node, reason)
+        if not done.ok:
+            return self._failed(verdict, "drain", "scontrol_failed", node=node, detail=done.output, now=now)
+        self._settle(verdict.id)
+        return self._record(verdict, "drain", "done", "", node=node, detail=reason)
+
+    async def resume(self, verdict: Verdict) -> str:
+        cfg = self.config.resume
+        node = self.node_of(verdict.host or "")
+        if verdict.detector not in cfg.detectors or verdict.close_reason not in cfg.close_reasons:
+            return self._record(
+                verdict,
+                "resume",
+                "refused",
+                "not_repaired",
+                node=node,
+                detail=f"closed by {verdict.detector} with {verdict.close_reason!r}: not evidence of a repair",
+            )
+        others = [
+            v.id
+            for v in self.book.open.values()
+            if v.host == verdict.host and wants_drain(self.config.rules, v.kind, v.action, v.reason)
+        ]
+        if others:
+            return self._record(
+                verdict,
+                "resume",
+                "refused",
+                "still_unfit",
+                node=node,
+                detail=f"open verdicts drain it: {', '.join(others)}",
+            )
+        target, error = await self.slurm.node(node)
+        if target is None:
+            return self._record(verdict, "resume", "failed", "slurm_unreadable", node=node, detail=error)
+        if not target.drained_by_sentinel or verdict.id not in target.reason.split():
+            return self._record(
+                verdict,
+                "resume",
+                "refused",
+                "not_ours",
+                node=node,
+                detail=f"node is {target.state}: {target.reason!r}",
+            )
+        if not cfg.validation_command:
+            return self._record(
+                verdict,
+                "resume",
+                "refused",
+                "no_validation",
+                node=node,
+                detail="resume.validation_command is empty",
+            )
+        argv = [part.replace("{node}", node) for part in cfg.validation_command]
+        checked = await run_command(argv, cfg.validation_timeout_s, self.env)
+        if not checked.ok:
+            return self._record(
+                verdict, "resume", "refused", "validation_failed", node=node, detail=checked.output[-500:]
+            )
+        if self.config.dry_run:
+            return self._record(
+                verdict, "resume", "dry_run", "", node=node, detail="validation passed; would resume"
+            )
+        done = await self.slurm.resume(node)
+        if not done.ok:
+            return self._record(verdict, "resume", "failed", "scontrol_failed", node=node, detail=done.output)
+        return self._record(verdict, "resume", "done", "", node=node, detail="validation passed; resumed")
+
+    # -- bookkeeping ----------------------------------------------------------------------------------
+
+    def _failed(
+        self, verdict: Verdict, action: str, reason: str, *, node: str, detail: str, now: float
+    ) -> str:
+        self.retry[verdict.id] = now
+        self._bound(self.retry)
+        return self._record(verdict, action, "failed", reason, node=node, detail=detail)
+
+    def _settle(self, vid: str) -> None:
+        self.retry.pop(vid, None)
+        self.settled[vid] = None
+        self._bound(self.settled)
+
+    @staticmethod
+    def _bound(items: OrderedDict[str, Any]) -> None:
+        while len(items) > MAX_TRACKED:
+            items.popitem(last=False)
+
+    def _record(
+        self, verdict: Verdict, action: str, outcome: str, reason: str, *, node: str, detail: str
+    ) -> str:
+        now = self.clock()
+        record = {
+            "t": now,
+            "action": action,
+            "outcome": outcome,
+            "reason": reason,
+            "node": node,
+            "detail": detail[:1000],
+            "dry_run": self.config.dry_run,
+        }
+        entries: list[dict[str, Any]] = verdict.extra.setdefault("remediation", [])
+        entries.append(record)
+        del entries[:-MAX_RECORDS_PER_VERDICT]
+        self.metrics.count(action, outcome, reason)
+        audit = record | {
+            "verdict": verdict.id,
+            "kind": verdict.kind,
+            "verdict_reason": verdict.reason,
+            "verdict_action": verdict.action,
+            "host": verdict.host,
+            "gpu": verdict.gpu,
+            "job": verdict.job,
+        }
+        if not self.audit.write(audit):
+            self.metrics.audit_errors.inc()
+            log().error("remediation_audit_failed", error=self.audit.last_error)
+        event = "remediation_" + outcome
+        level = log().warning if outcome in ("refused", "failed") else log().info
+        level(event, action=action, node=node, verdict=verdict.id, reason=reason, detail=detail[:300])
+        return outcome
