@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -193,6 +194,9 @@ def leftover_processes(answer: Answer, job_id: str | None) -> list[tuple[dict[st
     for proc in JobMapper().map(by_gpu):
         if proc.pid == mine or not psutil.pid_exists(proc.pid):
             continue
+        with contextlib.suppress(psutil.Error):
+            if _zombie(psutil.Process(proc.pid)):
+                continue
         if proc.job_id is None or job_id is None or proc.job_id == job_id:
             out.append((gpus[proc.gpu], proc.pid, proc.name or "?"))
     return out
@@ -213,7 +217,17 @@ def _kill(pids: list[int]) -> set[int]:
         except psutil.AccessDenied:
             procs.append(psutil.Process(pid))
     _, alive = psutil.wait_procs(procs, timeout=KILL_WAIT_S)
-    return {p.pid for p in alive}
+    return {p.pid for p in alive if not _zombie(p)}
+
+
+def _zombie(proc: Any) -> bool:
+    """A killed process not yet reaped by its parent holds nothing any more (its GPU context is gone)."""
+    import psutil
+
+    try:
+        return bool(proc.status() == psutil.STATUS_ZOMBIE)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return True
 
 
 def _epilog(answer: Answer, env: dict[str, str], kill: bool) -> None:

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -122,3 +123,32 @@ def test_environ_parsing_rejects_garbage() -> None:
         and fields.world_size is None
         and fields.master_port is None
     )
+
+
+def test_denied_environ_falls_back_to_the_slurm_cgroup_and_listpids(
+    ranks: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A rank whose environ the agent may not read is still mapped: job and local task from its cgroup (a
+    fixture tree with the v2 layout), global rank from ``scontrol listpids``."""
+    pid = ranks[1].pid
+    (tmp_path / str(pid)).mkdir()
+    (tmp_path / str(pid) / "cgroup").write_text(
+        "0::/system.slice/slurmstepd.scope/job_5150/step_0/user/task_1\n"
+    )
+    listing = f"PID JOBID STEPID LOCALID GLOBALID\n{pid} 5150 0 1 9\n"
+    real_environ = psutil.Process.environ
+
+    def denied(self: psutil.Process) -> dict[str, str]:
+        if self.pid == pid:
+            raise psutil.AccessDenied(self.pid)
+        return real_environ(self)
+
+    monkeypatch.setattr(jobs.psutil.Process, "environ", denied)
+    by_pid = {p.pid: p for p in JobMapper(proc_root=tmp_path, listpids=lambda: listing).map({1: [pid]})}
+    assert (by_pid[pid].job_id, by_pid[pid].rank, by_pid[pid].local_rank) == ("5150", 9, 1)
+    # without listpids the cgroup alone still names the job and the local task
+    alone = JobMapper(proc_root=tmp_path, listpids=lambda: None).map({1: [pid]})
+    assert (alone[0].job_id, alone[0].rank, alone[0].local_rank) == ("5150", None, 1)
+    # the environment stays the first choice where it is readable
+    first = JobMapper(proc_root=tmp_path, listpids=lambda: listing).map({0: [ranks[0].pid]})
+    assert first[0].job_id == "81234"

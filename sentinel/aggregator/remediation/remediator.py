@@ -54,6 +54,7 @@ def log() -> Any:
 class RemediationMetrics:
     def __init__(self, cluster: str, registry: CollectorRegistry | None) -> None:
         r = registry
+        self.registry = registry
         self.cluster = cluster
         self.actions = Counter(
             "sentinel_remediation_actions",
