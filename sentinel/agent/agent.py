@@ -113,6 +113,9 @@ class Agent:
         self.http_port: int | None = None
         self._http: Any = None
         self.health = LocalHealth(self.host)
+        #: the node-health rules run only where someone can ask (``sentinel health`` over the HTTP endpoint):
+        #: the demo's in-process agents, which have none, do not pay for them
+        self.health_enabled = bool(config.metrics.listen_host)
 
         state_dir = Path(config.agent.state_dir)
         self.spool: Spool | None = None
@@ -228,7 +231,8 @@ class Agent:
         )
         batch = build_batch(tick, heads, seq=self.seq.allocate(), now=now, drops=self._drops())
         try:
-            self.health.apply(batch, now)
+            if self.health_enabled:
+                self.health.apply(batch, now)
             self.counters.collector_success["health"] = True
         except Exception as exc:  # a rule bug must not stop the tick; health says "cannot tell" meanwhile
             self.counters.collector_success["health"] = False

@@ -39,7 +39,7 @@ def _agent(tmp_path: Path, clock: Clock, **metrics: object) -> Agent:
     config = make_config(
         tmp_path,
         collect={"nvml_events": False},
-        metrics={"listen_host": "", **metrics},
+        metrics={"listen_host": "127.0.0.1", "listen_port": 0, **metrics},
     )
     return Agent(config, NvmlSource(), clock=clock)
 
