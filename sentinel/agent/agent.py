@@ -173,6 +173,10 @@ class Agent:
     def add_heads(self, heads: list[FrHeads]) -> None:
         self._tick.add_heads(heads)
 
+    def procs(self) -> list[ProcInfo]:
+        """The GPU processes of this host and their jobs, as last mapped (the probe checks senders against it)."""
+        return self._procs
+
     def set_procs(self, procs: list[ProcInfo]) -> None:
         if procs != self._procs:
             self._procs = list(procs)

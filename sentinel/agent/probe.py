@@ -5,6 +5,13 @@ training process never blocks on the agent (a full socket buffer drops the datag
 which ``sentinel.probe`` counts) and never has to manage a connection. Datagrams are size-bounded and
 validated; anything else is counted and dropped. The agent fills in ``host`` and ``gpu`` from its
 process → GPU mapping before forwarding.
+
+Who sends is known, not claimed: the socket is mode 0660 by default and ``SO_PASSCRED`` makes the kernel
+attach the sender's pid/uid to every datagram. :class:`HeadsAuthorizer` checks them against the job's
+processes: a process the agent maps to a job may only speak for that job (and its pid is the kernel's, not
+the one in the heads); a job's heads from any other process must come from the user its processes run as;
+a job the agent has no process of belongs to the first user that spoke for it. Root may speak for any job.
+The receive path is bounded per wake-up and in bytes queued, so a datagram flood cannot grow the agent.
 """
 
 from __future__ import annotations
@@ -15,13 +22,17 @@ import math
 import os
 import socket
 import stat
-from collections import deque
+import struct
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 
 from sentinel.fr.heads import FrHeads
 from sentinel.log import get_logger
+from sentinel.wire import ProcInfo
 
 log = get_logger(module="agent.probe")
 
@@ -45,30 +56,100 @@ def decode_heads(data: bytes, max_bytes: int) -> FrHeads:
     return heads
 
 
-class _Protocol(asyncio.DatagramProtocol):
-    def __init__(self, server: ProbeServer) -> None:
-        self.server = server
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """The sender of a datagram, as the kernel reports it (``SCM_CREDENTIALS``)."""
 
-    def datagram_received(self, data: bytes, addr: object) -> None:
-        self.server.receive(data)
+    pid: int
+    uid: int
+    gid: int
 
-    def error_received(self, exc: Exception) -> None:
-        log.warning("probe_socket_error", error=str(exc))
+
+_UCRED = struct.Struct("3i")
+MAX_OWNED_JOBS = 4096
+
+
+def _owner_uid(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+class HeadsAuthorizer:
+    """Decides whether the sender of a datagram may speak for the job its heads name (see the module doc)."""
+
+    def __init__(
+        self, procs: Callable[[], Iterable[ProcInfo]], owner_uid: Callable[[int], int | None] = _owner_uid
+    ) -> None:
+        self.procs = procs
+        self.owner_uid = owner_uid
+        self._owners: OrderedDict[str, int] = OrderedDict()  # job → uid, for jobs without a mapped process
+
+    def check(self, creds: Credentials | None, heads: FrHeads) -> tuple[FrHeads | None, str]:
+        """(heads to keep, with the kernel's pid where it matters; None and why when refused)."""
+        if creds is None:
+            return None, "no sender credentials"
+        if creds.uid == 0:
+            return heads, ""
+        procs = list(self.procs())
+        mine = next((p for p in procs if p.pid == creds.pid), None)
+        if mine is not None and mine.job_id is not None:
+            if heads.job_id is not None and heads.job_id != mine.job_id:
+                return None, f"pid {creds.pid} runs job {mine.job_id!r}, not {heads.job_id[:80]!r}"
+            if heads.rank is not None and mine.rank is not None and heads.rank != mine.rank:
+                return None, f"pid {creds.pid} is rank {mine.rank}, not {heads.rank}"
+            return msgspec.structs.replace(heads, pid=creds.pid, job_id=mine.job_id), ""
+        job = heads.job_id
+        if job is None:
+            return msgspec.structs.replace(heads, pid=creds.pid), ""
+        owners = {self.owner_uid(p.pid) for p in procs if p.job_id == job} - {None}
+        if owners:
+            if creds.uid not in owners:
+                return None, f"uid {creds.uid} (pid {creds.pid}) may not speak for job {job[:80]!r}"
+            return msgspec.structs.replace(heads, pid=creds.pid), ""
+        owner = self._owners.get(job)
+        if owner is None:
+            self._owners[job] = owner = creds.uid
+            if len(self._owners) > MAX_OWNED_JOBS:
+                self._owners.popitem(last=False)
+        else:
+            self._owners.move_to_end(job)
+        if owner != creds.uid:
+            return None, f"job {job[:80]!r} is spoken for by uid {owner}, not uid {creds.uid}"
+        return msgspec.structs.replace(heads, pid=creds.pid), ""
 
 
 class ProbeServer:
-    """Receives FrHeads datagrams into a bounded queue drained once per tick."""
+    """Receives FrHeads datagrams into a queue bounded in count and bytes, drained once per tick."""
+
+    #: datagrams read per wake-up of the event loop at most (the loop serves everything else in between)
+    BURST = 256
 
     def __init__(
-        self, path: str, *, max_bytes: int = 65536, max_pending: int = 4096, mode: int = 0o666
+        self,
+        path: str,
+        *,
+        max_bytes: int = 65536,
+        max_pending: int = 4096,
+        max_pending_bytes: int = 4 * 1024 * 1024,
+        mode: int = 0o660,
+        group: str = "",
+        authorizer: HeadsAuthorizer | None = None,
     ) -> None:
         self.path = path
         self.max_bytes = max_bytes
+        self.max_pending_bytes = max_pending_bytes
         self.mode = mode
-        self._pending: deque[FrHeads] = deque(maxlen=max_pending)
-        self._transport: asyncio.DatagramTransport | None = None
+        self.group = group
+        self.authorizer = authorizer or HeadsAuthorizer(list)
+        self._pending: deque[tuple[FrHeads, int]] = deque(maxlen=max_pending)
+        self._pending_bytes = 0
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.received = 0
         self.rejected = 0
+        self.refused = 0  # valid heads from a sender that may not speak for their job
         self.overflowed = 0
 
     def __len__(self) -> int:
@@ -81,16 +162,54 @@ class ProbeServer:
             if stat.S_ISSOCK(path.lstat().st_mode):
                 path.unlink()  # left over from a previous run
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
-        sock.bind(self.path)
-        os.chmod(self.path, self.mode)
-        sock.setblocking(False)
-        loop = asyncio.get_running_loop()
-        transport, _ = await loop.create_datagram_endpoint(lambda: _Protocol(self), sock=sock)
-        self._transport = transport
+        try:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            sock.bind(self.path)
+            os.chmod(self.path, self.mode)
+            if self.group:
+                import grp
 
-    def receive(self, data: bytes) -> None:
+                try:
+                    gid = grp.getgrnam(self.group).gr_gid
+                except KeyError:
+                    raise OSError(f"probe.socket_group {self.group!r}: no such group") from None
+                os.chown(self.path, -1, gid)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(sock.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        space = socket.CMSG_SPACE(_UCRED.size)
+        for _ in range(self.BURST):
+            try:
+                data, ancillary, flags, _ = sock.recvmsg(self.max_bytes + 1, space)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                log.warning("probe_socket_error", socket=self.path, error=exc.strerror or str(exc))
+                return
+            creds = None
+            for level, kind, value in ancillary:
+                if (
+                    level == socket.SOL_SOCKET
+                    and kind == socket.SCM_CREDENTIALS
+                    and len(value) >= _UCRED.size
+                ):
+                    creds = Credentials(*_UCRED.unpack(value[: _UCRED.size]))
+            if flags & socket.MSG_TRUNC:
+                data = data + b"\0"  # longer than max_bytes: refused by size below
+            self.receive(data, creds)
+
+    def receive(self, data: bytes, creds: Credentials | None = None) -> None:
         try:
             heads = decode_heads(data, self.max_bytes)
         except ProbeError as exc:
@@ -100,19 +219,43 @@ class ProbeServer:
                     "probe_datagram_rejected", socket=self.path, problem=str(exc), rejected=self.rejected
                 )
             return
-        if len(self._pending) == self._pending.maxlen:
+        kept, problem = self.authorizer.check(creds, heads)
+        if kept is None:
+            self.rejected += 1
+            self.refused += 1
+            if self.refused <= 10 or self.refused % 1000 == 0:
+                log.warning(
+                    "probe_heads_refused",
+                    socket=self.path,
+                    problem=problem,
+                    pid=creds.pid if creds else None,
+                    uid=creds.uid if creds else None,
+                    refused=self.refused,
+                )
+            return
+        size = len(data)
+        while self._pending and (
+            len(self._pending) == self._pending.maxlen or self._pending_bytes + size > self.max_pending_bytes
+        ):
+            _, dropped = self._pending.popleft()  # the oldest go first: the newest heads are the present
+            self._pending_bytes -= dropped
             self.overflowed += 1
-        self._pending.append(heads)
+        self._pending.append((kept, size))
+        self._pending_bytes += size
         self.received += 1
 
     def drain(self) -> list[FrHeads]:
-        out = list(self._pending)
+        out = [heads for heads, _ in self._pending]
         self._pending.clear()
+        self._pending_bytes = 0
         return out
 
     def close(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
-            self._transport = None
+        if self._sock is not None:
+            if self._loop is not None and not self._loop.is_closed():
+                with contextlib.suppress(Exception):
+                    self._loop.remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
         with contextlib.suppress(OSError):
             os.unlink(self.path)

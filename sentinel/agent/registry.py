@@ -28,7 +28,7 @@ from sentinel.agent.collectors import (
 from sentinel.agent.frdump import FrDumpWatcher
 from sentinel.agent.jobs import JobMapper
 from sentinel.agent.kmsg import KmsgReader
-from sentinel.agent.probe import ProbeServer
+from sentinel.agent.probe import HeadsAuthorizer, ProbeServer
 from sentinel.agent.tailer import LogTailer
 from sentinel.components.ib.collector import IbCollector, IbPortReader, PortSource
 from sentinel.components.ib.metrics import IbPortMetrics
@@ -145,7 +145,10 @@ def _probe(agent: Agent) -> Collector | None:
         c.probe.socket_path,
         max_bytes=c.probe.max_datagram_bytes,
         max_pending=c.probe.max_pending,
+        max_pending_bytes=c.probe.max_pending_bytes,
         mode=c.probe.socket_mode,
+        group=c.probe.socket_group,
+        authorizer=HeadsAuthorizer(agent.procs),
     )
     return ProbeCollector(agent, agent.probe, c.collect.tick_s)
 

@@ -96,14 +96,36 @@ class ProbeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         str, msgspec.Meta(description="unix datagram socket for FrHeads; empty disables it")
     ] = "/run/sentinel/probe.sock"
     socket_mode: Annotated[
-        int, msgspec.Meta(ge=0, le=0o777, description="permission bits of the socket file")
-    ] = 0o666
+        int,
+        msgspec.Meta(
+            ge=0,
+            le=0o777,
+            description="permission bits of the socket file (0660: the agent's user and socket_group); "
+            "whoever can write is still checked against the job's processes by its kernel credentials",
+        ),
+    ] = 0o660
+    socket_group: Annotated[
+        str,
+        msgspec.Meta(
+            description="group given the socket file, e.g. the group of the users who run training jobs; "
+            "empty: the agent's own group"
+        ),
+    ] = ""
     max_datagram_bytes: Annotated[
         int, msgspec.Meta(ge=256, le=1 << 20, description="larger datagrams are dropped")
     ] = 65536
     max_pending: Annotated[
         int, msgspec.Meta(ge=1, le=100000, description="heads queued for the next batch at most")
     ] = 4096
+    max_pending_bytes: Annotated[
+        int,
+        msgspec.Meta(
+            ge=1 << 16,
+            le=1 << 30,
+            description="bytes of heads datagrams queued for the next batch at most (the oldest are dropped "
+            "first; a flood of 64 KiB datagrams once took the agent from 44 to 663 MB)",
+        ),
+    ] = 4 * 1024 * 1024
     fr_dump_dir: Annotated[
         str, msgspec.Meta(description="folder PyTorch writes FR dumps into; empty: do not watch")
     ] = ""

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sentinel.agent import Agent
-from sentinel.agent.probe import ProbeError, decode_heads
+from sentinel.agent.probe import Credentials, ProbeError, ProbeServer, decode_heads
 from sentinel.fr.heads import FrHeads, InFlight, PgHead
 from sentinel.wire import ProcInfo
 from tests.agent.conftest import make_config
@@ -119,3 +124,85 @@ async def test_extras_replace_host_collectors(tmp_path: Path) -> None:
     assert batch.procs == extras.procs
     assert [(h.gpu, h.host) for h in batch.heads] == [(0, "host-test")]
     await agent.shutdown()
+
+
+def _send_as(uid: int, path: str, payload: bytes) -> None:
+    """Send one datagram from a child process running as ``uid`` (the tests run as root)."""
+    pid = os.fork()
+    if pid == 0:  # the child: drop to uid, send, exit without running any of the parent's cleanup
+        code = 1
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            sender.sendto(payload, path)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.fixture
+def public_dir() -> Iterator[Path]:
+    """A folder other users can reach (pytest's tmp_path is root-only)."""
+    directory = Path(tempfile.mkdtemp(prefix="sentinel-probe-"))
+    directory.chmod(0o755)
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def test_socket_is_0660_and_heads_are_checked_against_the_senders_credentials(
+    tmp_path: Path, public_dir: Path
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to send as other users")
+    path = public_dir / "probe.sock"
+    config = make_config(tmp_path, probe={"socket_path": str(path)})
+    agent = Agent(config, FakeSource(gpus=2))
+    await agent.start()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o660  # the default: no longer world-writable
+    await agent.shutdown()
+    # an operator who opens the socket to everyone still gets every sender checked by its kernel credentials
+    config = make_config(tmp_path, probe={"socket_path": str(path), "socket_mode": 0o666})
+    env = {"PATH": os.environ.get("PATH", ""), "SENTINEL_JOB_ID": "train-a", "RANK": "5"}
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)  # root's job
+    source = FakeSource(gpus=2)
+    source.pids = {1: [rank.pid]}
+    agent = Agent(config, source)
+    await agent.start()
+    try:
+        await agent.step(0.5)
+        assert agent.probe is not None
+        forged = msgspec.structs.replace(HEADS, job_id="train-a", pid=rank.pid)
+        _send_as(65534, str(path), msgspec.msgpack.encode(forged))  # nobody speaks for root's job: refused
+        own = msgspec.structs.replace(HEADS, job_id="nobodys-job", rank=0, pid=1)
+        _send_as(65534, str(path), msgspec.msgpack.encode(own))  # its own job: kept, with its real pid
+        _send_as(65533, str(path), msgspec.msgpack.encode(own))  # another user for that job: refused
+        deadline = time.monotonic() + 5
+        while agent.probe.received + agent.probe.refused < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert agent.probe.refused == 2 and agent.probe.received == 1
+        batch = await agent.step(1.0)
+        assert [(h.job_id, h.rank) for h in batch.heads] == [("nobodys-job", 0)]
+        assert batch.heads[0].pid not in (None, 1)  # the kernel's pid, not the claimed one
+        assert batch.drops is not None and batch.drops.probe == 2
+    finally:
+        rank.kill()
+        rank.wait()
+        await agent.shutdown()
+
+
+def test_a_flood_of_large_datagrams_is_bounded_in_bytes() -> None:
+    server = ProbeServer("/nonexistent/probe.sock", max_pending_bytes=1 << 20)
+    big = msgspec.structs.replace(HEADS, pgs=[PgHead(pg_name="0", ranks=list(range(12000)))])
+    data = msgspec.msgpack.encode(big)
+    assert len(data) > 30000
+    root = Credentials(pid=1, uid=0, gid=0)
+    for _ in range(2000):  # ~70 MB offered
+        server.receive(data, root)
+    assert len(server) * len(data) <= 1 << 20
+    assert server.overflowed == 2000 - len(server)
+    assert server.drain()[-1] == big
