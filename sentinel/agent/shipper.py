@@ -18,6 +18,7 @@ import contextlib
 import random
 import ssl
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import aiohttp
 import msgspec
@@ -25,6 +26,7 @@ import msgspec
 from sentinel.agent.metrics import AgentCounters
 from sentinel.agent.spool import Spool
 from sentinel.config.agent import StreamConfig
+from sentinel.config.loader import read_bounded
 from sentinel.log import get_logger
 from sentinel.wire import MAX_FRAME_BYTES, Ack, Command, CommandResult, Hello, decode_aggregator_frame, encode
 
@@ -50,12 +52,13 @@ def read_token(path: str) -> str | None:
     if not path:
         return None
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_TOKEN_FILE_BYTES)
+        raw = read_bounded(Path(path), MAX_TOKEN_FILE_BYTES)
     except FileNotFoundError:
         raise TokenFileError(f"token file {path} does not exist") from None
     except OSError as exc:
         raise TokenFileError(f"token file {path} cannot be read: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise TokenFileError(f"token file {path} {exc}") from None
     text = raw.decode("utf-8", errors="replace")
     for raw_line in text.splitlines():
         line = raw_line.strip()

@@ -44,6 +44,7 @@ from sentinel.aggregator.remediation import Remediator
 from sentinel.aggregator.store import BuiltinsHolder, StateStore, StoreError
 from sentinel.aggregator.views import gpu_health, host_dict, job_detail, job_summary
 from sentinel.config.aggregator import AggregatorConfig, LimitsConfig, ServerConfig
+from sentinel.config.loader import read_bounded
 from sentinel.log import get_logger
 from sentinel.wire import Ack, Batch, Command, CommandResult, Hello, decode_agent_frame, encode
 
@@ -107,10 +108,11 @@ def parse_token_line(line: str, number: int = 0) -> TokenGrant | None:
 def load_tokens(path: Path) -> list[TokenGrant]:
     """The grants of a tokens file: ``TOKEN HOSTGLOB`` per line (blank lines and ``#`` comments ignored)."""
     try:
-        with path.open("rb") as handle:
-            raw = handle.read(MAX_TOKENS * (MAX_TOKEN_BYTES + 1))
+        raw = read_bounded(path, MAX_TOKENS * (MAX_TOKEN_BYTES + 1))
     except OSError as exc:
         raise TokenError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise TokenError(f"{path}: {exc}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "dashboards",
         help="build the Grafana dashboards from their grafanalib sources",
-        description=__doc__,
+        description=__doc__.replace("``", ""),
     )
     sub = parser.add_subparsers(dest="dashboards_command", metavar="SUBCOMMAND", required=True)
     build = sub.add_parser(

@@ -1,7 +1,7 @@
 """``sentinel sim SCENARIO.toml --report REPORT.json``: a fault scenario on a simulated cluster, virtual clock.
 
-Deterministic for a given seed; the report is contract section 4's JSON (scenario, faults as injected,
-verdicts when they opened). Runs as fast as the CPU allows.
+Deterministic for a given seed; the report is JSON: the scenario, the faults as
+injected and each verdict when it opened (format: docs/scenarios.md). Runs as fast as the CPU allows.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from sentinel.sim.scenario import ScenarioError, load_scenario
 
 DESCRIPTION = """sentinel sim SCENARIO.toml --report REPORT.json: a fault scenario on a simulated cluster, virtual clock.
 
-Deterministic for a given seed; the report is contract section 4's JSON (scenario, faults as injected,
-verdicts when they opened). Runs as fast as the CPU allows.
+Deterministic for a given seed; the report is JSON: the scenario, the faults as
+injected and each verdict when it opened (format: docs/scenarios.md). Runs as fast as the CPU allows.
 """
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 
@@ -33,23 +34,47 @@ DAEMONS: dict[str, DaemonConfigSpec] = {
 }
 
 
+T = TypeVar("T", bound=msgspec.Struct)
+
+
+def load_daemon_config(
+    name: str, cls: type[T], path: Path, *, env: Mapping[str, str] | None = None, missing_ok: bool = False
+) -> T:
+    """``load_config`` for daemon ``name``; a file that is the *other* daemon's configuration says so."""
+    spec = DAEMONS[name]
+    try:
+        return load_config(cls, path, env_prefix=spec.env_prefix, env=env, missing_ok=missing_ok)
+    except ConfigError as exc:
+        if exc.problem == "unknown key":
+            for other in DAEMONS.values():
+                if other.name == name:
+                    continue
+                try:
+                    load_config(other.struct, path, env_prefix=other.env_prefix, env={}, missing_ok=False)
+                except ConfigError:
+                    continue
+                raise ConfigError(
+                    exc.source,
+                    exc.key,
+                    f"unknown key; this file looks like the {other.name}'s configuration, not the {name}'s "
+                    f"(sentinel config check --daemon {other.name} {path})",
+                ) from None
+        raise
+
+
 def load_agent_config(path: Path | None, env: Mapping[str, str] | None = None) -> AgentConfig:
     """The agent's config; the default path may be absent (all defaults), an explicit one must exist."""
     spec = DAEMONS["agent"]
-    return load_config(
-        AgentConfig, path or spec.default_path, env_prefix=spec.env_prefix, env=env, missing_ok=path is None
+    return load_daemon_config(
+        "agent", AgentConfig, path or spec.default_path, env=env, missing_ok=path is None
     )
 
 
 def load_aggregator_config(path: Path | None, env: Mapping[str, str] | None = None) -> AggregatorConfig:
     """The aggregator's config; the default path may be absent (all defaults), an explicit one must exist."""
     spec = DAEMONS["aggregator"]
-    return load_config(
-        AggregatorConfig,
-        path or spec.default_path,
-        env_prefix=spec.env_prefix,
-        env=env,
-        missing_ok=path is None,
+    return load_daemon_config(
+        "aggregator", AggregatorConfig, path or spec.default_path, env=env, missing_ok=path is None
     )
 
 
@@ -62,4 +87,5 @@ __all__ = [
     "load_agent_config",
     "load_aggregator_config",
     "load_config",
+    "load_daemon_config",
 ]

@@ -7,8 +7,10 @@ these in ``journalctl`` and need to know which line to fix, not where in our cod
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
+import stat
 import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -30,6 +32,44 @@ class ConfigError(Exception):
         self.key = key
         self.problem = problem
         super().__init__(f"{source}: {key}: {problem}" if key else f"{source}: {problem}")
+
+
+MAX_CONFIG_BYTES = 1024 * 1024
+
+
+def read_bounded(path: Path, max_bytes: int = MAX_CONFIG_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``; ``OSError``/``ValueError`` naming what is wrong.
+
+    Opened non-blocking and checked to be a regular file before anything is read: ``/dev/zero`` once grew
+    ``config check`` to 4.6 GB and a FIFO blocked it for ever.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = (
+                "a FIFO"
+                if stat.S_ISFIFO(info.st_mode)
+                else "a device"
+                if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)
+                else "a directory"
+                if stat.S_ISDIR(info.st_mode)
+                else "not a regular file"
+            )
+            raise ValueError(f"is {kind}, not a regular file")
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            chunk = os.read(fd, min(65536, max_bytes + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > max_bytes:
+                raise ValueError(f"larger than {max_bytes} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def env_name(prefix: str, path: tuple[str, ...]) -> str:
@@ -62,6 +102,13 @@ def _parse_env_value(raw: str) -> Any:
 
 
 def _apply_env(data: dict[str, Any], cls: type[msgspec.Struct], prefix: str, env: Mapping[str, str]) -> None:
+    known = {env_name(prefix, path) for path, _ in iter_leaf_paths(cls)}
+    for name in sorted(env):
+        if name.startswith(prefix + "_") and name not in known:
+            # a misspelled override would otherwise be ignored silently, and the default used instead
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(name, None, f"unknown override: no such key{hint}")
     for path, _ in iter_leaf_paths(cls):
         name = env_name(prefix, path)
         if name not in env:
@@ -101,12 +148,14 @@ def load_config(
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            raw = path.read_bytes()
+            raw = read_bounded(path)
         except FileNotFoundError:
             if not missing_ok:
                 raise ConfigError(source, None, "no such file") from None
         except OSError as exc:
             raise ConfigError(source, None, f"cannot read: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise ConfigError(source, None, str(exc)) from None
         else:
             try:
                 data = tomllib.loads(raw.decode("utf-8"))
@@ -114,6 +163,8 @@ def load_config(
                 raise ConfigError(source, None, f"not UTF-8 text (byte {exc.start})") from None
             except tomllib.TOMLDecodeError as exc:
                 raise ConfigError(source, None, f"invalid TOML: {exc}") from None
+            except RecursionError:
+                raise ConfigError(source, None, "invalid TOML: nested too deeply") from None
     env_values = os.environ if env is None else env
     _apply_env(data, cls, env_prefix, env_values)
     try:

@@ -4,6 +4,7 @@ dedup across a reimage. Each test replays an attack that once worked and shows i
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
 import subprocess
 import time
@@ -65,6 +66,10 @@ def test_tokens_file_binds_tokens_to_host_globs(tmp_path: Path) -> None:
     assert alpha.allows("host-007") and alpha.allows("gpu-node-17")
     assert not alpha.allows("host-100") and not alpha.allows("gpu-node-170")
     assert beta.any_host and beta.allows("anything")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(TokenError, match="is a FIFO, not a regular file"):
+        load_tokens(fifo)  # once blocked the aggregator's start for ever
     path.write_text("gamma host/../x\n")
     with pytest.raises(TokenError, match=r"tokens: line token 1: 'host/\.\./x' is not a host name glob"):
         load_tokens(path)

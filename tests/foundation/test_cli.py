@@ -54,3 +54,31 @@ def test_unimplemented_commands_refuse_to_run(capsys: pytest.CaptureFixture[str]
 def test_no_command_prints_help_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     assert "usage: sentinel" in capsys.readouterr().out
+
+
+def test_help_texts_have_no_rest_markup_and_name_only_documents_in_the_repository() -> None:
+    import argparse
+    import re
+
+    from tests.support import REPO
+
+    texts: list[tuple[str, str]] = []
+
+    def walk(parser: argparse.ArgumentParser, where: str) -> None:
+        texts.append((where, parser.format_help()))
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{where} {name}")
+
+    walk(build_parser(), "sentinel")
+    assert len(texts) > 20
+    for where, text in texts:
+        assert "``" not in text and not re.search(r":(class|func|meth|mod):`", text), (
+            f"'{where} --help': reST markup"
+        )
+        assert "contract" not in text.lower(), f"'{where} --help' points at the contracts document"
+        for document in re.findall(
+            r"\b(?:docs|examples|rules|systemd)/[\w./-]+\.(?:md|toml|yml|service)", text
+        ):
+            assert (REPO / document).is_file(), f"'{where} --help' names {document}, not in the repository"

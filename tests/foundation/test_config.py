@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -151,3 +152,55 @@ def test_cli_check_accepts_good_and_rejects_bad(tmp_path: Path) -> None:
     assert fail.returncode == 2
     assert fail.stderr.strip() == f"error: {bad}: server.listen_port: expected int <= 65535"
     assert "Traceback" not in fail.stderr
+
+
+def _check(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sentinel", "config", "check", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_config_check_of_a_device_a_fifo_or_a_huge_file_is_a_one_line_error(tmp_path: Path) -> None:
+    """`config check /dev/zero` once grew to 4.6 GB; a FIFO blocked for ever; deep TOML raised RecursionError."""
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    deep = _write(tmp_path, "a = " + "[" * 50000 + "]" * 50000 + "\n", "deep.toml")
+    huge = tmp_path / "huge.toml"
+    huge.write_bytes(b"# " + b"x" * (2 * 1024 * 1024) + b"\n")
+    for path, problem in (
+        (Path("/dev/zero"), "is a device, not a regular file"),
+        (fifo, "is a FIFO, not a regular file"),
+        (deep, "invalid TOML: nested too deeply"),
+        (huge, "larger than 1048576 bytes"),
+        (tmp_path, "is a directory, not a regular file"),
+    ):
+        result = _check(str(path))
+        assert result.returncode == 2
+        assert result.stderr.strip() == f"error: {path}: {problem}", result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_misspelled_environment_override_is_reported_with_a_suggestion(tmp_path: Path) -> None:
+    good = _write(tmp_path, "[collect]\ntick_s = 1.5\n", "agent.toml")
+    result = _check(str(good), env={"SENTINEL_AGENT_COLECT__TICK_S": "0.5"})
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "error: SENTINEL_AGENT_COLECT__TICK_S: unknown override: no such key "
+        "(did you mean SENTINEL_AGENT_COLLECT__TICK_S?)"
+    )
+    with pytest.raises(ConfigError, match="unknown override"):
+        _load_agent(good, env={"SENTINEL_AGENT_NONSENSE": "1"})
+
+
+def test_checking_the_other_daemons_file_says_which_daemon_it_is_for(tmp_path: Path) -> None:
+    aggregator = _write(tmp_path, "[server]\nlisten_port = 9400\n[fleet]\ncluster = 'a'\n", "site.toml")
+    result = _check("--daemon", "agent", str(aggregator))
+    assert result.returncode == 2
+    assert "looks like the aggregator's configuration" in result.stderr
+    assert f"sentinel config check --daemon aggregator {aggregator}" in result.stderr
+    agent = _write(tmp_path, "[collect]\ntick_s = 1.0\n", "node.toml")
+    assert "looks like the agent's configuration" in _check("--daemon", "aggregator", str(agent)).stderr
