@@ -10,6 +10,15 @@ both the verdict latency and the ack latency is under 1 s.
     .venv/bin/python bench/aggregator.py                 # ramp 1024 .. 8192 hosts, 30 s each
     .venv/bin/python bench/aggregator.py --quick         # 256 and 1024 hosts, 10 s each
     .venv/bin/python bench/aggregator.py --hosts 6144 --duration 60
+    .venv/bin/python bench/aggregator.py --jobs --hosts 6144 --duration 75   # the seeds' job workload
+
+``--jobs`` adds the seeds' workload: two jobs of ``--job-ranks`` ranks (24,576: 3,072 hosts x 8 GPUs each;
+fewer when the level has fewer hosts) whose ranks send Flight Recorder heads every 2 s in their host's
+batch (half the hosts each second). Steps take 1 s (0.8 s compute, 0.2 s allreduce on the world group).
+``--warmup`` + 5 s into the run one rank of job 0 stops entering its next collective (a hang: every other
+rank waits in it); from the warmup on one rank of job 1 computes ``--slowdown`` times longer (a straggler:
+its peers wait for it inside the collective). Reported: time from the hang to the stuck verdict naming that
+rank, time from the straggler's start to the straggler verdict naming it, and the aggregator's RSS.
 """
 
 from __future__ import annotations
@@ -166,13 +175,124 @@ class _Client(asyncio.Protocol):
         self.transport.write(header + b"\x00\x00\x00\x00" + payload)
 
 
-def generate(url: str, hosts: int, duration: float, warmup: float, out: Path, core: int) -> None:
+class JobModel:
+    """Heads of the bench's two synchronous data-parallel jobs, computed from the clock (cheap per rank).
+
+    Job 0 hangs at ``hang_at``: rank ``hung`` never enters collective ``K`` (the step due then), every other
+    rank enters it and waits. Job 1 has a straggler from ``straggle_at``: rank ``slow`` computes
+    ``slowdown`` times longer, so every step takes longer and its peers wait inside the allreduce.
+    """
+
+    COMPUTE_S = 0.8
+    COMM_S = 0.2
+
+    def __init__(self, ranks: int, start: float, hang_at: float, straggle_at: float, slowdown: float) -> None:
+        self.ranks = ranks
+        self.start = start
+        self.hang_at = hang_at
+        self.straggle_at = straggle_at
+        self.slowdown = slowdown
+        self.hung = ranks // 2 + 3
+        self.slow = ranks // 3 + 5
+        step = self.COMPUTE_S + self.COMM_S
+        self.hang_step = int((hang_at - start) / step) + 1  # the first collective the hung rank never enters
+        self.straggle_step = int((straggle_at - start) / step) + 1
+
+    def step_start(self, job: int, seq: int) -> float:
+        """When step ``seq`` (its compute) begins."""
+        step = self.COMPUTE_S + self.COMM_S
+        if job == 1 and seq > self.straggle_step:
+            slow_step = self.COMPUTE_S * self.slowdown + self.COMM_S
+            return self.start + self.straggle_step * step + (seq - self.straggle_step) * slow_step
+        return self.start + seq * step
+
+    def heads(self, job: int, rank: int, gpu: int, now: float) -> Any:
+        from sentinel.fr.heads import FrHeads, InFlight, PgHead, StepTime
+
+        step = self.COMPUTE_S + self.COMM_S
+        if job == 1 and now >= self.step_start(1, self.straggle_step):
+            slow_step = self.COMPUTE_S * self.slowdown + self.COMM_S
+            seq = self.straggle_step + int((now - self.step_start(1, self.straggle_step)) / slow_step)
+        else:
+            seq = int((now - self.start) / step)
+        begun = self.step_start(job, seq)
+        compute = self.COMPUTE_S
+        if job == 1 and rank == self.slow and seq >= self.straggle_step:
+            compute = self.COMPUTE_S * self.slowdown
+        in_flight: list[Any] = []
+        completed = seq - 1
+        if job == 0 and seq >= self.hang_step:
+            completed = self.hang_step - 1
+            if rank != self.hung:  # everyone else entered collective hang_step and waits there
+                entered = self.step_start(0, self.hang_step) + compute
+                if now > entered:
+                    in_flight = [
+                        InFlight(seq=self.hang_step, op="allreduce", age_s=now - entered, state="started")
+                    ]
+        else:
+            entered = begun + compute  # the straggler's peers enter early and wait for it
+            if now >= entered:
+                in_flight = [InFlight(seq=seq, op="allreduce", age_s=now - entered, state="started")]
+        jitter = ((rank * 2654435761 + completed) % 1000) / 1000 * 0.02
+        steps = [
+            StepTime(
+                seq=s,
+                compute_s=(
+                    self.COMPUTE_S * self.slowdown
+                    if job == 1 and rank == self.slow and s >= self.straggle_step
+                    else self.COMPUTE_S
+                )
+                + jitter,
+            )
+            for s in range(max(0, completed - 7), completed + 1)
+        ]
+        pg = PgHead(
+            pg_name="0",
+            pg_desc="default_pg",
+            last_enqueued_seq=completed + (1 if in_flight else 0),
+            last_started_seq=completed + (1 if in_flight else 0),
+            last_completed_seq=completed,
+            in_flight=in_flight,
+        )
+        return FrHeads(
+            rank=rank,
+            t=now,
+            job_id=f"bench-job-{job}",
+            world_size=self.ranks,
+            local_rank=gpu,
+            pid=100000 + rank,
+            gpu=gpu,
+            pgs=[pg],
+            steps=steps,
+        )
+
+
+def generate(
+    url: str,
+    hosts: int,
+    duration: float,
+    warmup: float,
+    out: Path,
+    core: int,
+    job_ranks: int = 0,
+    slowdown: float = 1.5,
+) -> None:
     pin(core)
     raise_nofile()
     import base64
     import urllib.parse
 
-    from sentinel.wire import Ack, Batch, Event, GpuInfo, GpuSample, Hello, decode_aggregator_frame, encode
+    from sentinel.wire import (
+        Ack,
+        Batch,
+        Event,
+        GpuInfo,
+        GpuSample,
+        Hello,
+        ProcInfo,
+        decode_aggregator_frame,
+        encode,
+    )
 
     parsed = urllib.parse.urlparse(url)
     stats: dict[str, Any] = {
@@ -182,6 +302,7 @@ def generate(url: str, hosts: int, duration: float, warmup: float, out: Path, co
         "ack_latency": [],
         "faults": [],
         "late_sends": 0,
+        "heads": 0,
     }
     samples = [
         GpuSample(
@@ -248,6 +369,19 @@ def generate(url: str, hosts: int, duration: float, warmup: float, out: Path, co
         stop = start + duration
         measure_from[0] = start + warmup
         (out.parent / "load.start").write_text(str(start))
+        model = (
+            JobModel(job_ranks, start, start + warmup + 5.0, start + warmup, slowdown) if job_ranks else None
+        )
+        hosts_per_job = job_ranks // GPUS
+        if model is not None:
+            stats["jobs"] = {
+                "ranks": job_ranks,
+                "hung_rank": model.hung,
+                "hang_at": model.hang_at,
+                "slow_rank": model.slow,
+                "straggle_at": model.straggle_at,
+                "slowdown": slowdown,
+            }
         # fault schedule: second k → (host index, gpu); the same GPU is reset 3 s later
         faults: dict[int, list[tuple[int, int, bool]]] = {}
         for k in range(int(warmup) + 1, int(duration) - 4):
@@ -287,7 +421,23 @@ def generate(url: str, hosts: int, duration: float, warmup: float, out: Path, co
                 seq = seqs[i]
                 seqs[i] = seq + 1
                 sent_at[(client.name, seq)] = now
-                client.send(encode(Batch(seq=seq, t=now, samples=samples, events=events)))
+                heads: list[Any] = []
+                procs = None
+                job = i // hosts_per_job if model is not None and hosts_per_job else 2
+                if model is not None and job < 2:
+                    base_rank = (i - job * hosts_per_job) * GPUS
+                    if seq == 0:  # the process map once: GPU -> job/rank (as the agent's job collector)
+                        procs = [
+                            ProcInfo(gpu=g, pid=100000 + base_rank + g, job_id=f"bench-job-{job}",
+                                     rank=base_rank + g, local_rank=g, world_size=job_ranks)
+                            for g in range(GPUS)
+                        ]  # fmt: skip
+                    if (second + i) % 2 == 0:  # heads every 2 s, half the hosts each second
+                        heads = [model.heads(job, base_rank + g, g, now) for g in range(GPUS)]
+                        stats["heads"] += len(heads)
+                client.send(
+                    encode(Batch(seq=seq, t=now, samples=samples, events=events, heads=heads, procs=procs))
+                )
                 stats["sent"] += 1
             tick += 1
         (out.parent / "load.stop").write_text(str(time.time()))
@@ -313,7 +463,9 @@ def fetch(url: str) -> Any:
         return response.read()
 
 
-def run_level(hosts: int, duration: float, warmup: float) -> dict[str, Any]:
+def run_level(
+    hosts: int, duration: float, warmup: float, job_ranks: int = 0, slowdown: float = 1.5
+) -> dict[str, Any]:
     import psutil
 
     with tempfile.TemporaryDirectory(prefix="sentinel-bench-") as tmp:
@@ -339,6 +491,7 @@ def run_level(hosts: int, duration: float, warmup: float) -> dict[str, Any]:
                     sys.executable, __file__, "--generate", f"ws://127.0.0.1:{port}/api/v1/stream",
                     "--hosts", str(hosts), "--duration", str(duration), "--warmup", str(warmup),
                     "--out", str(out), "--core", str(gen_core),
+                    "--job-ranks", str(job_ranks), "--slowdown", str(slowdown),
                 ],
                 env=env,
             )  # fmt: skip
@@ -407,6 +560,37 @@ def run_level(hosts: int, duration: float, warmup: float) -> dict[str, Any]:
         "generator_cpu": round((gcpu1.user + gcpu1.system - gcpu0.user - gcpu0.system) / elapsed, 3),
         "aggregator_rss_mb": round(rss / 2**20, 1),
     }
+    jobs = stats.get("jobs")
+    if jobs:
+        hang = [
+            v["opened_at"] - jobs["hang_at"]
+            for v in verdicts
+            if v["kind"] == "stuck" and v["job"] == "bench-job-0" and v["rank"] == jobs["hung_rank"]
+        ]
+        wrong_stuck = [
+            v
+            for v in verdicts
+            if v["kind"] == "stuck" and not (v["job"] == "bench-job-0" and v["rank"] == jobs["hung_rank"])
+        ]
+        slow = [
+            v["opened_at"] - jobs["straggle_at"]
+            for v in verdicts
+            if v["kind"] == "straggler" and v["job"] == "bench-job-1" and v["rank"] == jobs["slow_rank"]
+        ]
+        wrong_slow = [
+            v
+            for v in verdicts
+            if v["kind"] == "straggler" and not (v["job"] == "bench-job-1" and v["rank"] == jobs["slow_rank"])
+        ]
+        result.update(
+            job_ranks=jobs["ranks"],
+            heads_sent=stats["heads"],
+            hang_named_s=round(min(hang), 2) if hang else None,
+            straggler_named_s=round(min(slow), 2) if slow else None,
+            other_stuck_verdicts=len(wrong_stuck),
+            other_straggler_verdicts=len(wrong_slow),
+            slowdown=jobs["slowdown"],
+        )
     result["sustained"] = bool(
         stats["connect_errors"] == 0
         and stats["sent"] >= 0.98 * expected
@@ -415,6 +599,14 @@ def run_level(hosts: int, duration: float, warmup: float) -> dict[str, Any]:
         and latencies
         and result["verdict_p99_s"] < 1.0
         and result["ack_p99_s"] < 1.0
+        and (
+            not jobs
+            or (
+                result["hang_named_s"] is not None
+                and result["hang_named_s"] <= 10.0
+                and (duration - warmup < 60 or (result["straggler_named_s"] or 1e9) <= 60.0)
+            )
+        )
     )
     return result
 
@@ -497,6 +689,15 @@ def main() -> int:
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--engine", action="store_true", help="also time the detection path without sockets")
+    parser.add_argument(
+        "--jobs", action="store_true", help="add two jobs of --job-ranks ranks with FR heads every 2 s"
+    )
+    parser.add_argument(
+        "--job-ranks", type=int, default=24576, help="ranks per job with --jobs (default 24576)"
+    )
+    parser.add_argument(
+        "--slowdown", type=float, default=1.5, help="the straggler's compute factor (default 1.5)"
+    )
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--generate", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -506,7 +707,16 @@ def main() -> int:
         serve(args.serve, args.core)
         return 0
     if args.generate:
-        generate(args.generate, int(args.hosts), args.duration, args.warmup, args.out, args.core)
+        generate(
+            args.generate,
+            int(args.hosts),
+            args.duration,
+            args.warmup,
+            args.out,
+            args.core,
+            args.job_ranks,
+            args.slowdown,
+        )
         return 0
     PIN[0] = args.pin
     if args.engine:
@@ -529,7 +739,8 @@ def main() -> int:
     results = []
     best = 0
     for hosts in levels:
-        r = run_level(hosts, duration, min(args.warmup, duration / 3))
+        ranks = min(args.job_ranks, hosts * GPUS // 2) if args.jobs else 0
+        r = run_level(hosts, duration, min(args.warmup, duration / 3), ranks, args.slowdown)
         results.append(r)
         print(
             f"{r['hosts']:>6} {r['gpus']:>6} {r['batches_sent']:>6}/{r['batches_expected']:<6} {r['batches_acked']:>7} "
@@ -538,12 +749,20 @@ def main() -> int:
             f"{'yes' if r['sustained'] else 'NO'}",
             flush=True,
         )
+        if "job_ranks" in r:
+            print(
+                f"       jobs: 2 x {r['job_ranks']} ranks, {r['heads_sent']} heads sent; hang named after "
+                f"{r['hang_named_s']} s (goal 10), straggler ({r['slowdown']}x) after {r['straggler_named_s']} s "
+                f"(goal 60); other stuck/straggler verdicts: {r['other_stuck_verdicts']}/{r['other_straggler_verdicts']}",
+                flush=True,
+            )
         if r["sustained"]:
             best = max(best, hosts)
         elif not args.all:
             break
     print(
-        f"largest sustained: {best} hosts ({best * GPUS} GPUs) at 1 Hz, ingest-to-verdict p99 < 1 s (goal 6144)"
+        f"largest sustained: {best} hosts ({best * GPUS} GPUs) at 1 Hz"
+        f"{' with the two jobs' if args.jobs else ''}, ingest-to-verdict p99 < 1 s (goal 6144)"
     )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
