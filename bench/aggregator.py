@@ -673,6 +673,107 @@ def engine_only(hosts: int, seconds: int) -> None:
     )
 
 
+def engine_jobs(hosts: int, seconds: int, job_ranks: int, slowdown: float, warmup: float) -> dict[str, Any]:
+    """The job workload through the engine without sockets: what one core spends per second of fleet time.
+
+    Frames are built (not timed) and decoded + ingested + ticked (timed) second by second on a virtual
+    clock, as the server would; the time to name the hang and the straggler is in that virtual time. This
+    separates the aggregator's cost from the load generator's, which on a small shared machine competes for
+    the same cores.
+    """
+    import gc
+
+    import psutil
+
+    from sentinel.aggregator.engine import Engine
+    from sentinel.wire import Batch, GpuInfo, GpuSample, Hello, ProcInfo, decode_agent_frame, encode
+
+    engine = Engine()
+    gpus = [
+        GpuInfo(index=g, uuid=f"GPU-{g}", pci_bus=f"0000:{0x18 + g:02x}:00", name="H100") for g in range(GPUS)
+    ]
+    views = [engine.hello(Hello(host=f"bench-{i:05d}", gpus=gpus, boot_id="b"), 0.0) for i in range(hosts)]
+    template = [
+        GpuSample(gpu=g, t=0.0, util_gpu_pct=98.0, temp_c=64.0, power_w=640.0, sm_clock_mhz=1980.0 - g)
+        for g in range(GPUS)
+    ]
+    job_ranks = min(job_ranks, hosts * GPUS // 2)
+    model = JobModel(job_ranks, 0.0, warmup + 5.0, warmup, slowdown)
+    per_job = job_ranks // GPUS
+    gc.collect()
+    gc.freeze()
+    busy: list[float] = []
+    ticks: list[float] = []
+    hang_at = straggler_at = None
+    rss0 = psutil.Process().memory_info().rss
+    for second in range(seconds):
+        t = float(second)
+        frames = []
+        for i in range(hosts):
+            job = i // per_job if per_job else 2
+            heads: list[Any] = []
+            procs = None
+            if job < 2:
+                base = (i - job * per_job) * GPUS
+                if second == 0:
+                    procs = [
+                        ProcInfo(gpu=g, pid=100000 + base + g, job_id=f"bench-job-{job}", rank=base + g,
+                                 local_rank=g, world_size=job_ranks)
+                        for g in range(GPUS)
+                    ]  # fmt: skip
+                if (second + i) % 2 == 0:
+                    heads = [model.heads(job, base + g, g, t + i / hosts) for g in range(GPUS)]
+            frames.append(encode(Batch(seq=second, t=t, samples=template, heads=heads, procs=procs)))
+        started = time.perf_counter()
+        for i, (view, frame) in enumerate(zip(views, frames, strict=True)):
+            engine.ingest(view, decode_agent_frame(frame), t + i / hosts)  # type: ignore[arg-type]
+        tick_started = time.perf_counter()
+        engine.tick(t + 1.0)
+        done = time.perf_counter()
+        busy.append(done - started)
+        ticks.append(done - tick_started)
+        if second % 30 == 29:  # as the server's gc maintenance does
+            gc.collect(1)
+            gc.freeze()
+        for v in engine.book.open.values():
+            if hang_at is None and v.kind == "stuck" and v.job == "bench-job-0" and v.rank == model.hung:
+                hang_at = v.opened_at - model.hang_at
+            if (
+                straggler_at is None
+                and v.kind == "straggler"
+                and v.job == "bench-job-1"
+                and v.rank == model.slow
+            ):
+                straggler_at = v.opened_at - model.straggle_at
+    others = [
+        (v.kind, v.job, v.rank, v.host, v.gpu)
+        for v in engine.book.all()
+        if not (v.job == "bench-job-0" and v.rank == model.hung)
+        and not (v.job == "bench-job-1" and v.rank == model.slow)
+    ]
+    steady = busy[int(warmup) :]
+    result = {
+        "hosts": hosts,
+        "job_ranks": job_ranks,
+        "cpu_per_s_mean": round(sum(steady) / len(steady), 3),
+        "cpu_per_s_p99": round(percentile(steady, 0.99), 3),
+        "tick_p99_s": round(percentile(ticks[int(warmup) :], 0.99), 3),
+        "hang_named_s": hang_at,
+        "straggler_named_s": straggler_at,
+        "false_verdicts": others[:5],
+        "false_verdict_count": len(others),
+        "rss_growth_mb": round((psutil.Process().memory_info().rss - rss0) / 2**20, 1),
+    }
+    print(
+        f"engine only with jobs, {hosts} hosts x {GPUS} GPUs + 2 x {job_ranks} ranks, {seconds} s: "
+        f"{result['cpu_per_s_mean']:.2f} s of CPU per second (p99 {result['cpu_per_s_p99']:.2f}, tick p99 "
+        f"{result['tick_p99_s']:.2f} s); hang named after {hang_at} s, {slowdown}x straggler after {straggler_at} s; "
+        f"false verdicts {len(others)}; state grew {result['rss_growth_mb']} MB",
+        flush=True,
+    )
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -719,6 +820,14 @@ def main() -> int:
         )
         return 0
     PIN[0] = args.pin
+    if args.engine and args.jobs:
+        sizes = [int(x) for x in args.hosts.split(",") if x] or [6144]
+        results = [
+            engine_jobs(h, int(args.duration), args.job_ranks, args.slowdown, args.warmup) for h in sizes
+        ]
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2))
+        return 0
     if args.engine:
         engine_only(6144, 10)
     if args.quick:

@@ -711,7 +711,12 @@ class Aggregator:
 
     async def healthz(self, _: web.Request) -> web.Response:
         return web.json_response(
-            {"status": "ok", "agents": len(self.by_host), "uptime_s": self.clock() - self.started_at}
+            {
+                "status": "ok",
+                "agents": len(self.by_host),
+                "uptime_s": self.clock() - self.started_at,
+                "cluster": self.config.fleet.cluster,
+            }
         )
 
     async def metrics_endpoint(self, _: web.Request) -> web.Response:

@@ -27,6 +27,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("dashboards", "build the Grafana dashboards from their grafanalib sources"),
     ("incident", "list and show incident timelines gathered by the aggregator"),
     ("health", "is this node fit? ask the local agent (Slurm HealthCheckProgram, prolog/epilog, launchers)"),
+    ("fleet", "one read-only view (API, status page, verdicts) over several aggregators"),
     ("config", "check and document configuration files"),
 )
 

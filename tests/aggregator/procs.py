@@ -88,3 +88,13 @@ class AggregatorProcess:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
+
+
+def free_port() -> int:
+    """A port nothing listens on right now (for an aggregator that is down)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
