@@ -120,15 +120,24 @@ class FleetLatches:
 
     def __init__(self, fleet: FleetState) -> None:
         self.fleet = fleet
+        self._kept: set[str] = set()  # hosts with a record in the store
 
     def snapshot(self, full: bool = False) -> dict[str, bytes | None]:
+        """Changed hosts' records; hosts the fleet forgot (retention, eviction) are deleted."""
         fleet = self.fleet
-        names = list(fleet.hosts) if full else list(fleet.changed_hosts)
+        names = set(fleet.hosts) if full else fleet.changed_hosts
         fleet.changed_hosts = set()
         out: dict[str, bytes | None] = {}
         for name in names:
             host = fleet.hosts.get(name)
-            out[name] = None if host is None else _encoder.encode(self._record(host))
+            if host is not None:
+                out[name] = _encoder.encode(self._record(host))
+                self._kept.add(name)
+        if len(self._kept) > len(fleet.hosts) or not full:
+            gone = [name for name in self._kept if name not in fleet.hosts]
+            for name in gone:
+                out[name] = None
+                self._kept.discard(name)
         return out
 
     @staticmethod
@@ -166,3 +175,4 @@ class FleetLatches:
                 if gpu.index == len(host.gpus):
                     host.gpus.append(_gpu_view(host.name, gpu))
             fleet.hosts[host.name] = host
+            self._kept.add(host.name)

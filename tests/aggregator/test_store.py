@@ -254,3 +254,14 @@ def test_a_restarted_engine_rechecks_every_restored_gpu_on_its_first_tick(tmp_pa
     changes = second.engine.tick(11.0)
     assert changes == []  # evaluated on the restored facts: the same verdict, nothing opened or closed
     assert [(g, r) for _, _, _, g, r, _ in second.open()] == [(4, "xid_79")]
+
+
+def test_a_host_the_fleet_forgot_is_deleted_from_the_store(tmp_path: Path) -> None:
+    first = Node(tmp_path, 0.0)
+    first.hello(hello("h0"), 0.0)
+    first.hello(hello("h1"), 0.0)
+    first.persist()
+    del first.engine.fleet.hosts["h1"]  # retention forgot it (its verdicts closed)
+    first.persist()
+    first.crash()
+    assert sorted(Node(tmp_path, 5.0).engine.fleet.hosts) == ["h0"]
