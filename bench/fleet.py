@@ -96,7 +96,7 @@ async def cross_cluster(clusters: int, hosts: int, queries: int) -> dict[str, An
                 config.fleet.cluster = f"c{c:02d}"
                 config.state.enabled = False
                 config.incidents.enabled = False
-                app = create_app(config, tokens=[TOKEN], state_dir=Path(tmp) / str(c))
+                app = create_app(config, tokens=[f"{TOKEN} c*"], state_dir=Path(tmp) / str(c))
                 populate(app[AGGREGATOR_KEY].engine, c, hosts, 20)
                 runner = web.AppRunner(app, access_log=None)
                 await runner.setup()
@@ -140,6 +140,9 @@ def main() -> int:
     parser.add_argument("--queries", type=int, default=10, help="fleet-wide verdict queries to time")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
+    from sentinel.log import setup_logging
+
+    setup_logging("bench", "warning")
     hosts = math.ceil(args.gpus / GPUS / args.clusters)
     print(
         f"fleet: {args.gpus} GPUs in {args.clusters} clusters -> {hosts} hosts ({hosts * GPUS} GPUs) per cluster; "

@@ -60,9 +60,14 @@ class FleetReader:
 
     async def _get(self, url: str, path: str) -> tuple[int, Any]:
         async with self._client().get(url + path) as response:
-            body = await response.content.read(MAX_ANSWER_BYTES + 1)
-            if len(body) > MAX_ANSWER_BYTES:
-                raise ValueError(f"answer larger than {MAX_ANSWER_BYTES} bytes")
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in response.content.iter_chunked(1 << 20):
+                size += len(chunk)
+                if size > MAX_ANSWER_BYTES:
+                    raise ValueError(f"answer larger than {MAX_ANSWER_BYTES} bytes")
+                chunks.append(chunk)
+            body = b"".join(chunks)
             if response.status == 404:
                 return 404, None
             if response.status != 200:
