@@ -562,33 +562,22 @@ def run_level(
     }
     jobs = stats.get("jobs")
     if jobs:
-        hang = [
-            v["opened_at"] - jobs["hang_at"]
-            for v in verdicts
-            if v["kind"] == "stuck" and v["job"] == "bench-job-0" and v["rank"] == jobs["hung_rank"]
-        ]
-        wrong_stuck = [
-            v
-            for v in verdicts
-            if v["kind"] == "stuck" and not (v["job"] == "bench-job-0" and v["rank"] == jobs["hung_rank"])
-        ]
-        slow = [
-            v["opened_at"] - jobs["straggle_at"]
-            for v in verdicts
-            if v["kind"] == "straggler" and v["job"] == "bench-job-1" and v["rank"] == jobs["slow_rank"]
-        ]
-        wrong_slow = [
-            v
-            for v in verdicts
-            if v["kind"] == "straggler" and not (v["job"] == "bench-job-1" and v["rank"] == jobs["slow_rank"])
-        ]
+
+        def named(kind: str, job: str, rank: int, since: float) -> tuple[list[float], int]:
+            """Seconds from ``since`` to each verdict of ``kind`` naming (job, rank); other such verdicts."""
+            right = [v for v in verdicts if v["kind"] == kind and v["job"] == job and v["rank"] == rank]
+            wrong = sum(1 for v in verdicts if v["kind"] == kind) - len(right)
+            return [v["opened_at"] - since for v in right], wrong
+
+        hang, wrong_stuck = named("stuck", "bench-job-0", jobs["hung_rank"], jobs["hang_at"])
+        slow, wrong_slow = named("straggler", "bench-job-1", jobs["slow_rank"], jobs["straggle_at"])
         result.update(
             job_ranks=jobs["ranks"],
             heads_sent=stats["heads"],
             hang_named_s=round(min(hang), 2) if hang else None,
             straggler_named_s=round(min(slow), 2) if slow else None,
-            other_stuck_verdicts=len(wrong_stuck),
-            other_straggler_verdicts=len(wrong_slow),
+            other_stuck_verdicts=wrong_stuck,
+            other_straggler_verdicts=wrong_slow,
             slowdown=jobs["slowdown"],
         )
     result["sustained"] = bool(

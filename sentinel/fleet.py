@@ -228,22 +228,20 @@ def create_fleet_app(
     async def jobs(_: web.Request) -> web.Response:
         return _answer(await reader.jobs())
 
-    async def job(request: web.Request) -> web.Response:
-        job_id = request.match_info["id"]
-        found = await reader.job(job_id) if _ID.fullmatch(job_id) else None
-        if found is None:
-            raise web.HTTPNotFound(text="no such job\n")
-        return _answer(found)
+    def one(find: Any, what: str) -> Any:
+        """A handler for ``.../{id}``: the first aggregator that knows the id answers."""
+
+        async def handler(request: web.Request) -> web.Response:
+            item_id = request.match_info["id"]
+            found = await find(item_id) if _ID.fullmatch(item_id) else None
+            if found is None:
+                raise web.HTTPNotFound(text=f"no such {what}\n")
+            return _answer(found)
+
+        return handler
 
     async def incidents(_: web.Request) -> web.Response:
         return _answer(await reader.incidents())
-
-    async def incident(request: web.Request) -> web.Response:
-        incident_id = request.match_info["id"]
-        found = await reader.incident(incident_id) if _ID.fullmatch(incident_id) else None
-        if found is None:
-            raise web.HTTPNotFound(text="no such incident\n")
-        return _answer(found)
 
     app.add_routes(
         [
@@ -251,9 +249,9 @@ def create_fleet_app(
             web.get("/api/v1/verdicts", verdicts),
             web.get("/api/v1/hosts", hosts),
             web.get("/api/v1/jobs", jobs),
-            web.get("/api/v1/jobs/{id}", job),
+            web.get("/api/v1/jobs/{id}", one(reader.job, "job")),
             web.get("/api/v1/incidents", incidents),
-            web.get("/api/v1/incidents/{id}", incident),
+            web.get("/api/v1/incidents/{id}", one(reader.incident, "incident")),
         ]
     )
     if status_page:
