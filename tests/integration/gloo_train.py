@@ -79,7 +79,7 @@ def run_rank(spec: dict[str, Any], job: dict[str, Any]) -> int:
         {
             "RANK": str(rank),
             "LOCAL_RANK": str(spec["local_rank"]),
-            "WORLD_SIZE": str(len(job["ranks"])),
+            "WORLD_SIZE": str(job.get("world_size", len(job["ranks"]))),  # one node's share of a bigger job
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(job["port"]),
             "SENTINEL_JOB_ID": job["job_id"],

@@ -208,10 +208,15 @@ class Remediator:
         return self.config.node_name.replace("{host}", host)
 
     def reason_of(self, verdict: Verdict) -> str:
-        where = (
-            f"GPU {verdict.gpu}" if verdict.gpu is not None else (f"job {verdict.job}" if verdict.job else "")
-        )
-        return f"sentinel: {verdict.kind} {verdict.reason}{' ' + where if where else ''} {verdict.id}"
+        """``sentinel: <kind> <reason> [GPU g] [job j [rank r]] <verdict id>`` — what on-call reads in sinfo -R."""
+        parts = ["sentinel:", verdict.kind, verdict.reason]
+        if verdict.gpu is not None:
+            parts += ["GPU", str(verdict.gpu)]
+        if verdict.job:
+            parts += ["job", verdict.job]
+            if verdict.rank is not None:
+                parts += ["rank", str(verdict.rank)]
+        return " ".join([*parts, verdict.id])
 
     async def drain(self, verdict: Verdict) -> str:
         """Drain the verdict's node if the policy, Slurm's state and the breaker allow; returns the outcome."""
