@@ -723,17 +723,47 @@ class Aggregator:
         body = generate_latest(self.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    async def _page(
+        self, request: web.Request, key: str, items: Sequence[Any], render: Callable[[Any], Any]
+    ) -> web.Response:
+        """One page of ``items`` rendered, as ``{key: [...], total, offset, next_offset}``.
+
+        The page is bounded (``server.api_page_size``), rendered in slices that give the event loop back to
+        ingest between them, and encoded to JSON in a worker thread (what it encodes is no longer shared).
+        """
+        size = self.config.server.api_page_size
+        try:
+            limit = min(int(request.query.get("limit", size)), size)
+            offset = int(request.query.get("offset", 0))
+        except ValueError:
+            raise web.HTTPBadRequest(text="limit and offset must be integers\n") from None
+        if limit < 0 or offset < 0:
+            raise web.HTTPBadRequest(text="limit and offset must not be negative\n")
+        chosen = items[offset : offset + limit]
+        out = []
+        for index, item in enumerate(chosen):
+            out.append(render(item))
+            if index % 100 == 99:
+                await asyncio.sleep(0)
+        end = offset + len(out)
+        document = {
+            key: out,
+            "total": len(items),
+            "offset": offset,
+            "next_offset": end if end < len(items) else None,
+        }
+        body = await asyncio.to_thread(_json.encode, document)
+        return web.Response(body=body, content_type="application/json")
+
     async def verdicts(self, request: web.Request) -> web.Response:
         state = request.query.get("state")
         if state not in (None, "open", "closed"):
             raise web.HTTPBadRequest(text="state must be open or closed\n")
-        items = [v.to_dict() for v in self.engine.verdicts(state)]
-        return _json_response({"verdicts": items})
+        return await self._page(request, "verdicts", self.engine.verdicts(state), lambda v: v.to_dict())
 
-    async def jobs(self, _: web.Request) -> web.Response:
-        return _json_response(
-            {"jobs": [job_summary(self.engine, job) for job in self.engine.fleet.jobs.values()]}
-        )
+    async def jobs(self, request: web.Request) -> web.Response:
+        jobs = list(self.engine.fleet.jobs.values())
+        return await self._page(request, "jobs", jobs, lambda job: job_summary(self.engine, job))
 
     async def job(self, request: web.Request) -> web.Response:
         job = self.engine.fleet.jobs.get(request.match_info["id"])
@@ -741,11 +771,10 @@ class Aggregator:
             raise web.HTTPNotFound(text="no such job\n")
         return _json_response(job_detail(self.engine, job, self.clock()))
 
-    async def hosts(self, _: web.Request) -> web.Response:
+    async def hosts(self, request: web.Request) -> web.Response:
         health, now = gpu_health(self.engine), self.clock()
-        return _json_response(
-            {"hosts": [host_dict(self.engine, h, now, health) for h in self.engine.fleet.hosts.values()]}
-        )
+        hosts = list(self.engine.fleet.hosts.values())
+        return await self._page(request, "hosts", hosts, lambda h: host_dict(self.engine, h, now, health))
 
     async def incident_list(self, _: web.Request) -> web.Response:
         items = await asyncio.to_thread(self.incidents.list)
@@ -809,6 +838,36 @@ def _keepalive(request: web.Request) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 60)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 15)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 4)
+
+
+def load_api_tokens(path: Path) -> list[bytes]:
+    """The REST API's read tokens, one per line (blank lines and ``#`` comments ignored)."""
+    return [grant.token for grant in load_tokens(path)]
+
+
+def read_token_middleware(aggregator: Aggregator, tokens: Sequence[bytes]) -> Any:
+    """Requests under ``/api/v1/`` (but the agents' stream, which has its own tokens) need a read token."""
+
+    @web.middleware
+    async def require_read_token(request: web.Request, handler: Any) -> web.StreamResponse:
+        path = request.path
+        if path.startswith("/api/v1/") and path != "/api/v1/stream":
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            given = token.strip().encode()[:MAX_TOKEN_BYTES]
+            ok = False
+            for accepted in tokens:
+                ok |= hmac.compare_digest(given, accepted)
+            if scheme.lower() != "bearer" or not ok:
+                aggregator.metrics.rejected("api_unauthorized")
+                aggregator._warn_limited("api_unauthorized", peer=request.remote or "?", path=path[:200])
+                raise web.HTTPUnauthorized(
+                    text="this API needs a read token: Authorization: Bearer <token>\n",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    return require_read_token
 
 
 def _json_response(data: Any) -> web.Response:
@@ -906,7 +965,12 @@ def create_app(
     aggregator = Aggregator(
         config, tokens=tokens, clock=clock, registry=registry, state_dir=state_dir, on_tick=on_tick
     )
-    app = web.Application(client_max_size=1024 * 1024)
+    middlewares = []
+    if config.server.api_token_file:
+        middlewares.append(
+            read_token_middleware(aggregator, load_api_tokens(Path(config.server.api_token_file)))
+        )
+    app = web.Application(client_max_size=1024 * 1024, middlewares=middlewares)
     app[AGGREGATOR_KEY] = aggregator
     app.add_routes(
         [

@@ -133,10 +133,22 @@ class ApiWatcher:
         return list(self._verdicts.values())
 
     async def _get(self, path: str) -> Any:
+        """A list answer with every page (the API pages at ``server.api_page_size``), at most 100 pages."""
         assert self._session is not None, "use ApiWatcher as an async context manager"
-        async with self._session.get(self._base + path) as resp:
-            resp.raise_for_status()
-            return await resp.json(content_type=None)
+        key = path.rsplit("/", 1)[-1]
+        items: list[Any] = []
+        offset: Any = 0
+        for _ in range(100):
+            async with self._session.get(self._base + path, params={"offset": str(offset)}) as resp:
+                resp.raise_for_status()
+                document = await resp.json(content_type=None)
+            if not isinstance(document, dict):
+                return document
+            items.extend(as_list(document, key))
+            offset = document.get("next_offset")
+            if not isinstance(offset, int):
+                break
+        return {key: items}
 
     def _shape_error(self, what: str, exc: Exception) -> None:
         key = f"{what}: {exc}"

@@ -14,7 +14,7 @@ import structlog
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.metrics import AggregatorMetrics
 from sentinel.aggregator.server import LoopErrorLimiter
-from sentinel.config.aggregator import AggregatorConfig, FleetConfig, LimitsConfig
+from sentinel.config.aggregator import AggregatorConfig, FleetConfig, LimitsConfig, ServerConfig
 from sentinel.fr.heads import MAX_IN_FLIGHT, MAX_PG_RANKS, FrHeads, InFlight, PgHead
 from sentinel.wire import Batch, Drops, Hello, ProcInfo
 from tests.aggregator.helpers import TOKEN, agent, batch, hello, running_aggregator, sample, wait_until
@@ -233,3 +233,50 @@ async def test_max_hosts_makes_room_for_a_new_real_host(tmp_path: Path) -> None:
             assert await conn.ack() == 0
         assert "real-new" in running.aggregator.engine.fleet.hosts
         assert len(running.aggregator.engine.fleet.hosts) == 3
+
+
+async def test_rest_answers_are_paginated(tmp_path: Path) -> None:
+    config = AggregatorConfig(server=ServerConfig(api_page_size=50))
+    async with running_aggregator(tmp_path, config) as running:
+        engine = running.aggregator.engine
+        for i in range(120):
+            engine.hello(hello(f"host-{i:03d}", gpus=1), time.time())
+        names: list[str] = []
+        offset: int | None = 0
+        async with aiohttp.ClientSession() as session:
+            while offset is not None:
+                async with session.get(f"{running.url}/api/v1/hosts", params={"offset": offset}) as resp:
+                    page = await resp.json()
+                assert len(page["hosts"]) <= 50 and page["total"] == 120
+                names.extend(h["name"] if "name" in h else h["host"] for h in page["hosts"])
+                offset = page["next_offset"]
+            async with session.get(f"{running.url}/api/v1/hosts", params={"limit": "x"}) as resp:
+                assert resp.status == 400
+        assert names == [f"host-{i:03d}" for i in range(120)]
+
+
+async def test_a_read_token_guards_the_rest_api_but_not_metrics_health_or_agents(tmp_path: Path) -> None:
+    tokens = tmp_path / "api-tokens"
+    tokens.write_text("# read tokens\nreader-secret\n")
+    config = AggregatorConfig(server=ServerConfig(api_token_file=str(tokens)))
+    async with running_aggregator(tmp_path, config) as running, aiohttp.ClientSession() as session:
+        for path in (
+            "/api/v1/verdicts",
+            "/api/v1/hosts",
+            "/api/v1/jobs",
+            "/api/v1/incidents",
+            "/api/v1/incidents/x",
+        ):
+            async with session.get(running.url + path) as resp:
+                assert resp.status == 401, path
+            async with session.get(running.url + path, headers={"Authorization": "Bearer wrong"}) as resp:
+                assert resp.status == 401, path
+        good = {"Authorization": "Bearer reader-secret"}
+        async with session.get(running.url + "/api/v1/verdicts", headers=good) as resp:
+            assert resp.status == 200
+        for path in ("/healthz", "/metrics"):
+            async with session.get(running.url + path) as resp:
+                assert resp.status == 200, path
+        async with agent(running, "host-a") as conn:  # agents use their own tokens
+            await conn.send(batch(0, time.time()))
+            assert await conn.ack() == 0

@@ -38,11 +38,36 @@ function asList(payload, key) {
   return [];
 }
 
+// A read token (server.api_token_file) is given once as #token=... in the address and kept for the tab.
+function apiHeaders() {
+  const fromHash = new URLSearchParams(location.hash.slice(1)).get("token");
+  if (fromHash) {
+    sessionStorage.setItem("sentinel-token", fromHash);
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+  const token = sessionStorage.getItem("sentinel-token");
+  return token ? { Authorization: "Bearer " + token } : {};
+}
+
+// Every page of a paginated list answer ({key: [...], next_offset}), at most 100 pages.
+async function getAll(path, key, timeoutMs = 10000) {
+  let items = [];
+  let offset = 0;
+  for (let page = 0; page < 100; page++) {
+    const sep = path.includes("?") ? "&" : "?";
+    const doc = await getJSON(offset ? `${path}${sep}offset=${offset}` : path, timeoutMs);
+    items = items.concat(asList(doc, key));
+    if (!doc || typeof doc !== "object" || doc.next_offset === null || doc.next_offset === undefined) break;
+    offset = doc.next_offset;
+  }
+  return { [key]: items };
+}
+
 async function getJSON(path, timeoutMs = 10000) {
   const ctl = new AbortController();
   const timer = setTimeout(() => ctl.abort(), timeoutMs);
   try {
-    const resp = await fetch(path, { signal: ctl.signal, cache: "no-store" });
+    const resp = await fetch(path, { signal: ctl.signal, cache: "no-store", headers: apiHeaders() });
     if (!resp.ok) throw new Error(path + ": HTTP " + resp.status);
     return await resp.json();
   } finally {
@@ -550,10 +575,10 @@ async function poll() {
   const wantHosts = Date.now() >= hostsDueAt;
   try {
     const [verdicts, jobs, incidents, hosts] = await Promise.all([
-      getJSON("api/v1/verdicts?state=open"),
-      getJSON("api/v1/jobs"),
+      getAll("api/v1/verdicts?state=open", "verdicts"),
+      getAll("api/v1/jobs", "jobs"),
       getJSON("api/v1/incidents").catch(() => null),
-      wantHosts ? getJSON("api/v1/hosts", 30000) : Promise.resolve(null),
+      wantHosts ? getAll("api/v1/hosts", "hosts", 30000) : Promise.resolve(null),
     ]);
     model.verdicts = asList(verdicts, "verdicts").filter((v) => (v.state ?? "open") === "open");
     model.jobs = asList(jobs, "jobs").map(normJob).sort((a, b) => a.id.localeCompare(b.id));
