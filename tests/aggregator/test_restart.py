@@ -89,3 +89,42 @@ async def test_sigkill_then_restart_keeps_the_open_verdict_and_closes_it_only_on
         assert closed["close_reason"] == "evidence gone" and closed["closed_at"] >= t1
     finally:
         aggregator.close()
+
+
+async def test_kill_9_in_the_middle_of_a_stream_of_faults_loses_at_most_the_last_second(
+    tmp_path: Path,
+) -> None:
+    """Faults arrive every 50 ms; the API is polled meanwhile; SIGKILL lands at an arbitrary moment. Every
+    verdict the API showed open more than a second before the kill is open again after the restart."""
+    aggregator = AggregatorProcess(tmp_path)
+    try:
+        aggregator.start()
+        seen: list[tuple[float, set[str]]] = []
+        t0 = time.time()
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(aggregator.stream_url, headers={"Authorization": f"Bearer {TOKEN}"}) as ws,
+        ):
+            await ws.send_bytes(encode(hello("h0", gpus=8)))
+            for seq in range(1, 60):
+                t = t0 + seq * 0.05
+                events = [Event(t=t, kind="xid", gpu=seq % 8, xid=79)] if seq % 8 == 0 or seq < 8 else []
+                if seq % 8 == 7:
+                    events = [Event(t=t, kind="gpu_reset", gpu=(seq + 1) % 8)]  # closes one, then reopens
+                await ws.send_bytes(encode(_batch(seq, t, events)))
+                await ws.receive(timeout=10)
+                async with session.get(aggregator.url + "/api/v1/verdicts") as response:
+                    items = (await response.json())["verdicts"]
+                seen.append((time.time(), {v["id"] for v in items if v["state"] == "open"}))
+                await asyncio.sleep(0.05)
+            killed_at = time.time()
+            aggregator.kill()
+        aggregator.start()
+        restored = {v["id"] for v in aggregator.get("/api/v1/verdicts")["verdicts"]}
+        durable = [ids for when, ids in seen if when <= killed_at - 1.0]
+        assert durable, "the stream ran for less than a second"
+        for ids in durable:  # each was open then; now it is known (open, or closed by later evidence)
+            assert ids <= restored
+        assert seen[-1][1], "the last poll saw open verdicts"
+    finally:
+        aggregator.close()
