@@ -18,6 +18,7 @@ from typing import Final, Literal
 import msgspec
 
 from sentinel.components.vocab import Action, Severity
+from sentinel.components.xid.nvidia import NVIDIA_XIDS
 
 Cause = Literal["hardware", "driver", "application"]
 
@@ -404,18 +405,53 @@ _TABLE: Final[tuple[XidInfo, ...]] = (
     _x(158, "GPU fatal timeout", "The GPU hit a fatal timeout.", "hardware", "critical", "reset_gpu"),
 )
 
-XID_TABLE: Final[dict[int, XidInfo]] = {info.code: info for info in _TABLE}
+#: NVIDIA's immediate-action bucket → (severity, action, cause) for codes without a hand-written entry.
+#: Any Xid is at least a warning (the driver saw something go wrong); buckets that take the GPU or the node
+#: out of service are critical.
+_BUCKETS: Final[dict[str, tuple[Severity, Action, Cause]]] = {
+    "IGNORE": ("warning", "none", "driver"),
+    "RESTART_APP": ("warning", "restart_app", "driver"),
+    "RESET_GPU": ("critical", "reset_gpu", "hardware"),
+    "RESTART_BM": ("critical", "reboot", "hardware"),
+    "RESTART_VM": ("critical", "reboot", "driver"),
+    "CHECK_MECHANICALS": ("critical", "rma", "hardware"),
+    "CHECK_UVM": ("warning", "reboot", "driver"),
+    "UPDATE_SWFW": ("warning", "none", "driver"),
+    "XID_154": ("critical", "reset_gpu", "driver"),
+    "WORKFLOW_XID_45": ("warning", "none", "application"),
+    "WORKFLOW_XID_48": ("critical", "reset_gpu", "hardware"),
+    "WORKFLOW_NVLINK_ERR": ("critical", "reset_gpu", "hardware"),
+    "WORKFLOW_NVLINK5_ERR": ("critical", "reset_gpu", "hardware"),
+    "CONTACT_SUPPORT": ("critical", "reset_gpu", "hardware"),
+    "": ("warning", "none", "driver"),
+}
+
+
+def _from_nvidia(code: int, mnemonic: str, description: str, bucket: str) -> XidInfo:
+    severity, action, cause = _BUCKETS.get(bucket, ("warning", "none", "driver"))
+    if description.lower().startswith("unused"):
+        # NVIDIA no longer emits it on current GPUs: report it, but do not take the GPU out of service
+        severity, action = "warning", "none"
+    name = mnemonic.lower().replace("_", " ")
+    return _x(code, name, f"{description} (NVIDIA bucket {bucket or 'none'})", cause, severity, action)
+
+
+XID_TABLE: Final[dict[int, XidInfo]] = {
+    **{row[0]: _from_nvidia(*row) for row in NVIDIA_XIDS},
+    **{info.code: info for info in _TABLE},  # our own wording and policy win where we have written one
+}
 
 
 def xid_info(code: int) -> XidInfo:
-    """The table entry for ``code``; unknown codes get a cautious default (warning, driver, no action)."""
+    """The table entry for ``code``; a code NVIDIA's catalog does not list (a newer driver) is a warning
+    that names the code — reported, never dropped, never a faulty GPU on its own."""
     info = XID_TABLE.get(code)
     if info is not None:
         return info
     return XidInfo(
         code=code,
-        name="unknown Xid",
-        meaning="An Xid code sentinel has no entry for; check NVIDIA's Xid catalog.",
+        name=f"unknown Xid {code}",
+        meaning=f"Xid {code} is not in NVIDIA's catalog as sentinel knows it (a newer driver?); check the catalog.",
         cause="driver",
         severity="warning",
         action="none",
