@@ -355,6 +355,8 @@ class FleetState:
             gpu.pcie_prev = (s.t, s.pcie_replay)
         ecc = s.ecc
         if ecc is not None and ecc is not gpu.ecc:
+            if gpu.ecc is not None and _volatile_dropped(gpu.ecc, ecc):
+                self._reset(gpu, s.t)  # volatile ECC counters restart only at a GPU reset / driver reload
             if gpu.ecc is None or ecc != gpu.ecc:
                 gpu.ecc_prev = gpu.ecc
                 gpu.ecc_t = s.t
@@ -399,11 +401,18 @@ class FleetState:
                     gpu.state, gpu.state_t = state, event.t
                 gpu.dirty = True
                 self.dirty_gpus.append(gpu)
-        elif kind in ("gpu_reset", "gpu_recovered"):
+        elif kind == "gpu_reset" or (kind == "gpu_recovered" and event.fields.get("previous") == "lost"):
+            # real evidence of a reset: the agent saw one, or a lost GPU (which only a reset brings back)
+            # answers again. A GPU that merely stalled (unresponsive -> ok) keeps its latched Xids.
             if gpu is not None:
                 host.xid_policy.observe_gpu_reset(gpu.xid_key, event.t)
                 gpu.state, gpu.state_t = "ok", event.t
                 gpu.clear_latches(event.t)
+                self.dirty_gpus.append(gpu)
+        elif kind == "gpu_recovered":
+            if gpu is not None:
+                gpu.state, gpu.state_t = "ok", event.t
+                gpu.dirty = True
                 self.dirty_gpus.append(gpu)
         elif kind == "reboot":
             host.xid_policy.observe_reboot(event.t)
@@ -579,6 +588,16 @@ def _share_group_ranks(job: JobView, heads: FrHeads) -> FrHeads:
                 known[pg.pg_name] = ranks
         pgs.append(kept)
     return msgspec.structs.replace(heads, pgs=pgs)
+
+
+def _volatile_dropped(before: EccCounters, after: EccCounters) -> bool:
+    for old, new in (
+        (before.volatile_corrected, after.volatile_corrected),
+        (before.volatile_uncorrected, after.volatile_uncorrected),
+    ):
+        if old is not None and new is not None and new < old:
+            return True
+    return False
 
 
 def _change(hist: deque[tuple[float, int]], prev: tuple[float, int] | None, t: float, value: int) -> None:

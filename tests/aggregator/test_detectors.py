@@ -54,6 +54,32 @@ def test_critical_xid_opens_faulty_in_the_same_ingest_and_closes_on_reset() -> N
     assert verdict.state == "closed" and verdict.closed_at == 8.0
 
 
+def test_latched_xid_survives_an_nvml_stall_and_clears_only_on_reset_evidence() -> None:
+    f = Fleet()
+    f.send("h0", 1.0, events=[Event(t=1.0, kind="xid", gpu=2, xid=48, text="NVRM: Xid (PCI:0000:1b:00): 48")])
+    assert f.open() == [("faulty", "h0", 2, "xid_48")]
+    # a 2-second NVML stall: unresponsive, then the agent's "recovered" (previous unresponsive)
+    stalled = [sample(i, 2.0, state="unresponsive" if i == 2 else "ok") for i in range(8)]
+    f.send("h0", 2.0, samples=stalled)
+    events = [Event(t=4.0, kind="gpu_recovered", gpu=2, fields={"previous": "unresponsive"})]
+    f.send("h0", 4.0, events=events)
+    f.engine.tick(5.0)
+    assert ("faulty", "h0", 2, "xid_48") in f.open()
+    # the volatile ECC counters restarting is a reset (they only restart at a GPU reset / driver reload)
+    f.send("h0", 6.0, samples=[sample(i, 6.0, ecc=EccCounters(volatile_corrected=9)) for i in range(8)])
+    f.send("h0", 7.0, samples=[sample(i, 7.0, ecc=EccCounters(volatile_corrected=0)) for i in range(8)])
+    f.engine.tick(8.0)
+    assert f.open() == []
+
+
+def test_a_lost_gpu_answering_again_was_reset() -> None:
+    f = Fleet()
+    f.send("h0", 1.0, events=[Event(t=1.0, kind="xid", gpu=4, xid=79, text="NVRM: Xid (PCI:0000:1b:00): 79")])
+    f.send("h0", 2.0, events=[Event(t=2.0, kind="gpu_recovered", gpu=4, fields={"previous": "lost"})])
+    f.engine.tick(3.0)
+    assert f.open() == []
+
+
 def test_application_xids_never_make_a_gpu_faulty_but_repeats_from_many_processes_degrade_it() -> None:
     f = Fleet()
     for i, xid in enumerate((13, 31, 43, 45)):
