@@ -25,12 +25,11 @@ import msgspec
 
 from sentinel import __version__
 from sentinel.agent.batch import MAX_BATCH_BYTES, TickFindings, build_batch, fill_heads, fit_frame
-from sentinel.agent.collectors import Collectors, GpuCollector, LineProcessor
+from sentinel.agent.collectors import Collectors, GpuCollector, LineProcessor, flush_xids
 from sentinel.agent.commands import dispatch
 from sentinel.agent.frdump import MAX_COLLECT_BYTES, collect_dumps, trigger_fr_dump
 from sentinel.agent.health import LocalHealth, cannot_tell
 from sentinel.agent.health import report as health_report
-from sentinel.agent.kmsg import XidDedup
 from sentinel.agent.metrics import AgentCounters, AgentMetricsCollector, GpuView, make_registry
 from sentinel.agent.probe import ProbeServer
 from sentinel.agent.registry import build_collectors
@@ -42,6 +41,7 @@ from sentinel.components.ib.metrics import IbPortMetrics
 from sentinel.components.ib.record import IbPort
 from sentinel.components.nccl_ras.metrics import RasMetrics
 from sentinel.components.nccl_ras.record import RasStatus
+from sentinel.components.xid.merge import XidMerger
 from sentinel.config.agent import AgentConfig
 from sentinel.fr.heads import FrHeads
 from sentinel.log import get_logger
@@ -141,7 +141,9 @@ class Agent:
             )
 
         self.kmsg_cursor_path: Path | None = state_dir / "kmsg.cursor" if state_dir.is_dir() else None
-        self.xids = XidDedup(config.collect.xid_dedup_window_s)
+        self.xids = XidMerger(
+            wait_s=config.collect.xid_merge_wait_s, window_s=config.collect.xid_dedup_window_s
+        )
         self.lines = LineProcessor(self, self.xids, forward_info=config.logs.forward_info)
         self.probe: ProbeServer | None = None
         self.gpu_collector: GpuCollector  # set by the registry's nvml entry
@@ -229,6 +231,7 @@ class Agent:
         """Run the due collectors once and return this tick's batch (also kept in the ring and spooled)."""
         now = self.clock() if now is None else now
         await self.collectors.run_due(now)
+        flush_xids(self, self.xids, now)
         tick, self._tick = self._tick, TickFindings()
         heads = fill_heads(
             tick.heads, host=self.host, procs=self._procs, gpus=self.gpus.keys(), note_rank=self._note_rank

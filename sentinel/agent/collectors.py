@@ -19,13 +19,14 @@ from typing import Protocol, TypeVar
 from sentinel.agent.classify import LineClassifier
 from sentinel.agent.frdump import FrDumpWatcher
 from sentinel.agent.jobs import JobMapper
-from sentinel.agent.kmsg import KmsgReader, XidDedup
+from sentinel.agent.kmsg import KmsgReader
 from sentinel.agent.metrics import AgentCounters, GpuView
 from sentinel.agent.probe import ProbeServer
 from sentinel.agent.source import GpuLostError, GpuSource, HostExtras, XidEvent
 from sentinel.agent.tailer import LogTailer
 from sentinel.agent.worker import GpuWorker, Unresponsive
-from sentinel.components.xid.parse import xid_severity
+from sentinel.components.xid.merge import XidMerger, XidReport
+from sentinel.components.xid.parse import parse_xid, xid_severity
 from sentinel.fr.heads import FrHeads
 from sentinel.log import get_logger
 from sentinel.wire import MAX_TEXT_CHARS, Event, GpuInfo, GpuSample, GpuState, ProcInfo, Severity
@@ -279,53 +280,63 @@ class XidCollector(Collector):
 
     name = "xid"
 
-    def __init__(self, sink: AgentSink, listener: XidListener, dedup: XidDedup, tick_s: float) -> None:
+    def __init__(self, sink: AgentSink, listener: XidListener, merger: XidMerger, tick_s: float) -> None:
         super().__init__(tick_s)
         self.sink = sink
         self.listener = listener
-        self.dedup = dedup
+        self.merger = merger
 
     async def collect(self, now: float) -> None:
         for xid in self.listener.drain():
-            record_xid(self.sink, self.dedup, gpu=xid.gpu, xid=xid.xid, t=xid.t, source="nvml", text=xid.text)
+            record_xid(
+                self.sink, self.merger, XidReport(gpu=xid.gpu, xid=xid.xid, t=xid.t, source="nvml"), now
+            )
 
     def close(self) -> None:
         super().close()
         self.listener.stop()
 
 
-def record_xid(
-    sink: AgentSink,
-    dedup: XidDedup,
-    *,
-    gpu: int,
-    xid: int,
-    t: float,
-    source: str,
-    text: str,
-    pci_bus: str = "",
-) -> bool:
-    """Emit an Xid event unless the other source reported the same (gpu, xid) just before."""
-    if not dedup.first(gpu, xid, t):
-        return False
-    severity = xid_severity(xid, text)
-    sink.counters.xid[(gpu, xid, severity)] += 1
-    fields: dict[str, str | int | float | bool | None] = {"kind": "xid", "xid": xid}
-    if pci_bus:
-        fields["pci_bus"] = pci_bus
+def record_xid(sink: AgentSink, merger: XidMerger, report: XidReport, now: float) -> None:
+    """Offer one Xid report (NVML or kernel log) to the merger; emit whatever became ready."""
+    for ready in merger.offer(report, now):
+        emit_xid(sink, ready)
+
+
+def flush_xids(sink: AgentSink, merger: XidMerger, now: float) -> None:
+    """Emit the reports whose wait for their twin is over (called once per tick)."""
+    for ready in merger.due(now):
+        emit_xid(sink, ready)
+
+
+def emit_xid(sink: AgentSink, report: XidReport) -> None:
+    """One Xid event: severity from the catalog, refined by the kernel line when there is one."""
+    text = report.text or f"NVML Xid {report.xid} on GPU {report.gpu}"
+    severity = xid_severity(report.xid, text)
+    sink.counters.xid[(report.gpu, report.xid, severity)] += 1
+    fields: dict[str, str | int | float | bool | None] = {"kind": "xid", "xid": report.xid}
+    if report.pci_bus:
+        fields["pci_bus"] = report.pci_bus
+    if report.merged:
+        fields["merged"] = True  # NVML and the kernel log both reported it: kernel detail, NVML time
+    parsed = parse_xid(text) if report.from_kernel else None
+    if parsed is not None:
+        if parsed.pid is not None:
+            fields["pid"] = parsed.pid
+        if parsed.process:
+            fields["process"] = parsed.process[:256]
     sink.add_event(
         Event(
-            t=t,
+            t=report.t,
             kind="xid",
-            source=source,
-            gpu=gpu if gpu >= 0 else None,
+            source=report.source,
+            gpu=report.gpu if report.gpu >= 0 else None,
             severity=severity,
-            xid=xid,
+            xid=report.xid,
             text=text[:MAX_TEXT_CHARS],
             fields=fields,
         )
     )
-    return True
 
 
 class LineProcessor:
@@ -333,9 +344,9 @@ class LineProcessor:
 
     KERNEL_KINDS = frozenset({"xid", "row_remap", "ecc"})
 
-    def __init__(self, sink: AgentSink, dedup: XidDedup, *, forward_info: bool = False) -> None:
+    def __init__(self, sink: AgentSink, merger: XidMerger, *, forward_info: bool = False) -> None:
         self.sink = sink
-        self.dedup = dedup
+        self.merger = merger
         self.forward_info = forward_info
         self.classify = LineClassifier()
 
@@ -348,10 +359,15 @@ class LineProcessor:
         pci = result.fields.get("pci_bus")
         gpu = self.sink.pci_to_gpu.get(pci, -1) if isinstance(pci, str) else -1
         if result.kind == "xid" and isinstance(xid, int):
-            record_xid(
-                self.sink, self.dedup, gpu=gpu, xid=xid, t=now, source=source, text=message,
+            report = XidReport(
+                gpu=gpu,
+                xid=xid,
+                t=now,
+                source=source,
+                text=message,
                 pci_bus=pci if isinstance(pci, str) else "",
-            )  # fmt: skip
+            )
+            record_xid(self.sink, self.merger, report, now)
             return
         if result.kind in self.KERNEL_KINDS or result.severity != "info":
             self._event(

@@ -224,23 +224,3 @@ def _load_cursor(path: Path) -> dict[str, object] | None:
         if isinstance(data, dict):
             return data
     return None
-
-
-class XidDedup:
-    """The same (GPU, Xid) reported by NVML and by the kernel log within ``window_s`` is one event."""
-
-    def __init__(self, window_s: float) -> None:
-        self.window_s = window_s
-        self._last: dict[tuple[int, int], float] = {}
-
-    def first(self, gpu: int, xid: int, t: float) -> bool:
-        """True if this (gpu, xid) was not seen within the window (and remember it)."""
-        key = (gpu, xid)
-        last = self._last.get(key)
-        if last is not None and abs(t - last) <= self.window_s:
-            return False
-        self._last[key] = t
-        if len(self._last) > 4096:
-            horizon = t - self.window_s
-            self._last = {k: v for k, v in self._last.items() if v >= horizon}
-        return True

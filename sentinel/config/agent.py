@@ -47,6 +47,15 @@ class CollectConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             description="the same (GPU, Xid) seen by NVML and the kernel log within it is one event",
         ),
     ] = 10.0
+    xid_merge_wait_s: Annotated[
+        float,
+        msgspec.Meta(
+            ge=0,
+            le=30,
+            description="how long an Xid reported by one source (NVML or the kernel log) waits for the other's "
+            "report of it before it is sent alone; the merged event keeps the kernel line's detail and NVML's time",
+        ),
+    ] = 2.0
     nvml_events: Annotated[
         bool, msgspec.Meta(description="listen for Xid events on an NVML event set (a dedicated thread)")
     ] = True

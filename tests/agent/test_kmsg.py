@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sentinel.agent import kmsg
-from sentinel.agent.kmsg import KmsgReader, XidDedup, parse_kmsg_record
+from sentinel.agent.kmsg import KmsgReader, parse_kmsg_record
 
 XID_LINE = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus."
 
@@ -96,12 +96,3 @@ def test_reader_survives_permission_denied(tmp_path: Path, monkeypatch: pytest.M
     _append(path, "6,1,1,-;now readable")
     assert [r.message for r in reader.poll(kmsg.REOPEN_AFTER_S + 2)] == ["now readable"]
     reader.close()
-
-
-def test_xid_dedup_window() -> None:
-    dedup = XidDedup(10.0)
-    assert dedup.first(3, 79, 100.0)
-    assert not dedup.first(3, 79, 101.0)  # the other source, a second later
-    assert dedup.first(2, 79, 101.0)  # another GPU
-    assert dedup.first(3, 48, 101.0)  # another Xid
-    assert dedup.first(3, 79, 115.0)  # a new occurrence after the window

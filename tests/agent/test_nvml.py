@@ -190,3 +190,30 @@ async def test_row_remap_states_reach_metrics(monkeypatch: pytest.MonkeyPatch, t
     assert value("sentinel_gpu_row_remap_pending", 1) == "0.0"
     assert value("sentinel_gpu_row_remap_failure", 1) == "1.0"
     await agent.shutdown()
+
+
+async def test_nvml_and_kernel_reports_of_one_xid_become_one_event_with_the_lines_detail(
+    fake_nvml: FakeNvml, tmp_path: Path
+) -> None:
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    config = make_config(
+        tmp_path, kmsg={"enabled": True, "path": str(kmsg)}, collect={"xid_merge_wait_s": 5.0}
+    )
+    agent = Agent(config, NvmlSource())
+    await agent.step(1.0)
+    fake_nvml.push_xid(0, 149)  # NVML's bare report comes first ...
+    deadline = time.monotonic() + 5
+    while not len(agent.xids) and time.monotonic() < deadline:
+        await agent.step()
+        await asyncio.sleep(0.02)
+    assert len(agent.xids) == 1  # ... and waits for the kernel's
+    nvml_t = agent.xids._pending[(0, 149)][1].t
+    line = "NVRM: Xid (PCI:0000:18:00): 149, pid=4242, name=python3, Nonfatal NETIR_LINK_EVT, Link 02\n"
+    with kmsg.open("a") as f:
+        f.write(line)
+    batch = await agent.step()
+    [event] = [e for e in batch.events if e.kind == "xid"]
+    assert (event.gpu, event.xid, event.severity, event.t) == (0, 149, "warning", nvml_t)
+    assert event.fields["pid"] == 4242 and event.fields["merged"] is True and "Nonfatal" in event.text
+    await agent.shutdown()

@@ -119,10 +119,12 @@ async def test_extras_replace_host_collectors(tmp_path: Path) -> None:
     )
     assert agent.probe is None and agent.collectors.get("kmsg") is None
     batch = await agent.step(1.0)
-    xids = [e for e in batch.events if e.kind == "xid"]
-    assert [(e.gpu, e.xid, e.source) for e in xids] == [(0, 79, "kmsg")]
     assert batch.procs == extras.procs
     assert [(h.gpu, h.host) for h in batch.heads] == [(0, "host-test")]
+    assert not [e for e in batch.events if e.kind == "xid"]  # waits for NVML's report of the same Xid
+    later = await agent.step(1.0 + agent.config.collect.xid_merge_wait_s)
+    xids = [e for e in later.events if e.kind == "xid"]
+    assert [(e.gpu, e.xid, e.source, e.fields["pid"]) for e in xids] == [(0, 79, "kmsg", 1)]
     await agent.shutdown()
 
 

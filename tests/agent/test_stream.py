@@ -91,7 +91,8 @@ def stream_config(tmp_path: Path, port: int, **extra: object) -> object:
         "backoff_max_s": 0.2,
         **extra,
     }
-    return make_config(tmp_path, stream=stream, collect={"tick_s": 0.05, "slow_tick_s": 0.2})
+    collect = {"tick_s": 0.05, "slow_tick_s": 0.2, "xid_merge_wait_s": 0.1}
+    return make_config(tmp_path, stream=stream, collect=collect)
 
 
 async def test_outage_loses_nothing(tmp_path: Path) -> None:
