@@ -24,7 +24,7 @@ from sentinel.fr.workers import Cancelled, _cap_memory, run_pool
 #: Dumps per batch sent to a worker.
 _BATCH = 32
 #: Newest entries analyzed per large pickle dump by default (``None``: every entry).
-RECENT_ENTRIES = 256
+RECENT_ENTRIES = 128
 
 
 @contextmanager

@@ -28,7 +28,7 @@ from sentinel.fr.safepickle import _PlainUnpickler
 
 #: Entries decoded from the start of the buffer: they define the memo (keys, op names, stack frames) that
 #: later entries refer to; one pass of a training loop, periodic collectives included, usually fits.
-HEAD = 128
+HEAD = 32
 #: Below this many entries a full decode is as cheap.
 MIN_ENTRIES = 1024
 
@@ -72,45 +72,41 @@ def _decode_recent(data: bytes, keep: int) -> tuple[dict[str, Any], int, dict[in
         return None
     ref = b"h" + bytes([memo_index]) if memo_index < 256 else b"j" + memo_index.to_bytes(4, "little")
     needle = b"(" + ref  # MARK then the first key: the start of an entry dict, and only of one
-    total = 1 + data.count(needle, start + 1, end)
-    if total < max(MIN_ENTRIES, HEAD + keep + 16):
-        return None
-    marks = _Marks(data, needle, start, end, total)
-    starts: dict[int, int] = {0: start}
-
-    def entry_start(i: int) -> int:
-        if i not in starts:
-            starts[i] = marks.dict_start(i)
-        return starts[i]
-
-    head_reader = _PlainUnpickler(_reader(data[: entry_start(HEAD)] + b"eu."))
+    # entry starts are found from the front (the head) and from the back (the tail) only: the middle
+    # of the file is never scanned, and the total comes from the record ids (checked below)
+    marks = _Marks(data, needle, start, end)
+    head_end = marks.from_front(HEAD)
+    tail_start = marks.from_back(keep)
+    if head_end is None or tail_start is None or tail_start - head_end < end - tail_start:
+        return None  # the skipped middle would be smaller than the tail: a full decode costs as much
+    head_reader = _PlainUnpickler(_reader(data[:head_end] + b"eu."))
     top = head_reader.load()
     head = top.get("entries") if isinstance(top, dict) else None
     if not isinstance(head, list) or len(head) != HEAD:
         return None
     memo_source = head_reader
-    decoded = HEAD
+    decoded_end = head_end
+    step = HEAD
     while True:
-        tail_reader = _PlainUnpickler(_reader(b"\x80\x02](" + data[entry_start(total - keep) : end] + b"e."))
+        tail_reader = _PlainUnpickler(_reader(b"\x80\x02](" + data[tail_start:end] + b"e."))
         # hand over the memo as the proxy: CPython 3.11 drops the values when a plain dict is assigned
         tail_reader.memo = memo_source.memo
         try:
             tail = tail_reader.load()
             break
         except pickle.UnpicklingError as exc:
-            if "Memo value not found" not in str(exc) or decoded >= total - keep:
+            if "Memo value not found" not in str(exc) or decoded_end >= tail_start:
                 return None
         # the tail refers to something first pickled later than the head (a code path that ran later):
-        # decode further entries, only for their memo, and retry
-        upto = min(total - keep, decoded * 4)
-        chunk_reader = _PlainUnpickler(
-            io.BytesIO(b"\x80\x02](" + data[entry_start(decoded) : entry_start(upto)] + b"e.")
-        )
+        # decode further entries, only for their memo, and retry (each step 4x the last)
+        step *= 4
+        upto = marks.from_front(step)
+        upto = tail_start if upto is None or upto > tail_start else upto
+        chunk_reader = _PlainUnpickler(io.BytesIO(b"\x80\x02](" + data[decoded_end:upto] + b"e."))
         chunk_reader.memo = memo_source.memo
-        chunk = chunk_reader.load()
-        if not isinstance(chunk, list) or len(chunk) != upto - decoded:
+        if not isinstance(chunk_reader.load(), list):
             return None
-        memo_source, decoded = chunk_reader, upto
+        memo_source, decoded_end = chunk_reader, upto
     if not isinstance(tail, list) or len(tail) != keep:
         return None
     ids: list[int] = []
@@ -120,7 +116,8 @@ def _decode_recent(data: bytes, keep: int) -> tuple[dict[str, Any], int, dict[in
             return None
         ids.append(rid)
     first_id = ids[0]
-    if ids[:HEAD] != list(range(first_id, first_id + HEAD)):
+    total = ids[-1] - first_id + 1
+    if total < HEAD + keep or ids[:HEAD] != list(range(first_id, first_id + HEAD)):
         return None
     if ids[HEAD:] != list(range(first_id + total - keep, first_id + total)):
         return None
@@ -137,21 +134,31 @@ def _decode_recent(data: bytes, keep: int) -> tuple[dict[str, Any], int, dict[in
 class _Marks:
     """Byte offsets of entry dicts, found by scanning forward from the first or back from the end."""
 
-    def __init__(self, data: bytes, needle: bytes, start: int, end: int, total: int) -> None:
-        self.data, self.needle, self.start, self.end, self.total = data, needle, start, end, total
+    def __init__(self, data: bytes, needle: bytes, start: int, end: int) -> None:
+        self.data, self.needle, self.start, self.end = data, needle, start, end
+        self.front = [start]  # offsets of the needle of entries 0, 1, ... found so far
 
-    def dict_start(self, i: int) -> int:
-        data, needle = self.data, self.needle
-        if i <= self.total // 2:
-            pos = self.start
-            for _ in range(i):
-                pos = data.find(needle, pos + 1, self.end)
-        else:
-            pos = self.end
-            for _ in range(self.total - i):
-                pos = data.rfind(needle, self.start + 1, pos)
-        if pos < 0:
-            raise ValueError("entry start not found")
+    def from_front(self, i: int) -> int | None:
+        """Offset of entry ``i``'s dict opcode counted from the first entry, None when there are fewer."""
+        front = self.front
+        while len(front) <= i:
+            pos = self.data.find(self.needle, front[-1] + 1, self.end)
+            if pos < 0:
+                return None
+            front.append(pos)
+        return front[i] if i == 0 else self._dict_start(front[i])
+
+    def from_back(self, n: int) -> int | None:
+        """Offset of the dict opcode of the ``n``-th entry from the end."""
+        pos = self.end
+        for _ in range(n):
+            pos = self.data.rfind(self.needle, self.start + 1, pos)
+            if pos < 0:
+                return None
+        return self._dict_start(pos)
+
+    def _dict_start(self, pos: int) -> int:
+        data = self.data
         # the dict opcode sits before the MARK: directly (PyTorch), or behind a BINPUT / LONG_BINPUT
         if data[pos - 1] == 0x7D:
             return pos - 1

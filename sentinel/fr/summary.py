@@ -19,7 +19,7 @@ import json
 import re
 import zlib
 from array import array
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -34,6 +34,8 @@ INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
 #: Most tensors per entry and dims per tensor shape accepted (a coalesced op carries one per tensor).
 MAX_TENSORS = 1 << 16
 MAX_DIMS = 64
+
+_pack = msgspec.msgpack.Encoder().encode
 
 
 class KeyInfo(msgspec.Struct, frozen=True, array_like=True):
@@ -159,6 +161,53 @@ def _dtypes(value: Any, what: str, index: int, source: str) -> list[str]:
     return list(value)
 
 
+Int64 = Annotated[int, msgspec.Meta(ge=INT_MIN, le=INT_MAX)]
+
+
+class _Entry(msgspec.Struct):
+    """The fields of a ring-buffer entry the analysis reads; others (frames, thread names) are skipped.
+
+    ``msgspec.convert`` builds these from the decoded dicts in C, checking types and int64 ranges in the
+    same pass, so the Python loop below reads attributes instead of a dozen ``dict.get`` per entry.
+    """
+
+    profiling_name: str
+    time_created_ns: Int64
+    process_group: tuple[str, str] | None = None
+    pg_id: Int64 = -1
+    collective_seq_id: Int64 | None = None
+    seq_id: Int64 | None = None
+    p2p_seq_id: Int64 = -1
+    state: str | None = None
+    retired: bool | None = None
+    is_p2p: bool | None = None
+    time_discovered_started_ns: Int64 | None = None
+    input_sizes: Any = None
+    output_sizes: Any = None
+    input_dtypes: Any = None
+    output_dtypes: Any = None
+
+
+_ENTRIES = list[_Entry]
+
+
+def _entries(dump: RawDump) -> list[_Entry]:
+    try:
+        return msgspec.convert(dump.entries, _ENTRIES, strict=False)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        where = re.search(r"at `\$\[(\d+)\]\.?(\w*)", text)
+        what = text.split(" - at ", 1)[0][:100]
+        if what.startswith(("Expected `int` <=", "Expected `int` >=")):
+            what = "out of range, expected a 64-bit integer"
+        if where:
+            field = f" field {where[2]!r}:" if where[2] else ""
+            raise FrFormatError(f"{dump.source}: entry {where[1]}:{field} {what}") from None
+        raise FrFormatError(f"{dump.source}: entries: {what}") from None
+    except RecursionError:
+        raise FrFormatError(f"{dump.source}: entries nest too deeply") from None
+
+
 def summarize(dump: RawDump) -> RankSummary:
     """Reduce a shape-checked dump to its :class:`RankSummary`; FrFormatError names any bad field.
 
@@ -167,73 +216,71 @@ def summarize(dump: RawDump) -> RankSummary:
     window sees it, and this halves the cost of reducing a full 2,000-entry buffer).
     """
     source = dump.source
-    entries = dump.entries
+    entries = _entries(dump)
     builders: dict[str, _Builder] = {}
-    key_cache: dict[tuple[str, str, str, str], tuple[int, int]] = {}
+    key_cache: dict[tuple[str, bytes], tuple[int, int]] = {}
     key_info: dict[int, KeyInfo] = {}
     p2p_names: dict[str, bool] = {}
     keyed_from = len(entries) - KEY_WINDOW
     first_t = 0
     last_t = 0
     index = 0
+    b: _Builder | None = None
+    b_name: str | None = None
     try:
         for index, e in enumerate(entries):
-            profiling = e["profiling_name"]
-            pg = e.get("process_group")
-            if pg is not None:
-                name = pg[0]
-                desc = pg[1] if len(pg) > 1 else ""
-            else:
-                name = str(e.get("pg_id", ""))
-                desc = ""
-            b = builders.get(name)
-            if b is None:
-                if type(name) is not str or type(desc) is not str:
-                    raise FrFormatError(f"{source}: entry {index}: process_group is not a pair of strings")
-                desc = "" if desc == "undefined" else desc  # PyTorch's placeholder for "no description"
-                b = _Builder(name, desc, _int(e.get("pg_id", -1), f"entry {index} pg_id", source))
-                builders[name] = b
-            t = e["time_created_ns"]
-            if type(t) is not int or not INT_MIN <= t <= INT_MAX:
-                t = _int(t, f"entry {index} time_created_ns", source)
+            profiling = e.profiling_name
+            pg = e.process_group
+            name, desc = pg if pg is not None else (str(e.pg_id), "")
+            if name != b_name:
+                b = builders.get(name)
+                if b is None:
+                    # "undefined" is PyTorch's placeholder for "no description"
+                    b = builders[name] = _Builder(name, "" if desc == "undefined" else desc, e.pg_id)
+                b_name = name
+            assert b is not None
+            t = e.time_created_ns
             if t < first_t or first_t == 0:
                 first_t = t
             if t > last_t:  # noqa: PLR1730 - cheaper than a call per entry
                 last_t = t
-            state = e.get("state", "scheduled")
-            if type(state) is not str:
-                state = "scheduled" if state is None else _bad(source, index, "state", state)
-            completed = e.get("retired") is True or state == "completed"
+            state = e.state or "scheduled"
+            if e.time_discovered_started_ns and state == "scheduled":
+                state = "started"  # NCCL saw it start on the device (gloo leaves the field empty)
+            completed = e.retired is True or state == "completed"
             is_p2p = p2p_names.get(profiling)
             if is_p2p is None:
-                if type(profiling) is not str:
-                    raise FrFormatError(f"{source}: entry {index}: profiling_name is not a string")
                 is_p2p = p2p_names[profiling] = op_name(profiling) in P2P
             key = 0
             if index >= keyed_from or not completed or is_p2p:
-                in_sizes = _sizes(e.get("input_sizes"), "input_sizes", index, source)
-                out_sizes = _sizes(e.get("output_sizes"), "output_sizes", index, source)
-                dtypes = _dtypes(e.get("input_dtypes"), "input_dtypes", index, source)
-                dtypes += _dtypes(e.get("output_dtypes"), "output_dtypes", index, source)
-                ck = (profiling, in_sizes, out_sizes, ",".join(dtypes))
-                cached = key_cache.get(ck)
+                fields = (e.input_sizes, e.output_sizes, e.input_dtypes, e.output_dtypes)
+                try:  # one C call names what must agree; only a new combination is checked field by field
+                    ck = (profiling, _pack(fields))
+                except (OverflowError, RecursionError, TypeError, ValueError):
+                    ck = (profiling, b"")  # not packable: the checks below name what is wrong
+                cached = key_cache.get(ck) if ck[1] else None
                 if cached is None:
-                    cached = key_cache[ck] = _new_key(profiling, e, (in_sizes, out_sizes), dtypes, key_info)
+                    in_sizes = _sizes(fields[0], "input_sizes", index, source)
+                    out_sizes = _sizes(fields[1], "output_sizes", index, source)
+                    dtypes = _dtypes(fields[2], "input_dtypes", index, source)
+                    dtypes += _dtypes(fields[3], "output_dtypes", index, source)
+                    cached = key_cache[ck] = _new_key(
+                        profiling, fields, (in_sizes, out_sizes), dtypes, key_info
+                    )
                 key, hint = cached
                 if hint:
                     b.hints.add(hint)
-            if is_p2p or e.get("is_p2p") is True:
+            if is_p2p or e.is_p2p is True:
                 if not completed:
                     peers = p2p_peer(profiling)
                     local_peer = -1
                     if peers is not None:
                         local_peer = peers[1] if op_name(profiling) in ("send", "isend") else peers[0]
-                    p2p_seq = _int(e.get("p2p_seq_id", -1), f"entry {index} p2p_seq_id", source)
-                    b.pending.append(Pending(p2p_seq, key, profiling, t, state, True, local_peer))
+                    b.pending.append(Pending(e.p2p_seq_id, key, profiling, t, state, True, local_peer))
                 continue
-            seq = e.get("collective_seq_id", e.get("seq_id"))
-            if type(seq) is not int or not INT_MIN <= seq <= INT_MAX:
-                seq = _int(seq, f"entry {index} collective_seq_id", source)
+            seq = e.collective_seq_id
+            if seq is None:
+                seq = e.seq_id if e.seq_id is not None else -1
             if seq == b.last_seq:
                 # ops of one coalesced collective share its seq: fold their keys together
                 if key and b.keys[-1]:
@@ -282,14 +329,14 @@ def _bad(source: str, index: int, what: str, value: Any) -> str:
 
 def _new_key(
     profiling: str,
-    e: dict[str, Any],
+    fields: tuple[Any, Any, Any, Any],
     texts: tuple[str, str],
     dtypes: list[str],
     key_info: dict[int, KeyInfo],
 ) -> tuple[int, int]:
     op = op_name(profiling)
-    in_sizes = e.get("input_sizes") or []
-    out_sizes = e.get("output_sizes") or []
+    in_sizes = fields[0] or []
+    out_sizes = fields[1] or []
     hint = group_size_hint(op, in_sizes, out_sizes)
     in_text, out_text = texts
     text = match_key(op, in_text, out_text, set(dtypes))
