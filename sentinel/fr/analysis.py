@@ -177,6 +177,9 @@ def analyze(summaries: Sequence[RankSummary]) -> FrAnalysis:
         missing=missing,
     )
     _add_context(result, groups, waits, missing, stragglers)
+    _add_durations(
+        result, {s.rank: s.median_duration_ms for s in summaries if s.median_duration_ms >= 0}, stragglers
+    )
     del result.findings[MAX_FINDINGS:]
     return result
 
@@ -731,8 +734,12 @@ def _judge_all_in(
     elif started:
         res.verdict = "hang"
         res.summary = (
-            f"hang: every member started {op} #{seq} of group {g.label()} and none completed it "
-            f"(network/transport or device fault; the dumps cannot name one rank)"
+            f"hang: every member started {op} #{seq} of group {g.label()} and none completed it: a "
+            f"network/transport stall (or a device fault); no rank is missing from it"
+        )
+        res.findings.append(
+            f"{op} #{seq} of group {g.label()}: started on all {len(pend)} members (NCCL state 'started' / "
+            f"time_discovered_started_ns), completed on none (no time_discovered_completed_ns)"
         )
     else:
         res.verdict = "inconclusive"
@@ -820,6 +827,24 @@ def _add_context(
         if g.unknown_members:
             res.findings.append(
                 f"group {g.label()} has {g.unknown_members} member(s) beyond those seen in the dumps"
+            )
+
+
+def _add_durations(res: FrAnalysis, durations: dict[int, float], stragglers: list[Straggler]) -> None:
+    """NCCL's ``duration_ms`` corroborates a straggler: it arrives when its peers already wait, so its own
+    collectives are short while theirs include the wait for it."""
+    if len(durations) < 2 or not stragglers:
+        return
+    others = sorted(v for r, v in durations.items() if r not in {s.rank for s in stragglers})
+    if not others:
+        return
+    typical = others[len(others) // 2]
+    for s in stragglers[:5]:
+        mine = durations.get(s.rank)
+        if mine is not None:
+            res.findings.append(
+                f"rank {s.rank}'s collectives take a median {mine:.1f} ms on the device against {typical:.1f} ms "
+                f"on its peers (duration_ms): they wait for it"
             )
 
 

@@ -88,6 +88,7 @@ class RankSummary(msgspec.Struct, array_like=True):
     keys: dict[int, KeyInfo]
     first_t_ns: int = 0
     last_t_ns: int = 0
+    median_duration_ms: float = -1.0  # NCCL duration_ms of its completed collectives; -1 when absent
 
 
 class _Builder:
@@ -182,6 +183,7 @@ class _Entry(msgspec.Struct):
     retired: bool | None = None
     is_p2p: bool | None = None
     time_discovered_started_ns: Int64 | None = None
+    duration_ms: float | None = None
     input_sizes: Any = None
     output_sizes: Any = None
     input_dtypes: Any = None
@@ -227,6 +229,7 @@ def summarize(dump: RawDump) -> RankSummary:
     index = 0
     b: _Builder | None = None
     b_name: str | None = None
+    durations: list[float] = []
     try:
         for index, e in enumerate(entries):
             profiling = e.profiling_name
@@ -240,6 +243,9 @@ def summarize(dump: RawDump) -> RankSummary:
                 b_name = name
             assert b is not None
             t = e.time_created_ns
+            # NCCL: when the device started it, a closer measure of when this rank arrived than the
+            # host-side enqueue (gloo leaves the field empty: time_created_ns it is)
+            arrived = e.time_discovered_started_ns or t
             if t < first_t or first_t == 0:
                 first_t = t
             if t > last_t:  # noqa: PLR1730 - cheaper than a call per entry
@@ -288,14 +294,17 @@ def summarize(dump: RawDump) -> RankSummary:
             else:
                 b.seqs.append(seq)
                 b.keys.append(key)
-                b.times.append(t)
+                b.times.append(arrived)
                 b.last_seq = seq
             if seq > b.enq:  # noqa: PLR1730 - a call per entry costs more than the comparison
                 b.enq = seq
             if not completed:
                 b.pending.append(Pending(seq, key, profiling, t, state))
-            elif seq > b.done:
-                b.done = seq
+            else:
+                if seq > b.done:  # noqa: PLR1730 - a call per entry costs more than the comparison
+                    b.done = seq
+                if e.duration_ms is not None and e.duration_ms >= 0:
+                    durations.append(e.duration_ms)
     except FrFormatError:
         raise
     except (
@@ -320,6 +329,7 @@ def summarize(dump: RawDump) -> RankSummary:
         keys=key_info,
         first_t_ns=first_t,
         last_t_ns=last_t,
+        median_duration_ms=sorted(durations)[len(durations) // 2] if durations else -1.0,
     )
 
 

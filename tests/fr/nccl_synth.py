@@ -1,0 +1,106 @@
+"""SYNTHETIC NCCL-format dumps, derived from the real gloo corpus.
+
+Gloo records neither when a collective started nor when it completed; ProcessGroupNCCL does. These
+dumps take a real gloo dump set and fill in what NCCL would have written, consistently with what gloo
+recorded (documented fields of the flight recorder format, version 2.x):
+
+* ``profiling_name`` ``nccl:<op>``; ``pg_config`` the true members (``{"name", "desc", "ranks": "[..]"}``);
+* completed entries: ``state`` "completed", ``time_discovered_started_ns`` = created + launch delay,
+  ``time_discovered_completed_ns`` = started + duration, ``duration_ms``;
+* entries not completed: ``state`` "started" with a start time (the kernel launched and waits for its
+  peers), or "scheduled" without one;
+* ``pg_status`` ``last_started_collective`` following the entries.
+
+A straggler's duration is short (its peers already wait), its peers' include the wait. Nothing here was
+written by NCCL itself; the docs say so.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+from sentinel.fr.loader import discover, load_dump
+
+LAUNCH_NS = 40_000  # created -> started on the device
+BASE_MS = 0.8  # a collective's device time when nobody waits
+
+
+def nccl_set(
+    src: Path, dst: Path, truth: dict[str, Any], *, started_pending: bool = True, stall_last: bool = False
+) -> Path:
+    """Write an NCCL-format version of the gloo set in ``src`` under ``dst``; returns ``dst``.
+
+    ``stall_last``: the last collective of the world group becomes started on every rank and completed
+    on none (a network/transport stall)."""
+    dumps = {f.rank: load_dump(f.path) for f in discover(src)}
+    members = _members(truth)
+    dst.mkdir(parents=True, exist_ok=True)
+    # per (group, seq): the latest arrival over the members, to give each rank its wait as duration
+    arrive: dict[tuple[str, int], int] = {}
+    for d in dumps.values():
+        for e in d.entries:
+            key = (e["process_group"][0], e["collective_seq_id"])
+            arrive[key] = max(arrive.get(key, 0), e["time_created_ns"])
+    world_last = max(
+        e["collective_seq_id"]
+        for d in dumps.values()
+        for e in d.entries
+        if e["process_group"][1] == "default_pg"
+    )
+    for rank, d in dumps.items():
+        entries = []
+        status = copy.deepcopy(d.pg_status)
+        for raw in d.entries:
+            e = dict(raw)
+            e["profiling_name"] = "nccl:" + e["profiling_name"].split(":", 1)[-1]
+            started = e["time_created_ns"] + LAUNCH_NS
+            name, seq = e["process_group"][0], e["collective_seq_id"]
+            stalled = stall_last and e["process_group"][1] == "default_pg" and seq == world_last
+            if e["retired"] and not stalled:
+                wait_ns = max(0, arrive[(name, seq)] - e["time_created_ns"])
+                duration = BASE_MS + wait_ns / 1e6
+                e.update(
+                    state="completed",
+                    time_discovered_started_ns=started,
+                    time_discovered_completed_ns=started + int(duration * 1e6),
+                    duration_ms=duration,
+                )
+            else:
+                e.update(retired=False, time_discovered_completed_ns=None, duration_ms=None)
+                if started_pending:
+                    e.update(state="started", time_discovered_started_ns=started)
+                else:
+                    e.update(state="scheduled", time_discovered_started_ns=None)
+                if stalled:
+                    st = status[str(e["pg_id"])]
+                    st["last_completed_collective"] = min(st["last_completed_collective"], seq - 1)
+            entries.append(e)
+        for st in status.values():
+            st["last_started_collective"] = st["last_enqueued_collective"] if started_pending else -1
+        pg_config = {
+            name: {"name": name, "desc": desc, "ranks": json.dumps(ranks)}
+            for name, (desc, ranks) in members.get(rank, {}).items()
+        }
+        top = {"version": "2.10", "pg_config": pg_config, "pg_status": status, "entries": entries}
+        (dst / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(top, protocol=2))
+    return dst
+
+
+def _members(truth: dict[str, Any]) -> dict[int, dict[str, tuple[str, list[int]]]]:
+    """rank -> {group name: (desc, member ranks)} from the corpus ground truth."""
+    pgs = truth["process_groups"]
+    out: dict[int, dict[str, tuple[str, list[int]]]] = {}
+    for rank_s, names in pgs["per_rank_names"].items():
+        rank = int(rank_s)
+        table = out.setdefault(rank, {})
+        for key, name in names.items():
+            if key == "world":
+                table[name] = ("default_pg", pgs["world"]["ranks"])
+            else:
+                group = next(g for g in pgs[key]["groups"] if rank in g)
+                table[name] = (pgs[key]["desc"], group)
+    return out
