@@ -229,7 +229,14 @@ class Aggregator:
             try:
                 store = IncidentStore(directory)
             except (OSError, Exception) as exc:  # sqlite3.Error too: incidents then live in memory only
-                log().warning("incident_store_unavailable", state_dir=str(directory), error=str(exc))
+                # loud: without the store, incidents vanish on a restart (SentinelStateStoreFailing fires)
+                self.metrics.state_errors += 1
+                log().error(
+                    "incident_store_unavailable",
+                    state_dir=str(directory),
+                    error=str(exc),
+                    detail="incidents are kept in memory only; fix server.state_dir",
+                )
         self.incidents = IncidentManager(
             self.engine,
             store,

@@ -21,11 +21,15 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     listen_host: Annotated[str, msgspec.Meta(description="bind address")] = "127.0.0.1"
     listen_port: Annotated[int, msgspec.Meta(ge=0, le=65535, description="bind port (0: any free)")] = 9400
     tokens_file: Annotated[
-        str, msgspec.Meta(description="file with the accepted agent bearer tokens, one per line")
+        str, msgspec.Meta(description="agent credentials, one per line: TOKEN HOSTGLOB [HOSTGLOB ...]")
     ] = "/etc/sentinel/tokens"
     state_dir: Annotated[
-        str, msgspec.Meta(description="incidents database and timelines, durable state (state.sqlite3)")
-    ] = "/var/lib/sentinel"
+        str,
+        msgspec.Meta(
+            description="incidents database and timelines, durable state (state.sqlite3); its own directory, "
+            "never the agent's /var/lib/sentinel, also when run outside systemd"
+        ),
+    ] = "/var/lib/sentinel-aggregator"
     api_token_file: Annotated[
         str,
         msgspec.Meta(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Annotated, Final
 
 import msgspec
@@ -136,6 +137,14 @@ class _Gpu:
     events: deque[tuple[float, int, int | None]] = field(default_factory=deque)
 
 
+def evidence_time(t: float) -> str:
+    """A time for evidence read by people: UTC ``HH:MM:SS`` with the date for wall-clock times (evidence
+    once showed ``t=1.79612e+09``), ``t+12.5s`` for the simulator's virtual clock."""
+    if t >= 1e9:
+        return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"t+{t:.1f}s"
+
+
 class XidPolicy:
     """Feed it Xid records and reset/reboot observations; ask it for per-GPU decisions."""
 
@@ -151,7 +160,7 @@ class XidPolicy:
         code = record.xid
         if code in cfg.ignored_codes:
             return self._decision(key, gpu, changed=False)
-        line = f"t={now:g} Xid {code}" + (f" pid={record.pid}" if record.pid is not None else "")
+        line = f"{evidence_time(now)} Xid {code}" + (f" pid={record.pid}" if record.pid is not None else "")
         line += f" ({record.process})" if record.process else ""
         fatal = record.fatal or (code in cfg.extra_faulty_codes and code not in APPLICATION_CODES)
         if fatal:
