@@ -156,3 +156,27 @@ def test_sysusers_and_tmpfiles_apply_to_a_fresh_root(tmp_path: Path) -> None:
     state = tmp_path / "var/lib/sentinel"
     assert state.stat().st_uid == uid
     assert state.stat().st_mode & 0o777 == 0o750
+
+
+@pytest.mark.parametrize(
+    ("daemon", "memory_max_mib", "cpu_quota_pct"),
+    [("agent", 512, 50), ("aggregator", 4096, 200)],
+)
+def test_resource_limits_contain_a_runaway_daemon(
+    daemon: str, memory_max_mib: int, cpu_quota_pct: int
+) -> None:
+    """MemoryMax/MemoryHigh/CPUQuota/TasksMax are set, and sized above what the benchmarks measured (agent
+    under 60 MB plus its bounded buffers; aggregator 492 MB at 65,536 GPUs) so that only a runaway hits them."""
+    settings = unit_settings(UNITS[daemon])
+
+    def mib(value: str) -> float:
+        units = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+        return float(value[:-1]) * units[value[-1]] if value[-1] in units else float(value) / (1 << 20)
+
+    (memory_max,) = settings["MemoryMax"]
+    (memory_high,) = settings["MemoryHigh"]
+    assert mib(memory_max) == memory_max_mib
+    assert mib(memory_high) < mib(memory_max)
+    assert settings["CPUQuota"] == [f"{cpu_quota_pct}%"]
+    (tasks,) = settings["TasksMax"]
+    assert 16 <= int(tasks) <= 1024
