@@ -12,8 +12,8 @@ culprits are the *sinks* of this wait-for graph reachable from the blocked ranks
   is in progress (a dump taken while the job runs) or stalled in the network/transport/device. The rank is
   not to blame; callers judge the collective (:attr:`Culprit.first_wait` is the rank's own wait there).
 
-Both the post-mortem dump analysis (:mod:`sentinel.fr.analysis`) and the live stuck detector
-(:mod:`sentinel.fr.progress`) use this. The API is deliberately small and stable:
+Both the post-mortem dump analysis (:mod:`sentinel.fr.analysis`) and the aggregator's live stuck detector
+(:mod:`sentinel.aggregator.detectors.stuck`, on the ranks' heads) use this: one stall algorithm. The API is deliberately small and stable:
 
 * :class:`Wait` — one blocked rank: (rank, group, seq, op, t_ns, waiting_for, group_desc);
 * :func:`find_culprits` ``(waits) -> list[Culprit]`` — sinks, root cause first (earliest wait naming them);

@@ -239,6 +239,45 @@ def test_stuck_follows_the_wait_across_groups_to_the_root_and_never_blames_a_wai
     assert [v for v in f.engine.book.open.values() if v.kind == "stuck"] == []
 
 
+def test_a_call_order_deadlock_names_both_ranks_of_the_cycle_and_no_victim() -> None:
+    """Ranks 0 and 1 enter their two groups in opposite orders: 0 waits in a for 1, 1 waits in b for 0; the
+    world waits for both. The same wait graph as the dump analysis finds the cycle."""
+    f = Fleet()
+    pair = [0, 1]
+
+    def feed(t: float, age: float | None, completed: int) -> None:
+        for host, base in (("h0", 0), ("h1", 8)):
+            hs = []
+            for g in range(8):
+                rank = base + g
+                if rank == 0:
+                    pgs = [
+                        pg("a", completed, age, pair),
+                        pg("b", completed, None, pair),
+                        pg("world", completed),
+                    ]
+                elif rank == 1:
+                    pgs = [
+                        pg("a", completed, None, pair),
+                        pg("b", completed, age, pair),
+                        pg("world", completed),
+                    ]
+                else:
+                    pgs = [pg("world", completed, age)]
+                hs.append(heads(rank, t, pgs, host, g))
+            f.send(host, t, heads=hs, procs=procs(base // 8) if t == 0 else None)
+
+    for t in (0.0, 2.0):
+        feed(t, None, 10 + int(t))
+        f.engine.tick(t)
+    for t in (4.0, 6.0, 8.0):
+        feed(t, t - 3.0, 12)
+        f.engine.tick(t)
+    stuck = sorted((v.rank, v.reason) for v in f.engine.book.open.values() if v.kind == "stuck")
+    assert stuck == [(0, "deadlock"), (1, "deadlock")]
+    assert all("call-order deadlock" in " ".join(v.evidence) for v in f.engine.book.open.values())
+
+
 def test_all_ranks_inside_with_nccl_net_errors_names_the_rank_with_the_errors() -> None:
     f = Fleet()
     nccl = "h1:1005:1011 [5] transport/net_ib.cc:2244 NCCL WARN NET/IB : Got completion from peer 10.0.0.1<53908> with status=12"

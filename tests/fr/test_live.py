@@ -1,4 +1,4 @@
-"""Live progress: snapshot reduction, find_stuck, the probe's datagrams, and the dump-pipe trigger."""
+"""Live progress: snapshot reduction, the probe's datagrams, and the dump-pipe trigger."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 from sentinel.fr.errors import FrFormatError
 from sentinel.fr.heads import FrHeads, InFlight, PgHead
-from sentinel.fr.progress import find_stuck
 from sentinel.fr.reduce import reduce_snapshot
 from sentinel.fr.trigger import trigger_dumps
 from sentinel.probe import MAX_DATAGRAM, Probe, encode_capped
@@ -68,39 +67,6 @@ def _heads(rank: int, groups: list[tuple[str, str, int, int, list[int]]], age: f
         for name, desc, enq, done, ranks in groups
     ]
     return FrHeads(rank=rank, t=NOW, world_size=4, pgs=pgs)
-
-
-def test_find_stuck_follows_a_cascade_to_the_root() -> None:
-    tp = {0: [0, 1], 1: [0, 1], 2: [2, 3], 3: [2, 3]}
-    heads = {
-        0: _heads(0, [("1", "tp", 9, 9, tp[0]), ("3", "dp", 5, 4, [0, 2])]),  # waits in dp for 2
-        1: _heads(1, [("1", "tp", 9, 9, tp[1]), ("4", "dp", 5, 4, [1, 3])]),  # waits in dp for 3
-        2: _heads(
-            2, [("2", "tp", 9, 8, tp[2]), ("3", "dp", 4, 4, [0, 2])], age=40.0
-        ),  # waits in tp for 3 (first)
-        3: _heads(3, [("2", "tp", 8, 8, tp[3]), ("4", "dp", 4, 4, [1, 3])]),  # never entered tp #9
-    }
-    found = find_stuck(heads, now=NOW, min_age_s=10.0)
-    assert found is not None
-    assert found.kind == "missing_rank"
-    assert found.culprit_ranks == [3]
-    assert (found.pg_name, found.seq) == ("2", 9)
-    assert found.waiting_ranks == [2]
-
-
-def test_find_stuck_all_in_and_young_waits() -> None:
-    heads = {r: _heads(r, [("0", "default_pg", 5, 4, [0, 1, 2, 3])]) for r in range(4)}
-    found = find_stuck(heads, now=NOW, min_age_s=10.0)
-    assert found is not None and found.kind == "all_in" and found.culprit_ranks == []
-    assert find_stuck(heads, now=NOW, min_age_s=60.0) is None
-    idle = {r: _heads(r, [("0", "default_pg", 5, 5, [0, 1, 2, 3])]) for r in range(4)}
-    assert find_stuck(idle, now=NOW, min_age_s=1.0) is None
-
-
-def test_find_stuck_rank_without_heads_is_the_culprit() -> None:
-    heads = {r: _heads(r, [("0", "default_pg", 5, 4, [])]) for r in (0, 1, 3)}
-    found = find_stuck(heads, now=NOW, min_age_s=10.0)
-    assert found is not None and found.culprit_ranks == [2]
 
 
 def test_probe_sends_one_datagram_and_survives_a_missing_socket(tmp_path: Path) -> None:

@@ -19,9 +19,9 @@ from sentinel.aggregator.state import FleetState, GpuView, JobView, RankView, co
 from sentinel.aggregator.verdicts import Finding
 from sentinel.config.aggregator import AggregatorConfig, HardwareConfig, StuckConfig
 from sentinel.fr.heads import PgHead
+from sentinel.fr.waitgraph import Wait, find_culprits
 
 DETECTOR = "stuck"
-_MAX_DEPTH = 64
 #: share of min_wait_s that some waiting rank must have reported itself (not extrapolated by the aggregator)
 OBSERVED_WAIT_FRACTION = 0.5
 #: Work bound per job and tick: the oldest stalled collectives examined, and the absent members followed
@@ -159,64 +159,87 @@ def evaluate_job(
                 out.append(member)
         return out
 
-    culprits: dict[int, tuple[str, list[str]]] = {}
-    visited: set[int] = set()
+    missing_of: dict[tuple[str, int], frozenset[int]] = {}
 
-    def follow(rank: int, pg_name: str, seq: int, trail: list[str], depth: int) -> None:
-        if rank in visited or depth > _MAX_DEPTH:
-            return
-        visited.add(rank)
-        info = ranks.get(rank)
-        if info is not None and info.fresh:
-            for other_pg, other_seq, other_op, age in info.waits:
-                if other_pg == pg_name:
-                    continue
-                missing = [m for m in not_entered(other_pg, other_seq) if m != rank]
-                if missing:
-                    step = (
-                        f"rank {rank} is itself waiting {age:.1f}s in {other_op} (pg {other_pg}, seq {other_seq}) "
-                        f"for rank(s) {_ranks_summary(missing)}"
-                    )
-                    for m in missing[:MAX_FOLLOWED]:
-                        follow(m, other_pg, other_seq, [*trail, step], depth + 1)
-                    return
-        if info is None:
-            reason, why = "rank_gone", f"rank {rank} has sent no flight-recorder heads"
-        elif not info.view.alive or not info.fresh:
-            reason = "rank_gone"
-            why = f"rank {rank}'s process is gone or silent (last heads {now - info.view.heads_at:.0f}s ago)"
-        else:
-            reason, why = "not_entered_collective", f"rank {rank} never entered (pg {pg_name}, seq {seq})"
-        culprits[rank] = (reason, [*trail, why])
+    def missing(pg_name: str, seq: int) -> frozenset[int]:
+        key = (pg_name, seq)
+        known = missing_of.get(key)
+        if known is None:
+            known = missing_of[key] = frozenset(not_entered(pg_name, seq))
+        return known
 
-    first: tuple[str, int] | None = None
-    all_in: list[tuple[str, int]] = []
-    oldest = sorted(stalled.items(), key=lambda item: -item[1][1])[:MAX_STALLED_EXAMINED]
-    for (pg_name, seq), (op, age, waiting) in oldest:
-        missing = not_entered(pg_name, seq)
-        if first is None:
-            first = (pg_name, seq)
-        if not missing:
-            all_in.append((pg_name, seq))
+    # One wait-for graph for live heads and post-mortem dumps (sentinel.fr.waitgraph): every fresh rank's
+    # waits, each pointing at the members that have not entered that collective. Its sinks reachable from a
+    # stalled wait are the culprits: a rank that waits for nobody, or a cycle (call-order deadlock).
+    graph: list[Wait] = []
+    age_of: dict[tuple[int, str, int], float] = {}
+    stalled_waiters: set[int] = set()
+    for rank, info in ranks.items():
+        if not info.fresh:
             continue
-        head = (
-            f"{len(waiting)} rank(s) ({_ranks_summary(waiting)}) wait {age:.1f}s in {op} "
-            f"(pg {pg_name}, seq {seq}); not entered: {_ranks_summary(missing)}"
+        for pg_name, seq, op, age in info.waits:
+            graph.append(Wait(rank, pg_name, seq, op, int((now - age) * 1e9), missing(pg_name, seq) - {rank}))
+            age_of[(rank, pg_name, seq)] = age
+            if (pg_name, seq) in stalled:
+                stalled_waiters.add(rank)
+    oldest = sorted(stalled.items(), key=lambda item: -item[1][1])[:MAX_STALLED_EXAMINED]
+    first = oldest[0][0]
+    all_in = [key for key, _ in oldest if not missing(*key)]
+    culprits: dict[int, tuple[str, list[str]]] = {}
+    for culprit in find_culprits(graph):
+        if culprit.kind == "all_in" or not (
+            culprit.victims & stalled_waiters or culprit.first_wait.rank in stalled_waiters
+        ):
+            continue
+        w = culprit.first_wait
+        outer = next(
+            (
+                key
+                for key, (_, _, waiting) in oldest
+                if missing(*key) and (culprit.victims | {w.rank}) & set(waiting)
+            ),
+            (w.group, w.seq),
         )
-        for rank in sorted(missing)[:MAX_FOLLOWED]:
-            follow(rank, pg_name, seq, [head], 0)
+        op0, age0, waiting0 = stalled.get(outer, (w.op, age_of.get((w.rank, w.group, w.seq), 0.0), [w.rank]))
+        trail = [
+            f"{len(waiting0)} rank(s) ({_ranks_summary(waiting0)}) wait {age0:.1f}s in {op0} "
+            f"(pg {outer[0]}, seq {outer[1]}); not entered: {_ranks_summary(list(missing(*outer)))}"
+        ]
+        if (w.group, w.seq) != outer and not culprit.cycle:
+            trail.append(
+                f"rank {w.rank} is itself waiting {age_of.get((w.rank, w.group, w.seq), 0.0):.1f}s in {w.op} "
+                f"(pg {w.group}, seq {w.seq}) for rank(s) {_ranks_summary(sorted(w.waiting_for))}"
+            )
+        for rank in culprit.ranks[:MAX_FOLLOWED]:
+            known = ranks.get(rank)
+            if culprit.cycle:
+                reason = "deadlock"
+                why = (
+                    f"ranks {_ranks_summary(list(culprit.ranks))} wait on each other in different collectives "
+                    "(call-order deadlock)"
+                )
+            elif known is None:
+                reason, why = "rank_gone", f"rank {rank} has sent no flight-recorder heads"
+            elif not known.view.alive or not known.fresh:
+                reason = "rank_gone"
+                why = f"rank {rank}'s process is gone or silent (last heads {now - known.view.heads_at:.0f}s ago)"
+            else:
+                reason, why = (
+                    "not_entered_collective",
+                    f"rank {rank} never entered (pg {w.group}, seq {w.seq})",
+                )
+            culprits.setdefault(rank, (reason, [*trail, why]))
 
     findings: list[Finding] = []
-    assert first is not None
     op, age, waiting = stalled[first]
     stall = Stall(job=job.id, pg=first[0], seq=first[1], op=op, waited_s=age, waiting=sorted(waiting))
     evidence_t = now - age
     if culprits:
         for rank in sorted(culprits)[: cfg.max_culprits]:
             reason, trail = culprits[rank]
-            culprit = job.ranks.get(rank)
-            host = culprit.host if culprit is not None else None
-            gpu = culprit.gpu if culprit is not None else None
+            named = job.ranks.get(rank)
+            host = named.host if named is not None else None
+            gpu = named.gpu if named is not None else None
             evidence = [*trail, *_corroborate(fleet, host, gpu, waiting, ranks)]
             action = "restart_app"
             findings.append(
