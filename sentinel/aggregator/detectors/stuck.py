@@ -172,16 +172,29 @@ def evaluate_job(
     # waits, each pointing at the members that have not entered that collective. Its sinks reachable from a
     # stalled wait are the culprits: a rank that waits for nobody, or a cycle (call-order deadlock).
     graph: list[Wait] = []
+    followed: dict[tuple[str, int], list[int]] = {}
     age_of: dict[tuple[int, str, int], float] = {}
     stalled_waiters: set[int] = set()
     for rank, info in ranks.items():
         if not info.fresh:
             continue
+        blocking: dict[
+            str, tuple[int, str, float]
+        ] = {}  # per group the oldest wait: the others queue behind it
         for pg_name, seq, op, age in info.waits:
-            graph.append(Wait(rank, pg_name, seq, op, int((now - age) * 1e9), missing(pg_name, seq) - {rank}))
-            age_of[(rank, pg_name, seq)] = age
+            if pg_name not in blocking or seq < blocking[pg_name][0]:
+                blocking[pg_name] = (seq, op, age)
             if (pg_name, seq) in stalled:
                 stalled_waiters.add(rank)
+        for pg_name, (seq, op, age) in blocking.items():
+            # bounded: no more than MAX_FOLLOWED of the members it waits for are followed (a claimed world of
+            # 131,072 ranks must not become 131,072 edges per wait)
+            head = followed.get((pg_name, seq))
+            if head is None:
+                head = followed[(pg_name, seq)] = sorted(missing(pg_name, seq))[: MAX_FOLLOWED + 1]
+            targets = frozenset([m for m in head if m != rank][:MAX_FOLLOWED])
+            graph.append(Wait(rank, pg_name, seq, op, int((now - age) * 1e9), targets))
+            age_of[(rank, pg_name, seq)] = age
     oldest = sorted(stalled.items(), key=lambda item: -item[1][1])[:MAX_STALLED_EXAMINED]
     first = oldest[0][0]
     all_in = [key for key, _ in oldest if not missing(*key)]
