@@ -77,6 +77,7 @@ class Probe:
         self._status_fn: DumpFn | None = status_fn
         self._last_full = 0.0
         self._waiting_since: dict[int, tuple[tuple[int, int], float]] = {}
+        self._detailed: set[tuple[int, tuple[int, int]]] = set()  # waits already seen in a full dump
         self._thread = threading.Thread(target=self._run, name="sentinel-probe", daemon=True)
         self._identity = _identity()
 
@@ -184,7 +185,14 @@ class Probe:
             if progress[0] > progress[1]:
                 if since is None or since[0] != progress:
                     self._waiting_since[key] = (progress, now)
-                elif now - since[1] >= self.interval_s and now - self._last_full >= FULL_DUMP_MIN_INTERVAL_S:
+                elif now - since[1] >= self.interval_s and (
+                    now - self._last_full >= FULL_DUMP_MIN_INTERVAL_S or (key, progress) not in self._detailed
+                ):
+                    # a wait that persists gets its op and entry details once, however recent the last full
+                    # dump: stall evidence must name the collective (at most one extra dump per new wait)
+                    if len(self._detailed) >= 64:
+                        self._detailed.clear()
+                    self._detailed.add((key, progress))
                     return True
             else:
                 self._waiting_since.pop(key, None)

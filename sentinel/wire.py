@@ -130,6 +130,9 @@ class ProcInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     master_addr: Short | None = None
     master_port: int | None = None
     debug: DebugReadiness | None = None  # NCCL/PyTorch async-debug readiness from the environment
+    #: in uninterruptible sleep (``D`` in /proc/PID/stat) at the agent's latest reading: blocked in I/O
+    #: (a hung network filesystem, storage), which the stuck detector names instead of a GPU or network fault
+    blocked_io: bool = False
 
 
 class Drops(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

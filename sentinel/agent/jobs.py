@@ -268,9 +268,18 @@ class JobMapper:
                         master_addr=f.master_addr,
                         master_port=f.master_port,
                         debug=f.debug,
+                        blocked_io=_in_disk_sleep(pid),
                     )
                 )
         return out
+
+
+def _in_disk_sleep(pid: int) -> bool:
+    """The process state letter is ``D`` (read every tick: it is what a hung filesystem looks like)."""
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_DISK_SLEEP)
+    except (psutil.Error, OSError):
+        return False
 
 
 def _from_cmdline(cmdline: list[str], fields: JobFields) -> JobFields:

@@ -13,7 +13,8 @@ counted, logged and leaves that detector's open verdicts as they were; the other
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import structlog
 
@@ -217,6 +218,17 @@ class Engine:
         stuck = self.detectors[StuckDetector.name]
         assert isinstance(stuck, StuckDetector)
         return stuck.stalls if stuck.name not in self.config.detect.disabled else {}
+
+    def join_dumps(self, job: str, analysis: Mapping[str, Any] | None) -> str | None:
+        """A stalled job's Flight Recorder dumps were analyzed: confirm, correct or mark its stuck verdicts
+        inconclusive (applied from the next tick on); the outcome, or None when the job no longer stalls."""
+        stuck = self.detectors[StuckDetector.name]
+        assert isinstance(stuck, StuckDetector)
+        judged = stuck.join_dumps(job, analysis)
+        if judged is None:
+            return None
+        log.info("stall_dumps_joined", job=job, outcome=judged.outcome, culprits=list(judged.culprits))
+        return judged.outcome
 
     @property
     def straggler(self) -> StragglerDetector:

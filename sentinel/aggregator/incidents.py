@@ -282,6 +282,13 @@ class IncidentManager:
                     "analysis": None,
                     "error": f"{type(exc).__name__}: {str(exc)[:300]}",
                 }
+            if verdict.job:
+                outcome = self.engine.join_dumps(
+                    verdict.job, incident["fr_dump"].get("analysis") or incident["fr_dump"]
+                )
+                incident["fr_dump"]["joined"] = (
+                    outcome  # confirmed | corrected | inconclusive | None (stall over)
+                )
             await self._save(incident)
             log().info(
                 "incident_fr_dump",

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
-from sentinel.components.vocab import ACTIONS, VERDICT_KINDS, action_rank
+from sentinel.components.vocab import ACTIONS, VERDICT_KINDS, Action, VerdictKind, action_rank
 
 KINDS = VERDICT_KINDS
 _KIND_RANK = {kind: i for i, kind in enumerate(VERDICT_KINDS)}
@@ -28,6 +28,7 @@ def _severity(kind: str, action: str) -> tuple[int, int]:
 
 
 MAX_EVIDENCE = 12
+ChangeKind = Literal["opened", "updated", "closed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,9 +37,9 @@ class Finding:
 
     key: tuple[str, ...]
     detector: str
-    kind: str
+    kind: VerdictKind
     reason: str
-    action: str
+    action: Action
     evidence: tuple[str, ...]
     evidence_t: float  # when the evidence appeared (for detection latency)
     host: str | None = None
@@ -52,9 +53,9 @@ class Verdict:
     id: str
     key: tuple[str, ...]
     detector: str
-    kind: str
+    kind: VerdictKind
     reason: str
-    action: str
+    action: Action
     host: str | None
     gpu: int | None
     job: str | None
@@ -98,7 +99,7 @@ class Verdict:
 @dataclass(frozen=True, slots=True)
 class Change:
     verdict: Verdict
-    what: str  # opened | updated | closed
+    what: ChangeKind
 
 
 class VerdictRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -107,9 +108,9 @@ class VerdictRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     id: str
     key: list[str]
     detector: str
-    kind: str
+    kind: VerdictKind
     reason: str
-    action: str
+    action: Action
     host: str | None = None
     gpu: int | None = None
     job: str | None = None

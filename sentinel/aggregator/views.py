@@ -84,6 +84,7 @@ def job_summary(engine: Engine, job: JobView) -> dict[str, Any]:
             "waited_s": round(stall.waited_s, 1),
             "waiting": len(stall.waiting),
             "culprits": stall.culprits,
+            "fr_outcome": stall.fr_outcome,
         },
     }
 

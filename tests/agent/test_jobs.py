@@ -61,6 +61,21 @@ def test_maps_real_processes_to_jobs(ranks: list[subprocess.Popen[bytes]]) -> No
     assert (by_gpu[3].master_addr, by_gpu[3].master_port) == ("10.0.0.1", 29500)
     assert (by_gpu[5].job_id, by_gpu[5].rank) == ("explicit", 0)
     assert by_gpu[0].name.startswith("python")
+    assert not any(p.blocked_io for p in result)  # sleeping in time.sleep is S, not D
+
+
+def test_a_process_in_disk_sleep_is_reported_blocked_in_io(
+    ranks: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """psutil reads the state letter from /proc/PID/stat; a D there (a hung NFS read) is what we report."""
+    real_status = psutil.Process.status
+
+    def status(self: psutil.Process) -> str:
+        return psutil.STATUS_DISK_SLEEP if self.pid == ranks[1].pid else real_status(self)
+
+    monkeypatch.setattr(jobs.psutil.Process, "status", status)
+    by_pid = {p.pid: p for p in JobMapper().map({0: [ranks[0].pid], 1: [ranks[1].pid]})}
+    assert by_pid[ranks[1].pid].blocked_io and not by_pid[ranks[0].pid].blocked_io
 
 
 def test_a_process_seen_before_its_exec_is_read_again_after_it() -> None:

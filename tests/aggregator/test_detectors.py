@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.state import HostView
 from sentinel.aggregator.verdicts import Finding, VerdictBook
@@ -237,6 +239,78 @@ def test_stuck_follows_the_wait_across_groups_to_the_root_and_never_blames_a_wai
     feed_cascade(f, 10.0, age=0.1, completed=20)
     f.engine.tick(10.0)
     assert [v for v in f.engine.book.open.values() if v.kind == "stuck"] == []
+
+
+def test_a_culprit_blocked_in_io_is_named_an_io_hang_not_a_gpu_or_network_fault() -> None:
+    f = Fleet()
+    for t in (0.0, 2.0):
+        feed_cascade(f, t, age=0.1, completed=10 + int(t))
+        f.engine.tick(t)
+    blocked = [
+        ProcInfo(gpu=g, pid=1000 + g, job_id="j", rank=g, world_size=16, blocked_io=g == 3) for g in range(8)
+    ]
+    f.send("h0", 3.0, procs=blocked)  # the agent: rank 3's process is in D state
+    for t in (4.0, 6.0, 8.0):
+        feed_cascade(f, t, age=t - 3.0, completed=12)
+        f.engine.tick(t)
+    stuck = [v for v in f.engine.book.open.values() if v.kind == "stuck"]
+    assert [(v.rank, v.reason, v.action) for v in stuck] == [(3, "io_hang", "drain")]
+    assert any("uninterruptible sleep" in e for e in stuck[0].evidence)
+
+
+def _stalled_cascade() -> Fleet:
+    f = Fleet()
+    for t in (0.0, 2.0):
+        feed_cascade(f, t, age=0.1, completed=10 + int(t))
+        f.engine.tick(t)
+    for t in (4.0, 6.0, 8.0):
+        feed_cascade(f, t, age=t - 3.0, completed=12)
+        f.engine.tick(t)
+    return f
+
+
+def _stuck(f: Fleet) -> list[tuple[int | None, str, str]]:
+    return sorted(
+        (v.rank, v.reason, " ".join(v.evidence)) for v in f.engine.book.open.values() if v.kind == "stuck"
+    )
+
+
+@pytest.mark.parametrize(
+    ("analysis", "outcome", "ranks"),
+    [
+        ({"verdict": "hang", "culprit_ranks": [3], "findings": ["rank 3 never joined"]}, "confirmed", [3]),
+        (
+            {"verdict": "hang", "culprit_ranks": [5], "findings": ["rank 5 is behind by 2 collectives"]},
+            "corrected",
+            [5],
+        ),
+        ({"error": "no dump arrived"}, "inconclusive", [3]),
+        ({"verdict": "healthy", "culprit_ranks": []}, "inconclusive", [3]),
+    ],
+)
+def test_the_dumps_analysis_confirms_corrects_or_is_inconclusive_on_the_live_verdict(
+    analysis: dict[str, object], outcome: str, ranks: list[int]
+) -> None:
+    f = _stalled_cascade()
+    assert [r for r, _, _ in _stuck(f)] == [3]
+    assert f.engine.join_dumps("j", analysis) == outcome
+    feed_cascade(f, 10.0, age=7.0, completed=12)
+    f.engine.tick(10.0)
+    found = _stuck(f)
+    assert [r for r, _, _ in found] == ranks
+    text = found[0][2]
+    expected_word = {"confirmed": "dumps confirm", "corrected": "corrected by the Flight Recorder dumps"}
+    assert expected_word.get(outcome, "dumps inconclusive") in text
+    assert f.engine.stalls["j"].fr_outcome == outcome
+    if outcome == "corrected":
+        assert found[0][1] == "fr_hang" and "named rank(s) 3" in text
+
+
+def test_dumps_for_a_stall_that_is_over_are_not_joined() -> None:
+    f = Fleet()
+    feed_cascade(f, 0.0, age=0.1, completed=10)
+    f.engine.tick(0.0)
+    assert f.engine.join_dumps("j", {"verdict": "hang", "culprit_ranks": [1]}) is None
 
 
 def test_a_call_order_deadlock_names_both_ranks_of_the_cycle_and_no_victim() -> None:

@@ -142,3 +142,18 @@ def test_real_torch_ranks_measure_their_own_compute_a_waiting_peer_does_not_look
         medians.append(statistics.median(values))
     assert medians[0] == pytest.approx(0.1, abs=0.03)
     assert medians[1] == pytest.approx(0.22, abs=0.03)
+
+
+def test_a_new_wait_that_persists_gets_one_detailed_dump_whatever_the_spacing() -> None:
+    """Stall evidence must name the op: the probe details a persisting wait once, even 3 s after a full dump."""
+    probe = Probe(2.0, "/nonexistent", dump_fn=lambda: b"")
+    probe._known_groups = {0: ("0", "default_pg")}
+    probe._last_full = 99.0
+    waiting = {"0": {"last_enqueued_collective": "5", "last_completed_collective": "4"}}
+    assert not probe._needs_full(waiting, 100.0)  # first seen waiting
+    assert probe._needs_full(waiting, 102.5)  # persisted a tick: detail it now, not 30 s later
+    probe._last_full = 102.5
+    assert not probe._needs_full(waiting, 105.0)  # the same wait: once is enough
+    later = {"0": {"last_enqueued_collective": "6", "last_completed_collective": "5"}}
+    assert not probe._needs_full(later, 106.0)
+    assert probe._needs_full(later, 108.5)  # a new wait: detailed again

@@ -17,8 +17,8 @@ from sentinel.components.ecc.rule import EccThresholds, evaluate_ecc
 from sentinel.components.nvlink.rule import evaluate_error_rate
 from sentinel.components.pcie.rule import evaluate_replay_rate
 from sentinel.components.rowremap.rule import evaluate_row_remap
+from sentinel.components.vocab import Action, VerdictKind, verdict_kind
 from sentinel.components.vocab import Finding as RuleFinding
-from sentinel.components.vocab import verdict_kind
 from sentinel.components.xid.catalog import xid_info
 from sentinel.config.aggregator import AggregatorConfig, HardwareConfig
 
@@ -93,7 +93,7 @@ def evaluate_gpu(
     found: list[Finding] = []
     key = gpu_key(gpu.host, gpu.index)
 
-    def add(kind: str, reason: str, action: str, t: float, *evidence: str) -> None:
+    def add(kind: VerdictKind, reason: str, action: Action, t: float, *evidence: str) -> None:
         found.append(
             Finding(
                 key=key,
@@ -118,7 +118,7 @@ def evaluate_gpu(
         and not (remap_known and decision.reason in REMAP_REASONS)
     ):
         # the signals Xid policy: fatal codes → faulty at once; repeats from many processes → suspect
-        kind = "faulty" if decision.state == "faulty" else "degraded"
+        kind: VerdictKind = "faulty" if decision.state == "faulty" else "degraded"
         codes = ", ".join(f"Xid {code}" for code in sorted(gpu.xid_codes))
         evidence = [
             f"{decision.reason} ({xid_rule_meaning(decision.reason)}); seen since the last reset: {codes}"

@@ -28,6 +28,7 @@ from typing import Any
 from sentinel.aggregator.detectors.base import Detector, Evaluation, Key, Observation
 from sentinel.aggregator.state import FleetState, GpuView, JobView
 from sentinel.aggregator.verdicts import Finding
+from sentinel.components.vocab import Action
 from sentinel.config.aggregator import AggregatorConfig, StragglerConfig
 
 DETECTOR = "straggler"
@@ -88,7 +89,7 @@ def _reason(gpu: GpuView | None) -> str:
     return "unknown"
 
 
-_ACTION = {"thermal": "drain", "power": "drain", "unknown": "none", "slow_host": "drain"}
+_ACTION: dict[str, Action] = {"thermal": "drain", "power": "drain", "unknown": "none", "slow_host": "drain"}
 
 
 def gpu_key(host: str, gpu: int) -> Key:

@@ -11,12 +11,14 @@ are the suspects. A waiting peer is never blamed.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
 
 from sentinel.aggregator.detectors.base import Detector, Evaluation, Observation
 from sentinel.aggregator.state import FleetState, GpuView, JobView, RankView, counter_rate
 from sentinel.aggregator.verdicts import Finding
+from sentinel.components.vocab import Action
 from sentinel.config.aggregator import AggregatorConfig, HardwareConfig, StuckConfig
 from sentinel.fr.heads import PgHead
 from sentinel.fr.waitgraph import Wait, find_culprits
@@ -29,6 +31,8 @@ OBSERVED_WAIT_FRACTION = 0.5
 #: 2.1 s per tick; a real stall is named by its oldest collectives and first culprits.
 MAX_STALLED_EXAMINED = 8
 MAX_FOLLOWED = 256
+#: the probe's op for a wait it saw only in the per-group counters (no entry details yet)
+UNKNOWN_OP = "unknown"
 
 
 @dataclass(slots=True)
@@ -42,6 +46,43 @@ class Stall:
     waited_s: float
     waiting: list[int]
     culprits: list[int] = field(default_factory=list)
+    fr_outcome: str | None = None  # confirmed | corrected | inconclusive, once the job's dumps are analyzed
+
+
+DumpOutcome = Literal["confirmed", "corrected", "inconclusive"]
+#: post-mortem verdicts that name culprits (``sentinel fr analyze``)
+_NAMING = frozenset({"hang", "mismatch", "crash"})
+
+
+@dataclass(frozen=True, slots=True)
+class DumpJudgement:
+    """The post-mortem analysis of a stalled job's Flight Recorder dumps, joined to the live verdicts."""
+
+    outcome: DumpOutcome
+    culprits: tuple[int, ...]
+    verdict: str
+    findings: tuple[str, ...]
+
+
+def judge_dumps(analysis: Mapping[str, Any] | None, live: list[int]) -> DumpJudgement:
+    """Compare the dumps' analysis with the culprits the live heads named.
+
+    ``confirmed``: the dumps name a live culprit; ``corrected``: they name other ranks (the dumps see every
+    entry, the heads only the newest progress: they win); ``inconclusive``: no usable analysis, or one that
+    names nobody (healthy, straggler, inconclusive).
+    """
+    if not analysis or "error" in analysis:
+        why = str((analysis or {}).get("error") or "no analysis")
+        return DumpJudgement("inconclusive", (), "error", (why[:300],))
+    verdict = str(analysis.get("verdict") or "inconclusive")
+    raw = analysis.get("culprit_ranks") or []
+    culprits = tuple(r for r in raw if isinstance(r, int) and r >= 0)[:64]
+    findings = tuple(str(f)[:300] for f in (analysis.get("findings") or [])[:3])
+    if verdict not in _NAMING or not culprits:
+        return DumpJudgement("inconclusive", culprits, verdict, findings)
+    if set(culprits) & set(live):
+        return DumpJudgement("confirmed", culprits, verdict, findings)
+    return DumpJudgement("corrected", culprits, verdict, findings)
 
 
 @dataclass(slots=True)
@@ -61,6 +102,7 @@ class StuckDetector(Detector):
     def __init__(self, config: AggregatorConfig) -> None:
         super().__init__(config)
         self.stalls: dict[str, Stall] = {}
+        self.dumps: dict[str, DumpJudgement] = {}  # job → its stall's dump analysis, while the stall lasts
 
     def evaluate(self, seen: Observation) -> Evaluation:
         detect = self.config.detect
@@ -68,17 +110,70 @@ class StuckDetector(Detector):
         stalls: dict[str, Stall] = {}
         for job in seen.fleet.jobs.values():
             found, stall = evaluate_job(job, seen.fleet, detect.stuck, detect.hardware, seen.now)
-            findings.extend(found)
             if stall is not None:
                 stalls[job.id] = stall
+                judged = self.dumps.get(job.id)
+                if judged is not None:
+                    found = _with_dumps(job, found, judged, stall)
+            findings.extend(found)
         self.stalls = stalls
+        for job_id in [j for j in self.dumps if j not in stalls]:
+            del self.dumps[job_id]  # the stall is over: the next one gets its own dumps
         return Evaluation(findings)
+
+    def join_dumps(self, job: str, analysis: Mapping[str, Any] | None) -> DumpJudgement | None:
+        """The job's dumps were analyzed (an incident's ``fr_dump``): judge the live verdicts with it."""
+        stall = self.stalls.get(job)
+        if stall is None:
+            return None
+        judged = self.dumps[job] = judge_dumps(analysis, stall.culprits)
+        return judged
 
     def job_ended(self, job: str) -> None:
         self.stalls.pop(job, None)
+        self.dumps.pop(job, None)
 
     def snapshot(self) -> dict[str, Any]:
         return {"stalls": {job: asdict(stall) for job, stall in self.stalls.items()}}
+
+
+def _with_dumps(job: JobView, live: list[Finding], judged: DumpJudgement, stall: Stall) -> list[Finding]:
+    """Live findings with the dump analysis joined: evidence added, or the culprit corrected."""
+    stall.fr_outcome = judged.outcome
+    said = "; ".join(judged.findings) or judged.verdict
+    if judged.outcome != "corrected":
+        note = (
+            f"Flight Recorder dumps confirm ({judged.verdict}, culprit rank(s) {_ranks_summary(list(judged.culprits))}): {said}"
+            if judged.outcome == "confirmed"
+            else f"Flight Recorder dumps inconclusive ({judged.verdict}): {said}"
+        )
+        return [replace(f, evidence=(*f.evidence[:2], note, *f.evidence[2:])) for f in live]
+    named = sorted({f.rank for f in live if f.rank is not None})
+    evidence_t = min((f.evidence_t for f in live), default=0.0)
+    out = []
+    for rank in judged.culprits:
+        view = job.ranks.get(rank)
+        out.append(
+            Finding(
+                key=("stuck", job.id, str(rank)),
+                detector=DETECTOR,
+                kind="stuck",
+                reason=f"fr_{judged.verdict}",
+                action="restart_app",
+                evidence=(
+                    f"corrected by the Flight Recorder dumps: the live heads named rank(s) {_ranks_summary(named)}, "
+                    f"the dumps of every rank show rank {rank} ({judged.verdict}): {said}",
+                    "the dumps see every rank's whole recent history; the heads only its latest progress",
+                ),
+                evidence_t=evidence_t,
+                host=view.host if view is not None else None,
+                gpu=view.gpu if view is not None else None,
+                job=job.id,
+                rank=rank,
+            )
+        )
+    stall.culprits = list(judged.culprits)
+    return out
 
 
 def _ranks_summary(ranks: list[int], limit: int = 8) -> str:
@@ -134,6 +229,8 @@ def evaluate_job(
         for pg_name, seq, op, age in info.waits:
             if age >= cfg.min_wait_s:
                 op0, age0, waiting = stalled.get((pg_name, seq), (op, 0.0, []))
+                if op0 == UNKNOWN_OP:  # between the probe's detailed dumps a wait's op is unknown; any
+                    op0 = op  # waiting rank that knows it names it
                 waiting.append(rank)
                 stalled[(pg_name, seq)] = (op0, max(age0, age), waiting)
                 own = age - info.offset
@@ -254,7 +351,12 @@ def evaluate_job(
             host = named.host if named is not None else None
             gpu = named.gpu if named is not None else None
             evidence = [*trail, *_corroborate(fleet, host, gpu, waiting, ranks)]
-            action = "restart_app"
+            action: Action = "restart_app"
+            if reason in ("not_entered_collective", "rank_gone"):
+                io = _io_hang(fleet, named)
+                if io is not None:
+                    reason, action = "io_hang", "drain"
+                    evidence.insert(len(trail) - 1, io)
             findings.append(
                 Finding(
                     key=("stuck", job.id, str(rank)),
@@ -278,6 +380,23 @@ def evaluate_job(
             break
     stall.culprits = sorted({f.rank for f in findings if f.rank is not None})
     return findings, stall
+
+
+def _io_hang(fleet: FleetState, view: RankView | None) -> str | None:
+    """Evidence that the culprit's process sits in uninterruptible sleep (``D``): a hung network filesystem
+    or device I/O, not a GPU or network fault. The agent reports each GPU process's state every tick."""
+    if view is None or view.host is None or view.pid is None:
+        return None
+    host = fleet.hosts.get(view.host)
+    if host is None:
+        return None
+    for proc in host.procs:
+        if proc.pid == view.pid and proc.blocked_io:
+            return (
+                f"rank {view.rank}'s process {view.pid} on {view.host} is in uninterruptible sleep (D in "
+                "/proc/PID/stat): an I/O hang (network filesystem, storage), not a GPU or network fault"
+            )
+    return None
 
 
 def _corroborate(
@@ -324,7 +443,7 @@ def _all_entered(  # noqa: PLR0917
     members = [info for info in ranks.values() if pg_name in info.pgs]
 
     def finding(  # noqa: PLR0917
-        reason: str, action: str, view: RankView | None, host: str | None, gpu: int | None, why: str
+        reason: str, action: Action, view: RankView | None, host: str | None, gpu: int | None, why: str
     ) -> Finding:
         rank = view.rank if view is not None else None
         key = ("stuck", job.id, str(rank)) if rank is not None else ("stuck", job.id, f"host:{host}")
