@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from sentinel.components.bounds import MAX_LIST, Short
-from sentinel.components.device.record import GpuInfo, GpuState
+from sentinel.components.device.record import GpuInfo, GpuSourceHealth, GpuState
 from sentinel.components.ecc.record import EccCounters, RetiredPages
 from sentinel.components.ib.record import IbPort
 from sentinel.components.nccl_debug.record import DebugReadiness
@@ -42,6 +42,7 @@ __all__ = [
     "Event",
     "GpuInfo",
     "GpuSample",
+    "GpuSourceHealth",
     "GpuState",
     "Hello",
     "NvLink",
@@ -156,6 +157,7 @@ class Hello(msgspec.Struct, tag="hello", kw_only=True):
     tick_s: float = 1.0
     gpus: Annotated[list[GpuInfo], msgspec.Meta(max_length=MAX_GPUS)] = []
     next_seq: int = 0  # the first seq this connection will send (resends may be lower)
+    gpu_source: GpuSourceHealth | None = None
 
 
 class Batch(msgspec.Struct, tag="batch", kw_only=True, omit_defaults=True):
@@ -170,7 +172,10 @@ class Batch(msgspec.Struct, tag="batch", kw_only=True, omit_defaults=True):
     heads: Annotated[list[FrHeads], msgspec.Meta(max_length=MAX_BATCH_ITEMS)] = []
     drops: Drops | None = None
     ports: list[IbPort] | None = None  # IB/RoCE ports; None: not read this tick
-    ras: list[RasStatus] = []  # NCCL RAS answers that arrived since the last batch
+    ras: list[RasStatus] = []
+    gpu_source: GpuSourceHealth | None = (
+        None  # None: unchanged since the last batch  # NCCL RAS answers that arrived since the last batch
+    )
 
 
 class CommandResult(msgspec.Struct, tag="result", kw_only=True, omit_defaults=True):

@@ -37,6 +37,7 @@ from sentinel.agent.ring import RingBuffer
 from sentinel.agent.shipper import Shipper
 from sentinel.agent.source import GpuSource, HostExtras
 from sentinel.agent.spool import SeqAllocator, Spool
+from sentinel.components.device.record import GpuSourceHealth
 from sentinel.components.ib.metrics import IbPortMetrics
 from sentinel.components.ib.record import IbPort
 from sentinel.components.nccl_ras.metrics import RasMetrics
@@ -95,6 +96,7 @@ class Agent:
         self.counters = AgentCounters()
         self.gpus: dict[int, GpuView] = {}
         self.inventory: list[GpuInfo] = []
+        self.gpu_source: GpuSourceHealth | None = None
         self.pci_to_gpu: dict[str, int] = {}
         self.ring = RingBuffer(self.host, config.ring.window_s, config.ring.max_bytes)
         self.metrics = AgentMetricsCollector(self.cluster, self.host, self.gpus, self.counters)
@@ -140,6 +142,7 @@ class Agent:
                 host=self.host,
             )
 
+        self.expected_gpus_path: Path | None = state_dir / "gpus.expected" if state_dir.is_dir() else None
         self.kmsg_cursor_path: Path | None = state_dir / "kmsg.cursor" if state_dir.is_dir() else None
         self.xids = XidMerger(
             wait_s=config.collect.xid_merge_wait_s, window_s=config.collect.xid_dedup_window_s
@@ -203,6 +206,16 @@ class Agent:
 
     def gpu_of_pid(self, pid: int) -> int | None:
         return next((p.gpu for p in self._procs if p.pid == pid), None)
+
+    def set_gpu_source(self, health: GpuSourceHealth) -> None:
+        """The GPU source's health changed (or was re-checked): the next batch and every hello carry it."""
+        if health != self.gpu_source:
+            self.gpu_source = health
+            self._tick.gpu_source = health
+            if not health.ok or health.found < health.expected:
+                log.error(
+                    "gpu_source_degraded", error=health.error, found=health.found, expected=health.expected
+                )
 
     def nvml_error(self, function: str, error: str) -> None:
         self.counters.nvml_errors[(function, error)] += 1
@@ -388,6 +401,7 @@ class Agent:
             tick_s=self.config.collect.tick_s,
             gpus=self.inventory,
             next_seq=first_pending if first_pending >= 0 else self.seq.next,
+            gpu_source=self.gpu_source,
         )
 
     # -- lifecycle ------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from sentinel.components.device.record import GpuSourceHealth
 from sentinel.components.ib.record import IbPort
 from sentinel.components.nccl_ras.record import RasStatus
 from sentinel.fr.heads import FrHeads
@@ -38,6 +39,8 @@ class TickFindings:
     #: IB/RoCE ports when the port collector read them this tick
     ports: list[IbPort] | None = None
     ras: list[RasStatus] = field(default_factory=list)
+    #: set when the GPU source's health changed this tick
+    gpu_source: GpuSourceHealth | None = None
     events_over_cap: int = 0
 
     def add_event(self, event: Event) -> bool:
@@ -97,6 +100,7 @@ def build_batch(
         drops=drops,
         ports=tick.ports,
         ras=tick.ras,
+        gpu_source=tick.gpu_source,
     )
 
 

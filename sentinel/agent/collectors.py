@@ -14,6 +14,7 @@ import collections
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol, TypeVar
 
 from sentinel.agent.classify import LineClassifier
@@ -25,6 +26,8 @@ from sentinel.agent.probe import ProbeServer
 from sentinel.agent.source import GpuLostError, GpuSource, HostExtras, XidEvent
 from sentinel.agent.tailer import LogTailer
 from sentinel.agent.worker import GpuWorker, Unresponsive
+from sentinel.components.device.record import GpuSourceHealth
+from sentinel.components.nvml_read import GpuSourceDown
 from sentinel.components.xid.merge import XidMerger, XidReport
 from sentinel.components.xid.parse import parse_xid, xid_severity
 from sentinel.fr.heads import FrHeads
@@ -56,6 +59,8 @@ class AgentSink(Protocol):
     def gpu_of_pid(self, pid: int) -> int | None: ...
 
     def nvml_error(self, function: str, error: str) -> None: ...
+
+    def set_gpu_source(self, health: GpuSourceHealth) -> None: ...
 
 
 class Collector(abc.ABC):
@@ -139,8 +144,19 @@ class GpuCollector(Collector):
 
     name = "nvml"
 
+    #: re-initialisation backoff: doubles from the slow tick up to this
+    MAX_BACKOFF_S = 300.0
+
     def __init__(
-        self, sink: AgentSink, source: GpuSource, *, tick_s: float, slow_tick_s: float, timeout_s: float
+        self,
+        sink: AgentSink,
+        source: GpuSource,
+        *,
+        tick_s: float,
+        slow_tick_s: float,
+        timeout_s: float,
+        expected_gpus: int = 0,
+        expected_path: Path | None = None,
     ) -> None:
         super().__init__(tick_s)
         self.sink = sink
@@ -152,29 +168,82 @@ class GpuCollector(Collector):
         self._workers: dict[int, GpuWorker] = {}
         self._next_slow = 0.0
         self._next_open = 0.0
+        self._backoff = slow_tick_s
         self.on_open: Callable[[], None] | None = None
+        self.expected_path = expected_path
+        self.expected = expected_gpus or _load_expected(expected_path)
+        self.opens = 0
+        self._lost_uuids: set[str] = set()  # GPUs lost before a re-initialisation (back = reset)
+
+    def _health(self, error: str = "") -> None:
+        found = sum(1 for v in self.sink.gpus.values() if v.state != "unavailable") if not error else 0
+        self.sink.set_gpu_source(
+            GpuSourceHealth(ok=not error, error=error[:500], expected=self.expected, found=found)
+        )
 
     async def _open(self, now: float) -> bool:
         if now < self._next_open:
             return False
-        self._next_open = now + self.slow_tick_s
         try:
             inventory = await self._open_worker.call(self.source.open, max(self.timeout_s * 4, 5.0))
-        except Unresponsive:
-            log.error("gpu_source_open_timeout", host=self.sink.host)
-            self.sink.nvml_error("open", "timeout")
-            return False
         except Exception as exc:
-            log.error("gpu_source_open_failed", host=self.sink.host, error=f"{type(exc).__name__}: {exc}")
-            self.sink.nvml_error("open", type(exc).__name__.lower())
+            error = "NVML open timed out" if isinstance(exc, Unresponsive) else f"{type(exc).__name__}: {exc}"
+            log.error("gpu_source_open_failed", host=self.sink.host, error=error, retry_in_s=self._backoff)
+            self.sink.nvml_error(
+                "open", "timeout" if isinstance(exc, Unresponsive) else type(exc).__name__.lower()
+            )
+            self._next_open = now + self._backoff
+            self._backoff = min(self._backoff * 2, self.MAX_BACKOFF_S)
+            self._health(error)
             return False
+        self._backoff = self.slow_tick_s
+        self.opens += 1
         self.sink.set_inventory(inventory)
-        self._workers = {g.index: GpuWorker(f"{self.sink.host}-gpu{g.index}") for g in inventory}
+        for info in inventory:
+            if info.error:
+                self._transition(info.index, "unavailable", now, f"GPU {info.index}: {info.error}")
+            elif info.uuid and info.uuid in self._lost_uuids:
+                self._reset_seen(info.index, now)
+        self._lost_uuids.clear()
+        self._workers = {
+            g.index: GpuWorker(f"{self.sink.host}-gpu{g.index}") for g in inventory if not g.error
+        }
         self.opened = True
-        if self.on_open is not None:
+        if not self.expected and inventory:
+            self.expected = len(inventory)  # learned from the first inventory, kept across restarts
+            _save_expected(self.expected_path, self.expected)
+        self._health()
+        if self.opens == 1 and self.on_open is not None:
             self.on_open()
-        log.info("gpus_found", count=len(inventory), host=self.sink.host)
+        log.info("gpus_found", count=len(inventory), expected=self.expected, host=self.sink.host)
         return True
+
+    async def _reinit(self, now: float, why: str) -> None:
+        """NVML as a whole went away (driver reload, reset): close it and open again after a backoff."""
+        log.warning("gpu_source_reinit", host=self.sink.host, reason=why, retry_in_s=self._backoff)
+        self._lost_uuids = {v.info.uuid for v in self.sink.gpus.values() if v.state == "lost" and v.info.uuid}
+        for worker in self._workers.values():
+            worker.stop()
+        self._workers = {}
+        self.opened = False
+        try:
+            await self._open_worker.call(self.source.close, max(self.timeout_s * 4, 5.0))
+        except Exception as exc:
+            log.warning("gpu_source_close_failed", error=f"{type(exc).__name__}: {exc}")
+        self._next_open = now + self._backoff
+        self._health(why)
+
+    def _reset_seen(self, index: int, now: float) -> None:
+        self.sink.add_event(
+            Event(
+                t=now,
+                kind="gpu_reset",
+                source="nvml",
+                gpu=index,
+                severity="info",
+                text=f"GPU {index} answers again after NVML re-initialisation (it was lost): it was reset",
+            )
+        )
 
     async def collect(self, now: float) -> None:
         if not self.opened and not await self._open(now):
@@ -182,24 +251,37 @@ class GpuCollector(Collector):
         slow = now >= self._next_slow
         if slow:
             self._next_slow = now + self.slow_tick_s - self.interval_s / 2
-        await asyncio.gather(*(self._read(index, now, slow) for index in sorted(self._workers)))
+        for index, view in sorted(self.sink.gpus.items()):
+            if view.state == "unavailable":
+                self.sink.add_sample(GpuSample(gpu=index, t=now, state="unavailable"))
+        results = await asyncio.gather(*(self._read(index, now, slow) for index in sorted(self._workers)))
+        down = next((r for r in results if r), "")
+        views = [v for v in self.sink.gpus.values() if v.state != "unavailable"]
+        if not down and slow and views and all(v.state == "lost" for v in views):
+            down = "every GPU is lost"
+        if down:
+            await self._reinit(now, down)
+            raise RuntimeError(f"GPU source down: {down}")
 
-    async def _read(self, index: int, now: float, slow: bool) -> None:
+    async def _read(self, index: int, now: float, slow: bool) -> str:
+        """Read one GPU; returns why NVML as a whole is down, if this read found it so."""
         view = self.sink.gpus[index]
         if view.state == "lost" and not slow:
             self.sink.add_sample(GpuSample(gpu=index, t=now, state="lost"))
-            return
+            return ""
         read = self.source.read_slow if slow else self.source.read_fast
         try:
             sample = await self._workers[index].call(lambda: read(index, now), self.timeout_s)
+        except GpuSourceDown as exc:
+            return str(exc)
         except GpuLostError as exc:
             self._transition(index, "lost", now, str(exc))
             self.sink.add_sample(GpuSample(gpu=index, t=now, state="lost"))
-            return
+            return ""
         except Unresponsive as exc:
             self._transition(index, "unresponsive", now, str(exc))
             self.sink.add_sample(GpuSample(gpu=index, t=now, state="unresponsive"))
-            return
+            return ""
         except Exception as exc:
             self.sink.nvml_error("read_slow" if slow else "read_fast", type(exc).__name__.lower())
             raise
@@ -209,13 +291,19 @@ class GpuCollector(Collector):
         if slow:
             view.slow = sample
         self.sink.add_sample(sample)
+        return ""
 
     def _transition(self, index: int, state: GpuState, now: float, detail: str) -> None:
         view = self.sink.gpus[index]
         if view.state == state:
             return
         previous, view.state = view.state, state
-        kind = {"lost": "gpu_lost", "unresponsive": "gpu_unresponsive", "ok": "gpu_recovered"}[state]
+        kind = {
+            "lost": "gpu_lost",
+            "unresponsive": "gpu_unresponsive",
+            "unavailable": "gpu_unavailable",
+            "ok": "gpu_recovered",
+        }[state]
         severity: Severity = "info" if state == "ok" else "critical"
         log.warning("gpu_state", gpu=index, state=state, previous=previous, detail=detail)
         self.sink.add_event(
@@ -542,6 +630,26 @@ class ExtrasCollector(Collector):
             self.lines.job(line, now, "log:sim")
         self.sink.set_procs(self.extras.processes(now))
         self.sink.add_heads(self.extras.fr_heads(now))
+
+
+def _load_expected(path: Path | None) -> int:
+    """The GPU count learned from this host's first inventory (0 when never learned)."""
+    if path is None:
+        return 0
+    try:
+        value = int(path.read_text().strip()[:8])
+    except (OSError, ValueError):
+        return 0
+    return value if 0 < value <= 1024 else 0
+
+
+def _save_expected(path: Path | None, count: int) -> None:
+    if path is None:
+        return
+    try:
+        path.write_text(f"{count}\n")
+    except OSError as exc:
+        log.warning("expected_gpus_save_failed", path=str(path), error=exc.strerror or str(exc))
 
 
 def _severity(value: str) -> Severity:

@@ -26,7 +26,18 @@ def build_app(agent: Agent) -> web.Application:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(_: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "host": agent.host, "last_tick": agent.counters.last_tick})
+        # 503 while the GPU collector fails (NVML unusable, not open yet, re-initialising): a GPU host that
+        # cannot see its GPUs is not healthy, however well the rest of the agent runs
+        failing = [n for n, ok in agent.counters.collector_success.items() if not ok and n == "nvml"]
+        body = {
+            "ok": not failing,
+            "host": agent.host,
+            "last_tick": agent.counters.last_tick,
+            "failing": failing,
+        }
+        if agent.gpu_source is not None and not agent.gpu_source.ok:
+            body["gpu_source_error"] = agent.gpu_source.error
+        return web.json_response(body, status=503 if failing else 200)
 
     async def snapshot(request: web.Request) -> web.Response:
         raw = request.query.get("since")

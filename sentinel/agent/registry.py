@@ -51,7 +51,13 @@ class CollectorEntry:
 def _nvml(agent: Agent) -> Collector:
     c = agent.config.collect
     collector = GpuCollector(
-        agent, agent.source, tick_s=c.tick_s, slow_tick_s=c.slow_tick_s, timeout_s=c.nvml_timeout_s
+        agent,
+        agent.source,
+        tick_s=c.tick_s,
+        slow_tick_s=c.slow_tick_s,
+        timeout_s=c.nvml_timeout_s,
+        expected_gpus=c.expected_gpus,
+        expected_path=agent.expected_gpus_path,
     )
     agent.gpu_collector = collector
     return collector

@@ -21,6 +21,7 @@ import structlog
 from sentinel.aggregator.detectors.base import Detector, Evaluation, Observation
 from sentinel.aggregator.detectors.hardware import HardwareDetector
 from sentinel.aggregator.detectors.host_silent import HostSilentDetector
+from sentinel.aggregator.detectors.inventory import InventoryDetector
 from sentinel.aggregator.detectors.straggler import StragglerDetector
 from sentinel.aggregator.detectors.stuck import Stall, StuckDetector
 from sentinel.aggregator.state import FleetState, HostView
@@ -37,6 +38,7 @@ DETECTORS: tuple[type[Detector], ...] = (
     StuckDetector,
     StragglerDetector,
     HostSilentDetector,
+    InventoryDetector,
 )
 #: verdicts of these detectors are about a job and close when the job ends
 JOB_DETECTORS = frozenset({StuckDetector.name, StragglerDetector.name})

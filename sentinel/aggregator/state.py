@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from sentinel.components.clocks.record import POWER_REASONS, THERMAL_REASONS
+from sentinel.components.device.record import GpuSourceHealth
 from sentinel.components.nvlink.rule import error_total as nvlink_error_total
 from sentinel.components.xid.catalog import xid_info
 from sentinel.components.xid.parse import XidRecord, parse_xid
@@ -54,6 +55,8 @@ class GpuView:
     uuid: str = ""
     pci_bus: str = ""
     name: str = ""
+    driver: str = ""
+    vbios: str = ""
     state: str = "ok"
     state_t: float = 0.0  # agent time the current state was first reported
     t: float = -math.inf  # agent time of the latest sample
@@ -122,6 +125,9 @@ class HostView:
     duplicates: int = 0
     #: what the agent reported it had to drop (``Batch.drops``: spool full, oversize events, probe), totals
     drops: dict[str, int] = field(default_factory=dict)
+    #: the agent's GPU source health (NVML usable, GPUs found vs expected); None: never reported
+    gpu_source: GpuSourceHealth | None = None
+    gpu_source_t: float = 0.0
 
     def restart_numbering(self, next_seq: int) -> None:
         """A new boot: seqs from ``next_seq`` on are new, even below the old high-water mark.
@@ -241,6 +247,8 @@ class FleetState:
                 self.dirty_gpus.append(gpu)
         host.boot_id = hello.boot_id or host.boot_id
         self._inventory(host, hello.gpus[: self.max_gpus_per_host])
+        if hello.gpu_source is not None:
+            host.gpu_source, host.gpu_source_t = hello.gpu_source, hello.started_at or now
         host.connected = True
         host.last_seen = now
         self.changed_hosts.add(host.name)
@@ -256,6 +264,7 @@ class FleetState:
             if view.uuid and view.uuid != info.uuid:  # a different board in this slot: start over
                 host.gpus[index] = view = GpuView(host=host.name, index=index)
             view.uuid, view.pci_bus, view.name = info.uuid, info.pci_bus, info.name
+            view.driver, view.vbios = info.driver, info.vbios
 
     def disconnected(self, name: str) -> None:
         host = self.hosts.get(name)
@@ -295,6 +304,8 @@ class FleetState:
                 self.future_stamped += 1
                 event.t = now
             self._event(host, event, now)
+        if batch.gpu_source is not None:
+            host.gpu_source, host.gpu_source_t = batch.gpu_source, batch.t
         if batch.procs is not None:
             self._procs(host, batch.procs, now)
         if batch.drops is not None:

@@ -24,3 +24,7 @@ class Get(Protocol):
 class FieldUnsupported(Exception):
     """Raised by a read helper when NVML answered for the call but not for this field (a field-value read's
     per-value NOT_SUPPORTED): ``get`` remembers it like a NOT_SUPPORTED return."""
+
+
+class GpuSourceDown(Exception):
+    """NVML as a whole stopped working (uninitialised, driver not loaded or reloaded): re-initialise it."""

@@ -47,6 +47,15 @@ class CollectConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             description="the same (GPU, Xid) seen by NVML and the kernel log within it is one event",
         ),
     ] = 10.0
+    expected_gpus: Annotated[
+        int,
+        msgspec.Meta(
+            ge=0,
+            le=1024,
+            description="GPUs this host must have; fewer (or NVML unusable) is a host verdict. 0: learned from "
+            "the host's first inventory and kept in the state directory",
+        ),
+    ] = 0
     xid_merge_wait_s: Annotated[
         float,
         msgspec.Meta(

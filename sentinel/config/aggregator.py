@@ -322,7 +322,7 @@ class StragglerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     min_peers: Annotated[int, msgspec.Meta(ge=3, description="fewest peers a comparison needs")] = 4
 
 
-DetectorName = Literal["hardware", "stuck", "straggler", "host_silent"]
+DetectorName = Literal["hardware", "stuck", "straggler", "host_silent", "inventory"]
 
 
 class DetectConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

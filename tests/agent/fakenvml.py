@@ -69,6 +69,8 @@ class FakeGpu:
     recovery_action: int | None = 0  # None: field not supported
     unsupported: set[str] = field(default_factory=set)  # NVML function names answering NOT_SUPPORTED
     lost: bool = False
+    #: nvmlDeviceGetHandleByIndex answers this NVML error code for this GPU (0: it opens)
+    handle_error: int = 0
     hang: threading.Event | None = None  # given and not set: every call blocks until it is set (released)
 
     def __post_init__(self) -> None:
@@ -100,6 +102,11 @@ class FakeNvml:
         self.calls: Counter[tuple[int, str]] = Counter()
         self.events: queue.Queue[tuple[int, int]] = queue.Queue()
         self.hang_entered = threading.Event()
+        #: nvmlInit answers this error code (e.g. 9 DRIVER_NOT_LOADED); 0: it loads
+        self.init_error = 0
+        #: every device call answers this error code (e.g. 1 UNINITIALIZED after a driver reload); 0: normal
+        self.down = 0
+        self.inits = 0
         self._keep: list[Any] = []
         self.lib = self._build()
 
@@ -119,6 +126,8 @@ class FakeNvml:
                 return 2  # INVALID_ARGUMENT
             gpu = self.gpus[index]
             self.calls[(index, name)] += 1
+            if self.down:
+                return self.down
             if gpu.hang is not None and not gpu.hang.is_set():
                 self.hang_entered.set()
                 gpu.hang.wait()
@@ -153,7 +162,13 @@ class FakeNvml:
 
             return body
 
-        lib.nvmlInitWithFlags = self._cfunc(lambda flags: SUCCESS, c_uint)
+        def init(flags: int) -> int:
+            self.inits += 1
+            if not self.init_error:
+                self.down = 0  # a successful init after a driver reload: the library works again
+            return self.init_error
+
+        lib.nvmlInitWithFlags = self._cfunc(init, c_uint)
         lib.nvmlShutdown = self._cfunc(lambda: SUCCESS)
 
         def driver(buf: int, size: int) -> int:
@@ -171,6 +186,8 @@ class FakeNvml:
         def handle(index: int, out: int) -> int:
             if index >= len(self.gpus):
                 return 2
+            if self.gpus[index].handle_error:
+                return self.gpus[index].handle_error
             c_void_p.from_address(out).value = HANDLE_BASE + index
             return SUCCESS
 

@@ -27,7 +27,7 @@ from sentinel.components.clocks import nvml as clocks_nvml
 from sentinel.components.device import nvml as device_nvml
 from sentinel.components.ecc import nvml as ecc_nvml
 from sentinel.components.nvlink import nvml as nvlink_nvml
-from sentinel.components.nvml_read import FieldUnsupported, GpuLostError
+from sentinel.components.nvml_read import FieldUnsupported, GpuLostError, GpuSourceDown
 from sentinel.components.pcie import nvml as pcie_nvml
 from sentinel.components.rowremap import nvml as rowremap_nvml
 from sentinel.wire import GpuInfo, GpuSample
@@ -39,6 +39,15 @@ _FUNCTION_NOT_FOUND = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
 _GPU_IS_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
 _TIMEOUT = pynvml.NVML_ERROR_TIMEOUT
 _XID_EVENT = pynvml.nvmlEventTypeXidCriticalError
+#: NVML as a whole is gone (a driver reload, a GPU reset that took the library's state with it)
+_SOURCE_DOWN = frozenset(
+    {
+        pynvml.NVML_ERROR_UNINITIALIZED,
+        pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+        pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+        getattr(pynvml, "NVML_ERROR_RESET_REQUIRED", 26),
+    }
+)
 
 
 def _pointer_value(handle: Any) -> int:
@@ -84,6 +93,8 @@ class NvmlSource:
             if code == _GPU_IS_LOST:
                 raise GpuLostError(f"GPU {gpu}: {fn.__name__}: GPU is lost") from None
             self._report(fn.__name__, exc)
+            if code in _SOURCE_DOWN:
+                raise GpuSourceDown(f"{fn.__name__}: {exc}") from None
             return None
         except pynvml.NVMLLibraryMismatchError:
             with self._lock:
@@ -108,11 +119,23 @@ class NvmlSource:
             self._initialised = True
         driver = device_nvml.text(self._get(-1, "driver", pynvml.nvmlSystemGetDriverVersion) or "")
         count = int(pynvml.nvmlDeviceGetCount())
-        self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        self._handle_index = {_pointer_value(h): i for i, h in enumerate(self._handles)}
+        # each GPU on its own: one whose handle fails is reported (unavailable, with the NVML error) and the
+        # others are monitored
+        self._handles = []
         inventory: list[GpuInfo] = []
-        for index, handle in enumerate(self._handles):
+        for index in range(count):
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            except pynvml.NVMLError as exc:
+                self._report("nvmlDeviceGetHandleByIndex", exc)
+                self._handles.append(None)
+                inventory.append(
+                    GpuInfo(index=index, uuid="", pci_bus="", driver=driver, error=str(exc)[:200])
+                )
+                continue
+            self._handles.append(handle)
             inventory.append(self._identity(index, handle, driver))
+        self._handle_index = {_pointer_value(h): i for i, h in enumerate(self._handles) if h is not None}
         self._setup_events()
         return inventory
 
@@ -133,6 +156,8 @@ class NvmlSource:
             return
         registered = 0
         for index, handle in enumerate(self._handles):
+            if handle is None:
+                continue
             try:
                 supported = int(pynvml.nvmlDeviceGetSupportedEventTypes(handle))
                 if supported & _XID_EVENT:
@@ -149,7 +174,7 @@ class NvmlSource:
                 pynvml.nvmlEventSetFree(event_set)
 
     def _handle(self, gpu: int) -> Any:
-        if not 0 <= gpu < len(self._handles):
+        if not 0 <= gpu < len(self._handles) or self._handles[gpu] is None:
             raise GpuLostError(f"GPU {gpu}: no such GPU")
         return self._handles[gpu]
 
@@ -198,3 +223,4 @@ class NvmlSource:
             with contextlib.suppress(pynvml.NVMLError):
                 pynvml.nvmlShutdown()
             self._initialised = False
+        self._handles, self._handle_index = [], {}

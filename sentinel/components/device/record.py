@@ -25,3 +25,19 @@ class GpuInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     vbios: Short = ""
     memory_total_bytes: int = 0
     nvlinks: int = 0
+    #: set when NVML could not open this GPU (its handle or identity failed): the NVML error
+    error: Short = ""
+
+
+class GpuSourceHealth(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Whether the host's GPU source works: sent in the hello and in a batch whenever it changes.
+
+    ``error`` is set while NVML cannot be used at all (not loaded, init failing); ``found`` GPUs answered
+    the last open, ``expected`` is what the host should have (configured, or learned from its first
+    inventory and kept in the state directory).
+    """
+
+    ok: bool = True
+    error: Short = ""
+    expected: int = 0
+    found: int = 0
