@@ -140,7 +140,7 @@ class ProbeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         msgspec.Meta(
             ge=1 << 16,
             le=1 << 30,
-            description="bytes of heads datagrams queued for the next batch at most (the oldest are dropped "
+            description="memory of decoded heads queued for the next batch at most, estimated (the oldest are dropped "
             "first; a flood of 64 KiB datagrams once took the agent from 44 to 663 MB)",
         ),
     ] = 4 * 1024 * 1024
