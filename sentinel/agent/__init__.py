@@ -5,7 +5,22 @@ Public API: :class:`Agent` (``Agent(config, source, extras=None, clock=time.time
 :class:`sentinel.agent.nvml.NvmlSource` for real GPUs.
 """
 
-from sentinel.agent.agent import Agent
+from typing import TYPE_CHECKING, Any
+
 from sentinel.agent.source import GpuLostError, GpuSource, HostExtras, XidEvent, XidRecord
+
+if TYPE_CHECKING:
+    from sentinel.agent.agent import Agent
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: components' collectors subclass sentinel.agent.collectors.Collector, and the
+    # agent imports those components, so importing the package must not import the agent eagerly.
+    if name == "Agent":
+        from sentinel.agent.agent import Agent
+
+        return Agent
+    raise AttributeError(name)
+
 
 __all__ = ["Agent", "GpuLostError", "GpuSource", "HostExtras", "XidEvent", "XidRecord"]

@@ -802,7 +802,8 @@ def restore_holds(config: AggregatorConfig) -> dict[str, float]:
 
     The stuck detector needs fresh heads and a wait of ``min_wait_s``; the straggler detector needs its
     moving averages and ``persistence`` evaluations in a row; host_silent needs the silence threshold (every
-    restored host counts as seen at the restart). Hardware verdicts need no hold: the latched facts they
+    restored host counts as seen at the restart); the network detector needs each host's next port
+    records. Hardware verdicts need no hold: the latched facts they
     are judged from are restored with them.
     """
     fleet, detect = config.fleet, config.detect
@@ -811,6 +812,8 @@ def restore_holds(config: AggregatorConfig) -> dict[str, float]:
         "straggler": detect.straggler.ema_window_s
         + detect.straggler.eval_interval_s * (detect.straggler.persistence + 1),
         "host_silent": fleet.host_silent_after_s + 2 * fleet.tick_s,
+        # port records arrive every agent ib.interval_s (2 s by default); a few of them rebuild every port
+        "network": 10.0 + 2 * fleet.tick_s,
     }
 
 

@@ -20,6 +20,9 @@ import msgspec
 
 from sentinel.components.clocks.record import POWER_REASONS, THERMAL_REASONS
 from sentinel.components.device.record import GpuSourceHealth
+from sentinel.components.ib.record import IbPort
+from sentinel.components.nccl_debug.record import DebugReadiness
+from sentinel.components.nccl_ras.record import RasStatus
 from sentinel.components.nvlink.rule import error_total as nvlink_error_total
 from sentinel.components.xid.catalog import xid_info
 from sentinel.components.xid.parse import XidRecord, parse_xid
@@ -29,6 +32,11 @@ from sentinel.wire import Batch, Drops, EccCounters, Event, GpuInfo, GpuSample, 
 
 DEDUP_WINDOW = 4096  # seqs above the contiguous high-water mark remembered per host
 HOST_EVENTS_KEPT = 256
+MAX_PORTS_PER_HOST = 64
+MAX_RAS_PER_BATCH = 16
+MAX_DEBUG_HOSTS_PER_JOB = 4096
+#: kernel-log reasons (sentinel.signals.kernel) about IB/RoCE HCAs, kept as network evidence
+KERNEL_IB_REASONS = frozenset({"ib_link_down", "ib_port_hardware", "ib_completion_error"})
 RATE_HISTORY = 64
 STEP_BASELINE_S = 10.0  # a job's step time is measured over at least this long
 #: NCCL's line prefix ``hostname:pid:tid [cudaDev]``: the pid names the process, hence the GPU and rank.
@@ -128,6 +136,9 @@ class HostView:
     #: the agent's GPU source health (NVML usable, GPUs found vs expected); None: never reported
     gpu_source: GpuSourceHealth | None = None
     gpu_source_t: float = 0.0
+    #: IB/RoCE ports by ``device/port``, the latest reading (agent time ``ports_t``)
+    ports: dict[str, IbPort] = field(default_factory=dict)
+    ports_t: float = -math.inf
 
     def restart_numbering(self, next_seq: int) -> None:
         """A new boot: seqs from ``next_seq`` on are new, even below the old high-water mark.
@@ -181,6 +192,9 @@ class JobView:
     heads_version: int = 0  # bumped by every heads applied (detectors compare it to skip quiet jobs)
     #: pg name → its ranks list as first reported; every rank's heads share that one list
     pg_ranks: dict[str, list[int]] = field(default_factory=dict)
+    ras: RasStatus | None = None  # NCCL RAS's latest answer about this job
+    ras_at: float = -math.inf  # aggregator clock when it arrived
+    debug: dict[str, DebugReadiness] = field(default_factory=dict)  # host → its ranks' readiness
 
     def running(self, now: float, gone_after_s: float) -> bool:
         """Some rank still runs: its process is reported by an agent, or (known only from its flight-recorder
@@ -315,6 +329,14 @@ class FleetState:
                 self._heads(host, heads, now)
             else:
                 self.future_stamped += 1
+        if batch.ports is not None and host.ports_t <= batch.t <= horizon:
+            host.ports = {p.key: p for p in batch.ports[:MAX_PORTS_PER_HOST]}
+            host.ports_t = batch.t
+        for status in batch.ras[:MAX_RAS_PER_BATCH]:
+            if status.job:
+                job = self._job(status.job, now)
+                if job is not None:
+                    job.ras, job.ras_at = status, now
         return True
 
     def _sample(self, gpu: GpuView, s: GpuSample, now: float) -> None:
@@ -453,6 +475,18 @@ class FleetState:
                         text=event.text[:512],
                     )
                 )
+            elif log_kind == "other" and fields.get("reason") in KERNEL_IB_REASONS:
+                host.events.append(
+                    LogEvent(
+                        t=event.t,
+                        seen_at=now,
+                        kind="kernel_ib",
+                        gpu=event.gpu,
+                        rank=None,
+                        seq=None,
+                        text=event.text[:512],
+                    )
+                )
 
     def _procs(self, host: HostView, procs: list[ProcInfo], now: float) -> None:
         old = {(p.job_id, p.rank) for p in host.procs if p.job_id is not None and p.rank is not None}
@@ -470,6 +504,10 @@ class FleetState:
             if proc.world_size and 0 < proc.world_size <= self.max_ranks_per_job:
                 job.world_size = proc.world_size
             view.host, view.gpu, view.pid, view.alive = host.name, proc.gpu, proc.pid, True
+            if proc.debug is not None and (
+                host.name in job.debug or len(job.debug) < MAX_DEBUG_HOSTS_PER_JOB
+            ):
+                job.debug[host.name] = proc.debug
             if 0 <= proc.gpu < len(host.gpus):
                 gpu_view = host.gpus[proc.gpu]
                 gpu_view.job = gpu_view.last_job = proc.job_id

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from sentinel.components.ecc.rule import EccThresholds
+from sentinel.components.ib.rule import PortRuleConfig
 from sentinel.components.xid.rule import XidPolicyConfig
 from sentinel.config.common import LogConfig
 
@@ -342,6 +343,7 @@ class DetectConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ecc: EccThresholds = msgspec.field(default_factory=EccThresholds)
     stuck: StuckConfig = msgspec.field(default_factory=StuckConfig)
     straggler: StragglerConfig = msgspec.field(default_factory=StragglerConfig)
+    network: PortRuleConfig = msgspec.field(default_factory=PortRuleConfig)
 
 
 class IncidentsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

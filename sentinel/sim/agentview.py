@@ -10,11 +10,16 @@ heads at the probe's cadence.
 
 from __future__ import annotations
 
+from sentinel.agent.classify import LineClassifier
+from sentinel.components.ib.record import IbPort
+from sentinel.components.ib.tracker import PortTracker
 from sentinel.sim.cluster import ClusterSim, HostSim
 from sentinel.wire import Batch, Event, GpuSample, Hello, ProcInfo
 
 NVML_TIMEOUT_S = 2.0
 PROBE_INTERVAL_S = 2.0
+PORTS_INTERVAL_S = 2.0  # the agent's ib.interval_s
+_classify = LineClassifier()
 
 
 class VirtualAgent:
@@ -34,6 +39,8 @@ class VirtualAgent:
         self._next_heads = 0.0
         self._procs_version = -1
         self._reported: set[tuple[int, str]] = set()  # (gpu, state) already announced by an event
+        self.ports = PortTracker()  # the real agent's port history, in memory
+        self._next_ports = 0.0
 
     def hello(self, t: float) -> Hello:
         return Hello(
@@ -118,6 +125,24 @@ class VirtualAgent:
                     )
                 )
             host.job_lines.clear()
+        for line in host.ib_kernel_lines:  # mlx5 messages go through the agent's classifier like kmsg
+            result = _classify(line)
+            if result is not None and result.severity != "info":
+                events.append(
+                    Event(
+                        t=t,
+                        kind="log",
+                        source="kmsg",
+                        severity="critical" if result.severity == "critical" else "warning",
+                        text=line,
+                        fields={**result.fields, "kind": result.kind},
+                    )
+                )
+        host.ib_kernel_lines.clear()
+        ports: list[IbPort] | None = None
+        if t >= self._next_ports:
+            self._next_ports = t + PORTS_INTERVAL_S - 1e-9
+            ports = self.ports.update(cluster.port_scan(host, t).ports, t)
         procs: list[ProcInfo] | None = None
         if host.procs_version != self._procs_version:
             self._procs_version = host.procs_version
@@ -126,6 +151,8 @@ class VirtualAgent:
         if t >= self._next_heads:
             self._next_heads = t + self.probe_interval_s - 1e-9
             heads = cluster.heads(host, t)
-        batch = Batch(seq=self.seq, t=t, samples=samples, events=events, procs=procs, heads=heads)
+        batch = Batch(
+            seq=self.seq, t=t, samples=samples, events=events, procs=procs, heads=heads, ports=ports
+        )
         self.seq += 1
         return batch

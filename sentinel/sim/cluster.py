@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from sentinel.components.ib.sysfs import PortScan
 from sentinel.fr.heads import FrHeads
 from sentinel.sim.jobs import INF, JobSim, RankSim
+from sentinel.sim.ports import SimPort, scan
 from sentinel.sim.scenario import FaultSpec, Scenario, host_name
 from sentinel.wire import EccCounters, GpuInfo, GpuSample, NvLink, ProcInfo, RowRemap
 
@@ -96,6 +98,8 @@ class HostSim:
     kernel_lines: list[str] = field(default_factory=list)
     job_lines: list[tuple[float, int, str]] = field(default_factory=list)  # (t, gpu, line)
     procs_version: int = 0
+    ports: list[SimPort] = field(default_factory=list)  # one IB port per GPU (mlx5_<gpu>)
+    ib_kernel_lines: list[str] = field(default_factory=list)  # mlx5 kernel messages not yet read
 
     def next_noise(self) -> float:
         self.cursor = (self.cursor + 1) % _NOISE
@@ -126,7 +130,11 @@ class ClusterSim:
                 for g in range(n_gpus)
             ]
             noise = [rng.random() + rng.random() - 1.0 for _ in range(_NOISE)]
-            self.hosts.append(HostSim(index=h, name=host_name(h), gpus=gpus, noise=noise))
+            ports = [
+                SimPort(device=f"mlx5_{g.index}", pci_bus=f"{_nic_bus(g.pci_bus)}.0", gpu=g.index)
+                for g in gpus
+            ]
+            self.hosts.append(HostSim(index=h, name=host_name(h), gpus=gpus, noise=noise, ports=ports))
         self.by_name = {host.name: host for host in self.hosts}
         self.jobs: dict[str, JobSim] = {}
         for spec in scenario.jobs:
@@ -242,6 +250,18 @@ class ClusterSim:
             assert rank is not None
             rank.net_error_at = t
             self._net_error_lines(host, gpu, t)
+        elif kind == "port_down":
+            port = host.ports[gpu.index]
+            port.down_at = t
+            host.ib_kernel_lines.append(port.module_error_line(t))
+            if rank is not None:
+                rank.link_down_at = t
+        elif kind == "link_flap":
+            host.ports[gpu.index].flap_at = t
+        elif kind == "link_degraded":
+            assert fault.rate_gbps is not None
+            port = host.ports[gpu.index]
+            port.degraded_at, port.degraded_rate = t, fault.rate_gbps
         if rank is not None and gpu.job is not None:
             gpu.job.touch(rank.rank)
             host.procs_version += 1
@@ -394,6 +414,16 @@ class ClusterSim:
                 out.append(heads)
         return out
 
+    def port_scan(self, host: HostSim, t: float) -> PortScan:
+        """The host's IB ports at ``t``, as a sysfs read would find them."""
+        return scan(host.ports, t)
+
     def iter_gpus(self) -> Iterator[GpuSim]:
         for host in self.hosts:
             yield from host.gpus
+
+
+def _nic_bus(gpu_bus: str) -> str:
+    """The HCA next to a GPU (``dddd:bb:dd`` → the next bus number, the same PCIe switch)."""
+    domain, bus, device = gpu_bus.split(":")
+    return f"{domain}:{(int(bus, 16) + 1) & 0xFF:02x}:{device}"

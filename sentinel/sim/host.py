@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import msgspec
 
 from sentinel.agent.source import GpuLostError
+from sentinel.components.ib.sysfs import PortScan
 from sentinel.fr.heads import FrHeads
 from sentinel.sim.cluster import ClusterSim, HostSim
 from sentinel.sim.scenario import Scenario
@@ -105,6 +106,7 @@ class SimHost:
         self.name = host.name
         self.closed = threading.Event()
         self._next_heads = 0.0
+        self.ib_ports = SimPorts(self)  # the agent's IB collector reads this instead of sysfs
 
     # -- GpuSource ------------------------------------------------------------------------------------
 
@@ -154,6 +156,8 @@ class SimHost:
         self.cluster.advance(now)
         with self.cluster.lock:
             lines, self.host.kernel_lines = self.host.kernel_lines, []
+            lines.extend(self.host.ib_kernel_lines)
+            self.host.ib_kernel_lines = []
         return lines
 
     def job_log_lines(self, now: float) -> list[str]:
@@ -176,6 +180,21 @@ class SimHost:
         with self.cluster.lock:
             heads = self.cluster.model.heads(self.host, t)
         return [msgspec.structs.replace(h, t=now) for h in heads]
+
+
+class SimPorts:
+    """A simulated host's port source (the agent's ``PortSource``): the model's ports at wall time."""
+
+    def __init__(self, host: SimHost) -> None:
+        self.host = host
+        self.gpus: dict[str, int] = {}
+        self.clock = host.cluster.clock
+
+    def read(self) -> PortScan:
+        cluster = self.host.cluster
+        t = cluster.advance(self.clock())
+        with cluster.lock:
+            return cluster.model.port_scan(self.host.host, t)
 
 
 def sim_hosts(

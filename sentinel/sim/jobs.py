@@ -37,10 +37,17 @@ class RankSim:
     hang_at: float = INF  # stops entering collectives from then on
     dead_at: float = INF  # process gone from then on (no heads, no procs)
     net_error_at: float = INF  # its NCCL network transport fails from then on
+    link_down_at: float = INF  # the port its GPU's traffic uses is down: its collectives stall, NCCL silent
 
     @property
     def modified(self) -> bool:
-        return self.factor != 1.0 or self.hang_at < INF or self.dead_at < INF or self.net_error_at < INF
+        return (
+            self.factor != 1.0
+            or self.hang_at < INF
+            or self.dead_at < INF
+            or self.net_error_at < INF
+            or self.link_down_at < INF
+        )
 
 
 @dataclass
@@ -174,7 +181,7 @@ class JobSim:
             entry = it.tp_done.get(r.rank // self.tp, it.tp_done_healthy)
             if entry >= r.hang_at or r.dead_at < world:
                 world = INF
-            if r.net_error_at < world:
+            if r.net_error_at < world or r.link_down_at < world:
                 world = INF
                 it.world_stalled_by_net = True
         it.world_done = world

@@ -26,6 +26,9 @@ FaultKind = Literal[
     "hang",
     "nccl_net_error",
     "host_down",
+    "link_flap",
+    "link_degraded",
+    "port_down",
 ]
 FAULT_KINDS: tuple[str, ...] = FaultKind.__args__  # type: ignore[attr-defined]
 
@@ -40,8 +43,9 @@ REQUIRED_PARAMS: dict[str, tuple[str, ...]] = {
     "nvlink_errors": ("rate_per_s",),
     "thermal_throttle": ("clock_mhz",),
     "straggler": ("slowdown",),
+    "link_degraded": ("rate_gbps",),
 }
-PARAMS = ("xid", "count", "rate_per_s", "clock_mhz", "slowdown")
+PARAMS = ("xid", "count", "rate_per_s", "clock_mhz", "slowdown", "rate_gbps")
 MAX_HOSTS = 16384
 MAX_GPUS_PER_HOST = 16
 MAX_DURATION_S = 7 * 86400.0
@@ -92,6 +96,7 @@ class FaultSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rate_per_s: Annotated[float, msgspec.Meta(gt=0, le=1e6)] | None = None
     clock_mhz: Annotated[float, msgspec.Meta(gt=0, le=5000)] | None = None
     slowdown: Annotated[float, msgspec.Meta(gt=1, le=100)] | None = None
+    rate_gbps: Annotated[float, msgspec.Meta(gt=0, le=3200)] | None = None
 
 
 class Scenario(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -24,6 +24,7 @@ HARDWARE_S = 3.0
 HANG_S = 10.0
 STRAGGLER_S = 60.0
 SILENT_S = 15.0  # host_silent_after_s (10 s) plus a few ticks
+NETWORK_S = 6.0  # ports read every 2 s, a port down counts after 2 s
 
 #: fault kind → (verdict kinds that name it correctly, bound in seconds); None: no verdict may name it
 EXPECTED: dict[str, tuple[frozenset[str], float] | None] = {
@@ -38,6 +39,9 @@ EXPECTED: dict[str, tuple[frozenset[str], float] | None] = {
     "hang": (frozenset({"stuck"}), HANG_S),
     "nccl_net_error": (frozenset({"stuck"}), HANG_S),
     "host_down": (frozenset({"host_silent"}), SILENT_S),
+    "port_down": (frozenset({"faulty"}), NETWORK_S),
+    "link_flap": (frozenset({"degraded", "faulty"}), NETWORK_S),
+    "link_degraded": (frozenset({"degraded"}), NETWORK_S),
 }
 
 
@@ -122,6 +126,29 @@ def test_stuck_rank_is_the_culprit_with_rank_and_job() -> None:
     # host-008 is the 9th host of the job (all hosts, in order): rank = 8 * 8 + 4
     assert [(v["host"], v["gpu"], v["job"], v["rank"]) for v in stuck] == [("host-008", 4, "train-a", 68)]
     assert stuck[0]["reason"] == "not_entered_collective"
+
+
+def test_port_down_stall_gets_its_network_cause() -> None:
+    """Every rank inside the allreduce, none late, NCCL silent: the stuck verdict names the host and port."""
+    verdicts = report(SCENARIOS / "port_down.toml")["verdicts"]
+    stuck = [v for v in verdicts if v["kind"] == "stuck"]
+    assert [(v["host"], v["gpu"], v["rank"], v["reason"], v["action"]) for v in stuck] == [
+        ("host-006", 2, 6 * 8 + 2, "ib_port_down", "drain")
+    ]
+    assert any("mlx5_2 port 1" in e for e in stuck[0]["evidence"])
+    assert any(e.startswith("kernel: mlx5_core") for e in stuck[0]["evidence"])
+    network = [v for v in verdicts if v["kind"] == "faulty"]
+    assert [(v["host"], v["gpu"], v["reason"]) for v in network] == [("host-006", 2, "ib_port_down")]
+
+
+def test_flapping_link_escalates_to_a_flap() -> None:
+    from sentinel.sim.runner import run_scenario as run
+
+    result = run(load_scenario(SCENARIOS / "link_flap.toml"))
+    assert result.engine is not None
+    (verdict,) = [v for v in result.engine.verdicts() if v.host == "host-003"]
+    assert (verdict.kind, verdict.reason, verdict.gpu) == ("faulty", "ib_link_flap", 5)
+    assert any("lost its link" in e for e in verdict.evidence)
 
 
 def test_report_has_the_contract_fields() -> None:

@@ -11,13 +11,16 @@ are the suspects. A waiting peer is never blamed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
+from sentinel.aggregator.detectors import network
 from sentinel.aggregator.detectors.base import Detector, Evaluation, Observation
 from sentinel.aggregator.state import FleetState, GpuView, JobView, RankView, counter_rate
 from sentinel.aggregator.verdicts import Finding
+from sentinel.components.ib.rule import PortRuleConfig
+from sentinel.components.nccl_ras.rule import ras_evidence
 from sentinel.components.vocab import Action
 from sentinel.config.aggregator import AggregatorConfig, HardwareConfig, StuckConfig
 from sentinel.fr.heads import PgHead
@@ -109,7 +112,9 @@ class StuckDetector(Detector):
         findings: list[Finding] = []
         stalls: dict[str, Stall] = {}
         for job in seen.fleet.jobs.values():
-            found, stall = evaluate_job(job, seen.fleet, detect.stuck, detect.hardware, seen.now)
+            found, stall = evaluate_job(
+                job, seen.fleet, detect.stuck, detect.hardware, seen.now, detect.network
+            )
             if stall is not None:
                 stalls[job.id] = stall
                 judged = self.dumps.get(job.id)
@@ -182,10 +187,25 @@ def _ranks_summary(ranks: list[int], limit: int = 8) -> str:
     return f"{text},… ({len(ranks)} ranks)" if len(ranks) > limit else text
 
 
-def evaluate_job(
-    job: JobView, fleet: FleetState, cfg: StuckConfig, hw: HardwareConfig, now: float
+def evaluate_job(  # noqa: PLR0917
+    job: JobView,
+    fleet: FleetState,
+    cfg: StuckConfig,
+    hw: HardwareConfig,
+    now: float,
+    ports: PortRuleConfig | None = None,
 ) -> tuple[list[Finding], Stall | None]:
-    """The culprits of ``job``'s stall, if it is stalled now."""
+    """The culprits of ``job``'s stall, if it is stalled now, with NCCL RAS's view of the job as evidence."""
+    findings, stall = _evaluate_job(job, fleet, cfg, hw, now, ports or PortRuleConfig())
+    extra = ras_evidence(job.ras, now - job.ras_at, cfg.net_error_window_s) if findings else []
+    if extra:
+        findings = [replace(f, evidence=(*f.evidence, *extra)) for f in findings]
+    return findings, stall
+
+
+def _evaluate_job(  # noqa: PLR0917
+    job: JobView, fleet: FleetState, cfg: StuckConfig, hw: HardwareConfig, now: float, ports: PortRuleConfig
+) -> tuple[list[Finding], Stall | None]:
     if now - job.last_progress_at < cfg.min_wait_s:
         return [], None
     ranks: dict[int, _Rank] = {}
@@ -375,7 +395,9 @@ def evaluate_job(
         stall.culprits = sorted(culprits)
         return findings, stall
     for pg_name, seq in all_in:
-        findings.extend(_all_entered(job, fleet, cfg, hw, now, pg_name, seq, stalled[(pg_name, seq)], ranks))
+        findings.extend(
+            _all_entered(job, fleet, cfg, hw, now, pg_name, seq, stalled[(pg_name, seq)], ranks, ports)
+        )
         if findings:
             break
     stall.culprits = sorted({f.rank for f in findings if f.rank is not None})
@@ -436,6 +458,7 @@ def _all_entered(  # noqa: PLR0917
     seq: int,
     stalled: tuple[str, float, list[int]],
     ranks: dict[int, _Rank],
+    ports: PortRuleConfig,
 ) -> list[Finding]:
     op, age, waiting = stalled
     head = f"all {len(waiting)} rank(s) are inside {op} (pg {pg_name}, seq {seq}) for {age:.1f}s and none completes"
@@ -443,7 +466,13 @@ def _all_entered(  # noqa: PLR0917
     members = [info for info in ranks.values() if pg_name in info.pgs]
 
     def finding(  # noqa: PLR0917
-        reason: str, action: Action, view: RankView | None, host: str | None, gpu: int | None, why: str
+        reason: str,
+        action: Action,
+        view: RankView | None,
+        host: str | None,
+        gpu: int | None,
+        why: str,
+        *more: str,
     ) -> Finding:
         rank = view.rank if view is not None else None
         key = ("stuck", job.id, str(rank)) if rank is not None else ("stuck", job.id, f"host:{host}")
@@ -453,7 +482,7 @@ def _all_entered(  # noqa: PLR0917
             kind="stuck",
             reason=reason,
             action=action,
-            evidence=(head, why),
+            evidence=(head, why, *more),
             evidence_t=evidence_t,
             host=host,
             gpu=gpu,
@@ -473,6 +502,9 @@ def _all_entered(  # noqa: PLR0917
     for info in members:
         if info.view.host is not None:
             by_host.setdefault(info.view.host, []).append(info.view)
+    out.extend(_network_cause(job, fleet, cfg, ports, now, by_host, finding))
+    if out:
+        return out[: cfg.max_culprits]
     for host_name, views in sorted(by_host.items()):
         host = fleet.hosts.get(host_name)
         if host is None:
@@ -535,6 +567,50 @@ def _all_entered(  # noqa: PLR0917
             "no rank, NCCL or NVLink evidence names a culprit",
         )
     ]
+
+
+def _network_cause(  # noqa: PLR0917
+    job: JobView,
+    fleet: FleetState,
+    cfg: StuckConfig,
+    ports: PortRuleConfig,
+    now: float,
+    by_host: dict[str, list[RankView]],
+    finding: Callable[..., Finding],
+) -> list[Finding]:
+    """The stall's network cause: an unhealthy IB/RoCE port on one of the job's hosts (faulty ports first).
+
+    Every rank being inside the collective with none late means the ranks are fine and the transport is not;
+    a port that is down, flapping, slow or erroring on a host of the job names the host and port. The rank
+    named is the job's rank on a GPU the port serves (NCCL routes that GPU's traffic through it); the NCCL
+    NET errors of that host, if any, are added as evidence.
+    """
+    out: list[Finding] = []
+    causes = []
+    for cause in network.stall_causes(fleet, by_host, ports, now):
+        served = [v for v in by_host.get(cause.host, []) if v.gpu in cause.gpus]
+        if served or cause.finding.kind == "faulty":  # a port serving none of the job's GPUs must be down
+            causes.append((cause, served))
+    if not causes:
+        return out
+    worst = causes[0][0].finding.kind
+    for cause, served in causes:
+        if cause.finding.kind != worst:
+            break
+        host = fleet.hosts.get(cause.host)
+        net = [
+            f"NCCL NET error on {cause.host}: {e.text[:160]}"
+            for e in (host.events if host is not None else [])
+            if e.kind == "nccl_warn_net" and now - e.seen_at <= cfg.net_error_window_s
+        ][-2:]
+        why = f"network: {cause.evidence[0]}"
+        more = (*cause.evidence[1:], *net)
+        if served:
+            for view in served[: cfg.max_culprits]:
+                out.append(finding(cause.finding.reason, "drain", view, cause.host, view.gpu, why, *more))
+        else:
+            out.append(finding(cause.finding.reason, "drain", None, cause.host, None, why, *more))
+    return out
 
 
 def _from_watchdog(

@@ -164,13 +164,14 @@ def _port(port: IbPort, ports: list[IbPort], cfg: PortRuleConfig, now: float) ->
             f"{name} lost its link {downs} times in the last {port.flap_window_s:.0f}s "
             f"(threshold {cfg.flap_downs})",
         )
-    elif downs and port.up:
+    elif downs and (port.up or downs > 1):  # a first loss still down is judged by the port-down rule
+        now_state = "is up again" if port.up else "is down right now"
         finding(
             "degraded",
             "none",
             "ib_link_downed",
             port.downs[-1],
-            f"{name} lost its link {downs} time(s) in the last {port.flap_window_s:.0f}s and is up again "
+            f"{name} lost its link {downs} time(s) in the last {port.flap_window_s:.0f}s and {now_state} "
             f"(link_downed {port.counters.get('link_downed', 0)})",
         )
     if port.up:

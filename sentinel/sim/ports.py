@@ -1,0 +1,97 @@
+"""Simulated IB ports: one 400G NDR InfiniBand port per GPU (``mlx5_<gpu>``, behind the GPU's PCIe switch,
+as on a DGX H100), readings shaped exactly like :mod:`sentinel.components.ib.sysfs`'s, and the network
+faults of a scenario:
+
+* ``port_down`` — from ``at_s`` the port is ``DOWN`` / ``Disabled``, ``link_downed`` counts the loss, the
+  kernel logs an mlx5 module error, and the GPU's rank stalls in its next collective (NCCL is silent: no
+  NET error yet), so the stall's only explanation is the port.
+* ``link_flap`` — from ``at_s`` the link drops for ``FLAP_DOWN_S`` (shorter than a read interval: the state is rarely seen down, link_downed counts it) every ``FLAP_PERIOD_S`` and comes back;
+  ``link_downed`` counts every drop (also the ones between two readings).
+* ``link_degraded`` — from ``at_s`` the link runs at ``rate_gbps`` and symbol errors accumulate.
+
+Pure model: time is passed in, nothing reads a clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sentinel.components.ib.record import PortReading
+from sentinel.components.ib.sysfs import PortScan
+
+INF = float("inf")
+RATE_GBPS = 400.0
+FLAP_PERIOD_S = 20.0
+FLAP_DOWN_S = 1.0
+SYMBOL_ERRORS_PER_S = 0.5
+LOAD = 0.3  # share of the link rate the training traffic uses
+_RATE_TEXT = {400.0: "4X NDR", 200.0: "2X NDR", 100.0: "1X NDR"}
+
+
+@dataclass
+class SimPort:
+    device: str
+    pci_bus: str
+    gpu: int
+    down_at: float = INF
+    flap_at: float = INF
+    degraded_at: float = INF
+    degraded_rate: float = RATE_GBPS
+
+    def _flaps(self, t: float) -> tuple[int, bool]:
+        """Drops started by ``t`` and whether the link is down at ``t``."""
+        if t < self.flap_at:
+            return 0, False
+        since = t - self.flap_at
+        return int(since // FLAP_PERIOD_S) + 1, since % FLAP_PERIOD_S < FLAP_DOWN_S
+
+    def reading(self, t: float) -> PortReading:
+        drops, flapping_down = self._flaps(t)
+        down = t >= self.down_at
+        drops += 1 if down else 0
+        rate = self.degraded_rate if t >= self.degraded_at else RATE_GBPS
+        symbol = int((t - self.degraded_at) * SYMBOL_ERRORS_PER_S) if t >= self.degraded_at else 0
+        words = int(max(t, 0.0) * rate * 1e9 / 8 / 4 * LOAD)
+        packets = words // 1024
+        state, phys = ("down", "disabled") if down or flapping_down else ("active", "linkup")
+        return PortReading(
+            device=self.device,
+            port=1,
+            state=state,
+            phys_state=phys,
+            rate_gbps=rate,
+            link_layer="InfiniBand",
+            counters={
+                "link_downed": drops,
+                "link_error_recovery": 0,
+                "local_link_integrity_errors": 0,
+                "port_rcv_errors": 0,
+                "port_rcv_remote_physical_errors": 0,
+                "port_xmit_discards": 0,
+                "symbol_error": symbol,
+                "port_rcv_data": words,
+                "port_xmit_data": words,
+                "port_rcv_packets": packets,
+                "port_xmit_packets": packets,
+                "port_xmit_wait": 0,
+            },
+            pci_bus=self.pci_bus,
+            numa_node=0 if self.gpu < 4 else 1,
+            gpus=[self.gpu],
+            locality="pcie_switch",
+        )
+
+    def module_error_line(self, t: float) -> str:
+        """The kernel line mlx5_core prints when the transceiver fails (``mlx5_port_module_event``)."""
+        return (
+            f"mlx5_core {self.pci_bus}: mlx5_port_module_event:1131:(pid 0): Port module event[error]: "
+            f"module {self.gpu}, Cable error, Bus stuck (I2C or data shorted)"
+        )
+
+
+def rate_text(rate: float) -> str:
+    return f"{rate:g} Gb/sec ({_RATE_TEXT.get(rate, '4X NDR')})"
+
+
+def scan(ports: list[SimPort], t: float) -> PortScan:
+    return PortScan(ports=[p.reading(t) for p in ports], present=True)
