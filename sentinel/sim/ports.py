@@ -24,7 +24,6 @@ RATE_GBPS = 400.0
 FLAP_PERIOD_S = 20.0
 FLAP_DOWN_S = 1.0
 SYMBOL_ERRORS_PER_S = 0.5
-LOAD = 0.3  # share of the link rate the training traffic uses
 _RATE_TEXT = {400.0: "4X NDR", 200.0: "2X NDR", 100.0: "1X NDR"}
 
 
@@ -37,6 +36,7 @@ class SimPort:
     flap_at: float = INF
     degraded_at: float = INF
     degraded_rate: float = RATE_GBPS
+    _healthy: PortReading | None = None
 
     def _flaps(self, t: float) -> tuple[int, bool]:
         """Drops started by ``t`` and whether the link is down at ``t``."""
@@ -46,13 +46,18 @@ class SimPort:
         return int(since // FLAP_PERIOD_S) + 1, since % FLAP_PERIOD_S < FLAP_DOWN_S
 
     def reading(self, t: float) -> PortReading:
+        if t < min(self.down_at, self.flap_at, self.degraded_at):
+            if self._healthy is None:  # before any fault the port reads the same every time
+                self._healthy = self._read(t)
+            return self._healthy
+        return self._read(t)
+
+    def _read(self, t: float) -> PortReading:
         drops, flapping_down = self._flaps(t)
         down = t >= self.down_at
         drops += 1 if down else 0
         rate = self.degraded_rate if t >= self.degraded_at else RATE_GBPS
         symbol = int((t - self.degraded_at) * SYMBOL_ERRORS_PER_S) if t >= self.degraded_at else 0
-        words = int(max(t, 0.0) * rate * 1e9 / 8 / 4 * LOAD)
-        packets = words // 1024
         state, phys = ("down", "disabled") if down or flapping_down else ("active", "linkup")
         return PortReading(
             device=self.device,
@@ -69,12 +74,7 @@ class SimPort:
                 "port_rcv_remote_physical_errors": 0,
                 "port_xmit_discards": 0,
                 "symbol_error": symbol,
-                "port_rcv_data": words,
-                "port_xmit_data": words,
-                "port_rcv_packets": packets,
-                "port_xmit_packets": packets,
-                "port_xmit_wait": 0,
-            },
+            },  # error counters only: the model has no traffic (data counters would be noise here)
             pci_bus=self.pci_bus,
             numa_node=0 if self.gpu < 4 else 1,
             gpus=[self.gpu],

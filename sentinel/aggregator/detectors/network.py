@@ -18,6 +18,7 @@ from sentinel.aggregator.state import FleetState, HostView
 from sentinel.aggregator.verdicts import Finding
 from sentinel.components.ib.record import IbPort
 from sentinel.components.ib.rule import PortFinding, PortRuleConfig, evaluate_ports
+from sentinel.config.aggregator import AggregatorConfig
 
 DETECTOR = "network"
 KERNEL_LINES_KEPT = 3
@@ -108,11 +109,25 @@ def host_causes(host: HostView, cfg: PortRuleConfig, now: float) -> list[PortCau
     return out
 
 
-def evaluate(fleet: FleetState, cfg: PortRuleConfig, now: float) -> list[Finding]:
-    """One finding per unhealthy port (the verdict book keeps the worst per port)."""
+def evaluate(
+    fleet: FleetState, cfg: PortRuleConfig, now: float, quiet: dict[str, float] | None = None
+) -> list[Finding]:
+    """One finding per unhealthy port (the verdict book keeps the worst per port).
+
+    ``quiet`` (host → ports_t) remembers hosts whose ports were all healthy at that reading; they are not
+    judged again until a new reading arrives (a healthy port cannot turn unhealthy with time alone).
+    """
     findings: list[Finding] = []
     for host in fleet.hosts.values():
-        for cause in host_causes(host, cfg, now):
+        if quiet is not None and quiet.get(host.name) == host.ports_t:
+            continue
+        causes = host_causes(host, cfg, now)
+        if quiet is not None:
+            if causes:
+                quiet.pop(host.name, None)
+            else:
+                quiet[host.name] = host.ports_t
+        for cause in causes:
             f = cause.finding
             jobs = sorted({job for job, _ in cause.ranks})
             findings.append(
@@ -144,9 +159,23 @@ def stall_causes(fleet: FleetState, hosts: Iterable[str], cfg: PortRuleConfig, n
 
 
 class NetworkDetector(Detector):
-    """Stateless: the ports' history lives in the agents' records (flaps survive agent restarts there)."""
+    """The ports' history lives in the agents' records (flaps survive agent restarts there); the detector
+    only remembers which hosts were quiet at their latest reading, to skip them until the next one."""
 
     name = DETECTOR
 
+    def __init__(self, config: AggregatorConfig) -> None:
+        super().__init__(config)
+        self.quiet: dict[str, float] = {}
+
+    def configure(self, config: AggregatorConfig) -> None:
+        super().configure(config)
+        self.quiet.clear()  # new thresholds: judge every host again
+
+    def switched_on(self) -> None:
+        self.quiet.clear()
+
     def evaluate(self, seen: Observation) -> Evaluation:
-        return Evaluation(evaluate(seen.fleet, self.config.detect.network, seen.now))
+        if len(self.quiet) > 2 * len(seen.fleet.hosts) + 1024:
+            self.quiet = {h: t for h, t in self.quiet.items() if h in seen.fleet.hosts}
+        return Evaluation(evaluate(seen.fleet, self.config.detect.network, seen.now, self.quiet))

@@ -120,14 +120,23 @@ def evaluate_ports(ports: list[IbPort], cfg: PortRuleConfig, now: float) -> list
     """Every finding true now for one host's ports (``now`` on the agent's clock, like the records)."""
     if not cfg.enabled:
         return []
-    judged = [p for p in ports if not any(fnmatch.fnmatchcase(p.device, g) for g in cfg.ignore_devices)]
+    judged = (
+        [p for p in ports if not any(fnmatch.fnmatchcase(p.device, g) for g in cfg.ignore_devices)]
+        if cfg.ignore_devices
+        else ports
+    )
+    rates = {layer: expected_rate(judged, cfg, layer) for layer in {p.link_layer for p in judged}}
     out: list[PortFinding] = []
     for port in judged:
-        out.extend(_port(port, judged, cfg, now))
+        if port.up and not port.downs and not port.window_increase and port.down_since is None:
+            want = rates[port.link_layer]
+            if want is None or port.rate_gbps >= want or port.rate_gbps <= 0:
+                continue  # the common case, a healthy port: nothing to say
+        out.extend(_port(port, rates[port.link_layer], cfg, now))
     return out
 
 
-def _port(port: IbPort, ports: list[IbPort], cfg: PortRuleConfig, now: float) -> list[PortFinding]:
+def _port(port: IbPort, want: float | None, cfg: PortRuleConfig, now: float) -> list[PortFinding]:
     out: list[PortFinding] = []
     name = f"{port.device} port {port.port}"
 
@@ -175,7 +184,6 @@ def _port(port: IbPort, ports: list[IbPort], cfg: PortRuleConfig, now: float) ->
             f"(link_downed {port.counters.get('link_downed', 0)})",
         )
     if port.up:
-        want = expected_rate(ports, cfg, port.link_layer)
         if want is not None and 0 < port.rate_gbps < want:
             source = "configured" if cfg.expected_rate_gbps > 0 else "the host's other ports"
             finding(

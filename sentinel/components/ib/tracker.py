@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from sentinel.components.ib.record import ERROR_COUNTERS, IbPort, PortReading
 from sentinel.log import get_logger
 
@@ -47,6 +49,8 @@ class _History:
     samples: deque[tuple[float, dict[str, int]]] = field(
         default_factory=lambda: deque(maxlen=MAX_ERROR_SAMPLES)
     )
+    reading: PortReading | None = None  # the previous reading and its record (the unchanged-port fast path)
+    record: IbPort | None = None
 
 
 class PortTracker:
@@ -79,19 +83,43 @@ class PortTracker:
             if len(self.ports) >= MAX_PORTS:
                 self.ports.pop(next(iter(self.ports)))
             h = self.ports[key] = _History()
+        record = h.record
+        if (
+            record is not None
+            and (r is h.reading or r == h.reading)
+            and not h.downs
+            and now - h.samples[-1][0] < self.error_window_s / (MAX_ERROR_SAMPLES - 1)
+            and (len(h.samples) < 2 or now - h.samples[1][0] < self.error_window_s)
+        ):
+            # nothing changed since the previous reading: the same record, zero rates, the clock moved on
+            h.t = now
+            zero = record.rates if not any(record.rates.values()) else dict.fromkeys(record.rates, 0.0)
+            record = msgspec.structs.replace(
+                record, t=now, rates=zero, window_s=min(self.error_window_s, max(0.0, now - h.samples[0][0]))
+            )
+            h.record = record
+            return record
         up = r.up
         rates: dict[str, float] = {}
-        reset = any(r.counters.get(name, value) < value for name, value in h.counters.items())
-        if h.counters and not reset:
+        prev = h.counters
+        reset = False
+        downed = 0
+        if prev:
             dt = now - h.t
-            if dt > 0:
-                for name, value in r.counters.items():
-                    before = h.counters.get(name)
-                    if before is not None:
-                        rates[name] = (value - before) / dt
-            downed = r.counters.get("link_downed", 0) - h.counters.get("link_downed", 0)
-        else:
-            downed = 0
+            per_s = 1.0 / dt if dt > 0 else 0.0
+            for name, value in r.counters.items():
+                before = prev.get(name)
+                if before is None:
+                    continue
+                if value < before:
+                    reset = True
+                    break
+                if per_s:
+                    rates[name] = (value - before) * per_s
+            if reset:
+                rates = {}
+            else:
+                downed = r.counters.get("link_downed", 0) - prev.get("link_downed", 0)
         if reset:
             h.samples.clear()  # a driver reload or reboot zeroed the counters: the window starts over
             self._dirty = True
@@ -124,8 +152,8 @@ class PortTracker:
             for name, value in errors.items()
             if name in oldest and value > oldest[name]
         }
-        h.counters, h.t, h.up = dict(r.counters), now, up
-        return IbPort(
+        h.counters, h.t, h.up, h.reading = dict(r.counters), now, up, r
+        h.record = IbPort(
             device=r.device,
             port=r.port,
             state=r.state,
@@ -147,6 +175,7 @@ class PortTracker:
             seen_up=h.seen_up,
             down_since=h.down_since,
         )
+        return h.record
 
     # -- persistence ------------------------------------------------------------------------------------
 
