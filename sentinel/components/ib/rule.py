@@ -183,16 +183,15 @@ def _port(port: IbPort, want: float | None, cfg: PortRuleConfig, now: float) -> 
             f"{name} lost its link {downs} time(s) in the last {port.flap_window_s:.0f}s and {now_state} "
             f"(link_downed {port.counters.get('link_downed', 0)})",
         )
-    if port.up:
-        if want is not None and 0 < port.rate_gbps < want:
-            source = "configured" if cfg.expected_rate_gbps > 0 else "the host's other ports"
-            finding(
-                "degraded",
-                "drain",
-                "ib_rate_degraded",
-                port.t,
-                f"{name} runs at {port.rate_gbps:g} Gb/s, expected {want:g} Gb/s ({source})",
-            )
+    if port.up and want is not None and 0 < port.rate_gbps < want:
+        source = "configured" if cfg.expected_rate_gbps > 0 else "the host's other ports"
+        finding(
+            "degraded",
+            "drain",
+            "ib_rate_degraded",
+            port.t,
+            f"{name} runs at {port.rate_gbps:g} Gb/s, expected {want:g} Gb/s ({source})",
+        )
     symbol = port.window_increase.get("symbol_error", 0)
     if symbol and _per_hour(symbol, port.window_s) > cfg.symbol_error_budget_per_hour:
         finding(
