@@ -63,6 +63,9 @@ def host_dict(
     }
 
 
+MAX_HOST_NAMES = 1024
+
+
 def job_summary(engine: Engine, job: JobView) -> dict[str, Any]:
     stall = engine.stalls.get(job.id)
     hosts = sorted({r.host for r in job.ranks.values() if r.host})
@@ -71,6 +74,7 @@ def job_summary(engine: Engine, job: JobView) -> dict[str, Any]:
         "world_size": job.world_size,
         "ranks": len(job.ranks),
         "hosts": len(hosts),
+        "host_names": hosts[:MAX_HOST_NAMES],  # the status page's search finds a job by its hosts
         "stalled": stall is not None,
         "step_s": _r(job.step_s, 3),
         "last_progress_at": job.last_progress_at if job.last_progress_at > float("-inf") else None,

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
+import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
@@ -195,7 +197,13 @@ async def simulated_cluster(
     driver.add_done_callback(on_done)
     try:
         for agent in agents:
-            task = asyncio.create_task(agent.run(), name=f"agent-{agent.host}")
+            # each agent's log lines name its own host (they all said host="demo"): its task runs in a
+            # context of its own with the host bound
+            context = contextvars.copy_context()
+            context.run(structlog.contextvars.bind_contextvars, host=agent.host)
+            task = asyncio.get_running_loop().create_task(
+                agent.run(), name=f"agent-{agent.host}", context=context
+            )
             task.add_done_callback(on_done)
             running.tasks.append(task)
         yield running

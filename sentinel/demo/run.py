@@ -177,7 +177,14 @@ async def run_demo(
     faults = scenarios.faults_of(scenario)
     live = _use_live_view(options.view, out)
     logs = _LogTail() if live else None
-    setup_logging("demo", options.log_level, host="demo", stream=logs if logs is not None else sys.stderr)
+    # in the live view, log lines are shown as readable text under it (never JSON), each with its host
+    setup_logging(
+        "demo",
+        options.log_level,
+        host="aggregator",
+        stream=logs if logs is not None else sys.stderr,
+        json=False if logs is not None else None,
+    )
 
     temp: tempfile.TemporaryDirectory[str] | None = None
     if options.state_dir is None:

@@ -118,7 +118,8 @@ function normHost(h) {
 
 function normJob(j) {
   const id = String(j.id ?? j.job ?? j.job_id ?? "?");
-  const hostNames = Array.isArray(j.hosts) ? j.hosts.map(String) : null;
+  const hostNames = Array.isArray(j.host_names) ? j.host_names.map(String)
+    : Array.isArray(j.hosts) ? j.hosts.map(String) : null;
   const ranks = Array.isArray(j.ranks) ? j.ranks.length : (j.ranks ?? j.world_size ?? null);
   const hosts = hostNames ? hostNames.length : (j.hosts ?? j.host_count ?? null);
   let state = String(j.state ?? j.status ?? "");
@@ -263,9 +264,16 @@ function renderJobs() {
   const q = query();
   const open = new Map();
   for (const v of model.verdicts) if (v.job) open.set(v.job, (open.get(v.job) ?? 0) + 1);
+  // hosts of each job: from the job answer, else from the GPUs' job labels in the host list
+  const hostsOf = new Map();
+  for (const h of model.hosts) for (const g of h.gpus) if (g.job) {
+    if (!hostsOf.has(g.job)) hostsOf.set(g.job, new Set());
+    hostsOf.get(g.job).add(h.name);
+  }
+  const namesOf = (j) => j.hostNames ?? [...(hostsOf.get(j.id) ?? [])];
   const list = model.jobs.filter((j) => q.host === null && q.gpu === null
-    ? matches(q, "", null, j.id, j.state) || (j.hostNames ?? []).some((h) => matches(q, h, null, j.id, j.state))
-    : (j.hostNames ?? []).some((h) => matches(q, h, null, j.id, j.state)));
+    ? matches(q, "", null, j.id, j.state) || namesOf(j).some((h) => matches(q, h, null, j.id, j.state))
+    : namesOf(j).some((h) => matches(q, h, null, j.id, j.state)));
   const rows = list.slice(0, MAX_ROWS).map((j) => row(
     [j.id, stateCell(j.state), j.ranks ?? "", j.hosts ?? "", open.get(j.id) ?? 0],
     { job: j.id, state: j.state }));
