@@ -23,6 +23,7 @@ from sentinel.components.rowremap.parse import parse_row_remap
 from sentinel.components.rowremap.rule import evaluate_row_remap
 from sentinel.components.vocab import Finding
 from sentinel.components.xid.parse import parse_xid
+from sentinel.signals.gate import line_has_signal_words
 from sentinel.signals.kernel import kernel_events
 from sentinel.signals.nccl_log import chatter_event, global_rank, nccl_events, torch_events, torch_rank
 from sentinel.signals.ocr import repair
@@ -241,9 +242,13 @@ def _block_events(text: str) -> list[Classified]:
 def classify_line(line: str) -> Classified | None:
     """Classify one physical log line; ``None`` when it carries no signal (plain noise).
 
-    Lines glued together by carriage returns (tqdm progress bars) are split and the most severe part wins.
+    A line without any of the gate's literals (:mod:`sentinel.signals.gate`) carries no signal by
+    definition. Lines glued together by carriage returns (tqdm progress bars) are split and the most
+    severe part wins.
     """
     text = line.rstrip("\r\n")
+    if not line_has_signal_words(bounded(text)):
+        return None
     if "\r" in text:
         events: list[Classified] = []
         for segment in text.split("\r"):

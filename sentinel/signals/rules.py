@@ -76,7 +76,7 @@ _WARNING_WORDS_RE: Final = re.compile(
     r"\b(?:errors?|fail(?:s|ed|ure|ures|ing)?|exception|timed? ?out|timeout|hang|hung|"
     r"not responding|unresponsive|unhealthy|degraded|down|unplugged|lost|retry(?:ing)?|refused|"
     r"reset by peer|unreachable|mismatch|invalid|denied|stuck|throttl\w{0,6}|limited by|insufficient|"
-    r"dead|missing|cancel+ed|unavailable|violation|overflow|exceeded|bad)\b",
+    r"dead|missing|cancel+ed|unavailable|violation|overflow|exceeded)\b",
     re.IGNORECASE,
 )
 #: Words that name no failure although they contain one: counts of zero, "no errors", configuration.

@@ -3,17 +3,17 @@
 A training job's log is mostly NCCL INFO chatter. Per-line Python costs about a microsecond, too slow for
 the millions of lines a large job writes, so :class:`LogScanner` works on big binary chunks:
 
-1. one compiled bytes regex (``CANDIDATE``) runs over the whole chunk and stops only at line starts that
-   are *not* plain ``host:pid:tid [dev] NCCL INFO`` chatter (init, version and error-trace INFO lines are
-   not chatter); carriage returns (tqdm progress bars glued to log lines) are found with one more scan;
+1. the gate (:mod:`sentinel.signals.gate`: Hyperscan, or ``bytes.find`` per literal without it) scans the
+   whole chunk once for the literals every signal needs, and yields the starts of the lines that hold one;
 2. lines are counted with ``bytes.count``;
 3. only candidate lines are decoded and classified with :func:`classify_line`; a candidate that starts a
    multi-line record (hard-wrapped PyTorch message, ``nvidia-smi -q`` section, torchrun "Root Cause"
    block, NCCL RAS report) is joined with its continuation lines and classified with
    :func:`classify_text`.
 
-The output is exactly what calling :func:`classify_line` on every line would give (chatter is noise
-either way); tests check that equivalence. Memory is bounded: a "line" longer than ``MAX_LINE`` bytes is
+The output is exactly what calling :func:`classify_line` on every line would give (it starts with the
+same gate test, so a line the gate skips is noise either way), whichever gate engine runs; tests check
+that equivalence. Memory is bounded: a "line" longer than ``MAX_LINE`` bytes is
 cut, and a pending multi-line block is never held beyond ``MAX_BLOCK`` bytes.
 """
 
@@ -25,20 +25,15 @@ from typing import Final
 
 import msgspec
 
-from sentinel.signals.classify import CHATTER_PATTERN, classify_line, classify_text, is_noise, line_events
+from sentinel.signals.classify import classify_line, classify_text, is_noise, line_events
+from sentinel.signals.gate import Gate, default_gate
 from sentinel.signals.record import Classified, make_event, most_severe
 
-CHUNK_SIZE: Final = 1 << 20
+CHUNK_SIZE: Final = 4 << 20
 MAX_LINE: Final = 1 << 20
 MAX_BLOCK: Final = 64 * 1024
 MAX_BLOCK_LINES: Final = 40
 
-#: Matches a newline plus the run of plain NCCL INFO chatter lines after it; every match therefore ends at
-#: the start of a line that is *not* chatter (or at the end of the data). Consuming whole runs inside one
-#: match keeps the regex engine in C for the common case.
-CANDIDATE: Final = re.compile(rb"\n(?:" + CHATTER_PATTERN.encode("ascii") + rb".*+\n)*+")
-_CHATTER_AT_START: Final = re.compile(CHATTER_PATTERN.encode("ascii"))
-_GLUED: Final = re.compile(rb"\r(?!\n)")
 
 _SECTION_HEAD_RE: Final = re.compile(r"^\s*(?:ECC Errors|ECC Mode|Remapped Rows|Retired [Pp]ages)\s*:?\s*$")
 _ROOT_CAUSE_HEAD: Final = "Root Cause (first observed failure)"
@@ -60,8 +55,9 @@ class LogScanner:
     With ``include_all`` every line yields an object (noise as ``other``/``info`` or ``nccl_info``).
     """
 
-    def __init__(self, *, include_all: bool = False) -> None:
+    def __init__(self, *, include_all: bool = False, gate: Gate | None = None) -> None:
         self._include_all = include_all
+        self._gate = gate if gate is not None else default_gate()
         self._buffer = b""
         self._line_base = 0
         self.lines = 0
@@ -114,37 +110,33 @@ class LogScanner:
         events, _ = self._process(body, 0, len(body), final=True)
         return events
 
-    def _starts(self, body: bytes, begin: int, limit: int) -> list[int]:
-        """Offsets of the lines of ``body[begin:limit]`` worth classifying (all of them with ``include_all``)."""
+    def _candidates(self, body: bytes, begin: int, limit: int) -> tuple[list[int], _LineIndex]:
+        """Offsets of the lines of ``body[begin:limit]`` worth classifying (all of them with
+        ``include_all``) and the line index of the region.
+
+        The gate may scan in a worker thread (Hyperscan releases the GIL), so the newline counting for the
+        index runs meanwhile: the two biggest costs of a chunk overlap.
+        """
         if self._include_all:
             starts = [begin]
             pos = body.find(b"\n", begin, limit)
             while 0 <= pos < limit - 1:
                 starts.append(pos + 1)
                 pos = body.find(b"\n", pos + 1, limit)
-            return starts
-        starts = [] if _CHATTER_AT_START.match(body, begin, limit) else [begin]
-        end = limit - 1
-        starts.extend(m.end() for m in CANDIDATE.finditer(body, begin, limit) if m.end() <= end)
-        if body.find(b"\r", begin, limit) >= 0:
-            glued = {
-                body.rfind(b"\n", begin, m.start()) + 1 or begin for m in _GLUED.finditer(body, begin, limit)
-            }
-            starts = sorted(set(starts) | glued)
-        return starts
+            return starts, _LineIndex(body, begin, limit)
+        pending = self._gate.submit(body, begin, limit)
+        index = _LineIndex(body, begin, limit)
+        return pending(), index
 
     def _process(self, body: bytes, begin: int, limit: int, *, final: bool) -> tuple[list[Classified], int]:
         """Classify the complete lines in ``body[begin:limit]``; return the events and how far it got."""
         events: list[Classified] = []
-        counted_to = begin
-        line_no = self._line_base
         skip_until = 0
         used = limit
-        for start in self._starts(body, begin, limit):
+        starts, index = self._candidates(body, begin, limit)
+        for start in starts:
             if start < skip_until:
                 continue
-            line_no += body.count(b"\n", counted_to, start)
-            counted_to = start
             end = body.find(b"\n", start)
             line = body[start:end].decode("utf-8", "replace")
             if not line.strip():
@@ -163,8 +155,8 @@ class LogScanner:
                 if found is None:
                     continue
                 event = found
-            events.append(msgspec.structs.replace(event, line=line_no + 1))
-        self._line_base = self.lines = line_no + body.count(b"\n", counted_to, used)
+            events.append(msgspec.structs.replace(event, line=self._line_base + index.before(start) + 1))
+        self._line_base = self.lines = self._line_base + index.before(used)
         return events, used
 
     def _classify_one(self, line: str) -> Classified | None:
@@ -189,6 +181,37 @@ class LogScanner:
                 break
             pos = nxt + 1
         return pos - 1 if pos - 1 > end else end
+
+
+class _LineIndex:
+    """Newline counts of a region in blocks, so the line number of any offset costs at most one block's
+    count (and nothing extra when offsets come in order, as they do)."""
+
+    BLOCK: Final = 64 * 1024
+
+    def __init__(self, body: bytes, begin: int, limit: int) -> None:
+        self._body = body
+        self._begin = begin
+        count = body.count
+        cumulative = [0]
+        total = 0
+        for start in range(begin, limit, self.BLOCK):
+            total += count(b"\n", start, min(start + self.BLOCK, limit))
+            cumulative.append(total)
+        self._cumulative = cumulative
+        self._last = (begin, 0)
+
+    def before(self, pos: int) -> int:
+        """Newlines in ``body[begin:pos]``."""
+        last_pos, last_value = self._last
+        if last_pos <= pos < last_pos + self.BLOCK:
+            value = last_value + self._body.count(b"\n", last_pos, pos)
+        else:
+            block = (pos - self._begin) // self.BLOCK
+            block_start = self._begin + block * self.BLOCK
+            value = self._cumulative[block] + self._body.count(b"\n", block_start, pos)
+        self._last = (pos, value)
+        return value
 
 
 def continuation_rule(head: str) -> Callable[[str], bool] | None:
@@ -221,9 +244,9 @@ def _wrapped_continuation(line: str) -> bool:
     return bool(line.strip()) and len(line) < 1000 and _NEW_RECORD_RE.match(line) is None
 
 
-def scan_bytes(data: bytes, *, include_all: bool = False) -> list[Classified]:
+def scan_bytes(data: bytes, *, include_all: bool = False, gate: Gate | None = None) -> list[Classified]:
     """Classify a whole in-memory log (convenience for tests and small inputs)."""
-    scanner = LogScanner(include_all=include_all)
+    scanner = LogScanner(include_all=include_all, gate=gate)
     events = []
     for offset in range(0, len(data), CHUNK_SIZE):
         events.extend(scanner.feed(data[offset : offset + CHUNK_SIZE]))
