@@ -3,7 +3,9 @@
 Raw mode reads log files (or stdin ``-``; gzip recognised by its magic bytes, whatever the name) through
 the chunked fast path and prints one object per event, skipping plain chatter unless ``--all``.
 ``--records`` reads JSON Lines ``{"text": ...}`` and prints exactly one object per record, in order: the
-most severe event of that record. See ``../shared/CONTRACTS.md`` section 2 and ``docs/signals.md``.
+most severe event of that record. ``--kernel`` reads the kernel log itself (journald, else ``dmesg``,
+else ``/dev/kmsg``: :mod:`sentinel.signals.kernel_source`). Raw and kernel objects carry the line's own
+``time`` and ``host`` when it has them. See ``../shared/CONTRACTS.md`` section 2 and ``docs/signals.md``.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from typing import BinaryIO, cast
 
 import msgspec
 
-from sentinel.signals.classify import classify_text
-from sentinel.signals.record import Classified
+from sentinel.signals.classify import classify_line, classify_text, line_events
+from sentinel.signals.kernel_source import KernelSourceError, kernel_lines
+from sentinel.signals.record import Classified, make_event, most_severe
 from sentinel.signals.scan import CHUNK_SIZE, LogScanner
+from sentinel.signals.stamp import line_stamp
 
 _GZIP_MAGIC = b"\x1f\x8b"
 #: A --records line longer than this is refused (bounded memory; a record is a line or a short block).
@@ -66,6 +70,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="raw mode: also print lines that carry no signal (as kind other/info)",
     )
+    classify.add_argument(
+        "--kernel",
+        action="store_true",
+        help="read the kernel log itself: journald (journalctl -k) when present, else dmesg, else /dev/kmsg",
+    )
+    classify.add_argument(
+        "--kernel-source",
+        choices=("auto", "journal", "dmesg", "kmsg"),
+        default="auto",
+        help="with --kernel: which source to read (default: the first that works)",
+    )
+    classify.add_argument(
+        "--kmsg-path",
+        default="/dev/kmsg",
+        help="with --kernel: the kmsg device (a plain file works for tests)",
+    )
     classify.set_defaults(func=run)
     parser.set_defaults(func=_usage(parser))
 
@@ -82,7 +102,11 @@ def run(args: argparse.Namespace) -> int:
     """Entry point of ``sentinel logs classify``."""
     out = sys.stdout.buffer
     try:
-        if args.records is not None:
+        if args.kernel:
+            if args.files or args.records is not None:
+                raise InputError("--kernel reads the kernel log; give no FILEs or --records with it")
+            _run_kernel(args.kernel_source, args.kmsg_path, out, include_all=args.all)
+        elif args.records is not None:
             if args.files:
                 raise InputError("give either --records FILE.jsonl or raw FILEs, not both")
             _run_records(args.records, out)
@@ -137,6 +161,45 @@ def _run_raw(paths: list[str], out: BinaryIO, *, include_all: bool) -> None:
             for chunk in _read_chunks(path, stream):
                 _emit(scanner.feed(chunk), encoder, buffer, out)
         _emit(scanner.finish(), encoder, buffer, out)
+
+
+def _run_kernel(source: str, kmsg_path: str, out: BinaryIO, *, include_all: bool) -> None:
+    """Classify the kernel's own log; each object keeps the record's time and host."""
+    try:
+        name, lines = kernel_lines(source, kmsg=kmsg_path)
+    except KernelSourceError as exc:
+        raise InputError(str(exc)) from None
+    print(f"sentinel logs classify: reading the kernel log from {name}", file=sys.stderr)
+    encoder = msgspec.json.Encoder()
+    buffer = bytearray()
+    batch: list[Classified] = []
+    try:
+        for number, record in enumerate(lines, start=1):
+            event = _kernel_event(record.message, include_all=include_all)
+            if event is None:
+                continue
+            stamp, host = line_stamp(record.message)
+            batch.append(
+                msgspec.structs.replace(
+                    event,
+                    line=number,
+                    time=record.time or stamp,
+                    host=event.host or record.host or host,
+                )
+            )
+            if len(batch) >= 256:
+                _emit(batch, encoder, buffer, out)
+                batch = []
+    except OSError as exc:
+        raise InputError(f"kernel log ({name}): {exc.strerror or exc}") from None
+    _emit(batch, encoder, buffer, out)
+
+
+def _kernel_event(message: str, *, include_all: bool) -> Classified | None:
+    if not include_all:
+        return classify_line(message)
+    best = most_severe(line_events(message))
+    return best if best is not None else make_event("other", "info")
 
 
 def _emit(events: list[Classified], encoder: msgspec.json.Encoder, buffer: bytearray, out: BinaryIO) -> None:

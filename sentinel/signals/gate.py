@@ -256,7 +256,8 @@ class HyperscanGate:
             append(end)
 
         with self._multi_lock:
-            self._multi.scan(memoryview(body)[begin:limit], match_event_handler=on_match)
+            region = body if begin == 0 and limit == len(body) else body[begin:limit]
+            self._multi.scan(region, match_event_handler=on_match)
         if not ends:
             return []
         starts: list[int] = []

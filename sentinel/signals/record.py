@@ -83,6 +83,9 @@ class Classified(msgspec.Struct, kw_only=True, omit_defaults=True):
     gpu_instance: int | None = None
     #: 1-based line number in the input (raw mode only).
     line: int | None = None
+    #: When the line says it happened, as it printed it (syslog, ISO 8601, dmesg), or ISO 8601 UTC for
+    #: records read from journald or /dev/kmsg (raw mode only).
+    time: str | None = None
     #: One-line excerpt of what the event says.
     message: str | None = None
 

@@ -84,7 +84,8 @@ _BENIGN_RE: Final = re.compile(
     r"\b(?:no|0|zero|without|ignor\w{1,4})[ \t]+(?:\w{1,20}[ \t]+)?(?:errors?|failures?|faults?)\b|"
     r"\b(?:errors?|failures?|faults?)[ \t]*[:=][ \t]*(?:0|none|no|ok|n/a)\b|error_file|errorfile|"
     r"\b[A-Z]{1,20}_\w{0,40}?(?:TIMEOUT|ERROR|RETRY)|\b(?:timeout|retry)[ \t]*[:=(][ \t]*\d|"
-    r"\bDEBUG\b|\bdown(?:load|sampl|stream)",
+    r"\bDEBUG\b|\bdown(?:load|sampl|stream)|"
+    r"\b[a-z_.]{0,30}(?:panic|timeout|retry|error|fail|abort|oom)[a-z_.]{0,20}=[\w.,:-]{0,40}",
     re.IGNORECASE,
 )
 

@@ -28,6 +28,7 @@ import msgspec
 from sentinel.signals.classify import classify_line, classify_text, is_noise, line_events
 from sentinel.signals.gate import Gate, default_gate
 from sentinel.signals.record import Classified, make_event, most_severe
+from sentinel.signals.stamp import line_stamp
 
 CHUNK_SIZE: Final = 4 << 20
 MAX_LINE: Final = 1 << 20
@@ -155,7 +156,15 @@ class LogScanner:
                 if found is None:
                     continue
                 event = found
-            events.append(msgspec.structs.replace(event, line=self._line_base + index.before(start) + 1))
+            stamp, host = line_stamp(line)
+            events.append(
+                msgspec.structs.replace(
+                    event,
+                    line=self._line_base + index.before(start) + 1,
+                    time=stamp,
+                    host=event.host if event.host is not None else host,
+                )
+            )
         self._line_base = self.lines = self._line_base + index.before(used)
         return events, used
 

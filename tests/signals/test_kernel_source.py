@@ -1,0 +1,127 @@
+"""``sentinel logs classify --kernel``: journald first, then dmesg, then /dev/kmsg; each object keeps the
+record's own time and host. Real subprocesses: small stand-in ``journalctl``/``dmesg`` programs on PATH
+print what the real ones print."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sentinel.signals.kernel_source import (
+    KernelSourceError,
+    kernel_lines,
+    parse_journal_line,
+    parse_kmsg_line,
+)
+from sentinel.signals.stamp import line_stamp
+
+XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus."
+
+
+def _tool(folder: Path, name: str, script: str) -> None:
+    path = folder / name
+    path.write_text("#!/bin/sh\n" + script, encoding="utf-8")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def _classify(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ.get('PATH', '')}"}
+    return subprocess.run(
+        [sys.executable, "-m", "sentinel", "logs", "classify", "--kernel", *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_journald_records_keep_their_time_and_host(tmp_path: Path) -> None:
+    records = [
+        {"MESSAGE": "Linux version 6.8.0", "__REALTIME_TIMESTAMP": "1732992000000000", "_HOSTNAME": "gpu-7"},
+        {"MESSAGE": XID, "__REALTIME_TIMESTAMP": "1732992000123456", "_HOSTNAME": "gpu-7", "__CURSOR": "s=1"},
+    ]
+    body = "\n".join(json.dumps(r) for r in records)
+    _tool(tmp_path, "journalctl", f"cat <<'EOF'\n{body}\nEOF\n")
+    _tool(tmp_path, "dmesg", "echo should not be used; exit 1\n")
+    result = _classify(tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "from journal" in result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(e["kind"], e["xid"], e["host"], e["time"], e["line"]) for e in events] == [
+        ("xid", 79, "gpu-7", "2024-11-30T18:40:00.123456Z", 2)
+    ]
+
+
+def test_dmesg_when_journald_has_nothing(tmp_path: Path) -> None:
+    _tool(tmp_path, "journalctl", "exit 0\n")  # no journal files: prints nothing
+    _tool(tmp_path, "dmesg", f"echo '2026-12-01T10:08:32,000000+00:00 {XID}'\n")
+    result = _classify(tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "from dmesg" in result.stderr
+    (event,) = [json.loads(line) for line in result.stdout.splitlines()]
+    assert (event["kind"], event["xid"], event["time"]) == ("xid", 79, "2026-12-01T10:08:32,000000+00:00")
+
+
+def test_kmsg_when_neither_tool_works(tmp_path: Path) -> None:
+    _tool(
+        tmp_path,
+        "journalctl",
+        "echo 'No journal files were opened due to insufficient permissions.' >&2; exit 1\n",
+    )
+    _tool(tmp_path, "dmesg", "echo 'dmesg: read kernel buffer failed: Operation not permitted' >&2; exit 1\n")
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(f"6,100,5000000,-;Linux version 6.8.0\n3,101,5107644336,-;{XID}\n SUBSYSTEM=pci\n")
+    result = _classify(tmp_path, "--kmsg-path", str(kmsg))
+    assert result.returncode == 0, result.stderr
+    (event,) = [json.loads(line) for line in result.stdout.splitlines()]
+    assert (event["kind"], event["xid"], event["line"]) == ("xid", 79, 2)
+    assert event["time"] is not None and event["time"].endswith("Z")
+
+
+def test_no_source_is_an_error_naming_each(tmp_path: Path) -> None:
+    _tool(tmp_path, "journalctl", "echo 'permission denied' >&2; exit 1\n")
+    _tool(tmp_path, "dmesg", "echo 'Operation not permitted' >&2; exit 1\n")
+    result = _classify(tmp_path, "--kmsg-path", str(tmp_path / "missing"))
+    assert result.returncode == 2
+    for name in ("journal", "dmesg", "kmsg"):
+        assert name in result.stderr
+    with pytest.raises(KernelSourceError):
+        kernel_lines("kmsg", kmsg=str(tmp_path / "missing"))
+
+
+@pytest.mark.parametrize(
+    ("line", "time", "host"),
+    [
+        ("Dec  2 10:43:35 worker4 kernel: [240314.528856] NVRM: Xid", "Dec  2 10:43:35", "worker4"),
+        (
+            "2025-11-24T03:20:21.001125857Z gpu-server320 kernel: x",
+            "2025-11-24T03:20:21.001125857Z",
+            "gpu-server320",
+        ),
+        ("2026-12-01T10:08:32,000000+00:00 Command line: panic=1", "2026-12-01T10:08:32,000000+00:00", None),
+        ("[Sun Feb 23 16:24:36 2025] NVRM: Xid", "Sun Feb 23 16:24:36 2025", None),
+        ("[ 5107.644336] NVRM: Xid", "5107.644336", None),
+        ("[2024-05-08 08:47:31,261] torch.distributed.elastic", "2024-05-08 08:47:31,261", None),
+        ("Mar 29 15:38:59 node-7 systemd[1]: Started", "Mar 29 15:38:59", "node-7"),
+        ("node1:1:2 [0] NCCL INFO Channel", None, None),
+    ],
+)
+def test_line_stamp(line: str, time: str | None, host: str | None) -> None:
+    assert line_stamp(line) == (time, host)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300))
+def test_record_parsers_never_raise(raw: bytes) -> None:
+    parse_journal_line(raw)
+    parse_kmsg_line(raw, 1.7e9)
+    line_stamp(raw.decode("utf-8", "replace"))
