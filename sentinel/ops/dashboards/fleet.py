@@ -165,5 +165,64 @@ def build() -> Dashboard:
                     Size(24, 8),
                 ),
             ],
+            # the network row: IB/RoCE ports (sentinel.components.ib)
+            [
+                (
+                    bargauge(
+                        "IB/RoCE ports by state",
+                        [
+                            target(
+                                f"sum by (state) (sentinel_ib_port_state{{{CLUSTER}}} == 1)",
+                                "{{state}}",
+                            )
+                        ],
+                        description="Every port the agents read from sysfs, by logical state.",
+                    ),
+                    Size(6, 8),
+                ),
+                (
+                    timeseries(
+                        "Port errors per second, by counter",
+                        [
+                            target(
+                                f"sum by (counter) (rate(sentinel_ib_port_errors_total{{{CLUSTER},"
+                                f'counter!="link_downed"}}[{RATE}]))',
+                                "{{counter}}",
+                            )
+                        ],
+                        unit="ops",
+                        description="IBTA error counters (symbol, receive, integrity, discards) summed over "
+                        "the fleet; a step names a marginal link: find it in the table.",
+                    ),
+                    Size(9, 8),
+                ),
+                (
+                    timeseries(
+                        "Losses of link (flaps) in the agents' window",
+                        [
+                            target(
+                                f"max by (host, device, port) (sentinel_ib_port_link_downs_in_window"
+                                f"{{{CLUSTER}}}) > 0",
+                                "{{host}} {{device}}/{{port}}",
+                            )
+                        ],
+                        description="3 or more is a flap (SentinelIbLinkFlapping).",
+                    ),
+                    Size(9, 8),
+                ),
+            ],
+            [
+                (
+                    table(
+                        "Ports not up or erroring",
+                        f"max by (host, device, port) (sentinel_ib_port_up{{{CLUSTER}}} == 0)"
+                        f" or max by (host, device, port) (rate(sentinel_ib_port_errors_total"
+                        f"{{{CLUSTER}}}[{RATE}]) > 0)",
+                        description="Down ports (including unused ones) and ports whose error counters move; "
+                        "the network verdicts in the table above say which matter.",
+                    ),
+                    Size(24, 8),
+                ),
+            ],
         ],
     )
