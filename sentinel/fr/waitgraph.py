@@ -59,85 +59,111 @@ class Culprit:
         return self.kind == "cycle"
 
 
+#: Culprits whose victims (blocked ranks that depend on them) are worked out; later ones get none.
+MAX_VICTIM_SETS = 32
+
+
 def find_culprits(waits: Sequence[Wait]) -> list[Culprit]:
-    """The sinks of the wait-for graph, root cause first (ordered by the earliest wait naming them)."""
+    """The sinks of the wait-for graph, root cause first (ordered by the earliest wait naming them).
+
+    Waits in one collective share their ``waiting_for`` set; each distinct set becomes one hub node
+    (rank -> hub -> absent members), so thousands of ranks waiting for thousands of others cost the sum
+    of the sets, not their product. Rank nodes are >= 0, hubs < 0."""
     edges: dict[int, set[int]] = {}
     all_in: dict[int, Wait] = {}  # rank -> its wait in a collective every member entered
+    hub_of: dict[frozenset[int], int] = {}
+    hub_waits: dict[int, list[Wait]] = {}
     for w in waits:
         targets = edges.setdefault(w.rank, set())
-        targets.update(w.waiting_for - {w.rank})
-        if not w.waiting_for - {w.rank}:
+        wanted = w.waiting_for - {w.rank} if w.rank in w.waiting_for else w.waiting_for
+        if not wanted:
             prev = all_in.get(w.rank)
             if prev is None or (w.t_ns, w.seq) < (prev.t_ns, prev.seq):
                 all_in[w.rank] = w
-    if not any(edges.values()):
+            continue
+        hub = hub_of.get(wanted)
+        if hub is None:
+            hub = hub_of[wanted] = -1 - len(hub_of)
+            edges[hub] = set(wanted)
+        targets.add(hub)
+        hub_waits.setdefault(hub, []).append(w)
+    if not hub_of:
         # nobody waits for a rank: every blocked rank is inside a collective all its members entered
         return [
             Culprit(ranks=(r,), first_wait=w, kind="all_in")
             for r, w in sorted(all_in.items(), key=lambda kv: (kv[1].t_ns, kv[1].seq, kv[0]))
         ]
     nodes = set(edges)
-    for targets in edges.values():
-        nodes |= targets
+    for hub in hub_of.values():
+        nodes |= edges[hub]
     comp_of = _strongly_connected(nodes, edges)
     members: dict[int, list[int]] = {}
     for node, comp in comp_of.items():
         members.setdefault(comp, []).append(node)
     sink_comps = {
         comp
-        for comp, ranks in members.items()
-        if all(comp_of[t] == comp for r in ranks for t in edges.get(r, ()))
-        and (len(ranks) > 1 or not edges.get(ranks[0]))
+        for comp, inside in members.items()
+        if any(n >= 0 for n in inside)
+        and all(comp_of[t] == comp for n in inside for t in edges.get(n, ()))
+        and (len(inside) > 1 or not edges.get(inside[0]))
     }
     first: dict[int, Wait] = {}
-    for w in sorted(waits, key=lambda w: (w.t_ns, w.seq, w.rank)):
-        for target in w.waiting_for:
-            comp = comp_of.get(target, -1)
-            if comp in sink_comps and comp not in first and comp_of.get(w.rank) != comp:
-                first[comp] = w
+    for hub, ws in sorted(hub_waits.items(), key=lambda kv: min((w.t_ns, w.seq, w.rank) for w in kv[1])):
+        ws.sort(key=lambda w: (w.t_ns, w.seq, w.rank))
+        for comp in {comp_of[t] for t in edges[hub]} & sink_comps:
+            if comp not in first:
+                outside = next((w for w in ws if comp_of.get(w.rank) != comp), None)
+                if outside is not None:
+                    first[comp] = outside
     for comp in sink_comps - set(first):  # a pure cycle: the earliest wait inside it
         inside = [w for w in waits if comp_of.get(w.rank) == comp]
         first[comp] = min(inside, key=lambda w: (w.t_ns, w.seq, w.rank))
-    victims = _victims(edges, comp_of, sink_comps)
     culprits = []
     for comp in sink_comps:
-        kind = _kind(members[comp], all_in, edges)
+        ranks = sorted(n for n in members[comp] if n >= 0)
+        kind = _kind(ranks, all_in, edges)
         culprits.append(
             Culprit(
-                ranks=tuple(sorted(members[comp])),
-                first_wait=all_in[members[comp][0]] if kind == "all_in" else first[comp],
-                victims=victims.get(comp, set()),
+                ranks=tuple(ranks),
+                first_wait=all_in[ranks[0]] if kind == "all_in" else first[comp],
                 kind=kind,
             )
         )
+    culprits.sort(key=lambda c: (c.first_wait.t_ns, c.first_wait.seq, c.ranks))
+    reverse = _reverse(edges)
+    for c in culprits[:MAX_VICTIM_SETS]:
+        c.victims = _ancestors(c.ranks, reverse)
+    # equally early culprits: the one more ranks wait for first
     culprits.sort(key=lambda c: (c.first_wait.t_ns, c.first_wait.seq, -len(c.victims), c.ranks))
     return culprits
+
+
+def _reverse(edges: Mapping[int, set[int]]) -> dict[int, list[int]]:
+    reverse: dict[int, list[int]] = {}
+    for node, targets in edges.items():
+        for t in targets:
+            reverse.setdefault(t, []).append(node)
+    return reverse
+
+
+def _ancestors(ranks: Sequence[int], reverse: Mapping[int, list[int]]) -> set[int]:
+    """Blocked ranks from which one of ``ranks`` is reachable (hubs are passed through, not counted)."""
+    start = set(ranks)
+    seen = set(start)
+    stack = list(start)
+    while stack:
+        node = stack.pop()
+        for prev in reverse.get(node, ()):
+            if prev not in seen:
+                seen.add(prev)
+                stack.append(prev)
+    return {n for n in seen - start if n >= 0}
 
 
 def _kind(ranks: list[int], all_in: Mapping[int, Wait], edges: Mapping[int, set[int]]) -> CulpritKind:
     if len(ranks) > 1:
         return "cycle"
     return "all_in" if ranks[0] in all_in and not edges.get(ranks[0]) else "missing"
-
-
-def _victims(
-    edges: Mapping[int, set[int]], comp_of: Mapping[int, int], sinks: set[int]
-) -> dict[int, set[int]]:
-    """For each sink component, the blocked ranks from which it is reachable."""
-    out: dict[int, set[int]] = {}
-    for start in edges:
-        seen = {start}
-        stack = [start]
-        while stack:
-            node = stack.pop()
-            comp = comp_of[node]
-            if comp in sinks and node != start:
-                out.setdefault(comp, set()).add(start)
-            for nxt in edges.get(node, ()):
-                if nxt not in seen:
-                    seen.add(nxt)
-                    stack.append(nxt)
-    return out
 
 
 def _strongly_connected(nodes: Iterable[int], edges: Mapping[int, set[int]]) -> dict[int, int]:
