@@ -235,7 +235,7 @@ def measure(cmd: list[str], timeout_s: float, max_rss_gib: float = 1e9) -> dict[
         "rss_one_mib": peak_one / 2**20,
         "rss_tree_mib": peak_tree / 2**20,
         "first_line": (out.decode(errors="replace").splitlines() or [""])[0][:100],
-        "stdout": out.decode(errors="replace")[-(1 << 20) :],
+        "stdout": out.decode(errors="replace"),
         "stderr_tail": err.decode(errors="replace")[-300:],
     }
 
