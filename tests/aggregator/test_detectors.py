@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sentinel.aggregator.engine import Engine
-from sentinel.aggregator.state import HostView
+from sentinel.aggregator.state import HostView, JobView
 from sentinel.aggregator.verdicts import Finding, VerdictBook
 from sentinel.fr.heads import FrHeads, InFlight, PgHead
 from sentinel.wire import Batch, EccCounters, Event, NvLink, ProcInfo, RowRemap
@@ -535,3 +535,32 @@ def test_step_time_is_steady_when_snapshots_are_slower_than_steps() -> None:
             steps.append(step)
     assert steps
     assert all(abs(step - 4.0 / 3.0) < 0.15 for step in steps), steps
+
+
+def test_a_large_stall_is_examined_again_every_recheck_but_progress_closes_it_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sentinel.aggregator.detectors import stuck
+
+    monkeypatch.setattr(stuck, "LARGE_JOB_RANKS", 16)  # this 16-rank job counts as large
+    calls: list[float] = []
+    real = stuck.evaluate_job
+
+    def counted(job: JobView, *args: object) -> object:
+        calls.append(args[-1])  # type: ignore[arg-type]
+        return real(job, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(stuck, "evaluate_job", counted)
+    f = Fleet()
+    for t in (0.0, 2.0):
+        feed_cascade(f, t, age=0.1, completed=10 + int(t))
+        f.engine.tick(t)
+    for t in (4.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0):
+        feed_cascade(f, t, age=t - 3.0, completed=12)
+        f.engine.tick(t)
+    assert ("stuck", "j", "3") in f.engine.book.open
+    stalled_calls = [t for t in calls if t >= 7.0]
+    assert stalled_calls and len(stalled_calls) <= 2  # re-examined at most every RECHECK_S, not each tick
+    feed_cascade(f, 13.0, age=0.1, completed=13)  # the job moves again
+    f.engine.tick(13.0)
+    assert ("stuck", "j", "3") not in f.engine.book.open

@@ -36,6 +36,22 @@ MAX_STALLED_EXAMINED = 8
 MAX_FOLLOWED = 256
 #: the probe's op for a wait it saw only in the per-group counters (no entry details yet)
 UNKNOWN_OP = "unknown"
+#: A stalled job this large is examined again at most every RECHECK_S while it makes no progress: naming
+#: the culprit of a 24,576-rank stall walks every rank's heads (~0.3 s of a core per tick, bench/aggregator.py
+#: --engine --jobs), and an unchanged stall gives the same answer. Progress (or the job ending) is seen on
+#: the next tick as before: the cheap "no progress for min_wait_s" test runs every tick.
+LARGE_JOB_RANKS = 2048
+RECHECK_S = 5.0
+
+
+@dataclass(slots=True)
+class _Known:
+    """The last full examination of a large stalled job, reused while it makes no progress."""
+
+    progress_at: float
+    until: float
+    findings: list[Finding]
+    stall: Stall
 
 
 @dataclass(slots=True)
@@ -106,21 +122,39 @@ class StuckDetector(Detector):
         super().__init__(config)
         self.stalls: dict[str, Stall] = {}
         self.dumps: dict[str, DumpJudgement] = {}  # job → its stall's dump analysis, while the stall lasts
+        self._known: dict[str, _Known] = {}
 
     def evaluate(self, seen: Observation) -> Evaluation:
         detect = self.config.detect
         findings: list[Finding] = []
         stalls: dict[str, Stall] = {}
+        known = self._known
         for job in seen.fleet.jobs.values():
-            found, stall = evaluate_job(
-                job, seen.fleet, detect.stuck, detect.hardware, seen.now, detect.network
-            )
+            last = known.get(job.id)
+            stall: Stall | None
+            if (
+                last is not None
+                and last.progress_at == job.last_progress_at
+                and seen.now < last.until
+                and seen.now - job.last_progress_at >= detect.stuck.min_wait_s
+            ):
+                found, stall = list(last.findings), last.stall
+            else:
+                found, stall = evaluate_job(
+                    job, seen.fleet, detect.stuck, detect.hardware, seen.now, detect.network
+                )
+                if stall is not None and len(job.ranks) >= LARGE_JOB_RANKS:
+                    known[job.id] = _Known(job.last_progress_at, seen.now + RECHECK_S, list(found), stall)
+                else:
+                    known.pop(job.id, None)
             if stall is not None:
                 stalls[job.id] = stall
                 judged = self.dumps.get(job.id)
                 if judged is not None:
                     found = _with_dumps(job, found, judged, stall)
             findings.extend(found)
+        if len(known) > len(stalls):
+            self._known = {job: k for job, k in known.items() if job in stalls}
         self.stalls = stalls
         for job_id in [j for j in self.dumps if j not in stalls]:
             del self.dumps[job_id]  # the stall is over: the next one gets its own dumps
@@ -134,9 +168,14 @@ class StuckDetector(Detector):
         judged = self.dumps[job] = judge_dumps(analysis, stall.culprits)
         return judged
 
+    def configure(self, config: AggregatorConfig) -> None:
+        super().configure(config)
+        self._known.clear()  # new thresholds: examine every stall afresh
+
     def job_ended(self, job: str) -> None:
         self.stalls.pop(job, None)
         self.dumps.pop(job, None)
+        self._known.pop(job, None)
 
     def snapshot(self) -> dict[str, Any]:
         return {"stalls": {job: asdict(stall) for job, stall in self.stalls.items()}}
