@@ -547,7 +547,7 @@ def test_a_large_stall_is_examined_again_every_recheck_but_progress_closes_it_at
     real = stuck.evaluate_job
 
     def counted(job: JobView, *args: object) -> object:
-        calls.append(args[-1])  # type: ignore[arg-type]
+        calls.append(args[3])  # type: ignore[arg-type]  # (fleet, cfg, hw, now, ...)
         return real(job, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(stuck, "evaluate_job", counted)
