@@ -57,9 +57,9 @@ def line_events(line: str) -> list[Classified]:
     """Every event in one logical line (no block parsing).
 
     The format parsers read the fields; :func:`~sentinel.signals.rules.rule_events` applies the labelling
-    rules to what they do not recognise. A line in which nothing above info was found is read once more
-    with OCR-damaged key words repaired (:func:`~sentinel.signals.ocr.repair`); that reading wins only
-    when it finds something more severe.
+    rules to what they do not recognise. A line with OCR-damaged key words is read once more with them
+    repaired (:func:`~sentinel.signals.ocr.repair`); that reading wins only when it finds something more
+    severe or more specific, or names what the first reading only guessed from failure words.
     """
     text = bounded(line)
     chatter = _CHATTER_RE.match(text)
@@ -67,7 +67,7 @@ def line_events(line: str) -> list[Classified]:
         return [chatter_event(text)]
     events = _parsed_events(_strip_table(text))
     best = most_severe(events)
-    if best is None or best.severity == "info" or best.reason == "failure_words":
+    if best is None or best.reason != "nccl_info":
         repaired = repair(text)
         if repaired != text:
             again = _parsed_events(_strip_table(repaired))
