@@ -20,6 +20,7 @@ from typing import Protocol, TypeVar
 from sentinel.agent.classify import LineClassifier
 from sentinel.agent.frdump import FrDumpWatcher
 from sentinel.agent.jobs import JobMapper
+from sentinel.agent.journal import JournalKernelReader
 from sentinel.agent.kmsg import KmsgReader
 from sentinel.agent.metrics import AgentCounters, GpuView
 from sentinel.agent.probe import ProbeServer
@@ -520,7 +521,7 @@ class LineProcessor:
 class KmsgCollector(Collector):
     name = "kmsg"
 
-    def __init__(self, reader: KmsgReader, lines: LineProcessor, tick_s: float) -> None:
+    def __init__(self, reader: KmsgReader | JournalKernelReader, lines: LineProcessor, tick_s: float) -> None:
         super().__init__(tick_s)
         self.reader = reader
         self.lines = lines
@@ -531,7 +532,7 @@ class KmsgCollector(Collector):
             self.lines.kernel(record.message, now)
         if records:
             self.reader.save_cursor()  # after the lines are in this tick's batch
-        if self.reader.open_errors and self.reader._fd is None:
+        if self.reader.open_errors and not self.reader.is_open:
             raise PermissionError(f"{self.reader.path}: cannot be opened (see the log)")
 
     def close(self) -> None:

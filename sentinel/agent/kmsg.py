@@ -91,6 +91,10 @@ class KmsgReader:
         self.open_errors = 0
         self.read_errors = 0
 
+    @property
+    def is_open(self) -> bool:
+        return self._fd is not None
+
     def _open(self, now: float) -> bool:
         if self._fd is not None:
             return True

@@ -27,7 +27,7 @@ from sentinel.agent.collectors import (
 )
 from sentinel.agent.frdump import FrDumpWatcher
 from sentinel.agent.jobs import JobMapper
-from sentinel.agent.kmsg import KmsgReader
+from sentinel.agent.journal import kernel_reader
 from sentinel.agent.probe import HeadsAuthorizer, ProbeServer
 from sentinel.agent.tailer import LogTailer
 from sentinel.components.ib.collector import IbCollector, IbPortReader, PortSource
@@ -99,7 +99,13 @@ def _kmsg(agent: Agent) -> Collector | None:
     c = agent.config
     if agent.extras is not None or not c.kmsg.enabled:
         return None
-    reader = KmsgReader(c.kmsg.path, c.kmsg.max_records_per_tick, cursor_path=agent.kmsg_cursor_path)
+    cursor = agent.kmsg_cursor_path
+    reader = kernel_reader(
+        c.kmsg.path,
+        c.kmsg.max_records_per_tick,
+        cursor_path=cursor,
+        journal_cursor_path=cursor.with_name("journal.cursor") if cursor is not None else None,
+    )
     return KmsgCollector(reader, agent.lines, c.collect.tick_s)
 
 

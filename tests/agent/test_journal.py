@@ -1,0 +1,86 @@
+"""The agent's journald kernel reader: follows journalctl, hands over records, resumes from its cursor, and
+is chosen when /dev/kmsg cannot be opened. A stand-in ``journalctl`` (a shell script) is the child."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from sentinel.agent.journal import JournalKernelReader, kernel_reader
+from sentinel.agent.kmsg import KmsgReader, KmsgRecord
+
+
+def _journalctl(folder: Path) -> str:
+    """Prints two kernel records (the second echoes the arguments it got), then follows (sleeps)."""
+    path = folder / "journalctl"
+    first = json.dumps(
+        {"MESSAGE": "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.", "__CURSOR": "c1"}
+    )
+    path.write_text(
+        "#!/bin/sh\n"
+        f"echo '{first}'\n"
+        'printf \'{"MESSAGE": "args %s", "__CURSOR": "c2"}\\n\' "$*"\n'
+        "exec sleep 30\n",
+        encoding="utf-8",
+    )
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def _poll_until(reader: JournalKernelReader, count: int) -> list[KmsgRecord]:
+    """The child writes asynchronously: poll (bounded) until it has written what it prints at once."""
+    records: list[KmsgRecord] = []
+    deadline = time.monotonic() + 20
+    while len(records) < count and time.monotonic() < deadline:
+        records.extend(reader.poll(time.monotonic()))
+        time.sleep(0.05)
+    return records
+
+
+def test_follows_journald_and_resumes_after_its_cursor(tmp_path: Path) -> None:
+    cursor = tmp_path / "journal.cursor"
+    reader = JournalKernelReader(_journalctl(tmp_path), cursor_path=cursor)
+    try:
+        records = _poll_until(reader, 2)
+        assert records[0].message.startswith("NVRM: Xid (PCI:0000:3b:00): 79")
+        assert "--lines=0" in records[1].message  # no cursor yet: start at the end
+        assert reader.is_open
+        reader.save_cursor()
+    finally:
+        reader.close()
+    assert cursor.read_text() == "c2"
+    again = JournalKernelReader(_journalctl(tmp_path), cursor_path=cursor)
+    try:
+        records = _poll_until(again, 2)
+        assert "--after-cursor=c2" in records[1].message
+    finally:
+        again.close()
+    assert not again.is_open
+
+
+def test_a_missing_journalctl_is_counted_not_raised(tmp_path: Path) -> None:
+    reader = JournalKernelReader(str(tmp_path / "absent"))
+    assert reader.poll(0.0) == []
+    assert reader.open_errors == 1 and not reader.is_open
+
+
+def test_journal_chosen_when_kmsg_is_not_readable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    assert isinstance(kernel_reader(str(kmsg), 10, journalctl=_journalctl(tmp_path)), KmsgReader)
+    real_open = os.open
+
+    def denied(path: str, flags: int, *args: int) -> int:
+        if path == str(kmsg):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", denied)  # what a non-root agent gets under kernel.dmesg_restrict
+    chosen = kernel_reader(str(kmsg), 10, journalctl=_journalctl(tmp_path))
+    assert isinstance(chosen, JournalKernelReader)
+    assert isinstance(kernel_reader(str(kmsg), 10, journalctl=str(tmp_path / "absent")), KmsgReader)
