@@ -1,5 +1,8 @@
 """A short demo end to end: real agents on simulated hosts → WebSocket → real aggregator, on 127.0.0.1.
 
+The wall-clock smoke test of the demo; its verdict logic is checked on virtual time, independent of the
+machine's load, by tests/demo/test_demo_virtual.py.
+
 The compressed scenario (tests/demo/data/short.toml) injects the built-in scenario's four faults within
 12 s on 4 hosts. The test watches the aggregator's API on its own, next to the demo, and checks that every
 fault was caught by a verdict on the right GPU, that nothing was flagged wrongly, and that the summary says
