@@ -19,10 +19,12 @@ import msgspec
 from sentinel.components.bounds import MAX_LIST, Short
 from sentinel.components.device.record import GpuInfo, GpuSourceHealth, GpuState
 from sentinel.components.ecc.record import EccCounters, RetiredPages
+from sentinel.components.fabric.record import FabricInfo
 from sentinel.components.ib.record import IbPort
 from sentinel.components.nccl_debug.record import DebugReadiness
 from sentinel.components.nccl_ras.record import RasStatus
 from sentinel.components.nvlink.record import NvLink
+from sentinel.components.pcie.record import PcieLink
 from sentinel.components.rowremap.record import RowRemap
 from sentinel.components.vocab import Severity
 from sentinel.fr.heads import FrHeads
@@ -93,7 +95,10 @@ class GpuSample(msgspec.Struct, kw_only=True, omit_defaults=True):
     pcie_replay: int | None = None
     pcie_tx_kbps: float | None = None
     pcie_rx_kbps: float | None = None
-    recovery_action: Short | None = None
+    recovery_action: Short | None = None  # the driver's (R550+): none, gpu_reset, node_reboot, drain_p2p, ...
+    mem_temp_c: float | None = None  # HBM temperature (slow ticks)
+    pcie_link: PcieLink | None = None  # generation/width now vs max (slow ticks)
+    fabric: FabricInfo | None = None  # fabric-manager registration (NVSwitch systems, slow ticks)
     pids: Annotated[list[int], msgspec.Meta(max_length=MAX_LIST)] = []
     ecc: EccCounters | None = None
     remap: RowRemap | None = None

@@ -20,10 +20,12 @@ import msgspec
 
 from sentinel.components.clocks.record import POWER_REASONS, THERMAL_REASONS
 from sentinel.components.device.record import GpuSourceHealth
+from sentinel.components.fabric.record import FabricInfo
 from sentinel.components.ib.record import IbPort
 from sentinel.components.nccl_debug.record import DebugReadiness
 from sentinel.components.nccl_ras.record import RasStatus
 from sentinel.components.nvlink.rule import error_total as nvlink_error_total
+from sentinel.components.pcie.record import PcieLink
 from sentinel.components.xid.catalog import xid_info
 from sentinel.components.xid.parse import XidRecord, parse_xid
 from sentinel.components.xid.rule import XidDecision, XidPolicy, XidPolicyConfig
@@ -65,6 +67,10 @@ class GpuView:
     name: str = ""
     driver: str = ""
     vbios: str = ""
+    recovery_action: str | None = None
+    pcie_link: PcieLink | None = None
+    fabric: FabricInfo | None = None
+    slow_t: float = 0.0  # agent time of the latest slow reading (recovery action, link, fabric)
     state: str = "ok"
     state_t: float = 0.0  # agent time the current state was first reported
     t: float = -math.inf  # agent time of the latest sample
@@ -386,6 +392,11 @@ class FleetState:
                 _change(gpu.pcie_hist, prev, s.t, s.pcie_replay)
                 gpu.dirty = gpu.dirty or prev is not None
             gpu.pcie_prev = (s.t, s.pcie_replay)
+        slow = (s.recovery_action, s.pcie_link, s.fabric)
+        if slow not in ((None, None, None), (gpu.recovery_action, gpu.pcie_link, gpu.fabric)):
+            gpu.recovery_action, gpu.pcie_link, gpu.fabric = slow
+            gpu.slow_t = s.t
+            gpu.dirty = True
         ecc = s.ecc
         if ecc is not None and ecc is not gpu.ecc:
             if gpu.ecc is not None and _volatile_dropped(gpu.ecc, ecc):

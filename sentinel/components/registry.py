@@ -17,6 +17,7 @@ from sentinel.components.clocks import metrics as clocks_metrics
 from sentinel.components.device import metrics as device_metrics
 from sentinel.components.ecc import metrics as ecc_metrics
 from sentinel.components.exposition import MetricsView, Writer
+from sentinel.components.fabric import metrics as fabric_metrics
 from sentinel.components.nvlink import metrics as nvlink_metrics
 from sentinel.components.pcie import metrics as pcie_metrics
 from sentinel.components.rowremap import metrics as rowremap_metrics
@@ -42,7 +43,11 @@ COMPONENTS: Final[tuple[Component, ...]] = (
         "clocks, clock-event (throttle) reasons, temperature, power: thermal and power stragglers",
         clocks_metrics.render,
     ),
-    Component("pcie", "PCIe throughput and replays: a flapping or mistrained link", pcie_metrics.render),
+    Component(
+        "pcie",
+        "PCIe throughput, replays, link generation / width now vs max: a flapping or mistrained link",
+        pcie_metrics.render,
+    ),
     Component(
         "ecc",
         "ECC counters and retired pages: uncorrectable errors, SRAM thresholds, worn-out boards",
@@ -54,6 +59,11 @@ COMPONENTS: Final[tuple[Component, ...]] = (
         rowremap_metrics.render,
     ),
     Component("nvlink", "NVLink state and error counters: links down, error rates", nvlink_metrics.render),
+    Component(
+        "fabric",
+        "fabric-manager registration and clique (NVSwitch systems): an unregistered GPU hangs NCCL init",
+        fabric_metrics.render,
+    ),
     Component(
         "xid",
         "Xid events from NVML and the kernel log, merged; severity and action from the one catalog",

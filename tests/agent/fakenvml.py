@@ -67,6 +67,10 @@ class FakeGpu:
     nvlinks: dict[int, bool] = field(default_factory=lambda: {0: True, 1: True})
     nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)  # (link, counter) -> count
     recovery_action: int | None = 0  # None: field not supported
+    mem_temp: int | None = 71  # HBM temperature field; None: not supported
+    pcie_gen: tuple[int, int] = (5, 5)  # (now, max)
+    pcie_width: tuple[int, int] = (16, 16)
+    fabric: tuple[int, int, int] | None = None  # (state, status, clique); None: NOT_SUPPORTED (no NVSwitch)
     unsupported: set[str] = field(default_factory=set)  # NVML function names answering NOT_SUPPORTED
     lost: bool = False
     #: nvmlDeviceGetHandleByIndex answers this NVML error code for this GPU (0: it opens)
@@ -348,11 +352,32 @@ class FakeNvml:
                     value.nvmlReturn = SUCCESS
                     value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
                     value.value.uiVal = gpu.recovery_action
+                elif value.fieldId == pynvml.NVML_FI_DEV_MEMORY_TEMP and gpu.mem_temp is not None:
+                    value.nvmlReturn = SUCCESS
+                    value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+                    value.value.uiVal = gpu.mem_temp
                 else:
                     value.nvmlReturn = NOT_SUPPORTED
             return SUCCESS
 
         lib.nvmlDeviceGetFieldValues = d("nvmlDeviceGetFieldValues", field_values, c_int, P)
+
+        for fn_name, pick in (
+            ("nvmlDeviceGetCurrPcieLinkGeneration", lambda g: g.pcie_gen[0]),
+            ("nvmlDeviceGetMaxPcieLinkGeneration", lambda g: g.pcie_gen[1]),
+            ("nvmlDeviceGetCurrPcieLinkWidth", lambda g: g.pcie_width[0]),
+            ("nvmlDeviceGetMaxPcieLinkWidth", lambda g: g.pcie_width[1]),
+        ):
+            setattr(lib, fn_name, d(fn_name, uint(pick), P))
+
+        def fabric(gpu: FakeGpu, out: int) -> int:
+            if gpu.fabric is None:
+                return NOT_SUPPORTED
+            info = pynvml.c_nvmlGpuFabricInfo_t.from_address(out)
+            info.state, info.status, info.cliqueId = gpu.fabric
+            return SUCCESS
+
+        lib.nvmlDeviceGetGpuFabricInfo = d("nvmlDeviceGetGpuFabricInfo", fabric, P)
 
         def event_set_create(out: int) -> int:
             c_void_p.from_address(out).value = EVENT_SET

@@ -26,6 +26,7 @@ from sentinel.agent.source import XidEvent, XidRecord
 from sentinel.components.clocks import nvml as clocks_nvml
 from sentinel.components.device import nvml as device_nvml
 from sentinel.components.ecc import nvml as ecc_nvml
+from sentinel.components.fabric import nvml as fabric_nvml
 from sentinel.components.nvlink import nvml as nvlink_nvml
 from sentinel.components.nvml_read import FieldUnsupported, GpuLostError, GpuSourceDown
 from sentinel.components.pcie import nvml as pcie_nvml
@@ -194,7 +195,9 @@ class NvmlSource:
         sample.remap = rowremap_nvml.read(get, gpu, h)
         sample.retired = ecc_nvml.read_retired(get, gpu, h)
         sample.nvlink = nvlink_nvml.read(get, gpu, h, self._links.get(gpu) or [])
-        sample.recovery_action = get(gpu, "recovery_action", device_nvml.recovery_action, h)
+        sample.pcie_link = pcie_nvml.read_link(get, gpu, h)
+        sample.fabric = fabric_nvml.read(get, gpu, h)
+        device_nvml.fill_fields(get, gpu, h, sample)
         return sample
 
     def wait_xid_events(self, timeout_s: float) -> list[XidEvent]:

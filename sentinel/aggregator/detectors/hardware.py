@@ -12,10 +12,11 @@ from typing import Any
 from sentinel.aggregator.detectors.base import Detector, Evaluation, Key, Observation
 from sentinel.aggregator.state import GpuView, counter_rate
 from sentinel.aggregator.verdicts import Finding
-from sentinel.components.device.rule import evaluate_state
+from sentinel.components.device.rule import evaluate_recovery_action, evaluate_state
 from sentinel.components.ecc.rule import EccThresholds, evaluate_ecc
+from sentinel.components.fabric.rule import evaluate_fabric
 from sentinel.components.nvlink.rule import evaluate_error_rate
-from sentinel.components.pcie.rule import evaluate_replay_rate
+from sentinel.components.pcie.rule import evaluate_link, evaluate_replay_rate
 from sentinel.components.rowremap.rule import evaluate_row_remap
 from sentinel.components.vocab import Action, VerdictKind, verdict_kind
 from sentinel.components.vocab import Finding as RuleFinding
@@ -137,6 +138,11 @@ def evaluate_gpu(
             add(verdict_kind(finding.state), finding.reason, finding.action, t, *finding.evidence)
 
     rule(evaluate_state(gpu.state), gpu.state_t)  # type: ignore[arg-type]
+    rule(evaluate_recovery_action(gpu.recovery_action), gpu.slow_t)
+    if gpu.pcie_link is not None:
+        rule(evaluate_link(gpu.pcie_link), gpu.slow_t)
+    if gpu.fabric is not None:
+        rule(evaluate_fabric(gpu.fabric), gpu.slow_t)
     # memory health (row remapping, ECC): faulty stays faulty, suspect → degraded
     if gpu.remap is not None:
         rule(evaluate_row_remap(gpu.remap, gpu.remap_prev), gpu.remap_t)

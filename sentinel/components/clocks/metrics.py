@@ -18,9 +18,15 @@ GAUGES: Final[tuple[Gauge, ...]] = (
 )
 
 
+SLOW_GAUGES: Final[tuple[Gauge, ...]] = (
+    ("mem_temp_c", "sentinel_gpu_memory_temperature_celsius", "HBM (memory) temperature", 1.0, 1.0),
+)
+
+
 def render(out: Writer, view: MetricsView) -> None:
     fast = view.fast()
     gauges(out, fast, GAUGES)
+    gauges(out, view.slow(), SLOW_GAUGES)
     name = "sentinel_gpu_throttle_reason"
     out.family(name, "gauge", "1 while the clock-event (throttle) reason is active")
     for sample, labels in fast:

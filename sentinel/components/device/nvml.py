@@ -77,13 +77,33 @@ def fill(get: Get, gpu: int, h: Any, sample: GpuSample) -> None:
         sample.pids = sorted({int(p.pid) for p in procs})
 
 
-def recovery_action(h: Any) -> str:
-    """The driver's own verdict on what the GPU needs (R550+: none / gpu_reset / node_reboot / drain_p2p)."""
-    values = pynvml.nvmlDeviceGetFieldValues(h, [FI_RECOVERY_ACTION])
-    value = values[0]
-    if int(value.nvmlReturn) != pynvml.NVML_SUCCESS:
-        if int(value.nvmlReturn) == pynvml.NVML_ERROR_GPU_IS_LOST:
+FI_MEMORY_TEMP: Final = int(getattr(pynvml, "NVML_FI_DEV_MEMORY_TEMP", 82))
+
+
+def field_values(h: Any) -> dict[int, Any]:
+    """One batched ``nvmlDeviceGetFieldValues`` call for the driver's recovery action and the HBM
+    temperature; fields the GPU does not support are simply absent (NVML answers per value)."""
+    values = pynvml.nvmlDeviceGetFieldValues(h, [FI_RECOVERY_ACTION, FI_MEMORY_TEMP])
+    out: dict[int, Any] = {}
+    for value in values:
+        code = int(value.nvmlReturn)
+        if code == pynvml.NVML_ERROR_GPU_IS_LOST:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if code != pynvml.NVML_SUCCESS:
+            continue
+        field = int(value.fieldId)
+        out[field] = int(value.value.uiVal) if field == FI_RECOVERY_ACTION else float(value.value.uiVal)
+    if not out:
         raise FieldUnsupported
-    code = int(value.value.uiVal)
-    return RECOVERY_ACTIONS.get(code, f"unknown_{code}")
+    return out
+
+
+def fill_fields(get: Get, gpu: int, h: Any, sample: GpuSample) -> None:
+    values = get(gpu, "field_values", field_values, h)
+    if not values:
+        return
+    if FI_RECOVERY_ACTION in values:
+        code = int(values[FI_RECOVERY_ACTION])
+        sample.recovery_action = RECOVERY_ACTIONS.get(code, f"unknown_{code}")
+    if FI_MEMORY_TEMP in values:
+        sample.mem_temp_c = float(values[FI_MEMORY_TEMP])

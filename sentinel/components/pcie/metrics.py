@@ -20,3 +20,22 @@ def render(out: Writer, view: MetricsView) -> None:
     for sample, labels in fast:
         if sample.pcie_replay is not None:
             out.line("sentinel_gpu_pcie_replay_total", labels, float(sample.pcie_replay))
+    render_link(out, view)
+
+
+LINK = (
+    ("gen", "sentinel_gpu_pcie_link_generation", "PCIe link generation now"),
+    ("gen_max", "sentinel_gpu_pcie_link_generation_max", "PCIe link generation the GPU and slot support"),
+    ("width", "sentinel_gpu_pcie_link_width", "PCIe link width (lanes) now"),
+    ("width_max", "sentinel_gpu_pcie_link_width_max", "PCIe link width (lanes) the GPU and slot support"),
+)
+
+
+def render_link(out: Writer, view: MetricsView) -> None:
+    links = [(s.pcie_link, lab) for s, lab in view.slow() if s.pcie_link is not None]
+    for attr, name, doc in LINK:
+        out.family(name, "gauge", doc)
+        for link, lab in links:
+            value = getattr(link, attr)
+            if value is not None:
+                out.line(name, lab, float(value))

@@ -1,0 +1,18 @@
+"""The fabric record: a GPU's registration with the NVLink fabric manager (NVSwitch systems)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+FabricState = Literal["not_supported", "not_started", "in_progress", "completed"]
+
+
+class FabricInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """``nvmlDeviceGetGpuFabricInfo``: registration state, its NVML status, the clique (NVLink domain)."""
+
+    state: FabricState
+    status: int = 0  # an NVML return code: 0 = success
+    clique_id: int = 0
+    cluster_uuid: str = ""
