@@ -1,0 +1,155 @@
+"""Golden end-to-end files for the GPU components, node_exporter style: a fixture host (fake NVML state at
+the library boundary, kernel-log lines in a file standing in for /dev/kmsg) → ``sentinel agent once --json``
+and the agent's batches and ``/metrics``, compared with checked-in expected output. After a deliberate
+change, regenerate and review the diff like code::
+
+    SENTINEL_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/components/device/test_golden.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from sentinel.agent.agent import Agent
+from sentinel.agent.nvml import NvmlSource
+from sentinel.cli import main
+from sentinel.wire import Batch
+from tests.agent.conftest import make_config
+from tests.agent.fakenvml import FakeNvml
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("SENTINEL_UPDATE_GOLDEN", "") == "1"
+BOOT = "11111111-2222-3333-4444-555555555555"
+LINE_149 = "6,1001,5000000,-;NVRM: Xid (PCI:0000:18:00): 149, pid=4242, name=python3, Nonfatal NETIR_LINK_EVT, Link 02"
+LINE_48 = "3,1002,6000000,-;NVRM: Xid (PCI:0000:28:00): 48, pid=777, name=train.py, An uncorrectable double bit error"
+
+
+def _check(name: str, document: Any, suffix: str = "json") -> None:
+    path = GOLDEN / f"{name}.{suffix}"
+    text = document if isinstance(document, str) else json.dumps(document, indent=2, sort_keys=True) + "\n"
+    if UPDATE:
+        path.write_text(text)
+    assert path.exists(), f"{path} missing: run with SENTINEL_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"output differs from {path} (SENTINEL_UPDATE_GOLDEN=1 to accept)"
+
+
+def _view(batches: list[Batch]) -> list[dict[str, Any]]:
+    """What a golden file keeps of a batch: GPU states, events (without wall times), source health."""
+    out = []
+    for b in batches:
+        events = [
+            {k: v for k, v in msgspec.to_builtins(e).items() if k != "t"} for e in b.events if e.kind != "log"
+        ]
+        doc: dict[str, Any] = {"states": {str(s.gpu): s.state for s in b.samples}, "events": events}
+        if b.gpu_source is not None:
+            doc["gpu_source"] = msgspec.to_builtins(b.gpu_source)
+        out.append(doc)
+    return out
+
+
+def _gpu_metrics(agent: Agent) -> str:
+    return agent.metrics.render_gpu_text()
+
+
+def _agent(tmp_path: Path, kmsg: Path, **collect: object) -> Agent:
+    config = make_config(
+        tmp_path,
+        kmsg={"enabled": True, "path": str(kmsg)},
+        collect={"xid_merge_wait_s": 0.5, "nvml_events": True, **collect},
+    )
+    agent = Agent(config, NvmlSource())
+    for collector in agent.collectors.items:
+        reader = getattr(collector, "reader", None)
+        if reader is not None and hasattr(reader, "boot_id"):
+            reader.boot_id = BOOT  # the fixture host's boot
+    return agent
+
+
+def test_agent_once_json_matches_golden(fake_nvml: FakeNvml, capsys: pytest.CaptureFixture[str]) -> None:
+    fake_nvml.gpus[1].remap = (2, 1, 1, 0)
+    fake_nvml.gpus[1].pcie_width = (8, 16)
+    code = main(["agent", "once", "--json", "--sysfs-root", "/nonexistent"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    for sample in out["samples"]:
+        sample.pop("t")
+    _check("agent_once", {k: out[k] for k in ("inventory", "samples", "unsupported")})
+
+
+async def test_xid_pair_and_a_gpu_lost_at_open(fake_nvml: FakeNvml, tmp_path: Path) -> None:
+    (tmp_path / "state").mkdir()
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    fake_nvml.gpus.append(type(fake_nvml.gpus[0])(index=2, handle_error=999))
+    agent = _agent(tmp_path, kmsg)
+    batches = [await agent.step(1.0)]
+    fake_nvml.push_xid(0, 149)
+    for _ in range(100):
+        if len(agent.xids):
+            break
+        batches.append(await agent.step(1.1))
+        await __import__("asyncio").sleep(0.02)
+    with kmsg.open("a") as f:
+        f.write(LINE_149 + "\n" + LINE_48 + "\n")
+    batches.append(await agent.step(1.2))  # 149 merged now; 48 (kernel only) waits for NVML's twin
+    batches.append(await agent.step(2.0))  # 48's wait is over: sent alone
+    _check("xid_pair_gpu_lost_at_open", [b for b in _view(batches) if b["events"] or b.get("gpu_source")])
+    _check("xid_pair_gpu_lost_at_open.metrics", _gpu_metrics(agent), "prom")
+    await agent.shutdown()
+
+
+async def test_nvml_gone_and_back(fake_nvml: FakeNvml, tmp_path: Path) -> None:
+    (tmp_path / "state").mkdir()
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    fake_nvml.init_error = 9  # driver not loaded
+    agent = _agent(tmp_path, kmsg, nvml_events=False)
+    batches = [await agent.step(1.0)]
+    fake_nvml.init_error = 0
+    batches.append(await agent.step(1.2))
+    fake_nvml.gpus[1].lost = True
+    batches.append(await agent.step(1.4))
+    fake_nvml.down = 1  # a driver reload: NVML uninitialised
+    batches.append(await agent.step(1.6))
+    fake_nvml.gpus[1].lost = False
+    batches.append(await agent.step(1.8))  # re-initialised: the lost GPU is back, i.e. it was reset
+    _check("nvml_gone_and_back", _view(batches))
+    await agent.shutdown()
+
+
+async def test_kernel_log_cursor_across_an_agent_restart(fake_nvml: FakeNvml, tmp_path: Path) -> None:
+    (tmp_path / "state").mkdir()
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(LINE_149 + "\n")  # before the agent ever ran, this boot: read (the whole ring)
+    first = _agent(tmp_path, kmsg, nvml_events=False, xid_merge_wait_s=0.0)
+    seen = _view([await first.step(1.0)])
+    await first.shutdown()
+    with kmsg.open("a") as f:
+        f.write(LINE_48 + "\n")  # lands while the agent is down
+    second = _agent(tmp_path, kmsg, nvml_events=False, xid_merge_wait_s=0.0)
+    seen += _view([await second.step(2.0)])  # only the new line: nothing lost, nothing repeated
+    await second.shutdown()
+    cursor = json.loads((tmp_path / "state" / "kmsg.cursor").read_text())
+    assert cursor["boot_id"] == BOOT
+    _check("kmsg_cursor_restart", seen)
+    # a new boot: the cursor no longer applies, the whole ring of this boot is read
+    third = _agent(tmp_path, kmsg, nvml_events=False, xid_merge_wait_s=0.0)
+    for collector in third.collectors.items:
+        reader = getattr(collector, "reader", None)
+        if reader is not None and hasattr(reader, "boot_id"):
+            reader.boot_id = "another-boot"
+    batch = await third.step(3.0)
+    assert sorted(e.xid for e in batch.events if e.kind == "xid") == [48, 149]  # type: ignore[type-var]
+    await third.shutdown()
+
+
+def test_golden_files_carry_no_wall_times() -> None:
+    for path in GOLDEN.glob("*"):
+        assert not re.search(r'"t": 1\.7\d{8}', path.read_text()), path
