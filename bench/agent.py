@@ -88,7 +88,7 @@ class SimpleSource:
         )
 
     def read_slow(self, gpu: int, now: float):  # type: ignore[no-untyped-def]
-        from sentinel.wire import EccCounters, NvLink, RowRemap
+        from sentinel.wire import EccCounters, FabricInfo, NvLink, PcieLink, RowRemap
 
         sample = self.read_fast(gpu, now)
         sample.ecc = EccCounters(
@@ -96,6 +96,13 @@ class SimpleSource:
         )
         sample.remap = RowRemap(hist_max=640, hist_high=0, hist_partial=0, hist_low=0, hist_none=0)
         sample.nvlink = [NvLink(link=link) for link in range(18)]
+        # the Hopper/Blackwell fields (issue 11): fabric registration, PCIe link now vs max, HBM temp, recovery
+        sample.pcie_link = PcieLink(gen=5, gen_max=5, width=16, width_max=16)
+        sample.fabric = FabricInfo(
+            state="completed", clique_id=1, cluster_uuid="00000000-0000-0000-0000-000000000001"
+        )
+        sample.mem_temp_c = 71.0
+        sample.recovery_action = "none"
         return sample
 
     def wait_xid_events(self, timeout_s: float) -> list:  # type: ignore[type-arg]
