@@ -79,6 +79,8 @@ def job_summary(engine: Engine, job: JobView) -> dict[str, Any]:
         "step_s": _r(job.step_s, 3),
         "last_progress_at": job.last_progress_at if job.last_progress_at > float("-inf") else None,
         "open_verdicts": sum(1 for v in engine.book.open.values() if v.job == job.id),
+        "debug_readiness": _readiness(job),
+        "nccl_ras": _ras(job),
         "stall": None
         if stall is None
         else {
@@ -90,6 +92,36 @@ def job_summary(engine: Engine, job: JobView) -> dict[str, Any]:
             "culprits": stall.culprits,
             "fr_outcome": stall.fr_outcome,
         },
+    }
+
+
+def _readiness(job: JobView) -> dict[str, Any] | None:
+    """NCCL/PyTorch async-debug readiness over the job's hosts: a setting is missing when any host lacks it."""
+    if not job.debug:
+        return None
+    missing: dict[str, list[str]] = {}
+    for host, readiness in sorted(job.debug.items()):
+        for name in readiness.missing:
+            missing.setdefault(name, []).append(host)
+    return {
+        "ready": not missing,
+        "missing": sorted(missing),
+        "hosts_reported": len(job.debug),
+        "missing_on": {name: hosts[:MAX_HOST_NAMES] for name, hosts in sorted(missing.items())},
+    }
+
+
+def _ras(job: JobView) -> dict[str, Any] | None:
+    status = job.ras
+    if status is None:
+        return None
+    return {
+        "t": status.t,
+        "healthy": status.healthy,
+        "nccl_version": status.nccl_version,
+        "missing_processes": status.missing_process_count,
+        "dead_processes": status.dead_process_count,
+        "communicator_issues": [f"{c.comm} {c.kind}" for c in status.comms[:16]],
     }
 
 

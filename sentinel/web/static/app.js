@@ -124,7 +124,9 @@ function normJob(j) {
   const hosts = hostNames ? hostNames.length : (j.hosts ?? j.host_count ?? null);
   let state = String(j.state ?? j.status ?? "");
   if (!state) state = j.stalled ? "stalled" : (Number(j.open_verdicts ?? 0) > 0 ? "degraded" : "running");
-  return { id, state, ranks, hosts, hostNames };
+  const d = j.debug_readiness;
+  const debug = d == null ? "" : d.ready ? "ready" : "missing: " + (d.missing ?? []).join(", ");
+  return { id, state, ranks, hosts, hostNames, debug };
 }
 
 // ---------- derived state ----------
@@ -275,7 +277,7 @@ function renderJobs() {
     ? matches(q, "", null, j.id, j.state) || namesOf(j).some((h) => matches(q, h, null, j.id, j.state))
     : namesOf(j).some((h) => matches(q, h, null, j.id, j.state)));
   const rows = list.slice(0, MAX_ROWS).map((j) => row(
-    [j.id, stateCell(j.state), j.ranks ?? "", j.hosts ?? "", open.get(j.id) ?? 0],
+    [j.id, stateCell(j.state), j.ranks ?? "", j.hosts ?? "", open.get(j.id) ?? 0, j.debug ?? ""],
     { job: j.id, state: j.state }));
   rows.forEach((r) => r.classList.add("job"));
   fillBody($("jobs"), rows, list.length);
