@@ -59,6 +59,23 @@ class FleetReader:
         return self._session
 
     async def _get(self, url: str, path: str) -> tuple[int, Any]:
+        """One answer; a paginated list answer (``next_offset``) with all its pages, within the size bound."""
+        status, document = await self._get_page(url, path)
+        pages = 1
+        while isinstance(document, dict) and isinstance(document.get("next_offset"), int) and pages < 100:
+            key = next((k for k, v in document.items() if isinstance(v, list)), None)
+            if key is None:
+                break
+            sep = "&" if "?" in path else "?"
+            _, more = await self._get_page(url, f"{path}{sep}offset={document['next_offset']}")
+            if not isinstance(more, dict) or not isinstance(more.get(key), list):
+                break
+            document[key].extend(more[key])
+            document["next_offset"] = more.get("next_offset")
+            pages += 1
+        return status, document
+
+    async def _get_page(self, url: str, path: str) -> tuple[int, Any]:
         async with self._client().get(url + path) as response:
             chunks: list[bytes] = []
             size = 0
