@@ -11,7 +11,8 @@ are the suspects. A waiting peer is never blamed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import heapq
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
@@ -220,9 +221,9 @@ def _with_dumps(job: JobView, live: list[Finding], judged: DumpJudgement, stall:
     return out
 
 
-def _ranks_summary(ranks: list[int], limit: int = 8) -> str:
-    ranks = sorted(ranks)
-    text = ",".join(str(r) for r in ranks[:limit])
+def _ranks_summary(ranks: Collection[int], limit: int = 8) -> str:
+    first = heapq.nsmallest(limit, ranks)  # linear: a claimed world of 131,072 ranks is not sorted per line
+    text = ",".join(str(r) for r in first)
     return f"{text},… ({len(ranks)} ranks)" if len(ranks) > limit else text
 
 
@@ -307,15 +308,24 @@ def _evaluate_job(  # noqa: PLR0917
         return [], None
 
     def not_entered(pg_name: str, seq: int) -> list[int]:
-        out = []
-        for member in members.get(pg_name, ()):
-            info = ranks.get(member)
-            pg = info.pgs.get(pg_name) if info is not None else None
-            if pg is None or pg.last_enqueued_seq < seq:
-                out.append(member)
-        return out
+        # a set difference over the members (C speed: a claimed world of 131,072 costs milliseconds), the
+        # entered side from the ranks that report heads (few)
+        group = members.get(pg_name, set())
+        entered = set()
+        for rank, info in ranks.items():
+            pg = info.pgs.get(pg_name)
+            if pg is not None and pg.last_enqueued_seq >= seq:
+                entered.add(rank)
+        return list(group - entered)
 
     missing_of: dict[tuple[str, int], frozenset[int]] = {}
+    summaries: dict[tuple[str, int], str] = {}
+
+    def missing_summary(key: tuple[str, int]) -> str:
+        text = summaries.get(key)
+        if text is None:
+            text = summaries[key] = _ranks_summary(missing(*key))
+        return text
 
     def missing(pg_name: str, seq: int) -> frozenset[int]:
         key = (pg_name, seq)
@@ -347,7 +357,7 @@ def _evaluate_job(  # noqa: PLR0917
             # 131,072 ranks must not become 131,072 edges per wait)
             head = followed.get((pg_name, seq))
             if head is None:
-                head = followed[(pg_name, seq)] = sorted(missing(pg_name, seq))[: MAX_FOLLOWED + 1]
+                head = followed[(pg_name, seq)] = heapq.nsmallest(MAX_FOLLOWED + 1, missing(pg_name, seq))
             targets = frozenset([m for m in head if m != rank][:MAX_FOLLOWED])
             graph.append(Wait(rank, pg_name, seq, op, int((now - age) * 1e9), targets))
             age_of[(rank, pg_name, seq)] = age
@@ -372,7 +382,7 @@ def _evaluate_job(  # noqa: PLR0917
         op0, age0, waiting0 = stalled.get(outer, (w.op, age_of.get((w.rank, w.group, w.seq), 0.0), [w.rank]))
         trail = [
             f"{len(waiting0)} rank(s) ({_ranks_summary(waiting0)}) wait {age0:.1f}s in {op0} "
-            f"(pg {outer[0]}, seq {outer[1]}); not entered: {_ranks_summary(list(missing(*outer)))}"
+            f"(pg {outer[0]}, seq {outer[1]}); not entered: {missing_summary(outer)}"
         ]
         if (w.group, w.seq) != outer and not culprit.cycle:
             trail.append(
