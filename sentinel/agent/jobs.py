@@ -84,24 +84,26 @@ def parse_listpids(text: str) -> dict[int, SlurmTask]:
     return out
 
 
-def run_listpids() -> str | None:
-    """``scontrol listpids`` on this node (every local Slurm task), or None where it cannot be had."""
+def run_listpids(node: str | None = None) -> str | None:
+    """``scontrol listpids`` on this node (every local Slurm task), or None where it cannot be had.
+
+    With ``node`` (the Slurm node name; where several slurmd run on one machine it is required) it asks
+    ``scontrol listpids '*' NODE`` first, then the plain form.
+    """
     scontrol = shutil.which("scontrol")
     if scontrol is None:
         return None
-    try:
-        done = subprocess.run(
-            [scontrol, "listpids"],
-            capture_output=True,
-            timeout=LISTPIDS_TIMEOUT_S,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if done.returncode != 0:
-        return None
-    return done.stdout[:MAX_LISTPIDS_BYTES].decode("utf-8", "replace")
+    forms = ([[scontrol, "listpids", "*", node]] if node else []) + [[scontrol, "listpids"]]
+    for argv in forms:
+        try:
+            done = subprocess.run(
+                argv, capture_output=True, timeout=LISTPIDS_TIMEOUT_S, check=False, stdin=subprocess.DEVNULL
+            )
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if done.returncode == 0:
+            return done.stdout[:MAX_LISTPIDS_BYTES].decode("utf-8", "replace")
+    return None
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,15 @@ def job_from_environ(env: Mapping[str, str]) -> JobFields:
     )
 
 
+def _is_task(pid: int) -> bool:
+    """Whether ``pid`` is a Slurm task itself: its parent is slurmstepd."""
+    try:
+        parent = psutil.Process(pid).parent()
+        return parent is not None and parent.name() == "slurmstepd"
+    except psutil.Error:
+        return False
+
+
 class JobMapper:
     """Maps the pids NVML reports on each GPU to ProcInfo with job/rank.
 
@@ -184,13 +195,15 @@ class JobMapper:
             self._listed = parse_listpids(self.listpids() or "")
         listed = (self._listed or {}).get(pid)
         if listed is not None and (task is None or task.job_id == listed.job_id):
+            # listpids names every process of a step with its *task's* ids; only the task itself (a child of
+            # slurmstepd) is that task — a rank forked by a per-node launcher (torchrun under srun) is not
+            own = _is_task(pid)
+            fallback = task.local_id if task else None
             return SlurmTask(
                 job_id=listed.job_id,
                 step=listed.step or (task.step if task else None),
-                local_id=listed.local_id
-                if listed.local_id is not None
-                else (task.local_id if task else None),
-                global_id=listed.global_id,
+                local_id=listed.local_id if own and listed.local_id is not None else fallback,
+                global_id=listed.global_id if own else None,
             )
         return task
 

@@ -26,7 +26,7 @@ from sentinel.agent.collectors import (
     XidListener,
 )
 from sentinel.agent.frdump import FrDumpWatcher
-from sentinel.agent.jobs import JobMapper
+from sentinel.agent.jobs import JobMapper, run_listpids
 from sentinel.agent.journal import kernel_reader
 from sentinel.agent.probe import HeadsAuthorizer, ProbeServer
 from sentinel.agent.tailer import LogTailer
@@ -127,7 +127,11 @@ def _jobs(agent: Agent) -> Collector | None:
     if agent.extras is not None:
         return None
     c = agent.config
-    return JobsCollector(agent, JobMapper(tailed_globs=c.logs.globs), c.collect.procs_interval_s)
+    return JobsCollector(
+        agent,
+        JobMapper(tailed_globs=c.logs.globs, listpids=lambda: run_listpids(agent.host)),
+        c.collect.procs_interval_s,
+    )
 
 
 def _nccl_ras(agent: Agent) -> Collector | None:

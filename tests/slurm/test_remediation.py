@@ -292,3 +292,22 @@ async def test_verdict_changes_queue_work_once(idle_slurm: SlurmCluster, tmp_pat
         await r.stop()
     assert [rec["outcome"] for rec in r.audit.read()] == ["done"]
     assert "DRAIN" in idle_slurm.node_state("sn1")[0]
+
+
+async def test_open_verdicts_at_start_are_looked_at_once(idle_slurm: SlurmCluster, tmp_path: Path) -> None:
+    """Verdicts restored from durable state open no change: the remediator looks at them when it starts —
+    one already drained by sentinel (before the restart) is ``already``, the other one is drained now."""
+    book = VerdictBook()
+    before, pending = verdict(book, "sn1"), verdict(book, "sn2", gpu=2)
+    idle_slurm.run(
+        "scontrol", "update", "nodename=sn1", "state=drain", f"reason=sentinel: faulty xid_79 {before.id}"
+    )
+    r = remediator(idle_slurm, tmp_path, book)
+    await r.start()
+    try:
+        await asyncio.wait_for(r.idle.wait(), 20)
+    finally:
+        await r.stop()
+    outcomes = {rec["node"]: rec["outcome"] for rec in r.audit.read()}
+    assert outcomes == {"sn1": "already", "sn2": "done"}
+    assert "DRAIN" in idle_slurm.node_state("sn2")[0] and pending.id in idle_slurm.node_state("sn2")[1]

@@ -32,9 +32,11 @@ from typing import Any
 
 import aiohttp
 import msgspec
+import psutil
 import pytest
 
 from sentinel.agent import Agent
+from sentinel.agent.jobs import JobMapper, parse_listpids, run_listpids
 from sentinel.config.agent import AgentConfig
 from sentinel.config.aggregator import (
     AggregatorConfig,
@@ -321,6 +323,7 @@ async def test_verdicts_drain_nodes_health_check_drains_and_breaker_refuses(
                 await _until("the srun job's ranks report", job_reporting, 60, every=0.5, why=job_output)
                 timings["job_reporting_s"] = time.monotonic() - started
                 assert job.poll() is None, job_output()
+                _job_mapping_from_listpids(slurm)
                 await asyncio.sleep(2.0)  # a few healthy steps
                 assert not [v for v in await verdicts() if v["kind"] == "stuck"]
                 (control / "hang").write_text(str(CULPRIT))
@@ -416,6 +419,41 @@ async def test_verdicts_drain_nodes_health_check_drains_and_breaker_refuses(
         import shutil
 
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _job_mapping_from_listpids(slurm: SlurmCluster) -> None:
+    """Job mapping without environ on the real step: ``scontrol listpids`` names the job of every process of
+    gn2's task, the task's own global id for the task (the node launcher), and no rank for the ranks it
+    forked (their rank is their environment's)."""
+    text = run_listpids_with(slurm, "gn2")
+    listed = parse_listpids(text)
+    tasks = [
+        p for p in psutil.process_iter(["cmdline"])
+        if "tests.slurm.srun_gloo" in " ".join(p.info["cmdline"] or []) and p.pid in listed
+    ]  # fmt: skip
+    tasks = [p for p in tasks if (parent := p.parent()) is not None and parent.name() == "slurmstepd"]
+    assert len(tasks) == 1, text
+    launcher = tasks[0]
+    mapper = JobMapper(listpids=lambda: text)
+    own = mapper.slurm_task(launcher.pid)
+    assert own is not None and own.global_id == 1 and own.local_id == 0 and own.step == "0", (own, text)
+    ranks = [c.pid for c in launcher.children() if c.pid in listed]
+    assert len(ranks) == RANKS_PER_NODE, text
+    forked = mapper.slurm_task(ranks[0])
+    assert forked is not None and forked.job_id == own.job_id and forked.global_id is None
+
+
+def run_listpids_with(slurm: SlurmCluster, node: str) -> str:
+    """:func:`sentinel.agent.jobs.run_listpids` with this cluster's SLURM_CONF (the agent's is the system's)."""
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(slurm.conf)
+    try:
+        return run_listpids(node) or ""
+    finally:
+        if old is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old
 
 
 def _alert_fires_on(promtool: str, tmp_path: Path, series: str, value: float) -> None:

@@ -127,6 +127,13 @@ class Remediator:
     async def start(self) -> None:
         if self.config.enabled and self._worker is None:
             self._worker = asyncio.get_running_loop().create_task(self._work(), name="remediation")
+            # verdicts restored from durable state open no change: look at each once (Slurm's state makes a
+            # drain that was already done an ``already``, never a second action)
+            for verdict in list(self.book.open.values()):
+                if verdict.host and wants_drain(
+                    self.config.rules, verdict.kind, verdict.action, verdict.reason
+                ):
+                    self._enqueue("drain", verdict)
             log().info(
                 "remediation_started",
                 dry_run=self.config.dry_run,
