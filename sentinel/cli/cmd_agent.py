@@ -90,6 +90,17 @@ def _load(args: argparse.Namespace) -> AgentConfig | None:
         return None
 
 
+def _state_dir_ready(config: AgentConfig) -> bool:
+    try:
+        Path(config.agent.state_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(
+            f"error: agent.state_dir: cannot create {config.agent.state_dir}: {exc.strerror}", file=sys.stderr
+        )
+        return False
+    return True
+
+
 def _run(args: argparse.Namespace) -> int:
     config = _load(args)
     if config is None:
@@ -101,12 +112,7 @@ def _run(args: argparse.Namespace) -> int:
     from sentinel.log import setup_logging
 
     setup_logging("agent", config.log.level, host=config.agent.host or None)
-    try:
-        Path(config.agent.state_dir).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        print(
-            f"error: agent.state_dir: cannot create {config.agent.state_dir}: {exc.strerror}", file=sys.stderr
-        )
+    if not _state_dir_ready(config):
         return 2
 
     async def main() -> None:
@@ -155,12 +161,7 @@ def _run_simulated(args: argparse.Namespace, config: AgentConfig) -> int:
         config, agent=msgspec.structs.replace(config.agent, host=config.agent.host or args.host)
     )
     setup_logging("agent", config.log.level, host=config.agent.host)
-    try:
-        Path(config.agent.state_dir).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        print(
-            f"error: agent.state_dir: cannot create {config.agent.state_dir}: {exc.strerror}", file=sys.stderr
-        )
+    if not _state_dir_ready(config):
         return 2
 
     async def main() -> None:

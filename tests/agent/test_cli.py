@@ -60,3 +60,21 @@ def test_bad_config_is_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["agent", "run", "--config", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "collect.tick_s" in err and err.count("\n") == 1
+
+
+def test_run_simulate_refuses_bad_input_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario = tmp_path / "s.toml"
+    scenario.write_text("[cluster]\nhosts = 2\ngpus_per_host = 2\n")
+    assert main(["agent", "run", "--simulate", str(scenario)]) == 2
+    assert capsys.readouterr().err == "error: --simulate needs --host NAME (a host of the scenario)\n"
+    assert main(["agent", "run", "--simulate", str(scenario), "--host", "host-009"]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"error: --host: 'host-009' is not a host of {scenario} (host-000, host-001)\n"
+    )
+    (tmp_path / "bad.toml").write_text("[cluster]\nhosts = -1\n")
+    assert main(["agent", "run", "--simulate", str(tmp_path / "bad.toml"), "--host", "host-000"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'bad.toml'}") and err.count("\n") == 1
