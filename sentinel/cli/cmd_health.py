@@ -256,7 +256,14 @@ def _drain(answer: Answer, env: dict[str, str], scontrol: str) -> None:
         return
     first = answer.lines[0] if answer.lines else "unfit"
     more = f" (+{len(answer.lines) - 1} more)" if len(answer.lines) > 1 else ""
-    done = asyncio.run(Slurm(scontrol=scontrol, timeout_s=15.0).drain(node, f"sentinel: {first}{more}"))
+    slurm = Slurm(scontrol=scontrol, timeout_s=15.0)
+    known, _ = asyncio.run(slurm.node(node))
+    if known is not None and known.unavailable:
+        # idempotent: a node already drained (by sentinel, or by someone whose reason must stay) is left
+        # as it is, and sentinel's drain keeps the time Slurm stamped on it (the breaker's window)
+        answer.notes.append(f"Slurm node {node} already {known.state}: {known.reason or 'no reason'}")
+        return
+    done = asyncio.run(slurm.drain(node, f"sentinel: {first}{more}"))
     if done.ok:
         answer.notes.append(f"drained Slurm node {node}")
     else:

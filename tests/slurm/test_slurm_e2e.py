@@ -376,6 +376,15 @@ async def test_verdicts_drain_nodes_health_check_drains_and_breaker_refuses(
                 # Slurm stamps the reason to the second; the health check runs every 2 s
                 timings["faulty_verdict_to_health_drain_s"] = listed[0].reason_time - faulty[0]["opened_at"]
                 assert timings["faulty_verdict_to_health_drain_s"] < 2 + 2 + 1, timings
+                # the next health checks find it drained and leave it (and Slurm's reason time) alone
+                check_log = tmp_path / "healthcheck.log"
+
+                async def left_alone() -> bool:
+                    return "Slurm node sim3 already drained" in check_log.read_text()
+
+                await _until("a later health check leaves sim3 alone", left_alone, 10, every=0.2)
+                again = parse_sinfo(slurm.run("sinfo", "-h", "-N", "-n", "sim3", "-o", SINFO_FORMAT))[0]
+                assert (again.reason, again.reason_time) == (listed[0].reason, listed[0].reason_time)
 
                 # 3. sim4: a simulated rank hangs → stuck verdict → the breaker refuses a third drain
                 sim4_config, _ = _sim_config(tmp_path, "sim4", running.stream_url, token)
