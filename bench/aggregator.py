@@ -686,7 +686,9 @@ def engine_jobs(hosts: int, seconds: int, job_ranks: int, slowdown: float, warmu
         GpuSample(gpu=g, t=0.0, util_gpu_pct=98.0, temp_c=64.0, power_w=640.0, sm_clock_mhz=1980.0 - g)
         for g in range(GPUS)
     ]
-    job_ranks = min(job_ranks, hosts * GPUS // 2)
+    job_ranks = (
+        min(job_ranks, hosts * GPUS // 2) // GPUS * GPUS
+    )  # whole hosts: every rank of the world exists
     model = JobModel(job_ranks, 0.0, warmup + 5.0, warmup, slowdown)
     per_job = job_ranks // GPUS
     gc.collect()
@@ -850,7 +852,7 @@ def main() -> int:
     results = []
     best = 0
     for hosts in levels:
-        ranks = min(args.job_ranks, hosts * GPUS // 2) if args.jobs else 0
+        ranks = min(args.job_ranks, hosts * GPUS // 2) // GPUS * GPUS if args.jobs else 0
         r = run_level(hosts, duration, min(args.warmup, duration / 3), ranks, args.slowdown)
         results.append(r)
         print(
