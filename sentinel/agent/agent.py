@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import socket
 import time
 from collections.abc import Callable
@@ -240,11 +241,15 @@ class Agent:
                 ranks.update(seen)
         return sorted(ranks)
 
-    async def step(self, now: float | None = None) -> Batch:
-        """Run the due collectors once and return this tick's batch (also kept in the ring and spooled)."""
+    async def step(self, now: float | None = None, *, final: bool = False) -> Batch:
+        """Run the due collectors once and return this tick's batch (also kept in the ring and spooled).
+
+        ``final`` (the last tick before shutdown) also emits the Xids still waiting for their NVML/kernel
+        twin: an Xid that lands just before SIGTERM must reach the spool, not die in the merge window.
+        """
         now = self.clock() if now is None else now
         await self.collectors.run_due(now)
-        flush_xids(self, self.xids, now)
+        flush_xids(self, self.xids, math.inf if final else now)
         tick, self._tick = self._tick, TickFindings()
         heads = fill_heads(
             tick.heads, host=self.host, procs=self._procs, gpus=self.gpus.keys(), note_rank=self._note_rank
@@ -461,6 +466,11 @@ class Agent:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), delay)
         finally:
+            if len(self.xids):
+                try:
+                    await self.step(final=True)
+                except Exception as exc:
+                    log.error("final_tick_failed", error=f"{type(exc).__name__}: {exc}")
             await self.shutdown()
 
     def status_line(self) -> str:
