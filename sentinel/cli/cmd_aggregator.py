@@ -99,7 +99,7 @@ async def serve(config: AggregatorConfig, *, config_path: Path | None = None) ->
                 notifier.watchdog()
 
     ssl_context = server_ssl_context(config.server)
-    app = create_app(config, on_tick=on_tick, extra_routes=status_page_routes())
+    app = create_app(config, on_tick=on_tick, extra_routes=status_page_routes(config.server.runbook_base_url))
     runner = make_runner(app, handle_signals=False)
     limiter = LoopErrorLimiter(app[AGGREGATOR_KEY].metrics)
     limiter.install(asyncio.get_running_loop())

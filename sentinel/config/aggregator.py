@@ -66,6 +66,15 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "(a DNS subjectAltName or the common name), on top of its token's host globs"
         ),
     ] = True
+    runbook_base_url: Annotated[
+        str,
+        msgspec.Meta(
+            max_length=2048,
+            description="where the status page links a verdict's runbook: this prefix + the runbook's file "
+            "name (docs/runbooks/ in the repository); point it at your docs server or repository browser, "
+            "like the alert rules' runbook_url (docs/deploy.md)",
+        ),
+    ] = "docs/runbooks/"
 
 
 class FleetConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -88,7 +88,7 @@ async def aggregator(
         clock=clock,
         registry=CollectorRegistry(),
         state_dir=state_dir,
-        extra_routes=status_page_routes(),
+        extra_routes=status_page_routes(config.server.runbook_base_url),
     )
     runner = make_runner(app, handle_signals=False, shutdown_timeout=2.0)
     await runner.setup()

@@ -10,9 +10,12 @@ reaches the file system).
 
 from __future__ import annotations
 
+import json
 from importlib import resources
 
 from aiohttp import web
+
+from sentinel.web.runbooks import runbook_table
 
 #: Served name → content type. Anything else under /ui/ is a 404.
 ASSETS: dict[str, str] = {
@@ -21,6 +24,9 @@ ASSETS: dict[str, str] = {
     "style.css": "text/css",
 }
 UI_PREFIX = "/ui/"
+#: The runbook links' prefix when the configuration names none (``server.runbook_base_url``).
+DEFAULT_RUNBOOK_BASE = "docs/runbooks/"
+RUNBOOKS_NAME = "runbooks.json"
 _HEADERS = {
     "Cache-Control": "no-cache",
     "X-Content-Type-Options": "nosniff",
@@ -34,9 +40,14 @@ def load_assets() -> dict[str, bytes]:
     return {name: (folder / name).read_bytes() for name in ASSETS}
 
 
-def status_page_routes() -> list[web.RouteDef]:
-    """``GET /`` and ``GET /ui/{name}``, for ``create_app(extra_routes=...)`` or ``app.add_routes``."""
+def status_page_routes(runbook_base: str = DEFAULT_RUNBOOK_BASE) -> list[web.RouteDef]:
+    """``GET /`` and ``GET /ui/{name}``, for ``create_app(extra_routes=...)`` or ``app.add_routes``.
+
+    ``runbook_base`` (``server.runbook_base_url``) prefixes each verdict's runbook link; the page reads it,
+    with the verdict → runbook rules of :mod:`sentinel.web.runbooks`, from ``/ui/runbooks.json``.
+    """
     assets = load_assets()
+    runbooks = json.dumps(runbook_table(runbook_base)).encode()
 
     async def index(_: web.Request) -> web.Response:
         return web.Response(
@@ -45,6 +56,8 @@ def status_page_routes() -> list[web.RouteDef]:
 
     async def asset(request: web.Request) -> web.Response:
         name = request.match_info["name"]
+        if name == RUNBOOKS_NAME:
+            return web.Response(body=runbooks, content_type="application/json", headers=_HEADERS)
         if name not in ASSETS:
             raise web.HTTPNotFound(text=f"no such file: {UI_PREFIX}{name}\n")
         return web.Response(body=assets[name], content_type=ASSETS[name], charset="utf-8", headers=_HEADERS)
@@ -55,10 +68,10 @@ def status_page_routes() -> list[web.RouteDef]:
     ]
 
 
-def add_status_page(app: web.Application) -> None:
+def add_status_page(app: web.Application, runbook_base: str = DEFAULT_RUNBOOK_BASE) -> None:
     """Serve the status page at ``/`` (and its script and style under ``/ui/``) on ``app``.
 
     Call before the application starts (aiohttp freezes the router then). The aggregator's API routes are
     untouched; the page only reads them.
     """
-    app.add_routes(status_page_routes())
+    app.add_routes(status_page_routes(runbook_base))

@@ -177,6 +177,10 @@ async def test_page_renders_the_api(tmp_path: Path) -> None:
     assert "NCCL WARN &lt;b&gt;bold&lt;/b&gt;" in text
     assert "VERDICT stuck not_entered_collective → restart_app (rank 10 never entered)" in text
     assert "&lt;img src=x onerror=alert(1)&gt;" in dom and "<img src=x" not in dom
+    # each open verdict links its runbook, and the runbook exists in the repository
+    links = re.findall(r'<a href="([^"]*)"[^>]*>runbook</a>', dom)
+    assert sorted(links) == ["docs/runbooks/SentinelGpuCriticalXid.md", "docs/runbooks/SentinelJobStalled.md"]
+    assert all((Path(__file__).resolve().parents[2] / link).is_file() for link in links)
     assert re.search(r'<span id="conn"[^>]*data-state="ok"[^>]*>live<', dom)  # the page says it is live
 
 

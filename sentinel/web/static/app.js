@@ -26,7 +26,32 @@ const model = {
   hostIndex: new Map(),
   selectedIncident: null,
   lastOk: 0,
+  runbooks: null,     // ui/runbooks.json: {base, reason_prefixes: [[prefix, file]], kinds: {kind: file}, general}
 };
+
+// The runbook of a verdict (same rules as sentinel/web/runbooks.py): a reason prefix, else the kind, else
+// the runbooks' index. The base comes from the configuration; a scheme other than http(s) gets no link.
+function runbookHref(v) {
+  const rb = model.runbooks;
+  if (!rb || typeof rb.base !== "string") return null;
+  if (/^[a-z][a-z0-9+.-]*:/i.test(rb.base) && !/^https?:/i.test(rb.base)) return null;
+  const reason = String(v.reason ?? "");
+  const hit = (rb.reason_prefixes ?? []).find((p) => reason.startsWith(String(p[0])));
+  const file = hit ? hit[1] : (rb.kinds ?? {})[v.kind] ?? rb.general;
+  return file ? rb.base + encodeURIComponent(String(file)) : null;
+}
+
+function runbookCell(v) {
+  const td = el("td", null);
+  const href = runbookHref(v);
+  if (href) {
+    const a = el("a", "runbook");
+    a.href = href;
+    a.rel = "noopener";
+    td.appendChild(a);
+  }
+  return td;
+}
 
 // ---------- API access, tolerant of list-or-envelope shapes ----------
 
@@ -255,6 +280,7 @@ function renderVerdicts() {
   const rows = list.slice(0, MAX_ROWS).map((v) => row([
     el("td", ago(v.opened_at)), stateCell(v.kind), v.host ?? "", v.gpu ?? "", v.job ?? "", v.rank ?? "",
     v.reason ?? "", el("td", v.action ?? "", "state"), el("td", (v.evidence ?? []).join("; "), "evidence"),
+    runbookCell(v),
   ], { kind: v.kind, host: v.host, gpu: v.gpu, job: v.job, reason: v.reason, id: v.id }));
   rows.forEach((r) => r.classList.add("verdict"));
   fillBody($("verdicts"), rows, list.length);
@@ -626,6 +652,7 @@ function init() {
   $("groupby").addEventListener("change", refreshView);
   $("problems-only").addEventListener("change", refreshView);
   $("timeline-all").addEventListener("change", loadTimeline);
+  getJSON("ui/runbooks.json").then((rb) => { model.runbooks = rb; refreshView(); }).catch(() => {});
   window.addEventListener("resize", () => { clearTimeout(pending); pending = setTimeout(renderGrid, 200); });
   poll();
 }
