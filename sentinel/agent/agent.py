@@ -62,6 +62,8 @@ from sentinel.wire import (
 
 log = get_logger(module="agent")
 
+#: A simulated host's answer to fr_dump: it runs no PyTorch ranks, so there is no Flight Recorder to dump.
+SIMULATED_NO_DUMP = "simulated host: runs no PyTorch ranks, so no flight-recorder dump to collect"
 #: jobs whose local ranks (from probe heads) are remembered for fr_dump, oldest forgotten first
 MAX_JOBS_REMEMBERED = 64
 MAX_RANKS_REMEMBERED = 4096
@@ -343,6 +345,16 @@ class Agent:
         :func:`sentinel.agent.frdump.collect_dumps`. Ranks are the job's known local ranks; when none is
         known, every pipe is triggered and every fresh dump in the folder is returned.
         """
+        if self.extras is not None:  # a simulated host: its "job" is the simulator's, not PyTorch processes
+            return {
+                "pipes": [],
+                "triggered": [],
+                "missing": [],
+                "failed": {},
+                "dumps": [],
+                "skipped": {},
+                "error": SIMULATED_NO_DUMP,
+            }
         payload = self.trigger_fr_dump(job)
         directory = self.config.probe.fr_dump_dir
         if not directory:

@@ -118,6 +118,36 @@ def store_answer(
     return report, written
 
 
+def why_no_dumps(hosts: dict[str, dict[str, Any]], missing_hosts: list[str]) -> str:
+    """Why no agent returned a dump, in one bounded line: each distinct cause with the hosts it applies to.
+
+    Users read this instead of the dumps, so it says what each agent said (its error or the problems in
+    its answer, the ranks it triggered that wrote nothing in time, the ranks without a dump pipe) and which
+    agents never answered, rather than one generic sentence for every cause.
+    """
+    causes: dict[str, list[str]] = {}
+    for host, rep in sorted(hosts.items()):
+        reasons = [str(p).removeprefix(f"{host}: ") for p in rep.get("problems", [])[:3]]
+        if not reasons:
+            triggered, missing = rep.get("triggered") or [], rep.get("missing") or []
+            if triggered:
+                reasons.append(f"{len(triggered)} ranks triggered, none wrote a dump in time")
+            elif missing:
+                reasons.append(f"no dump pipe for its {len(missing)} ranks")
+            else:
+                reasons.append("no local ranks to dump")
+        for reason in reasons:
+            causes.setdefault(reason, []).append(host)
+    if missing_hosts:
+        causes.setdefault("no answer", []).extend(sorted(missing_hosts))
+    parts = []
+    for reason, names in causes.items():
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        parts.append(f"{reason} ({shown})")
+    line = "no agent returned a flight-recorder dump" + (": " + "; ".join(parts) if parts else "")
+    return line if len(line) <= 1000 else line[:999] + "…"
+
+
 def analyze_dumps(root: Path, workers: int = 2, cancel: threading.Event | None = None) -> dict[str, Any]:
     """The contract's ``fr analyze --json`` object for the dumps under ``root``, or ``{"error": reason}``.
 

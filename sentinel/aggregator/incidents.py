@@ -30,7 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from sentinel.aggregator.engine import Engine
-from sentinel.aggregator.frdumps import FrDumpSettings, analyze_dumps, per_host_budget, store_answer
+from sentinel.aggregator.frdumps import (
+    FrDumpSettings,
+    analyze_dumps,
+    per_host_budget,
+    store_answer,
+    why_no_dumps,
+)
 from sentinel.aggregator.verdicts import Change, Verdict
 from sentinel.config.aggregator import IncidentsConfig
 from sentinel.log import get_logger
@@ -423,7 +429,7 @@ class IncidentManager:
             report["ranks"] = sorted(seen)
             if not seen:
                 report["state"] = "no_dumps"
-                report["error"] = "no agent returned a flight-recorder dump"
+                report["error"] = why_no_dumps(report["hosts"], report["missing_hosts"])
                 return report
             cancel = threading.Event()
             try:

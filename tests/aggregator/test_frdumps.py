@@ -155,7 +155,25 @@ async def test_no_dumps_leaves_no_folder(tmp_path: Path) -> None:
     fr = incident["fr_dump"]
     assert fr["state"] == "no_dumps" and fr["analysis"] is None
     assert "expected a map" in fr["hosts"]["host-b"]["problems"][0]
+    # the incident says why, per cause and host, not one sentence for every cause
+    assert fr["error"] == (
+        "no agent returned a flight-recorder dump: no dump pipe for its 1 ranks (host-a); "
+        "fr_dump answer is str, expected a map (host-b)"
+    )
     assert not (tmp_path / "incidents" / "inc-3.fr").exists()
+
+
+async def test_no_dumps_names_silent_agents_and_the_agents_own_errors(tmp_path: Path) -> None:
+    asked: list[Command] = []
+    unset = {"triggered": [], "missing": [], "failed": {}, "dumps": [], "error": "probe.fr_dump_dir not set"}
+    manager = _manager(tmp_path, {"host-a": unset}, asked)  # host-b never answers
+    now = time.time()
+    await manager.collect("inc-4", _verdict(now), now)
+    fr = manager.get("inc-4")["fr_dump"]  # type: ignore[index]
+    assert fr["state"] == "no_dumps" and fr["missing_hosts"] == ["host-b"]
+    assert fr["error"] == (
+        "no agent returned a flight-recorder dump: probe.fr_dump_dir not set (host-a); no answer (host-b)"
+    )
 
 
 class _Boom:
