@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.state import HostView
 from sentinel.fr.heads import FrHeads, PgHead, StepTime
@@ -20,8 +22,18 @@ HOSTS, GPUS, STEP_S = 4, 8, 0.8
 class Job:
     """A 32-rank job whose ranks report step compute times; ``slow`` maps rank → compute multiplier."""
 
-    def __init__(self, *, known_gpus: bool = True, seed: int = 1) -> None:
+    def __init__(
+        self,
+        *,
+        known_gpus: bool = True,
+        seed: int = 1,
+        clock_rate: dict[str, float] | None = None,
+        clock_offset: dict[str, float] | None = None,
+    ) -> None:
         self.engine = Engine()
+        # odd host clocks: a rate scales the compute times a host measures, an offset shifts its timestamps
+        self.clock_rate = clock_rate or {}
+        self.clock_offset = clock_offset or {}
         self.rng = random.Random(seed)
         self.views: dict[str, HostView] = {}
         self.seq = 0
@@ -54,7 +66,9 @@ class Job:
     def _heads(self, t: float, slow: dict[int, float]) -> None:
         first = self.step
         self.step += 2  # ~2 steps per 2 s
-        for h, view in enumerate(self.views.values()):
+        for h, (name, view) in enumerate(self.views.items()):
+            rate = self.clock_rate.get(name, 1.0)
+            local_t = t + self.clock_offset.get(name, 0.0)
             heads = []
             procs = []
             for g in range(GPUS):
@@ -64,12 +78,12 @@ class Job:
                     compute = STEP_S * (1.0 + 0.2 * (2 * self.rng.random() - 1)) * slow.get(rank, 1.0)
                     if self.rng.random() < 0.03:  # an occasional 2-3 s pause (GC, data loader)
                         compute += 2.0 + self.rng.random()
-                    steps.append(StepTime(seq=k, compute_s=compute))
+                    steps.append(StepTime(seq=k, compute_s=compute * rate))
                 gpu = g if self.known_gpus else None
                 heads.append(
                     FrHeads(
                         rank=rank,
-                        t=t,
+                        t=local_t,
                         job_id="j",
                         world_size=HOSTS * GPUS,
                         gpu=gpu,
@@ -80,8 +94,8 @@ class Job:
                 procs.append(ProcInfo(gpu=g, pid=100 + g, job_id="j", rank=rank, world_size=HOSTS * GPUS))
             batch = Batch(
                 seq=self.seq,
-                t=t,
-                samples=[sample(i, t) for i in range(GPUS)],
+                t=local_t,
+                samples=[sample(i, local_t) for i in range(GPUS)],
                 heads=heads,
                 procs=procs if self.known_gpus and first == 0 else None,
             )
@@ -129,3 +143,26 @@ def test_the_verdict_closes_when_the_rank_recovers() -> None:
     assert len(job.engine.book.open) == 1
     job.run(150.0, 300.0, {})
     assert job.engine.book.open == {}
+
+
+@pytest.mark.parametrize(
+    ("rate", "offset_s"),
+    [(0.5, 0.0), (0.5, 3600.0), (2.0, -3600.0), (0.25, 900.0)],
+    ids=["slow-clock", "slow-clock-ahead", "fast-clock-behind", "very-slow-clock-ahead"],
+)
+def test_a_minority_of_hosts_with_odd_clocks_cannot_make_honest_gpus_stragglers(
+    rate: float, offset_s: float
+) -> None:
+    """One host of four whose clock runs at ``rate`` and is ``offset_s`` off: its ranks report compute
+    times scaled by the rate (a slow clock makes them look fast, which drags a mean down and would make
+    every honest rank look late), timestamps from the wrong hour. The median/MAD yardstick must not move
+    enough to name any rank of the three honest hosts, with or without a real straggler among them."""
+    odd = "h3"
+    job = Job(clock_rate={odd: rate}, clock_offset={odd: offset_s})
+    opened = job.run(0.0, 240.0, {})
+    assert [(host, rank) for _, host, rank in opened if host != odd] == []
+    # and a real 1.3x straggler on an honest host is still the one named
+    opened = job.run(240.0, 420.0, {13: 1.3})
+    assert [(host, rank) for _, host, rank in opened if host != odd] == [("h1", 13)]
+    honest_verdicts = [v for v in job.engine.book.open.values() if v.host != odd]
+    assert [(v.host, v.rank) for v in honest_verdicts] == [("h1", 13)]
