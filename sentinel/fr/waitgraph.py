@@ -24,6 +24,7 @@ Pure: no I/O, no clock. Linear in the number of waits and edges (Tarjan, iterati
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -47,7 +48,7 @@ CulpritKind = Literal["missing", "cycle", "all_in"]
 
 @dataclass(slots=True)
 class Culprit:
-    """A root cause of a stall and the earliest collective that waits for it (see the module docstring)."""
+    """A root cause of a stall and the collective that waits for it: the one holding most ranks, earliest on a tie."""
 
     ranks: tuple[int, ...]  # one rank, or the members of a deadlock cycle
     first_wait: Wait
@@ -109,7 +110,11 @@ def find_culprits(waits: Sequence[Wait]) -> list[Culprit]:
     }
     first: dict[int, Wait] = {}
     for hub, ws in sorted(hub_waits.items(), key=lambda kv: min((w.t_ns, w.seq, w.rank) for w in kv[1])):
-        ws.sort(key=lambda w: (w.t_ns, w.seq, w.rank))
+        # The collective that holds the most ranks for it comes first, the earliest on a tie: in a cascade
+        # the absent rank is also awaited downstream (a dp peer of a rank missing from its tp all_reduce),
+        # by fewer ranks and, on a loaded host, sometimes a few microseconds earlier.
+        held = Counter((w.group, w.seq) for w in ws)
+        ws.sort(key=lambda w: (-held[(w.group, w.seq)], w.t_ns, w.seq, w.rank))
         for comp in {comp_of[t] for t in edges[hub]} & sink_comps:
             if comp not in first:
                 outside = next((w for w in ws if comp_of.get(w.rank) != comp), None)

@@ -132,3 +132,14 @@ def test_wait_graph_kinds() -> None:
     only_inside = find_culprits(waits[:4])
     assert [c.kind for c in only_inside] == ["all_in"] * 4
     assert [c.ranks for c in only_inside] == [(0,), (1,), (2,), (3,)]
+
+
+def test_a_cascade_names_the_collective_that_holds_most_ranks_for_the_absent_one() -> None:
+    """Rank 3 never enters its tp all_reduce #7 (ranks 0-2 wait there); its dp peer 7 also waits for it in
+    the dp all_gather #7 and, on a loaded host, entered that a little earlier. The stall is the tp one."""
+    waits = [Wait(r, "tp", 7, "all_reduce", 1_000 + r, frozenset({3})) for r in range(3)]
+    waits.append(Wait(7, "dp", 7, "all_gather", 900, frozenset({3})))
+    (culprit,) = find_culprits(waits)
+    assert culprit.ranks == (3,)
+    assert (culprit.first_wait.group, culprit.first_wait.op) == ("tp", "all_reduce")
+    assert culprit.victims >= {0, 1, 2, 7}
