@@ -325,47 +325,14 @@ class VerdictBook:
 
 
 def _record(verdict: Verdict) -> VerdictRecord:
-    return VerdictRecord(
-        id=verdict.id,
-        key=list(verdict.key),
-        detector=verdict.detector,
-        kind=verdict.kind,
-        reason=verdict.reason,
-        action=verdict.action,
-        host=verdict.host,
-        gpu=verdict.gpu,
-        job=verdict.job,
-        rank=verdict.rank,
-        evidence=list(verdict.evidence),
-        opened_at=verdict.opened_at,
-        evidence_t=verdict.evidence_t,
-        updated_at=verdict.updated_at,
-        closed_at=verdict.closed_at,
-        close_reason=verdict.close_reason,
-        incident=verdict.incident,
-    )
+    """The stored form: the record's fields read off the verdict (``extra`` is not kept)."""
+    return msgspec.convert(verdict, VerdictRecord, from_attributes=True)
 
 
 def _verdict(record: VerdictRecord) -> Verdict:
-    return Verdict(
-        id=record.id,
-        key=tuple(record.key),
-        detector=record.detector,
-        kind=record.kind,
-        reason=record.reason,
-        action=record.action,
-        host=record.host,
-        gpu=record.gpu,
-        job=record.job,
-        rank=record.rank,
-        evidence=list(record.evidence[:MAX_EVIDENCE]),
-        opened_at=record.opened_at,
-        evidence_t=record.evidence_t,
-        updated_at=record.updated_at,
-        closed_at=record.closed_at,
-        close_reason=record.close_reason,
-        incident=record.incident,
-    )
+    verdict = msgspec.convert(record, Verdict, from_attributes=True)
+    del verdict.evidence[MAX_EVIDENCE:]  # a stored record is outside input: keep the bound
+    return verdict
 
 
 def _merge(primary: Finding, other: Finding) -> Finding:
