@@ -35,7 +35,7 @@ from sentinel.config.agent import (
 from sentinel.config.aggregator import AggregatorConfig
 from sentinel.config.common import MetricsConfig
 from sentinel.sim.host import SimCluster
-from sentinel.sim.scenario import Scenario
+from sentinel.sim.scenario import HOST_GLOB, Scenario
 from sentinel.web import status_page_routes
 
 AGENT_STOP_S = 6.0
@@ -84,7 +84,7 @@ async def aggregator(
         tune(config)
     app = create_app(
         config,
-        tokens=[token],
+        tokens=[f"{token} {HOST_GLOB}"],  # bound to the simulated hosts, as a deployment's should be
         clock=clock,
         registry=CollectorRegistry(),
         state_dir=state_dir,

@@ -116,6 +116,10 @@ class Scenario(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return data
 
 
+#: every simulated host's name matches this glob (the demo binds its agent token to it)
+HOST_GLOB = "host-*"
+
+
 def host_name(index: int) -> str:
     return f"host-{index:03d}"
 
