@@ -9,8 +9,11 @@ aggregator in the next batch's ``drops``.
 With several aggregators (``stream.aggregator_urls``) each is a *consumer* with its own acks: a batch stays
 until every consumer has acked it (or the byte bound pushes it out), and each consumer's cursor lists only
 what it has not acked yet, so the aggregator that comes back after an outage is sent its backlog while the
-other one is not sent anything twice. Acks are kept in memory: after an agent restart a batch acked by only
-one aggregator is sent to both again, and that one drops it by (host, seq).
+other one is not sent anything twice. Each consumer's acks of batches still spooled are appended to its own
+ack log (``acks-<hash of the URL>.log``: the URL on the first line, then one seq per line), so after an agent
+restart each aggregator is still sent only what it has not acked; the log is rewritten compactly when the
+acks it holds for batches already gone outnumber the live ones. A torn last line (a crash mid-append) is
+ignored: that ack is lost and the batch is resent, which the aggregator drops by (host, seq).
 
 File names are ``<seq:020d>_<samples>_<events>.batch`` so the spool can be indexed at start-up without
 decoding every file.
@@ -23,6 +26,7 @@ batch); after a restart numbering continues above the last reserved block, so se
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 from collections import OrderedDict, deque
 from dataclasses import dataclass
@@ -34,6 +38,10 @@ from sentinel.log import get_logger
 from sentinel.wire import Batch, Drops, encode
 
 SEQ_BLOCK = 1000
+#: an ack log larger than this is not read at start (the spool's own bound keeps real ones far smaller)
+MAX_ACK_LOG_BYTES = 64 * 1024 * 1024
+#: an ack log is compacted once it holds this many lines more than twice its live acks
+ACK_LOG_SLACK = 1024
 
 log = get_logger(module="agent.spool")
 _batch_decoder = msgspec.msgpack.Decoder(Batch)
@@ -100,6 +108,7 @@ class Spool:
         self.consumers = consumers if len(consumers) > 1 else ()
         #: per consumer, the spooled seqs it has acked while another consumer has not yet
         self._acked: dict[str, set[int]] = {name: set() for name in self.consumers}
+        self._ack_logs = {name: AckLog(directory, name) for name in self.consumers}
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._with_samples: deque[int] = deque()
         self._bytes = 0
@@ -125,8 +134,25 @@ class Spool:
             found.append(_Entry(seq, size, samples, events, path))
         for entry in sorted(found, key=lambda e: e.seq):
             self._index(entry)
+        self._load_acks()
         if found:
-            log.info("spool_loaded", batches=len(found), bytes=self._bytes)
+            log.info("spool_loaded", batches=len(self._entries), bytes=self._bytes)
+
+    def _load_acks(self) -> None:
+        """Each consumer's acks from its log; batches every consumer had acked go; stale logs are removed."""
+        kept = {ack_log.path for ack_log in self._ack_logs.values()}
+        for path in self.directory.glob("acks-*.log"):
+            if path not in kept:  # an aggregator no longer configured (or a single one now)
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        for name, ack_log in self._ack_logs.items():
+            self._acked[name] = {seq for seq in ack_log.load() if seq in self._entries}
+        if self._acked:
+            done = set.intersection(*self._acked.values())
+            for seq in sorted(done):
+                self._forget(seq, unlink=True)
+        for name, ack_log in self._ack_logs.items():
+            ack_log.rewrite(self._acked[name])
 
     def _index(self, entry: _Entry) -> None:
         self._entries[entry.seq] = entry
@@ -196,14 +222,23 @@ class Spool:
         if seq not in self._entries:
             return False
         acked = self._acked.get(consumer) if consumer is not None else None
-        if acked is not None:
+        if acked is not None and consumer is not None:
             if seq in acked:
                 return False
             acked.add(seq)
             if not all(seq in others for others in self._acked.values()):
+                self._log_ack(consumer, seq)
                 return True
         self._forget(seq, unlink=True)
         return True
+
+    def _log_ack(self, consumer: str, seq: int) -> None:
+        ack_log = self._ack_logs[consumer]
+        if not ack_log.append(seq):
+            self.write_errors += 1
+        live = self._acked[consumer]
+        if ack_log.lines > 2 * len(live) + ACK_LOG_SLACK and not ack_log.rewrite(live):
+            self.write_errors += 1
 
     def _forget(self, seq: int, *, unlink: bool) -> _Entry:
         entry = self._entries.pop(seq)
@@ -262,3 +297,63 @@ class Spool:
         """Drops since the last call (reported in the next batch)."""
         drops, self._drops = self._drops, Drops()
         return drops
+
+
+class AckLog:
+    """One consumer's acks of batches still spooled, on disk: the URL, then one seq per line, appended."""
+
+    def __init__(self, directory: Path, consumer: str) -> None:
+        digest = hashlib.sha256(consumer.encode()).hexdigest()[:16]
+        self.path = directory / f"acks-{digest}.log"
+        self.consumer = consumer
+        self.lines = 0  # seq lines in the file (live or not), to know when to compact
+
+    def load(self) -> set[int]:
+        """The seqs acked, from the file; a torn or foreign line is skipped, a foreign file ignored."""
+        try:
+            if self.path.stat().st_size > MAX_ACK_LOG_BYTES:
+                log.warning("spool_ack_log_ignored", path=str(self.path), problem="too large")
+                return set()
+            text = self.path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return set()
+        except OSError as exc:
+            log.warning("spool_ack_log_unreadable", path=str(self.path), error=str(exc))
+            return set()
+        header, _, body = text.partition("\n")
+        if header != self.consumer:
+            log.warning("spool_ack_log_ignored", path=str(self.path), problem="written for another URL")
+            return set()
+        acked: set[int] = set()
+        for line in body.split("\n")[:-1]:  # the last piece has no newline: torn (or empty)
+            if line.isdigit() and len(line) <= 20:
+                acked.add(int(line))
+        return acked
+
+    def append(self, seq: int) -> bool:
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                if os.fstat(fd).st_size == 0:
+                    os.write(fd, f"{self.consumer}\n".encode())
+                os.write(fd, f"{seq}\n".encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.warning("spool_ack_log_write_failed", path=str(self.path), error=str(exc))
+            return False
+        self.lines += 1
+        return True
+
+    def rewrite(self, acked: set[int]) -> bool:
+        """Replace the file by exactly ``acked`` (atomically: a crash leaves the old or the new one)."""
+        tmp = self.path.with_suffix(".tmp")
+        body = "".join(f"{seq}\n" for seq in sorted(acked))
+        try:
+            tmp.write_text(f"{self.consumer}\n{body}", encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            log.warning("spool_ack_log_write_failed", path=str(self.path), error=str(exc))
+            return False
+        self.lines = len(acked)
+        return True

@@ -73,9 +73,38 @@ def test_each_aggregator_has_its_own_acks_and_a_batch_leaves_once_all_have_it(tm
     assert len(spool) == 4  # B has none of them yet: all stay on disk
     assert spool.ack(0, "ws://b")
     assert spool.seqs() == [1, 2, 3] and not (tmp_path / f"{0:020d}_4_1.batch").exists()
-    # after an agent restart the acks are gone: both are sent everything again (they drop it by seq)
+    # after an agent restart each aggregator's acks are still there: A is not sent 1 again, B is
     reopened = Spool(tmp_path, max_bytes=1 << 20, consumers=("ws://a", "ws://b"))
-    assert reopened.seqs("ws://a") == reopened.seqs("ws://b") == [1, 2, 3]
+    assert reopened.seqs("ws://a") == [2, 3] and reopened.seqs("ws://b") == [1, 2, 3]
+    assert reopened.ack(1, "ws://b") and reopened.seqs() == [2, 3]  # acked by both now: gone
+    assert not reopened.ack(1, "ws://a")
+
+
+def test_a_torn_ack_line_is_not_taken_for_an_ack(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, max_bytes=1 << 20, consumers=("ws://a", "ws://b"))
+    for seq in [12, *range(120, 126)]:
+        spool.add(_batch(seq))
+    spool.ack(120, "ws://a")
+    (log_a,) = [p for p in tmp_path.glob("acks-*.log") if p.read_text().startswith("ws://a\n")]
+    with log_a.open("a") as f:
+        f.write("12")  # the agent died while appending the ack of 124, after two digits
+    reopened = Spool(tmp_path, max_bytes=1 << 20, consumers=("ws://a", "ws://b"))
+    assert reopened.seqs("ws://a") == [12, 121, 122, 123, 124, 125]  # the torn line is no ack of 12
+    assert reopened.seqs("ws://b") == [12, *range(120, 126)]
+
+
+def test_an_ack_log_is_compacted_and_stale_logs_go(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, max_bytes=1 << 20, consumers=("ws://a", "ws://b"))
+    for seq in range(3000):
+        spool.add(_batch(seq, samples=0))
+        spool.ack(seq, "ws://a")
+        if seq >= 10:
+            spool.ack(seq - 10, "ws://b")  # B trails by 10: A's log would hold 3,000 lines without compaction
+    logs = {p.read_text().split("\n", 1)[0]: p for p in tmp_path.glob("acks-*.log")}
+    assert len(logs["ws://a"].read_text().splitlines()) <= 1 + 2 * 10 + 1024
+    assert Spool(tmp_path, max_bytes=1 << 20, consumers=("ws://a", "ws://b")).seqs("ws://a") == []
+    single = Spool(tmp_path, max_bytes=1 << 20, consumers=("ws://a",))  # back to one aggregator
+    assert not list(tmp_path.glob("acks-*.log")) and single.seqs() == list(range(2990, 3000))
 
 
 def test_the_byte_bound_applies_whoever_has_not_acked(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -108,3 +109,71 @@ async def test_two_aggregators_reach_the_same_verdicts_and_the_spool_serves_the_
         if b.runner is not None:
             await b.stop()
     assert agent.spool is not None and len(agent.spool) == 0  # both acked everything: the spool is empty
+
+
+async def test_each_aggregators_acks_survive_an_agent_restart(tmp_path: Path) -> None:
+    """B is down while the agent restarts: the new agent sends A only new batches and B its whole backlog —
+    in the end both have applied every batch exactly once."""
+    a, b = Served(tmp_path / "a"), Served(tmp_path / "b")
+    await a.start()
+    await b.start()
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    config = make_config(
+        tmp_path,
+        stream={
+            "enabled": True,
+            "aggregator_urls": [a.url, b.url],
+            "token_file": str(token),
+            "backoff_initial_s": 0.05,
+            "backoff_max_s": 0.2,
+        },
+        collect={"tick_s": 0.05, "slow_tick_s": 0.2},
+    )
+
+    def host(served: Served) -> Any:
+        return served.aggregator.engine.fleet.hosts["host-test"]
+
+    source = FakeSource(gpus=4)
+    agent = Agent(config, source)
+    task = asyncio.create_task(agent.run())
+    restarted: Agent | None = None
+    try:
+        source.push_xid(1, 79, 0.0)
+        await wait_until(lambda: a.open() == b.open() == {("faulty", "host-test", 1, "xid_79")})
+        await b.stop()
+        applied_by_b = host(b).batches  # B restarts with an empty host view: count what it had
+        source.push_xid(2, 79, 0.0)
+        await wait_until(lambda: len(a.open()) == 2)
+        assert agent.spool is not None
+        await wait_until(lambda: len(agent.spool.seqs(b.url)) >= 5)  # type: ignore[union-attr]
+        agent.request_stop()
+        await asyncio.wait_for(task, 15)
+        backlog = agent.spool.seqs(b.url)
+        assert agent.spool.seqs(a.url) == []  # A acked everything before the agent stopped
+        applied_by_a = host(a).batches
+
+        restarted = Agent(config, FakeSource(gpus=4))
+        made = set(range(agent.seq.next))  # the batches of the first run, then those of the second
+        first_of_second = restarted.seq.next
+        task = asyncio.create_task(restarted.run())
+        assert restarted.spool is not None
+        assert restarted.spool.seqs(b.url) == backlog  # the acks were read back: B's backlog, none of A's
+        assert restarted.spool.seqs(a.url) == []
+        await wait_until(lambda: host(a).batches >= applied_by_a + 5)  # new batches reach A
+        assert host(a).duplicates == 0  # and nothing A had acked was sent to it again
+
+        await b.start()
+        await wait_until(lambda: b.open() == a.open())  # the second Xid reaches B from the backlog
+        await wait_until(lambda: len(restarted.spool.seqs(b.url)) <= config.stream.max_inflight)  # type: ignore[union-attr]
+    finally:
+        (restarted or agent).request_stop()
+        await asyncio.wait_for(task, 15)
+        await a.stop()
+        if b.runner is not None:
+            await b.stop()
+    assert restarted is not None and restarted.spool is not None and len(restarted.spool) == 0
+    made |= set(range(first_of_second, restarted.seq.next))
+    assert host(a).duplicates == host(b).duplicates == 0  # nothing sent twice to either
+    assert host(a).batches == len(made)  # nothing lost for A: every batch applied once
+    assert applied_by_b + host(b).batches == len(made)  # nor for B, before its outage and after
