@@ -513,6 +513,24 @@ class RemediationConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     audit_max_bytes: Annotated[
         int, msgspec.Meta(ge=4096, description="the audit log is rotated to .1 past this size")
     ] = 64 * 1024 * 1024
+    lease_file: Annotated[
+        str,
+        msgspec.Meta(
+            description="with two aggregators: a file on storage both mount (lockf must work on it, as for "
+            "Slurm's StateSaveLocation); only the lease holder acts, the other takes over when it lapses; "
+            "empty: this aggregator acts alone"
+        ),
+    ] = ""
+    lease_s: Annotated[
+        float,
+        msgspec.Meta(ge=1, le=3600, description="the lease runs this long and is renewed every third of it"),
+    ] = 15.0
+    lease_holder: Annotated[
+        str,
+        msgspec.Meta(
+            max_length=256, description="this aggregator's name in the lease (empty: host name and state_dir)"
+        ),
+    ] = ""
     rules: Annotated[list[RemediationRule], msgspec.Meta(description="the policy, first match wins")] = (
         msgspec.field(default_factory=_default_rules)
     )

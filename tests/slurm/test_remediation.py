@@ -8,7 +8,9 @@ test_slurm_e2e.py drives it through the aggregator from real agents).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -112,6 +114,7 @@ def remediator(
     book: VerdictBook,
     *,
     registry: CollectorRegistry | None = None,
+    clock: Callable[[], float] = time.time,
     **cfg: object,
 ) -> Remediator:
     config = RemediationConfig(
@@ -122,7 +125,12 @@ def remediator(
     )
     config = msgspec.structs.replace(config, **cfg)
     return Remediator(
-        config, book, state_dir=tmp_path, registry=registry or CollectorRegistry(), env=slurm.env()
+        config,
+        book,
+        state_dir=tmp_path,
+        registry=registry or CollectorRegistry(),
+        env=slurm.env(),
+        clock=clock,
     )
 
 
@@ -311,3 +319,115 @@ async def test_open_verdicts_at_start_are_looked_at_once(idle_slurm: SlurmCluste
     outcomes = {rec["node"]: rec["outcome"] for rec in r.audit.read()}
     assert outcomes == {"sn1": "already", "sn2": "done"}
     assert "DRAIN" in idle_slurm.node_state("sn2")[0] and pending.id in idle_slurm.node_state("sn2")[1]
+
+
+class Clock:
+    """Wall time that moves only when the test says (the lease's expiry is decided on it)."""
+
+    def __init__(self) -> None:
+        self.t = time.time()
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def hw_finding(host: str, gpu: int = 3) -> Finding:
+    return Finding(
+        key=("hw", host, str(gpu)),
+        detector="hardware",
+        kind="faulty",
+        reason="xid_79",
+        action="reboot",
+        evidence=("xid_79 (fallen off the bus)",),
+        evidence_t=time.time(),
+        host=host,
+        gpu=gpu,
+    )
+
+
+def open_on(book: VerdictBook, r: Remediator, *findings: Finding) -> None:
+    """The engine's path: reconcile the findings into the book and hand every change to the listener."""
+    for change in book.reconcile("hardware", list(findings), time.time()):
+        r.on_change(change)
+
+
+def outcomes(r: Remediator) -> list[tuple[str, str]]:
+    return [(rec["node"], rec["outcome"]) for rec in r.audit.read()]
+
+
+async def test_two_aggregators_with_a_lease_act_once_and_the_follower_takes_over(
+    idle_slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """Two aggregators reach the same verdict at the same instant: only the lease holder drains. The holder
+    crashes (hands nothing back); once its lease has run out (plus the command deadline) the follower takes
+    over: the drain the dead one did is ``already``, the verdict it never got to is drained. The restarted
+    one follows; a clean stop hands the lease back at once."""
+    clock = Clock()
+    lease = tmp_path / "lease.json"
+    ha = {"lease_file": str(lease), "lease_s": 15.0, "command_timeout_s": 10.0}
+    book_a, book_b = VerdictBook(), VerdictBook(id_prefix="w")
+    a = remediator(idle_slurm, tmp_path / "a", book_a, clock=clock, lease_holder="agg-a", **ha)
+    b = remediator(idle_slurm, tmp_path / "b", book_b, clock=clock, lease_holder="agg-b", **ha)
+    await a.start()
+    await b.start()
+    a_back: Remediator | None = None
+    try:
+        assert a.leading and not b.leading
+        assert metric_value(a, "sentinel_remediation_leader") == 1
+        assert metric_value(b, "sentinel_remediation_leader") == 0
+        open_on(book_a, a, hw_finding("sn1"))
+        open_on(book_b, b, hw_finding("sn1"))
+        await asyncio.wait_for(a.idle.wait(), 20)
+        await asyncio.wait_for(b.idle.wait(), 20)
+        assert outcomes(a) == [("sn1", "done")] and outcomes(b) == []
+        (va,) = book_a.open.values()
+        assert idle_slurm.node_state("sn1")[1] == f"sentinel: faulty xid_79 GPU 3 {va.id}"
+        # the follower's own drain call does nothing either (it never reads nor writes Slurm)
+        (vb,) = book_b.open.values()
+        assert await b.drain(vb) == "follower"
+
+        await a.stop(release=False)  # A crashes holding the lease
+        open_on(book_b, b, hw_finding("sn1"), hw_finding("sn2", gpu=1))  # a new fault while A is gone
+        await asyncio.wait_for(b.idle.wait(), 20)
+        assert outcomes(b) == [] and idle_slurm.node_state("sn2")[0] == "IDLE"
+        clock.t += 15.0 + 10.0 - 1.0  # A's lease has run out, but a command it started may still run
+        assert not await b.renew()
+        clock.t += 2.0
+        assert await b.renew()  # B takes over and looks at every open verdict once
+        await asyncio.wait_for(b.idle.wait(), 20)
+        assert sorted(outcomes(b)) == [("sn1", "already"), ("sn2", "done")]
+        (vb2,) = [v for v in book_b.open.values() if v.host == "sn2"]
+        assert vb2.id in idle_slurm.node_state("sn2")[1]
+        assert json.loads(lease.read_text())["holder"] == "agg-b"
+
+        a_back = remediator(idle_slurm, tmp_path / "a", book_a, clock=clock, lease_holder="agg-a", **ha)
+        await a_back.start()  # A restarts: B holds the lease, so A follows and repeats nothing
+        await asyncio.wait_for(a_back.idle.wait(), 20)
+        assert not a_back.leading and outcomes(a_back) == [("sn1", "done")]  # its old record, nothing new
+
+        await b.stop()  # a clean stop hands the lease back: A leads at its next renewal, no waiting
+        assert await a_back.renew()
+    finally:
+        for r in (a, b, a_back):
+            if r is not None:
+                await r.stop()
+
+
+async def test_an_unusable_lease_file_means_not_acting(idle_slurm: SlurmCluster, tmp_path: Path) -> None:
+    book = VerdictBook()
+    missing_dir = tmp_path / "not-mounted" / "lease.json"
+    r = remediator(idle_slurm, tmp_path, book, lease_file=str(missing_dir))
+    await r.start()
+    try:
+        open_on(book, r, hw_finding("sn4"))
+        await asyncio.wait_for(r.idle.wait(), 20)
+    finally:
+        await r.stop()
+    assert not r.leading and outcomes(r) == [] and idle_slurm.node_state("sn4")[0] == "IDLE"
+    assert metric_value(r, "sentinel_remediation_lease_errors_total") == 1
+    assert metric_value(r, "sentinel_remediation_leader") == 0
+
+
+def metric_value(r: Remediator, name: str) -> float | None:
+    assert r.metrics.registry is not None
+    return r.metrics.registry.get_sample_value(name, {"cluster": r.metrics.cluster})

@@ -15,12 +15,18 @@ verdict*, no other open verdict that drains the node, and the validation command
 
 Every outcome — done, dry_run, already, refused, failed — goes to the audit log, the
 ``sentinel_remediation_actions`` counter and the verdict's ``remediation`` record (shown by the API).
+
+With two aggregators (``remediation.lease_file``, :mod:`.lease`) only the lease holder acts: the follower
+queues nothing, and when it takes the lease over it looks once at every open verdict — the Slurm check makes
+what the old holder did an ``already`` and drains what it never got to.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import socket
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -30,6 +36,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from sentinel.aggregator.remediation.audit import AuditLog
+from sentinel.aggregator.remediation.lease import LeaseFile, LeaseState
 from sentinel.aggregator.remediation.policy import check_breaker, wants_drain
 from sentinel.aggregator.verdicts import Change, Verdict, VerdictBook
 from sentinel.config.aggregator import RemediationConfig
@@ -72,6 +79,18 @@ class RemediationMetrics:
         self.mode = Gauge(
             "sentinel_remediation_mode",
             "Remediation mode: 0 off, 1 dry run, 2 acting",
+            ["cluster"],
+            registry=r,
+        ).labels(cluster)
+        self.leader = Gauge(
+            "sentinel_remediation_leader",
+            "1 while this aggregator may act on Slurm (it holds the remediation lease, or needs none)",
+            ["cluster"],
+            registry=r,
+        ).labels(cluster)
+        self.lease_errors = Counter(
+            "sentinel_remediation_lease_errors",
+            "Renewals of the remediation lease that failed (file unreadable, unlockable or slow)",
             ["cluster"],
             registry=r,
         ).labels(cluster)
@@ -119,6 +138,17 @@ class Remediator:
         self.settled: OrderedDict[str, None] = OrderedDict()
         self._queued: set[str] = set()
         self._worker: asyncio.Task[None] | None = None
+        holder = config.lease_holder or f"{socket.gethostname()}:{state_dir}"
+        self.lease = (
+            LeaseFile(Path(config.lease_file), holder, config.lease_s, grace_s=config.command_timeout_s)
+            if config.lease_file
+            else None
+        )
+        #: our lease runs until then (clock time); no lease file: always
+        self.lease_until = -math.inf if self.lease is not None else math.inf
+        self.lease_holder = ""  # who holds it, as last read
+        self._lease_task: asyncio.Task[None] | None = None
+        self._renewing: asyncio.Future[LeaseState] | None = None
         self.idle = asyncio.Event()
         self.idle.set()
 
@@ -126,34 +156,107 @@ class Remediator:
 
     async def start(self) -> None:
         if self.config.enabled and self._worker is None:
-            self._worker = asyncio.get_running_loop().create_task(self._work(), name="remediation")
-            # verdicts restored from durable state open no change: look at each once (Slurm's state makes a
-            # drain that was already done an ``already``, never a second action)
-            for verdict in list(self.book.open.values()):
-                if verdict.host and wants_drain(
-                    self.config.rules, verdict.kind, verdict.action, verdict.reason
-                ):
-                    self._enqueue("drain", verdict)
+            loop = asyncio.get_running_loop()
+            self._worker = loop.create_task(self._work(), name="remediation")
+            if self.lease is not None:
+                await self.renew()  # a lone aggregator acts at once; the second one starts as follower
+                self._lease_task = loop.create_task(self._lease_loop(), name="remediation-lease")
+            else:
+                self.metrics.leader.set(1)
+                self._look_at_open()
             log().info(
                 "remediation_started",
                 dry_run=self.config.dry_run,
                 partition=self.config.partition,
                 audit_log=str(self.audit.path),
+                lease_file=self.config.lease_file,
+                leader=self.leading,
             )
 
-    async def stop(self) -> None:
+    def _look_at_open(self) -> None:
+        """Queue every open verdict the policy drains, once: at start (verdicts restored from durable state
+        open no change) and on taking the lease over (the follower queued nothing). Slurm's state makes a
+        drain that was already done an ``already``, never a second action."""
+        for verdict in list(self.book.open.values()):
+            if (
+                verdict.host
+                and verdict.id not in self.settled
+                and verdict.id not in self._queued
+                and wants_drain(self.config.rules, verdict.kind, verdict.action, verdict.reason)
+            ):
+                self._enqueue("drain", verdict)
+
+    async def stop(self, *, release: bool = True) -> None:
+        """Stop acting; ``release``: hand the lease back so the other aggregator takes over at once (a crash
+        hands nothing back: the other waits for the lease to run out)."""
+        if self._lease_task is not None:
+            self._lease_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lease_task
+            self._lease_task = None
         if self._worker is not None:
             self._worker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
             self._worker = None
+        if self.lease is not None and self.leading and release:
+            lease = self.lease
+            with contextlib.suppress(Exception):  # a clean stop hands over at once instead of after lease_s
+                await asyncio.wait_for(asyncio.to_thread(lease.release), self.config.command_timeout_s)
+            self.lease_until = -math.inf
+            self.metrics.leader.set(0)
+
+    # -- the lease ------------------------------------------------------------------------------------
+
+    @property
+    def leading(self) -> bool:
+        """May act now: no lease is configured, or ours has not run out."""
+        return self.clock() < self.lease_until
+
+    async def _lease_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.lease_s / 3)
+            await self.renew()
+
+    async def renew(self) -> bool:
+        """Take or renew the lease (in a thread, with the command deadline); True while we hold it.
+
+        A renewal that fails or hangs (storage gone) counts as not holding: this aggregator stops acting when
+        its lease runs out, and a hung call is not started again until it returns.
+        """
+        if self.lease is None:
+            return True
+        was = self.leading
+        now = self.clock()
+        try:
+            renewing = self._renewing
+            if renewing is None or renewing.done():
+                renewing = self._renewing = asyncio.ensure_future(asyncio.to_thread(self.lease.hold, now))
+            state = await asyncio.wait_for(asyncio.shield(renewing), self.config.command_timeout_s)
+        except (OSError, TimeoutError) as exc:
+            self.metrics.lease_errors.inc()
+            log().error(
+                "remediation_lease_failed", path=str(self.lease.path), error=f"{type(exc).__name__}: {exc}"
+            )
+        else:
+            self.lease_holder = state.holder
+            if state.holder == self.lease.holder:
+                self.lease_until = state.until
+        now_leading = self.leading
+        self.metrics.leader.set(1 if now_leading else 0)
+        if now_leading and not was:
+            log().warning("remediation_lease_taken", holder=self.lease.holder, path=str(self.lease.path))
+            self._look_at_open()
+        elif was and not now_leading:
+            log().warning("remediation_lease_lost", holder=self.lease_holder, path=str(self.lease.path))
+        return now_leading
 
     # -- input ----------------------------------------------------------------------------------------
 
     def on_change(self, change: Change) -> None:
         """Engine listener (synchronous, on the loop): queue what the policy asks for."""
-        if not self.config.enabled:
-            return
+        if not self.config.enabled or not self.leading:
+            return  # a follower queues nothing: it looks at every open verdict when it takes the lease
         v = change.verdict
         if change.what in ("opened", "updated"):
             if v.id in self.settled or v.id in self._queued or not v.host:
@@ -171,7 +274,7 @@ class Remediator:
 
     def tick(self, now: float) -> None:
         """Retry refused or failed drains of verdicts still open, each at most every ``retry_s``."""
-        if not self.config.enabled or not self.retry:
+        if not self.config.enabled or not self.retry or not self.leading:
             return
         for vid, tried in list(self.retry.items()):
             verdict = self.book.by_id.get(vid)
@@ -231,6 +334,8 @@ class Remediator:
         node = self.node_of(verdict.host or "")
         if verdict.state != "open":
             return "skipped"
+        if not self.leading:
+            return "follower"  # not settled: looked at again if this aggregator takes the lease
         nodes, error = await self.slurm.nodes(self.config.partition)
         if error:
             return self._failed(verdict, "drain", "slurm_unreadable", node=node, detail=error, now=now)
@@ -269,6 +374,8 @@ class Remediator:
             return self._record(
                 verdict, "drain", "dry_run", "", node=node, detail=f"would drain with reason {reason!r}"
             )
+        if not self.leading:  # the lease ran out while Slurm was read: the other one may be acting now
+            return "follower"
         done = await self.slurm.drain(node, reason)
         if not done.ok:
             return self._failed(verdict, "drain", "scontrol_failed", node=node, detail=done.output, now=now)
@@ -332,6 +439,8 @@ class Remediator:
             return self._record(
                 verdict, "resume", "dry_run", "", node=node, detail="validation passed; would resume"
             )
+        if not self.leading:
+            return "follower"
         done = await self.slurm.resume(node)
         if not done.ok:
             return self._record(verdict, "resume", "failed", "scontrol_failed", node=node, detail=done.output)
