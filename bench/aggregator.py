@@ -74,6 +74,7 @@ def serve(workdir: Path, core: int) -> None:
     raise_nofile()
     from aiohttp import web
 
+    from sentinel.aggregator.listener import AggregatorSite
     from sentinel.aggregator.server import create_app
     from sentinel.config.aggregator import AggregatorConfig, IncidentsConfig, LimitsConfig, ServerConfig
     from sentinel.log import setup_logging
@@ -82,14 +83,16 @@ def serve(workdir: Path, core: int) -> None:
     config = AggregatorConfig(
         server=ServerConfig(listen_host="127.0.0.1", listen_port=0, state_dir=str(workdir)),
         incidents=IncidentsConfig(enabled=False),
-        limits=LimitsConfig(max_streams_per_peer=1 << 20),  # every simulated host connects from 127.0.0.1
+        limits=LimitsConfig(  # every simulated host connects from 127.0.0.1
+            max_streams_per_peer=1 << 20, max_connections_per_peer=1 << 20
+        ),
     )
 
     async def main() -> None:
         app = create_app(config, tokens=[TOKEN])
         runner = web.AppRunner(app, access_log=None, handle_signals=True)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
+        site = AggregatorSite(runner, "127.0.0.1", 0, backlog=4096)
         await site.start()
         port = runner.addresses[0][1]
         (workdir / "port").write_text(str(port))

@@ -38,8 +38,10 @@ from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.frdumps import settings_for_frame
 from sentinel.aggregator.incidents import IncidentManager, IncidentStore
 from sentinel.aggregator.latches import FleetLatches
+from sentinel.aggregator.listener import PEER_GATE_KEY, PeerGate
 from sentinel.aggregator.metrics import AggregatorMetrics
 from sentinel.aggregator.pushback import VerdictPush
+from sentinel.aggregator.refusals import RefusalLog
 from sentinel.aggregator.remediation import Remediator
 from sentinel.aggregator.store import BuiltinsHolder, StateStore, StoreError
 from sentinel.aggregator.views import gpu_health, host_dict, job_detail, job_summary
@@ -219,6 +221,14 @@ class Aggregator:
         self.metrics = AggregatorMetrics(config.fleet.cluster, registry)
         self.engine = Engine(config, metrics=self.metrics)
         self.metrics.attach(self.engine, lambda: len(self.by_host))
+        #: every refused connection or frame: counted by reason, logged a few lines per interval
+        self.refusals = RefusalLog(self.metrics)
+        #: open TCP connections per peer address, limited at accept (:class:`~.listener.AggregatorSite`)
+        self.peer_gate = PeerGate(
+            lambda: self.config.limits.max_connections_per_peer,
+            self._peer_refused,
+            handshake_timeout_s=config.limits.header_timeout_s,
+        )
         self.connections: set[Connection] = set()
         self.by_host: dict[str, Connection] = {}
         #: command id → (the connection it went to, its answer); only that connection may answer it
@@ -382,6 +392,7 @@ class Aggregator:
                 except Exception as exc:  # health pushback must not stop the detector loop
                     log().error("verdict_push_failed", error=f"{type(exc).__name__}: {exc}")
             self._gc_maintenance(loop.time())
+            self.refusals.flush()
             if self.on_tick is not None:
                 self.on_tick(self.clock())
             delay = next_at - loop.time()
@@ -463,18 +474,20 @@ class Aggregator:
         peer = request.remote or "?"
         grants = self.grants_for(request.headers.get("Authorization", ""))
         if not grants:
-            self.metrics.rejected("unauthorized")
-            log().warning("stream_unauthorized", peer=peer)
+            self.refusals.refused("unauthorized", "stream_unauthorized", peer=peer)
             raise web.HTTPUnauthorized(
                 text="missing or invalid bearer token\n", headers={"WWW-Authenticate": "Bearer"}
             )
         limits = self.config.limits
         if len(self.connections) >= limits.max_connections:
-            self.metrics.rejected("too_many_connections")
+            self.refusals.refused(
+                "too_many_connections", "stream_refused", peer=peer, limit=limits.max_connections
+            )
             raise web.HTTPServiceUnavailable(text="too many agent connections\n")
         if self._per_peer.get(peer, 0) >= limits.max_streams_per_peer:
-            self.metrics.rejected("too_many_from_peer")
-            self._warn_limited("stream_peer_limit", peer=peer, limit=limits.max_streams_per_peer)
+            self.refusals.refused(
+                "too_many_from_peer", "stream_refused", peer=peer, limit=limits.max_streams_per_peer
+            )
             raise web.HTTPServiceUnavailable(text="too many agent connections from this address\n")
         # No WebSocket heartbeat: it re-arms a timer on every message, a measurable share of the ingest cost
         # at 6,000 agents. Dead peers are found by TCP keepalive instead; a reconnecting agent replaces its
@@ -488,9 +501,13 @@ class Aggregator:
         try:
             await self._serve(conn)
         except Exception as exc:  # whatever one connection does, the aggregator carries on
-            self.metrics.rejected("ingest_error")
-            log().error(
-                "stream_failed", peer=peer, host=conn.host, error=f"{type(exc).__name__}: {exc}"[:300]
+            self.refusals.refused(
+                "ingest_error",
+                "stream_failed",
+                level="error",
+                peer=peer,
+                host=conn.host,
+                error=f"{type(exc).__name__}: {exc}"[:300],
             )
         finally:
             self.connections.discard(conn)
@@ -515,16 +532,9 @@ class Aggregator:
         return certificate_names(ssl_object.getpeercert())
 
     async def _close(self, conn: Connection, code: int, reason: str, why: str, **extra: str) -> None:
-        self.metrics.rejected(reason)
-        log().warning(
-            "stream_closed",
-            peer=conn.peer,
-            host=conn.host,
-            code=code,
-            reason=reason,
-            detail=why[:300],
-            **extra,
-        )
+        fields: dict[str, Any] = {"peer": conn.peer, "host": conn.host, "code": code, "detail": why[:300]}
+        fields.update(extra)
+        self.refusals.refused(reason, "stream_closed", **fields)
         await conn.ws.close(code=code, message=f"{reason}: {why}".encode()[:120])
 
     async def _serve(self, conn: Connection) -> None:
@@ -577,13 +587,14 @@ class Aggregator:
                         if fresh and frame.drops is not None:
                             self._log_drops(view.name, frame)
                     except Exception as exc:  # never die from what an agent sends
-                        log().error(
+                        self.refusals.refused(
+                            "ingest_error",
                             "ingest_failed",
+                            level="error",
                             host=conn.host,
                             seq=frame.seq,
-                            error=f"{type(exc).__name__}: {exc}",
+                            error=f"{type(exc).__name__}: {exc}"[:300],
                         )
-                        self.metrics.rejected("ingest_error")
                     try:
                         await ws.send_bytes(encode(Ack(seq=frame.seq)))
                     except (ConnectionError, RuntimeError):
@@ -626,28 +637,22 @@ class Aggregator:
         # detected itself (a message over max_msg_size: 1009)
         error = ws.exception()
         code = getattr(error, "code", None) or ws.close_code or 1000
-        if code == CLOSE_TOO_BIG:
-            self.metrics.rejected("frame_too_large")
-            log().warning(
+        if code == CLOSE_TOO_BIG or (
+            error is not None and not isinstance(error, ConnectionError) and code != 1006
+        ):
+            self.refusals.refused(
+                "frame_too_large" if code == CLOSE_TOO_BIG else "protocol",
                 "stream_closed",
                 peer=conn.peer,
                 host=conn.host,
                 code=code,
-                reason="frame_too_large",
-                detail=str(error)[:300],
-            )
-        elif error is not None and not isinstance(error, ConnectionError) and code != 1006:
-            self.metrics.rejected("protocol")
-            log().warning(
-                "stream_closed",
-                peer=conn.peer,
-                host=conn.host,
-                code=code,
-                reason="protocol",
                 detail=str(error)[:300],
             )
         elif error is not None or code not in (1000, 1001):
             log().info("stream_lost", peer=conn.peer, host=conn.host, code=code)
+
+    def _peer_refused(self, ip: str, limit: int) -> None:
+        self.refusals.refused("peer_connection_limit", "connection_refused", peer=ip, limit=limit)
 
     def _warn_limited(self, event: str, **fields: Any) -> None:
         """A warning at most every 10 s per event, with how many were suppressed: floods cannot fill the log."""
@@ -682,8 +687,8 @@ class Aggregator:
             return
         target, future = entry
         if target is not conn:
-            self.metrics.rejected("foreign_answer")
-            log().warning(
+            self.refusals.refused(
+                "foreign_answer",
                 "command_answer_refused",
                 peer=conn.peer,
                 host=conn.host,
@@ -868,8 +873,9 @@ def read_token_middleware(aggregator: Aggregator, tokens: Sequence[bytes]) -> An
             for accepted in tokens:
                 ok |= hmac.compare_digest(given, accepted)
             if scheme.lower() != "bearer" or not ok:
-                aggregator.metrics.rejected("api_unauthorized")
-                aggregator._warn_limited("api_unauthorized", peer=request.remote or "?", path=path[:200])
+                aggregator.refusals.refused(
+                    "api_unauthorized", "api_unauthorized", peer=request.remote or "?", path=path[:200]
+                )
                 raise web.HTTPUnauthorized(
                     text="this API needs a read token: Authorization: Bearer <token>\n",
                     headers={"WWW-Authenticate": "Bearer"},
@@ -982,6 +988,7 @@ def create_app(
         )
     app = web.Application(client_max_size=1024 * 1024, middlewares=middlewares)
     app[AGGREGATOR_KEY] = aggregator
+    app[PEER_GATE_KEY] = aggregator.peer_gate
     app.add_routes(
         [
             web.get("/healthz", aggregator.healthz),

@@ -15,8 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from aiohttp import web
-
+from sentinel.aggregator.listener import AggregatorSite
 from sentinel.aggregator.server import (
     AGGREGATOR_KEY,
     LoopErrorLimiter,
@@ -105,7 +104,7 @@ async def serve(config: AggregatorConfig, *, config_path: Path | None = None) ->
     limiter.install(asyncio.get_running_loop())
     await runner.setup()
     try:
-        site = web.TCPSite(
+        site = AggregatorSite(
             runner,
             config.server.listen_host,
             config.server.listen_port,

@@ -188,6 +188,15 @@ class LimitsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "cannot fill max_connections (a simulated fleet on one machine needs one per simulated host)",
         ),
     ] = 512
+    max_connections_per_peer: Annotated[
+        int,
+        msgspec.Meta(
+            ge=1,
+            description="TCP connections from one IP address at once, counted at accept before anything is "
+            "read (streams, REST, idle or half-open sockets, TLS handshakes); one more is closed at once and "
+            "counted as peer_connection_limit. Keep it above max_streams_per_peer",
+        ),
+    ] = 1024
     header_timeout_s: Annotated[
         float,
         msgspec.Meta(

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from sentinel.agent.agent import Agent
 from sentinel.agent.source import GpuSource
+from sentinel.aggregator.listener import AggregatorSite
 from sentinel.aggregator.server import create_app, make_runner
 from sentinel.config.agent import (
     AgentConfig,
@@ -93,7 +94,7 @@ async def aggregator(
     runner = make_runner(app, handle_signals=False, shutdown_timeout=2.0)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, "127.0.0.1", port)
+        site = AggregatorSite(runner, "127.0.0.1", port)
         try:
             await site.start()
         except OSError as exc:

@@ -12,6 +12,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from sentinel.aggregator.listener import AggregatorSite
 from sentinel.aggregator.server import AGGREGATOR_KEY, Aggregator, create_app, make_runner
 from sentinel.config.aggregator import AggregatorConfig
 from sentinel.wire import (
@@ -90,7 +91,7 @@ async def running_aggregator(
     )
     runner = make_runner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = AggregatorSite(runner, "127.0.0.1", 0)
     await site.start()
     port = runner.addresses[0][1]
     try:

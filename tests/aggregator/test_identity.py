@@ -15,6 +15,7 @@ import pytest
 import structlog
 from aiohttp import web
 
+from sentinel.aggregator.listener import AggregatorSite
 from sentinel.aggregator.server import (
     AGGREGATOR_KEY,
     CLOSE_HOST_NOT_ALLOWED,
@@ -216,7 +217,7 @@ async def test_mutual_tls_binds_the_host_to_the_client_certificate(tmp_path: Pat
     app = create_app(config, tokens=["shared-token rack-*"], state_dir=tmp_path)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ssl_context(server))
+    site = AggregatorSite(runner, "127.0.0.1", 0, ssl_context=server_ssl_context(server))
     await site.start()
     url = f"wss://127.0.0.1:{runner.addresses[0][1]}/api/v1/stream"
     headers = {"Authorization": "Bearer shared-token"}
