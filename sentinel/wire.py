@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from sentinel.components.bounds import MAX_LIST, Short
+from sentinel.components.clocks.record import ClockViolations
 from sentinel.components.device.record import GpuInfo, GpuSourceHealth, GpuState
 from sentinel.components.ecc.record import EccCounters, RetiredPages
 from sentinel.components.fabric.record import FabricInfo
@@ -37,6 +38,7 @@ __all__ = [
     "AgentFrame",
     "AggregatorFrame",
     "Batch",
+    "ClockViolations",
     "Command",
     "CommandResult",
     "Drops",
@@ -106,6 +108,7 @@ class GpuSample(msgspec.Struct, kw_only=True, omit_defaults=True):
     remap: RowRemap | None = None
     retired: RetiredPages | None = None
     nvlink: Annotated[list[NvLink], msgspec.Meta(max_length=MAX_LIST)] | None = None
+    violations: ClockViolations | None = None  # cumulative clock-policy violation time (slow ticks)
 
 
 class Event(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -18,13 +18,16 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from sentinel.components.clocks.record import POWER_REASONS, THERMAL_REASONS
+from sentinel.components.clocks.record import POWER_REASONS, THERMAL_REASONS, ClockViolations
+from sentinel.components.clocks.rule import violation_shares
 from sentinel.components.device.record import GpuSourceHealth
 from sentinel.components.fabric.record import FabricInfo
 from sentinel.components.ib.record import IbPort
 from sentinel.components.nccl_debug.record import DebugReadiness
 from sentinel.components.nccl_ras.record import RasStatus
+from sentinel.components.nvlink.record import NvLink
 from sentinel.components.nvlink.rule import error_total as nvlink_error_total
+from sentinel.components.nvlink.rule import rises as nvlink_rises
 from sentinel.components.pcie.record import PcieLink
 from sentinel.components.xid.catalog import xid_info
 from sentinel.components.xid.parse import XidRecord, parse_xid
@@ -86,6 +89,10 @@ class GpuView:
     ema_power: float | None = None
     ema_thermal: float = 0.0
     ema_power_cap: float = 0.0
+    violations: ClockViolations | None = None  # latest cumulative clock-policy violation time
+    #: policy → share of the interval between the last two violation readings it held the clocks back
+    violation_share: dict[str, float] = field(default_factory=dict)
+    violation_span_s: float = 0.0
     ecc: EccCounters | None = None
     ecc_prev: EccCounters | None = None  # the reading before the latest change (to see a rise)
     ecc_t: float = 0.0
@@ -93,7 +100,8 @@ class GpuView:
     remap_prev: RowRemap | None = None
     remap_t: float = 0.0
     nvlink_hist: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RATE_HISTORY))
-    nvlink_last: object = None
+    nvlink_last: list[NvLink] | None = None
+    nvlink_rose: tuple[str, ...] = ()  # which links and counters rose at the latest change
     nvlink_prev: tuple[float, int] | None = None  # latest (t, total), changed or not
     pcie_hist: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RATE_HISTORY))
     pcie_prev: tuple[float, int] | None = None
@@ -415,15 +423,24 @@ class FleetState:
             gpu.remap = remap
         links = s.nvlink
         if links is not None and links is not gpu.nvlink_last:
-            gpu.nvlink_last = links
             total = nvlink_error_total(links)
             prev = gpu.nvlink_prev
             if prev is None or prev[1] != total:
                 _change(gpu.nvlink_hist, prev, s.t, total)
                 gpu.dirty = gpu.dirty or prev is not None
+                if prev is not None and gpu.nvlink_last is not None:
+                    gpu.nvlink_rose = nvlink_rises(gpu.nvlink_last, links)
+            gpu.nvlink_last = links
             gpu.nvlink_prev = (s.t, total)
         elif links is not None and gpu.nvlink_prev is not None:
             gpu.nvlink_prev = (s.t, gpu.nvlink_prev[1])  # same readings as before: only the time moves on
+        violations = s.violations
+        if violations is not None and violations is not gpu.violations:
+            before = gpu.violations
+            if before is not None and violations.reference_us > before.reference_us:
+                gpu.violation_share = violation_shares(before, violations)
+                gpu.violation_span_s = (violations.reference_us - before.reference_us) / 1e6
+            gpu.violations = violations
         if gpu.dirty:
             self.dirty_gpus.append(gpu)
 

@@ -21,10 +21,44 @@ class Get(Protocol):
     def __call__(self, gpu: int, field: str, fn: Callable[..., Any], /, *args: Any) -> Any: ...
 
 
-class FieldUnsupported(Exception):
-    """Raised by a read helper when NVML answered for the call but not for this field (a field-value read's
-    per-value NOT_SUPPORTED): ``get`` remembers it like a NOT_SUPPORTED return."""
-
-
 class GpuSourceDown(Exception):
     """NVML as a whole stopped working (uninitialised, driver not loaded or reloaded): re-initialise it."""
+
+
+#: one requested NVML field value: (name, field id, scope id). ``name`` is what NOT_SUPPORTED is remembered
+#: under (per GPU) and what ``sentinel agent once`` lists, e.g. ``nvlink3.replay``; the scope is the link for
+#: per-link NVLink fields and 0 for device-wide ones.
+FieldRequest = tuple[str, int, int]
+#: answered values by name; a field NVML did not answer is absent
+FieldAnswers = dict[str, float]
+
+
+class FieldValues(Protocol):
+    """The GPU source's batched read: one ``nvmlDeviceGetFieldValues`` call for every request of a GPU
+    (:meth:`sentinel.agent.nvml.NvmlSource.field_values`). NVML answers per value; a value answering
+    NOT_SUPPORTED is remembered per GPU and name and not asked again."""
+
+    def __call__(self, gpu: int, handle: Any, requests: list[FieldRequest], /) -> FieldAnswers: ...
+
+
+def field_number(value: Any) -> float | None:
+    """The number in an ``nvmlFieldValue_t`` by its ``valueType`` (NVML_VALUE_TYPE_*); None for a type this
+    build does not know (never guess which union member holds it)."""
+    kind = int(value.valueType)
+    union = value.value
+    member = _VALUE_MEMBERS.get(kind)
+    if member is None:
+        return None
+    return float(getattr(union, member))
+
+
+#: NVML_VALUE_TYPE_* → the member of ``c_nvmlValue_t`` that holds it
+_VALUE_MEMBERS: dict[int, str] = {
+    0: "dVal",
+    1: "uiVal",
+    2: "ulVal",
+    3: "ullVal",
+    4: "sllVal",
+    5: "siVal",
+    6: "usVal",
+}

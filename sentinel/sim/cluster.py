@@ -233,7 +233,7 @@ class ClusterSim:
             )
         elif kind == "nvlink_errors":
             assert fault.rate_per_s is not None
-            gpu.nvlink_base = gpu.nvlinks(t)[0].crc_errors
+            gpu.nvlink_base = gpu.nvlinks(t)[0].crc_errors or 0
             gpu.nvlink_since, gpu.nvlink_rate = t, fault.rate_per_s
         elif kind == "thermal_throttle":
             assert fault.clock_mhz is not None

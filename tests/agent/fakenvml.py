@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import queue
 import threading
+import time
 import types
 from collections import Counter
 from collections.abc import Callable
@@ -66,6 +67,16 @@ class FakeGpu:
     retired_pending: int = 0
     nvlinks: dict[int, bool] = field(default_factory=lambda: {0: True, 1: True})
     nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)  # (link, counter) -> count
+    #: ``hopper``: NVLink data-link CRC/replay/recovery counters (nvmlDeviceGetNvLinkErrorCounter and the
+    #: DL field ids); ``blackwell``: those answer NOT_SUPPORTED, the symbol/effective-error and BER fields
+    #: answer instead (what R570+ drivers do on B200/GB200)
+    generation: str = "hopper"
+    #: Blackwell NVLink fields: (field id, link) -> raw value (BER fields hold NVML's mantissa/exponent code)
+    nvlink_fields: dict[tuple[int, int], int] = field(default_factory=dict)
+    #: nvmlDeviceGetViolationStatus: perf policy -> cumulative violation ns; a policy absent: NOT_SUPPORTED
+    violations: dict[int, int] = field(
+        default_factory=lambda: {0: 0, 1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 10: 0, 11: 0}
+    )
     recovery_action: int | None = 0  # None: field not supported
     mem_temp: int | None = 71  # HBM temperature field; None: not supported
     pcie_gen: tuple[int, int] = (5, 5)  # (now, max)
@@ -82,6 +93,26 @@ class FakeGpu:
             self.uuid = f"GPU-{self.index:08x}-0000-0000-0000-000000000000"
         if not self.bus_id:
             self.bus_id = f"00000000:{0x18 + self.index * 0x10:02X}:00.0"
+
+
+_CRC_DATA_FIELDS = [
+    *range(
+        pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L0,
+        pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L5 + 1,
+    ),
+    *range(
+        pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L6,
+        pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L11 + 1,
+    ),
+]
+_BER_FIELDS = frozenset(
+    {pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER, pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER}
+)
+_BLACKWELL_FIELDS = _BER_FIELDS | {
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS,
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS,
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS,
+}
 
 
 def _put_uint(address: int, value: int) -> None:
@@ -111,6 +142,10 @@ class FakeNvml:
         #: every device call answers this error code (e.g. 1 UNINITIALIZED after a driver reload); 0: normal
         self.down = 0
         self.inits = 0
+        #: the CPU timestamp (µs) NVML stamps violation readings with; None: the real clock
+        self.now_us: int | None = None
+        #: every nvmlDeviceGetFieldValues call: (GPU, [(field id, scope id), ...]) as the caller filled them
+        self.field_calls: list[tuple[int, list[tuple[int, int]]]] = []
         self._keep: list[Any] = []
         self.lib = self._build()
 
@@ -120,6 +155,42 @@ class FakeNvml:
 
     def push_xid(self, gpu: int, xid: int) -> None:
         self.events.put((gpu, xid))
+
+    # -- field values ---------------------------------------------------------------------------------------
+
+    def _field(self, gpu: FakeGpu, field_id: int, scope: int) -> tuple[int, int] | int:
+        """(valueType, value) for one field of one GPU, or the negated NVML error this value answers."""
+        ull, uint = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+        if field_id == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+            return (uint, gpu.recovery_action) if gpu.recovery_action is not None else -NOT_SUPPORTED
+        if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP:
+            return (uint, gpu.mem_temp) if gpu.mem_temp is not None else -NOT_SUPPORTED
+        dl = {
+            pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC: pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT,
+            pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY: pynvml.NVML_NVLINK_ERROR_DL_REPLAY,
+            pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY: pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
+        }
+        if field_id in dl:  # scoped: the scope id is the link
+            if gpu.generation == "blackwell":
+                return -NOT_SUPPORTED
+            if scope not in gpu.nvlinks:
+                return -2  # INVALID_ARGUMENT: no such link
+            return ull, gpu.nvlink_errors.get((scope, dl[field_id]), 0)
+        if field_id in _CRC_DATA_FIELDS:  # one field id per link, links 0-11
+            link = _CRC_DATA_FIELDS.index(field_id)
+            if gpu.generation == "blackwell":
+                return -NOT_SUPPORTED
+            if link not in gpu.nvlinks:
+                return -2
+            return ull, gpu.nvlink_errors.get((link, pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA), 0)
+        if field_id in _BLACKWELL_FIELDS:
+            if gpu.generation != "blackwell":
+                return -NOT_SUPPORTED
+            if scope not in gpu.nvlinks:
+                return -2
+            kind = uint if field_id in _BER_FIELDS else ull
+            return kind, gpu.nvlink_fields.get((field_id, scope), 0)
+        return -NOT_SUPPORTED
 
     # -- plumbing -------------------------------------------------------------------------------------------
 
@@ -334,6 +405,10 @@ class FakeNvml:
         lib.nvmlDeviceGetNvLinkState = d("nvmlDeviceGetNvLinkState", link_state, c_uint, P)
 
         def link_errors(gpu: FakeGpu, link: int, counter: int, out: int) -> int:
+            if gpu.generation == "blackwell":
+                return NOT_SUPPORTED  # removed on Blackwell (NVML 570 release notes)
+            if link not in gpu.nvlinks:
+                return 2
             _put_ull(out, gpu.nvlink_errors.get((link, counter), 0))
             return SUCCESS
 
@@ -342,22 +417,24 @@ class FakeNvml:
         )
 
         def field_values(gpu: FakeGpu, n: int, array: int) -> int:
+            """Each nvmlFieldValue_t answered on its own, as the driver does: its own nvmlReturn, valueType,
+            value and timestamp; the call itself succeeds."""
             size = ctypes.sizeof(pynvml.c_nvmlFieldValue_t)
-            for i in range(n):
-                value = pynvml.c_nvmlFieldValue_t.from_address(array + i * size)
-                if (
-                    value.fieldId == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
-                    and gpu.recovery_action is not None
-                ):
-                    value.nvmlReturn = SUCCESS
-                    value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
-                    value.value.uiVal = gpu.recovery_action
-                elif value.fieldId == pynvml.NVML_FI_DEV_MEMORY_TEMP and gpu.mem_temp is not None:
-                    value.nvmlReturn = SUCCESS
-                    value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
-                    value.value.uiVal = gpu.mem_temp
+            stamp = self.now_us if self.now_us is not None else int(time.time() * 1e6)
+            asked = [pynvml.c_nvmlFieldValue_t.from_address(array + i * size) for i in range(n)]
+            self.field_calls.append((gpu.index, [(int(v.fieldId), int(v.scopeId)) for v in asked]))
+            for value in asked:
+                answer = self._field(gpu, int(value.fieldId), int(value.scopeId))
+                value.timestamp, value.latencyUsec = stamp, 3
+                if isinstance(answer, int) and not isinstance(answer, bool) and answer < 0:
+                    value.nvmlReturn = -answer  # an error code for this value only
+                    continue
+                kind, number = answer
+                value.nvmlReturn, value.valueType = SUCCESS, kind
+                if kind == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG:
+                    value.value.ullVal = number
                 else:
-                    value.nvmlReturn = NOT_SUPPORTED
+                    value.value.uiVal = number
             return SUCCESS
 
         lib.nvmlDeviceGetFieldValues = d("nvmlDeviceGetFieldValues", field_values, c_int, P)
@@ -369,6 +446,16 @@ class FakeNvml:
             ("nvmlDeviceGetMaxPcieLinkWidth", lambda g: g.pcie_width[1]),
         ):
             setattr(lib, fn_name, d(fn_name, uint(pick), P))
+
+        def violation(gpu: FakeGpu, policy: int, out: int) -> int:
+            if policy not in gpu.violations:
+                return NOT_SUPPORTED
+            v = pynvml.c_nvmlViolationTime_t.from_address(out)
+            v.referenceTime = self.now_us if self.now_us is not None else int(time.time() * 1e6)
+            v.violationTime = gpu.violations[policy]
+            return SUCCESS
+
+        lib.nvmlDeviceGetViolationStatus = d("nvmlDeviceGetViolationStatus", violation, c_uint, P)
 
         def fabric(gpu: FakeGpu, out: int) -> int:
             if gpu.fabric is None:

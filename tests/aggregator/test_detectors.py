@@ -7,6 +7,7 @@ import pytest
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.state import HostView, JobView
 from sentinel.aggregator.verdicts import Finding, VerdictBook
+from sentinel.components.clocks.record import ClockViolations
 from sentinel.fr.heads import FrHeads, InFlight, PgHead
 from sentinel.wire import Batch, EccCounters, Event, NvLink, ProcInfo, RowRemap
 from tests.aggregator.helpers import hello, sample
@@ -564,3 +565,57 @@ def test_a_large_stall_is_examined_again_every_recheck_but_progress_closes_it_at
     feed_cascade(f, 13.0, age=0.1, completed=13)  # the job moves again
     f.engine.tick(13.0)
     assert ("stuck", "j", "3") not in f.engine.book.open
+
+
+def test_nvlink_verdict_names_the_links_and_counters_that_rose() -> None:
+    f = Fleet(hosts=1)
+    for t in range(0, 8):
+        replays = 0 if t < 3 else 200 * (t - 2)
+        links = [NvLink(link=0, crc_errors=0), NvLink(link=7, replay_errors=replays, effective_errors=t)]
+        f.send(
+            "h0", float(t), samples=[sample(i, float(t), nvlink=links if i == 2 else None) for i in range(8)]
+        )
+        f.engine.tick(float(t))
+    assert f.open() == [("degraded", "h0", 2, "nvlink_errors")]
+    evidence = " ".join(f.engine.book.open[("hw", "h0", "2")].evidence)
+    assert "link 7 replay +200" in evidence and "link 7 effective +1" in evidence
+    assert "link 0" not in evidence
+
+
+def _violations(t: float, power_share: float) -> ClockViolations:
+    return ClockViolations(reference_us=int(t * 1e6), power=int(t * power_share * 1e9), thermal=0)
+
+
+def test_a_straggler_at_its_power_limit_is_named_power_from_violation_time_alone() -> None:
+    """The reason bits are one instant per tick and may miss a GPU capped 70% of the time; NVML's
+    violation time integrates it."""
+    f = Fleet(hosts=4)
+    for step in range(0, 120, 2):
+        t = float(step)
+        for host in f.views:
+            samples = [
+                sample(i, t, sm_clock_mhz=1975.0 + (i % 3), violations=_violations(t, 0.0)) for i in range(8)
+            ]
+            if host == "h1" and step >= 20:
+                samples[6] = sample(6, t, sm_clock_mhz=1500.0, violations=_violations(t, 0.7))
+            f.send(host, t, samples=samples)
+        f.engine.tick(t)
+    assert f.open() == [("straggler", "h1", 6, "power")]
+    verdict = next(iter(f.engine.book.open.values()))
+    assert verdict.action == "drain"
+    assert any("power 70% of the last 2 s (NVML violation time)" in e for e in verdict.evidence)
+
+
+def test_a_straggler_without_violation_time_or_reason_bits_stays_unknown() -> None:
+    f = Fleet(hosts=4)
+    for step in range(0, 120, 2):
+        t = float(step)
+        for host in f.views:
+            samples = [
+                sample(i, t, sm_clock_mhz=1975.0 + (i % 3), violations=_violations(t, 0.0)) for i in range(8)
+            ]
+            if host == "h3" and step >= 20:
+                samples[1] = sample(1, t, sm_clock_mhz=1500.0, violations=_violations(t, 0.1))
+            f.send(host, t, samples=samples)
+        f.engine.tick(t)
+    assert f.open() == [("straggler", "h3", 1, "unknown")]

@@ -28,7 +28,13 @@ from sentinel.components.device import nvml as device_nvml
 from sentinel.components.ecc import nvml as ecc_nvml
 from sentinel.components.fabric import nvml as fabric_nvml
 from sentinel.components.nvlink import nvml as nvlink_nvml
-from sentinel.components.nvml_read import FieldUnsupported, GpuLostError, GpuSourceDown
+from sentinel.components.nvml_read import (
+    FieldAnswers,
+    FieldRequest,
+    GpuLostError,
+    GpuSourceDown,
+    field_number,
+)
 from sentinel.components.pcie import nvml as pcie_nvml
 from sentinel.components.rowremap import nvml as rowremap_nvml
 from sentinel.wire import GpuInfo, GpuSample
@@ -39,6 +45,7 @@ _NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
 _FUNCTION_NOT_FOUND = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
 _GPU_IS_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
 _TIMEOUT = pynvml.NVML_ERROR_TIMEOUT
+_FIELD_UNSUPPORTED = frozenset({_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT})
 _XID_EVENT = pynvml.nvmlEventTypeXidCriticalError
 #: NVML as a whole is gone (a driver reload, a GPU reset that took the library's state with it)
 _SOURCE_DOWN = frozenset(
@@ -101,10 +108,42 @@ class NvmlSource:
             with self._lock:
                 self._unsupported.add(key)
             return None
-        except FieldUnsupported:
+
+    def field_values(self, gpu: int, handle: Any, requests: list[FieldRequest]) -> FieldAnswers:
+        """One ``nvmlDeviceGetFieldValues`` call for every request not known to be unsupported.
+
+        NVML answers each value with its own return code: NOT_SUPPORTED (or INVALID_ARGUMENT, which older
+        drivers answer for a field id they do not know) is remembered under the request's name for this GPU
+        and never asked again; GPU_IS_LOST anywhere means the GPU is lost; any other per-value error is
+        counted and the value left out. The call itself goes through :meth:`_get` (its own error model).
+        """
+        skip = self._unsupported
+        wanted = [r for r in requests if (gpu, r[0]) not in skip]
+        if not wanted:
+            return {}
+        values = self._get(
+            gpu, "field_values", pynvml.nvmlDeviceGetFieldValues, handle, [(f, s) for _, f, s in wanted]
+        )
+        if values is None:
+            return {}
+        out: FieldAnswers = {}
+        unsupported: list[str] = []
+        for (name, _, _), value in zip(wanted, values, strict=True):
+            code = int(value.nvmlReturn)
+            if code == pynvml.NVML_SUCCESS:
+                number = field_number(value)
+                if number is not None:
+                    out[name] = number
+            elif code in _FIELD_UNSUPPORTED:
+                unsupported.append(name)
+            elif code == _GPU_IS_LOST:
+                raise GpuLostError(f"GPU {gpu}: nvmlDeviceGetFieldValues: GPU is lost")
+            else:
+                self._report("nvmlDeviceGetFieldValues", pynvml.NVMLError(code))
+        if unsupported:
             with self._lock:
-                self._unsupported.add(key)
-            return None
+                self._unsupported.update((gpu, name) for name in unsupported)
+        return out
 
     def _report(self, function: str, exc: BaseException) -> None:
         if self._on_error is not None:
@@ -194,10 +233,14 @@ class NvmlSource:
         sample.ecc = ecc_nvml.read_ecc(get, gpu, h)
         sample.remap = rowremap_nvml.read(get, gpu, h)
         sample.retired = ecc_nvml.read_retired(get, gpu, h)
-        sample.nvlink = nvlink_nvml.read(get, gpu, h, self._links.get(gpu) or [])
+        links = self._links.get(gpu) or []
+        # one field-values call per GPU for every component's fields (all links' counters included)
+        values = self.field_values(gpu, h, device_nvml.FIELDS + nvlink_nvml.field_requests(links))
+        sample.nvlink = nvlink_nvml.read(get, gpu, h, links, values)
         sample.pcie_link = pcie_nvml.read_link(get, gpu, h)
         sample.fabric = fabric_nvml.read(get, gpu, h)
-        device_nvml.fill_fields(get, gpu, h, sample)
+        sample.violations = clocks_nvml.read_violations(get, gpu, h)
+        device_nvml.fill_fields(values, sample)
         return sample
 
     def wait_xid_events(self, timeout_s: float) -> list[XidEvent]:

@@ -150,7 +150,7 @@ def evaluate_gpu(
         rule(evaluate_ecc(gpu.ecc, gpu.ecc_prev, ecc_limits), gpu.ecc_t)
     if gpu.nvlink_prev is not None:
         rate = counter_rate(gpu.nvlink_hist, gpu.nvlink_prev, cfg.rate_window_s)
-        rule(evaluate_error_rate(rate, cfg.nvlink_errors_per_s), gpu.nvlink_prev[0])
+        rule(evaluate_error_rate(rate, cfg.nvlink_errors_per_s, gpu.nvlink_rose), gpu.nvlink_prev[0])
     if gpu.pcie_prev is not None:
         rate = counter_rate(gpu.pcie_hist, gpu.pcie_prev, cfg.rate_window_s)
         rule(evaluate_replay_rate(rate, cfg.pcie_replays_per_s), gpu.pcie_prev[0])

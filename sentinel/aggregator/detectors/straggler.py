@@ -26,10 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sentinel.aggregator.detectors.base import Detector, Evaluation, Key, Observation
-from sentinel.aggregator.state import FleetState, GpuView, JobView
+from sentinel.aggregator.state import FleetState, GpuView, JobView, counter_rate
 from sentinel.aggregator.verdicts import Finding
+from sentinel.components.clocks.rule import REASON_SHARE
+from sentinel.components.clocks.rule import describe as describe_violations
 from sentinel.components.vocab import Action
-from sentinel.config.aggregator import AggregatorConfig, StragglerConfig
+from sentinel.config.aggregator import AggregatorConfig, HardwareConfig, StragglerConfig
 
 DETECTOR = "straggler"
 _MAD_SCALE = 1.4826
@@ -79,17 +81,45 @@ def median_mad(values: list[float]) -> tuple[float, float]:
     return med, median([abs(v - med) for v in values])
 
 
-def _reason(gpu: GpuView | None) -> str:
+def _reason(gpu: GpuView | None, hw: HardwareConfig) -> str:
+    """Why a slow GPU is slow, from what it reports: held back by heat or by its power limit (the share of
+    time from NVML's violation counters, else the share of ticks whose reason bits said so), or its NVLink
+    errors climbing (replays cost bandwidth, so its collectives run late)."""
     if gpu is None:
         return "unknown"
-    if gpu.ema_thermal >= 0.5:
+    share = gpu.violation_share
+    if max(gpu.ema_thermal, share.get("thermal", 0.0)) >= REASON_SHARE:
         return "thermal"
-    if gpu.ema_power_cap >= 0.5:
+    if max(gpu.ema_power_cap, share.get("power", 0.0)) >= REASON_SHARE:
         return "power"
+    if gpu.nvlink_prev is not None and hw.nvlink_errors_per_s > 0:
+        rate = counter_rate(gpu.nvlink_hist, gpu.nvlink_prev, hw.rate_window_s)
+        if rate >= hw.nvlink_errors_per_s:
+            return "nvlink_errors"
     return "unknown"
 
 
-_ACTION: dict[str, Action] = {"thermal": "drain", "power": "drain", "unknown": "none", "slow_host": "drain"}
+def _hardware_evidence(gpu: GpuView, reason: str, hw: HardwareConfig) -> list[str]:
+    """The GPU's own account next to the peer comparison: reason bits, violation shares, NVLink rises."""
+    out: list[str] = []
+    if gpu.throttle:
+        out.append("clock-event reasons: " + ", ".join(gpu.throttle))
+    if gpu.violation_share:
+        out.append(describe_violations(gpu.violation_share, gpu.violation_span_s))
+    if reason == "nvlink_errors" and gpu.nvlink_prev is not None:
+        rate = counter_rate(gpu.nvlink_hist, gpu.nvlink_prev, hw.rate_window_s)
+        rose = f" ({', '.join(gpu.nvlink_rose)})" if gpu.nvlink_rose else ""
+        out.append(f"NVLink errors at {rate:.1f}/s{rose}")
+    return out
+
+
+_ACTION: dict[str, Action] = {
+    "thermal": "drain",
+    "power": "drain",
+    "nvlink_errors": "reset_gpu",
+    "unknown": "none",
+    "slow_host": "drain",
+}
 
 
 def gpu_key(host: str, gpu: int) -> Key:
@@ -172,7 +202,7 @@ class StragglerDetector(Detector):
 
     def _judge(self, fleet: FleetState, now: float) -> list[Finding]:
         cfg = self.config.detect.straggler
-        candidates = _candidates_by_clock(fleet, cfg)
+        candidates = _candidates_by_clock(fleet, cfg, self.config.detect.hardware)
         for key, finding in self._candidates_by_compute(fleet, cfg, now).items():
             known = candidates.get(key)
             candidates[key] = finding if known is None else _merged(known, finding)
@@ -196,6 +226,7 @@ class StragglerDetector(Detector):
         self, fleet: FleetState, cfg: StragglerConfig, now: float
     ) -> dict[Key, Finding]:
         out: dict[Key, Finding] = {}
+        hw = self.config.detect.hardware
         fresh_s = self.config.detect.stuck.heads_fresh_s
         stalled_after = self.config.detect.stuck.min_wait_s
         self.judged = {}
@@ -237,18 +268,20 @@ class StragglerDetector(Detector):
                 own, med, n, z = judgement.median_s, judgement.job_median_s, judgement.steps, judgement.z
                 view = job.ranks[rank]
                 gpu = fleet.gpu(view.host, view.gpu) if view.host is not None else None
-                reason = _reason(gpu)
+                reason = _reason(gpu, hw)
                 evidence = [
                     f"rank {rank} computes {own * 1000:.0f} ms per step vs {med * 1000:.0f} ms for the median "
                     f"of {len(windows[1])} ranks ({own / med:.2f}x, {(own - med) * 1000:.0f} ms late per step, "
                     f"robust z {z:.1f}; medians of each rank's last {n} steps)"
                 ]
-                if gpu is not None and gpu.throttle:
-                    evidence.append("clock-event reasons: " + ", ".join(gpu.throttle))
+                if gpu is not None:
+                    evidence += _hardware_evidence(gpu, reason, hw)
                 if gpu is None:
                     evidence.append("its GPU is unknown (no NVML process mapping): judged by rank")
                 elif reason == "unknown":
-                    evidence.append("no thermal or power clock event on its GPU: slow compute, input or host")
+                    evidence.append(
+                        "no thermal, power or NVLink cause on its GPU: slow compute, input or host"
+                    )
                 key = gpu_key(view.host, view.gpu) if view.host is not None and view.gpu is not None else None
                 key = key or rank_key(job.id, rank)
                 out[key] = Finding(
@@ -327,7 +360,7 @@ def _by_host(fleet: FleetState, candidates: dict[Key, Finding], cfg: StragglerCo
     return candidates
 
 
-def _candidates_by_clock(fleet: FleetState, cfg: StragglerConfig) -> dict[Key, Finding]:
+def _candidates_by_clock(fleet: FleetState, cfg: StragglerConfig, hw: HardwareConfig) -> dict[Key, Finding]:
     groups: dict[str, list[GpuView]] = {}
     for host in fleet.hosts.values():
         for gpu in host.gpus:
@@ -359,7 +392,7 @@ def _candidates_by_clock(fleet: FleetState, cfg: StragglerConfig) -> dict[Key, F
             z = (med - clock) / scale
             if drop < cfg.min_clock_drop or z < cfg.z_threshold:
                 continue
-            reason = _reason(gpu)
+            reason = _reason(gpu, hw)
             evidence = [
                 f"SM clock {clock:.0f} MHz vs {med:.0f} MHz median of {len(gpus)} busy {name or 'GPUs'} "
                 f"({drop:.0%} lower, robust z {z:.1f})"
@@ -368,8 +401,7 @@ def _candidates_by_clock(fleet: FleetState, cfg: StragglerConfig) -> dict[Key, F
                 evidence.append(f"temperature {gpu.ema_temp:.0f} °C vs {med_temp:.0f} °C median")
             if gpu.ema_power is not None and med_power is not None:
                 evidence.append(f"power {gpu.ema_power:.0f} W vs {med_power:.0f} W median")
-            if gpu.throttle:
-                evidence.append("clock-event reasons: " + ", ".join(gpu.throttle))
+            evidence += _hardware_evidence(gpu, reason, hw)
             key = gpu_key(gpu.host, gpu.index)
             out[key] = Finding(
                 key=key,

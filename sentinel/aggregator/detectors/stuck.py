@@ -599,7 +599,8 @@ def _all_entered(  # noqa: PLR0917
                     view,
                     view.host,
                     view.gpu,
-                    f"NVLink errors at {rate:.1f}/s on {view.host}/{view.gpu}",
+                    f"NVLink errors at {rate:.1f}/s on {view.host}/{view.gpu}"
+                    + (f" ({', '.join(gpu.nvlink_rose)})" if gpu.nvlink_rose else ""),
                 )
             )
     if out:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from sentinel.components.clocks.record import THROTTLE_NAMES
+from sentinel.components.clocks.record import THROTTLE_NAMES, VIOLATION_NAMES
 from sentinel.components.exposition import Gauge, MetricsView, Writer, gauges
 
 GAUGES: Final[tuple[Gauge, ...]] = (
@@ -33,3 +33,15 @@ def render(out: Writer, view: MetricsView) -> None:
         active = set(sample.throttle)
         for reason in THROTTLE_NAMES:
             out.line(name, labels, 1.0 if reason in active else 0.0, f'reason="{reason}"')
+    name = "sentinel_gpu_clock_violation_seconds_total"
+    out.family(
+        name, "counter", "time NVML's clock policy held the clocks below target (rate() = share of time)"
+    )
+    for sample, labels in view.slow():
+        violations = sample.violations
+        if violations is None:
+            continue
+        for policy in VIOLATION_NAMES:
+            ns = getattr(violations, policy)
+            if ns is not None:
+                out.line(name, labels, ns / 1e9, f'policy="{policy}"')

@@ -6,7 +6,7 @@ from typing import Any
 
 import pynvml
 
-from sentinel.components.clocks.record import reason_names
+from sentinel.components.clocks.record import VIOLATION_POLICIES, ClockViolations, reason_names
 from sentinel.components.nvml_read import Get
 from sentinel.wire import GpuSample
 
@@ -39,3 +39,19 @@ def clock_event_reasons(handle: Any) -> int:
         if getattr(exc, "value", None) != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
             raise
     return int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+
+
+def read_violations(get: Get, gpu: int, h: Any) -> ClockViolations | None:
+    """Every policy's cumulative violation time (slow ticks); a policy NOT_SUPPORTED is remembered and not
+    asked again. The reference time is the latest reading's (NVML stamps each answer)."""
+    values: dict[str, int] = {}
+    reference = 0
+    for policy, name in VIOLATION_POLICIES.items():
+        answer = get(gpu, f"violation_{name}", pynvml.nvmlDeviceGetViolationStatus, h, policy)
+        if answer is None:
+            continue
+        values[name] = int(answer.violationTime)
+        reference = max(reference, int(answer.referenceTime))
+    if not values:
+        return None
+    return ClockViolations(reference_us=reference, **values)

@@ -7,7 +7,7 @@ from typing import Any, Final
 import pynvml
 
 from sentinel.components.device.record import GpuInfo
-from sentinel.components.nvml_read import FieldUnsupported, Get
+from sentinel.components.nvml_read import FieldAnswers, FieldRequest, Get
 from sentinel.wire import GpuSample
 
 #: NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values → names (nvmlDeviceGpuRecoveryAction_t)
@@ -78,32 +78,19 @@ def fill(get: Get, gpu: int, h: Any, sample: GpuSample) -> None:
 
 
 FI_MEMORY_TEMP: Final = int(getattr(pynvml, "NVML_FI_DEV_MEMORY_TEMP", 82))
+#: the device-wide field values this component reads, in the GPU's one field-values call (slow ticks)
+FIELDS: Final[list[FieldRequest]] = [
+    ("recovery_action", FI_RECOVERY_ACTION, 0),
+    ("memory_temperature", FI_MEMORY_TEMP, 0),
+]
 
 
-def field_values(h: Any) -> dict[int, Any]:
-    """One batched ``nvmlDeviceGetFieldValues`` call for the driver's recovery action and the HBM
-    temperature; fields the GPU does not support are simply absent (NVML answers per value)."""
-    values = pynvml.nvmlDeviceGetFieldValues(h, [FI_RECOVERY_ACTION, FI_MEMORY_TEMP])
-    out: dict[int, Any] = {}
-    for value in values:
-        code = int(value.nvmlReturn)
-        if code == pynvml.NVML_ERROR_GPU_IS_LOST:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
-        if code != pynvml.NVML_SUCCESS:
-            continue
-        field = int(value.fieldId)
-        out[field] = int(value.value.uiVal) if field == FI_RECOVERY_ACTION else float(value.value.uiVal)
-    if not out:
-        raise FieldUnsupported
-    return out
-
-
-def fill_fields(get: Get, gpu: int, h: Any, sample: GpuSample) -> None:
-    values = get(gpu, "field_values", field_values, h)
-    if not values:
-        return
-    if FI_RECOVERY_ACTION in values:
-        code = int(values[FI_RECOVERY_ACTION])
+def fill_fields(values: FieldAnswers, sample: GpuSample) -> None:
+    """The driver's recovery action (R550+) and the HBM temperature, from the GPU's field values."""
+    recovery = values.get("recovery_action")
+    if recovery is not None:
+        code = int(recovery)
         sample.recovery_action = RECOVERY_ACTIONS.get(code, f"unknown_{code}")
-    if FI_MEMORY_TEMP in values:
-        sample.mem_temp_c = float(values[FI_MEMORY_TEMP])
+    temperature = values.get("memory_temperature")
+    if temperature is not None:
+        sample.mem_temp_c = float(temperature)
