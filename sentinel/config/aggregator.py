@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from sentinel.components.device.inventory import InventoryConfig
 from sentinel.components.ecc.rule import EccThresholds
 from sentinel.components.ib.rule import PortRuleConfig
 from sentinel.components.xid.rule import XidPolicyConfig
@@ -362,6 +363,7 @@ class DetectConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     stuck: StuckConfig = msgspec.field(default_factory=StuckConfig)
     straggler: StragglerConfig = msgspec.field(default_factory=StragglerConfig)
     network: PortRuleConfig = msgspec.field(default_factory=PortRuleConfig)
+    inventory: InventoryConfig = msgspec.field(default_factory=InventoryConfig)
 
 
 class IncidentsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -1,6 +1,7 @@
-"""Inventory detector: hosts that cannot use their GPUs or have fewer than expected (a host verdict), and GPUs
-whose driver or VBIOS differs from their identical peers across the fleet (a degraded verdict naming what
-differs). Rules: :mod:`sentinel.components.device.inventory`.
+"""Inventory detector: hosts that cannot use their GPUs or have fewer than expected (a host verdict), GPUs
+whose driver or VBIOS differs from their identical peers across the fleet, and hosts whose inventory (GPU
+count, model, PCIe link capability) is not what is configured or learned for them (degraded verdicts naming
+what differs). Rules: :mod:`sentinel.components.device.inventory`.
 """
 
 from __future__ import annotations
@@ -8,8 +9,17 @@ from __future__ import annotations
 import math
 
 from sentinel.aggregator.detectors.base import Detector, Evaluation, Observation
+from sentinel.aggregator.state import HostView
 from sentinel.aggregator.verdicts import Finding
-from sentinel.components.device.inventory import GpuIdentity, evaluate_source, firmware_outliers
+from sentinel.components.device.inventory import (
+    GpuFacts,
+    GpuIdentity,
+    HostFacts,
+    evaluate_source,
+    expectations,
+    firmware_outliers,
+    inventory_mismatches,
+)
 from sentinel.components.vocab import verdict_kind
 from sentinel.config.aggregator import AggregatorConfig
 
@@ -70,4 +80,46 @@ class InventoryDetector(Detector):
                     gpu=index,
                 )
             )
+        findings.extend(self._expected(seen))
         return Evaluation(findings)
+
+    def _expected(self, seen: Observation) -> list[Finding]:
+        """One degraded host verdict per host whose inventory differs from what is expected of it."""
+        config = self.config.detect.inventory
+        facts = [_facts(host) for host in seen.fleet.hosts.values() if host.gpus]
+        expected = expectations(facts, config)
+        out: list[Finding] = []
+        for host in facts:
+            what = inventory_mismatches(host, expected[host.host])
+            if not what:
+                continue
+            gpus = {gpu for gpu, _ in what}
+            out.append(
+                Finding(
+                    key=("inventory", host.host, "expected"),
+                    detector=DETECTOR,
+                    kind="degraded",
+                    reason="inventory_mismatch",
+                    action="drain",
+                    evidence=tuple(text for _, text in what[:16]),
+                    evidence_t=seen.now,
+                    host=host.host,
+                    gpu=gpus.pop() if len(gpus) == 1 and None not in gpus else None,
+                )
+            )
+        return out
+
+
+def _facts(host: HostView) -> HostFacts:
+    return HostFacts(
+        host=host.name,
+        gpus=tuple(
+            GpuFacts(
+                index=g.index,
+                model=g.name,
+                pcie_width_max=g.pcie_link.width_max if g.pcie_link is not None else None,
+                pcie_gen_max=g.pcie_link.gen_max if g.pcie_link is not None else None,
+            )
+            for g in host.gpus
+        ),
+    )

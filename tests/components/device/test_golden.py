@@ -4,25 +4,63 @@ and the agent's batches and ``/metrics``, compared with checked-in expected outp
 change, regenerate and review the diff like code::
 
     SENTINEL_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/components/device/test_golden.py
+
+Cases: the agent's one-shot JSON (a Hopper GPU and a Blackwell one: NVLink counters through field values,
+clock violation time), an Xid reported by both NVML and the kernel log, one GPU lost at open, NVML gone and
+back, the kernel-log cursor across an agent restart, and — fed on into the aggregator's engine — a GPU reset
+clearing a latched Xid while a transient NVML stall does not.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import pynvml
 import pytest
 
 from sentinel.agent.agent import Agent
 from sentinel.agent.nvml import NvmlSource
+from sentinel.aggregator.engine import Engine
 from sentinel.cli import main
 from sentinel.wire import Batch
 from tests.agent.conftest import make_config
 from tests.agent.fakenvml import FakeNvml
+
+NVML_NOW_US = 1_800_000_000_000_000  # the fixture host's NVML clock (violation readings are stamped with it)
+
+
+@pytest.fixture(autouse=True)
+def _fixture_host_clock(fake_nvml: FakeNvml) -> None:
+    fake_nvml.now_us = NVML_NOW_US
+
+
+def _hopper_and_blackwell(fake_nvml: FakeNvml) -> None:
+    """GPU 0 a Hopper with a marginal link 1; GPU 1 a Blackwell (NVLink symbol/effective errors and BERs),
+    at its power limit 40% of the time."""
+    h, b = fake_nvml.gpus
+    h.nvlink_errors = {
+        (1, pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT): 310,
+        (1, pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA): 12,
+        (1, pynvml.NVML_NVLINK_ERROR_DL_REPLAY): 41,
+    }
+    h.violations = {0: 0, 1: 2_500_000_000, 2: 0}  # power, thermal, sync boost; the rest NOT_SUPPORTED
+    b.name = "NVIDIA B200"
+    b.generation = "blackwell"
+    b.nvlink_fields = {
+        (pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS, 0): 98_765,
+        (pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS, 0): 3,
+        (pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER, 0): (2 << 8) | 9,  # 2e-9
+        (pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER, 0): (1 << 8) | 15,  # 1e-15
+    }
+    b.violations = {0: 40_000_000_000, 1: 0, 2: 0, 3: 0, 10: 41_000_000_000, 11: 0}
+
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("SENTINEL_UPDATE_GOLDEN", "") == "1"
@@ -73,6 +111,7 @@ def _agent(tmp_path: Path, kmsg: Path, **collect: object) -> Agent:
 
 
 def test_agent_once_json_matches_golden(fake_nvml: FakeNvml, capsys: pytest.CaptureFixture[str]) -> None:
+    _hopper_and_blackwell(fake_nvml)
     fake_nvml.gpus[1].remap = (2, 1, 1, 0)
     fake_nvml.gpus[1].pcie_width = (8, 16)
     code = main(["agent", "once", "--json", "--sysfs-root", "/nonexistent"])
@@ -81,6 +120,17 @@ def test_agent_once_json_matches_golden(fake_nvml: FakeNvml, capsys: pytest.Capt
     for sample in out["samples"]:
         sample.pop("t")
     _check("agent_once", {k: out[k] for k in ("inventory", "samples", "unsupported")})
+
+
+async def test_agent_metrics_with_the_hopper_and_blackwell_fields(
+    fake_nvml: FakeNvml, tmp_path: Path
+) -> None:
+    (tmp_path / "state").mkdir()
+    _hopper_and_blackwell(fake_nvml)
+    agent = Agent(make_config(tmp_path, collect={"nvml_events": False}), NvmlSource())
+    await agent.step(1.0)  # the first tick is a slow one
+    _check("hopper_blackwell.metrics", _gpu_metrics(agent), "prom")
+    await agent.shutdown()
 
 
 async def test_xid_pair_and_a_gpu_lost_at_open(fake_nvml: FakeNvml, tmp_path: Path) -> None:
@@ -148,6 +198,57 @@ async def test_kernel_log_cursor_across_an_agent_restart(fake_nvml: FakeNvml, tm
     batch = await third.step(3.0)
     assert sorted(e.xid for e in batch.events if e.kind == "xid") == [48, 149]  # type: ignore[type-var]
     await third.shutdown()
+
+
+async def test_a_reset_clears_a_latched_xid_and_a_transient_stall_does_not(
+    fake_nvml: FakeNvml, tmp_path: Path
+) -> None:
+    """The fixture host's batches fed on into the aggregator's engine: the verdicts after each step."""
+    (tmp_path / "state").mkdir()
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    agent = _agent(tmp_path, kmsg, nvml_events=False, xid_merge_wait_s=0.0)
+    engine = Engine()
+    host = None
+    steps: list[dict[str, Any]] = []
+
+    async def step(t: float, what: str) -> None:
+        nonlocal host
+        batch = await agent.step(t)
+        if host is None:
+            host = engine.hello(agent._hello(0), t)
+        engine.ingest(host, batch, t)
+        engine.tick(t)
+        verdicts = sorted(
+            (v.kind, v.gpu, v.reason, v.action) for v in engine.book.open.values() if v.host == "host-test"
+        )
+        steps.append({"step": what, **_view([batch])[0], "open_verdicts": [list(v) for v in verdicts]})
+
+    await step(1.0, "healthy")
+    with kmsg.open("a") as f:
+        f.write(LINE_48 + "\n")
+    await step(2.0, "Xid 48 (double-bit ECC) in the kernel log: latched")
+    release = threading.Event()
+    fake_nvml.gpus[1].hang = release
+    await step(3.0, "NVML stalls on GPU 1 past the deadline")
+    fake_nvml.gpus[1].hang = None
+    release.set()  # the stall ends: the blocked call returns, then the next read is answered
+    workers = [w for c in agent.collectors.items for w in getattr(c, "_workers", {}).values()]
+    for _ in range(500):  # bounded wait for the condition (the hung call's thread finishing), not a guess
+        if not any(w.busy for w in workers):
+            break
+        await asyncio.sleep(0.01)
+    await step(4.0, "GPU 1 answers again: a stall, not a reset; Xid 48 stays latched")
+    _check("stall_keeps_xid.metrics", _gpu_metrics(agent), "prom")
+    fake_nvml.gpus[1].lost = True
+    await step(5.0, "GPU 1 falls off the bus")
+    fake_nvml.down = 1  # the operator resets it: the driver state goes with it
+    fake_nvml.gpus[1].lost = False
+    await step(6.0, "NVML uninitialised by the reset: re-initialise")
+    await step(7.0, "re-initialised: the lost GPU answers, it was reset; the latch clears")
+    _check("reset_clears_xid", steps)
+    assert steps[-1]["open_verdicts"] == []
+    await agent.shutdown()
 
 
 def test_golden_files_carry_no_wall_times() -> None:

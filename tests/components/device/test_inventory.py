@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from sentinel.aggregator.engine import Engine
 from sentinel.components.device.inventory import GpuIdentity, firmware_outliers
-from sentinel.wire import Batch, GpuInfo, GpuSourceHealth, Hello
+from sentinel.config.aggregator import AggregatorConfig
+from sentinel.wire import Batch, GpuInfo, GpuSample, GpuSourceHealth, Hello, PcieLink
 
 
 def _hello(name: str, vbios: str = "96.00.99.00.01", gpus: int = 4, **kw: object) -> Hello:
@@ -71,3 +74,110 @@ def test_no_majority_no_outlier() -> None:
     gpus = [GpuIdentity("h", i, "A100", "535", "v1" if i % 2 else "v2") for i in range(4)]
     assert firmware_outliers(gpus) == {}
     assert firmware_outliers(gpus[:2]) == {}
+
+
+def test_one_gpu_with_a_different_driver_is_degraded_too() -> None:
+    engine = Engine()
+    for name in ("h1", "h2", "h3"):
+        hello = _hello(name)
+        if name == "h2":
+            hello.gpus[0] = GpuInfo(
+                index=0, uuid="GPU-h2-0", pci_bus="0000:00:00", name="H100", driver="535.1"
+            )
+        engine.hello(hello, 0.0)
+    engine.tick(1.0)
+    [verdict] = [v for v in engine.book.open.values() if v.detector == "inventory"]
+    assert (verdict.reason, verdict.host, verdict.gpu) == ("firmware_mismatch", "h2", 0)
+    assert "driver 535.1 differs from 550.54" in verdict.evidence[0]
+
+
+# -- inventory vs expected ------------------------------------------------------------------------------
+
+
+def _link(engine: Engine, name: str, t: float, widths: dict[int, tuple[int, int]], gpus: int = 4) -> None:
+    """A slow tick of host ``name``: each GPU's PCIe link (width_max, gen_max), gen now 1 (idle)."""
+    host = engine.fleet.hosts[name]
+    samples = [
+        GpuSample(
+            gpu=i,
+            t=t,
+            pcie_link=PcieLink(
+                gen=1, gen_max=widths.get(i, (16, 5))[1], width=16, width_max=widths.get(i, (16, 5))[0]
+            ),
+        )
+        for i in range(gpus)
+    ]
+    engine.ingest(host, Batch(seq=int(t), t=t, samples=samples), t)
+
+
+def _inventory_verdicts(engine: Engine) -> list[tuple[str, str | None, int | None, list[str]]]:
+    return sorted(
+        (v.reason, v.host, v.gpu, list(v.evidence))
+        for v in engine.book.open.values()
+        if v.detector == "inventory" and v.reason == "inventory_mismatch"
+    )
+
+
+def test_a_gpu_in_an_x8_slot_and_a_host_short_of_gpus_are_named_against_the_fleet_majority() -> None:
+    engine = Engine()
+    for name in ("h1", "h2", "h3", "h4"):
+        engine.hello(_hello(name, gpus=3 if name == "h4" else 4), 0.0)
+    for name in ("h1", "h2", "h3"):
+        _link(engine, name, 1.0, {2: (8, 5)} if name == "h3" else {})
+    _link(engine, "h4", 1.0, {}, gpus=3)
+    engine.tick(1.0)
+    found = _inventory_verdicts(engine)
+    assert [(r, h, g) for r, h, g, _ in found] == [
+        ("inventory_mismatch", "h3", 2),
+        ("inventory_mismatch", "h4", None),
+    ]
+    assert found[0][3] == [
+        "GPU 2 PCIe link capable of x8, expected x16 (the majority of 4 identical H100 hosts (14 of 15 GPUs))"
+    ]
+    assert found[1][3] == ["3 GPUs, expected 4 (the majority of 4 identical H100 hosts (3 have it))"]
+    # the current generation (1: idle) is never compared; a reseated riser closes the verdict
+    _link(engine, "h3", 20.0, {})
+    engine.tick(20.0)
+    assert [h for _, h, _, _ in _inventory_verdicts(engine)] == ["h4"]
+
+
+def test_configured_expectations_per_host_glob_win_over_the_fleet() -> None:
+    config = msgspec.convert(
+        {
+            "detect": {
+                "inventory": {
+                    "expected": [
+                        {"hosts": "gpu-a*", "gpus": 4, "model": "H100", "pcie_gen": 5},
+                        {"hosts": "gpu-b*", "pcie_width": 16},
+                    ],
+                    "learn": False,
+                }
+            }
+        },
+        AggregatorConfig,
+    )
+    engine = Engine(config)
+    odd = _hello("gpu-a1")
+    odd.gpus[1] = GpuInfo(
+        index=1, uuid="GPU-x", pci_bus="0000:01:00", name="A100", driver="550.54", vbios="96.00.99.00.01"
+    )
+    engine.hello(odd, 0.0)
+    engine.hello(_hello("gpu-b1", gpus=2), 0.0)
+    _link(engine, "gpu-a1", 1.0, {3: (16, 4)})
+    _link(engine, "gpu-b1", 1.0, {0: (4, 5)}, gpus=2)
+    engine.tick(1.0)
+    found = {h: e for _, h, _, e in _inventory_verdicts(engine)}
+    assert found["gpu-a1"] == [
+        "GPU 1 is A100, expected H100 (configured for gpu-a*)",
+        "GPU 3 PCIe link capable of gen 4, expected gen 5 (configured for gpu-a*)",
+    ]
+    assert found["gpu-b1"] == ["GPU 0 PCIe link capable of x4, expected x16 (configured for gpu-b*)"]
+
+
+def test_without_configuration_nothing_is_learned_from_too_few_hosts() -> None:
+    engine = Engine()
+    engine.hello(_hello("h1"), 0.0)
+    engine.hello(_hello("h2", gpus=2), 0.0)
+    _link(engine, "h1", 1.0, {0: (8, 5)})
+    engine.tick(1.0)
+    assert _inventory_verdicts(engine) == []
