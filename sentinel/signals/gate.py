@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Final, Protocol
 
 #: Literals, matched without regard to ASCII case. Grouped by the rules that need them; one literal may
@@ -178,10 +176,6 @@ class Gate(Protocol):
         """True when ``data`` (one line) contains a gate literal."""
         ...
 
-    def submit(self, body: bytes, begin: int, limit: int) -> Callable[[], list[int]]:
-        """Start :meth:`line_starts` (perhaps in a worker thread); the returned callable gives its result."""
-        ...
-
 
 class PythonGate:
     """The pure-Python engine: the chunk is lower-cased once (ASCII only, like Hyperscan's caseless mode)
@@ -208,10 +202,6 @@ class PythonGate:
         low = data.lower()
         return any(literal in low for literal in GATE_LITERALS)
 
-    def submit(self, body: bytes, begin: int, limit: int) -> Callable[[], list[int]]:
-        starts = self.line_starts(body, begin, limit)
-        return lambda: starts
-
 
 class HyperscanGate:
     """The Hyperscan engine: all literals in one database, one block-mode scan per chunk; each hit is
@@ -233,7 +223,6 @@ class HyperscanGate:
         # A database's scratch space serves one scan at a time.
         self._lock = threading.Lock()
         self._multi_lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
         self._multi = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
         self._multi.compile(
             expressions=list(GATE_LITERALS),
@@ -242,11 +231,6 @@ class HyperscanGate:
             flags=[hyperscan.HS_FLAG_CASELESS] * len(GATE_LITERALS),
             literal=True,
         )
-
-    def submit(self, body: bytes, begin: int, limit: int) -> Callable[[], list[int]]:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sentinel-log-gate")
-        return self._pool.submit(self.line_starts, body, begin, limit).result
 
     def line_starts(self, body: bytes, begin: int, limit: int) -> list[int]:
         ends: list[int] = []

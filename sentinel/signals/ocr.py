@@ -11,6 +11,7 @@ one C-speed tokenising pass and a dictionary look-up per word.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Final
 
@@ -87,8 +88,10 @@ for _word in KEYWORDS:
     _BY_SKELETON.setdefault(_skeleton(_word), _word)
 
 
+@functools.lru_cache(maxsize=4096)
 def _fixed(token: str) -> str | None:
-    """The key word ``token`` is an OCR-damaged spelling of, if any."""
+    """The key word ``token`` is an OCR-damaged spelling of, if any (memoised, bounded: a log repeats
+    the same few thousand words, and this runs on every word of every candidate line)."""
     word = _BY_SKELETON.get(_skeleton(token))
     if word is None or word == token:
         return None
