@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -49,3 +50,22 @@ def corpus_path(*parts: str) -> Path:
     path = CORPUS.joinpath(*parts)
     assert path.exists(), f"test corpus file missing: {path}"
     return path
+
+
+JOURNAL_REMOTE = Path("/lib/systemd/systemd-journal-remote")
+
+
+def write_journal(path: Path, entries: list[dict[str, str | int]]) -> None:
+    """Write real journal file ``path`` (must end in ``.journal``) holding ``entries``: they are
+    serialised in journald's export format and converted by ``systemd-journal-remote``, so
+    ``journalctl --directory``/``--file`` reads them as it reads a host's own journal (cursors, boots,
+    ``-k``, ``-f`` and all)."""
+    need(JOURNAL_REMOTE.exists(), "systemd-journal-remote not installed")
+    export = "".join("".join(f"{key}={value}\n" for key, value in entry.items()) + "\n" for entry in entries)
+    subprocess.run(
+        [str(JOURNAL_REMOTE), "-o", str(path), "-"],
+        input=export.encode(),
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )

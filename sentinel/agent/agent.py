@@ -31,6 +31,7 @@ from sentinel.agent.commands import dispatch
 from sentinel.agent.frdump import MAX_COLLECT_BYTES, collect_dumps, trigger_fr_dump
 from sentinel.agent.health import LocalHealth, cannot_tell
 from sentinel.agent.health import report as health_report
+from sentinel.agent.kmsg import current_boot_id
 from sentinel.agent.metrics import AgentCounters, AgentMetricsCollector, GpuView, make_registry
 from sentinel.agent.probe import ProbeServer
 from sentinel.agent.registry import build_collectors
@@ -39,8 +40,10 @@ from sentinel.agent.shipper import Shipper
 from sentinel.agent.source import GpuSource, HostExtras
 from sentinel.agent.spool import SeqAllocator, Spool
 from sentinel.components.device.record import GpuSourceHealth
+from sentinel.components.ib.kernel import PortLogLine
 from sentinel.components.ib.metrics import IbPortMetrics
 from sentinel.components.ib.record import IbPort
+from sentinel.components.ib.tracker import PortTracker
 from sentinel.components.nccl_ras.metrics import RasMetrics
 from sentinel.components.nccl_ras.record import RasStatus
 from sentinel.components.xid.merge import XidMerger
@@ -68,13 +71,6 @@ SIMULATED_NO_DUMP = "simulated host: runs no PyTorch ranks, so no flight-recorde
 MAX_JOBS_REMEMBERED = 64
 MAX_RANKS_REMEMBERED = 4096
 SHUTDOWN_DRAIN_S = 3.0
-
-
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
 
 
 class Agent:
@@ -154,6 +150,7 @@ class Agent:
         self.probe: ProbeServer | None = None
         self.gpu_collector: GpuCollector  # set by the registry's nvml entry
         self.ib_metrics: IbPortMetrics | None = None  # set by the registry's ib entry
+        self.ib_tracker: PortTracker | None = None  # set by the registry's ib entry (kernel port lines)
         self.ras_metrics: RasMetrics | None = None  # set by the registry's nccl_ras entry
         self.collectors = Collectors(self.counters, config.collect.tick_s)
         for collector in build_collectors(self):
@@ -199,6 +196,10 @@ class Agent:
 
     def set_ports(self, ports: list[IbPort]) -> None:
         self._tick.ports = ports
+
+    def note_port_line(self, line: PortLogLine, now: float) -> None:
+        if self.ib_tracker is not None:
+            self.ib_tracker.note_kernel_line(line, now)
 
     def add_ras(self, status: RasStatus) -> None:
         self._tick.ras.append(status)
@@ -413,7 +414,7 @@ class Agent:
             host=self.host,
             cluster=self.cluster,
             agent_version=__version__,
-            boot_id=_boot_id(),
+            boot_id=current_boot_id(),
             started_at=self.started_at,
             tick_s=self.config.collect.tick_s,
             gpus=self.inventory,

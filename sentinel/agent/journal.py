@@ -4,10 +4,20 @@ Under ``kernel.dmesg_restrict=1`` an agent without CAP_SYSLOG cannot open ``/dev
 the ``systemd-journal`` (or ``adm``) group can read the kernel's records from journald. This reader has the
 interface :class:`~sentinel.agent.kmsg.KmsgReader` offers the kmsg collector (``poll``, ``save_cursor``,
 ``close``, ``open_errors``, ``is_open``): it follows ``journalctl -k -o json -f`` in a child process and
-reads its pipe without blocking. Its place is a journald cursor saved in the state directory: after a
-restart it resumes after the last record it handed over (``--after-cursor``); without one it starts at
-the end. A child that exits is counted, logged and restarted after :data:`RESTART_AFTER_S`. Every record
-and every tick is bounded.
+reads its pipe without blocking. Its place is a journald cursor saved in the state directory, and where it
+starts follows the kmsg reader's rules:
+
+* a saved cursor of this boot (a cursor names its boot: ``b=<boot id>``): resume right after that record
+  (``--after-cursor``), so a restart loses and repeats nothing;
+* no saved cursor (first start), a cursor of an earlier boot, or one that is not a journald cursor: the
+  whole journal of this boot (``-b --no-tail``; ``-f`` alone would print only the last 10 records), so an
+  Xid logged before the agent started, or while it was down across a reboot, is still seen. An old boot's
+  cursor is not handed to ``--after-cursor``: journalctl then skips the new boot's first record (checked
+  against the real journalctl in tests/agent/test_journal_real.py);
+* no cursor path at all (no state directory): from the end (``--lines=0``), as a CLI follower would.
+
+A child that exits is counted, logged and restarted after :data:`RESTART_AFTER_S`. Every record and every
+tick is bounded.
 """
 
 from __future__ import annotations
@@ -15,12 +25,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from sentinel.agent.kmsg import KmsgReader, KmsgRecord
+from sentinel.agent.kmsg import KmsgReader, KmsgRecord, current_boot_id
 from sentinel.log import get_logger
 from sentinel.signals.kernel_source import MAX_RECORD_BYTES, parse_journal_line
 
@@ -29,14 +41,49 @@ _READ_BYTES: Final = 1 << 20
 
 log = get_logger(module="agent.journal")
 
+# s=<seqnum id>;i=<seqnum>;b=<boot id>;m=<monotonic>;t=<realtime>;x=<xor hash>, all hex (sd_journal_get_cursor).
+_CURSOR_RE: Final = re.compile(
+    r"^s=[0-9a-f]{32};i=[0-9a-f]{1,16};b=([0-9a-f]{32});m=[0-9a-f]{1,16};t=[0-9a-f]{1,16};x=[0-9a-f]{1,16}$"
+)
+
+
+def cursor_boot(cursor: str) -> str | None:
+    """The boot id (32 hex digits) a journald cursor was taken in; ``None`` for what is not a cursor."""
+    match = _CURSOR_RE.match(cursor)
+    return match.group(1) if match is not None else None
+
+
+def start_arguments(saved: str | None, boot_id: str, *, has_cursor_path: bool) -> tuple[list[str], str]:
+    """The journalctl arguments that say where to start, and why (for the log): see the module docstring."""
+    if not has_cursor_path:
+        return ["--lines=0"], "no_state_dir"
+    if saved is None:
+        return ["--no-tail"], "no_cursor"
+    boot = cursor_boot(saved)
+    if boot is None:
+        return ["--no-tail"], "cursor_not_understood"
+    if boot != boot_id.replace("-", "").lower():
+        return ["--no-tail"], "cursor_of_another_boot"
+    return [f"--after-cursor={saved}"], "resume"
+
 
 class JournalKernelReader:
     """Non-blocking reader of new kernel records from journald; call :meth:`poll` each tick."""
 
     def __init__(
-        self, journalctl: str = "journalctl", max_records: int = 2000, *, cursor_path: Path | None = None
+        self,
+        journalctl: str = "journalctl",
+        max_records: int = 2000,
+        *,
+        cursor_path: Path | None = None,
+        journal_args: Sequence[str] = (),
+        boot_id: str | None = None,
     ) -> None:
+        """``journal_args`` go before ours (``--directory=...`` for a journal kept elsewhere); ``boot_id``
+        is this boot's (read from /proc when not given), the boot whose journal is read."""
         self.journalctl = journalctl
+        self.journal_args = list(journal_args)
+        self.boot_id = boot_id if boot_id is not None else current_boot_id()
         self.path = f"journald ({journalctl} -k)"
         self.max_records = max_records
         self.cursor_path = cursor_path
@@ -56,9 +103,22 @@ class JournalKernelReader:
             return True
         if now < self._retry_at:
             return False
-        argv = [self.journalctl, "-k", "-o", "json", "-f", "--no-pager", "-q"]
         saved = self._load_cursor()
-        argv.append(f"--after-cursor={saved}" if saved else "--lines=0")
+        where, why = start_arguments(saved, self.boot_id, has_cursor_path=self.cursor_path is not None)
+        argv = [
+            self.journalctl,
+            *self.journal_args,
+            "-k",
+            "-b",
+            "-o",
+            "json",
+            "-f",
+            "--no-pager",
+            "-q",
+            *where,
+        ]
+        if why != "resume":
+            log.info("journal_start", start="end" if why == "no_state_dir" else "whole_boot", reason=why)
         try:
             process = subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL

@@ -78,7 +78,7 @@ class KmsgReader:
         self.path = path
         self.max_records = max_records
         self.cursor_path = cursor_path
-        self.boot_id = boot_id if boot_id is not None else _boot_id()
+        self.boot_id = boot_id if boot_id is not None else current_boot_id()
         self._skip_to_seq: int | None = None  # same boot: records up to this seq were read before the restart
         self._last_seq: int | None = None
         self.replayed = 0  # records read from the ring on start (new boot / first start / resumed cursor)
@@ -215,7 +215,8 @@ class KmsgReader:
         return out
 
 
-def _boot_id() -> str:
+def current_boot_id() -> str:
+    """This boot's id (``/proc/sys/kernel/random/boot_id``, a dashed UUID); empty when unreadable."""
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:

@@ -82,6 +82,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="with --kernel: which source to read (default: the first that works)",
     )
     classify.add_argument(
+        "--journal-directory",
+        metavar="DIR",
+        help="with --kernel: read the journal files in DIR (journalctl --directory, e.g. a copy of a "
+        "host's /var/log/journal) instead of this machine's; implies --kernel-source journal",
+    )
+    classify.add_argument(
         "--kmsg-path",
         default="/dev/kmsg",
         help="with --kernel: the kmsg device (a plain file works for tests)",
@@ -105,7 +111,10 @@ def run(args: argparse.Namespace) -> int:
         if args.kernel:
             if args.files or args.records is not None:
                 raise InputError("--kernel reads the kernel log; give no FILEs or --records with it")
-            _run_kernel(args.kernel_source, args.kmsg_path, out, include_all=args.all)
+            source, journal_args = args.kernel_source, []
+            if args.journal_directory is not None:
+                source, journal_args = "journal", [f"--directory={args.journal_directory}"]
+            _run_kernel(source, args.kmsg_path, out, include_all=args.all, journal_args=journal_args)
         elif args.records is not None:
             if args.files:
                 raise InputError("give either --records FILE.jsonl or raw FILEs, not both")
@@ -163,10 +172,12 @@ def _run_raw(paths: list[str], out: BinaryIO, *, include_all: bool) -> None:
         _emit(scanner.finish(), encoder, buffer, out)
 
 
-def _run_kernel(source: str, kmsg_path: str, out: BinaryIO, *, include_all: bool) -> None:
+def _run_kernel(
+    source: str, kmsg_path: str, out: BinaryIO, *, include_all: bool, journal_args: list[str]
+) -> None:
     """Classify the kernel's own log; each object keeps the record's time and host."""
     try:
-        name, lines = kernel_lines(source, kmsg=kmsg_path)
+        name, lines = kernel_lines(source, kmsg=kmsg_path, journal_args=journal_args)
     except KernelSourceError as exc:
         raise InputError(str(exc)) from None
     print(f"sentinel logs classify: reading the kernel log from {name}", file=sys.stderr)

@@ -3,8 +3,9 @@
 ``sentinel logs classify --kernel`` and the agent (when ``/dev/kmsg`` is not readable, e.g. without
 CAP_SYSLOG under ``kernel.dmesg_restrict``) read the kernel's messages from the first source that works:
 
-1. journald: ``journalctl -k -o json`` — one JSON object per record with the message, the realtime
-   timestamp (µs since the epoch) and the host name; readable by members of ``systemd-journal``/``adm``;
+1. journald: ``journalctl -k -b -o json`` — the whole journal of this boot (of the newest boot in the
+   files with ``--directory``), one JSON object per record with the message, the realtime timestamp (µs
+   since the epoch) and the host name; readable by members of ``systemd-journal``/``adm``;
 2. ``dmesg --time-format iso`` — the ring buffer as text with wall-clock stamps;
 3. ``/dev/kmsg`` — ``<prio>,<seq>,<usec since boot>,...;message`` records, read until the ring is drained.
 
@@ -20,7 +21,7 @@ import errno
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -139,9 +140,12 @@ def _run(argv: list[str]) -> Iterator[bytes]:
             )
 
 
-def journal_lines(journalctl: str = "journalctl", *, after_cursor: str | None = None) -> Iterator[KernelLine]:
-    """The kernel's records from journald (this boot), oldest first."""
-    argv = [journalctl, "-k", "-o", "json", "--no-pager", "-q"]
+def journal_lines(
+    journalctl: str = "journalctl", *, after_cursor: str | None = None, journal_args: Sequence[str] = ()
+) -> Iterator[KernelLine]:
+    """The kernel's records from journald, oldest first: every record of this boot, or those after
+    ``after_cursor``. ``journal_args`` go first (``--directory=DIR`` for a journal copied off a host)."""
+    argv = [journalctl, *journal_args, "-k", "-b", "-o", "json", "--no-pager", "-q"]
     if after_cursor:
         argv.append(f"--after-cursor={after_cursor}")
     for raw in _run(argv):
@@ -191,7 +195,12 @@ def kmsg_lines(path: str = "/dev/kmsg") -> Iterator[KernelLine]:
 
 
 def kernel_lines(
-    source: str = "auto", *, journalctl: str = "journalctl", dmesg: str = "dmesg", kmsg: str = "/dev/kmsg"
+    source: str = "auto",
+    *,
+    journalctl: str = "journalctl",
+    dmesg: str = "dmesg",
+    kmsg: str = "/dev/kmsg",
+    journal_args: Sequence[str] = (),
 ) -> tuple[str, Iterator[KernelLine]]:
     """``(name, lines)`` of the first source that can be read: journald, then dmesg, then /dev/kmsg.
 
@@ -209,7 +218,7 @@ def kernel_lines(
             continue
         try:
             lines = (
-                journal_lines(journalctl)
+                journal_lines(journalctl, journal_args=journal_args)
                 if name == "journal"
                 else dmesg_lines(dmesg)
                 if name == "dmesg"

@@ -11,20 +11,25 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.agent.journal import JournalKernelReader, kernel_reader
+from sentinel.agent.journal import JournalKernelReader, kernel_reader, start_arguments
 from sentinel.agent.kmsg import KmsgReader, KmsgRecord
+
+BOOT = "fedcba9876543210fedcba9876543210"
+# Cursors in journalctl's own format (as --show-cursor and -o json's __CURSOR print them).
+C1 = f"s=5b50e7d0fd774112be53099dc349e96d;i=5;b={BOOT};m=f4240;t=644e2a04d9a90;x=c2273a06db14d18c"
+C2 = f"s=5b50e7d0fd774112be53099dc349e96d;i=7;b={BOOT};m=1e8480;t=644e2a05ce0b8;x=f18c20e78e7d9f69"
 
 
 def _journalctl(folder: Path) -> str:
     """Prints two kernel records (the second echoes the arguments it got), then follows (sleeps)."""
     path = folder / "journalctl"
     first = json.dumps(
-        {"MESSAGE": "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.", "__CURSOR": "c1"}
+        {"MESSAGE": "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.", "__CURSOR": C1}
     )
     path.write_text(
         "#!/bin/sh\n"
         f"echo '{first}'\n"
-        'printf \'{"MESSAGE": "args %s", "__CURSOR": "c2"}\\n\' "$*"\n'
+        f'printf \'{{"MESSAGE": "args %s", "__CURSOR": "{C2}"}}\\n\' "$*"\n'
         "exec sleep 30\n",
         encoding="utf-8",
     )
@@ -44,23 +49,43 @@ def _poll_until(reader: JournalKernelReader, count: int) -> list[KmsgRecord]:
 
 def test_follows_journald_and_resumes_after_its_cursor(tmp_path: Path) -> None:
     cursor = tmp_path / "journal.cursor"
-    reader = JournalKernelReader(_journalctl(tmp_path), cursor_path=cursor)
+    reader = JournalKernelReader(_journalctl(tmp_path), cursor_path=cursor, boot_id=BOOT)
     try:
         records = _poll_until(reader, 2)
         assert records[0].message.startswith("NVRM: Xid (PCI:0000:3b:00): 79")
-        assert "--lines=0" in records[1].message  # no cursor yet: start at the end
+        assert "-b" in records[1].message.split()
+        assert "--no-tail" in records[1].message  # no cursor yet: the whole of this boot
         assert reader.is_open
         reader.save_cursor()
     finally:
         reader.close()
-    assert cursor.read_text() == "c2"
-    again = JournalKernelReader(_journalctl(tmp_path), cursor_path=cursor)
+    assert cursor.read_text() == C2
+    again = JournalKernelReader(_journalctl(tmp_path), cursor_path=cursor, boot_id=BOOT)
     try:
         records = _poll_until(again, 2)
-        assert "--after-cursor=c2" in records[1].message
+        assert f"--after-cursor={C2}" in records[1].message
     finally:
         again.close()
     assert not again.is_open
+
+
+def test_without_a_state_directory_it_starts_at_the_end(tmp_path: Path) -> None:
+    reader = JournalKernelReader(_journalctl(tmp_path), boot_id=BOOT)
+    try:
+        assert "--lines=0" in _poll_until(reader, 2)[1].message
+    finally:
+        reader.close()
+
+
+def test_start_arguments() -> None:
+    other = C2.replace(BOOT, "0" * 32)
+    assert start_arguments(C2, BOOT, has_cursor_path=True) == ([f"--after-cursor={C2}"], "resume")
+    dashed = "-".join((BOOT[:8], BOOT[8:12], BOOT[12:16], BOOT[16:20], BOOT[20:]))  # as /proc prints it
+    assert start_arguments(C2, dashed, has_cursor_path=True)[1] == "resume"
+    assert start_arguments(other, BOOT, has_cursor_path=True) == (["--no-tail"], "cursor_of_another_boot")
+    assert start_arguments("c2", BOOT, has_cursor_path=True) == (["--no-tail"], "cursor_not_understood")
+    assert start_arguments(None, BOOT, has_cursor_path=True) == (["--no-tail"], "no_cursor")
+    assert start_arguments(None, BOOT, has_cursor_path=False) == (["--lines=0"], "no_state_dir")
 
 
 def test_a_missing_journalctl_is_counted_not_raised(tmp_path: Path) -> None:

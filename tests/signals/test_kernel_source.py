@@ -22,6 +22,7 @@ from sentinel.signals.kernel_source import (
     parse_kmsg_line,
 )
 from sentinel.signals.stamp import line_stamp
+from tests.support import need_binary, write_journal
 
 XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus."
 
@@ -125,3 +126,42 @@ def test_record_parsers_never_raise(raw: bytes) -> None:
     parse_journal_line(raw)
     parse_kmsg_line(raw, 1.7e9)
     line_stamp(raw.decode("utf-8", "replace"))
+
+
+def test_journal_directory_read_by_the_real_journalctl(tmp_path: Path) -> None:
+    """``--journal-directory``: the real journalctl reads real journal files (written by
+    systemd-journal-remote): the newest boot's kernel records only, each with its own time and host."""
+    need_binary("journalctl")
+    folder = tmp_path / "journal"
+    folder.mkdir()
+    old, new = "0123456789abcdef0123456789abcdef", "fedcba9876543210fedcba9876543210"
+
+    def entry(boot: str, t_us: int, message: str, transport: str = "kernel") -> dict[str, str | int]:
+        return {
+            "__REALTIME_TIMESTAMP": t_us,
+            "__MONOTONIC_TIMESTAMP": t_us - 1_732_990_000_000_000,
+            "_BOOT_ID": boot,
+            "_MACHINE_ID": "4f3c2b1a09f8e7d6c5b4a39281706f5e",
+            "_HOSTNAME": "gpu-7",
+            "_TRANSPORT": transport,
+            "MESSAGE": message,
+        }
+
+    write_journal(
+        folder / "system.journal",
+        [
+            entry(old, 1_732_991_000_000_000, XID.replace("79", "48")),  # an earlier boot: not read
+            entry(new, 1_732_992_000_000_000, "Linux version 6.8.0"),
+            entry(new, 1_732_992_000_100_000, "Xid 79 mentioned by a user-space tool", transport="syslog"),
+            entry(new, 1_732_992_000_123_456, XID),
+            entry(new, 1_732_992_001_000_000, "mlx5_core 0000:17:00.0 ib0: Link down"),
+        ],
+    )
+    result = _classify(tmp_path, f"--journal-directory={folder}")
+    assert result.returncode == 0, result.stderr
+    assert "from journal" in result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(e["kind"], e["severity"], e["xid"], e["host"], e["time"], e["line"]) for e in events] == [
+        ("xid", "critical", 79, "gpu-7", "2024-11-30T18:40:00.123456Z", 2),
+        ("other", "warning", None, "gpu-7", "2024-11-30T18:40:01.000000Z", 3),
+    ]
