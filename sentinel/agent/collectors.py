@@ -28,6 +28,7 @@ from sentinel.agent.source import GpuLostError, GpuSource, HostExtras, XidEvent
 from sentinel.agent.tailer import LogTailer
 from sentinel.agent.worker import GpuWorker, Unresponsive
 from sentinel.components.device.record import GpuSourceHealth
+from sentinel.components.ib.kernel import PortLogLine, port_log_line
 from sentinel.components.nvml_read import GpuSourceDown
 from sentinel.components.xid.merge import XidMerger, XidReport
 from sentinel.components.xid.parse import parse_xid, xid_severity
@@ -62,6 +63,10 @@ class AgentSink(Protocol):
     def nvml_error(self, function: str, error: str) -> None: ...
 
     def set_gpu_source(self, health: GpuSourceHealth) -> None: ...
+
+    def note_port_line(self, line: PortLogLine, now: float) -> None:
+        """A kernel line about an IB/RoCE port (evidence for the ib component's port records)."""
+        ...
 
 
 class Collector(abc.ABC):
@@ -458,6 +463,9 @@ class LineProcessor:
             )
             record_xid(self.sink, self.merger, report, now)
             return
+        port_line = port_log_line(message, result.fields.get("reason"))
+        if port_line is not None:
+            self.sink.note_port_line(port_line, now)
         if result.kind in self.KERNEL_KINDS or result.severity != "info":
             self._event(
                 result.kind,

@@ -84,6 +84,7 @@ def _ib(agent: Agent) -> Collector | None:
         error_window_s=c.error_window_s,
         state_path=state_dir / "ib_ports.json" if state_dir.is_dir() and agent.extras is None else None,
     )
+    agent.ib_tracker = tracker
     agent.ib_metrics = IbPortMetrics(agent.cluster, agent.host)
     agent.registry.register(agent.ib_metrics)
     return IbCollector(agent, IbPortReader(source, tracker, agent.ib_metrics), c.interval_s)

@@ -93,6 +93,9 @@ class IbPort(msgspec.Struct, frozen=True, kw_only=True):
     seen_up: bool = False
     #: when the port went down (agent time), while it is down
     down_since: float | None = None
+    #: the kernel's latest lines about this port within the flap window (``ib0: Link down``, ``Cable
+    #: unplugged``): evidence of why, shown with the port rules' findings
+    kernel_log: list[str] = []
 
     @property
     def key(self) -> str:

@@ -17,6 +17,9 @@ thresholds (:class:`PortRuleConfig`, under ``[detect.network]``) carry the reaso
 * **symbol errors over budget** — the physical layer corrects what it can and counts symbol errors; more
   than ``symbol_error_budget_per_hour`` (10: the threshold infiniband-diags' ``ibcheckerrs`` has long used
   for SymbolErrorCounter) means a marginal cable or transceiver. Degraded, drain.
+* **the kernel's word** — the kernel's own lines about the port within the flap window (``ib0: Link
+  down``, ``Cable unplugged``, ``Cable error, Bad cable``: ``IbPort.kernel_log``) are added to the evidence
+  of the port-down, flap and link-downed findings: they say why the link went, which the counters cannot.
 * **receive / integrity errors rising** — port_rcv_errors, remote physical errors, local link integrity
   and buffer overrun errors over ``receive_error_budget_per_hour`` (10, the same ibcheckerrs heritage):
   packets are being dropped and retransmitted. Degraded, drain.
@@ -98,6 +101,10 @@ class PortFinding(msgspec.Struct, frozen=True, kw_only=True):
     since: float  # agent time the evidence began
 
 
+#: findings about the link itself, which the kernel's lines about the port explain
+_LINK_REASONS = frozenset({"ib_port_down", "ib_link_flap", "ib_link_downed"})
+
+
 def expected_rate(ports: list[IbPort], cfg: PortRuleConfig, link_layer: str) -> float | None:
     """The configured rate, else the rate most up ports of ``link_layer`` run at (None: no majority)."""
     if cfg.expected_rate_gbps > 0:
@@ -140,7 +147,11 @@ def _port(port: IbPort, want: float | None, cfg: PortRuleConfig, now: float) -> 
     out: list[PortFinding] = []
     name = f"{port.device} port {port.port}"
 
+    kernel = tuple(f"kernel log: {line}" for line in port.kernel_log)
+
     def finding(kind: Kind, action: Action, reason: str, since: float, *evidence: str) -> None:
+        if reason in _LINK_REASONS:
+            evidence = (*evidence, *kernel)
         out.append(
             PortFinding(
                 device=port.device,

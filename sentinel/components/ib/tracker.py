@@ -4,7 +4,10 @@ Only history says that a link flaps, that symbol errors exceed a per-hour budget
 grows, so the agent keeps, per port, the previous reading, a few spaced samples of the error counters over
 the error window, and the link-down events within the flap window. Link-down events come from the
 ``link_downed`` counter (the HCA counts every loss of link, including the ones that recover between two
-readings) and, where the counter did not move, from an observed up → down transition.
+readings) and, where the counter did not move, from an observed up → down transition. The kernel's own
+lines about a port (``mlx5_core 0000:17:00.0 ib0: Link down``, ``Cable unplugged``: :mod:`.kernel`) are
+kept beside them as evidence, within the flap window; they say why, they are not counted as downs (the
+counter already counts each loss of link, and a down would be counted twice).
 
 The history that verdicts depend on — downs, the error samples, whether the port was ever up, since when it
 is down — is written to a small JSON file in the agent's state directory, so an agent restart (an upgrade, a
@@ -24,6 +27,7 @@ from typing import Any
 
 import msgspec
 
+from sentinel.components.ib.kernel import PortLogLine, names_port
 from sentinel.components.ib.record import ERROR_COUNTERS, IbPort, PortReading
 from sentinel.log import get_logger
 
@@ -32,6 +36,8 @@ log = get_logger(module="components.ib.tracker")
 MAX_PORTS = 1024
 MAX_DOWNS = 64
 MAX_ERROR_SAMPLES = 64
+MAX_KERNEL_LINES = 8  # per port: the latest kernel lines about it
+MAX_PENDING_LINES = 64  # lines about ports not read yet (the kernel log is replayed before the first scan)
 STATE_VERSION = 1
 #: persist at least this often even when nothing verdict-relevant changed (error samples move on)
 PERSIST_EVERY_S = 60.0
@@ -49,6 +55,7 @@ class _History:
     samples: deque[tuple[float, dict[str, int]]] = field(
         default_factory=lambda: deque(maxlen=MAX_ERROR_SAMPLES)
     )
+    kernel: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=MAX_KERNEL_LINES))
     reading: PortReading | None = None  # the previous reading and its record (the unchanged-port fast path)
     record: IbPort | None = None
 
@@ -63,6 +70,7 @@ class PortTracker:
         self.error_window_s = error_window_s
         self.state_path = state_path
         self.ports: dict[str, _History] = {}
+        self._pending: deque[tuple[float, PortLogLine]] = deque(maxlen=MAX_PENDING_LINES)
         self.persist_errors = 0
         self._dirty = False
         self._persisted_at = -math.inf
@@ -72,9 +80,36 @@ class PortTracker:
     # -- readings ---------------------------------------------------------------------------------------
 
     def update(self, readings: list[PortReading], now: float) -> list[IbPort]:
-        out = [self._one(reading, now) for reading in readings[:MAX_PORTS]]
+        readings = readings[:MAX_PORTS]
+        if self._pending:
+            self._match_pending(readings, now)
+        out = [self._one(reading, now) for reading in readings]
         self._persist(now)
         return out
+
+    def note_kernel_line(self, line: PortLogLine, now: float) -> None:
+        """Keep a kernel line about a port as evidence on its next record (held until the port has been
+        read when no known port matches yet; bounded either way)."""
+        matched = False
+        for h in self.ports.values():
+            r = h.reading
+            if r is not None and names_port(line, r.device, r.port, r.netdev, r.pci_bus):
+                h.kernel.append((now, line.text))
+                matched = True
+        if not matched:
+            self._pending.append((now, line))
+
+    def _match_pending(self, readings: list[PortReading], now: float) -> None:
+        keep: deque[tuple[float, PortLogLine]] = deque(maxlen=MAX_PENDING_LINES)
+        for t, line in self._pending:
+            if now - t > self.flap_window_s:
+                continue
+            hits = [r for r in readings if names_port(line, r.device, r.port, r.netdev, r.pci_bus)]
+            for r in hits:
+                self.ports.setdefault(r.key, _History()).kernel.append((t, line.text))
+            if not hits:
+                keep.append((t, line))
+        self._pending = keep
 
     def _one(self, r: PortReading, now: float) -> IbPort:
         key = r.key
@@ -88,6 +123,7 @@ class PortTracker:
             record is not None
             and (r is h.reading or r == h.reading)
             and not h.downs
+            and not h.kernel
             and now - h.samples[-1][0] < self.error_window_s / (MAX_ERROR_SAMPLES - 1)
             and (len(h.samples) < 2 or now - h.samples[1][0] < self.error_window_s)
         ):
@@ -140,6 +176,8 @@ class PortTracker:
         while h.downs and now - h.downs[0] > self.flap_window_s:
             h.downs.popleft()
             self._dirty = True
+        while h.kernel and now - h.kernel[0][0] > self.flap_window_s:
+            h.kernel.popleft()
         errors = {name: r.counters[name] for name in ERROR_COUNTERS if name in r.counters}
         spacing = self.error_window_s / (MAX_ERROR_SAMPLES - 1)
         if not h.samples or now - h.samples[-1][0] >= spacing:
@@ -174,6 +212,7 @@ class PortTracker:
             flap_window_s=self.flap_window_s,
             seen_up=h.seen_up,
             down_since=h.down_since,
+            kernel_log=[text for _, text in h.kernel],
         )
         return h.record
 

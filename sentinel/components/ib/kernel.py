@@ -1,0 +1,70 @@
+"""Kernel log lines about an HCA port, turned into port evidence.
+
+The mlx5 driver says in the kernel log what sysfs only shows as a state: *why* a port went down. Its
+lines name the HCA's PCI function and, after it, the network interface or the IB device:
+
+* ``mlx5_core 0000:17:00.0 ib0: Link down`` / ``... enp23s0f0np0: Link down`` (mlx5e / IPoIB carrier),
+* ``mlx5_core 0000:ab:00.0 mlx5_5: Port: 1 Link DOWN`` (mlx5_ib port state),
+* ``mlx5_core 0000:17:00.0: Port module event: module 0, Cable unplugged`` and
+  ``... Port module event[error]: module 0, Cable error, Bad cable`` (the transceiver).
+
+The signals package classifies them (other / warning for a link down or an unplugged cable, critical for
+a module error: the corpus README's rules); :func:`port_log_line` reads which port such a line is about, so
+the agent hands it to :meth:`~sentinel.components.ib.tracker.PortTracker.note_kernel_line`, and the port's
+record carries it (``kernel_log``) as evidence for the port rules' findings. A line that names no PCI
+function (some relays cut the prefix) cannot be matched to a port and stays a plain log event.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+import msgspec
+
+#: classification reasons of the lines that are port evidence (sentinel.signals rules and kernel parser)
+PORT_REASONS: Final = frozenset({"link_down", "ib_link_down", "ib_port_hardware"})
+MAX_TEXT: Final = 300
+
+_MLX5_RE: Final = re.compile(
+    r"\bmlx5_core (?P<pci>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])(?: (?P<name>[\w.-]{1,32}))?: "
+)
+_IB_DEVICE_RE: Final = re.compile(r"mlx5_\d{1,4}$")
+_IB_PORT_RE: Final = re.compile(r"\bPort: (?P<port>\d{1,3}) ")
+
+
+class PortLogLine(msgspec.Struct, frozen=True, kw_only=True):
+    """A kernel line about one HCA port: which PCI function, interface or IB device (and port) it names."""
+
+    pci_bus: str  # 0000:17:00.0, lower case (as sysfs names the device)
+    name: str  # ib0, enp23s0f0np0, mlx5_5, or "" when the line names only the PCI function
+    port: int | None  # the IB port number when the line names one (mlx5_ib's "Port: 1")
+    text: str
+
+
+def port_log_line(message: str, reason: object) -> PortLogLine | None:
+    """The port a classified kernel line is evidence about; ``None`` when it is not port evidence or
+    names no PCI function."""
+    if reason not in PORT_REASONS:
+        return None
+    match = _MLX5_RE.search(message)
+    if match is None:
+        return None
+    port = _IB_PORT_RE.search(message, match.end())
+    return PortLogLine(
+        pci_bus=match.group("pci").lower(),
+        name=match.group("name") or "",
+        port=int(port.group("port")) if port is not None else None,
+        text=" ".join(message[match.start() :].split())[:MAX_TEXT],
+    )
+
+
+def names_port(line: PortLogLine, device: str, port: int, netdev: str, pci_bus: str) -> bool:
+    """Whether ``line`` is about this port: by its IB device (and port number), by its interface, or by
+    the HCA function (mlx5 gives each port its own PCI function) when the line names nothing the port's
+    record can tell apart (an interface sysfs did not link to the port)."""
+    if line.name == device:
+        return line.port is None or line.port == port
+    if line.name and (netdev or _IB_DEVICE_RE.match(line.name) is not None):
+        return line.name == netdev  # another port's interface or IB device
+    return bool(pci_bus) and line.pci_bus == pci_bus.lower()
