@@ -10,8 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from sentinel.agent.journal import JournalKernelReader, kernel_reader, start_arguments
+from sentinel.agent.journal import JournalKernelReader, cursor_boot, kernel_reader, start_arguments
 from sentinel.agent.kmsg import KmsgReader, KmsgRecord
 
 BOOT = "fedcba9876543210fedcba9876543210"
@@ -109,3 +111,10 @@ def test_journal_chosen_when_kmsg_is_not_readable(tmp_path: Path, monkeypatch: p
     chosen = kernel_reader(str(kmsg), 10, journalctl=_journalctl(tmp_path))
     assert isinstance(chosen, JournalKernelReader)
     assert isinstance(kernel_reader(str(kmsg), 10, journalctl=str(tmp_path / "absent")), KmsgReader)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200))
+def test_cursor_boot_never_raises(text: str) -> None:
+    boot = cursor_boot(text)
+    assert boot is None or (len(boot) == 32 and f"b={boot};" in text)

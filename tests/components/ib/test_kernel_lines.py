@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sentinel.agent import Agent
 from sentinel.components.ib.kernel import PortLogLine, names_port, port_log_line
@@ -201,3 +203,23 @@ async def test_agent_carries_a_kernel_link_down_to_the_port_and_its_finding(
         assert [e.severity for e in events] == ["warning", "warning"]  # still log events of their own
     finally:
         await agent.shutdown()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.sampled_from(
+                ["mlx5_core ", "0000:3b:00.0", " ib0", ": ", "Link down", "Port: ", "1 ", "\x00"]
+            ),
+            st.text(max_size=40),
+        ),
+        max_size=30,
+    ),
+    st.sampled_from(["link_down", "ib_port_hardware", "ib_link_down", None]),
+)
+def test_port_log_line_never_raises_and_is_bounded(parts: list[str], reason: str | None) -> None:
+    found = port_log_line("".join(parts), reason)
+    if found is not None:
+        assert len(found.text) <= 300
+        assert names_port(found, "mlx5_0", 1, "", found.pci_bus)
