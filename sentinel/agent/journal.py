@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import re
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -34,23 +33,12 @@ from typing import Final
 
 from sentinel.agent.kmsg import KmsgReader, KmsgRecord, current_boot_id
 from sentinel.log import get_logger
-from sentinel.signals.kernel_source import MAX_RECORD_BYTES, parse_journal_line
+from sentinel.signals.kernel_source import MAX_RECORD_BYTES, cursor_boot, parse_journal_line
 
 RESTART_AFTER_S: Final = 30.0
 _READ_BYTES: Final = 1 << 20
 
 log = get_logger(module="agent.journal")
-
-# s=<seqnum id>;i=<seqnum>;b=<boot id>;m=<monotonic>;t=<realtime>;x=<xor hash>, all hex (sd_journal_get_cursor).
-_CURSOR_RE: Final = re.compile(
-    r"^s=[0-9a-f]{32};i=[0-9a-f]{1,16};b=([0-9a-f]{32});m=[0-9a-f]{1,16};t=[0-9a-f]{1,16};x=[0-9a-f]{1,16}$"
-)
-
-
-def cursor_boot(cursor: str) -> str | None:
-    """The boot id (32 hex digits) a journald cursor was taken in; ``None`` for what is not a cursor."""
-    match = _CURSOR_RE.match(cursor)
-    return match.group(1) if match is not None else None
 
 
 def start_arguments(saved: str | None, boot_id: str, *, has_cursor_path: bool) -> tuple[list[str], str]:

@@ -4,7 +4,8 @@ Raw mode reads log files (or stdin ``-``; gzip recognised by its magic bytes, wh
 the chunked fast path and prints one object per event, skipping plain chatter unless ``--all``.
 ``--records`` reads JSON Lines ``{"text": ...}`` and prints exactly one object per record, in order: the
 most severe event of that record. ``--kernel`` reads the kernel log itself (journald, else ``dmesg``,
-else ``/dev/kmsg``: :mod:`sentinel.signals.kernel_source`). Raw and kernel objects carry the line's own
+else ``/dev/kmsg``: :mod:`sentinel.signals.kernel_source`); from journald the whole current boot, or
+with ``--cursor-file`` only what came after the saved cursor of that boot. Raw and kernel objects carry the line's own
 ``time`` and ``host`` when it has them. See ``../shared/CONTRACTS.md`` section 2 and ``docs/signals.md``.
 """
 
@@ -13,16 +14,18 @@ from __future__ import annotations
 import argparse
 import gzip
 import io
+import os
 import sys
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import BinaryIO, cast
 
 import msgspec
 
 from sentinel.signals.classify import classify_line, classify_text, line_events
-from sentinel.signals.kernel_source import KernelSourceError, kernel_lines
+from sentinel.signals.kernel_source import KernelSourceError, cursor_boot, journal_boot, kernel_lines
 from sentinel.signals.record import Classified, make_event, most_severe
 from sentinel.signals.scan import CHUNK_SIZE, LogScanner
 from sentinel.signals.stamp import line_stamp
@@ -88,6 +91,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "host's /var/log/journal) instead of this machine's; implies --kernel-source journal",
     )
     classify.add_argument(
+        "--cursor-file",
+        metavar="FILE",
+        help="with --kernel: read journald after the cursor saved in FILE (when it is of the boot being "
+        "read; else the whole boot) and save the last record's cursor there: each run prints only what "
+        "is new; implies --kernel-source journal",
+    )
+    classify.add_argument(
         "--kmsg-path",
         default="/dev/kmsg",
         help="with --kernel: the kmsg device (a plain file works for tests)",
@@ -114,7 +124,16 @@ def run(args: argparse.Namespace) -> int:
             source, journal_args = args.kernel_source, []
             if args.journal_directory is not None:
                 source, journal_args = "journal", [f"--directory={args.journal_directory}"]
-            _run_kernel(source, args.kmsg_path, out, include_all=args.all, journal_args=journal_args)
+            if args.cursor_file is not None:
+                source = "journal"
+            _run_kernel(
+                source,
+                args.kmsg_path,
+                out,
+                include_all=args.all,
+                journal_args=journal_args,
+                cursor_file=Path(args.cursor_file) if args.cursor_file is not None else None,
+            )
         elif args.records is not None:
             if args.files:
                 raise InputError("give either --records FILE.jsonl or raw FILEs, not both")
@@ -172,20 +191,60 @@ def _run_raw(paths: list[str], out: BinaryIO, *, include_all: bool) -> None:
         _emit(scanner.finish(), encoder, buffer, out)
 
 
-def _run_kernel(
-    source: str, kmsg_path: str, out: BinaryIO, *, include_all: bool, journal_args: list[str]
-) -> None:
-    """Classify the kernel's own log; each object keeps the record's time and host."""
+def _resume_cursor(cursor_file: Path, journal_args: list[str]) -> str | None:
+    """The saved cursor when it belongs to the boot about to be read (else the whole boot is read: a
+    cursor of an earlier boot handed to --after-cursor makes journalctl skip the new boot's first record)."""
     try:
-        name, lines = kernel_lines(source, kmsg=kmsg_path, journal_args=journal_args)
+        saved = cursor_file.read_text(encoding="utf-8", errors="replace")[:1024].strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise InputError(f"{cursor_file}: cannot read: {exc.strerror or exc}") from None
+    boot = cursor_boot(saved)
+    try:
+        current = journal_boot(journal_args=journal_args) if boot is not None else None
+    except OSError as exc:
+        raise InputError(f"journal: {exc.strerror or exc}") from None
+    if boot is None or boot != current:
+        why = "not a journald cursor" if boot is None else "of another boot"
+        print(f"sentinel logs classify: the saved cursor is {why}: reading the whole boot", file=sys.stderr)
+        return None
+    return saved
+
+
+def _save_cursor(cursor_file: Path, cursor: str) -> None:
+    tmp = cursor_file.with_name(cursor_file.name + ".tmp")
+    try:
+        tmp.write_text(cursor[:1024], encoding="utf-8")
+        os.replace(tmp, cursor_file)
+    except OSError as exc:
+        raise InputError(f"{cursor_file}: cannot write: {exc.strerror or exc}") from None
+
+
+def _run_kernel(
+    source: str,
+    kmsg_path: str,
+    out: BinaryIO,
+    *,
+    include_all: bool,
+    journal_args: list[str],
+    cursor_file: Path | None = None,
+) -> None:
+    """Classify the kernel's own log; each object keeps the record's time and host. With a cursor file,
+    only what journald holds after the saved cursor, and the last record's cursor is saved."""
+    after = _resume_cursor(cursor_file, journal_args) if cursor_file is not None else None
+    try:
+        name, lines = kernel_lines(source, kmsg=kmsg_path, journal_args=journal_args, after_cursor=after)
     except KernelSourceError as exc:
         raise InputError(str(exc)) from None
     print(f"sentinel logs classify: reading the kernel log from {name}", file=sys.stderr)
+    last_cursor: str | None = None
     encoder = msgspec.json.Encoder()
     buffer = bytearray()
     batch: list[Classified] = []
     try:
         for number, record in enumerate(lines, start=1):
+            last_cursor = record.cursor or last_cursor
             event = _kernel_event(record.message, include_all=include_all)
             if event is None:
                 continue
@@ -204,6 +263,8 @@ def _run_kernel(
     except OSError as exc:
         raise InputError(f"kernel log ({name}): {exc.strerror or exc}") from None
     _emit(batch, encoder, buffer, out)
+    if cursor_file is not None and last_cursor is not None:
+        _save_cursor(cursor_file, last_cursor)
 
 
 def _kernel_event(message: str, *, include_all: bool) -> Classified | None:

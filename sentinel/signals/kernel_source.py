@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import errno
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -49,12 +50,24 @@ class KernelSourceError(Exception):
 
 class _JournalRecord(msgspec.Struct):
     message: str | list[int] | None = msgspec.field(default=None, name="MESSAGE")
+    boot_id: str | None = msgspec.field(default=None, name="_BOOT_ID")
     realtime_us: str | None = msgspec.field(default=None, name="__REALTIME_TIMESTAMP")
     hostname: str | None = msgspec.field(default=None, name="_HOSTNAME")
     cursor: str | None = msgspec.field(default=None, name="__CURSOR")
 
 
 _JOURNAL_DECODER: Final = msgspec.json.Decoder(_JournalRecord)
+
+# s=<seqnum id>;i=<seqnum>;b=<boot id>;m=<monotonic>;t=<realtime>;x=<xor hash>, all hex (sd_journal_get_cursor).
+_CURSOR_RE: Final = re.compile(
+    r"^s=[0-9a-f]{32};i=[0-9a-f]{1,16};b=([0-9a-f]{32});m=[0-9a-f]{1,16};t=[0-9a-f]{1,16};x=[0-9a-f]{1,16}$"
+)
+
+
+def cursor_boot(cursor: str) -> str | None:
+    """The boot id (32 hex digits) a journald cursor was taken in; ``None`` for what is not a cursor."""
+    match = _CURSOR_RE.match(cursor)
+    return match.group(1) if match is not None else None
 
 
 def iso_from_epoch_us(value: int) -> str:
@@ -154,6 +167,18 @@ def journal_lines(
             yield line
 
 
+def journal_boot(journalctl: str = "journalctl", *, journal_args: Sequence[str] = ()) -> str | None:
+    """The boot whose kernel records ``journal_lines`` reads (this boot; with ``--directory``, the newest
+    boot in those files): the boot id of its last kernel record, ``None`` when there is none."""
+    boot: str | None = None
+    for raw in _run([journalctl, *journal_args, "-k", "-b", "-n", "1", "-o", "json", "--no-pager", "-q"]):
+        try:
+            boot = _JOURNAL_DECODER.decode(raw).boot_id
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+    return boot.lower() if boot and len(boot) == 32 else None
+
+
 def dmesg_lines(dmesg: str = "dmesg") -> Iterator[KernelLine]:
     """The ring buffer through ``dmesg --time-format iso`` (the stamp stays at the head of the message)."""
     for raw in _run([dmesg, "--time-format", "iso"]):
@@ -201,11 +226,13 @@ def kernel_lines(
     dmesg: str = "dmesg",
     kmsg: str = "/dev/kmsg",
     journal_args: Sequence[str] = (),
+    after_cursor: str | None = None,
 ) -> tuple[str, Iterator[KernelLine]]:
     """``(name, lines)`` of the first source that can be read: journald, then dmesg, then /dev/kmsg.
 
     The first record is read before answering, so a source that fails at once (no journal, dmesg
-    restricted, kmsg not readable) is skipped rather than returned empty.
+    restricted, kmsg not readable) is skipped rather than returned empty — except journald read after a
+    cursor, where no record means nothing new.
     """
     order = ("journal", "dmesg", "kmsg") if source == "auto" else (source,)
     reasons: list[str] = []
@@ -218,7 +245,7 @@ def kernel_lines(
             continue
         try:
             lines = (
-                journal_lines(journalctl, journal_args=journal_args)
+                journal_lines(journalctl, journal_args=journal_args, after_cursor=after_cursor)
                 if name == "journal"
                 else dmesg_lines(dmesg)
                 if name == "dmesg"
@@ -228,6 +255,8 @@ def kernel_lines(
         except OSError as exc:
             reasons.append(f"{name}: {exc.strerror or exc}")
             continue
+        if first is None and name == "journal" and after_cursor:
+            return name, iter(())
         if first is None:
             reasons.append(f"{name}: no records")
             continue

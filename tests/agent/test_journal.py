@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sentinel.agent.journal import JournalKernelReader, cursor_boot, kernel_reader, start_arguments
+from sentinel.agent.journal import JournalKernelReader, kernel_reader, start_arguments
 from sentinel.agent.kmsg import KmsgReader, KmsgRecord
+from sentinel.signals.kernel_source import cursor_boot
 
 BOOT = "fedcba9876543210fedcba9876543210"
 # Cursors in journalctl's own format (as --show-cursor and -o json's __CURSOR print them).

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.agent.journal import JournalKernelReader, cursor_boot
+from sentinel.agent.journal import JournalKernelReader
+from sentinel.signals.kernel_source import cursor_boot
 from tests.support import need_binary, write_journal
 
 OLD_BOOT = "0123456789abcdef0123456789abcdef"

@@ -128,40 +128,89 @@ def test_record_parsers_never_raise(raw: bytes) -> None:
     line_stamp(raw.decode("utf-8", "replace"))
 
 
-def test_journal_directory_read_by_the_real_journalctl(tmp_path: Path) -> None:
-    """``--journal-directory``: the real journalctl reads real journal files (written by
-    systemd-journal-remote): the newest boot's kernel records only, each with its own time and host."""
+OLD_BOOT, NEW_BOOT = "0123456789abcdef0123456789abcdef", "fedcba9876543210fedcba9876543210"
+
+
+def _entry(boot: str, t_us: int, message: str, transport: str = "kernel") -> dict[str, str | int]:
+    return {
+        "__REALTIME_TIMESTAMP": t_us,
+        "__MONOTONIC_TIMESTAMP": t_us - 1_732_990_000_000_000,
+        "_BOOT_ID": boot,
+        "_MACHINE_ID": "4f3c2b1a09f8e7d6c5b4a39281706f5e",
+        "_HOSTNAME": "gpu-7",
+        "_TRANSPORT": transport,
+        "MESSAGE": message,
+    }
+
+
+def _journal(tmp_path: Path) -> Path:
+    """Real journal files (systemd-journal-remote): an earlier boot's Xid, then this boot's records."""
     need_binary("journalctl")
     folder = tmp_path / "journal"
     folder.mkdir()
-    old, new = "0123456789abcdef0123456789abcdef", "fedcba9876543210fedcba9876543210"
-
-    def entry(boot: str, t_us: int, message: str, transport: str = "kernel") -> dict[str, str | int]:
-        return {
-            "__REALTIME_TIMESTAMP": t_us,
-            "__MONOTONIC_TIMESTAMP": t_us - 1_732_990_000_000_000,
-            "_BOOT_ID": boot,
-            "_MACHINE_ID": "4f3c2b1a09f8e7d6c5b4a39281706f5e",
-            "_HOSTNAME": "gpu-7",
-            "_TRANSPORT": transport,
-            "MESSAGE": message,
-        }
-
     write_journal(
         folder / "system.journal",
         [
-            entry(old, 1_732_991_000_000_000, XID.replace("79", "48")),  # an earlier boot: not read
-            entry(new, 1_732_992_000_000_000, "Linux version 6.8.0"),
-            entry(new, 1_732_992_000_100_000, "Xid 79 mentioned by a user-space tool", transport="syslog"),
-            entry(new, 1_732_992_000_123_456, XID),
-            entry(new, 1_732_992_001_000_000, "mlx5_core 0000:17:00.0 ib0: Link down"),
+            _entry(OLD_BOOT, 1_732_991_000_000_000, XID.replace("79", "48")),  # an earlier boot: not read
+            _entry(NEW_BOOT, 1_732_992_000_000_000, "Linux version 6.8.0"),
+            _entry(
+                NEW_BOOT, 1_732_992_000_100_000, "Xid 79 mentioned by a user-space tool", transport="syslog"
+            ),
+            _entry(NEW_BOOT, 1_732_992_000_123_456, XID),
+            _entry(NEW_BOOT, 1_732_992_001_000_000, "mlx5_core 0000:17:00.0 ib0: Link down"),
         ],
     )
-    result = _classify(tmp_path, f"--journal-directory={folder}")
+    return folder
+
+
+def _events(result: subprocess.CompletedProcess[str]) -> list[tuple[object, ...]]:
     assert result.returncode == 0, result.stderr
-    assert "from journal" in result.stderr
     events = [json.loads(line) for line in result.stdout.splitlines()]
-    assert [(e["kind"], e["severity"], e["xid"], e["host"], e["time"], e["line"]) for e in events] == [
-        ("xid", "critical", 79, "gpu-7", "2024-11-30T18:40:00.123456Z", 2),
-        ("other", "warning", None, "gpu-7", "2024-11-30T18:40:01.000000Z", 3),
-    ]
+    return [(e["kind"], e["severity"], e["xid"], e["host"], e["time"], e["line"]) for e in events]
+
+
+THIS_BOOT_EVENTS = [
+    ("xid", "critical", 79, "gpu-7", "2024-11-30T18:40:00.123456Z", 2),
+    ("other", "warning", None, "gpu-7", "2024-11-30T18:40:01.000000Z", 3),
+]
+
+
+def test_journal_directory_read_by_the_real_journalctl(tmp_path: Path) -> None:
+    """``--journal-directory``: the real journalctl reads real journal files: the newest boot's kernel
+    records only, each with its own time and host."""
+    folder = _journal(tmp_path)
+    result = _classify(tmp_path, f"--journal-directory={folder}")
+    assert "from journal" in result.stderr
+    assert _events(result) == THIS_BOOT_EVENTS
+
+
+def test_cursor_file_prints_only_what_is_new(tmp_path: Path) -> None:
+    folder = _journal(tmp_path)
+    cursor = tmp_path / "kernel.cursor"
+    args = (f"--journal-directory={folder}", f"--cursor-file={cursor}")
+    assert _events(_classify(tmp_path, *args)) == THIS_BOOT_EVENTS  # no cursor yet: the whole boot
+    saved = cursor.read_text()
+    last = subprocess.run(
+        ["journalctl", f"--directory={folder}", "-k", "-n", "1", "--show-cursor", "-q", "-o", "cat"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert last.strip().endswith(f"-- cursor: {saved}")  # the cursor of the last record read
+    assert _events(_classify(tmp_path, *args)) == []  # nothing new: nothing printed, not an error
+    assert cursor.read_text() == saved
+    write_journal(
+        folder / "later.journal", [_entry(NEW_BOOT, 1_732_992_005_000_000, XID.replace("79", "94"))]
+    )
+    assert [(e[0], e[2]) for e in _events(_classify(tmp_path, *args))] == [("xid", 94)]
+    # A cursor of an earlier boot: the whole boot again, not the boot minus its first record.
+    old = subprocess.run(
+        ["journalctl", f"--directory={folder}", "-k", "-b", OLD_BOOT, "-o", "json", "-q"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    cursor.write_text(json.loads(old.splitlines()[-1])["__CURSOR"])
+    result = _classify(tmp_path, *args)
+    assert "of another boot" in result.stderr
+    assert [e[2] for e in _events(result)] == [79, None, 94]
