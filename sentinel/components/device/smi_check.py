@@ -5,6 +5,10 @@ address, VBIOS, driver, serial, link width) must match exactly; readings that mo
 (utilisation, power, temperature, clocks) within a tolerance. nvidia-smi is another NVML client, so a
 difference points at sentinel's read (a wrong unit, a swapped field) — the point of running this once on
 each new GPU generation or driver.
+
+The clock-event reasons (active or not) and the power / sync-boost violation time are compared too, where
+the driver's nvidia-smi reports them. NVLink error counters are not in ``nvidia-smi -q -x`` (only in
+``nvidia-smi nvlink -e``), so they are not compared here.
 """
 
 from __future__ import annotations
@@ -116,8 +120,56 @@ def compare(once: dict[str, Any], smi_xml: str) -> list[Row]:
             if ours is None or ours == "" or theirs is None:
                 continue
             rows.append(Row(index, name, str(ours), theirs, _differs(kind, ours, theirs, tolerance)))
+        unsupported = set(once.get("unsupported", []))
+        rows += _clock_events(index, sample, node, unsupported)
     if len(smi_gpus) != len(once.get("inventory", [])):
         rows.append(Row(-1, "gpu_count", str(len(once.get("inventory", []))), str(len(smi_gpus)), True))
+    return rows
+
+
+#: sentinel's clock-event reason → nvidia-smi's tag (``clocks_event_reason_<tag>``; before R535 the same under
+#: ``clocks_throttle_reasons/clocks_throttle_reason_<tag>``)
+REASON_TAGS: dict[str, str] = {
+    "gpu_idle": "gpu_idle",
+    "applications_clocks": "applications_clocks_setting",
+    "sw_power_cap": "sw_power_cap",
+    "hw_slowdown": "hw_slowdown",
+    "sync_boost": "sync_boost",
+    "sw_thermal_slowdown": "sw_thermal_slowdown",
+    "hw_thermal_slowdown": "hw_thermal_slowdown",
+    "hw_power_brake_slowdown": "hw_power_brake_slowdown",
+    "display_clocks": "display_clocks_setting",
+}
+#: sentinel's violation policy → nvidia-smi's clock-event counter (µs; R550+): the same NVML counter
+#: (NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP is NVML_FI_DEV_PERF_POLICY_POWER). Thermal is not
+#: compared: nvidia-smi splits it into SW and HW slowdown, NVML's thermal policy is one counter.
+VIOLATION_TAGS: dict[str, str] = {"power": "sw_power_cap", "sync_boost": "sync_boost"}
+#: seconds a cumulative counter may advance between sentinel's read and nvidia-smi's
+VIOLATION_TOLERANCE_S = 10.0
+
+
+def _clock_events(index: int, sample: dict[str, Any], node: ET.Element, unsupported: set[str]) -> list[Row]:
+    rows: list[Row] = []
+    if f"{index}:clock_events" not in unsupported:
+        active = set(sample.get("throttle") or [])
+        for name, tag in REASON_TAGS.items():
+            theirs = _find(node, f"clocks_event_reasons/clocks_event_reason_{tag}") or _find(
+                node, f"clocks_throttle_reasons/clocks_throttle_reason_{tag}"
+            )
+            if theirs is None:
+                continue
+            ours = "active" if name in active else "not active"
+            rows.append(Row(index, f"clock_event.{name}", ours, theirs, ours != theirs.strip().lower()))
+    violations = sample.get("violations") or {}
+    for policy, tag in VIOLATION_TAGS.items():
+        ns = violations.get(policy)
+        theirs = _find(node, f"clocks_event_reasons_counters/clocks_event_reasons_counters_{tag}")
+        if ns is None or theirs is None:
+            continue
+        us = _num(theirs)
+        ours_s, theirs_s = ns / 1e9, (us / 1e6 if us is not None else None)
+        differs = theirs_s is None or abs(ours_s - theirs_s) > VIOLATION_TOLERANCE_S
+        rows.append(Row(index, f"clock_violation_s.{policy}", f"{ours_s:.3f}", theirs, differs))
     return rows
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pynvml
 import pytest
 
 from sentinel.cli import main
@@ -15,6 +16,12 @@ from tests.agent.fakenvml import FakeNvml
 XML = (Path(__file__).parent / "data" / "nvidia_smi_q.xml").read_text()
 
 
+def _like_the_xml(fake: FakeNvml) -> None:
+    """GPU 0 of the XML is power-capped now and has been for 91.4 s."""
+    fake.gpus[0].reasons = pynvml.nvmlClocksEventReasonSwPowerCap
+    fake.gpus[0].violations[0] = 91_403_239_000
+
+
 def _once(capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
     main(["agent", "once", "--json", "--sysfs-root", "/nonexistent"])
     out: dict[str, object] = json.loads(capsys.readouterr().out)
@@ -22,14 +29,17 @@ def _once(capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
 
 
 def test_same_host_same_values(fake_nvml: FakeNvml, capsys: pytest.CaptureFixture[str]) -> None:
+    _like_the_xml(fake_nvml)
     rows = compare(_once(capsys), XML)  # type: ignore[arg-type]
     fields = {r.field for r in rows}
     assert {"uuid", "pci_bus", "vbios", "driver", "pcie_width", "temp_c", "mem_temp_c", "power_w"} <= fields
+    assert {"clock_event.sw_power_cap", "clock_event.gpu_idle", "clock_violation_s.power"} <= fields
     assert [r for r in rows if r.differs] == []
     assert "0 differ" in render(rows)
 
 
 def test_a_wrong_reading_is_flagged(fake_nvml: FakeNvml, capsys: pytest.CaptureFixture[str]) -> None:
+    _like_the_xml(fake_nvml)
     fake_nvml.gpus[1].vbios = "96.00.74.00.01"
     fake_nvml.gpus[1].pcie_width = (8, 16)
     fake_nvml.gpus[0].power_mw = 300_000
@@ -37,3 +47,25 @@ def test_a_wrong_reading_is_flagged(fake_nvml: FakeNvml, capsys: pytest.CaptureF
     flagged = {(r.gpu, r.field) for r in rows if r.differs}
     assert flagged == {(1, "vbios"), (1, "pcie_width"), (0, "power_w")}
     assert "DIFFERS" in render(rows)
+
+
+def test_clock_event_reasons_and_violation_time_against_nvidia_smi(
+    fake_nvml: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _like_the_xml(fake_nvml)
+    fake_nvml.gpus[0].reasons |= pynvml.nvmlClocksEventReasonHwThermalSlowdown  # sentinel says so, smi not
+    fake_nvml.gpus[0].violations[0] = 200_000_000_000  # 200 s vs nvidia-smi's 91.4 s
+    fake_nvml.gpus[0].violations[2] = 3_000_000_000  # 3 s vs 0: within what moves between the two reads
+    rows = {(r.gpu, r.field): r for r in compare(_once(capsys), XML)}  # type: ignore[arg-type]
+    assert rows[(0, "clock_event.hw_thermal_slowdown")].differs
+    assert (
+        rows[(0, "clock_event.hw_thermal_slowdown")].sentinel,
+        rows[(0, "clock_event.hw_thermal_slowdown")].smi,
+    ) == ("active", "Not Active")
+    assert not rows[(0, "clock_event.sw_power_cap")].differs
+    assert (
+        rows[(0, "clock_violation_s.power")].differs
+        and rows[(0, "clock_violation_s.power")].sentinel == "200.000"
+    )
+    assert not rows[(0, "clock_violation_s.sync_boost")].differs
+    assert (1, "clock_event.sw_power_cap") not in rows  # GPU 1's nvidia-smi section has no such field
