@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import psutil
@@ -88,14 +89,36 @@ class SimpleSource:
         )
 
     def read_slow(self, gpu: int, now: float):  # type: ignore[no-untyped-def]
-        from sentinel.wire import EccCounters, FabricInfo, NvLink, PcieLink, RowRemap
+        from sentinel.wire import ClockViolations, EccCounters, FabricInfo, NvLink, PcieLink, RowRemap
 
         sample = self.read_fast(gpu, now)
         sample.ecc = EccCounters(
             volatile_corrected=0, volatile_uncorrected=0, aggregate_corrected=3, aggregate_uncorrected=0
         )
         sample.remap = RowRemap(hist_max=640, hist_high=0, hist_partial=0, hist_low=0, hist_none=0)
-        sample.nvlink = [NvLink(link=link) for link in range(18)]
+        # every counter of every link as an H100 reports them, and the clock-policy violation time
+        sample.nvlink = [
+            NvLink(
+                link=link,
+                crc_errors=3,
+                crc_data_errors=0 if link < 12 else None,
+                replay_errors=1,
+                recovery_errors=0,
+            )
+            for link in range(18)
+        ]
+        ref = int(now * 1e6)
+        sample.violations = ClockViolations(
+            reference_us=ref,
+            power=ref * 300,
+            thermal=0,
+            sync_boost=0,
+            board_limit=0,
+            low_utilization=ref * 100,
+            reliability=0,
+            app_clocks=ref * 400,
+            base_clocks=0,
+        )
         # the Hopper/Blackwell fields (issue 11): fabric registration, PCIe link now vs max, HBM temp, recovery
         sample.pcie_link = PcieLink(gen=5, gen_max=5, width=16, width_max=16)
         sample.fabric = FabricInfo(
@@ -111,6 +134,20 @@ class SimpleSource:
 
     def close(self) -> None:
         pass
+
+
+def fake_nvml_source(gpus: int) -> Any:
+    """The real NVML source (nvidia-ml-py's marshalling, the batched field-values call, violation status)
+    against the tests' fake libnvidia-ml (tests/agent/fakenvml.py): H100-like GPUs with 18 NVLinks each."""
+    import pynvml
+
+    from sentinel.agent.nvml import NvmlSource
+    from tests.agent.fakenvml import FakeGpu, FakeNvml
+
+    fake = FakeNvml([FakeGpu(index=i, nvlinks=dict.fromkeys(range(18), True)) for i in range(gpus)])
+    pynvml.nvmlLib = fake.lib
+    pynvml._nvmlGetFunctionPointer_cache = {}
+    return NvmlSource()
 
 
 def child(args: argparse.Namespace) -> int:
@@ -155,6 +192,8 @@ def child(args: argparse.Namespace) -> int:
             )
             cluster, hosts = sim_hosts(scenario, started_at=time.time(), clock=time.time)
             agent = Agent(config, hosts[0], hosts[0])
+        elif args.source == "nvml":
+            agent = Agent(config, fake_nvml_source(args.gpus))
         else:
             agent = Agent(config, SimpleSource(args.gpus))
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, agent.request_stop)
@@ -330,11 +369,12 @@ def main() -> int:
     parser.add_argument("--tick", type=float, default=1.0, help="agent tick in seconds (default 1)")
     parser.add_argument(
         "--source",
-        choices=("simple", "sim"),
+        choices=("simple", "sim", "nvml"),
         default="simple",
         help="simple: a fixed-readings GPU source with the real host collectors (probe socket, psutil job "
         "mapping); sim: the scenario simulator's host (sentinel.sim.host), whose model runs in the agent "
-        "process (default simple)",
+        "process; nvml: the real NVML source over the tests' fake libnvidia-ml at the ABI (18 NVLinks per GPU, "
+        "field values and violation status as on a Hopper) (default simple)",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--state-dir", help=argparse.SUPPRESS)
