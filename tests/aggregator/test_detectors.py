@@ -586,20 +586,27 @@ def _violations(t: float, power_share: float) -> ClockViolations:
     return ClockViolations(reference_us=int(t * 1e6), power=int(t * power_share * 1e9), thermal=0)
 
 
-def test_a_straggler_at_its_power_limit_is_named_power_from_violation_time_alone() -> None:
-    """The reason bits are one instant per tick and may miss a GPU capped 70% of the time; NVML's
-    violation time integrates it."""
+def _slow_gpu_fleet(host: str, gpu: int, power_share: float) -> Fleet:
+    """Four hosts of busy GPUs; from t=20 on ``host``/``gpu`` runs at 1500 MHz, its power policy holding
+    it back ``power_share`` of the time (no reason bits caught it)."""
     f = Fleet(hosts=4)
     for step in range(0, 120, 2):
         t = float(step)
-        for host in f.views:
+        for name in f.views:
             samples = [
                 sample(i, t, sm_clock_mhz=1975.0 + (i % 3), violations=_violations(t, 0.0)) for i in range(8)
             ]
-            if host == "h1" and step >= 20:
-                samples[6] = sample(6, t, sm_clock_mhz=1500.0, violations=_violations(t, 0.7))
-            f.send(host, t, samples=samples)
+            if name == host and step >= 20:
+                samples[gpu] = sample(gpu, t, sm_clock_mhz=1500.0, violations=_violations(t, power_share))
+            f.send(name, t, samples=samples)
         f.engine.tick(t)
+    return f
+
+
+def test_a_straggler_at_its_power_limit_is_named_power_from_violation_time_alone() -> None:
+    """The reason bits are one instant per tick and may miss a GPU capped 70% of the time; NVML's
+    violation time integrates it."""
+    f = _slow_gpu_fleet("h1", 6, 0.7)
     assert f.open() == [("straggler", "h1", 6, "power")]
     verdict = next(iter(f.engine.book.open.values()))
     assert verdict.action == "drain"
@@ -607,15 +614,24 @@ def test_a_straggler_at_its_power_limit_is_named_power_from_violation_time_alone
 
 
 def test_a_straggler_without_violation_time_or_reason_bits_stays_unknown() -> None:
+    f = _slow_gpu_fleet("h3", 1, 0.1)
+    assert f.open() == [("straggler", "h3", 1, "unknown")]
+    assert any("power 10% of the last 2 s" in e for e in next(iter(f.engine.book.open.values())).evidence)
+
+
+def test_a_slow_gpu_whose_nvlink_errors_climb_is_a_straggler_for_that_reason() -> None:
     f = Fleet(hosts=4)
     for step in range(0, 120, 2):
         t = float(step)
-        for host in f.views:
-            samples = [
-                sample(i, t, sm_clock_mhz=1975.0 + (i % 3), violations=_violations(t, 0.0)) for i in range(8)
-            ]
-            if host == "h3" and step >= 20:
-                samples[1] = sample(1, t, sm_clock_mhz=1500.0, violations=_violations(t, 0.1))
-            f.send(host, t, samples=samples)
+        for name in f.views:
+            samples = [sample(i, t, sm_clock_mhz=1975.0 + (i % 3)) for i in range(8)]
+            if name == "h2" and step >= 20:
+                links = [NvLink(link=0), NvLink(link=5, replay_errors=40 * step)]
+                samples[3] = sample(3, t, sm_clock_mhz=1500.0, nvlink=links)
+            f.send(name, t, samples=samples)
         f.engine.tick(t)
-    assert f.open() == [("straggler", "h3", 1, "unknown")]
+    stragglers = [v for v in f.engine.book.open.values() if v.kind == "straggler"]
+    assert [(v.host, v.gpu, v.reason, v.action) for v in stragglers] == [
+        ("h2", 3, "nvlink_errors", "reset_gpu")
+    ]
+    assert any("NVLink errors at" in e and "link 5 replay +80" in e for e in stragglers[0].evidence)

@@ -95,6 +95,37 @@ def build() -> Dashboard:
                 _series("Performance state (P0 fastest)", "sentinel_gpu_performance_state"),
             ],
             [
+                (
+                    timeseries(
+                        "Clocks held back (share of time, NVML violation time)",
+                        [
+                            target(
+                                "max by (host, gpu, policy) "
+                                f"(rate(sentinel_gpu_clock_violation_seconds_total{{{GPU}}}[{RATE}]))",
+                                LEGEND + " {{policy}}",
+                            )
+                        ],
+                        unit="percentunit",
+                        description="Share of time each NVML clock policy held the clocks below target; a "
+                        "straggler held back by power or thermal half the time or more is named for it.",
+                    ),
+                    Size(12, 8),
+                ),
+                (
+                    timeseries(
+                        "NVLink bit-error rate (Blackwell)",
+                        [
+                            target(
+                                f"max by (host, gpu, link, type) (sentinel_gpu_nvlink_bit_error_rate{{{GPU}}})",
+                                LEGEND + " link {{link}} {{type}}",
+                            )
+                        ],
+                        description="symbol: before forward error correction (corrected); effective: after it.",
+                    ),
+                    Size(12, 8),
+                ),
+            ],
+            [
                 _series(
                     "Throttle reasons",
                     "sentinel_gpu_throttle_reason",
