@@ -155,6 +155,39 @@ async def test_xid_pair_and_a_gpu_lost_at_open(fake_nvml: FakeNvml, tmp_path: Pa
     await agent.shutdown()
 
 
+LINE_154 = "4,1003,7000000,-;NVRM: Xid (PCI:0000:28:00): 154, GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)"
+LINE_13 = "4,1004,7100000,-;NVRM: Xid (PCI:0000:28:00): 13, pid=31337, name=python3, Graphics SM Warp Exception on (GPC 1, TPC 1, SM 1): MMU Fault"
+
+
+async def test_xid_pairs_154_to_none_and_13_keep_the_kernel_lines_detail(
+    fake_nvml: FakeNvml, tmp_path: Path
+) -> None:
+    """NVML's bare 154 and 13 and the kernel's lines of the same occurrences: one event each, with the
+    kernel line's detail (154's recovery action "None" is no fault; 13 keeps the pid the distinct-process
+    rule needs)."""
+    (tmp_path / "state").mkdir()
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    agent = _agent(tmp_path, kmsg)
+    batches = [await agent.step(1.0)]
+    fake_nvml.push_xid(1, 154)
+    fake_nvml.push_xid(1, 13)
+    for _ in range(100):  # bounded: until the listener thread has handed both NVML reports over
+        if len(agent.xids) >= 2:
+            break
+        batches.append(await agent.step(1.1))
+        await asyncio.sleep(0.02)
+    with kmsg.open("a") as f:
+        f.write(LINE_154 + "\n" + LINE_13 + "\n")
+    batches.append(await agent.step(1.2))
+    events = [e for b in batches for e in b.events if e.kind == "xid"]
+    assert sorted(e.xid for e in events if e.xid is not None) == [13, 154]  # one event per occurrence
+    assert {e.xid: e.severity for e in events}[154] != "critical"
+    assert {e.xid: e.fields.get("pid") for e in events}[13] == 31337
+    _check("xid_pairs_154_13", [b for b in _view(batches) if b["events"]])
+    await agent.shutdown()
+
+
 async def test_nvml_gone_and_back(fake_nvml: FakeNvml, tmp_path: Path) -> None:
     (tmp_path / "state").mkdir()
     kmsg = tmp_path / "kmsg"
