@@ -19,8 +19,9 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from sentinel.fr.ops import op_name
 from sentinel.fr.summary import GroupTrack, KeyInfo, RankSummary
@@ -42,8 +43,7 @@ TIMING_WINDOW = 64
 MAX_FINDINGS = 40
 
 
-@dataclass(slots=True)
-class Group:
+class Group(msgspec.Struct):
     """A process group as seen across all dumps."""
 
     name: str
@@ -57,16 +57,14 @@ class Group:
         return f"{self.name} ({self.desc})" if self.desc else self.name
 
 
-@dataclass(slots=True)
-class Straggler:
+class Straggler(msgspec.Struct):
     rank: int
     lag_ms_median: float
     late_fraction: float
     n_collectives: int
 
 
-@dataclass(slots=True)
-class MismatchFinding:
+class MismatchFinding(msgspec.Struct):
     kind: str  # op | size | dtype
     group: Group
     seq: int
@@ -88,23 +86,22 @@ class MismatchFinding:
         }
 
 
-@dataclass(slots=True)
-class FrAnalysis:
+class FrAnalysis(msgspec.Struct):
     """The result of :func:`analyze`; :meth:`to_json` is the contract's ``--json`` object."""
 
     verdict: str
     summary: str
-    culprit_ranks: list[int] = field(default_factory=list)
+    culprit_ranks: list[int] = msgspec.field(default_factory=list)
     collective: dict[str, Any] | None = None
     mismatch: dict[str, Any] | None = None
-    missing_dumps: list[int] = field(default_factory=list)
-    stragglers: list[Straggler] = field(default_factory=list)
-    findings: list[str] = field(default_factory=list)
+    missing_dumps: list[int] = msgspec.field(default_factory=list)
+    stragglers: list[Straggler] = msgspec.field(default_factory=list)
+    findings: list[str] = msgspec.field(default_factory=list)
     ranks_with_dumps: int = 0
     world_size: int = 0
-    versions: list[str] = field(default_factory=list)
+    versions: list[str] = msgspec.field(default_factory=list)
     entries: int = 0
-    groups: list[dict[str, Any]] = field(default_factory=list)
+    groups: list[dict[str, Any]] = msgspec.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {

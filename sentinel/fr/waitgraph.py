@@ -26,12 +26,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Literal
 
+import msgspec
 
-@dataclass(frozen=True, slots=True)
-class Wait:
+
+class Wait(msgspec.Struct, frozen=True):
     """Rank ``rank`` is blocked in (``group``, ``seq``) waiting for ``waiting_for`` to enter it."""
 
     rank: int
@@ -46,13 +46,12 @@ class Wait:
 CulpritKind = Literal["missing", "cycle", "all_in"]
 
 
-@dataclass(slots=True)
-class Culprit:
+class Culprit(msgspec.Struct):
     """A root cause of a stall and the collective that waits for it: the one holding most ranks, earliest on a tie."""
 
     ranks: tuple[int, ...]  # one rank, or the members of a deadlock cycle
     first_wait: Wait
-    victims: set[int] = field(default_factory=set)
+    victims: set[int] = msgspec.field(default_factory=set)
     kind: CulpritKind = "missing"
 
     @property

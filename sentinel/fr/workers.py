@@ -27,17 +27,17 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from multiprocessing import get_context
-from multiprocessing.connection import Connection, wait
-from multiprocessing.process import BaseProcess
-from multiprocessing.sharedctypes import RawArray
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from sentinel.fr.errors import FrFormatError
 from sentinel.fr.summary import RankSummary
+
+if TYPE_CHECKING:  # multiprocessing (and ctypes under it) costs a small set's whole decode to import
+    from multiprocessing.connection import Connection
+    from multiprocessing.process import BaseProcess
 
 #: Address space all decoding workers together may add to what they had when they started.
 MEMORY_BUDGET = 2 << 30
@@ -160,6 +160,10 @@ def run_pool(
 ) -> list[RankSummary]:
     """Decode ``jobs`` in bounded worker processes; summaries in job order. FrFormatError names the dump
     that failed (and why); :class:`Cancelled` when ``cancel`` is set."""
+    from multiprocessing import get_context
+    from multiprocessing.connection import wait
+    from multiprocessing.sharedctypes import RawArray
+
     workers, extra = split_memory(workers, budget)
     ctx = get_context(start_method)
     current = RawArray("q", workers)
