@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 
 from sentinel.fr.errors import FrFormatError, brief
-from sentinel.fr.recent import decode_recent, decode_recent_json
+from sentinel.fr.recent import ByteView, decode_recent, decode_recent_json
 from sentinel.fr.safepickle import PICKLE_PROTO, loads_plain
 
 #: Largest dump file accepted, after decompression. A 2,000-entry dump with stack frames is ~0.3 MB.
@@ -154,8 +154,8 @@ def _walk(root: Path) -> Iterator[Path]:
         stack.extend(reversed(subdirs))
 
 
-def read_bytes(path: Path, limit: int = MAX_DUMP_BYTES) -> bytes:
-    """The file's bytes, gunzipped when gzip, refusing anything larger than ``limit`` once expanded.
+def open_regular(path: Path, limit: int = MAX_DUMP_BYTES) -> tuple[int, int]:
+    """(file descriptor, size) of a regular file of at most ``limit`` bytes; the caller closes it.
 
     Opened without following a symlink and without blocking (a FIFO swapped in after the listing must
     not hang us), and refused unless it is a regular file."""
@@ -169,16 +169,34 @@ def read_bytes(path: Path, limit: int = MAX_DUMP_BYTES) -> bytes:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise FrFormatError(f"{path}: not a regular file: refused")
+        if st.st_size > limit:
+            raise FrFormatError(f"{path}: larger than {limit} bytes")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st.st_size
+
+
+def read_bytes(path: Path, limit: int = MAX_DUMP_BYTES) -> bytes:
+    """The file's bytes, gunzipped when gzip, refusing anything larger than ``limit`` once expanded."""
+    fd, size = open_regular(path, limit)
+    try:
+        return _read_open(fd, size, path, limit)
+    finally:
+        os.close(fd)
+
+
+def _read_open(fd: int, size: int, path: Path, limit: int) -> bytes:
+    try:
         with os.fdopen(fd, "rb", closefd=False) as fh:
+            fh.seek(0)
             # ask for the size the file has (+1 to see growth): a read of ``limit`` would allocate
             # ``limit`` bytes first, fresh pages for every dump (half the system time at 16,384 dumps)
-            data = fh.read(min(st.st_size, limit) + 1)
-            if len(data) > st.st_size:  # grew while read: read on, still bounded
+            data = fh.read(size + 1)
+            if len(data) > size:  # grew while read: read on, still bounded
                 data += fh.read(limit + 1 - len(data))
     except OSError as exc:
         raise FrFormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
     if len(data) > limit:
         raise FrFormatError(f"{path}: larger than {limit} bytes")
     if data[:2] == _GZIP_MAGIC:
@@ -259,19 +277,45 @@ def load_dump(path: Path, rank: int | None = None, recent: int | None = None) ->
         if match is None:
             raise FrFormatError(f"{path}: file name does not end in a rank number")
         rank = int(match["rank"])
-    data = read_bytes(path)
+    fd, size = open_regular(path)
+    try:
+        magic = b""
+        if recent is not None and size >= 1 << 16:
+            try:
+                magic = os.pread(fd, 2, 0)
+            except OSError as exc:
+                raise FrFormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
+            if magic[:1] == bytes([PICKLE_PROTO]):  # read at both ends only, never in the middle
+                dump = _recent_dump(decode_recent(ByteView(fd=fd, size=size), recent), path, rank, False)
+                if dump is not None:
+                    return dump
+        data = _read_open(fd, size, path, MAX_DUMP_BYTES)
+    finally:
+        os.close(fd)
     if recent is not None:
-        is_json = data[:1] == b"{"
-        found = decode_recent_json(data, recent) if is_json else decode_recent(data, recent)
-        if found is not None:
-            top, total, names = found
-            dump = parse_dump(top, rank=rank, source=str(path), is_json=is_json)
-            dump.total_entries = total
-            dump.pg_names = names
-            if _recent_is_enough(dump):
-                return dump
+        found = None
+        if data[:1] == b"{":
+            found = decode_recent_json(data, recent)
+        elif magic == _GZIP_MAGIC:  # a gzipped pickle: both ends of the expanded bytes
+            found = decode_recent(data, recent)
+        dump = _recent_dump(found, path, rank, data[:1] == b"{")
+        if dump is not None:
+            return dump
     obj, is_json = decode(data, source=str(path))
     return parse_dump(obj, rank=rank, source=str(path), is_json=is_json)
+
+
+def _recent_dump(
+    found: tuple[dict[str, Any], int, dict[int, list[str]]] | None, path: Path, rank: int, is_json: bool
+) -> RawDump | None:
+    """The dump of the newest entries, when :func:`decode_recent` found them and they are enough."""
+    if found is None:
+        return None
+    top, total, names = found
+    dump = parse_dump(top, rank=rank, source=str(path), is_json=is_json)
+    dump.total_entries = total
+    dump.pg_names = names
+    return dump if _recent_is_enough(dump) else None
 
 
 def _recent_is_enough(dump: RawDump) -> bool:

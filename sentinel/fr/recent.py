@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pickle
 import re
 from typing import Any
@@ -42,44 +43,113 @@ def _reader(data: bytes) -> io.BufferedReader:
     return io.BufferedReader(io.BytesIO(data), buffer_size=1 << 20)
 
 
-def decode_recent(data: bytes, keep: int) -> tuple[dict[str, Any], int, dict[int, list[str]]] | None:
+class ByteView:
+    """Random access to a dump's bytes: a ``bytes`` object, or an open file read lazily with ``pread``.
+
+    A large dump is only ever needed at its two ends (header and first entries, newest entries): read
+    from a file, the middle — three quarters of a 2,000-entry dump — is never read nor copied. Both ends
+    start at :data:`CHUNK` bytes and double while a search needs more; a short read (the file shrank)
+    raises, which :func:`decode_recent` turns into "decode the whole file".
+    """
+
+    CHUNK = 1 << 16
+
+    def __init__(self, data: bytes | None = None, *, fd: int = -1, size: int = 0) -> None:
+        self.fd = fd
+        self.size = len(data) if data is not None else size
+        self.front = data if data is not None else b""
+        self.back = data if data is not None else b""
+        if data is None:
+            self._grow_back(self.CHUNK)
+
+    def _grow_front(self, want: int) -> None:
+        have = len(self.front)
+        n = min(self.size, max(want, 2 * have, self.CHUNK))
+        if n > have:  # what was read stays: only the new part is read
+            self.front += self._pread(n - have, have)
+
+    def _grow_back(self, want: int) -> None:
+        have = len(self.back)
+        n = min(self.size, max(want, 2 * have, self.CHUNK))
+        if n > have:
+            self.back = self._pread(n - have, self.size - n) + self.back
+
+    def _pread(self, n: int, offset: int) -> bytes:
+        out = os.pread(self.fd, n, offset)
+        if len(out) != n:
+            raise ValueError("the file changed while read")
+        return out
+
+    def get(self, lo: int, hi: int) -> bytes:
+        """Bytes ``[lo, hi)`` of the file."""
+        if hi <= len(self.front):
+            return self.front[lo:hi]
+        start_back = self.size - len(self.back)
+        if lo >= start_back:
+            return self.back[lo - start_back : hi - start_back]
+        if hi - lo > self.size // 2:  # most of the file: read it once as a whole
+            self._grow_front(self.size)
+            return self.front[lo:hi]
+        return self._pread(hi - lo, lo)
+
+    def find(self, needle: bytes, lo: int, hi: int) -> int:
+        """First offset of ``needle`` in ``[lo, hi)``, -1 when none; reads forward only as far as needed."""
+        while True:
+            if not self.front:
+                self._grow_front(self.CHUNK)
+            covered = min(hi, len(self.front))
+            pos = self.front.find(needle, lo, covered)
+            if pos >= 0 or covered >= hi:
+                return pos
+            self._grow_front(2 * len(self.front))
+
+
+def decode_recent(
+    data: bytes | ByteView, keep: int
+) -> tuple[dict[str, Any], int, dict[int, list[str]]] | None:
     """(top-level dict whose ``entries`` are the newest ``keep`` entries, total entry count, pg_id → [name,
     desc] of the groups in the first entries) or None."""
     try:
-        return _decode_recent(data, keep)
+        return _decode_recent(data if isinstance(data, ByteView) else ByteView(data), keep)
     except Exception:  # any doubt: the caller decodes the whole file
         return None
 
 
-def _decode_recent(data: bytes, keep: int) -> tuple[dict[str, Any], int, dict[int, list[str]]] | None:
-    if data[:2] != b"\x80\x02" or len(data) < 1 << 16:
+def _decode_recent(view: ByteView, keep: int) -> tuple[dict[str, Any], int, dict[int, list[str]]] | None:
+    size = view.size
+    if size < 1 << 16 or view.get(0, 2) != b"\x80\x02":
         return None
-    key = _ENTRIES_KEY.search(data)
-    suffix = _SUFFIX.search(data, len(data) - 16)
-    if key is None or suffix is None:
+    view._grow_front(view.CHUNK)
+    while (key := _ENTRIES_KEY.search(view.front)) is None:  # behind the header (pg_config, pg_status)
+        if len(view.front) >= min(size, 1 << 24):
+            return None
+        view._grow_front(2 * len(view.front))
+    suffix = _SUFFIX.search(view.get(size - 16, size))
+    if suffix is None:
         return None
-    start, end = key.end(), suffix.start()
-    first = _FIRST_KEY.match(data, start)
+    start, end = key.end(), size - 16 + suffix.start()
+    first = _FIRST_KEY.match(view.get(start, start + 16))
     if first is None:
         return None
     # the first key of entry 0 is a string followed by its memo index: every later entry refers to it
-    after = first.end() + int.from_bytes(first.group(1), "little")
-    if data[after : after + 1] == b"q":
-        memo_index = data[after + 1]
-    elif data[after : after + 1] == b"r":
-        memo_index = int.from_bytes(data[after + 1 : after + 5], "little")
+    after = start + first.end() + int.from_bytes(first.group(1), "little")
+    tag = view.get(after, after + 5)
+    if tag[:1] == b"q":
+        memo_index = tag[1]
+    elif tag[:1] == b"r":
+        memo_index = int.from_bytes(tag[1:5], "little")
     else:
         return None
     ref = b"h" + bytes([memo_index]) if memo_index < 256 else b"j" + memo_index.to_bytes(4, "little")
     needle = b"(" + ref  # MARK then the first key: the start of an entry dict, and only of one
     # entry starts are found from the front (the head) and from the back (the tail) only: the middle
     # of the file is never scanned, and the total comes from the record ids (checked below)
-    marks = _Marks(data, needle, start, end)
+    marks = _Marks(view, needle, start, end)
     head_end = marks.from_front(HEAD)
     tail_start = marks.from_back(keep)
     if head_end is None or tail_start is None or tail_start - head_end < end - tail_start:
         return None  # the skipped middle would be smaller than the tail: a full decode costs as much
-    head_reader = _PlainUnpickler(_reader(data[:head_end] + b"eu."))
+    head_reader = _PlainUnpickler(_reader(view.get(0, head_end) + b"eu."))
     top = head_reader.load()
     head = top.get("entries") if isinstance(top, dict) else None
     if not isinstance(head, list) or len(head) != HEAD:
@@ -87,8 +157,9 @@ def _decode_recent(data: bytes, keep: int) -> tuple[dict[str, Any], int, dict[in
     memo_source = head_reader
     decoded_end = head_end
     step = HEAD
+    tail_bytes = view.get(tail_start, end)
     while True:
-        tail_reader = _PlainUnpickler(_reader(b"\x80\x02](" + data[tail_start:end] + b"e."))
+        tail_reader = _PlainUnpickler(_reader(b"\x80\x02](" + tail_bytes + b"e."))
         # hand over the memo as the proxy: CPython 3.11 drops the values when a plain dict is assigned
         tail_reader.memo = memo_source.memo
         try:
@@ -102,7 +173,7 @@ def _decode_recent(data: bytes, keep: int) -> tuple[dict[str, Any], int, dict[in
         step *= 4
         upto = marks.from_front(step)
         upto = tail_start if upto is None or upto > tail_start else upto
-        chunk_reader = _PlainUnpickler(io.BytesIO(b"\x80\x02](" + data[decoded_end:upto] + b"e."))
+        chunk_reader = _PlainUnpickler(io.BytesIO(b"\x80\x02](" + view.get(decoded_end, upto) + b"e."))
         chunk_reader.memo = memo_source.memo
         if not isinstance(chunk_reader.load(), list):
             return None
@@ -134,15 +205,15 @@ def _decode_recent(data: bytes, keep: int) -> tuple[dict[str, Any], int, dict[in
 class _Marks:
     """Byte offsets of entry dicts, found by scanning forward from the first or back from the end."""
 
-    def __init__(self, data: bytes, needle: bytes, start: int, end: int) -> None:
-        self.data, self.needle, self.start, self.end = data, needle, start, end
+    def __init__(self, view: ByteView, needle: bytes, start: int, end: int) -> None:
+        self.view, self.needle, self.start, self.end = view, needle, start, end
         self.front = [start]  # offsets of the needle of entries 0, 1, ... found so far
 
     def from_front(self, i: int) -> int | None:
         """Offset of entry ``i``'s dict opcode counted from the first entry, None when there are fewer."""
         front = self.front
         while len(front) <= i:
-            pos = self.data.find(self.needle, front[-1] + 1, self.end)
+            pos = self.view.find(self.needle, front[-1] + 1, self.end)
             if pos < 0:
                 return None
             front.append(pos)
@@ -150,21 +221,30 @@ class _Marks:
 
     def from_back(self, n: int) -> int | None:
         """Offset of the dict opcode of the ``n``-th entry from the end."""
-        pos = self.end
-        for _ in range(n):
-            pos = self.data.rfind(self.needle, self.start + 1, pos)
-            if pos < 0:
+        view, needle = self.view, self.needle
+        while True:
+            back = view.back
+            base = view.size - len(back)
+            lo = max(self.start + 1 - base, 0)
+            pos = self.end - base
+            for _ in range(n):
+                pos = back.rfind(needle, lo, pos)
+                if pos < 0:
+                    break
+            else:
+                return self._dict_start(pos + base)
+            if base <= self.start + 1:
                 return None
-        return self._dict_start(pos)
+            view._grow_back(2 * len(back))
 
     def _dict_start(self, pos: int) -> int:
-        data = self.data
+        before = self.view.get(pos - 6, pos)
         # the dict opcode sits before the MARK: directly (PyTorch), or behind a BINPUT / LONG_BINPUT
-        if data[pos - 1] == 0x7D:
+        if before[5] == 0x7D:
             return pos - 1
-        if data[pos - 3] == 0x7D and data[pos - 2] == 0x71:
+        if before[3] == 0x7D and before[4] == 0x71:
             return pos - 3
-        if data[pos - 6] == 0x7D and data[pos - 5] == 0x72:
+        if before[0] == 0x7D and before[1] == 0x72:
             return pos - 6
         raise ValueError("entry start without a dict opcode")
 

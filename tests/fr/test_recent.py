@@ -151,3 +151,25 @@ def test_json_newest_entries_equal_a_full_decode() -> None:
     assert found[1] == 1500
     assert found[0]["entries"] == json.loads(raw)["entries"][-512:]
     assert decode_recent_json(raw.replace(b'"collective_seq_id"', b'"seq_id"'), 512) is None
+
+
+def test_a_file_is_read_at_both_ends_in_small_steps(tmp_path: Path, monkeypatch: Any) -> None:
+    """From a file, only the ends are read (pread), growing while a search needs more: the newest
+    entries equal a full decode's, whatever the step."""
+    from sentinel.fr.recent import ByteView
+
+    path = tmp_path / "t_0"
+    raw = _big_dump(3000, late_frame_at=1500)
+    path.write_bytes(raw)
+    full = loads_plain(raw)["entries"]
+    for chunk in (512, 4096, 1 << 16):
+        monkeypatch.setattr(ByteView, "CHUNK", chunk)
+        dump = load_dump(path, recent=256)
+        assert dump.total_entries == 3000
+        assert dump.entries == full[-256:]
+    # bytes past what the ends hold are never decoded: garbage in the middle changes nothing
+    raw = _big_dump(3000)
+    full = loads_plain(raw)["entries"]
+    middle = len(raw) // 2
+    path.write_bytes(raw[:middle] + b"\xff" * 64 + raw[middle + 64 :])
+    assert load_dump(path, recent=256).entries == full[-256:]
