@@ -4,13 +4,16 @@ document of the same two GPUs. Not run on a real GPU here: no GPU in CI."""
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pynvml
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sentinel.cli import main
-from sentinel.components.device.smi_check import compare, render
+from sentinel.components.device.smi_check import REASON_TAGS, SPECS, VIOLATION_TAGS, compare, render
 from tests.agent.fakenvml import FakeNvml
 
 XML = (Path(__file__).parent / "data" / "nvidia_smi_q.xml").read_text()
@@ -69,3 +72,51 @@ def test_clock_event_reasons_and_violation_time_against_nvidia_smi(
     )
     assert not rows[(0, "clock_violation_s.sync_boost")].differs
     assert (1, "clock_event.sw_power_cap") not in rows  # GPU 1's nvidia-smi section has no such field
+
+
+_TEXT = st.one_of(
+    st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=30),  # what XML can carry
+    st.integers(-(2**70), 2**70).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(lambda f: f"{f} us"),
+    st.sampled_from(["N/A", "Active", "Not Active", "[N/A]", "16x", "", "Not Supported"]),
+)
+_PATHS = (
+    [path for _, _, path, _, _ in SPECS]
+    + [f"clocks_event_reasons/clocks_event_reason_{tag}" for tag in REASON_TAGS.values()]
+    + [
+        f"clocks_event_reasons_counters/clocks_event_reasons_counters_{tag}"
+        for tag in VIOLATION_TAGS.values()
+    ]
+)
+
+
+def _xml(values: dict[str, str]) -> str:
+    gpu = ET.Element("gpu", id="00000000:18:00.0")
+    for path, text in values.items():
+        node = gpu
+        for part in path.split("/"):
+            child = node.find(part)
+            node = child if child is not None else ET.SubElement(node, part)
+        node.text = text
+    root = ET.Element("nvidia_smi_log")
+    root.append(gpu)
+    return ET.tostring(root, encoding="unicode")
+
+
+@given(
+    st.dictionaries(st.sampled_from(_PATHS), _TEXT, max_size=len(_PATHS)),
+    st.lists(st.sampled_from(list(REASON_TAGS)), max_size=4),
+    st.dictionaries(st.sampled_from(["power", "sync_boost"]), st.integers(0, 2**64), max_size=2),
+)
+def test_any_nvidia_smi_document_is_compared_without_raising(
+    values: dict[str, str], throttle: list[str], violations: dict[str, int]
+) -> None:
+    """nvidia-smi's output is outside input: garbage numbers, N/A, missing sections never break the check."""
+    once = {
+        "inventory": [{"index": 0, "pci_bus": "0000:18:00", "uuid": "GPU-0", "driver": "550"}],
+        "samples": [{"gpu": 0, "temp_c": 64.0, "throttle": throttle, "violations": violations}],
+        "unsupported": [],
+    }
+    rows = compare(once, _xml(values))
+    assert all(isinstance(r.differs, bool) for r in rows)
+    assert render(rows).endswith("differ\n")

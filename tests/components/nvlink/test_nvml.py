@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
 import pynvml
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from sentinel.agent.nvml import NvmlSource
 from sentinel.components.exposition import GpuRow, MetricsView, Writer
 from sentinel.components.nvlink import metrics as nvlink_metrics
 from sentinel.components.nvlink.nvml import decode_ber
-from sentinel.components.nvml_read import GpuLostError
+from sentinel.components.nvml_read import GpuLostError, field_number
 from tests.agent.fakenvml import FakeGpu, FakeNvml
 
 DL_CRC = pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC
@@ -149,3 +153,25 @@ def test_the_fake_answers_each_value_with_its_own_return_code() -> None:
         assert int(values[0].valueType) == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
     finally:
         mp.undo()
+
+
+@given(st.integers(0, 2**32 - 1))
+def test_any_ber_code_decodes_to_a_finite_non_negative_rate(raw: int) -> None:
+    rate = decode_ber(raw)
+    assert math.isfinite(rate) and rate >= 0.0
+    assert rate <= 15.0  # the mantissa is 4 bits, the exponent only ever divides
+
+
+@given(st.integers(-5, 12), st.integers(0, 2**64 - 1), st.floats(allow_nan=True))
+def test_any_field_value_type_decodes_or_is_refused_never_guessed(kind: int, raw: int, real: float) -> None:
+    value = pynvml.c_nvmlFieldValue_t()
+    value.valueType = kind
+    if kind == pynvml.NVML_VALUE_TYPE_DOUBLE:
+        value.value.dVal = real
+    else:
+        value.value.ullVal = raw
+    number = field_number(value)
+    if 0 <= kind <= 6:
+        assert number is not None
+    else:
+        assert number is None
