@@ -69,7 +69,7 @@ def percentile(values: list[float], q: float) -> float:
 # -- aggregator process ---------------------------------------------------------------------------------
 
 
-def serve(workdir: Path, core: int) -> None:
+def serve(workdir: Path, core: int, profile: Path | None = None) -> None:
     pin(core)
     raise_nofile()
     from aiohttp import web
@@ -101,8 +101,19 @@ def serve(workdir: Path, core: int) -> None:
         finally:
             await runner.cleanup()
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main())
+    profiler = None
+    if profile is not None:  # --profile: where the aggregator's one core goes (pstats, read with -m pstats)
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(main())
+    finally:
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(str(profile))
 
 
 # -- load generator process -----------------------------------------------------------------------------
@@ -467,7 +478,12 @@ def fetch(url: str) -> Any:
 
 
 def run_level(
-    hosts: int, duration: float, warmup: float, job_ranks: int = 0, slowdown: float = 1.5
+    hosts: int,
+    duration: float,
+    warmup: float,
+    job_ranks: int = 0,
+    slowdown: float = 1.5,
+    profile: Path | None = None,
 ) -> dict[str, Any]:
     import psutil
 
@@ -477,8 +493,12 @@ def run_level(
         agg_core, gen_core = (cores[0], cores[-1]) if PIN[0] else (-1, -1)
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         server = subprocess.Popen(
-            [sys.executable, __file__, "--serve", str(workdir), "--core", str(agg_core)], env=env
-        )
+            [
+                sys.executable, __file__, "--serve", str(workdir), "--core", str(agg_core),
+                *(["--profile", str(profile)] if profile is not None else []),
+            ],
+            env=env,
+        )  # fmt: skip
         try:
             deadline = time.time() + 30
             while not (workdir / "port").exists():
@@ -538,6 +558,12 @@ def run_level(
         else:
             missed += 1
     tick_p99 = _histogram_quantile(metrics, "sentinel_aggregator_tick_duration_seconds", 0.99)
+    detector_p99 = {
+        name: _histogram_quantile(
+            metrics, "sentinel_aggregator_detector_duration_seconds", 0.99, f'detector="{name}"'
+        )
+        for name in ("hardware", "stuck", "straggler", "inventory", "network", "host_silent")
+    }
     expected = hosts * duration
     result = {
         "hosts": hosts,
@@ -556,6 +582,7 @@ def run_level(
         "verdict_p99_s": percentile(latencies, 0.99),
         "verdict_max_s": max(latencies) if latencies else float("nan"),
         "tick_p99_s": tick_p99,
+        "detector_p99_s": detector_p99,
         "aggregator_cpu": round((cpu1.user + cpu1.system - cpu0.user - cpu0.system) / elapsed, 3),
         "aggregator_us_per_batch": round(
             (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / max(1.0, applied1 - applied0) * 1e6, 1
@@ -610,10 +637,11 @@ def _counter(text: str, name: str) -> float:
     return 0.0
 
 
-def _histogram_quantile(text: str, name: str, q: float) -> float:
+def _histogram_quantile(text: str, name: str, q: float, label: str = "") -> float:
+    """The upper bound of the bucket holding quantile ``q`` (``label``: only series containing it)."""
     buckets: list[tuple[float, float]] = []
     for line in text.splitlines():
-        if line.startswith(name + "_bucket"):
+        if line.startswith(name + "_bucket") and label in line:
             le = line.split('le="')[1].split('"')[0]
             buckets.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
     if not buckets or buckets[-1][1] == 0:
@@ -698,6 +726,8 @@ def engine_jobs(hosts: int, seconds: int, job_ranks: int, slowdown: float, warmu
     gc.freeze()
     busy: list[float] = []
     ticks: list[float] = []
+    blocks: list[float] = []  # per tick, the longest step (what the event loop waits on at most)
+    steps_run, step_started = False, 0.0
     hang_at = straggler_at = None
     rss0 = psutil.Process().memory_info().rss
     spent: dict[str, float] = {}
@@ -733,10 +763,16 @@ def engine_jobs(hosts: int, seconds: int, job_ranks: int, slowdown: float, warmu
         for i, (view, frame) in enumerate(zip(views, frames, strict=True)):
             engine.ingest(view, decode_agent_frame(frame), t + i / hosts)  # type: ignore[arg-type]
         tick_started = time.process_time()
-        engine.tick(t + 1.0)
+        longest = 0.0
+        for _ in engine.tick_stages(t + 1.0):  # as the server runs it: the loop is free between steps
+            step_done = time.process_time()
+            longest = max(longest, step_done - (step_started if steps_run else tick_started))
+            step_started, steps_run = step_done, True
+        steps_run = False
         done = time.process_time()
         busy.append(done - started)
         ticks.append(done - tick_started)
+        blocks.append(longest)
         if second % 30 == 29:  # as the server's gc maintenance does
             gc.collect(1)
             gc.freeze()
@@ -763,6 +799,7 @@ def engine_jobs(hosts: int, seconds: int, job_ranks: int, slowdown: float, warmu
         "cpu_per_s_mean": round(sum(steady) / len(steady), 3),
         "cpu_per_s_p99": round(percentile(steady, 0.99), 3),
         "tick_p99_s": round(percentile(ticks[int(warmup) :], 0.99), 3),
+        "tick_step_p99_s": round(percentile(blocks[int(warmup) :], 0.99), 3),
         "hang_named_s": hang_at,
         "straggler_named_s": straggler_at,
         "false_verdicts": others[:5],
@@ -773,7 +810,7 @@ def engine_jobs(hosts: int, seconds: int, job_ranks: int, slowdown: float, warmu
     print(
         f"engine only with jobs, {hosts} hosts x {GPUS} GPUs + 2 x {job_ranks} ranks, {seconds} s: "
         f"{result['cpu_per_s_mean']:.2f} s of CPU per second (p99 {result['cpu_per_s_p99']:.2f}, tick p99 "
-        f"{result['tick_p99_s']:.2f} s); hang named after {hang_at} s, {slowdown}x straggler after {straggler_at} s; "
+        f"{result['tick_p99_s']:.2f} s, its longest step p99 {result['tick_step_p99_s']:.2f} s); hang named after {hang_at} s, {slowdown}x straggler after {straggler_at} s; "
         f"false verdicts {len(others)}; state grew {result['rss_growth_mb']} MB; detectors' CPU per second: "
         f"{result['detector_cpu_per_s']}",
         flush=True,
@@ -806,13 +843,16 @@ def main() -> int:
     parser.add_argument(
         "--slowdown", type=float, default=1.5, help="the straggler's compute factor (default 1.5)"
     )
+    parser.add_argument(
+        "--profile", type=Path, help="cProfile the aggregator process; pstats of the last level written here"
+    )
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--generate", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--core", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve, args.core)
+        serve(args.serve, args.core, args.profile)
         return 0
     if args.generate:
         generate(
@@ -856,13 +896,18 @@ def main() -> int:
     best = 0
     for hosts in levels:
         ranks = min(args.job_ranks, hosts * GPUS // 2) // GPUS * GPUS if args.jobs else 0
-        r = run_level(hosts, duration, min(args.warmup, duration / 3), ranks, args.slowdown)
+        r = run_level(hosts, duration, min(args.warmup, duration / 3), ranks, args.slowdown, args.profile)
         results.append(r)
         print(
             f"{r['hosts']:>6} {r['gpus']:>6} {r['batches_sent']:>6}/{r['batches_expected']:<6} {r['batches_acked']:>7} "
             f"{r['ack_p99_s'] * 1000:>7.1f}ms {r['verdict_p50_s'] * 1000:>5.1f}/{r['verdict_p99_s'] * 1000:.1f}/{r['verdict_max_s'] * 1000:.1f}ms "
             f"({r['verdict_n']:>2}) {r['tick_p99_s']:>7.3f}s {r['aggregator_cpu']:>7.2f} {r['aggregator_us_per_batch']:>8.1f} {r['generator_cpu']:>7.2f} {r['aggregator_rss_mb']:>7.1f}  "
             f"{'yes' if r['sustained'] else 'NO'}",
+            flush=True,
+        )
+        print(
+            "       detector run p99 (bucket bound): "
+            + ", ".join(f"{k} {v:g} s" for k, v in r["detector_p99_s"].items()),
             flush=True,
         )
         if "job_ranks" in r:

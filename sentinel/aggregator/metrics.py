@@ -70,7 +70,8 @@ class AggregatorMetrics(EngineMetrics):
         )
         self.tick_seconds = Histogram(
             "sentinel_aggregator_tick_duration_seconds",
-            "Time one detector tick takes",
+            "Time one detector tick keeps the event loop busy, summed over its steps (ingest runs between "
+            "detectors)",
             ["cluster"],
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
             registry=r,
