@@ -82,6 +82,9 @@ class Engine:
         self.detectors: dict[str, Detector] = {cls.name: cls(self.config) for cls in DETECTORS}
         self.failures: dict[str, int] = dict.fromkeys(self.detectors, 0)
         self.listeners: list[Listener] = []
+        #: called with a host's name once it is forgotten (after its verdicts closed): holders of per-host
+        #: memory outside the engine drop theirs
+        self.forget_listeners: list[Callable[[str], None]] = []
         self.last_tick = -float("inf")
 
     # -- configuration --------------------------------------------------------------------------------
@@ -213,8 +216,11 @@ class Engine:
         return changes
 
     def forget_host(self, name: str, now: float) -> list[Change]:
-        """Forget a host (retention, or room for a new one at ``limits.max_hosts``); its open verdicts close."""
+        """Forget a host (retention, or room for a new one at ``limits.max_hosts``): its open verdicts close
+        and every detector, and every forget listener, drops what it remembers about it."""
         self.fleet.forget_host(name)
+        for detector in self.detectors.values():
+            detector.host_forgotten(name)
         changes: list[Change] = []
         for key, verdict in list(self.book.open.items()):
             if verdict.host == name:
@@ -222,6 +228,8 @@ class Engine:
                 if change is not None:
                     changes.append(change)
         self._emit(changes)
+        for listener in self.forget_listeners:
+            listener(name)
         return changes
 
     def _emit(self, changes: list[Change]) -> None:

@@ -261,6 +261,7 @@ class Aggregator:
         self.engine.listeners.append(self._log_change)
         self.pushback = VerdictPush(self.engine.book)
         self.engine.listeners.append(self.pushback.on_change)
+        self.engine.forget_listeners.append(self._host_forgotten)
         self.remediator = Remediator(
             config.remediation,
             self.engine.book,
@@ -659,6 +660,11 @@ class Aggregator:
             )
         elif error is not None or code not in (1000, 1001):
             log().info("stream_lost", peer=conn.peer, host=conn.host, code=code)
+
+    def _host_forgotten(self, host: str) -> None:
+        """A forgotten host is no longer pushed its verdicts (it is not connected) nor rate-limited."""
+        self.pushback.marked.discard(host)
+        self._drops_logged.pop(host, None)
 
     def _peer_refused(self, ip: str, limit: int) -> None:
         self.refusals.refused("peer_connection_limit", "connection_refused", peer=ip, limit=limit)

@@ -564,6 +564,7 @@ class FleetState:
     def forget_host(self, name: str) -> None:
         """Drop everything about host ``name`` (it comes back as new if it ever connects again)."""
         host = self.hosts.pop(name, None)
+        self.changed_hosts.discard(name)  # the state store deletes its record from _kept, not from this set
         if host is not None:
             self.dirty_gpus = [g for g in self.dirty_gpus if g.host != name]
 

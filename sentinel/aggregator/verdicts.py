@@ -266,9 +266,16 @@ class VerdictBook:
         return changed
 
     def _trim(self) -> None:
-        if len(self.by_id) > len(self.open) + (self.closed.maxlen or 0) + 1024:
+        bound = len(self.open) + (self.closed.maxlen or 0) + 1024
+        if len(self.by_id) > bound:
             keep = {v.id for v in self.open.values()} | {v.id for v in self.closed}
             self.by_id = {i: v for i, v in self.by_id.items() if i in keep}
+        # Without a state store (state.enabled = false, the simulator) nobody takes the change sets: bound
+        # them too, or every verdict id ever opened would stay. A store takes them every flush, far below this.
+        if len(self._changed) > bound:
+            self._changed = {i for i in self._changed if i in self.by_id}
+        if len(self._dropped) > bound:
+            self._dropped = set()
 
     def all(self) -> list[Verdict]:
         return [*self.closed, *self.open.values()]

@@ -68,6 +68,11 @@ class Detector(ABC):
         """Forget what is remembered about ``job`` (it is gone from the fleet)."""
         return
 
+    def host_forgotten(self, host: str) -> None:
+        """Forget what is remembered about ``host`` (retention or eviction dropped it from the fleet): a
+        stream of made-up host names must not leave memory behind in any detector."""
+        return
+
     def snapshot(self) -> dict[str, Any]:
         """The detector's memory as builtins (for persistence and the debug API); empty when stateless."""
         return {}

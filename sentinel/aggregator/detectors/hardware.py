@@ -73,6 +73,9 @@ class HardwareDetector(Detector):
         self.flagged -= gone
         return Evaluation(findings, scope=keys.__contains__)
 
+    def host_forgotten(self, host: str) -> None:
+        self.flagged = {(h, i) for h, i in self.flagged if h != host}
+
     def snapshot(self) -> dict[str, Any]:
         return {"flagged": sorted([h, i] for h, i in self.flagged)}
 

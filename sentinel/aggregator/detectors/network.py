@@ -175,6 +175,9 @@ class NetworkDetector(Detector):
     def switched_on(self) -> None:
         self.quiet.clear()
 
+    def host_forgotten(self, host: str) -> None:
+        self.quiet.pop(host, None)
+
     def evaluate(self, seen: Observation) -> Evaluation:
         if len(self.quiet) > 2 * len(seen.fleet.hosts) + 1024:
             self.quiet = {h: t for h, t in self.quiet.items() if h in seen.fleet.hosts}

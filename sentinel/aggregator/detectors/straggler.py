@@ -161,6 +161,17 @@ class StragglerDetector(Detector):
         self.heads_versions.pop(job, None)
         self.judged.pop(job, None)
 
+    def host_forgotten(self, host: str) -> None:
+        """Its GPUs' and its host streaks go (rank histories are the job's and end with it)."""
+
+        def about_host(key: Key, streak: Streak) -> bool:
+            gpu = len(key) == 3 and key[1] == host  # gpu_key(host, n)
+            return (
+                gpu or key == host_key(host) or (streak.finding is not None and streak.finding.host == host)
+            )
+
+        self.streaks = {key: streak for key, streak in self.streaks.items() if not about_host(key, streak)}
+
     def rank_judgement(self, job: str, rank: int) -> RankJudgement | None:
         return self.judged.get(job, {}).get(rank)
 
