@@ -50,6 +50,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         f"their newest {RECENT_ENTRIES} entries and pg_status only, when those hold every collective a "
         "group still waits in",
     )
+    a.add_argument(
+        "--progress-after",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="on a terminal, show progress (dumps read and decoded) on stderr once the analysis has run "
+        "this long (default: 1); never when stderr is not a terminal",
+    )
     a.set_defaults(func=run_analyze)
     p.set_defaults(func=_usage(p))
 
@@ -65,7 +73,7 @@ def _usage(parser: argparse.ArgumentParser) -> Any:
 def run_analyze(args: argparse.Namespace) -> int:
     """Analyze, never with a traceback: the analysis (exit 0) or one escaped line naming what is wrong
     (exit 2). SIGTERM stops the decoding workers at once (exit 143)."""
-    progress = TerminalProgress(sys.stderr) if sys.stderr.isatty() else None
+    progress = TerminalProgress(sys.stderr, after_s=args.progress_after) if sys.stderr.isatty() else None
     previous = signal.getsignal(signal.SIGTERM)
 
     def on_term(_signum: int, _frame: object) -> None:

@@ -16,13 +16,21 @@ sandboxed in worker processes:
   (SIGKILL), so a daemon's shutdown never waits for a decode.
 
 Each result travels back as msgpack of the batch's :class:`~sentinel.fr.summary.RankSummary` list.
+
+Workers start in one of two ways. ``fork`` (a single-threaded caller: the CLI) forks with :func:`os.fork`
+and talks over two pipes (length-prefixed msgpack): no :mod:`multiprocessing` import, which alone costs
+as much as decoding a small set, and a worker costs a millisecond to start. ``forkserver`` (threaded
+daemons: the aggregator) starts them through :mod:`multiprocessing`. Both run the same worker loop.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import mmap
 import os
 import resource
+import select
 import signal
 import threading
 import time
@@ -52,6 +60,8 @@ POLL_S = 0.1
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(list[RankSummary])
+_JOBS_DECODER = msgspec.msgpack.Decoder(list[tuple[int, str, int, str]] | None)
+_LEN = 8  # bytes of a message's length prefix on the pipes of a forked worker
 
 Job = tuple[int, str, int, str]  # (index, path, rank, prefix)
 Decode = Callable[[str, int, str], RankSummary]
@@ -95,9 +105,7 @@ def _cap_cpu(seconds: float) -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
-def _worker(
-    conn: Connection, slot: int, shared: tuple[Any, Any], limits: tuple[int, float], decode: Decode
-) -> None:
+def _worker(conn: Any, slot: int, shared: tuple[Any, Any], limits: tuple[int, float], decode: Decode) -> None:
     """Worker loop: receive a batch, decode it dump by dump, send the summaries (or one error line)."""
     current, started = shared
     extra_memory, cpu_s = limits
@@ -111,7 +119,7 @@ def _worker(
     while True:
         try:
             batch: list[Job] | None = conn.recv()
-        except EOFError:
+        except (EOFError, OSError):
             return
         if batch is None:
             return
@@ -146,6 +154,145 @@ def split_memory(workers: int, budget: int = MEMORY_BUDGET) -> tuple[int, int]:
     return workers, budget // workers
 
 
+class _PipeEnd:
+    """A forked worker's side of its two pipes: batches in, results out, each length-prefixed."""
+
+    def __init__(self, jobs_fd: int, results_fd: int) -> None:
+        self.jobs_fd, self.results_fd = jobs_fd, results_fd
+
+    def recv(self) -> list[Job] | None:
+        head = _read_exact(self.jobs_fd, _LEN)
+        if head is None:
+            raise EOFError
+        body = _read_exact(self.jobs_fd, int.from_bytes(head, "little"))
+        if body is None:
+            raise EOFError
+        batch: list[Job] | None = _JOBS_DECODER.decode(body)
+        return batch
+
+    def send_bytes(self, data: bytes) -> None:
+        _write_all(self.results_fd, len(data).to_bytes(_LEN, "little") + data)
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    """``n`` bytes from ``fd``; None at end of file (the other side is gone)."""
+    parts = []
+    while n:
+        chunk = os.read(fd, min(n, 1 << 20))
+        if not chunk:
+            return None
+        parts.append(chunk)
+        n -= len(chunk)
+    return b"".join(parts)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class _ForkedWorker:
+    """A worker started with :func:`os.fork`; its results pipe reaches end of file when it dies."""
+
+    def __init__(self, target: Callable[[Any], None], close_in_child: list[int]) -> None:
+        jobs_r, jobs_w = os.pipe()
+        results_r, results_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child (measured through the parent's results)
+            code = 0
+            try:
+                for fd in (jobs_w, results_r, *close_in_child):
+                    os.close(fd)
+                target(_PipeEnd(jobs_r, results_w))
+            except BaseException:
+                code = 70
+            finally:
+                os._exit(code)  # never the parent's atexit handlers or buffered output
+        os.close(jobs_r)
+        os.close(results_w)
+        self.pid = pid
+        self.jobs_fd, self.results_fd = jobs_w, results_r
+        self.exitcode: int | None = None
+        self.fds = [results_r]
+
+    def send(self, batch: list[Job] | None) -> None:
+        body = _ENCODER.encode(batch)
+        _write_all(self.jobs_fd, len(body).to_bytes(_LEN, "little") + body)
+
+    def message(self, ready: set[int]) -> bytes | None:
+        """The worker's next message once its pipe is readable; None when it died."""
+        if self.results_fd not in ready:
+            raise BlockingIOError
+        head = _read_exact(self.results_fd, _LEN)
+        body = None if head is None else _read_exact(self.results_fd, int.from_bytes(head, "little"))
+        return body
+
+    def kill(self) -> None:
+        if self.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.exitcode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.exitcode = -1
+                break
+            if pid:
+                self.exitcode = os.waitstatus_to_exitcode(status)
+                break
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.001)
+
+    def close(self) -> None:
+        for fd in (self.jobs_fd, self.results_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class _MpWorker:
+    """A worker started through :mod:`multiprocessing` (forkserver: safe in threaded daemons)."""
+
+    def __init__(self, ctx: Any, target: Callable[..., None], args: tuple[Any, ...]) -> None:
+        parent, child = ctx.Pipe()
+        self.proc: BaseProcess = ctx.Process(target=target, args=(child, *args), daemon=True)
+        self.proc.start()
+        child.close()
+        self.conn: Connection = parent
+        self.fds = [parent.fileno(), self.proc.sentinel]
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.proc.exitcode
+
+    def send(self, batch: list[Job] | None) -> None:
+        self.conn.send(batch)
+
+    def message(self, ready: set[int]) -> bytes | None:
+        if self.conn.fileno() in ready:
+            try:
+                return self.conn.recv_bytes()
+            except (EOFError, OSError):
+                return None
+        if self.proc.sentinel in ready:
+            return None
+        raise BlockingIOError
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+
+    def join(self, timeout: float) -> None:
+        self.proc.join(timeout)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 def run_pool(
     jobs: Sequence[Job],
     decode: Decode,
@@ -159,62 +306,69 @@ def run_pool(
     cpu_s: float = CPU_S_PER_DUMP,
 ) -> list[RankSummary]:
     """Decode ``jobs`` in bounded worker processes; summaries in job order. FrFormatError names the dump
-    that failed (and why); :class:`Cancelled` when ``cancel`` is set."""
-    from multiprocessing import get_context
-    from multiprocessing.connection import wait
-    from multiprocessing.sharedctypes import RawArray
-
+    that failed (and why); :class:`Cancelled` when ``cancel`` is set. ``start_method``: "fork" (only
+    from a single-threaded process) or a :mod:`multiprocessing` start method."""
     workers, extra = split_memory(workers, budget)
-    ctx = get_context(start_method)
-    current = RawArray("q", workers)
-    started = RawArray("d", workers)  # time.monotonic() when the worker began its current dump, 0 idle
     batches = [list(jobs[i : i + batch]) for i in range(0, len(jobs), batch)]
     results: list[list[RankSummary] | None] = [None] * len(batches)
-    procs: list[BaseProcess] = []
-    conns: list[Connection] = []
+    n = min(workers, len(batches))
+    pool: list[_ForkedWorker | _MpWorker] = []
+    if start_method == "fork":
+        # shared with the children: the dump each one is on, and since when (0.0: idle)
+        shm = mmap.mmap(-1, 16 * max(1, n))
+        current: Any = memoryview(shm)[: 8 * max(1, n)].cast("q")
+        started: Any = memoryview(shm)[8 * max(1, n) :].cast("d")
+    else:
+        from multiprocessing import get_context
+        from multiprocessing.sharedctypes import RawArray
+
+        ctx = get_context(start_method)
+        current = RawArray("q", max(1, n))
+        started = RawArray("d", max(1, n))  # time.monotonic() when the worker began its dump, 0 idle
     busy: dict[int, int] = {}  # worker slot -> batch index
     todo = list(range(len(batches)))[::-1]
     done_jobs = 0
     try:
-        for slot in range(min(workers, len(batches))):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(  # type: ignore[attr-defined]
-                target=_worker, args=(child, slot, (current, started), (extra, cpu_s), decode), daemon=True
-            )
-            proc.start()
-            child.close()
-            procs.append(proc)
-            conns.append(parent)
-        for slot in range(len(procs)):
+        for slot in range(n):
+            args = (slot, (current, started), (extra, cpu_s), decode)
+            if start_method == "fork":
+                inherited = [
+                    fd for w in pool if isinstance(w, _ForkedWorker) for fd in (w.jobs_fd, w.results_fd)
+                ]
+                pool.append(_ForkedWorker(functools.partial(_worker_of, args), inherited))
+            else:
+                pool.append(_MpWorker(ctx, _worker, args))
+        for slot, worker in enumerate(pool):
             if todo:
                 busy[slot] = todo.pop()
-                conns[slot].send(batches[busy[slot]])
+                worker.send(batches[busy[slot]])
         while busy:
             if cancel is not None and cancel.is_set():
                 raise Cancelled
-            ready = wait([conns[s] for s in busy] + [procs[s].sentinel for s in busy], timeout=POLL_S)
+            watched = [fd for s in busy for fd in pool[s].fds]
+            ready = set(select.select(watched, [], [], POLL_S)[0])
             for slot in list(busy):
-                conn = conns[slot]
-                if conn in ready:
-                    try:
-                        msg = conn.recv_bytes()
-                    except (EOFError, OSError):
-                        msg = None
-                    if msg is not None:
-                        if msg[:1] == b"E":
-                            raise FrFormatError(msg[1:].decode(errors="replace"))
-                        index = busy.pop(slot)
-                        results[index] = _DECODER.decode(msg[1:])
-                        done_jobs += len(batches[index])
-                        if progress is not None:
-                            progress(done_jobs, len(jobs))
-                        if todo:
-                            busy[slot] = todo.pop()
-                            conn.send(batches[busy[slot]])
-                        continue
-                if procs[slot].sentinel in ready or conn in ready:
-                    procs[slot].join(1.0)
-                    _raise_died(procs[slot].exitcode, jobs[current[slot]][1], extra, cpu_s)
+                worker = pool[slot]
+                try:
+                    msg = worker.message(ready)
+                except BlockingIOError:
+                    msg = b""
+                else:
+                    if msg is None:  # died: its pipe closed
+                        worker.join(1.0)
+                        _raise_died(worker.exitcode, jobs[current[slot]][1], extra, cpu_s)
+                if msg:
+                    if msg[:1] == b"E":
+                        raise FrFormatError(msg[1:].decode(errors="replace"))
+                    index = busy.pop(slot)
+                    results[index] = _DECODER.decode(msg[1:])
+                    done_jobs += len(batches[index])
+                    if progress is not None:
+                        progress(done_jobs, len(jobs))
+                    if todo:
+                        busy[slot] = todo.pop()
+                        worker.send(batches[busy[slot]])
+                    continue
                 began = started[slot]
                 wall_limit = WALL_FACTOR * cpu_s + 10.0
                 if began and time.monotonic() - began > wall_limit:
@@ -223,20 +377,26 @@ def run_pool(
                         f"{jobs[current[slot]][1]}: decoding took more than {wall_limit:.0f} s "
                         f"(CPU limit {cpu_s:.0f} s per dump): refused"
                     )
-        for conn in conns:
-            conn.send(None)
+        for worker in pool:
+            with contextlib.suppress(OSError):
+                worker.send(None)  # done: each worker exits by itself
+        for worker in pool:
+            worker.join(1.0)
     finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-        for proc in procs:
-            proc.join(2.0)
-        for conn in conns:
-            conn.close()
+        for worker in pool:
+            worker.kill()  # on an error, a cancel or SIGTERM: at once; else only one that did not exit
+        for worker in pool:
+            worker.join(2.0)
+        for worker in pool:
+            worker.close()
     out: list[RankSummary] = []
     for part in results:
         out.extend(part or [])
     return out
+
+
+def _worker_of(args: tuple[Any, ...], conn: Any) -> None:
+    _worker(conn, *args)
 
 
 def _raise_died(code: int | None, path: str, extra: int, cpu_s: float) -> None:

@@ -1,0 +1,116 @@
+"""``sentinel fr analyze`` as a real process: SIGTERM during a large decode, progress on a terminal only.
+
+The dump set is thousands of hard links to the eight real dumps of ``wrapped_hang_n8`` (a hard link is a
+regular file, not a symlink): a decode that lasts seconds without writing megabytes."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "fr" / "wrapped_hang_n8" / "pickle"
+PROGRESS = b"dumps read and decoded"
+
+
+def _linked_set(root: Path, ranks: int) -> Path:
+    sources = sorted(DATA.iterdir())
+    for r in range(ranks):
+        src = sources[r % len(sources)]
+        os.link(src, root / f"nccl_trace_rank_{r}.gz")
+    return root
+
+
+def _start(folder: Path, *extra: str, stderr: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "sentinel", "fr", "analyze", str(folder), *extra],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        start_new_session=True,
+    )
+
+
+def _read_until(fd: int, needle: bytes, proc: subprocess.Popen[bytes], limit_s: float = 120.0) -> bytes:
+    """What the pty shows until ``needle`` appears (or the process ends)."""
+    seen = b""
+    deadline = time.monotonic() + limit_s
+    while needle not in seen and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            seen += chunk
+        elif proc.poll() is not None:
+            break
+    return seen
+
+
+def test_sigterm_during_a_large_decode_exits_at_once_and_leaves_no_worker(tmp_path: Path) -> None:
+    folder = _linked_set(tmp_path, 4096)
+    master, slave = pty.openpty()
+    proc = _start(folder, "--progress-after", "0", stderr=slave)
+    os.close(slave)
+    try:
+        seen = _read_until(master, PROGRESS, proc)
+        assert PROGRESS in seen, seen[-500:]  # decoding has begun: the workers run
+        workers = psutil.Process(proc.pid).children(recursive=True)
+        assert workers, "the decode runs in worker processes"
+        assert proc.poll() is None, "the set must outlast the first progress line"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=2.0) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        os.close(master)
+    assert proc.stdout is not None and proc.stdout.read() == b""
+    for w in workers:
+        alive = psutil.pid_exists(w.pid) and w.is_running() and w.status() != psutil.STATUS_ZOMBIE
+        assert not alive, f"worker {w.pid} outlived the CLI"
+
+
+def test_progress_on_a_terminal_only(tmp_path: Path) -> None:
+    folder = _linked_set(tmp_path, 64)
+    master, slave = pty.openpty()
+    proc = _start(folder, "--json", "--progress-after", "0", stderr=slave)
+    os.close(slave)
+    try:
+        seen = _read_until(master, b"\n", proc)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        os.close(master)
+    assert proc.returncode == 0
+    assert b"sentinel fr analyze: 64/64 " + PROGRESS in seen
+    assert out.startswith(b'{"verdict"')  # stdout carries the analysis alone
+    # the same run with stderr piped: nothing but the analysis, not a byte of progress
+    piped = subprocess.run(
+        [sys.executable, "-m", "sentinel", "fr", "analyze", str(folder), "--json", "--progress-after", "0"],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert piped.returncode == 0
+    assert piped.stderr == b""
+    assert piped.stdout == out
+    # on a terminal, a run shorter than the threshold shows nothing either
+    master, slave = pty.openpty()
+    proc = _start(folder, "--json", "--progress-after", "3600", stderr=slave)
+    os.close(slave)
+    try:
+        out2, _ = proc.communicate(timeout=120)
+        tail = _read_until(master, PROGRESS, proc, limit_s=0.5)
+    finally:
+        os.close(master)
+    assert proc.returncode == 0 and out2 == out
+    assert PROGRESS not in tail
