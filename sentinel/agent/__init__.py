@@ -1,13 +1,13 @@
 """The per-host agent: NVML and event collection, ring buffer, /metrics, streaming to the aggregator.
 
-Public API: :class:`Agent` (``Agent(config, source, extras=None, clock=time.time)``), the
-:class:`GpuSource` / :class:`HostExtras` interfaces in :mod:`sentinel.agent.source`, and
+Public API: :class:`Agent` (``Agent(config, source, inputs=None, clock=time.time)``), the
+:class:`GpuSource` / :class:`HostInputs` interfaces in :mod:`sentinel.agent.source`, and
 :class:`sentinel.agent.nvml.NvmlSource` for real GPUs.
 """
 
 from typing import TYPE_CHECKING, Any
 
-from sentinel.agent.source import GpuLostError, GpuSource, HostExtras, XidEvent, XidRecord
+from sentinel.agent.source import GpuLostError, GpuSource, HostInputs, XidEvent, XidRecord
 
 if TYPE_CHECKING:
     from sentinel.agent.agent import Agent
@@ -23,4 +23,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-__all__ = ["Agent", "GpuLostError", "GpuSource", "HostExtras", "XidEvent", "XidRecord"]
+__all__ = ["Agent", "GpuLostError", "GpuSource", "HostInputs", "XidEvent", "XidRecord"]

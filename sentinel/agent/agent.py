@@ -1,14 +1,16 @@
 """The host agent: collectors → one batch per tick → ring buffer + spool → WebSocket; /metrics; commands.
 
-``Agent(config, source, extras=None, clock=time.time)`` takes its GPU source (and, for a simulated host, its
-other inputs) from the caller, so ``sentinel demo`` can run many agents in one process on simulated hosts::
+``Agent(config, source, inputs=None, clock=time.time)`` takes its GPU source (and, for a simulated host, the
+host's other OS boundaries: :class:`~sentinel.agent.source.HostInputs`) from the caller, so ``sentinel demo``
+can run many agents in one process on simulated hosts::
 
-    agents = [Agent(cfg_for(host), SimSource(host), extras=SimExtras(host)) for host in hosts]
+    agents = [Agent(cfg_for(host), host, host.inputs(), clock) for host in sim.hosts]
     await asyncio.gather(*(a.run() for a in agents))      # each ticks, streams, serves its own registry
     for a in agents: a.request_stop()
 
-``sentinel sim`` (virtual clock) can instead drive ticks itself with ``batch = await agent.step(now)`` and
-feed the batches to the aggregator in-process (set ``stream.enabled = false``).
+``sentinel sim`` (virtual clock) builds them with ``inline=True`` (no thread, no event loop) and drives the
+ticks itself: ``batch = agent.step_inline(now)``, then feeds the batch to the aggregator's engine in-process
+(with ``stream.enabled = false``) after :meth:`Agent.hello` whenever the inventory changed.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from sentinel.agent.probe import ProbeServer
 from sentinel.agent.registry import build_collectors
 from sentinel.agent.ring import RingBuffer
 from sentinel.agent.shipper import Shipper
-from sentinel.agent.source import GpuSource, HostExtras
+from sentinel.agent.source import GpuSource, HostInputs
 from sentinel.agent.spool import SeqAllocator, Spool
 from sentinel.components.device.record import GpuSourceHealth
 from sentinel.components.ib.kernel import PortLogLine
@@ -80,14 +82,20 @@ class Agent:
         self,
         config: AgentConfig,
         source: GpuSource,
-        extras: HostExtras | None = None,
+        inputs: HostInputs | None = None,
         clock: Callable[[], float] = time.time,
         *,
         notifier: SystemdNotifier | None = None,
+        inline: bool = False,
     ) -> None:
         self.config = config
         self.source = source
-        self.extras = extras
+        self.inputs = inputs if inputs is not None else HostInputs()
+        #: run every collector on the caller's thread with no event loop (``sentinel sim``): see step_inline
+        self.inline = inline
+        self.boot_id = self.inputs.boot_id if self.inputs.boot_id is not None else current_boot_id()
+        #: bumped whenever the GPU inventory is (re)read: a new hello is due (the shipper reconnects)
+        self.inventory_changes = 0
         self.clock = clock
         self.host = config.agent.host or socket.gethostname()
         self.cluster = config.agent.cluster
@@ -119,6 +127,9 @@ class Agent:
         self.health_enabled = bool(config.metrics.listen_host)
 
         state_dir = Path(config.agent.state_dir)
+        #: state that outlives a restart is kept only in an existing folder ("" keeps none: a simulated host)
+        self.durable = bool(config.agent.state_dir) and state_dir.is_dir()
+        durable = self.durable
         self.spool: Spool | None = None
         if config.stream.enabled:
             urls = config.stream.urls()
@@ -129,7 +140,7 @@ class Agent:
             )
             self.seq = SeqAllocator(state_dir / "seq", floor=self.spool.max_seq + 1)
         else:
-            self.seq = SeqAllocator(state_dir / "seq" if state_dir.is_dir() else None)
+            self.seq = SeqAllocator(state_dir / "seq" if durable else None)
         self.shipper: Shipper | None = None
         if self.spool is not None:
             self.shipper = Shipper(
@@ -141,8 +152,8 @@ class Agent:
                 host=self.host,
             )
 
-        self.expected_gpus_path: Path | None = state_dir / "gpus.expected" if state_dir.is_dir() else None
-        self.kmsg_cursor_path: Path | None = state_dir / "kmsg.cursor" if state_dir.is_dir() else None
+        self.expected_gpus_path: Path | None = state_dir / "gpus.expected" if durable else None
+        self.kmsg_cursor_path: Path | None = state_dir / "kmsg.cursor" if durable else None
         self.xids = XidMerger(
             wait_s=config.collect.xid_merge_wait_s, window_s=config.collect.xid_dedup_window_s
         )
@@ -152,7 +163,7 @@ class Agent:
         self.ib_metrics: IbPortMetrics | None = None  # set by the registry's ib entry
         self.ib_tracker: PortTracker | None = None  # set by the registry's ib entry (kernel port lines)
         self.ras_metrics: RasMetrics | None = None  # set by the registry's nccl_ras entry
-        self.collectors = Collectors(self.counters, config.collect.tick_s)
+        self.collectors = Collectors(self.counters, config.collect.tick_s, inline=inline)
         for collector in build_collectors(self):
             self.collectors.add(collector)
 
@@ -164,6 +175,7 @@ class Agent:
         for info in inventory:
             self.gpus[info.index] = GpuView(info)
         self.pci_to_gpu = {g.pci_bus: g.index for g in inventory if g.pci_bus}
+        self.inventory_changes += 1
         self.health.hello(self._hello(-1), self.clock())
         if self.shipper is not None:
             self.shipper.request_reconnect()
@@ -243,6 +255,24 @@ class Agent:
             if job is None or name == job:
                 ranks.update(seen)
         return sorted(ranks)
+
+    def step_inline(self, now: float) -> Batch:
+        """One tick on the caller's thread, without an event loop (an ``inline`` agent: ``sentinel sim``).
+
+        Every collector of an inline agent completes without waiting (its blocking calls run in place, a
+        simulated hang is declared by the source), so :meth:`step`'s coroutine finishes on its first resume;
+        one that tried to wait would be a bug in the inline path and is refused loudly.
+        """
+        if not self.inline:
+            raise RuntimeError("step_inline needs an agent built with inline=True")
+        coro = self.step(now)
+        try:
+            coro.send(None)
+        except StopIteration as done:
+            batch: Batch = done.value
+            return batch
+        coro.close()
+        raise RuntimeError("an inline agent's tick tried to wait (a collector left the inline path)")
 
     async def step(self, now: float | None = None, *, final: bool = False) -> Batch:
         """Run the due collectors once and return this tick's batch (also kept in the ring and spooled).
@@ -346,7 +376,7 @@ class Agent:
         :func:`sentinel.agent.frdump.collect_dumps`. Ranks are the job's known local ranks; when none is
         known, every pipe is triggered and every fresh dump in the folder is returned.
         """
-        if self.extras is not None:  # a simulated host: its "job" is the simulator's, not PyTorch processes
+        if self.inputs.simulated:  # a simulated host: its "job" is the simulator's, not PyTorch processes
             return {
                 "pipes": [],
                 "triggered": [],
@@ -409,12 +439,16 @@ class Agent:
         """Answer a command from the aggregator through the command table (:mod:`sentinel.agent.commands`)."""
         return await dispatch(self, command)
 
+    def hello(self) -> Hello:
+        """The hello this agent opens a stream with now (the shipper sends it on every (re)connect)."""
+        return self._hello(-1)
+
     def _hello(self, first_pending: int) -> Hello:
         return Hello(
             host=self.host,
             cluster=self.cluster,
             agent_version=__version__,
-            boot_id=current_boot_id(),
+            boot_id=self.boot_id,
             started_at=self.started_at,
             tick_s=self.config.collect.tick_s,
             gpus=self.inventory,

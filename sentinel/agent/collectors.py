@@ -4,6 +4,11 @@ success as the agent's own metrics (``sentinel_agent_collector_{duration_seconds
 A collector never raises out of :meth:`Collectors.run_due`: a failure is logged, counted as success=0, and
 the next tick runs it again. Collectors write what they found into the agent through :class:`AgentSink`
 (samples, events, processes, FR heads), which the agent turns into one batch per tick.
+
+Inline mode (``Collectors(..., inline=True)``, ``sentinel sim``'s virtual clock) runs the same collectors
+with no thread and no event loop: blocking calls run on the caller's thread (:class:`InlineWorker`; a
+simulated hang is declared, not enacted), collectors run one after the other, and Xids are polled instead
+of waited for. Every collector reads from the same boundary objects either way.
 """
 
 from __future__ import annotations
@@ -20,13 +25,10 @@ from typing import Protocol, TypeVar
 from sentinel.agent.classify import LineClassifier
 from sentinel.agent.frdump import FrDumpWatcher
 from sentinel.agent.jobs import JobMapper
-from sentinel.agent.journal import JournalKernelReader
-from sentinel.agent.kmsg import KmsgReader
 from sentinel.agent.metrics import AgentCounters, GpuView
 from sentinel.agent.probe import ProbeServer
-from sentinel.agent.source import GpuLostError, GpuSource, HostExtras, XidEvent
-from sentinel.agent.tailer import LogTailer
-from sentinel.agent.worker import GpuWorker, Unresponsive
+from sentinel.agent.source import DatagramFeed, GpuLostError, GpuSource, KernelLog, LogLines, XidEvent
+from sentinel.agent.worker import GpuWorker, InlineWorker, Unresponsive, Worker
 from sentinel.components.device.record import GpuSourceHealth
 from sentinel.components.ib.kernel import PortLogLine, port_log_line
 from sentinel.components.nvml_read import GpuSourceDown
@@ -84,15 +86,21 @@ class Collector(abc.ABC):
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
         self.next_run = 0.0
-        self._worker: GpuWorker | None = None
+        #: set by :class:`Collectors` in inline mode: blocking calls run on the caller's thread
+        self.inline = False
+        self._worker: Worker | None = None
 
     @abc.abstractmethod
     async def collect(self, now: float) -> None:
         """Read this collector's source once and record what it found."""
 
+    def new_worker(self, name: str) -> Worker:
+        """A worker for blocking calls: a thread with a deadline, or inline under the virtual clock."""
+        return InlineWorker(name) if self.inline else GpuWorker(name)
+
     async def blocking(self, fn: Callable[[], T]) -> T:
         if self._worker is None:
-            self._worker = GpuWorker(f"collector-{self.name}")
+            self._worker = self.new_worker(f"collector-{self.name}")
         return await self._worker.call(fn, self.blocking_deadline_s)
 
     def close(self) -> None:
@@ -102,14 +110,17 @@ class Collector(abc.ABC):
 
 
 class Collectors:
-    """Runs every due collector of a tick concurrently and records duration/success."""
+    """Runs every due collector of a tick concurrently (inline: one after the other) and records
+    duration/success."""
 
-    def __init__(self, counters: AgentCounters, tick_s: float) -> None:
+    def __init__(self, counters: AgentCounters, tick_s: float, *, inline: bool = False) -> None:
         self.counters = counters
         self.tick_s = tick_s
+        self.inline = inline
         self.items: list[Collector] = []
 
     def add(self, collector: Collector) -> None:
+        collector.inline = self.inline
         self.items.append(collector)
 
     def get(self, name: str) -> Collector | None:
@@ -121,7 +132,10 @@ class Collectors:
         leading = [c for c in due if c.name in first]
         rest = [c for c in due if c.name not in first]
         for group in (leading, rest):
-            if group:
+            if self.inline:
+                for collector in group:
+                    await self._run(collector, now)
+            elif group:
                 await asyncio.gather(*(self._run(c, now) for c in group))
 
     async def _run(self, collector: Collector, now: float) -> None:
@@ -170,8 +184,8 @@ class GpuCollector(Collector):
         self.slow_tick_s = slow_tick_s
         self.timeout_s = timeout_s
         self.opened = False
-        self._open_worker = GpuWorker(f"{sink.host}-nvml-open")
-        self._workers: dict[int, GpuWorker] = {}
+        self._opener: Worker | None = None
+        self._workers: dict[int, Worker] = {}
         self._next_slow = 0.0
         self._next_open = 0.0
         self._backoff = slow_tick_s
@@ -180,6 +194,13 @@ class GpuCollector(Collector):
         self.expected = expected_gpus or _load_expected(expected_path)
         self.opens = 0
         self._lost_uuids: set[str] = set()  # GPUs lost before a re-initialisation (back = reset)
+
+    @property
+    def _open_worker(self) -> Worker:
+        """The worker for open/close (made on first use: inline mode is set after construction)."""
+        if self._opener is None:
+            self._opener = self.new_worker(f"{self.sink.host}-nvml-open")
+        return self._opener
 
     def _health(self, error: str = "") -> None:
         found = sum(1 for v in self.sink.gpus.values() if v.state != "unavailable") if not error else 0
@@ -212,7 +233,7 @@ class GpuCollector(Collector):
                 self._reset_seen(info.index, now)
         self._lost_uuids.clear()
         self._workers = {
-            g.index: GpuWorker(f"{self.sink.host}-gpu{g.index}") for g in inventory if not g.error
+            g.index: self.new_worker(f"{self.sink.host}-gpu{g.index}") for g in inventory if not g.error
         }
         self.opened = True
         if not self.expected and inventory:
@@ -260,7 +281,10 @@ class GpuCollector(Collector):
         for index, view in sorted(self.sink.gpus.items()):
             if view.state == "unavailable":
                 self.sink.add_sample(GpuSample(gpu=index, t=now, state="unavailable"))
-        results = await asyncio.gather(*(self._read(index, now, slow) for index in sorted(self._workers)))
+        if self.inline:
+            results = [await self._read(index, now, slow) for index in sorted(self._workers)]
+        else:
+            results = await asyncio.gather(*(self._read(i, now, slow) for i in sorted(self._workers)))
         down = next((r for r in results if r), "")
         views = [v for v in self.sink.gpus.values() if v.state != "unavailable"]
         if not down and slow and views and all(v.state == "lost" for v in views):
@@ -328,24 +352,36 @@ class GpuCollector(Collector):
         super().close()
         for worker in self._workers.values():
             worker.stop()
-        self._open_worker.stop()
+        if self._opener is not None:
+            self._opener.stop()
 
 
 class XidListener:
-    """A dedicated daemon thread blocked in ``wait_xid_events`` (nvmlEventSetWait), feeding a bounded queue."""
+    """A dedicated daemon thread blocked in ``wait_xid_events`` (nvmlEventSetWait), feeding a bounded queue.
+
+    Inline (the virtual clock) there is no thread: each :meth:`drain` asks the source without waiting.
+    """
 
     def __init__(
-        self, source: GpuSource, name: str, timeout_s: float = 1.0, max_pending: int = 10000
+        self,
+        source: GpuSource,
+        name: str,
+        timeout_s: float = 1.0,
+        max_pending: int = 10000,
+        *,
+        inline: bool = False,
     ) -> None:
         self.source = source
         self.timeout_s = timeout_s
+        self.inline = inline
         self._pending: collections.deque[XidEvent] = collections.deque(maxlen=max_pending)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.errors = 0
 
     def start(self) -> None:
-        self._thread.start()
+        if not self.inline:
+            self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -360,6 +396,13 @@ class XidListener:
             self._pending.extend(events)
 
     def drain(self) -> list[XidEvent]:
+        if self.inline:
+            try:
+                self._pending.extend(self.source.wait_xid_events(0.0))
+            except Exception as exc:
+                self.errors += 1
+                if self.errors <= 5:
+                    log.warning("xid_wait_failed", error=f"{type(exc).__name__}: {exc}")
         out: list[XidEvent] = []
         while self._pending:
             out.append(self._pending.popleft())
@@ -529,7 +572,7 @@ class LineProcessor:
 class KmsgCollector(Collector):
     name = "kmsg"
 
-    def __init__(self, reader: KmsgReader | JournalKernelReader, lines: LineProcessor, tick_s: float) -> None:
+    def __init__(self, reader: KernelLog, lines: LineProcessor, tick_s: float) -> None:
         super().__init__(tick_s)
         self.reader = reader
         self.lines = lines
@@ -552,7 +595,7 @@ class LogCollector(Collector):
     name = "logs"
 
     def __init__(
-        self, tailer: LogTailer, lines: LineProcessor, counters: AgentCounters, tick_s: float
+        self, tailer: LogLines, lines: LineProcessor, counters: AgentCounters, tick_s: float
     ) -> None:
         super().__init__(tick_s)
         self.tailer = tailer
@@ -591,14 +634,23 @@ class JobsCollector(Collector):
 
 
 class ProbeCollector(Collector):
+    """FR heads the probe socket received this tick (a simulated host's datagrams go through the same
+    validation and authorisation first)."""
+
     name = "probe"
 
-    def __init__(self, sink: AgentSink, server: ProbeServer, tick_s: float) -> None:
+    def __init__(
+        self, sink: AgentSink, server: ProbeServer, tick_s: float, feed: DatagramFeed | None = None
+    ) -> None:
         super().__init__(tick_s)
         self.sink = sink
         self.server = server
+        self.feed = feed
 
     async def collect(self, now: float) -> None:
+        if self.feed is not None:
+            for data, creds in self.feed.receive(now):
+                self.server.receive(data, creds)
         self.sink.counters.queue_depth["probe"] = len(self.server)
         self.sink.add_heads(self.server.drain())
         self.sink.counters.drop_parts["probe_socket"] = self.server.rejected + self.server.overflowed
@@ -619,26 +671,6 @@ class FrDumpCollector(Collector):
     async def collect(self, now: float) -> None:
         for event in await self.blocking(lambda: self.watcher.poll(now)):
             self.sink.add_event(event)
-
-
-class ExtrasCollector(Collector):
-    """A simulated host's kernel log, job logs, processes and FR heads, in place of the real collectors."""
-
-    name = "extras"
-
-    def __init__(self, sink: AgentSink, extras: HostExtras, lines: LineProcessor, tick_s: float) -> None:
-        super().__init__(tick_s)
-        self.sink = sink
-        self.extras = extras
-        self.lines = lines
-
-    async def collect(self, now: float) -> None:
-        for message in self.extras.kernel_log_lines(now):
-            self.lines.kernel(message, now, source="kmsg")
-        for line in self.extras.job_log_lines(now):
-            self.lines.job(line, now, "log:sim")
-        self.sink.set_procs(self.extras.processes(now))
-        self.sink.add_heads(self.extras.fr_heads(now))
 
 
 def _load_expected(path: Path | None) -> int:

@@ -13,12 +13,14 @@ unknown is reported (pid and name) without job fields, and the refusal is counte
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 import psutil
 
@@ -150,21 +152,54 @@ def job_from_environ(env: Mapping[str, str]) -> JobFields:
     )
 
 
-def _is_task(pid: int) -> bool:
-    """Whether ``pid`` is a Slurm task itself: its parent is slurmstepd."""
-    try:
-        parent = psutil.Process(pid).parent()
-        return parent is not None and parent.name() == "slurmstepd"
-    except psutil.Error:
-        return False
+class ProcessHandle(Protocol):
+    """The part of :class:`psutil.Process` the mapper reads; every call may raise a :class:`psutil.Error`."""
+
+    def name(self) -> str: ...
+
+    def cmdline(self) -> list[str]: ...
+
+    def create_time(self) -> float: ...
+
+    def environ(self) -> dict[str, str]: ...
+
+    def status(self) -> str: ...
+
+    def parent(self) -> ProcessHandle | None: ...
+
+
+class ProcessTable(Protocol):
+    """The host's process table: ``/proc`` through psutil, or a simulated host's ranks."""
+
+    def process(self, pid: int) -> ProcessHandle:
+        """The process ``pid`` (raises :class:`psutil.NoSuchProcess` when there is none)."""
+        ...
+
+    def owner_uid(self, pid: int) -> int | None:
+        """The user ``pid`` runs as (None when gone); the probe socket checks senders against it."""
+        ...
+
+
+class PsutilProcesses:
+    """This machine's processes."""
+
+    def process(self, pid: int) -> ProcessHandle:
+        return psutil.Process(pid)
+
+    def owner_uid(self, pid: int) -> int | None:
+        try:
+            return os.stat(f"/proc/{pid}").st_uid
+        except OSError:
+            return None
 
 
 class JobMapper:
     """Maps the pids NVML reports on each GPU to ProcInfo with job/rank.
 
-    ``proc_root`` is where the cgroup files are read (``/proc``; a fixture tree in tests) and ``listpids``
-    returns ``scontrol listpids`` output (None: not available); both are consulted only for a process whose
-    environment gave no job.
+    ``processes`` is the process table (this machine's, or a simulated host's), ``proc_root`` where the
+    cgroup files are read (``/proc``; a fixture tree in tests) and ``listpids`` returns ``scontrol listpids``
+    output (None: not available); the last two are consulted only for a process whose environment gave no
+    job.
     """
 
     def __init__(
@@ -173,7 +208,9 @@ class JobMapper:
         *,
         proc_root: Path = Path("/proc"),
         listpids: Callable[[], str | None] | None = run_listpids,
+        processes: ProcessTable | None = None,
     ) -> None:
+        self.processes: ProcessTable = processes if processes is not None else PsutilProcesses()
         self.tailed_globs = list(tailed_globs or [])
         self._cache: dict[tuple[int, float, tuple[str, ...]], tuple[str, JobFields]] = {}
         self.permission_errors = 0
@@ -197,7 +234,7 @@ class JobMapper:
         if listed is not None and (task is None or task.job_id == listed.job_id):
             # listpids names every process of a step with its *task's* ids; only the task itself (a child of
             # slurmstepd) is that task — a rank forked by a per-node launcher (torchrun under srun) is not
-            own = _is_task(pid)
+            own = self._is_task(pid)
             fallback = task.local_id if task else None
             return SlurmTask(
                 job_id=listed.job_id,
@@ -207,9 +244,24 @@ class JobMapper:
             )
         return task
 
+    def _is_task(self, pid: int) -> bool:
+        """Whether ``pid`` is a Slurm task itself: its parent is slurmstepd."""
+        try:
+            parent = self.processes.process(pid).parent()
+            return parent is not None and parent.name() == "slurmstepd"
+        except psutil.Error:
+            return False
+
+    def _in_disk_sleep(self, pid: int) -> bool:
+        """The process state letter is ``D`` (read every poll: it is what a hung filesystem looks like)."""
+        try:
+            return self.processes.process(pid).status() == psutil.STATUS_DISK_SLEEP
+        except (psutil.Error, OSError):
+            return False
+
     def _inspect(self, pid: int) -> tuple[str, JobFields] | None:
         try:
-            proc = psutil.Process(pid)
+            proc = self.processes.process(pid)
             # The command line is part of the key: a process seen between fork and exec still has its
             # parent's environment (and no job identity of its own); after the exec it is a new program
             # under the same pid and create time, and must be read again.
@@ -281,18 +333,10 @@ class JobMapper:
                         master_addr=f.master_addr,
                         master_port=f.master_port,
                         debug=f.debug,
-                        blocked_io=_in_disk_sleep(pid),
+                        blocked_io=self._in_disk_sleep(pid),
                     )
                 )
         return out
-
-
-def _in_disk_sleep(pid: int) -> bool:
-    """The process state letter is ``D`` (read every tick: it is what a hung filesystem looks like)."""
-    try:
-        return bool(psutil.Process(pid).status() == psutil.STATUS_DISK_SLEEP)
-    except (psutil.Error, OSError):
-        return False
 
 
 def _from_cmdline(cmdline: list[str], fields: JobFields) -> JobFields:

@@ -2,8 +2,9 @@
 
 node_exporter's model: a collector has a name, is built (or left out) from the config by its entry here,
 and reports its own ``sentinel_agent_collector_{duration_seconds,success}``. The agent runs whatever the
-registry builds; nothing else decides which collectors exist. A simulated host (``extras``) provides its
-kernel log, job logs, processes and FR heads in place of the host collectors.
+registry builds; nothing else decides which collectors exist. A simulated host changes none of this: its
+:class:`~sentinel.agent.source.HostInputs` replace the OS boundaries under the same collectors (kernel log
+records, job log lines, the process table, probe datagrams, IB ports).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from typing import TYPE_CHECKING, Final
 
 from sentinel.agent.collectors import (
     Collector,
-    ExtrasCollector,
     FrDumpCollector,
     GpuCollector,
     JobsCollector,
@@ -66,7 +66,7 @@ def _nvml(agent: Agent) -> Collector:
 def _xid(agent: Agent) -> Collector | None:
     if not agent.config.collect.nvml_events:
         return None
-    listener = XidListener(agent.source, f"{agent.host}-xid")
+    listener = XidListener(agent.source, f"{agent.host}-xid", inline=agent.inline)
     agent.gpu_collector.on_open = listener.start
     return XidCollector(agent, listener, agent.xids, agent.config.collect.tick_s)
 
@@ -76,13 +76,13 @@ def _ib(agent: Agent) -> Collector | None:
     c = agent.config.ib
     if not c.enabled:
         return None
-    sim_source: PortSource | None = getattr(agent.extras, "ib_ports", None)
+    sim_source = agent.inputs.ib_ports
     source: PortSource = sim_source if sim_source is not None else SysfsPorts(c.sysfs_root)
     state_dir = Path(agent.config.agent.state_dir)
     tracker = PortTracker(
         flap_window_s=c.flap_window_s,
         error_window_s=c.error_window_s,
-        state_path=state_dir / "ib_ports.json" if state_dir.is_dir() and agent.extras is None else None,
+        state_path=state_dir / "ib_ports.json" if agent.durable and sim_source is None else None,
     )
     agent.ib_tracker = tracker
     agent.ib_metrics = IbPortMetrics(agent.cluster, agent.host)
@@ -90,15 +90,11 @@ def _ib(agent: Agent) -> Collector | None:
     return IbCollector(agent, IbPortReader(source, tracker, agent.ib_metrics), c.interval_s)
 
 
-def _extras(agent: Agent) -> Collector | None:
-    if agent.extras is None:
-        return None
-    return ExtrasCollector(agent, agent.extras, agent.lines, agent.config.collect.tick_s)
-
-
 def _kmsg(agent: Agent) -> Collector | None:
     c = agent.config
-    if agent.extras is not None or not c.kmsg.enabled:
+    if agent.inputs.kernel_log is not None:
+        return KmsgCollector(agent.inputs.kernel_log, agent.lines, c.collect.tick_s)
+    if not c.kmsg.enabled:
         return None
     cursor = agent.kmsg_cursor_path
     reader = kernel_reader(
@@ -112,7 +108,9 @@ def _kmsg(agent: Agent) -> Collector | None:
 
 def _logs(agent: Agent) -> Collector | None:
     c = agent.config
-    if agent.extras is not None or not c.logs.globs:
+    if agent.inputs.job_logs is not None:
+        return LogCollector(agent.inputs.job_logs, agent.lines, agent.counters, c.collect.tick_s)
+    if not c.logs.globs:
         return None
     tailer = LogTailer(
         c.logs.globs,
@@ -125,19 +123,19 @@ def _logs(agent: Agent) -> Collector | None:
 
 
 def _jobs(agent: Agent) -> Collector | None:
-    if agent.extras is not None:
-        return None
     c = agent.config
-    return JobsCollector(
-        agent,
-        JobMapper(tailed_globs=c.logs.globs, listpids=lambda: run_listpids(agent.host)),
-        c.collect.procs_interval_s,
+    table = agent.inputs.processes
+    mapper = (
+        JobMapper(tailed_globs=c.logs.globs, listpids=lambda: run_listpids(agent.host))
+        if table is None
+        else JobMapper(tailed_globs=c.logs.globs, listpids=None, processes=table)  # no Slurm under a sim
     )
+    return JobsCollector(agent, mapper, c.collect.procs_interval_s)
 
 
 def _nccl_ras(agent: Agent) -> Collector | None:
     c = agent.config
-    if agent.extras is not None or not c.nccl_ras.enabled:
+    if not c.nccl_ras.enabled:
         return None
     agent.ras_metrics = RasMetrics(agent.cluster, agent.host)
     agent.registry.register(agent.ras_metrics)
@@ -156,23 +154,28 @@ def _nccl_ras(agent: Agent) -> Collector | None:
 
 def _probe(agent: Agent) -> Collector | None:
     c = agent.config
-    if agent.extras is not None or not c.probe.socket_path:
+    feed = agent.inputs.probe
+    if feed is None and not c.probe.socket_path:
         return None
-    agent.probe = ProbeServer(
-        c.probe.socket_path,
+    server = ProbeServer(
+        c.probe.socket_path if feed is None else "",
         max_bytes=c.probe.max_datagram_bytes,
         max_pending=c.probe.max_pending,
         max_pending_bytes=c.probe.max_pending_bytes,
         mode=c.probe.socket_mode,
         group=c.probe.socket_group,
-        authorizer=HeadsAuthorizer(agent.procs),
+        authorizer=HeadsAuthorizer(agent.procs, owner_uid=table.owner_uid)
+        if (table := agent.inputs.processes) is not None
+        else HeadsAuthorizer(agent.procs),
     )
-    return ProbeCollector(agent, agent.probe, c.collect.tick_s)
+    if feed is None:
+        agent.probe = server  # the agent binds its socket on start
+    return ProbeCollector(agent, server, c.collect.tick_s, feed)
 
 
 def _fr_dumps(agent: Agent) -> Collector | None:
     c = agent.config
-    if agent.extras is not None or not c.probe.fr_dump_dir:
+    if not c.probe.fr_dump_dir:
         return None
     watcher = FrDumpWatcher(c.probe.fr_dump_dir, c.probe.fr_dump_prefix)
     return FrDumpCollector(agent, watcher, max(c.collect.tick_s, 2.0))
@@ -182,7 +185,6 @@ COLLECTORS: Final[tuple[CollectorEntry, ...]] = (
     CollectorEntry("nvml", _nvml),
     CollectorEntry("xid", _xid),
     CollectorEntry("ib", _ib),
-    CollectorEntry("extras", _extras),
     CollectorEntry("kmsg", _kmsg),
     CollectorEntry("logs", _logs),
     CollectorEntry("jobs", _jobs),

@@ -5,22 +5,37 @@ The agent runs every call in a worker thread with a deadline, so neither a slow 
 event loop or the other GPUs. Implementations raise :class:`GpuLostError` when the GPU has fallen off the
 bus (NVML_ERROR_GPU_IS_LOST) and :class:`FieldNotSupported`-style gaps are expressed as ``None`` fields.
 
-:class:`HostExtras` is what a simulated host provides in place of the other collectors (kernel log, NCCL
-log files, the flight-recorder probe socket, /proc job mapping), so ``sentinel demo`` runs real agents on
-simulated hosts.
+:class:`HostInputs` is what a simulated host offers at the other OS boundaries (kernel log records, job log
+lines, the process table, probe datagrams, IB ports), so ``sentinel sim``, ``sentinel demo`` and
+``sentinel agent run --simulate`` run the real collectors on simulated hosts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from sentinel.components.nvml_read import GpuLostError
-from sentinel.fr.heads import FrHeads
-from sentinel.wire import EccCounters, GpuInfo, GpuSample, NvLink, ProcInfo, RetiredPages, RowRemap
+from sentinel.wire import EccCounters, GpuInfo, GpuSample, NvLink, RetiredPages, RowRemap
 
-__all__ = ["GpuLostError", "GpuSource", "HostExtras", "SlowReadings", "XidEvent", "XidRecord"]
+if TYPE_CHECKING:  # the collectors these feed import this module
+    from sentinel.agent.jobs import ProcessTable
+    from sentinel.agent.kmsg import KmsgRecord
+    from sentinel.agent.probe import Credentials
+    from sentinel.components.ib.collector import PortSource
+
+__all__ = [
+    "DatagramFeed",
+    "GpuLostError",
+    "GpuSource",
+    "HostInputs",
+    "KernelLog",
+    "LogLines",
+    "SlowReadings",
+    "XidEvent",
+    "XidRecord",
+]
 
 
 class SlowReadings(Protocol):
@@ -84,19 +99,68 @@ class GpuSource(Protocol):
     def close(self) -> None: ...
 
 
-class HostExtras(Protocol):
-    """Non-NVML inputs of a simulated host; each call returns what appeared since the last call.
+class KernelLog(Protocol):
+    """Where kernel log records come from: ``/dev/kmsg``, journald, or a simulated host's kernel ring.
 
-    Given to :class:`sentinel.agent.Agent`, it replaces the kernel-log reader, the log-file tailer, the
-    /proc job mapping and the probe socket. Kernel lines are kmsg *messages* (``NVRM: Xid (PCI:...): 79, ...``,
-    without the ``pri,seq,ts;`` prefix); job log lines are NCCL/PyTorch log lines. Calls are made on the
-    event loop, so they must not block.
+    ``poll`` never blocks and returns the records logged since the last call, as
+    :func:`sentinel.agent.kmsg.parse_kmsg_record` makes them.
     """
 
-    def kernel_log_lines(self, now: float) -> list[str]: ...
+    path: str
+    open_errors: int
 
-    def job_log_lines(self, now: float) -> list[str]: ...
+    @property
+    def is_open(self) -> bool: ...
 
-    def processes(self, now: float) -> list[ProcInfo]: ...
+    def poll(self, now: float) -> list[KmsgRecord]: ...
 
-    def fr_heads(self, now: float) -> list[FrHeads]: ...
+    def save_cursor(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class LogLines(Protocol):
+    """Where job log lines come from: the log-file tailer, or a simulated host's rank logs.
+
+    ``poll`` returns ``(path, line)`` for every complete line appended since the last call.
+    """
+
+    cut_lines: int
+
+    @property
+    def files(self) -> list[str]: ...
+
+    def poll(self, now: float) -> list[tuple[str, str]]: ...
+
+    def close(self) -> None: ...
+
+
+class DatagramFeed(Protocol):
+    """Datagrams a simulated probe socket received since the last call, each with its sender's credentials.
+
+    The real socket is read by :class:`sentinel.agent.probe.ProbeServer` on the event loop; a simulated host
+    hands over the same bytes (msgpack FrHeads) and the same kernel-attested sender, and the server
+    validates and authorises them exactly as it does a socket's.
+    """
+
+    def receive(self, now: float) -> list[tuple[bytes, Credentials | None]]: ...
+
+
+@dataclass(frozen=True)
+class HostInputs:
+    """Where an agent reads its host from when that is not the machine it runs on (a simulated host).
+
+    Each field replaces one OS boundary and nothing above it: the real collectors, line classifier, Xid
+    merge, job mapper, probe validation and batch builder run on what these return. ``None`` keeps the
+    host's own (``/dev/kmsg``, the log tailer, ``/proc``, the probe socket, sysfs).
+    """
+
+    kernel_log: KernelLog | None = None
+    job_logs: LogLines | None = None
+    processes: ProcessTable | None = None
+    probe: DatagramFeed | None = None
+    ib_ports: PortSource | None = None
+    #: the host's ``/proc/sys/kernel/random/boot_id`` (each simulated host boots on its own)
+    boot_id: str | None = None
+    #: a simulated host runs no PyTorch ranks, so ``fr_dump`` answers that there is nothing to dump
+    simulated: bool = False

@@ -93,3 +93,44 @@ def _consume(future: asyncio.Future[Any]) -> None:
     """Retrieve a late result nobody waits for, so asyncio does not log it as never retrieved."""
     if not future.cancelled():
         future.exception()
+
+
+class CallBlocks(Exception):
+    """Raised by a simulated source instead of blocking: this call would not return (a hung NVML call).
+
+    Under the virtual clock nothing may block, so a simulated hang is declared rather than enacted;
+    :class:`InlineWorker` answers it exactly as :class:`GpuWorker` answers a call past its deadline.
+    """
+
+
+class InlineWorker:
+    """:class:`GpuWorker`'s interface, run inline on the caller's thread: ``sentinel sim``'s virtual clock.
+
+    Thousands of simulated GPUs cannot each have a thread, and a virtual clock cannot wait for a deadline;
+    the simulated source returns at once or raises :class:`CallBlocks`. Until such a call "returns" (never,
+    for a hung GPU) the worker stays hung and answers :class:`Unresponsive` without calling again, as the
+    threaded worker does while its thread is stuck.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.hung = False
+
+    @property
+    def busy(self) -> bool:
+        return self.hung
+
+    async def call(self, fn: Callable[[], T], deadline_s: float) -> T:
+        if self.hung:
+            raise Unresponsive(f"{self.name}: an earlier call has not returned")
+        try:
+            return fn()
+        except CallBlocks:
+            self.hung = True
+            raise Unresponsive(f"{self.name}: no answer within {deadline_s:g} s") from None
+
+    def stop(self) -> None:
+        """Nothing to end: no thread."""
+
+
+Worker = GpuWorker | InlineWorker

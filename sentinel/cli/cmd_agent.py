@@ -156,9 +156,13 @@ def _run_simulated(args: argparse.Namespace, config: AgentConfig) -> int:
         shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
         print(f"error: --host: {args.host!r} is not a host of {args.simulate} ({shown})", file=sys.stderr)
         return 2
-    # the agent reports itself under the simulated host's name unless the configuration names it
+    # the agent reports itself under the simulated host's name unless the configuration names it; the
+    # machine's own NCCL RAS service and flight-recorder dump folder are not the simulated host's
     config = msgspec.structs.replace(
-        config, agent=msgspec.structs.replace(config.agent, host=config.agent.host or args.host)
+        config,
+        agent=msgspec.structs.replace(config.agent, host=config.agent.host or args.host),
+        nccl_ras=msgspec.structs.replace(config.nccl_ras, enabled=False),
+        probe=msgspec.structs.replace(config.probe, fr_dump_dir=""),
     )
     setup_logging("agent", config.log.level, host=config.agent.host)
     if not _state_dir_ready(config):
@@ -167,7 +171,7 @@ def _run_simulated(args: argparse.Namespace, config: AgentConfig) -> int:
     async def main() -> None:
         sim = SimCluster(scenario, started_at=time.time(), clock=time.time)
         host = next(h for h in sim.hosts if h.name == args.host)
-        agent = Agent(config, cast(GpuSource, host), host)
+        agent = Agent(config, cast(GpuSource, host), host.inputs())
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, agent.request_stop)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from sentinel.config import ConfigError, load_aggregator_config
+from sentinel.log import LEVELS, setup_logging
 from sentinel.sim.runner import run_scenario
 from sentinel.sim.scenario import ScenarioError, load_scenario
 
@@ -37,10 +38,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="aggregator configuration whose detector thresholds to use (default: built-in defaults)",
     )
     p.add_argument("--quiet", action="store_true", help="do not print the verdicts summary on stderr")
+    p.add_argument(
+        "--log-level",
+        choices=LEVELS,
+        default="warning",
+        help="log level of the simulated hosts' agents and the engine (default: warning)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    # every simulated host runs a real agent: at info level, a thousand hosts would each log their start
+    setup_logging("sim", args.log_level)
     try:
         scenario = load_scenario(args.scenario)
     except ScenarioError as exc:

@@ -23,19 +23,9 @@ from sentinel.agent.agent import Agent
 from sentinel.agent.source import GpuSource
 from sentinel.aggregator.listener import AggregatorSite
 from sentinel.aggregator.server import create_app, make_runner
-from sentinel.config.agent import (
-    AgentConfig,
-    AgentIdentity,
-    CollectConfig,
-    KmsgConfig,
-    ProbeConfig,
-    RingConfig,
-    StreamConfig,
-    SystemdConfig,
-)
+from sentinel.config.agent import AgentConfig, StreamConfig
 from sentinel.config.aggregator import AggregatorConfig
-from sentinel.config.common import MetricsConfig
-from sentinel.sim.host import SimCluster
+from sentinel.sim.host import SimCluster, simulated_agent_config
 from sentinel.sim.scenario import HOST_GLOB, Scenario
 from sentinel.web import status_page_routes
 
@@ -117,19 +107,12 @@ def _bound_port(runner: web.AppRunner) -> int:
 def agent_config(
     host: str, *, tick_s: float, stream_url: str, token_file: Path, state_dir: Path
 ) -> AgentConfig:
-    """A real agent's configuration for one simulated host: stream to the demo's aggregator, nothing else
-    listening (no per-agent /metrics port, no probe socket, no kernel log), a small ring buffer."""
-    return AgentConfig(
-        agent=AgentIdentity(host=host, cluster="demo", state_dir=str(state_dir)),
-        collect=CollectConfig(
-            tick_s=tick_s,
-            # row-remap and ECC counters are slow-cadence fields; the simulator reads them for free
-            slow_tick_s=max(tick_s, 2.0),
-            nvml_timeout_s=max(2.0, 2 * tick_s),
-            procs_interval_s=max(tick_s, 2.0),
-        ),
-        kmsg=KmsgConfig(enabled=False),
-        probe=ProbeConfig(socket_path=""),
+    """A real agent's configuration for one simulated host, streaming to the demo's aggregator (the
+    simulator's agent settings, :func:`sentinel.sim.host.simulated_agent_config`)."""
+    return simulated_agent_config(
+        host,
+        tick_s=tick_s,
+        state_dir=str(state_dir),
         stream=StreamConfig(
             aggregator_url=stream_url,
             token_file=str(token_file),
@@ -138,9 +121,6 @@ def agent_config(
             connect_timeout_s=5.0,
             spool_max_bytes=16 * 1024 * 1024,
         ),
-        ring=RingConfig(window_s=600.0, max_bytes=8 * 1024 * 1024),
-        metrics=MetricsConfig(listen_host=""),
-        systemd=SystemdConfig(notify=False),
     )
 
 
@@ -177,7 +157,7 @@ async def simulated_cluster(
             state_dir=state_dir / host.name,
         )
         # SimHost is a GpuSource; the cast covers list invariance of wait_xid_events' return type only
-        agents.append(Agent(config, cast(GpuSource, host), host, clock))
+        agents.append(Agent(config, cast(GpuSource, host), host.inputs(), clock))
     by_name = {agent.host: agent for agent in agents}
     running = RunningCluster(host_names=[h.name for h in sim.hosts], agents=agents, sim=sim)
 

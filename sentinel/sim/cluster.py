@@ -23,7 +23,7 @@ from sentinel.fr.heads import FrHeads
 from sentinel.sim.jobs import INF, JobSim, RankSim
 from sentinel.sim.ports import SimPort, scan
 from sentinel.sim.scenario import FaultSpec, Scenario, host_name
-from sentinel.wire import EccCounters, GpuInfo, GpuSample, NvLink, ProcInfo, RowRemap
+from sentinel.wire import EccCounters, GpuInfo, GpuSample, NvLink, RowRemap
 
 MAX_CLOCK_MHZ = 1980.0
 IDLE_CLOCK_MHZ = 345.0
@@ -40,6 +40,9 @@ XID_KILLS_PROCESS = frozenset({48, 62, 64, 74, 79, 92, 94, 95, 119, 120, 136, 14
 #: The Xid a row-remap event raises in the kernel log, as the driver does.
 XID_ROW_REMAP_EVENT = 63
 XID_ROW_REMAP_FAILURE = 64
+#: kernel log priorities (NVRM prints Xids at KERN_WARNING, mlx5_core its module errors at KERN_ERR)
+KERN_ERR = 3
+KERN_WARNING = 4
 
 
 @dataclass
@@ -94,12 +97,12 @@ class HostSim:
     noise: list[float]
     down_at: float = INF
     cursor: int = 0
-    xids: list[tuple[float, int, int, str]] = field(default_factory=list)  # (t, gpu, xid, text)
-    kernel_lines: list[str] = field(default_factory=list)
+    xids: list[tuple[float, int, int, str]] = field(default_factory=list)  # (t, gpu, xid, text), NVML's
+    #: the kernel ring not yet read: (t, priority, message) — NVRM Xid and mlx5_core lines
+    kernel_lines: list[tuple[float, int, str]] = field(default_factory=list)
     job_lines: list[tuple[float, int, str]] = field(default_factory=list)  # (t, gpu, line)
     procs_version: int = 0
     ports: list[SimPort] = field(default_factory=list)  # one IB port per GPU (mlx5_<gpu>)
-    ib_kernel_lines: list[str] = field(default_factory=list)  # mlx5 kernel messages not yet read
 
     def next_noise(self) -> float:
         self.cursor = (self.cursor + 1) % _NOISE
@@ -253,7 +256,7 @@ class ClusterSim:
         elif kind == "port_down":
             port = host.ports[gpu.index]
             port.down_at = t
-            host.ib_kernel_lines.append(port.module_error_line(t))
+            host.kernel_lines.append((t, KERN_ERR, port.module_error_line(t)))
             if rank is not None:
                 rank.link_down_at = t
         elif kind == "link_flap":
@@ -282,7 +285,7 @@ class ClusterSim:
         pid = f"pid={gpu.pid}, name=python, " if gpu.job is not None else ""
         text = f"NVRM: Xid (PCI:{gpu.pci_bus}): {xid}, {pid}{detail}"
         host.xids.append((t, gpu.index, xid, text))
-        host.kernel_lines.append(f"[{t:12.6f}] {text}")
+        host.kernel_lines.append((t, KERN_WARNING, text))
 
     def _net_error_lines(self, host: HostSim, gpu: GpuSim, t: float) -> None:
         peer = (host.index + 1) % max(1, len(self.hosts))
@@ -383,33 +386,12 @@ class ClusterSim:
             pids=pids,
         )
 
-    def processes(self, host: HostSim, t: float) -> list[ProcInfo]:
-        procs: list[ProcInfo] = []
-        for gpu in host.gpus:
-            job, rank = gpu.job, gpu.rank
-            if job is None or rank is None or t >= job.ranks[rank].dead_at or t >= gpu.lost_at:
-                continue
-            procs.append(
-                ProcInfo(
-                    gpu=gpu.index,
-                    pid=gpu.pid,
-                    name="python",
-                    job_id=job.job_id,
-                    rank=rank,
-                    local_rank=gpu.index,
-                    world_size=job.world_size,
-                    master_addr="10.0.0.0",
-                    master_port=29500,
-                )
-            )
-        return procs
-
     def heads(self, host: HostSim, t: float) -> list[FrHeads]:
         out: list[FrHeads] = []
         for gpu in host.gpus:
             if gpu.job is None or gpu.rank is None:
                 continue
-            heads = gpu.job.heads(gpu.rank, t, host=host.name, pid=gpu.pid)
+            heads = gpu.job.heads(gpu.rank, t, pid=gpu.pid)
             if heads is not None:
                 out.append(heads)
         return out

@@ -1,14 +1,24 @@
-"""Simulated hosts for real agents in real time (``sentinel demo``, end-to-end tests).
+"""Simulated hosts, offered to the real agent at its OS and library boundaries.
 
-:class:`SimHost` implements :class:`~sentinel.agent.source.GpuSource` and
-:class:`~sentinel.agent.source.HostExtras` on top of the same cluster model the virtual-clock runner uses;
-wall time maps onto scenario time as ``now - started_at``. Calls behave like the real thing: a lost GPU raises
-:class:`~sentinel.agent.source.GpuLostError`, a hung NVML call really blocks (until :meth:`SimHost.close`, so
-no thread outlives the demo), Xids arrive through ``wait_xid_events`` and the kernel log, NCCL lines through
-the job log, and heads at the probe's cadence.
+One :class:`SimHost` per host of a scenario, on the shared cluster model (:class:`SimCluster`). It is the
+agent's :class:`~sentinel.agent.source.GpuSource` (what NVML would answer) and, through :meth:`SimHost.inputs`,
+every other boundary the agent reads a host at (:class:`~sentinel.agent.source.HostInputs`): kernel log
+records as ``/dev/kmsg`` yields them (raw records parsed by the real
+:func:`~sentinel.agent.kmsg.parse_kmsg_record`), job log lines as the tailer yields them, the process table
+as psutil shows it (each rank's environment names its job and rank), probe datagrams with the kernel's
+sender credentials, and the IB ports as sysfs reads them. Everything above — collectors, line classifier,
+Xid NVML/kernel merge, job mapper, probe validation and authorisation, batch builder — is the real agent's.
 
-``host_down`` cannot be expressed through a GPU source — the agent itself goes quiet — so
-:meth:`SimCluster.drive` calls back with the host's name when it is due and the caller stops that agent.
+Two clocks, one model: ``sentinel demo`` and ``sentinel agent run --simulate`` map wall time onto scenario
+time as ``now - started_at``; ``sentinel sim`` passes its virtual clock (``started_at=0``) and
+``inline=True``. Calls behave like the real thing: a lost GPU raises
+:class:`~sentinel.agent.source.GpuLostError`; a hung NVML call really blocks (until :meth:`SimHost.close`, so
+no thread outlives the demo), or, inline, raises :class:`~sentinel.agent.worker.CallBlocks`, which the
+agent's inline worker turns into what its threaded worker reports at the deadline.
+
+``host_down`` cannot be expressed through a host's inputs — the agent itself goes quiet — so
+:meth:`SimCluster.drive` calls back with the host's name when it is due and the caller stops that agent
+(``sentinel sim`` stops ticking it).
 """
 
 from __future__ import annotations
@@ -19,15 +29,37 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
+import psutil
 
-from sentinel.agent.source import GpuLostError
+from sentinel.agent.jobs import ProcessHandle
+from sentinel.agent.kmsg import KmsgRecord, parse_kmsg_record
+from sentinel.agent.probe import Credentials
+from sentinel.agent.source import GpuLostError, HostInputs
+from sentinel.agent.worker import CallBlocks
 from sentinel.components.ib.sysfs import PortScan
-from sentinel.fr.heads import FrHeads
-from sentinel.sim.cluster import ClusterSim, HostSim
+from sentinel.config.agent import (
+    AgentConfig,
+    AgentIdentity,
+    CollectConfig,
+    KmsgConfig,
+    LogsConfig,
+    NcclRasConfig,
+    ProbeConfig,
+    RingConfig,
+    StreamConfig,
+    SystemdConfig,
+)
+from sentinel.config.common import MetricsConfig
+from sentinel.sim.cluster import ClusterSim, GpuSim, HostSim
 from sentinel.sim.scenario import Scenario
-from sentinel.wire import GpuInfo, GpuSample, ProcInfo
+from sentinel.wire import GpuInfo, GpuSample
 
 PROBE_INTERVAL_S = 2.0
+#: where a simulated rank's NCCL_DEBUG_FILE goes; the simulated agents' ``logs.globs`` cover it
+LOG_DIR = "/var/log/sentinel-sim"
+LOG_GLOB = f"{LOG_DIR}/*.log"
+#: the user every simulated rank runs as (the probe socket sees it as the datagrams' sender)
+RANK_UID = 1000
 
 
 @dataclass(frozen=True)
@@ -43,13 +75,22 @@ class NvmlHangReleased(Exception):
 
 
 class SimCluster:
-    """The cluster model behind every :class:`SimHost` of one scenario, thread-safe, on wall time."""
+    """The cluster model behind every :class:`SimHost` of one scenario, thread-safe."""
 
-    def __init__(self, scenario: Scenario, *, started_at: float, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        *,
+        started_at: float,
+        clock: Callable[[], float],
+        inline: bool = False,
+    ) -> None:
         self.scenario = scenario
         self.model = ClusterSim(scenario)
         self.started_at = started_at
         self.clock = clock
+        #: virtual clock: nothing may block (a hung NVML call is declared with CallBlocks)
+        self.inline = inline
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
         self.closed = threading.Event()
@@ -60,16 +101,17 @@ class SimCluster:
         return now - self.started_at
 
     def advance(self, now: float) -> float:
-        """Move the model to wall time ``now``; returns scenario time."""
-        t = self.sim_t(now)
-        with self.lock:
-            if t > self.model.now:
-                self.model.advance(t)
-                second = int(t)
-                if second != self._last_tick:
-                    self._last_tick = second
-                    self.model.tick_faults(float(second))
-                self.changed.notify_all()
+        """Move the model to clock time ``now`` (faults due are applied); returns scenario time."""
+        t = now - self.started_at
+        if t > self.model.now:
+            with self.lock:
+                if t > self.model.now:
+                    self.model.advance(t)
+                    second = int(t)
+                    if second != self._last_tick:
+                        self._last_tick = second
+                        self.model.tick_faults(float(second))
+                    self.changed.notify_all()
         return t
 
     def down(self, name: str, now: float) -> bool:
@@ -98,20 +140,41 @@ class SimCluster:
 
 
 class SimHost:
-    """One simulated host as the agent sees it: a GPU source and the host extras."""
+    """One simulated host as the agent sees it: its GPU source, and its other inputs (:meth:`inputs`)."""
 
     def __init__(self, cluster: SimCluster, host: HostSim) -> None:
         self.cluster = cluster
         self.host = host
         self.name = host.name
         self.closed = threading.Event()
-        self._next_heads = 0.0
-        self.ib_ports = SimPorts(self)  # the agent's IB collector reads this instead of sysfs
+        self.kernel_log = SimKernelLog(self)
+        self.job_logs = SimJobLogs(self)
+        self.processes = SimProcesses(self)
+        self.probe = SimProbe(self)
+        self.ib_ports = SimPorts(self)
+
+    def inputs(self) -> HostInputs:
+        """This host's boundaries for ``Agent(config, host, host.inputs(), ...)``."""
+        return HostInputs(
+            kernel_log=self.kernel_log,
+            job_logs=self.job_logs,
+            processes=self.processes,
+            probe=self.probe,
+            ib_ports=self.ib_ports,
+            boot_id=f"00000000-0000-4000-8000-{self.host.index:012x}",
+            simulated=True,
+        )
 
     # -- GpuSource ------------------------------------------------------------------------------------
 
     def open(self) -> list[GpuInfo]:
-        return self.cluster.model.inventory(self.host)
+        t = self.cluster.advance(self.cluster.clock())
+        inventory = self.cluster.model.inventory(self.host)
+        # a GPU that fell off the bus does not come back with a re-initialisation: NVML cannot reach it
+        return [
+            msgspec.structs.replace(info, error="GPU is lost") if t >= gpu.lost_at else info
+            for info, gpu in zip(inventory, self.host.gpus, strict=True)
+        ]
 
     def _read(self, gpu: int, now: float, slow: bool) -> GpuSample:
         cluster = self.cluster
@@ -120,10 +183,11 @@ class SimHost:
             view = self.host.gpus[gpu]
             if t >= view.lost_at:
                 raise GpuLostError(f"GPU {gpu}: GPU is lost")
-            hung = t >= view.nvml_hang_at
-            if not hung:
+            if t < view.nvml_hang_at:
                 sample = cluster.model.sample(self.host, view, t, slow)
-                return msgspec.structs.replace(sample, t=now)
+                return sample if t == now else msgspec.structs.replace(sample, t=now)
+        if cluster.inline:
+            raise CallBlocks(f"GPU {gpu}: simulated NVML hang")
         self.closed.wait()  # an NVML call that never returns, until the source is closed
         raise NvmlHangReleased(f"GPU {gpu}: simulated NVML hang released at close")
 
@@ -135,14 +199,14 @@ class SimHost:
 
     def wait_xid_events(self, timeout_s: float) -> list[SimXid]:
         cluster = self.cluster
+        if cluster.inline:
+            cluster.advance(cluster.clock())
         with cluster.changed:
-            if not self.host.xids and not self.closed.is_set():
+            if not self.host.xids and not self.closed.is_set() and timeout_s > 0:
                 cluster.changed.wait(timeout_s)
             due = self.host.xids
             self.host.xids = []
-        return [
-            SimXid(gpu=gpu, xid=xid, t=self.cluster.started_at + t, text=text) for t, gpu, xid, text in due
-        ]
+        return [SimXid(gpu=gpu, xid=xid, t=cluster.started_at + t, text=text) for t, gpu, xid, text in due]
 
     def close(self) -> None:
         """Release this host's hung calls (the other hosts keep running)."""
@@ -150,56 +214,230 @@ class SimHost:
         with self.cluster.changed:
             self.cluster.changed.notify_all()
 
-    # -- HostExtras -----------------------------------------------------------------------------------
 
-    def kernel_log_lines(self, now: float) -> list[str]:
-        self.cluster.advance(now)
-        with self.cluster.lock:
-            lines, self.host.kernel_lines = self.host.kernel_lines, []
-            lines.extend(self.host.ib_kernel_lines)
-            self.host.ib_kernel_lines = []
-        return lines
+class SimKernelLog:
+    """The host's kernel ring as ``/dev/kmsg`` yields it: ``prio,seq,usec,-;message`` records, parsed by the
+    agent's own record parser."""
 
-    def job_log_lines(self, now: float) -> list[str]:
-        self.cluster.advance(now)
-        with self.cluster.lock:
-            lines = [line for _, _, line in self.host.job_lines]
-            self.host.job_lines = []
-        return lines
+    path = "/dev/kmsg (simulated)"
+    open_errors = 0
+    is_open = True
 
-    def processes(self, now: float) -> list[ProcInfo]:
-        t = self.cluster.advance(now)
-        with self.cluster.lock:
-            return self.cluster.model.processes(self.host, t)
+    def __init__(self, host: SimHost) -> None:
+        self.host = host
+        self._seq = 0
 
-    def fr_heads(self, now: float) -> list[FrHeads]:
-        if now < self._next_heads:
+    def poll(self, now: float) -> list[KmsgRecord]:
+        cluster = self.host.cluster
+        cluster.advance(now)
+        with cluster.lock:
+            lines, self.host.host.kernel_lines = self.host.host.kernel_lines, []
+        out: list[KmsgRecord] = []
+        for t, priority, message in lines:
+            self._seq += 1
+            raw = f"{priority},{self._seq},{max(0, int(t * 1e6))},-;{message}".encode()
+            record = parse_kmsg_record(raw)
+            if record is not None:
+                out.append(record)
+        return out
+
+    def save_cursor(self) -> None:
+        """A simulated host does not outlive its run: nothing to resume from."""
+
+    def close(self) -> None:
+        """Nothing open."""
+
+
+class SimJobLogs:
+    """The ranks' NCCL debug files (``NCCL_DEBUG_FILE``) as the tailer yields them: ``(path, line)``."""
+
+    cut_lines = 0
+
+    def __init__(self, host: SimHost) -> None:
+        self.host = host
+        self._files: set[str] = set()
+
+    @property
+    def files(self) -> list[str]:
+        return sorted(self._files)
+
+    def poll(self, now: float) -> list[tuple[str, str]]:
+        cluster = self.host.cluster
+        cluster.advance(now)
+        with cluster.lock:
+            lines, self.host.host.job_lines = self.host.host.job_lines, []
+        out: list[tuple[str, str]] = []
+        for _, gpu, line in lines:
+            path = f"{LOG_DIR}/nccl.{self.host.name}.{self.host.host.gpus[gpu].pid}.log"
+            self._files.add(path)
+            out.append((path, line))
+        return out
+
+    def close(self) -> None:
+        """Nothing open."""
+
+
+class SimProcess:
+    """One rank's process as psutil shows it: launched by torchrun, its job and rank in its environment."""
+
+    def __init__(self, host: SimHost, gpu: GpuSim) -> None:
+        self.host = host
+        self.gpu = gpu
+        self.pid = gpu.pid
+        job = gpu.job
+        assert job is not None and gpu.rank is not None
+        self._environ = {
+            "TORCHELASTIC_RUN_ID": job.job_id,
+            "RANK": str(gpu.rank),
+            "LOCAL_RANK": str(gpu.index),
+            "WORLD_SIZE": str(job.world_size),
+            "MASTER_ADDR": "10.0.0.0",
+            "MASTER_PORT": "29500",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+            "TORCH_FR_BUFFER_SIZE": "2000",
+            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            "NCCL_DEBUG": "WARN",
+            "NCCL_DEBUG_FILE": f"{LOG_DIR}/nccl.%h.%p.log",
+        }
+        self._cmdline = ["python", "-m", "train", f"--rdzv-id={job.job_id}"]
+        self._created = host.cluster.started_at + max(0.0, job.start_s)
+
+    def _alive(self) -> None:
+        gpu = self.gpu
+        job = gpu.job
+        t = self.host.cluster.model.now
+        if job is None or gpu.rank is None or t >= job.ranks[gpu.rank].dead_at:
+            raise psutil.NoSuchProcess(self.pid, "python")
+
+    def name(self) -> str:
+        self._alive()
+        return "python"
+
+    def cmdline(self) -> list[str]:
+        self._alive()
+        return list(self._cmdline)
+
+    def create_time(self) -> float:
+        self._alive()
+        return self._created
+
+    def environ(self) -> dict[str, str]:
+        self._alive()
+        return dict(self._environ)
+
+    def status(self) -> str:
+        self._alive()
+        return str(psutil.STATUS_RUNNING)
+
+    def parent(self) -> ProcessHandle | None:
+        return None
+
+
+class SimProcesses:
+    """The host's process table: its ranks' processes by pid (nothing else runs on a simulated host)."""
+
+    def __init__(self, host: SimHost) -> None:
+        self.host = host
+        self._by_pid = {g.pid: g for g in host.host.gpus}
+        self._procs: dict[int, SimProcess] = {}
+
+    def process(self, pid: int) -> ProcessHandle:
+        found = self._procs.get(pid)
+        if found is not None:
+            return found
+        gpu = self._by_pid.get(pid)
+        if gpu is None or gpu.job is None or gpu.rank is None:
+            raise psutil.NoSuchProcess(pid)
+        found = self._procs[pid] = SimProcess(self.host, gpu)
+        return found
+
+    def owner_uid(self, pid: int) -> int | None:
+        return RANK_UID if pid in self._by_pid else None
+
+
+class SimProbe:
+    """What the probe socket receives from the host's ranks: one msgpack FrHeads per rank at the probe's
+    cadence, sent by the rank's own process (the kernel's credentials name its pid and uid). The probe
+    does not know its host or GPU; the agent fills those in."""
+
+    def __init__(self, host: SimHost) -> None:
+        self.host = host
+        self._next = 0.0
+        self._encoder = msgspec.msgpack.Encoder()
+
+    def receive(self, now: float) -> list[tuple[bytes, Credentials | None]]:
+        if now < self._next:
             return []
-        self._next_heads = now + PROBE_INTERVAL_S - 0.05
-        t = self.cluster.advance(now)
-        with self.cluster.lock:
-            heads = self.cluster.model.heads(self.host, t)
-        return [msgspec.structs.replace(h, t=now) for h in heads]
+        self._next = now + PROBE_INTERVAL_S - 0.05
+        cluster = self.host.cluster
+        t = cluster.advance(now)
+        encode = self._encoder.encode
+        out: list[tuple[bytes, Credentials | None]] = []
+        with cluster.lock:
+            for gpu in self.host.host.gpus:
+                if gpu.job is None or gpu.rank is None:
+                    continue
+                heads = gpu.job.heads(gpu.rank, t, pid=gpu.pid)
+                if heads is None:
+                    continue
+                if t != now:
+                    heads = msgspec.structs.replace(heads, t=now)
+                out.append((encode(heads), Credentials(pid=gpu.pid, uid=RANK_UID, gid=RANK_UID)))
+        return out
 
 
 class SimPorts:
-    """A simulated host's port source (the agent's ``PortSource``): the model's ports at wall time."""
+    """A simulated host's port source (the agent's ``PortSource``): the model's ports as sysfs shows them."""
 
     def __init__(self, host: SimHost) -> None:
         self.host = host
         self.gpus: dict[str, int] = {}
-        self.clock = host.cluster.clock
 
     def read(self) -> PortScan:
         cluster = self.host.cluster
-        t = cluster.advance(self.clock())
+        t = cluster.advance(cluster.clock())
         with cluster.lock:
             return cluster.model.port_scan(self.host.host, t)
 
 
+def simulated_agent_config(
+    host: str,
+    *,
+    tick_s: float,
+    stream: StreamConfig | None = None,
+    state_dir: str = "",
+    ring_window_s: float = 600.0,
+) -> AgentConfig:
+    """A real agent's configuration for one simulated host (``sentinel sim`` and ``sentinel demo``).
+
+    The agent's defaults, except: nothing of the machine it runs on is read or opened (no kernel log, no
+    probe socket, no per-agent /metrics port, no NCCL RAS query: the simulated host's inputs stand in), its
+    tailed globs cover the ranks' NCCL debug files, and the slow counters (row remap, ECC) and the process
+    mapping are read every 2 s, as a host under a tight deployment would. ``stream`` None: the caller takes
+    the batches itself (``sentinel sim``).
+    """
+    return AgentConfig(
+        agent=AgentIdentity(host=host, cluster="demo", state_dir=state_dir),
+        collect=CollectConfig(
+            tick_s=tick_s,
+            slow_tick_s=max(tick_s, 2.0),
+            nvml_timeout_s=max(2.0, 2 * tick_s),
+            procs_interval_s=max(tick_s, 2.0),
+        ),
+        kmsg=KmsgConfig(enabled=False),
+        logs=LogsConfig(globs=[LOG_GLOB]),
+        probe=ProbeConfig(socket_path=""),
+        nccl_ras=NcclRasConfig(enabled=False),
+        stream=stream if stream is not None else StreamConfig(enabled=False),
+        ring=RingConfig(window_s=ring_window_s, max_bytes=8 * 1024 * 1024),
+        metrics=MetricsConfig(listen_host=""),
+        systemd=SystemdConfig(notify=False),
+    )
+
+
 def sim_hosts(
-    scenario: Scenario, *, started_at: float, clock: Callable[[], float]
+    scenario: Scenario, *, started_at: float, clock: Callable[[], float], inline: bool = False
 ) -> tuple[SimCluster, list[SimHost]]:
-    """Every host of ``scenario`` ready for ``Agent(config, host, host, clock)``."""
-    cluster = SimCluster(scenario, started_at=started_at, clock=clock)
+    """Every host of ``scenario`` ready for ``Agent(config, host, host.inputs(), clock)``."""
+    cluster = SimCluster(scenario, started_at=started_at, clock=clock, inline=inline)
     return cluster, cluster.hosts

@@ -80,6 +80,7 @@ class JobSim:
         pause_s: float = 2.5,
     ) -> None:
         self.job_id = job_id
+        self.start_s = start_s
         self.jitter = jitter
         self.pause_s = pause_s
         # chance that a rank pauses (GC, data loader, checkpoint shard) in any one iteration
@@ -219,8 +220,9 @@ class JobSim:
             return "hung" if t >= r.hang_at else "compute"
         return "compute" if t < e else "wait"
 
-    def heads(self, rank: int, t: float, host: str | None = None, pid: int | None = None) -> FrHeads | None:
-        """The rank's flight-recorder heads at ``t``; None once its process is gone."""
+    def heads(self, rank: int, t: float, pid: int | None = None) -> FrHeads | None:
+        """The rank's flight-recorder heads at ``t`` as its probe sends them (no host or GPU: the agent fills
+        those in); None once its process is gone."""
         r = self.ranks[rank]
         if t >= r.dead_at:
             return None
@@ -285,8 +287,6 @@ class JobSim:
             world_size=self.world_size,
             local_rank=r.gpu,
             pid=pid,
-            host=host,
-            gpu=r.gpu,
             pgs=pgs,
             steps=steps[-STEPS_IN_HEADS:],
         )

@@ -1,8 +1,13 @@
-"""``sentinel sim``: drive a scenario through the real aggregator engine on a virtual clock.
+"""``sentinel sim``: a scenario through the real agent and the real aggregator engine, on a virtual clock.
 
-Each tick: the cluster model moves to ``t`` (faults due are applied), every live simulated agent produces
-its batch, the engine ingests it exactly as the WebSocket server would, then the detectors tick. Verdicts
-are recorded when they open; the report is contract section 4's JSON.
+Every simulated host is watched by a real :class:`~sentinel.agent.agent.Agent` built ``inline`` (no thread,
+no event loop) on its :class:`~sentinel.sim.host.SimHost`: the same collector registry, line classifier,
+Xid merge, job mapper, probe validation and batch builder as on a GPU host, reading the simulated host at
+its OS boundaries. Each tick: the cluster model moves to ``t`` (faults due are applied), every live agent
+runs one tick (:meth:`~sentinel.agent.agent.Agent.step_inline`), the engine ingests its batch exactly as the
+WebSocket server would (after a hello whenever the agent re-read its inventory, as the stream does on a
+reconnect), then the detectors tick. A host taken down stops ticking. Verdicts are recorded when they open;
+the report is contract section 4's JSON.
 """
 
 from __future__ import annotations
@@ -12,12 +17,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from sentinel.agent.agent import Agent
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.verdicts import Change, Verdict
 from sentinel.config.aggregator import AggregatorConfig
-from sentinel.sim.agentview import VirtualAgent
-from sentinel.sim.cluster import ClusterSim
+from sentinel.sim.host import SimCluster, simulated_agent_config
 from sentinel.sim.scenario import Scenario, fault_to_dict
+
+#: an inline agent's ring buffer: nobody asks a virtual-clock agent for a snapshot, so a minute is kept
+#: (the ring stays bounded in memory for thousands of GPUs)
+RING_WINDOW_S = 60.0
 
 
 @dataclass
@@ -57,6 +66,32 @@ def _report_verdict(verdict: Verdict) -> dict[str, Any]:
     }
 
 
+class VirtualClock:
+    """The scenario's time, moved by the runner; every agent and simulated host reads it."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def simulated_agents(scenario: Scenario, clock: VirtualClock) -> tuple[SimCluster, list[Agent]]:
+    """The scenario's hosts on the virtual clock, each with its inline agent."""
+    sim = SimCluster(scenario, started_at=0.0, clock=clock, inline=True)
+    agents = [
+        Agent(
+            simulated_agent_config(host.name, tick_s=scenario.tick_s, ring_window_s=RING_WINDOW_S),
+            host,
+            host.inputs(),
+            clock,
+            inline=True,
+        )
+        for host in sim.hosts
+    ]
+    return sim, agents
+
+
 def run_scenario(
     scenario: Scenario,
     config: AggregatorConfig | None = None,
@@ -65,7 +100,8 @@ def run_scenario(
 ) -> SimResult:
     """Run ``scenario`` to its end and return what opened (deterministic for a given seed)."""
     started = time.perf_counter()
-    cluster = ClusterSim(scenario)
+    clock = VirtualClock()
+    sim, agents = simulated_agents(scenario, clock)
     engine = Engine(config)
     result = SimResult(scenario=scenario, engine=engine)
 
@@ -76,24 +112,31 @@ def run_scenario(
             result.opened.append(replace(v, evidence=list(v.evidence), extra=dict(v.extra)))
 
     engine.listeners.append(record)
-    agents = [VirtualAgent(cluster, host) for host in cluster.hosts]
-    views = [engine.hello(agent.hello(0.0), 0.0) for agent in agents]
+    hosts = sim.model.hosts
+    views = [engine.hello(agent.hello(), 0.0) for agent in agents]
+    greeted = [agent.inventory_changes for agent in agents]
     tick = scenario.tick_s
     steps = round(scenario.duration_s / tick)
     samples = 0
     report_every = max(1, steps // 100)
     for step in range(steps + 1):
         t = step * tick
-        cluster.advance(t)
-        cluster.tick_faults(t)
-        for agent, view in zip(agents, views, strict=True):
-            batch = agent.collect(t)
-            if batch is not None:
-                samples += len(batch.samples)
-                engine.ingest(view, batch, t)
+        clock.t = t
+        sim.advance(t)
+        for i, agent in enumerate(agents):
+            if t >= hosts[i].down_at:
+                continue  # the machine died: its agent says nothing more
+            batch = agent.step_inline(t)
+            if agent.inventory_changes != greeted[i]:  # the stream reconnects with the new inventory
+                greeted[i] = agent.inventory_changes
+                views[i] = engine.hello(agent.hello(), t)
+            samples += len(batch.samples)
+            engine.ingest(views[i], batch, t)
         engine.tick(t)
         if progress is not None and step % report_every == 0:
             progress(t)
+    for agent in agents:
+        agent.collectors.close()
     result.ticks = steps + 1
     result.samples = samples
     result.wall_s = time.perf_counter() - started

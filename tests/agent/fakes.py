@@ -1,13 +1,19 @@
-"""A small in-test GPU source and host extras (the simulated host lives in sentinel.sim)."""
+"""A small in-test GPU source and host boundaries (the simulated host lives in sentinel.sim)."""
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
 
-from sentinel.agent.source import GpuLostError, XidEvent, XidRecord
+import msgspec
+import psutil
+
+from sentinel.agent.jobs import ProcessHandle
+from sentinel.agent.kmsg import KmsgRecord
+from sentinel.agent.probe import Credentials
+from sentinel.agent.source import GpuLostError, HostInputs, XidEvent, XidRecord
 from sentinel.fr.heads import FrHeads
-from sentinel.wire import EccCounters, GpuInfo, GpuSample, ProcInfo, RowRemap
+from sentinel.wire import EccCounters, GpuInfo, GpuSample, RowRemap
 
 
 class FakeSource:
@@ -73,24 +79,106 @@ class FakeSource:
         self.closed = True
 
 
+class FakeProcess:
+    """A process as psutil shows it: its name, command line and environment."""
+
+    def __init__(self, pid: int, environ: dict[str, str], name: str = "python") -> None:
+        self.pid = pid
+        self._environ = environ
+        self._name = name
+
+    def name(self) -> str:
+        return self._name
+
+    def cmdline(self) -> list[str]:
+        return [self._name, "train.py"]
+
+    def create_time(self) -> float:
+        return 1000.0 + self.pid
+
+    def environ(self) -> dict[str, str]:
+        return dict(self._environ)
+
+    def status(self) -> str:
+        return str(psutil.STATUS_RUNNING)
+
+    def parent(self) -> ProcessHandle | None:
+        return None
+
+
 @dataclass
-class FakeExtras:
+class FakeHost:
+    """A host's other OS boundaries, filled by a test: kmsg messages, job log lines, processes, probe heads.
+
+    ``inputs()`` hands them to ``Agent(config, source, inputs)`` as kernel log records, tailed lines, a
+    process table and probe datagrams (sent as ``uid``; root may speak for any job).
+    """
+
     kernel: list[str] = field(default_factory=list)
     job_logs: list[str] = field(default_factory=list)
-    procs: list[ProcInfo] = field(default_factory=list)
+    procs: dict[int, FakeProcess] = field(default_factory=dict)
     heads: list[FrHeads] = field(default_factory=list)
+    uid: int = 0
 
-    def kernel_log_lines(self, now: float) -> list[str]:
-        out, self.kernel = self.kernel, []
-        return out
+    def inputs(self) -> HostInputs:
+        return HostInputs(
+            kernel_log=_KernelLog(self), job_logs=_JobLogs(self), processes=_Processes(self), probe=_Probe(self)
+        )
 
-    def job_log_lines(self, now: float) -> list[str]:
-        out, self.job_logs = self.job_logs, []
-        return out
 
-    def processes(self, now: float) -> list[ProcInfo]:
-        return list(self.procs)
+class _KernelLog:
+    def __init__(self, host: FakeHost) -> None:
+        self.host = host
+        self.path = "fake kmsg"
+        self.open_errors = 0
+        self.is_open = True
 
-    def fr_heads(self, now: float) -> list[FrHeads]:
-        out, self.heads = self.heads, []
-        return out
+    def poll(self, now: float) -> list[KmsgRecord]:
+        out, self.host.kernel = self.host.kernel, []
+        return [KmsgRecord(message=m, priority=4) for m in out]
+
+    def save_cursor(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _JobLogs:
+    def __init__(self, host: FakeHost) -> None:
+        self.host = host
+        self.cut_lines = 0
+        self.files = ["/fake/job.log"]
+
+    def poll(self, now: float) -> list[tuple[str, str]]:
+        out, self.host.job_logs = self.host.job_logs, []
+        return [("/fake/job.log", line) for line in out]
+
+    def close(self) -> None:
+        pass
+
+
+class _Processes:
+    def __init__(self, host: FakeHost) -> None:
+        self.host = host
+
+    def process(self, pid: int) -> ProcessHandle:
+        found = self.host.procs.get(pid)
+        if found is None:
+            raise psutil.NoSuchProcess(pid)
+        return found
+
+    def owner_uid(self, pid: int) -> int | None:
+        return self.host.uid if pid in self.host.procs else None
+
+
+class _Probe:
+    def __init__(self, host: FakeHost) -> None:
+        self.host = host
+
+    def receive(self, now: float) -> list[tuple[bytes, Credentials | None]]:
+        out, self.host.heads = self.host.heads, []
+        uid = self.host.uid
+        return [
+            (msgspec.msgpack.encode(h), Credentials(pid=h.pid or 1, uid=uid, gid=uid)) for h in out
+        ]

@@ -22,9 +22,8 @@ from hypothesis import strategies as st
 from sentinel.agent import Agent
 from sentinel.agent.probe import Credentials, ProbeError, ProbeServer, decode_heads
 from sentinel.fr.heads import FrHeads, InFlight, PgHead
-from sentinel.wire import ProcInfo
 from tests.agent.conftest import make_config
-from tests.agent.fakes import FakeExtras, FakeSource
+from tests.agent.fakes import FakeHost, FakeProcess, FakeSource
 
 HEADS = FrHeads(
     rank=5,
@@ -107,21 +106,32 @@ async def test_socket_forwards_heads_with_host_and_gpu(tmp_path: Path) -> None:
     assert not path.exists()
 
 
-async def test_extras_replace_host_collectors(tmp_path: Path) -> None:
-    extras = FakeExtras()
-    extras.kernel.append("NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=python, GPU has fallen off the bus.")
-    extras.procs = [ProcInfo(gpu=0, pid=77, job_id="job-x", rank=0)]
-    extras.heads = [msgspec.structs.replace(HEADS, pid=77)]
+async def test_host_inputs_replace_the_os_boundaries_under_the_same_collectors(tmp_path: Path) -> None:
+    """A simulated host's boundaries feed the real collectors: kmsg records go through the line classifier
+    and the Xid merge, the process table through the job mapper, datagrams through the probe's validation
+    and authorisation; the agent binds no socket of its own."""
+    host = FakeHost(uid=1000)
+    host.kernel.append("NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=python, GPU has fallen off the bus.")
+    host.procs[77] = FakeProcess(77, {"SLURM_JOB_ID": "job-x", "SLURM_PROCID": "0", "SLURM_LOCALID": "0"})
+    source = FakeSource(gpus=2)
+    source.pids[0] = [77]
     agent = Agent(
         make_config(tmp_path, probe={"socket_path": str(tmp_path / "unused.sock")}),
-        FakeSource(gpus=2),
-        extras=extras,
+        source,
+        host.inputs(),
     )
-    assert agent.probe is None and agent.collectors.get("kmsg") is None
+    assert agent.probe is None and agent.collectors.get("kmsg") is not None
     batch = await agent.step(1.0)
-    assert batch.procs == extras.procs
-    assert [(h.gpu, h.host) for h in batch.heads] == [(0, "host-test")]
+    assert batch.procs is not None
+    assert [(p.gpu, p.pid, p.job_id, p.rank) for p in batch.procs] == [(0, 77, "job-x", 0)]
     assert not [e for e in batch.events if e.kind == "xid"]  # waits for NVML's report of the same Xid
+    host.heads = [
+        msgspec.structs.replace(HEADS, pid=77, rank=0, job_id="job-x"),
+        msgspec.structs.replace(HEADS, pid=77, rank=3, job_id="job-x"),  # pid 77 is rank 0: refused
+    ]
+    batch = await agent.step(1.5)
+    assert [(h.gpu, h.host, h.rank) for h in batch.heads] == [(0, "host-test", 0)]
+    assert not (tmp_path / "unused.sock").exists()
     later = await agent.step(1.0 + agent.config.collect.xid_merge_wait_s)
     xids = [e for e in later.events if e.kind == "xid"]
     assert [(e.gpu, e.xid, e.source, e.fields["pid"]) for e in xids] == [(0, 79, "kmsg", 1)]

@@ -14,7 +14,7 @@ from sentinel.agent.collectors import JobsCollector
 from sentinel.fr.heads import FrHeads, PgHead
 from sentinel.wire import Event, encode
 from tests.agent.conftest import make_config
-from tests.agent.fakes import FakeExtras, FakeSource
+from tests.agent.fakes import FakeHost, FakeSource
 
 
 async def test_blocked_proc_read_does_not_freeze_the_tick(
@@ -40,8 +40,7 @@ async def test_blocked_proc_read_does_not_freeze_the_tick(
 
 
 async def test_event_flood_is_capped_and_counted(tmp_path: Path) -> None:
-    extras = FakeExtras()
-    agent = Agent(make_config(tmp_path), FakeSource(gpus=1), extras=extras)
+    agent = Agent(make_config(tmp_path), FakeSource(gpus=1), FakeHost().inputs())
     for i in range(MAX_EVENTS_PER_BATCH + 500):
         agent.add_event(Event(t=1.0, kind="log", text=f"line {i}"))
     first = await agent.step(1.0)
@@ -54,10 +53,10 @@ async def test_event_flood_is_capped_and_counted(tmp_path: Path) -> None:
 
 
 async def test_oversize_batch_is_shrunk_to_fit_a_frame(tmp_path: Path) -> None:
-    extras = FakeExtras()
+    host = FakeHost()
     big_pgs = [PgHead(pg_name=f"pg{i}" * 50, ranks=list(range(512))) for i in range(8)]
-    extras.heads = [FrHeads(rank=r, t=1.0, pgs=big_pgs) for r in range(400)]
-    agent = Agent(make_config(tmp_path), FakeSource(gpus=1), extras=extras)
+    host.heads = [FrHeads(rank=r, t=1.0, pgs=big_pgs) for r in range(400)]
+    agent = Agent(make_config(tmp_path), FakeSource(gpus=1), host.inputs())
     for i in range(MAX_EVENTS_PER_BATCH):
         agent.add_event(Event(t=1.0, kind="log", text="x" * 4000 + str(i)))
     batch = await agent.step(1.0)

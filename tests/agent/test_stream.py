@@ -13,7 +13,7 @@ from aiohttp import web
 from sentinel.agent import Agent
 from sentinel.wire import Ack, Batch, Command, CommandResult, Hello, decode_agent_frame, encode
 from tests.agent.conftest import make_config
-from tests.agent.fakes import FakeExtras, FakeSource
+from tests.agent.fakes import FakeHost, FakeSource
 
 TOKEN = "s3cret-token"
 
@@ -246,13 +246,13 @@ async def test_outage_beyond_the_bound_drops_samples_first_and_reports_it(tmp_pa
     aggregator = FakeAggregator()
     port = await aggregator.start()
     await aggregator.stop()  # down from the start
-    extras = FakeExtras()
+    host = FakeHost()
     config = stream_config(tmp_path, port, spool_max_bytes=12000)  # fits the events, not the samples
-    agent = Agent(config, FakeSource(gpus=4), extras=extras)  # type: ignore[arg-type]
+    agent = Agent(config, FakeSource(gpus=4), host.inputs())
     task = asyncio.create_task(agent.run())
     try:
         for i in range(30):  # one Xid line every tick, so every batch carries an event
-            extras.kernel.append(f"NVRM: Xid (PCI:0000:18:00): {100 + i}, pid=1, name=python, test")
+            host.kernel.append(f"NVRM: Xid (PCI:0000:18:00): {100 + i}, pid=1, name=python, test")
             ticks = agent.counters.ticks
             await wait_for(lambda ticks=ticks: agent.counters.ticks > ticks)
         assert agent.spool is not None and agent.spool.size_bytes <= 12000

@@ -42,7 +42,7 @@ async def test_a_demo_incident_says_why_it_has_no_flight_recorder_dump(tmp_path:
                 token_file=tmp_path / "token",
                 state_dir=tmp_path / host.name,
             )
-            agents[host.name] = Agent(config, cast(GpuSource, host), host, time.time)
+            agents[host.name] = Agent(config, cast(GpuSource, host), host.inputs(), time.time)
         engine = Engine(AggregatorConfig())
         job = engine.fleet.jobs["job-1"] = JobView(id="job-1", world_size=2)
         for rank, host in enumerate(hosts):

@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from sentinel.agent.jobs import JobMapper
+from sentinel.agent.probe import decode_heads
 from sentinel.agent.source import GpuLostError
 from sentinel.signals.classify import classify_line
 from sentinel.sim.cluster import ClusterSim
@@ -94,7 +96,7 @@ def test_gpu_lost_kills_its_rank_and_stalls_the_job() -> None:
     cluster = ClusterSim(load_scenario_text(scenario(fault("gpu_lost", 10.0))))
     cluster.advance(30.0)
     host = cluster.hosts[1]
-    assert all(p.gpu != 2 for p in cluster.processes(host, 30.0))
+    assert cluster.jobs["j"].ranks[10].dead_at == 10.0
     assert all(h.rank != 10 for h in cluster.heads(host, 30.0))
     assert cluster.jobs["j"].stalled
 
@@ -117,7 +119,7 @@ def test_xid_line_is_what_the_signals_parser_reads() -> None:
     cluster = ClusterSim(load_scenario_text(scenario(fault("xid", 5.0, xid=79))))
     cluster.advance(6.0)
     host = cluster.hosts[1]
-    line = host.kernel_lines[0]
+    _, _, line = host.kernel_lines[0]
     classified = classify_line(line)
     assert classified is not None and classified.kind == "xid" and classified.xid == 79
     assert classified.pci_bus == host.gpus[2].pci_bus
@@ -139,10 +141,20 @@ def test_simhost_implements_the_gpu_source() -> None:
         host.read_fast(2, now)
     xids = host.wait_xid_events(0.1)
     assert [(x.gpu, x.xid) for x in xids] == [(4, 48)]
-    assert any("Xid" in line for line in host.kernel_log_lines(now))
-    assert host.fr_heads(now) and host.fr_heads(now) == []  # probe cadence
-    # rank 10 lost its GPU, rank 12 was killed by Xid 48; rank 11 (NVML hang) still runs
-    assert {p.rank for p in host.processes(now)} == {8, 9, 11, 13, 14, 15}
+    records = host.kernel_log.poll(now)  # raw /dev/kmsg records through the agent's own parser
+    assert any("Xid" in r.message and r.priority == 4 and r.seq for r in records)
+    assert host.kernel_log.poll(now) == []  # each record is read once
+    datagrams = host.probe.receive(now)
+    assert datagrams and host.probe.receive(now) == []  # probe cadence
+    heads = [decode_heads(data, 65536) for data, _ in datagrams]
+    assert all(h.host is None and h.gpu is None for h in heads)  # the probe cannot know; the agent fills in
+    assert {creds.pid for _, creds in datagrams if creds} == {h.pid for h in heads}
+    # the process table as the agent's job mapper reads it: rank 10 lost its GPU, rank 12 was killed by
+    # Xid 48; rank 11 (NVML hang) still runs
+    mapper = JobMapper(processes=host.processes, listpids=None)
+    procs = mapper.map({g.index: [g.pid] for g in host.host.gpus})
+    assert {p.rank for p in procs if p.job_id == "j"} == {8, 9, 11, 13, 14, 15}
+    assert {p.local_rank for p in procs if p.rank == 11} == {3}
 
     result: list[BaseException] = []
 

@@ -1,0 +1,137 @@
+"""``sentinel sim`` runs the real agent: what reaches the engine was made by the agent's own collectors from
+the simulated host's OS boundaries (kmsg records, NCCL debug files, the process table, probe datagrams).
+
+Each check names a piece of the agent that only the real path has: the Xid NVML/kernel merge (one event with
+the kernel line's detail), the line classifier and the pid → GPU lookup for an NCCL line, the job mapping from
+each rank's environment, the heads filled with host and GPU from that mapping, a hung NVML call reported
+unresponsive at the deadline by the inline worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sentinel.agent.agent import Agent
+from sentinel.agent.worker import CallBlocks, InlineWorker, Unresponsive
+from sentinel.sim.host import SimCluster, simulated_agent_config
+from sentinel.sim.runner import VirtualClock, simulated_agents
+from sentinel.sim.scenario import load_scenario_text
+from sentinel.wire import Batch, Event
+
+SCENARIO = """
+seed = 5
+duration_s = 60
+[cluster]
+hosts = 2
+gpus_per_host = 4
+[[jobs]]
+id = "train"
+[[faults]]
+at_s = 3.0
+host = "host-001"
+gpu = 1
+kind = "xid"
+xid = 79
+[[faults]]
+at_s = 3.0
+host = "host-001"
+gpu = 2
+kind = "nccl_net_error"
+[[faults]]
+at_s = 3.0
+host = "host-000"
+gpu = 3
+kind = "nvml_hang"
+"""
+
+
+def _run(until: float) -> dict[str, list[Batch]]:
+    clock = VirtualClock()
+    sim, agents = simulated_agents(load_scenario_text(SCENARIO), clock)
+    batches: dict[str, list[Batch]] = {a.host: [] for a in agents}
+    t = 0.0
+    while t <= until:
+        clock.t = t
+        sim.advance(t)
+        for agent in agents:
+            batches[agent.host].append(agent.step_inline(t))
+        t += 1.0
+    return batches
+
+
+def _events(batches: list[Batch]) -> list[Event]:
+    return [e for b in batches for e in b.events]
+
+
+def test_an_xid_reported_by_nvml_and_the_kernel_log_is_merged_by_the_agent() -> None:
+    batches = _run(6.0)["host-001"]
+    xids = [e for e in _events(batches) if e.xid == 79 and e.kind == "xid"]
+    assert len(xids) == 1, xids  # NVML's event and the kmsg record are one event
+    (xid,) = xids
+    assert xid.gpu == 1 and xid.t == 3.0 and xid.fields.get("merged") is True
+    assert xid.text.startswith("NVRM: Xid (PCI:") and xid.fields.get("pid")  # the kernel line's detail
+    lost = [e for e in _events(batches) if e.kind == "gpu_lost"]
+    assert [e.gpu for e in lost] == [1]
+
+
+def test_an_nccl_line_is_classified_and_placed_on_its_gpu_by_its_pid() -> None:
+    batches = _run(6.0)["host-001"]
+    logs = [e for e in _events(batches) if e.kind == "log" and e.source.startswith("log:")]
+    assert logs, "the NCCL WARN line reached no batch"
+    assert all(e.fields.get("kind") == "nccl_warn_net" for e in logs)
+    assert {e.gpu for e in logs} == {2}  # the line names no GPU: the agent found it from the pid
+    assert logs[0].source.startswith("log:/var/log/sentinel-sim/nccl.host-001.")
+
+
+def test_jobs_and_heads_come_from_the_process_table_and_the_probe_socket() -> None:
+    batches = _run(2.0)["host-000"]
+    procs = batches[0].procs
+    assert procs is not None
+    assert sorted((p.gpu, p.job_id, p.rank, p.local_rank) for p in procs) == [
+        (g, "train", g, g) for g in range(4)
+    ]
+    heads = batches[0].heads
+    assert sorted((h.host, h.gpu, h.rank) for h in heads) == [("host-000", g, g) for g in range(4)]
+    assert batches[1].heads == []  # the probe's cadence is 2 s
+    assert batches[1].procs is None  # unchanged mapping is not resent
+
+
+def test_a_hung_nvml_call_is_reported_unresponsive_by_the_inline_worker() -> None:
+    batches = _run(6.0)["host-000"]
+    states = [next((s.state for s in b.samples if s.gpu == 3), None) for b in batches]
+    assert states[:3] == ["ok", "ok", "ok"] and set(states[3:]) == {"unresponsive"}
+    changed = [e for e in _events(batches) if e.kind == "gpu_unresponsive"]
+    assert [(e.gpu, e.t) for e in changed] == [(3, 3.0)]
+
+
+def test_the_inline_worker_answers_a_declared_hang_as_the_threaded_one_does_at_its_deadline() -> None:
+    worker = InlineWorker("gpu0")
+    calls: list[int] = []
+
+    def hangs() -> int:
+        calls.append(1)
+        raise CallBlocks("simulated")
+
+    async def call() -> int:
+        return await worker.call(hangs, 2.0)
+
+    with pytest.raises(Unresponsive, match="no answer within 2 s"):
+        asyncio.run(call())
+    with pytest.raises(Unresponsive, match="has not returned"):
+        asyncio.run(call())
+    assert calls == [1] and worker.busy  # never called again behind the hung call
+
+
+def test_step_inline_needs_an_inline_agent() -> None:
+    scenario = load_scenario_text(SCENARIO)
+    sim = SimCluster(scenario, started_at=0.0, clock=lambda: 0.0)
+    host = sim.hosts[0]
+    agent = Agent(simulated_agent_config(host.name, tick_s=1.0), host, host.inputs(), lambda: 0.0)
+    try:
+        with pytest.raises(RuntimeError, match="inline=True"):
+            agent.step_inline(0.0)
+    finally:
+        agent.collectors.close()
+        sim.close()
