@@ -296,12 +296,9 @@ class Agent:
             self.counters.collector_success["health"] = False
             log.error("health_apply_failed", error=f"{type(exc).__name__}: {exc}")
         ring = self.ring
-        for sample in batch.samples:
-            ring.append(sample.t, "sample", sample)
-        for event in batch.events:
-            ring.append(event.t, "event", event)
-        for h in heads:
-            ring.append(now, "heads", h)
+        ring.extend("sample", [(sample.t, sample) for sample in batch.samples])
+        ring.extend("event", [(event.t, event) for event in batch.events])
+        ring.extend("heads", [(now, h) for h in heads])
         if batch.procs is not None:
             ring.append(now, "procs", _ProcsEntry(procs=batch.procs))
         fitted = fit_frame(batch, MAX_BATCH_BYTES)

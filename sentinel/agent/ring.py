@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import msgspec
@@ -63,6 +64,26 @@ class RingBuffer:
             self._entries.insert(index, entry)
         self._bytes += len(data) + ENTRY_OVERHEAD
         self._evict(t)
+
+    def extend(self, kind: EntryType, items: Iterable[tuple[float, msgspec.Struct]]) -> None:
+        """Add one tick's entries of one type at once (what :meth:`append` does for each, one eviction pass:
+        the agent adds every sample of every tick, so the per-entry cost matters)."""
+        entries = self._entries
+        encode = _encoder.encode
+        added = 0
+        latest: float | None = None
+        for t, payload in items:
+            data = encode(payload)
+            if not entries or entries[-1][0] <= t:
+                entries.append((t, kind, data))
+            else:
+                index = bisect.bisect_right([e[0] for e in entries], t)
+                entries.insert(index, (t, kind, data))
+            added += len(data) + ENTRY_OVERHEAD
+            latest = t if latest is None or t > latest else latest
+        if latest is not None:
+            self._bytes += added
+            self._evict(latest)
 
     def _evict(self, now: float) -> None:
         horizon = now - self.window_s

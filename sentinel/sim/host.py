@@ -412,9 +412,9 @@ def simulated_agent_config(
 
     The agent's defaults, except: nothing of the machine it runs on is read or opened (no kernel log, no
     probe socket, no per-agent /metrics port, no NCCL RAS query: the simulated host's inputs stand in), its
-    tailed globs cover the ranks' NCCL debug files, and the slow counters (row remap, ECC) and the process
-    mapping are read every 2 s, as a host under a tight deployment would. ``stream`` None: the caller takes
-    the batches itself (``sentinel sim``).
+    tailed globs cover the ranks' NCCL debug files, and the slow counters (row remap, ECC) are read every
+    2 s, as a host under a tight deployment would. ``stream`` None: the caller takes the batches itself
+    (``sentinel sim``).
     """
     return AgentConfig(
         agent=AgentIdentity(host=host, cluster="demo", state_dir=state_dir),
@@ -422,7 +422,6 @@ def simulated_agent_config(
             tick_s=tick_s,
             slow_tick_s=max(tick_s, 2.0),
             nvml_timeout_s=max(2.0, 2 * tick_s),
-            procs_interval_s=max(tick_s, 2.0),
         ),
         kmsg=KmsgConfig(enabled=False),
         logs=LogsConfig(globs=[LOG_GLOB]),

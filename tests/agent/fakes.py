@@ -122,7 +122,10 @@ class FakeHost:
 
     def inputs(self) -> HostInputs:
         return HostInputs(
-            kernel_log=_KernelLog(self), job_logs=_JobLogs(self), processes=_Processes(self), probe=_Probe(self)
+            kernel_log=_KernelLog(self),
+            job_logs=_JobLogs(self),
+            processes=_Processes(self),
+            probe=_Probe(self),
         )
 
 
@@ -179,6 +182,4 @@ class _Probe:
     def receive(self, now: float) -> list[tuple[bytes, Credentials | None]]:
         out, self.host.heads = self.host.heads, []
         uid = self.host.uid
-        return [
-            (msgspec.msgpack.encode(h), Credentials(pid=h.pid or 1, uid=uid, gid=uid)) for h in out
-        ]
+        return [(msgspec.msgpack.encode(h), Credentials(pid=h.pid or 1, uid=uid, gid=uid)) for h in out]

@@ -78,3 +78,81 @@ def test_run_simulate_refuses_bad_input_in_one_line(
     assert main(["agent", "run", "--simulate", str(tmp_path / "bad.toml"), "--host", "host-000"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {tmp_path / 'bad.toml'}") and err.count("\n") == 1
+
+
+SIM_SCENARIO = """
+seed = 2
+duration_s = 600
+[cluster]
+hosts = 2
+gpus_per_host = 4
+[[jobs]]
+id = "staging"
+[[faults]]
+at_s = 1.0
+host = "host-001"
+gpu = 1
+kind = "xid"
+xid = 79
+"""
+
+
+async def test_run_simulate_runs_the_real_agent_as_a_daemon_against_an_aggregator(tmp_path: Path) -> None:
+    """``sentinel agent run --simulate SCENARIO --host NAME`` (contract section 8): the real agent, as its own
+    process, on one simulated host, streaming to an aggregator; its collectors map the ranks from the
+    simulated process table, fill the probe's heads with their GPU and merge the Xid from NVML and kmsg."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.agent.test_stream import TOKEN, FakeAggregator, wait_for
+
+    aggregator = FakeAggregator()
+    port = await aggregator.start()
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    (tmp_path / "state").mkdir()
+    (tmp_path / "scenario.toml").write_text(SIM_SCENARIO)
+    (tmp_path / "agent.toml").write_text(
+        f"""
+[agent]
+state_dir = "{tmp_path / "state"}"
+[collect]
+tick_s = 0.2
+xid_merge_wait_s = 0.5
+procs_interval_s = 0.2
+[metrics]
+listen_host = ""
+[systemd]
+notify = false
+[stream]
+aggregator_url = "ws://127.0.0.1:{port}/api/v1/stream"
+token_file = "{tmp_path / "token"}"
+backoff_initial_s = 0.05
+"""
+    )
+    command = [sys.executable, "-m", "sentinel", "agent", "run", "--config", str(tmp_path / "agent.toml")]
+    daemon = subprocess.Popen(
+        [*command, "--simulate", str(tmp_path / "scenario.toml"), "--host", "host-001"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+
+        def events() -> list[tuple[str, int | None, str]]:
+            return [(e.kind, e.gpu, e.source) for b in aggregator.batches for e in b.events]
+
+        await wait_for(lambda: ("xid", 1, "kmsg") in events() or ("xid", 1, "nvml") in events(), 30.0)
+        await wait_for(lambda: any(b.heads for b in aggregator.batches), 10.0)
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.to_thread(daemon.communicate, timeout=20)
+        await aggregator.stop()
+    assert daemon.returncode == 0, stderr.decode()[-2000:]
+    assert {h.host for h in aggregator.hellos} == {"host-001"} and len(aggregator.hellos[-1].gpus) == 4
+    procs = next(b.procs for b in aggregator.batches if b.procs)
+    assert procs is not None
+    assert sorted((p.gpu, p.job_id, p.rank) for p in procs) == [(g, "staging", 4 + g) for g in range(4)]
+    heads = next(b.heads for b in aggregator.batches if b.heads)
+    assert sorted((h.host, h.gpu, h.rank) for h in heads) == [("host-001", g, 4 + g) for g in range(4)]
+    xid = next(e for b in aggregator.batches for e in b.events if e.kind == "xid")
+    assert xid.xid == 79 and xid.fields.get("merged") is True and xid.text.startswith("NVRM: Xid")
