@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sentinel.aggregator.engine import Engine
+from sentinel.components.clocks.record import ClockViolations
 from sentinel.fr.heads import FrHeads, InFlight, PgHead
 from sentinel.wire import (
     Batch,
@@ -44,7 +45,25 @@ samples = st.builds(
     ecc=st.none() | st.builds(EccCounters, volatile_uncorrected=st.none() | st.integers(-5, 2**40)),
     remap=st.none()
     | st.builds(RowRemap, pending=st.booleans(), failure=st.booleans(), hist_none=st.none() | small),
-    nvlink=st.none() | st.lists(st.builds(NvLink, link=small, crc_errors=st.integers(-5, 2**40)), max_size=3),
+    nvlink=st.none()
+    | st.lists(
+        st.builds(
+            NvLink,
+            link=small,
+            crc_errors=st.none() | st.integers(-5, 2**40),
+            replay_errors=st.none() | st.integers(-5, 2**63),
+            effective_errors=st.none() | st.integers(-5, 2**40),
+            effective_ber=st.none() | floats,
+        ),
+        max_size=3,
+    ),
+    violations=st.none()
+    | st.builds(
+        ClockViolations,
+        reference_us=st.integers(-(2**63), 2**63 - 1),
+        power=st.none() | st.integers(-5, 2**63),
+        thermal=st.none() | st.integers(-5, 2**63),
+    ),
 )
 events = st.builds(
     Event,
