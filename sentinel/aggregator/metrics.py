@@ -266,9 +266,25 @@ class FleetCollector(Collector):
             "What agents reported they had to drop (Batch.drops: spool full, oversize events, probe datagrams)",
             labels=["cluster", "host", "what"],
         )
+        clock_rate = GaugeMetricFamily(
+            "sentinel_host_clock_rate",
+            "Agent clock seconds per aggregator second, from the batches' stamps (1: same speed; ranks on a "
+            "host off by more than detect.straggler.max_clock_rate_error are not judged by compute time)",
+            labels=["cluster", "host"],
+        )
+        clock_offset = GaugeMetricFamily(
+            "sentinel_host_clock_offset_seconds",
+            "Agent clock minus aggregator clock (least-delayed batch of the latest 10 s window)",
+            labels=["cluster", "host"],
+        )
         for host in engine.fleet.hosts.values():
             if host.last_seen > 0:
                 last_seen.add_metric([host.cluster or cluster, host.name], host.last_seen)
+            rate, offset = host.clock.rate, host.clock.offset_s
+            if rate is not None:
+                clock_rate.add_metric([host.cluster or cluster, host.name], rate)
+            if offset is not None:
+                clock_offset.add_metric([host.cluster or cluster, host.name], offset)
             for what, value in host.drops.items():
                 drops.add_metric([host.cluster or cluster, host.name, what], float(value))
             for gpu in host.gpus:
@@ -282,6 +298,8 @@ class FleetCollector(Collector):
         yield gpus
         yield last_seen
         yield drops
+        yield clock_rate
+        yield clock_offset
         future = CounterMetricFamily(
             "sentinel_ingest_future_stamped",
             "Samples, events and heads stamped more than limits.max_clock_skew_s ahead of the aggregator",

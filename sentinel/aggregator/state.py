@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from sentinel.aggregator.clock import HostClock
 from sentinel.components.clocks.record import POWER_REASONS, THERMAL_REASONS, ClockViolations
 from sentinel.components.clocks.rule import violation_shares
 from sentinel.components.device.record import GpuSourceHealth
@@ -153,6 +154,8 @@ class HostView:
     #: IB/RoCE ports by ``device/port``, the latest reading (agent time ``ports_t``)
     ports: dict[str, IbPort] = field(default_factory=dict)
     ports_t: float = -math.inf
+    #: the host's clock against the aggregator's (offset, rate), from its batches' stamps
+    clock: HostClock = field(default_factory=HostClock)
 
     def restart_numbering(self, next_seq: int) -> None:
         """A new boot: seqs from ``next_seq`` on are new, even below the old high-water mark.
@@ -267,6 +270,7 @@ class FleetState:
         host.tick_s = hello.tick_s if hello.tick_s > 0 else 1.0
         if host.boot_id and hello.boot_id and hello.boot_id != host.boot_id:
             host.restart_numbering(hello.next_seq)
+            host.clock.reset()
             host.xid_policy.observe_reboot(hello.started_at or now)
             for gpu in host.gpus:  # a reboot clears every latched hardware fact
                 gpu.clear_latches(hello.started_at or now)
@@ -309,6 +313,7 @@ class FleetState:
             return False
         host.mark(batch.seq)
         host.batches += 1
+        host.clock.observe(batch.t, now)
         horizon = now + self.max_clock_skew_s
         if batch.t <= horizon:
             host.last_t = max(host.last_t, batch.t)

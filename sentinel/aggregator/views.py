@@ -59,6 +59,9 @@ def host_dict(
         "silent_s": round(silent, 1) if host.last_seen > float("-inf") else None,
         "batches": host.batches,
         "duplicates": host.duplicates,
+        # the host's clock against the aggregator's (None until measured): skew is reported, not judged
+        "clock_rate": _r(host.clock.rate, 4),
+        "clock_offset_s": _r(host.clock.offset_s, 3),
         "gpus": [gpu_dict(g, health.get((host.name, g.index), "healthy")) for g in host.gpus],
     }
 

@@ -340,6 +340,17 @@ class StragglerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         msgspec.Meta(ge=1, description="consecutive evaluations a GPU must stand out before a verdict opens"),
     ] = 4
     min_peers: Annotated[int, msgspec.Meta(ge=3, description="fewest peers a comparison needs")] = 4
+    max_clock_rate_error: Annotated[
+        float,
+        msgspec.Meta(
+            gt=0,
+            le=1,
+            description="ranks on a host whose clock runs faster or slower than the aggregator's by more than "
+            "this share (measured from its batches' stamps) are not judged by compute time: their step times "
+            "are in a wrong unit. The host is reported as clock skew (sentinel_host_clock_rate, "
+            "SentinelHostClockSkew), not as slow",
+        ),
+    ] = 0.02
 
 
 DetectorName = Literal["hardware", "stuck", "straggler", "host_silent", "inventory"]

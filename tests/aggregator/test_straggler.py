@@ -68,7 +68,7 @@ class Job:
         self.step += 2  # ~2 steps per 2 s
         for h, (name, view) in enumerate(self.views.items()):
             rate = self.clock_rate.get(name, 1.0)
-            local_t = t + self.clock_offset.get(name, 0.0)
+            local_t = t * rate + self.clock_offset.get(name, 0.0)  # the host's own clock
             heads = []
             procs = []
             for g in range(GPUS):
@@ -166,3 +166,51 @@ def test_a_minority_of_hosts_with_odd_clocks_cannot_make_honest_gpus_stragglers(
     assert [(host, rank) for _, host, rank in opened if host != odd] == [("h1", 13)]
     honest_verdicts = [v for v in job.engine.book.open.values() if v.host != odd]
     assert [(v.host, v.rank) for v in honest_verdicts] == [("h1", 13)]
+
+
+@pytest.mark.parametrize(
+    ("rate", "offset_s"),
+    [(2.0, 0.0), (2.0, -3600.0), (1.5, 120.0), (1.0, -86400.0), (1.0, 250.0)],
+    ids=["2x-fast", "2x-fast-behind", "1.5x-fast-ahead", "a-day-behind", "minutes-ahead"],
+)
+def test_a_host_with_a_fast_or_far_off_clock_is_reported_as_clock_skew_not_as_slow(
+    rate: float, offset_s: float
+) -> None:
+    """Its ranks measure their steps on its clock: at 2x every step looks twice as long. Its skew is measured
+    from its batches' stamps and reported (rate, offset), and its ranks are not judged by compute time, so no
+    straggler or slow-host verdict names it; a real slow host next to it is still named."""
+    odd = "h3"
+    job = Job(clock_rate={odd: rate}, clock_offset={odd: offset_s})
+    opened = job.run(0.0, 240.0, {})
+    assert opened == []
+    clock = job.engine.fleet.hosts[odd].clock
+    assert clock.rate is not None and abs(clock.rate - rate) < 0.01
+    assert clock.offset_s is not None
+    # the offset at the last window: the host's clock minus the aggregator's there (rate included)
+    expected = 236.0 * (rate - 1.0) + offset_s
+    assert abs(clock.offset_s - expected) <= 10.0 * abs(rate - 1.0) + 0.01
+    honest = job.engine.fleet.hosts["h0"].clock
+    assert honest.rate == pytest.approx(1.0) and honest.offset_s == pytest.approx(0.0)
+    # a real slow host among the honest ones is still one host verdict
+    opened = job.run(240.0, 420.0, dict.fromkeys(range(8, 16), 1.3))
+    assert [(host, rank) for _, host, rank in opened] == [("h1", None)]
+    assert not any(v.host == odd for v in job.engine.book.open.values())
+
+
+def test_the_clock_skew_is_exported_per_host() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from sentinel.aggregator.metrics import AggregatorMetrics
+
+    job = Job(clock_rate={"h3": 2.0})
+    registry = CollectorRegistry()
+    metrics = AggregatorMetrics("default", registry)
+    metrics.attach(job.engine, lambda: 0)
+    job.run(0.0, 60.0, {})
+    rate = registry.get_sample_value("sentinel_host_clock_rate", {"cluster": "default", "host": "h3"})
+    assert rate == pytest.approx(2.0, abs=0.01)
+    assert registry.get_sample_value("sentinel_host_clock_rate", {"cluster": "default", "host": "h0"}) == 1.0
+    assert (
+        registry.get_sample_value("sentinel_host_clock_offset_seconds", {"cluster": "default", "host": "h3"})
+        > 0
+    )
