@@ -20,7 +20,7 @@ from tests.support import need_binary
 NOW = 1_800_000_000.0
 
 
-def canned_app(n_hosts: int) -> web.Application:
+def canned_app(n_hosts: int, jobs: list[dict[str, Any]] | None = None) -> web.Application:
     hosts = [
         {
             "host": f"host-{i:04d}",
@@ -69,7 +69,10 @@ def canned_app(n_hosts: int) -> web.Application:
             "state": "closed",
         },
     ]
-    jobs = [{"id": "ft", "state": "stalled", "ranks": 32, "hosts": [f"host-{i:04d}" for i in range(12, 16)]}]
+    if jobs is None:
+        jobs = [
+            {"id": "ft", "state": "stalled", "ranks": 32, "hosts": [f"host-{i:04d}" for i in range(12, 16)]}
+        ]
     incidents = [{"id": "i1", "job": "ft", "opened_at": NOW, "kind": "stuck"}]
     incident = {  # the shape of sentinel.aggregator.incidents: entries {t, host, type, data}
         "id": "i1",
@@ -209,3 +212,47 @@ async def test_page_copes_with_a_49152_gpu_fleet(tmp_path: Path) -> None:
     assert len(rows(dom, "problem")) == 4
     assert dom.count("<canvas") == 2
     assert len(dom) < 200_000
+
+
+def real_jobs() -> list[dict[str, Any]]:
+    """Two jobs as the aggregator's ``/api/v1/jobs`` answers them (``views.job_summary`` of a real engine):
+    "pretrain" on host-0001 and host-0002, "eval" on host-0003."""
+    from sentinel.aggregator.engine import Engine
+    from sentinel.aggregator.views import job_summary
+    from sentinel.wire import Batch, ProcInfo
+    from tests.aggregator.helpers import hello
+
+    engine = Engine()
+    placement = {"host-0001": ("pretrain", 0), "host-0002": ("pretrain", 8), "host-0003": ("eval", 0)}
+    for name, (job, first_rank) in placement.items():
+        view = engine.hello(hello(name, 8), NOW)
+        procs = [ProcInfo(gpu=g, pid=100 + g, job_id=job, rank=first_rank + g) for g in range(8)]
+        engine.ingest(view, Batch(seq=0, t=NOW, procs=procs), NOW)
+    return [job_summary(engine, job) for job in engine.fleet.jobs.values()]
+
+
+def test_job_summary_names_the_hosts_of_a_job() -> None:
+    jobs = {j["id"]: j for j in real_jobs()}
+    assert jobs["pretrain"]["host_names"] == ["host-0001", "host-0002"] and jobs["pretrain"]["hosts"] == 2
+    assert jobs["eval"]["host_names"] == ["host-0003"]
+
+
+async def test_a_host_search_keeps_the_jobs_on_that_host(tmp_path: Path) -> None:
+    """Searching a host narrows the host tables and keeps the jobs running on it in the Jobs table (it
+    used to empty the Jobs table: the page had no host names for a job)."""
+    chromium = need_binary("chromium")
+    app = canned_app(16, jobs=real_jobs())
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        doms = {
+            q: await dump_dom(chromium, str(server.make_url("/").with_query(q=q)), tmp_path / f"p{i}")
+            for i, q in enumerate(("host-0002", "host-0003/4", "host-0009", ""))
+        }
+    finally:
+        await server.close()
+    assert [r["job"] for r in rows(doms["host-0002"], "job")] == ["pretrain"]
+    assert [r["job"] for r in rows(doms["host-0003/4"], "job")] == ["eval"]
+    assert rows(doms["host-0009"], "job") == []  # no job runs there; its lost GPU is still found
+    assert [(r["host"], r["gpu"]) for r in rows(doms["host-0009"], "problem")] == [("host-0009", "3")]
+    assert sorted(r["job"] for r in rows(doms[""], "job")) == ["eval", "pretrain"]
