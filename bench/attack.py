@@ -48,8 +48,12 @@ api_page_size = 500
 [limits]
 max_hosts = 1000
 max_streams_per_peer = 200
+max_connections_per_peer = 400
 header_timeout_s = 2.0
 hello_timeout_s = 2.0
+
+[fleet]
+host_forget_after_s = 20.0
 
 [log]
 level = "warning"
@@ -77,7 +81,8 @@ def sample(gpu: int, t: float, temp: float = 60.0) -> GpuSample:
 
 
 class Attacker:
-    def __init__(self, url: str, proc: psutil.Process) -> None:
+    def __init__(self, url: str, proc: psutil.Process, log_path: Path) -> None:
+        self.log_path = log_path
         self.url = url
         self.stream = url.replace("http://", "ws://") + "/api/v1/stream"
         self.proc = proc
@@ -107,6 +112,9 @@ class Attacker:
             frame = msgspec.msgpack.decode(msg.data)
             if frame.get("type") == "ack":
                 return int(frame["seq"])
+
+    def log_lines(self) -> int:
+        return len(self.log_path.read_bytes().splitlines())
 
     async def api(self, path: str, token: str | None = READ_TOKEN) -> tuple[int, Any, int, float]:
         assert self.session is not None
@@ -237,6 +245,55 @@ class Attacker:
                 return (f"{n} fake names ({refused} refused at max_hosts=1000); tracked {doc['total']}; "
                         f"a new real host afterwards: {'admitted' if msg.type == aiohttp.WSMsgType.BINARY else 'REFUSED'}")  # fmt: skip
 
+            async def retention() -> str:
+                deadline = time.monotonic() + 60
+                total = -1
+                while time.monotonic() < deadline:
+                    _, doc, _, _ = await self.api("/api/v1/hosts?limit=1")
+                    total = doc["total"]
+                    if total < 100:
+                        break
+                    await asyncio.sleep(2)
+                return f"after host_forget_after_s (20 s): {total} hosts tracked"
+
+            async def tcp_flood() -> str:
+                port = int(self.url.rsplit(":", 1)[1])
+                lines = self.log_lines()
+                held, refused = [], 0
+                for _ in range(
+                    int(1500 * scale)
+                ):  # from 127.0.0.2: the real agent (127.0.0.1) is another peer
+                    r, w = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+                    held.append((r, w))
+                await asyncio.sleep(0.5)
+                for r, _ in held:
+                    with contextlib_suppress():
+                        if await asyncio.wait_for(r.read(1), 0.01) == b"":
+                            refused += 1
+                ws = await self.ws(TOKEN_A, "rack-a-tcp")  # a new agent from 127.0.0.1 during the flood
+                await ws.send_bytes(encode(Batch(seq=0, t=time.time())))
+                acked = await self.ack(ws) == 0
+                await ws.close()
+                for _, w in held:
+                    w.close()
+                return (f"{len(held)} idle sockets from 127.0.0.2: {refused} closed at accept, {len(held) - refused} held "
+                        f"(limit 400); a new agent from 127.0.0.1 {'acked' if acked else 'NOT ACKED'}; "
+                        f"{self.log_lines() - lines} log lines")  # fmt: skip
+
+            async def refusal_flood() -> str:
+                lines = self.log_lines()
+                statuses: dict[int, int] = {}
+                assert self.session is not None
+                for _ in range(int(3000 * scale)):
+                    async with self.session.get(
+                        self.stream, headers={"Authorization": "Bearer wrong"}
+                    ) as resp:
+                        statuses[resp.status] = statuses.get(resp.status, 0) + 1
+                text = await (await self.session.get(self.url + "/metrics")).text()
+                counted = next((line.rsplit(" ", 1)[1] for line in text.splitlines()
+                                if line.startswith("sentinel_ingest_rejected_total{") and 'reason="unauthorized"' in line), "?")  # fmt: skip
+                return f"{sum(statuses.values())} bad-token stream requests: HTTP {statuses}; counted {counted}; {self.log_lines() - lines} log lines"
+
             async def big_hosts_answer() -> str:
                 status, doc, size, elapsed = await self.api("/api/v1/hosts")
                 nope, _, _, _ = await self.api("/api/v1/hosts", token=None)
@@ -308,11 +365,14 @@ class Attacker:
                     stuck_cost,
                 ),
                 ("fake host names", "3,000 host names from a token bound to fake-*", fake_hosts),
+                ("idle TCP flood", "1,500 TCP connections from one address that send nothing", tcp_flood),
+                ("refusal flood", "3,000 stream requests with a wrong token", refusal_flood),
                 (
                     "big REST answer",
                     "GET /api/v1/hosts with 1,000 hosts; without the read token",
                     big_hosts_answer,
                 ),
+                ("retention", "wait for host_forget_after_s after the fake names", retention),
                 ("idle sockets", "500 TCP connections that never finish their headers", idle_sockets),
                 ("no Hello", "100 upgraded streams that never send a Hello", no_hello),
                 ("one peer, many streams", "250 streams from 127.0.0.1 (limit 200)", per_peer),
@@ -434,7 +494,7 @@ def main() -> None:
         try:
             ps = psutil.Process(proc.pid)
             print(f"aggregator pid {proc.pid} at {url}, RSS {rss_mb(ps):.0f} MB", flush=True)
-            asyncio.run(Attacker(url, ps).run(rows, args.scale))
+            asyncio.run(Attacker(url, ps, workdir / "aggregator.log").run(rows, args.scale))
             alive = proc.poll() is None
         finally:
             proc.terminate()
