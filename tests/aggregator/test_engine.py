@@ -186,3 +186,26 @@ def test_sighup_reloads_the_running_daemon(tmp_path: Path) -> None:
 
     assert asyncio.run(main()) == 0
     assert seen and seen[0].detect.disabled == ["stuck"]
+
+
+def test_a_tick_in_steps_lets_batches_in_between_and_honours_a_reload_between_steps() -> None:
+    """The server runs the tick one detector per step with its loop free in between: a batch ingested
+    between two steps opens its hardware verdict at once (not after the tick), and a detector switched off
+    by a reload between two steps does not run in that tick."""
+    metrics = Recorder()
+    engine = _silent_host_engine(metrics=metrics)
+    stages = engine.tick_stages(30.0)  # h0 silent for 30 s
+    next(stages)  # retention
+    next(stages)  # the first detector
+    view = engine.fleet.hosts["h0"]
+    xid = Event(t=30.0, kind="xid", gpu=1, xid=79)
+    engine.ingest(view, Batch(seq=1, t=30.0, samples=[sample(1, 30.0)], events=[xid]), 30.0)
+    assert [v.reason for v in engine.book.open.values()] == ["xid_79"]  # mid-tick, straight from ingest
+    engine.reconfigure(
+        msgspec.structs.replace(engine.config, detect=DetectConfig(disabled=["host_silent"])), 30.0
+    )
+    ran_before = len(metrics.runs)
+    rest = list(stages)
+    names = [name for name, _ in metrics.runs[ran_before:]]
+    assert "host_silent" not in names and len(rest) == len(names) > 0
+    assert {v.detector for v in engine.book.open.values()} == {"hardware"}
