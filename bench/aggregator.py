@@ -10,7 +10,14 @@ both the verdict latency and the ack latency is under 1 s.
     .venv/bin/python bench/aggregator.py                 # ramp 1024 .. 8192 hosts, 30 s each
     .venv/bin/python bench/aggregator.py --quick         # 256 and 1024 hosts, 10 s each
     .venv/bin/python bench/aggregator.py --hosts 6144 --duration 60
-    .venv/bin/python bench/aggregator.py --jobs --hosts 6144 --duration 75   # the seeds' job workload
+    .venv/bin/python bench/aggregator.py --jobs --hosts 1024 --duration 75   # the job workload, reduced
+
+The full-scale measurement of the seeds' workload (a quiet machine, two free cores; ~7 minutes): ramps the
+host count with both jobs and prints the largest sustained, the hardware ingest-to-verdict p99, the time to
+the hang and to the straggler verdicts and the aggregator's RSS per level:
+
+    flock /tmp/sentinel-bench.lock .venv/bin/python bench/aggregator.py --jobs --pin \\
+        --hosts 2048,4096,6144,8192 --all --duration 75 --json bench-jobs.json
 
 ``--jobs`` adds the seeds' workload: two jobs of ``--job-ranks`` ranks (24,576: 3,072 hosts x 8 GPUs each;
 fewer when the level has fewer hosts) whose ranks send Flight Recorder heads every 2 s in their host's
