@@ -88,7 +88,6 @@ def state_size(hosts: int) -> dict[str, Any]:
 
 def serve_cluster(cluster: int, replica: int, hosts: int, workdir: Path) -> None:
     """One cluster's aggregator in its own process: its hosts and verdicts, then its REST API on 127.0.0.1."""
-    from aiohttp import web
 
     from sentinel.aggregator.server import AGGREGATOR_KEY, create_app
     from sentinel.config.aggregator import AggregatorConfig
@@ -104,36 +103,31 @@ def serve_cluster(cluster: int, replica: int, hosts: int, workdir: Path) -> None
     config.detect.disabled = ["host_silent"]
     name = f"c{cluster:02d}-{replica}"
 
-    async def run() -> None:
-        app = create_app(config, tokens=[f"{TOKEN} c*"], state_dir=workdir / name)
-        populate(app[AGGREGATOR_KEY].engine, cluster, hosts, 20)
-        runner = web.AppRunner(app, access_log=None, handle_signals=True)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        (workdir / f"{name}.port").write_text(str(runner.addresses[0][1]))
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await runner.cleanup()
-
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run())
+    app = create_app(config, tokens=[f"{TOKEN} c*"], state_dir=workdir / name)
+    populate(app[AGGREGATOR_KEY].engine, cluster, hosts, 20)
+    _serve_until_terminated(app, workdir / f"{name}.port")
 
 
 def serve_fleet(urls: list[str], workdir: Path) -> None:
     """``sentinel fleet serve``'s app (create_fleet_app) in its own process, over every aggregator."""
-    from aiohttp import web
 
     from sentinel.fleet import create_fleet_app
     from sentinel.log import setup_logging
 
     setup_logging("bench", "warning")
 
+    _serve_until_terminated(create_fleet_app(urls, timeout_s=120), workdir / "fleet.port")
+
+
+def _serve_until_terminated(app: Any, port_file: Path) -> None:
+    """Serve ``app`` on 127.0.0.1 (an ephemeral port, written to ``port_file``) until SIGTERM."""
+    from aiohttp import web
+
     async def run() -> None:
-        runner = web.AppRunner(create_fleet_app(urls, timeout_s=120), access_log=None, handle_signals=True)
+        runner = web.AppRunner(app, access_log=None, handle_signals=True)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
-        (workdir / "fleet.port").write_text(str(runner.addresses[0][1]))
+        port_file.write_text(str(runner.addresses[0][1]))
         try:
             await asyncio.Event().wait()
         finally:

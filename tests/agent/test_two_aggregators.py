@@ -12,6 +12,7 @@ from aiohttp import web
 
 from sentinel.agent import Agent
 from sentinel.aggregator.server import AGGREGATOR_KEY, Aggregator, create_app
+from sentinel.config.agent import AgentConfig
 from sentinel.config.aggregator import AggregatorConfig
 from tests.agent.conftest import make_config
 from tests.agent.fakes import FakeSource
@@ -55,9 +56,8 @@ class Served:
         return {(v.kind, v.host, v.gpu, v.reason) for v in self.aggregator.engine.book.open.values()}
 
 
-async def test_two_aggregators_reach_the_same_verdicts_and_the_spool_serves_the_one_that_returns(
-    tmp_path: Path,
-) -> None:
+async def two_aggregators(tmp_path: Path) -> tuple[Served, Served, AgentConfig]:
+    """Aggregators A and B started, and an agent config streaming to both with quick reconnects."""
     a, b = Served(tmp_path / "a"), Served(tmp_path / "b")
     await a.start()
     await b.start()
@@ -74,6 +74,13 @@ async def test_two_aggregators_reach_the_same_verdicts_and_the_spool_serves_the_
         },
         collect={"tick_s": 0.05, "slow_tick_s": 0.2},
     )
+    return a, b, config
+
+
+async def test_two_aggregators_reach_the_same_verdicts_and_the_spool_serves_the_one_that_returns(
+    tmp_path: Path,
+) -> None:
+    a, b, config = await two_aggregators(tmp_path)
     source = FakeSource(gpus=4)
     agent = Agent(config, source)
     task = asyncio.create_task(agent.run())
@@ -114,22 +121,7 @@ async def test_two_aggregators_reach_the_same_verdicts_and_the_spool_serves_the_
 async def test_each_aggregators_acks_survive_an_agent_restart(tmp_path: Path) -> None:
     """B is down while the agent restarts: the new agent sends A only new batches and B its whole backlog —
     in the end both have applied every batch exactly once."""
-    a, b = Served(tmp_path / "a"), Served(tmp_path / "b")
-    await a.start()
-    await b.start()
-    token = tmp_path / "token"
-    token.write_text(TOKEN + "\n")
-    config = make_config(
-        tmp_path,
-        stream={
-            "enabled": True,
-            "aggregator_urls": [a.url, b.url],
-            "token_file": str(token),
-            "backoff_initial_s": 0.05,
-            "backoff_max_s": 0.2,
-        },
-        collect={"tick_s": 0.05, "slow_tick_s": 0.2},
-    )
+    a, b, config = await two_aggregators(tmp_path)
 
     def host(served: Served) -> Any:
         return served.aggregator.engine.fleet.hosts["host-test"]

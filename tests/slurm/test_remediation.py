@@ -8,6 +8,7 @@ test_slurm_e2e.py drives it through the aggregator from real agents).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -272,27 +273,11 @@ async def test_verdict_changes_queue_work_once(idle_slurm: SlurmCluster, tmp_pat
     r = remediator(idle_slurm, tmp_path, book)
     await r.start()
     try:
-        finding = Finding(
-            key=("hw", "sn1", "0"),
-            detector="hardware",
-            kind="faulty",
-            reason="xid_79",
-            action="reboot",
-            evidence=("a",),
-            evidence_t=time.time(),
-            host="sn1",
-            gpu=0,
-        )
+        finding = dataclasses.replace(hw_finding("sn1", gpu=0), evidence=("a",))
         for change in book.reconcile("hardware", [finding], time.time()):
             r.on_change(change)
         await asyncio.wait_for(r.idle.wait(), 20)
-        updated = (
-            Finding(**{**finding.__dict__, "evidence": ("a", "b")}) if hasattr(finding, "__dict__") else None
-        )
-        if updated is None:
-            import dataclasses
-
-            updated = dataclasses.replace(finding, evidence=("a", "b"))
+        updated = dataclasses.replace(finding, evidence=("a", "b"))
         for change in book.reconcile("hardware", [updated], time.time()):
             r.on_change(change)
         await asyncio.wait_for(r.idle.wait(), 20)
