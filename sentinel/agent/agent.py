@@ -316,6 +316,7 @@ class Agent:
         if self.spool is not None:
             self.spool.add(batch, fitted.data)
             self.counters.spool_bytes = self.spool.size_bytes
+            self.counters.spool_write_errors = self.spool.write_errors
             self.counters.drop_parts["spool_samples"] = self.spool.dropped_samples
             self.counters.drop_parts["spool_events"] = self.spool.dropped_events
             self.counters.queue_depth["spool_batches"] = len(self.spool)

@@ -43,6 +43,8 @@ class AgentCounters:
     #: connections the aggregator refused for who this agent is (token file, token, host), by reason
     stream_refused: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     spool_bytes: int = 0
+    #: spool and ack-log writes that failed (disk full, read-only state_dir): what is not on disk may be lost
+    spool_write_errors: int = 0
     connected: bool = False  # to at least one aggregator (the host's data reaches someone)
     #: per aggregator URL: its stream is up (several with ``stream.aggregator_urls``)
     aggregators: dict[str, bool] = field(default_factory=dict)
@@ -168,6 +170,14 @@ class AgentMetricsCollector(Collector):
         )
         spool.add_metric(base, float(c.spool_bytes))
         yield spool
+        spool_errors = CounterMetricFamily(
+            "sentinel_agent_spool_write_errors",
+            "spool batch and ack-log writes that failed (a batch not on disk is lost by a restart; a lost ack "
+            "costs a resend)",
+            labels=names,
+        )
+        spool_errors.add_metric(base, float(c.spool_write_errors))
+        yield spool_errors
         connected = GaugeMetricFamily(
             "sentinel_agent_connected", "1 while the WebSocket to the aggregator is up", labels=names
         )

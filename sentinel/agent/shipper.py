@@ -343,6 +343,7 @@ class AggregatorStream:
                     self.acked += 1
                     self.counters.batches_acked += 1
                 self.counters.spool_bytes = self.spool.size_bytes
+                self.counters.spool_write_errors = self.spool.write_errors
                 self._wake.set()
             else:
                 task = asyncio.create_task(self._command(ws, frame))

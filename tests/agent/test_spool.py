@@ -116,3 +116,18 @@ def test_the_byte_bound_applies_whoever_has_not_acked(tmp_path: Path) -> None:
     assert spool.size_bytes <= 4 * size
     assert spool.seqs("ws://a") == [] and spool.seqs("ws://b") == spool.seqs()
     assert spool.dropped_events > 0  # the oldest were dropped for B, and counted
+
+
+def test_an_ack_log_that_cannot_be_written_is_counted_and_costs_only_a_resend(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, max_bytes=1 << 20, consumers=("ws://a", "ws://b"))
+    for seq in range(3):
+        spool.add(_batch(seq))
+    for log in tmp_path.glob("acks-*.log"):  # something that is not a file stands where the logs go
+        log.unlink()
+        log.mkdir()
+    assert spool.ack(0, "ws://a") and spool.write_errors == 1
+    assert spool.seqs("ws://a") == [1, 2]  # this run still knows A has it
+    for log in tmp_path.glob("acks-*.log"):
+        log.rmdir()
+    reopened = Spool(tmp_path, max_bytes=1 << 20, consumers=("ws://a", "ws://b"))
+    assert reopened.seqs("ws://a") == [0, 1, 2]  # after a restart A is sent 0 again, nothing is lost
