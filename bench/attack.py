@@ -53,7 +53,7 @@ header_timeout_s = 2.0
 hello_timeout_s = 2.0
 
 [fleet]
-host_forget_after_s = 20.0
+host_forget_after_s = 90.0
 
 [log]
 level = "warning"
@@ -114,7 +114,10 @@ class Attacker:
                 return int(frame["seq"])
 
     def log_lines(self) -> int:
-        return len(self.log_path.read_bytes().splitlines())
+        """Lines the aggregator logged about refusals so far (verdict lines of the fake hosts not counted)."""
+        events = (b'"stream_unauthorized"', b'"connection_refused"', b'"connections_refused"',
+                  b'"stream_closed"', b'"stream_refused"', b'"loop_error"')  # fmt: skip
+        return sum(1 for line in self.log_path.read_bytes().splitlines() if any(e in line for e in events))
 
     async def api(self, path: str, token: str | None = READ_TOKEN) -> tuple[int, Any, int, float]:
         assert self.session is not None
@@ -246,7 +249,7 @@ class Attacker:
                         f"a new real host afterwards: {'admitted' if msg.type == aiohttp.WSMsgType.BINARY else 'REFUSED'}")  # fmt: skip
 
             async def retention() -> str:
-                deadline = time.monotonic() + 60
+                deadline = time.monotonic() + 150
                 total = -1
                 while time.monotonic() < deadline:
                     _, doc, _, _ = await self.api("/api/v1/hosts?limit=1")
@@ -254,7 +257,7 @@ class Attacker:
                     if total < 100:
                         break
                     await asyncio.sleep(2)
-                return f"after host_forget_after_s (20 s): {total} hosts tracked"
+                return f"after host_forget_after_s (90 s): {total} hosts tracked"
 
             async def tcp_flood() -> str:
                 port = int(self.url.rsplit(":", 1)[1])
@@ -268,7 +271,9 @@ class Attacker:
                 await asyncio.sleep(0.5)
                 for r, _ in held:
                     with contextlib_suppress():
-                        if await asyncio.wait_for(r.read(1), 0.01) == b"":
+                        try:
+                            refused += await asyncio.wait_for(r.read(1), 0.01) == b""
+                        except ConnectionResetError:  # closed at accept: reset, nothing read
                             refused += 1
                 ws = await self.ws(TOKEN_A, "rack-a-tcp")  # a new agent from 127.0.0.1 during the flood
                 await ws.send_bytes(encode(Batch(seq=0, t=time.time())))
@@ -276,9 +281,9 @@ class Attacker:
                 await ws.close()
                 for _, w in held:
                     w.close()
-                return (f"{len(held)} idle sockets from 127.0.0.2: {refused} closed at accept, {len(held) - refused} held "
-                        f"(limit 400); a new agent from 127.0.0.1 {'acked' if acked else 'NOT ACKED'}; "
-                        f"{self.log_lines() - lines} log lines")  # fmt: skip
+                return (f"{len(held)} idle sockets from 127.0.0.2: {refused} closed (at accept, or after header_timeout_s), "
+                        f"{len(held) - refused} still open (limit 400); a new agent from 127.0.0.1 {'acked' if acked else 'NOT ACKED'}; "
+                        f"{self.log_lines() - lines} refusal log lines")  # fmt: skip
 
             async def refusal_flood() -> str:
                 lines = self.log_lines()
@@ -292,7 +297,7 @@ class Attacker:
                 text = await (await self.session.get(self.url + "/metrics")).text()
                 counted = next((line.rsplit(" ", 1)[1] for line in text.splitlines()
                                 if line.startswith("sentinel_ingest_rejected_total{") and 'reason="unauthorized"' in line), "?")  # fmt: skip
-                return f"{sum(statuses.values())} bad-token stream requests: HTTP {statuses}; counted {counted}; {self.log_lines() - lines} log lines"
+                return f"{sum(statuses.values())} bad-token stream requests: HTTP {statuses}; counted {counted}; {self.log_lines() - lines} refusal log lines"
 
             async def big_hosts_answer() -> str:
                 status, doc, size, elapsed = await self.api("/api/v1/hosts")
@@ -310,7 +315,9 @@ class Attacker:
                 closed = 0
                 for r, w in conns:
                     with contextlib_suppress():
-                        if await asyncio.wait_for(r.read(), 10) == b"":
+                        try:
+                            closed += await asyncio.wait_for(r.read(), 10) == b""
+                        except ConnectionResetError:  # over the per-peer limit: reset at accept
                             closed += 1
                     w.close()
                 return f"{len(conns)} half-sent requests: {closed} closed by the aggregator within {time.perf_counter() - started:.1f} s"
