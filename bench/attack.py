@@ -250,14 +250,19 @@ class Attacker:
 
             async def retention() -> str:
                 deadline = time.monotonic() + 150
-                total = -1
+                fakes = total = -1
                 while time.monotonic() < deadline:
-                    _, doc, _, _ = await self.api("/api/v1/hosts?limit=1")
-                    total = doc["total"]
-                    if total < 100:
+                    names: list[str] = []
+                    offset: Any = 0
+                    while offset is not None:
+                        _, doc, _, _ = await self.api(f"/api/v1/hosts?offset={offset}")
+                        names += [h["name"] for h in doc["hosts"]]
+                        offset = doc["next_offset"]
+                    total, fakes = len(names), sum(n.startswith("fake-") for n in names)
+                    if fakes == 0:
                         break
                     await asyncio.sleep(2)
-                return f"after host_forget_after_s (90 s): {total} hosts tracked"
+                return f"after host_forget_after_s (90 s): {total} hosts tracked, {fakes} of them fake"
 
             async def tcp_flood() -> str:
                 port = int(self.url.rsplit(":", 1)[1])
@@ -281,8 +286,11 @@ class Attacker:
                 await ws.close()
                 for _, w in held:
                     w.close()
+                text = await (await self.session.get(self.url + "/metrics")).text()  # type: ignore[union-attr]
+                at_accept = next((line.rsplit(" ", 1)[1] for line in text.splitlines()
+                                  if line.startswith("sentinel_ingest_rejected_total{") and "peer_connection_limit" in line), "0")  # fmt: skip
                 return (f"{len(held)} idle sockets from 127.0.0.2: {refused} closed (at accept, or after header_timeout_s), "
-                        f"{len(held) - refused} still open (limit 400); a new agent from 127.0.0.1 {'acked' if acked else 'NOT ACKED'}; "
+                        f"{len(held) - refused} still open; {at_accept} refused at accept (limit 400); a new agent from 127.0.0.1 {'acked' if acked else 'NOT ACKED'}; "
                         f"{self.log_lines() - lines} refusal log lines")  # fmt: skip
 
             async def refusal_flood() -> str:

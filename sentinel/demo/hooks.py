@@ -26,7 +26,7 @@ from sentinel.aggregator.server import create_app, make_runner
 from sentinel.config.agent import AgentConfig, StreamConfig
 from sentinel.config.aggregator import AggregatorConfig
 from sentinel.sim.host import SimCluster, simulated_agent_config
-from sentinel.sim.scenario import HOST_GLOB, Scenario
+from sentinel.sim.scenario import HOST_GLOB, MAX_HOSTS, Scenario
 from sentinel.web import status_page_routes
 
 AGENT_STOP_S = 6.0
@@ -55,6 +55,9 @@ def aggregator_config(state_dir: Path, tick_s: float) -> AggregatorConfig:
     config.server.state_dir = str(state_dir)
     config.fleet.cluster = "demo"
     config.fleet.tick_s = min(config.fleet.tick_s, tick_s)
+    # every simulated agent connects from 127.0.0.1: the per-peer limits must admit the largest scenario
+    config.limits.max_streams_per_peer = MAX_HOSTS
+    config.limits.max_connections_per_peer = MAX_HOSTS + 1024  # the status page and API clients too
     return config
 
 

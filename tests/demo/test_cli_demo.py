@@ -105,3 +105,14 @@ def test_ctrl_c_stops_everything_cleanly_and_still_summarises() -> None:
     assert "not injected (the demo ended first)" in out
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
         pass  # the aggregator's listener is closed
+
+
+def test_the_demo_aggregator_admits_every_simulated_agent_from_one_address(tmp_path: Path) -> None:
+    """All simulated agents connect from 127.0.0.1: the per-peer stream and TCP limits must not refuse the
+    largest scenario's agents (plus the status page)."""
+    from sentinel.demo.hooks import aggregator_config
+    from sentinel.sim.scenario import MAX_HOSTS
+
+    limits = aggregator_config(tmp_path, 1.0).limits
+    assert limits.max_streams_per_peer >= MAX_HOSTS
+    assert limits.max_connections_per_peer > limits.max_streams_per_peer
