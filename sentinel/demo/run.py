@@ -2,7 +2,8 @@
 
 Everything runs in this one process and event loop, but over the real network stack: the aggregator listens
 on 127.0.0.1 (API, status page, the agents' WebSocket stream with a bearer token); each simulated host gets a
-real :class:`sentinel.agent.agent.Agent` whose GPU source and host extras are the simulator's; the demo
+real :class:`sentinel.agent.agent.Agent` reading the simulator's host at its OS boundaries (GPU source, kernel
+log records, NCCL debug files, process table, probe datagrams, IB ports: ``SimHost.inputs()``); the demo
 watches the outcome through the aggregator's REST API, like an operator would. One process keeps it
 runnable on two cores (no interpreter start-up per host, no IPC besides the sockets being demonstrated).
 

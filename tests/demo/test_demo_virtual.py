@@ -2,9 +2,10 @@
 
 `test_demo_run.py` runs the short demo in real time over real sockets (kept as a smoke test: under load it
 depends on the machine keeping up). This runs the same scenarios — the built-in default and the compressed
-short one — through the engine on virtual time (`sentinel sim`'s runner) and judges the verdicts with the
-demo's `outcome.evaluate`: every fault caught on its GPU within its bound, nothing flagged wrongly, and the
-same verdicts every run.
+short one — on virtual time through the same path: `sentinel sim`'s runner, i.e. a real agent (built inline)
+on every simulated host feeding the real aggregator engine — and judges the verdicts with the demo's
+`outcome.evaluate`: every fault caught on its GPU within its bound, nothing flagged wrongly, and the same
+verdicts every run.
 """
 
 from __future__ import annotations
