@@ -14,12 +14,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from sentinel.log import setup_logging
 from tests.sim.faulttable import judge
 
 DEFAULT = sorted((Path(__file__).resolve().parent.parent / "tests" / "sim" / "scenarios").glob("*.toml"))
 
 
 def main(argv: list[str]) -> int:
+    setup_logging("sim", "warning", stream=sys.stderr)  # each simulated host runs a real agent: keep it quiet
     paths = [Path(a) for a in argv] or DEFAULT
     print("| scenario | fault | severity | time to verdict | false verdicts |")
     print("|---|---|---|---|---|")
