@@ -44,6 +44,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from sentinel.components.xid.parse import xid_record
+from sentinel.wire import GpuWasReset, XidOccurred
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -435,10 +438,17 @@ def generate(
                 if i in due:
                     gpu, bad = due[i]
                     if bad:
-                        events.append(Event(t=now, kind="xid", gpu=gpu, xid=79, text="NVRM: Xid 79 (bench)"))
+                        events.append(
+                            XidOccurred(
+                                t=now,
+                                gpu=gpu,
+                                text="NVRM: Xid 79 (bench)",
+                                record=xid_record(79, "NVRM: Xid 79 (bench)"),
+                            )
+                        )
                         stats["faults"].append((client.name, gpu, now))
                     else:
-                        events.append(Event(t=now, kind="gpu_reset", gpu=gpu))
+                        events.append(GpuWasReset(t=now, gpu=gpu))
                 seq = seqs[i]
                 seqs[i] = seq + 1
                 sent_at[(client.name, seq)] = now
@@ -663,7 +673,7 @@ def _histogram_quantile(text: str, name: str, q: float, label: str = "") -> floa
 def engine_only(hosts: int, seconds: int) -> None:
     """The detection path without sockets: engine ingest and ticks for ``hosts`` x 8 GPUs at 1 Hz."""
     from sentinel.aggregator.engine import Engine
-    from sentinel.wire import Batch, Event, GpuInfo, GpuSample, Hello, decode_agent_frame, encode
+    from sentinel.wire import Batch, GpuInfo, GpuSample, Hello, decode_agent_frame, encode
 
     engine = Engine()
     gpus = [
@@ -680,7 +690,9 @@ def engine_only(hosts: int, seconds: int) -> None:
     for second in range(seconds):
         frames = []
         for i in range(hosts):
-            events = [Event(t=float(second), kind="xid", gpu=1, xid=79)] if i == second % hosts else []
+            events = (
+                [XidOccurred(t=float(second), gpu=1, record=xid_record(79))] if i == second % hosts else []
+            )
             frames.append(encode(Batch(seq=second, t=float(second), samples=template, events=events)))
         started = time.perf_counter()
         for view, frame in zip(views, frames, strict=True):

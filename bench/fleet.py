@@ -34,6 +34,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sentinel.components.xid.parse import xid_record
+from sentinel.wire import XidOccurred
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
@@ -49,7 +52,7 @@ def cluster_load(hosts: int, seconds: int) -> dict[str, Any]:
 
 
 def populate(engine: Any, cluster: int, hosts: int, verdicts: int) -> None:
-    from sentinel.wire import Batch, Event, GpuInfo, GpuSample, Hello
+    from sentinel.wire import Batch, GpuInfo, GpuSample, Hello
 
     gpus = [
         GpuInfo(index=g, uuid=f"GPU-{g}", pci_bus=f"0000:{0x18 + g:02x}:00", name="H100") for g in range(GPUS)
@@ -59,7 +62,9 @@ def populate(engine: Any, cluster: int, hosts: int, verdicts: int) -> None:
     for i in range(hosts):
         view = engine.hello(Hello(host=f"c{cluster:02d}-n{i:05d}", gpus=gpus, boot_id="b"), now)
         events = (
-            [Event(t=1.0, kind="xid", gpu=i % GPUS, xid=79)] if i % max(1, hosts // verdicts) == 0 else []
+            [XidOccurred(t=1.0, gpu=i % GPUS, record=xid_record(79))]
+            if i % max(1, hosts // verdicts) == 0
+            else []
         )
         engine.ingest(view, Batch(seq=1, t=1.0, samples=sample, events=events), now)
 

@@ -27,10 +27,13 @@ from sentinel.components.nccl_ras.record import RasStatus
 from sentinel.components.nvlink.record import NvLink
 from sentinel.components.pcie.record import PcieLink
 from sentinel.components.rowremap.record import RowRemap
-from sentinel.components.vocab import Severity
+from sentinel.components.vocab import Action, Severity
+from sentinel.components.xid.parse import XidRecord
 from sentinel.fr.heads import FrHeads
+from sentinel.signals.record import Kind as LineKind
 
 __all__ = [
+    "EVENT_TYPES",
     "MAX_FRAME_BYTES",
     "MAX_TEXT_CHARS",
     "PROTOCOL_VERSION",
@@ -45,17 +48,22 @@ __all__ = [
     "EccCounters",
     "Event",
     "FabricInfo",
+    "FrDumpWritten",
     "GpuInfo",
     "GpuSample",
     "GpuSourceHealth",
     "GpuState",
+    "GpuStateChanged",
+    "GpuWasReset",
     "Hello",
+    "LogLine",
     "NvLink",
     "PcieLink",
     "ProcInfo",
     "RetiredPages",
     "RowRemap",
     "Severity",
+    "XidOccurred",
     "decode_agent_frame",
     "decode_aggregator_frame",
     "encode",
@@ -111,21 +119,86 @@ class GpuSample(msgspec.Struct, kw_only=True, omit_defaults=True):
     violations: ClockViolations | None = None  # cumulative clock-policy violation time (slow ticks)
 
 
-class Event(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """Something that happened: an Xid, a classified log line, a GPU lost/reset, an agent condition.
-
-    ``kind`` is one of: xid, log, gpu_lost, gpu_unresponsive, gpu_recovered, gpu_reset, reboot, agent.
-    ``fields`` carries the classified values (for logs: the contract's kind/rank/seq/op/timeout_ms/pci_bus).
-    """
+class _EventBase(msgspec.Struct, kw_only=True, omit_defaults=True, tag_field="kind"):
+    """What every event says: when, which reader saw it, on which GPU (None: the host), how bad, its text."""
 
     t: float
-    kind: Short
-    source: Short = ""  # nvml, kmsg, log:<path>, probe, agent
+    source: Short = ""  # nvml, kmsg, journal, log:<path>, fr, sim
     gpu: int | None = None
     severity: Severity = "info"
-    xid: int | None = None
     text: Text = ""
-    fields: Fields = {}
+
+    @property
+    def kind(self) -> str:
+        """The event's tag on the wire (``xid``, ``log``, ``gpu_state``, ``gpu_reset``, ``fr_dump``)."""
+        tag = self.__struct_config__.tag
+        return tag if isinstance(tag, str) else ""
+
+
+class XidOccurred(_EventBase, tag="xid"):
+    """A GPU raised an Xid (NVML's event set, the kernel log, or both merged).
+
+    ``record`` is the agent's classification: the kernel line's parse (pid, process, sub-codes, MIG
+    instance, severity and action refined by the line) or, for an NVML-only report, the catalog's entry.
+    The aggregator judges it as sent, without reading ``text`` again.
+    """
+
+    record: XidRecord
+    merged: bool = False  # NVML and the kernel log both reported it: kernel detail, NVML time
+
+
+class LogLine(_EventBase, tag="log"):
+    """A job or kernel log line the agent classified (``../shared/CONTRACTS.md`` section 2's fields).
+
+    ``gpu`` is the agent's attribution (the line's PCI bus, else the GPU of the logging pid); the
+    aggregator only falls back to ``pid`` against its own process map when the agent could not tell.
+    """
+
+    line_kind: LineKind = "other"
+    reason: Short | None = None
+    action: Action | None = None
+    xid: int | None = None
+    pci_bus: Short | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    seq: int | None = None
+    op: Short | None = None
+    timeout_ms: int | None = None
+    pid: int | None = None
+    cuda_dev: int | None = None
+    peer: Short | None = None
+    ran_for_ms: int | None = None
+
+
+class GpuStateChanged(_EventBase, tag="gpu_state"):
+    """A GPU's state as the agent reads it moved from ``previous`` to ``state`` (lost, unresponsive, ok, ...).
+
+    ``ok`` after ``lost`` means the GPU answers again, which only a reset brings about."""
+
+    state: GpuState
+    previous: GpuState
+
+
+class GpuWasReset(_EventBase, tag="gpu_reset"):
+    """A GPU lost before NVML's re-initialisation answers again after it: it was reset."""
+
+
+class FrDumpWritten(_EventBase, tag="fr_dump"):
+    """A rank wrote a Flight Recorder dump file into the watched folder."""
+
+    path: Short
+    rank: int | None = None
+
+
+#: Every event an agent sends, one tagged union (``kind``) decoded and validated with the batch.
+Event = XidOccurred | LogLine | GpuStateChanged | GpuWasReset | FrDumpWritten
+EVENT_TYPES: tuple[type[_EventBase], ...] = (
+    XidOccurred,
+    LogLine,
+    GpuStateChanged,
+    GpuWasReset,
+    FrDumpWritten,
+)
 
 
 class ProcInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -1,4 +1,4 @@
-"""Bridge to the signals package's log classifier, and the agent's Event for a classified line.
+"""Bridge to the signals package's log classifier, and the agent's typed event for a classified line.
 
 ``sentinel.signals.classify.classify_line(line) -> Classified | None`` is written by the signals area; until it
 exists (or if it fails on a line) the agent still recognises NVRM Xid lines itself, so Xid detection from
@@ -13,8 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sentinel.components.vocab import ACTIONS, Severity
 from sentinel.components.xid.parse import parse_xid
 from sentinel.log import get_logger
+from sentinel.signals.record import KINDS, Kind
+from sentinel.wire import LogLine
 
 log = get_logger(module="agent.classify")
 
@@ -95,3 +98,64 @@ class LineClassifier:
                 fields={"kind": "xid", "severity": xid.severity, "xid": xid.xid, "pci_bus": xid.pci_bus},
             )
         return None
+
+
+FieldValue = str | int | float | bool | None
+_INT_FIELDS = ("xid", "rank", "local_rank", "seq", "timeout_ms", "pid", "cuda_dev", "ran_for_ms")
+_STR_FIELDS = ("reason", "pci_bus", "op", "peer")
+MAX_FIELD_CHARS = 512  # the wire's bound on each string field
+
+
+def log_line(
+    fields: dict[str, FieldValue],
+    *,
+    line_kind: str,
+    t: float,
+    source: str,
+    gpu: int | None,
+    severity: Severity,
+    text: str,
+) -> LogLine:
+    """The wire event of one classified line: each contract field typed, anything ill-typed dropped.
+
+    The classifier is code from another area fed by untrusted text: an int field that is not an int (or a
+    bool posing as one), or a string beyond the wire's bound, is left out rather than making the aggregator
+    refuse the whole batch.
+    """
+    ints = {name: _int(fields.get(name)) for name in _INT_FIELDS}
+    strs = {name: _str(fields.get(name)) for name in _STR_FIELDS}
+    action = fields.get("action")
+    kind: Kind = line_kind if line_kind in KINDS else "other"
+    return LogLine(
+        t=t,
+        source=source,
+        gpu=gpu,
+        severity=severity,
+        text=text,
+        line_kind=kind,
+        action=action if action in ACTIONS else None,
+        reason=strs["reason"],
+        pci_bus=strs["pci_bus"],
+        op=strs["op"],
+        peer=strs["peer"],
+        xid=ints["xid"],
+        rank=ints["rank"],
+        local_rank=ints["local_rank"],
+        seq=ints["seq"],
+        timeout_ms=ints["timeout_ms"],
+        pid=ints["pid"],
+        cuda_dev=ints["cuda_dev"],
+        ran_for_ms=ints["ran_for_ms"],
+    )
+
+
+def _int(value: FieldValue) -> int | None:
+    return (
+        value
+        if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
+        else None
+    )
+
+
+def _str(value: FieldValue) -> str | None:
+    return value[:MAX_FIELD_CHARS] if isinstance(value, str) else None

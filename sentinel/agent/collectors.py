@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from sentinel.agent.classify import LineClassifier
+from sentinel.agent.classify import LineClassifier, log_line
 from sentinel.agent.frdump import FrDumpWatcher
 from sentinel.agent.jobs import JobMapper
 from sentinel.agent.metrics import AgentCounters, GpuView
@@ -33,10 +33,21 @@ from sentinel.components.device.record import GpuSourceHealth
 from sentinel.components.ib.kernel import PortLogLine, port_log_line
 from sentinel.components.nvml_read import GpuSourceDown
 from sentinel.components.xid.merge import XidMerger, XidReport
-from sentinel.components.xid.parse import parse_xid, xid_severity
+from sentinel.components.xid.parse import xid_record
 from sentinel.fr.heads import FrHeads
 from sentinel.log import get_logger
-from sentinel.wire import MAX_TEXT_CHARS, Event, GpuInfo, GpuSample, GpuState, ProcInfo, Severity
+from sentinel.wire import (
+    MAX_TEXT_CHARS,
+    Event,
+    GpuInfo,
+    GpuSample,
+    GpuState,
+    GpuStateChanged,
+    GpuWasReset,
+    ProcInfo,
+    Severity,
+    XidOccurred,
+)
 
 log = get_logger(module="agent.collectors")
 T = TypeVar("T")
@@ -262,9 +273,8 @@ class GpuCollector(Collector):
 
     def _reset_seen(self, index: int, now: float) -> None:
         self.sink.add_event(
-            Event(
+            GpuWasReset(
                 t=now,
-                kind="gpu_reset",
                 source="nvml",
                 gpu=index,
                 severity="info",
@@ -328,23 +338,17 @@ class GpuCollector(Collector):
         if view.state == state:
             return
         previous, view.state = view.state, state
-        kind = {
-            "lost": "gpu_lost",
-            "unresponsive": "gpu_unresponsive",
-            "unavailable": "gpu_unavailable",
-            "ok": "gpu_recovered",
-        }[state]
         severity: Severity = "info" if state == "ok" else "critical"
         log.warning("gpu_state", gpu=index, state=state, previous=previous, detail=detail)
         self.sink.add_event(
-            Event(
+            GpuStateChanged(
                 t=now,
-                kind=kind,
                 source="nvml",
                 gpu=index,
                 severity=severity,
                 text=(detail or f"GPU {index} answers again (was {previous})")[:MAX_TEXT_CHARS],
-                fields={"previous": previous},
+                state=state,
+                previous=previous,
             )
         )
 
@@ -447,31 +451,19 @@ def flush_xids(sink: AgentSink, merger: XidMerger, now: float) -> None:
 
 
 def emit_xid(sink: AgentSink, report: XidReport) -> None:
-    """One Xid event: severity from the catalog, refined by the kernel line when there is one."""
+    """One Xid event carrying its classified record: the kernel line's parse, else the catalog's entry."""
     text = report.text or f"NVML Xid {report.xid} on GPU {report.gpu}"
-    severity = xid_severity(report.xid, text)
-    sink.counters.xid[(report.gpu, report.xid, severity)] += 1
-    fields: dict[str, str | int | float | bool | None] = {"kind": "xid", "xid": report.xid}
-    if report.pci_bus:
-        fields["pci_bus"] = report.pci_bus
-    if report.merged:
-        fields["merged"] = True  # NVML and the kernel log both reported it: kernel detail, NVML time
-    parsed = parse_xid(text) if report.from_kernel else None
-    if parsed is not None:
-        if parsed.pid is not None:
-            fields["pid"] = parsed.pid
-        if parsed.process:
-            fields["process"] = parsed.process[:256]
+    record = xid_record(report.xid, text if report.from_kernel else "", report.pci_bus or None)
+    sink.counters.xid[(report.gpu, report.xid, record.severity)] += 1
     sink.add_event(
-        Event(
+        XidOccurred(
             t=report.t,
-            kind="xid",
             source=report.source,
             gpu=report.gpu if report.gpu >= 0 else None,
-            severity=severity,
-            xid=report.xid,
+            severity=record.severity,
             text=text[:MAX_TEXT_CHARS],
-            fields=fields,
+            record=record,
+            merged=report.merged,
         )
     )
 
@@ -554,17 +546,15 @@ class LineProcessor:
         source: str,
         gpu: int,
     ) -> None:
-        xid = fields.get("xid")
         self.sink.add_event(
-            Event(
+            log_line(
+                fields,
+                line_kind=kind,
                 t=now,
-                kind="log",
-                source=source[:1024],
+                source=source[:512],
                 gpu=gpu if gpu >= 0 else None,
                 severity=_severity(severity),
-                xid=xid if isinstance(xid, int) else None,
                 text=text[:MAX_TEXT_CHARS],
-                fields={**fields, "kind": kind},
             )
         )
 

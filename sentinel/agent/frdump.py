@@ -24,7 +24,7 @@ from typing import Any
 
 from sentinel.fr.trigger import pipe_path, trigger_dumps
 from sentinel.log import get_logger
-from sentinel.wire import Event
+from sentinel.wire import FrDumpWritten
 
 log = get_logger(module="agent.frdump")
 
@@ -90,14 +90,14 @@ class FrDumpWatcher:
         self._seen: dict[str, float] = {}
         self._primed = False
 
-    def poll(self, now: float) -> list[Event]:
+    def poll(self, now: float) -> list[FrDumpWritten]:
         try:
             entries = [
                 e for e in os.scandir(self.directory) if e.name.startswith(self.prefix) and e.is_file()
             ]
         except OSError:
             return []
-        events: list[Event] = []
+        events: list[FrDumpWritten] = []
         for entry in entries:
             try:
                 mtime = entry.stat().st_mtime
@@ -110,13 +110,13 @@ class FrDumpWatcher:
                 continue
             match = _RANK.search(entry.name[len(self.prefix) :])
             events.append(
-                Event(
+                FrDumpWritten(
                     t=now,
-                    kind="fr_dump",
                     source="fr",
                     severity="warning",
                     text=f"flight-recorder dump written: {entry.path}"[:4096],
-                    fields={"path": entry.path[:1024], "rank": int(match.group(1)) if match else None},
+                    path=entry.path[:512],
+                    rank=int(match.group(1)) if match else None,
                 )
             )
         self._primed = True

@@ -12,7 +12,6 @@ sim``); sample and heads times are the agent's clock and are only compared with 
 from __future__ import annotations
 
 import math
-import re
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -30,11 +29,23 @@ from sentinel.components.nvlink.record import NvLink
 from sentinel.components.nvlink.rule import error_total as nvlink_error_total
 from sentinel.components.nvlink.rule import rises as nvlink_rises
 from sentinel.components.pcie.record import PcieLink
-from sentinel.components.xid.catalog import xid_info
-from sentinel.components.xid.parse import XidRecord, parse_xid
 from sentinel.components.xid.rule import XidDecision, XidPolicy, XidPolicyConfig
 from sentinel.fr.heads import FrHeads
-from sentinel.wire import Batch, Drops, EccCounters, Event, GpuInfo, GpuSample, Hello, ProcInfo, RowRemap
+from sentinel.wire import (
+    Batch,
+    Drops,
+    EccCounters,
+    Event,
+    GpuInfo,
+    GpuSample,
+    GpuStateChanged,
+    GpuWasReset,
+    Hello,
+    LogLine,
+    ProcInfo,
+    RowRemap,
+    XidOccurred,
+)
 
 DEDUP_WINDOW = 4096  # seqs above the contiguous high-water mark remembered per host
 HOST_EVENTS_KEPT = 256
@@ -46,7 +57,6 @@ KERNEL_IB_REASONS = frozenset({"ib_link_down", "ib_port_hardware", "ib_completio
 RATE_HISTORY = 64
 STEP_BASELINE_S = 10.0  # a job's step time is measured over at least this long
 #: NCCL's line prefix ``hostname:pid:tid [cudaDev]``: the pid names the process, hence the GPU and rank.
-_NCCL_PREFIX = re.compile(r"(?:^|\s)[\w.-]+:(\d{1,10}):\d{1,10} \[(\d{1,3})\]")
 
 
 @dataclass(slots=True)
@@ -450,65 +460,55 @@ class FleetState:
             self.dirty_gpus.append(gpu)
 
     def _event(self, host: HostView, event: Event, now: float) -> None:
-        kind = event.kind
+        """Apply one typed event; what the agent classified (Xid record, log line fields) is used as sent."""
         gpu = host.gpus[event.gpu] if event.gpu is not None and 0 <= event.gpu < len(host.gpus) else None
-        if kind == "xid" and event.xid is not None:
-            if gpu is None or event.t < gpu.reset_t:
-                return
-            record = _xid_record(event, gpu.xid_key)
-            gpu.xid = host.xid_policy.observe(record, event.t)
-            gpu.xid_codes.setdefault(event.xid, event.t)
-            gpu.dirty = True
-            self.dirty_gpus.append(gpu)
-        elif kind in ("gpu_lost", "gpu_unresponsive"):
-            if gpu is not None:
-                state = "lost" if kind == "gpu_lost" else "unresponsive"
-                if gpu.state != state:
-                    gpu.state, gpu.state_t = state, event.t
+        match event:
+            case XidOccurred(record=record):
+                if gpu is None or event.t < gpu.reset_t:
+                    return
+                gpu.xid = host.xid_policy.observe(
+                    msgspec.structs.replace(record, pci_bus=gpu.xid_key), event.t
+                )
+                gpu.xid_codes.setdefault(record.xid, event.t)
                 gpu.dirty = True
                 self.dirty_gpus.append(gpu)
-        elif kind == "gpu_reset" or (kind == "gpu_recovered" and event.fields.get("previous") == "lost"):
-            # real evidence of a reset: the agent saw one, or a lost GPU (which only a reset brings back)
-            # answers again. A GPU that merely stalled (unresponsive -> ok) keeps its latched Xids.
-            if gpu is not None:
-                host.xid_policy.observe_gpu_reset(gpu.xid_key, event.t)
-                gpu.state, gpu.state_t = "ok", event.t
-                gpu.clear_latches(event.t)
-                self.dirty_gpus.append(gpu)
-        elif kind == "gpu_recovered":
-            if gpu is not None:
-                gpu.state, gpu.state_t = "ok", event.t
-                gpu.dirty = True
-                self.dirty_gpus.append(gpu)
-        elif kind == "reboot":
-            host.xid_policy.observe_reboot(event.t)
-            for each in host.gpus:
-                each.state = "ok"
-                each.clear_latches(event.t)
-                self.dirty_gpus.append(each)
-        elif kind == "log":
-            fields = event.fields
-            log_kind = fields.get("kind")
-            if log_kind in ("nccl_warn_net", "torch_watchdog_timeout", "nccl_warn_cuda"):
-                rank, seq = fields.get("rank"), fields.get("seq")
+            case GpuStateChanged(state="lost" | "unresponsive" as state):
+                if gpu is not None:
+                    if gpu.state != state:
+                        gpu.state, gpu.state_t = state, event.t
+                    gpu.dirty = True
+                    self.dirty_gpus.append(gpu)
+            case GpuWasReset() | GpuStateChanged(state="ok", previous="lost"):
+                # real evidence of a reset: the agent saw one, or a lost GPU (which only a reset brings back)
+                # answers again. A GPU that merely stalled (unresponsive -> ok) keeps its latched Xids.
+                if gpu is not None:
+                    host.xid_policy.observe_gpu_reset(gpu.xid_key, event.t)
+                    gpu.state, gpu.state_t = "ok", event.t
+                    gpu.clear_latches(event.t)
+                    self.dirty_gpus.append(gpu)
+            case GpuStateChanged(state="ok"):
+                if gpu is not None:
+                    gpu.state, gpu.state_t = "ok", event.t
+                    gpu.dirty = True
+                    self.dirty_gpus.append(gpu)
+            case LogLine(
+                line_kind="nccl_warn_net" | "torch_watchdog_timeout" | "nccl_warn_cuda" as line_kind
+            ):
                 gpu_index = event.gpu
-                pid = fields.get("pid")
-                if gpu_index is None and isinstance(pid, int):
-                    gpu_index = _gpu_of_pid(host, pid)
-                if gpu_index is None:
-                    gpu_index = _gpu_of_nccl_line(host, event.text)
+                if gpu_index is None and event.pid is not None:
+                    gpu_index = _gpu_of_pid(host, event.pid)  # the agent did not know the pid's GPU yet
                 host.events.append(
                     LogEvent(
                         t=event.t,
                         seen_at=now,
-                        kind=str(log_kind),
+                        kind=line_kind,
                         gpu=gpu_index,
-                        rank=rank if isinstance(rank, int) else None,
-                        seq=seq if isinstance(seq, int) else None,
+                        rank=event.rank,
+                        seq=event.seq,
                         text=event.text[:512],
                     )
                 )
-            elif log_kind == "other" and fields.get("reason") in KERNEL_IB_REASONS:
+            case LogLine(line_kind="other", reason=reason) if reason in KERNEL_IB_REASONS:
                 host.events.append(
                     LogEvent(
                         t=event.t,
@@ -520,6 +520,8 @@ class FleetState:
                         text=event.text[:512],
                     )
                 )
+            case _:
+                pass  # other lines, FR dump notices, unavailable GPUs: kept by the agent's ring, not judged
 
     def _procs(self, host: HostView, procs: list[ProcInfo], now: float) -> None:
         old = {(p.job_id, p.rank) for p in host.procs if p.job_id is not None and p.rank is not None}
@@ -726,36 +728,8 @@ def _add_drops(totals: dict[str, int], drops: Drops) -> None:
             totals[kind] = totals.get(kind, 0) + min(value, MAX_DROPS_PER_BATCH)
 
 
-def _gpu_of_nccl_line(host: HostView, text: str) -> int | None:
-    """The GPU of the process that wrote an NCCL line, from the pid in its prefix and the host's job map."""
-    match = _NCCL_PREFIX.search(text[:256])
-    if match is None:
-        return None
-    return _gpu_of_pid(host, int(match.group(1)))
-
-
 def _gpu_of_pid(host: HostView, pid: int) -> int | None:
     for proc in host.procs:
         if proc.pid == pid:
             return proc.gpu
     return None
-
-
-def _xid_record(event: Event, key: str) -> XidRecord:
-    """The signals parser's record of the kernel line when the event carries one, else one from the code."""
-    xid = event.xid or 0
-    text = event.text[:1024]
-    parsed = parse_xid(text) if "Xid" in text else None
-    pid = event.fields.get("pid")
-    if parsed is not None and parsed.xid == xid:
-        return msgspec.structs.replace(parsed, pci_bus=key)
-    info = xid_info(xid)
-    return XidRecord(
-        xid=xid,
-        pci_bus=key,
-        pid=pid if isinstance(pid, int) else None,
-        message=text,
-        severity=info.severity,
-        action=info.action,
-        fatal=info.faulty_at_once,
-    )

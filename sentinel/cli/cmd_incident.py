@@ -114,10 +114,14 @@ def _describe(entry: dict[str, Any]) -> str:
         )
     if kind == "event":
         bits = [str(data.get("kind", "event"))]
+        if data.get("line_kind"):
+            bits.append(str(data["line_kind"]))
         if data.get("gpu") is not None:
             bits.append(f"gpu {data['gpu']}")
-        if data.get("xid") is not None:
-            bits.append(f"xid {data['xid']}")
+        record = data.get("record")
+        xid = record.get("xid") if isinstance(record, dict) else data.get("xid")
+        if xid is not None:
+            bits.append(f"xid {xid}")
         text = str(data.get("text", ""))[:160]
         return " ".join(bits) + (f": {text}" if text else "")
     if kind == "sample":

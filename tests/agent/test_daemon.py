@@ -73,7 +73,7 @@ token_file = ""
                 break
             time.sleep(0.1)
         events = [e["data"] for e in entries if e["type"] == "event"]
-        assert events and events[0]["xid"] == 79 and events[0]["source"] == "kmsg"
+        assert events and events[0]["record"]["xid"] == 79 and events[0]["source"] == "kmsg"
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
             metrics = r.read().decode()
         assert (

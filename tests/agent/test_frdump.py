@@ -21,7 +21,7 @@ def test_watcher_reports_new_dumps_only(tmp_path: Path) -> None:
     (tmp_path / "nccl_trace_rank_12").write_bytes(b"new")
     (tmp_path / "unrelated.txt").write_bytes(b"x")
     events = watcher.poll(2.0)
-    assert [(e.kind, e.fields["rank"]) for e in events] == [("fr_dump", 12)]
+    assert [(e.kind, e.rank) for e in events] == [("fr_dump", 12)]
     assert watcher.poll(3.0) == []
 
 

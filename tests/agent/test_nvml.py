@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sentinel.agent import Agent, GpuLostError
 from sentinel.agent.nvml import NvmlSource
 from sentinel.components.device.nvml import normalize_pci_bus
+from sentinel.wire import XidOccurred
 from tests.agent.conftest import make_config
 from tests.agent.fakenvml import FakeGpu, FakeNvml
 
@@ -111,7 +112,7 @@ async def test_agent_marks_lost_gpu_and_reports_it(fake_nvml: FakeNvml, tmp_path
     batch = await agent.step(2.0)
     states = {s.gpu: s.state for s in batch.samples}
     assert states == {0: "lost", 1: "ok"}
-    assert [(e.kind, e.gpu) for e in batch.events] == [("gpu_lost", 0)]
+    assert [(e.kind, getattr(e, "state", None), e.gpu) for e in batch.events] == [("gpu_state", "lost", 0)]
     families = {f.name: f for f in text_string_to_metric_families(agent.render_metrics().decode())}
     up = {s.labels["gpu"]: s.value for s in families["sentinel_gpu_up"].samples}
     assert up == {"0": 0.0, "1": 1.0}
@@ -132,7 +133,9 @@ async def test_hung_call_marks_gpu_unresponsive_and_never_blocks_others(
     batch = await agent.step(2.0)
     assert time.monotonic() - started < 5.0  # the deadline, not the hang, bounds the tick
     assert {s.gpu: s.state for s in batch.samples} == {0: "ok", 1: "unresponsive"}
-    assert [(e.kind, e.gpu) for e in batch.events] == [("gpu_unresponsive", 1)]
+    assert [(e.kind, getattr(e, "state", None), e.gpu) for e in batch.events] == [
+        ("gpu_state", "unresponsive", 1)
+    ]
     calls_while_hung = fake_nvml.calls.total()
     for t in range(3, 6):  # the loop and GPU 0 keep going; nothing is queued behind the hung call
         started = time.monotonic()
@@ -142,11 +145,15 @@ async def test_hung_call_marks_gpu_unresponsive_and_never_blocks_others(
     hung_gpu_calls = sum(n for (gpu, _), n in fake_nvml.calls.items() if gpu == 1)
     release.set()
     deadline = time.monotonic() + 5
-    while agent.gpu_collector._workers[1].busy and time.monotonic() < deadline:
+    while (
+        agent.gpu_collector is not None
+        and agent.gpu_collector._workers[1].busy
+        and time.monotonic() < deadline
+    ):
         await asyncio.sleep(0.01)
     batch = await agent.step(6.0)
     assert {s.gpu: s.state for s in batch.samples} == {0: "ok", 1: "ok"}
-    assert [(e.kind, e.gpu) for e in batch.events] == [("gpu_recovered", 1)]
+    assert [(e.kind, getattr(e, "state", None), e.gpu) for e in batch.events] == [("gpu_state", "ok", 1)]
     assert fake_nvml.calls.total() > calls_while_hung
     assert sum(n for (gpu, _), n in fake_nvml.calls.items() if gpu == 1) > hung_gpu_calls
     await agent.shutdown()
@@ -161,9 +168,12 @@ async def test_xid_events_through_the_event_set(fake_nvml: FakeNvml, tmp_path: P
     deadline = time.monotonic() + 5
     while len(events) < 2 and time.monotonic() < deadline:
         batch = await agent.step()
-        events += [e for e in batch.events if e.kind == "xid"]
+        events += [e for e in batch.events if isinstance(e, XidOccurred)]
         await asyncio.sleep(0.05)
-    assert sorted((e.gpu, e.xid, e.severity) for e in events) == [(0, 13, "warning"), (1, 79, "critical")]
+    assert sorted((e.gpu, e.record.xid, e.severity) for e in events) == [
+        (0, 13, "warning"),
+        (1, 79, "critical"),
+    ]
     text = agent.render_metrics().decode()
     assert any(
         line.startswith("sentinel_gpu_xid_events_total{") and 'gpu="1"' in line and 'xid="79"' in line
@@ -213,7 +223,7 @@ async def test_nvml_and_kernel_reports_of_one_xid_become_one_event_with_the_line
     with kmsg.open("a") as f:
         f.write(line)
     batch = await agent.step()
-    [event] = [e for e in batch.events if e.kind == "xid"]
-    assert (event.gpu, event.xid, event.severity, event.t) == (0, 149, "warning", nvml_t)
-    assert event.fields["pid"] == 4242 and event.fields["merged"] is True and "Nonfatal" in event.text
+    [event] = [e for e in batch.events if isinstance(e, XidOccurred)]
+    assert (event.gpu, event.record.xid, event.severity, event.t) == (0, 149, "warning", nvml_t)
+    assert event.record.pid == 4242 and event.merged is True and "Nonfatal" in event.text
     await agent.shutdown()

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from sentinel.agent import Agent
 from sentinel.agent.probe import Credentials, ProbeError, ProbeServer, decode_heads
 from sentinel.fr.heads import FrHeads, InFlight, PgHead
+from sentinel.wire import XidOccurred
 from tests.agent.conftest import make_config
 from tests.agent.fakes import FakeHost, FakeProcess, FakeSource
 
@@ -133,8 +134,8 @@ async def test_host_inputs_replace_the_os_boundaries_under_the_same_collectors(t
     assert [(h.gpu, h.host, h.rank) for h in batch.heads] == [(0, "host-test", 0)]
     assert not (tmp_path / "unused.sock").exists()
     later = await agent.step(1.0 + agent.config.collect.xid_merge_wait_s)
-    xids = [e for e in later.events if e.kind == "xid"]
-    assert [(e.gpu, e.xid, e.source, e.fields["pid"]) for e in xids] == [(0, 79, "kmsg", 1)]
+    xids = [e for e in later.events if isinstance(e, XidOccurred)]
+    assert [(e.gpu, e.record.xid, e.source, e.record.pid) for e in xids] == [(0, 79, "kmsg", 1)]
     await agent.shutdown()
 
 

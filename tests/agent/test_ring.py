@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 
 from sentinel.agent.ring import ENTRY_OVERHEAD, RingBuffer
-from sentinel.wire import Event, GpuSample
+from sentinel.components.xid.parse import xid_record
+from sentinel.wire import GpuSample, XidOccurred
 
 
 def test_snapshot_document_shape_and_order() -> None:
     ring = RingBuffer("host-a", window_s=60, max_bytes=1 << 20)
     ring.append(10.0, "sample", GpuSample(gpu=0, t=10.0, temp_c=50.0))
-    ring.append(12.0, "event", Event(t=12.0, kind="xid", xid=79, gpu=0))
+    ring.append(12.0, "event", XidOccurred(t=12.0, gpu=0, record=xid_record(79)))
     ring.append(11.0, "sample", GpuSample(gpu=1, t=11.0))  # late arrival is placed in time order
     doc = ring.snapshot(now=13.0)
     json.dumps(doc)  # one JSON document
@@ -23,7 +24,7 @@ def test_snapshot_document_shape_and_order() -> None:
         (12.0, "event"),
     ]
     assert doc["entries"][0]["data"]["temp_c"] == 50.0
-    assert doc["entries"][2]["data"]["xid"] == 79
+    assert doc["entries"][2]["data"]["record"]["xid"] == 79
     since = ring.snapshot(now=13.0, since=11.5)
     assert [e["t"] for e in since["entries"]] == [12.0] and since["window"] == [11.5, 13.0]
 

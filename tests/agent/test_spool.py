@@ -7,7 +7,8 @@ from pathlib import Path
 import msgspec
 
 from sentinel.agent.spool import SEQ_BLOCK, SeqAllocator, Spool
-from sentinel.wire import Batch, Event, GpuSample
+from sentinel.components.xid.parse import xid_record
+from sentinel.wire import Batch, GpuSample, XidOccurred
 
 
 def _batch(seq: int, samples: int = 4, events: int = 1) -> Batch:
@@ -15,7 +16,9 @@ def _batch(seq: int, samples: int = 4, events: int = 1) -> Batch:
         seq=seq,
         t=float(seq),
         samples=[GpuSample(gpu=i, t=float(seq), temp_c=50.0, mem_used_bytes=1 << 30) for i in range(samples)],
-        events=[Event(t=float(seq), kind="xid", xid=79, text="x" * 50) for _ in range(events)],
+        events=[
+            XidOccurred(t=float(seq), text="x" * 50, record=xid_record(79, "x" * 50)) for _ in range(events)
+        ],
     )
 
 

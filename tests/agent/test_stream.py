@@ -11,7 +11,7 @@ import aiohttp
 from aiohttp import web
 
 from sentinel.agent import Agent
-from sentinel.wire import Ack, Batch, Command, CommandResult, Hello, decode_agent_frame, encode
+from sentinel.wire import Ack, Batch, Command, CommandResult, Hello, XidOccurred, decode_agent_frame, encode
 from tests.agent.conftest import make_config
 from tests.agent.fakes import FakeHost, FakeSource
 
@@ -265,7 +265,7 @@ async def test_outage_beyond_the_bound_drops_samples_first_and_reports_it(tmp_pa
         await asyncio.wait_for(task, 15)
         await aggregator.stop()
     by_seq = {b.seq: b for b in aggregator.batches}
-    xids = sorted(e.xid for b in by_seq.values() for e in b.events if e.kind == "xid")
+    xids = sorted(e.record.xid for b in by_seq.values() for e in b.events if isinstance(e, XidOccurred))
     assert xids == [100 + i for i in range(30)]  # events survived the overflow
     stripped = [seq for seq, b in sorted(by_seq.items()) if not b.samples]
     assert stripped and stripped == sorted(by_seq)[: len(stripped)]  # samples went oldest first

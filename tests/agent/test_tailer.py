@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from sentinel.agent.tailer import LogTailer
+from sentinel.wire import LogLine
 
 
 def _write(path: Path, text: str, mode: str = "a") -> None:
@@ -122,13 +123,14 @@ async def test_agent_classifies_tailed_lines(tmp_path: Path) -> None:
     _write(log, "node7:4242:1300 [3] NCCL INFO Channel 00/0 : 0[3] -> 1[4] via P2P/IPC\n")
     _write(log, NET_WARN.format(pid=4242) + "\n" + WATCHDOG + "\n")
     batch = await agent.step(2.0)
-    kinds = [(e.kind, e.fields.get("kind"), e.severity, e.gpu) for e in batch.events]
+    kinds = [(e.kind, getattr(e, "line_kind", None), e.severity, e.gpu) for e in batch.events]
     assert kinds == [
         ("log", "nccl_warn_net", "critical", 2),
         ("log", "torch_watchdog_timeout", "critical", None),
     ]
-    watchdog = batch.events[1].fields
-    assert (watchdog["rank"], watchdog["seq"], watchdog["op"], watchdog["timeout_ms"]) == (
+    watchdog = batch.events[1]
+    assert isinstance(watchdog, LogLine)
+    assert (watchdog.rank, watchdog.seq, watchdog.op, watchdog.timeout_ms) == (
         3,
         1234,
         "ALLREDUCE",

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sentinel.agent.agent import Agent
 from sentinel.aggregator.incidents import IncidentStore, merge_timeline
+from sentinel.components.xid.parse import xid_record
 from sentinel.config.agent import (
     AgentConfig,
     AgentIdentity,
@@ -28,7 +29,7 @@ from sentinel.config.aggregator import AggregatorConfig, FleetConfig, IncidentsC
 from sentinel.config.common import MetricsConfig
 from sentinel.sim.host import sim_hosts
 from sentinel.sim.scenario import load_scenario_text
-from sentinel.wire import CommandResult, Event, ProcInfo, encode
+from sentinel.wire import CommandResult, ProcInfo, XidOccurred, encode
 from tests.aggregator.helpers import TOKEN, agent, batch, running_aggregator, wait_until
 
 CATALOG = {
@@ -64,7 +65,11 @@ async def test_api_endpoints_and_metrics_catalog(tmp_path: Path) -> None:
         first.procs = procs
         await a.send(first)
         await a.ack()
-        second = batch(1, t + 0.1, events=[Event(t=t, kind="xid", gpu=2, xid=48, text="NVRM: Xid 48")])
+        second = batch(
+            1,
+            t + 0.1,
+            events=[XidOccurred(t=t, gpu=2, text="NVRM: Xid 48", record=xid_record(48, "NVRM: Xid 48"))],
+        )
         await a.send(second)
         await a.ack()
 
@@ -148,7 +153,13 @@ async def test_incident_collects_every_agents_snapshot_into_one_timeline(tmp_pat
             ]
             await conn.send(first)
             await conn.ack()
-        await a2.send(batch(1, t, events=[Event(t=t, kind="xid", gpu=5, xid=79, text="NVRM: Xid 79")]))
+        await a2.send(
+            batch(
+                1,
+                t,
+                events=[XidOccurred(t=t, gpu=5, text="NVRM: Xid 79", record=xid_record(79, "NVRM: Xid 79"))],
+            )
+        )
         await a2.ack()
 
         async def answer(conn: Any, host: str, t0: float) -> None:

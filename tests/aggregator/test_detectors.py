@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import msgspec
 import pytest
 
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.state import HostView, JobView
+from sentinel.aggregator.store import BuiltinsHolder, StateStore
 from sentinel.aggregator.verdicts import Finding, VerdictBook
 from sentinel.components.clocks.record import ClockViolations
+from sentinel.components.xid.parse import xid_record
 from sentinel.fr.heads import FrHeads, InFlight, PgHead
-from sentinel.wire import Batch, EccCounters, Event, NvLink, ProcInfo, RowRemap
+from sentinel.wire import (
+    Batch,
+    EccCounters,
+    GpuStateChanged,
+    GpuWasReset,
+    LogLine,
+    NvLink,
+    ProcInfo,
+    RowRemap,
+    XidOccurred,
+)
 from tests.aggregator.helpers import hello, sample
 
 
@@ -44,7 +59,18 @@ class Fleet:
 def test_critical_xid_opens_faulty_in_the_same_ingest_and_closes_on_reset() -> None:
     f = Fleet()
     f.send("h0", 1.0)
-    f.send("h0", 2.0, events=[Event(t=2.0, kind="xid", gpu=3, xid=79, text="NVRM: Xid (PCI:0000:1b:00): 79")])
+    f.send(
+        "h0",
+        2.0,
+        events=[
+            XidOccurred(
+                t=2.0,
+                gpu=3,
+                text="NVRM: Xid (PCI:0000:1b:00): 79",
+                record=xid_record(79, "NVRM: Xid (PCI:0000:1b:00): 79"),
+            )
+        ],
+    )
     assert f.open() == [("faulty", "h0", 3, "xid_79")]  # before any tick
     verdict = next(iter(f.engine.book.open.values()))
     assert verdict.action == "reboot" and verdict.opened_at == 2.0
@@ -52,19 +78,30 @@ def test_critical_xid_opens_faulty_in_the_same_ingest_and_closes_on_reset() -> N
         f.send("h0", float(t))
         f.engine.tick(float(t))
     assert len(f.engine.book.open) == 1 and len(f.engine.book.by_id) == 1  # opened once
-    f.send("h0", 8.0, events=[Event(t=8.0, kind="gpu_reset", gpu=3)])
+    f.send("h0", 8.0, events=[GpuWasReset(t=8.0, gpu=3)])
     assert f.open() == []
     assert verdict.state == "closed" and verdict.closed_at == 8.0
 
 
 def test_latched_xid_survives_an_nvml_stall_and_clears_only_on_reset_evidence() -> None:
     f = Fleet()
-    f.send("h0", 1.0, events=[Event(t=1.0, kind="xid", gpu=2, xid=48, text="NVRM: Xid (PCI:0000:1b:00): 48")])
+    f.send(
+        "h0",
+        1.0,
+        events=[
+            XidOccurred(
+                t=1.0,
+                gpu=2,
+                text="NVRM: Xid (PCI:0000:1b:00): 48",
+                record=xid_record(48, "NVRM: Xid (PCI:0000:1b:00): 48"),
+            )
+        ],
+    )
     assert f.open() == [("faulty", "h0", 2, "xid_48")]
     # a 2-second NVML stall: unresponsive, then the agent's "recovered" (previous unresponsive)
     stalled = [sample(i, 2.0, state="unresponsive" if i == 2 else "ok") for i in range(8)]
     f.send("h0", 2.0, samples=stalled)
-    events = [Event(t=4.0, kind="gpu_recovered", gpu=2, fields={"previous": "unresponsive"})]
+    events = [GpuStateChanged(t=4.0, gpu=2, state="ok", previous="unresponsive")]
     f.send("h0", 4.0, events=events)
     f.engine.tick(5.0)
     assert ("faulty", "h0", 2, "xid_48") in f.open()
@@ -77,8 +114,19 @@ def test_latched_xid_survives_an_nvml_stall_and_clears_only_on_reset_evidence() 
 
 def test_a_lost_gpu_answering_again_was_reset() -> None:
     f = Fleet()
-    f.send("h0", 1.0, events=[Event(t=1.0, kind="xid", gpu=4, xid=79, text="NVRM: Xid (PCI:0000:1b:00): 79")])
-    f.send("h0", 2.0, events=[Event(t=2.0, kind="gpu_recovered", gpu=4, fields={"previous": "lost"})])
+    f.send(
+        "h0",
+        1.0,
+        events=[
+            XidOccurred(
+                t=1.0,
+                gpu=4,
+                text="NVRM: Xid (PCI:0000:1b:00): 79",
+                record=xid_record(79, "NVRM: Xid (PCI:0000:1b:00): 79"),
+            )
+        ],
+    )
+    f.send("h0", 2.0, events=[GpuStateChanged(t=2.0, gpu=4, state="ok", previous="lost")])
     f.engine.tick(3.0)
     assert f.open() == []
 
@@ -86,10 +134,18 @@ def test_a_lost_gpu_answering_again_was_reset() -> None:
 def test_application_xids_never_make_a_gpu_faulty_but_repeats_from_many_processes_degrade_it() -> None:
     f = Fleet()
     for i, xid in enumerate((13, 31, 43, 45)):
-        f.send("h0", 1.0 + i, events=[Event(t=1.0 + i, kind="xid", gpu=1, xid=xid, fields={"pid": 100})])
+        f.send(
+            "h0",
+            1.0 + i,
+            events=[XidOccurred(t=1.0 + i, gpu=1, record=msgspec.structs.replace(xid_record(xid), pid=100))],
+        )
     assert f.open() == []
     for i, pid in enumerate((101, 102)):
-        f.send("h0", 10.0 + i, events=[Event(t=10.0 + i, kind="xid", gpu=1, xid=13, fields={"pid": pid})])
+        f.send(
+            "h0",
+            10.0 + i,
+            events=[XidOccurred(t=10.0 + i, gpu=1, record=msgspec.structs.replace(xid_record(13), pid=pid))],
+        )
     assert f.open() == [("degraded", "h0", 1, "xid_13_repeated")]
     assert all(v.kind != "faulty" for v in f.engine.book.all())
 
@@ -129,7 +185,7 @@ def test_row_remap_pending_failure_and_ecc() -> None:
     samples[0] = sample(0, 3.0, remap=RowRemap(correctable=1))
     samples[1] = sample(1, 3.0, remap=RowRemap(uncorrectable=2, failure=True))
     samples[3] = sample(3, 3.0, remap=RowRemap(uncorrectable=1))
-    resets = [Event(t=3.0, kind="gpu_reset", gpu=g) for g in (0, 2, 3)]
+    resets = [GpuWasReset(t=3.0, gpu=g) for g in (0, 2, 3)]
     f.send("h0", 3.0, samples=samples, events=resets)
     assert f.open() == [("faulty", "h0", 1, "row_remap_failure")]
 
@@ -361,9 +417,8 @@ def test_all_ranks_inside_with_nccl_net_errors_names_the_rank_with_the_errors() 
             hs = [heads(base + g, t, [pg("world", completed, age)], host, g) for g in range(8)]
             events = []
             if host == "h1" and t == 4.0:
-                events = [
-                    Event(t=t, kind="log", severity="warning", text=nccl, fields={"kind": "nccl_warn_net"})
-                ]
+                # the agent classified the line: its pid (the aggregator maps it to the rank's GPU)
+                events = [LogLine(t=t, severity="warning", text=nccl, line_kind="nccl_warn_net", pid=1005)]
             f.send(host, t, heads=hs, events=events, procs=procs(base // 8) if t == 0 else None)
         f.engine.tick(t)
     stuck = [v for v in f.engine.book.open.values() if v.kind == "stuck"]
@@ -389,12 +444,8 @@ def test_all_ranks_inside_without_evidence_is_a_long_collective_until_the_unexpl
 def test_no_heads_watchdog_timeouts_name_the_rank_that_did_not_time_out() -> None:
     f = Fleet()
     events = [
-        Event(
-            t=5.0,
-            kind="log",
-            severity="critical",
-            text="watchdog",
-            fields={"kind": "torch_watchdog_timeout", "rank": r, "seq": 42},
+        LogLine(
+            t=5.0, severity="critical", text="watchdog", line_kind="torch_watchdog_timeout", rank=r, seq=42
         )
         for r in range(16)
         if r != 9
@@ -635,3 +686,50 @@ def test_a_slow_gpu_whose_nvlink_errors_climb_is_a_straggler_for_that_reason() -
         ("h2", 3, "nvlink_errors", "reset_gpu")
     ]
     assert any("NVLink errors at" in e and "link 5 replay +80" in e for e in stragglers[0].evidence)
+
+
+def test_a_culprit_corrected_by_the_dumps_stays_corrected_across_an_aggregator_restart(
+    tmp_path: Path,
+) -> None:
+    f = _stalled_cascade()
+    analysis = {"verdict": "hang", "culprit_ranks": [5], "findings": ["rank 5 is behind by 2 collectives"]}
+    assert f.engine.join_dumps("j", analysis) == "corrected"
+    feed_cascade(f, 10.0, age=7.0, completed=12)
+    f.engine.tick(10.0)
+    assert [r for r, _, _ in _stuck(f)] == [5]
+    old = StateStore(tmp_path)
+    old.register(BuiltinsHolder("detectors", dict(f.engine.detectors)), 10.0)
+    old.close()
+    # a restart: a new engine with the detectors' memory, the fleet rebuilt from the agents' next batches
+    again = Fleet()
+    new = StateStore(tmp_path)
+    new.register(BuiltinsHolder("detectors", dict(again.engine.detectors)), 11.0)
+    new.close()
+    for t in (12.0, 14.0, 16.0):
+        feed_cascade(again, t, age=t - 3.0, completed=12)
+        again.engine.tick(t)
+    found = _stuck(again)
+    assert [r for r, _, _ in found] == [5]  # the dumps' culprit, not the heads' rank 3
+    assert found[0][1] == "fr_hang" and "corrected by the Flight Recorder dumps" in found[0][2]
+    assert again.engine.stalls["j"].fr_outcome == "corrected"
+    # the stall ends: the judgement goes with it, the next stall is judged afresh
+    feed_cascade(again, 18.0, age=0.1, completed=30)
+    again.engine.tick(18.0)
+    assert _stuck(again) == [] and again.engine.detectors["stuck"].dumps == {}  # type: ignore[attr-defined]
+
+
+def test_a_restored_dump_judgement_whose_stall_never_returns_is_dropped(tmp_path: Path) -> None:
+    f = _stalled_cascade()
+    assert f.engine.join_dumps("j", {"verdict": "hang", "culprit_ranks": [5]}) == "corrected"
+    f.engine.tick(9.0)
+    old = StateStore(tmp_path)
+    old.register(BuiltinsHolder("detectors", dict(f.engine.detectors)), 9.0)
+    old.close()
+    again = Fleet()
+    new = StateStore(tmp_path)
+    new.register(BuiltinsHolder("detectors", dict(again.engine.detectors)), 10.0)
+    new.close()
+    for t in range(10, 120, 2):  # the job is moving again after the restart
+        feed_cascade(again, float(t), age=0.1, completed=40 + t)
+        again.engine.tick(float(t))
+    assert _stuck(again) == [] and again.engine.detectors["stuck"]._restored == {}  # type: ignore[attr-defined]

@@ -15,9 +15,10 @@ from sentinel.aggregator.detectors.base import Detector, Evaluation, Observation
 from sentinel.aggregator.engine import Engine, EngineMetrics
 from sentinel.aggregator.metrics import AggregatorMetrics
 from sentinel.aggregator.server import Aggregator
+from sentinel.components.xid.parse import xid_record
 from sentinel.config import load_aggregator_config
 from sentinel.config.aggregator import AggregatorConfig, DetectConfig
-from sentinel.wire import Batch, Event
+from sentinel.wire import Batch, XidOccurred
 from tests.aggregator.helpers import hello, sample
 
 
@@ -101,7 +102,12 @@ def test_a_detector_switched_off_opens_nothing_and_its_open_verdicts_close() -> 
     view = engine.fleet.hosts["h0"]
     engine.ingest(
         view,
-        Batch(seq=1, t=62.0, samples=[sample(0, 62.0)], events=[Event(t=62.0, kind="xid", gpu=0, xid=79)]),
+        Batch(
+            seq=1,
+            t=62.0,
+            samples=[sample(0, 62.0)],
+            events=[XidOccurred(t=62.0, gpu=0, record=xid_record(79))],
+        ),
         62.0,
     )
     engine.tick(62.0)

@@ -9,9 +9,10 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from sentinel.components.xid.parse import xid_record
 from sentinel.config.aggregator import AggregatorConfig
 from sentinel.fleet import create_fleet_app, merge_verdicts
-from sentinel.wire import Event
+from sentinel.wire import XidOccurred
 from tests.aggregator.helpers import agent, batch, running_aggregator, wait_until
 from tests.aggregator.procs import free_port
 
@@ -27,13 +28,13 @@ async def test_fleet_api_merges_clusters_folds_ha_copies_and_names_the_missing(t
         a = await stack.enter_async_context(running_aggregator(tmp_path / "a", _config("c1")))
         b = await stack.enter_async_context(running_aggregator(tmp_path / "b", _config("c1")))
         c = await stack.enter_async_context(running_aggregator(tmp_path / "c", _config("c2")))
-        xid = [Event(t=1.0, kind="xid", gpu=2, xid=79)]
+        xid = [XidOccurred(t=1.0, gpu=2, record=xid_record(79))]
         for running in (a, b):  # an agent streaming to both of c1's aggregators
             async with agent(running, "c1-node-1") as conn:
                 await conn.send(batch(1, 1.0, events=xid))
                 assert await conn.ack() == 1
         async with agent(c, "c2-node-7") as conn:
-            await conn.send(batch(1, 1.0, events=[Event(t=1.0, kind="xid", gpu=5, xid=79)]))
+            await conn.send(batch(1, 1.0, events=[XidOccurred(t=1.0, gpu=5, record=xid_record(79))]))
             assert await conn.ack() == 1
         await wait_until(lambda: all(r.aggregator.engine.book.open for r in (a, b, c)))
         dead = f"http://127.0.0.1:{free_port()}"

@@ -6,21 +6,27 @@ import contextlib
 import math
 
 import msgspec
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sentinel.aggregator.engine import Engine
 from sentinel.components.clocks.record import ClockViolations
+from sentinel.components.xid.parse import XidRecord
 from sentinel.fr.heads import FrHeads, InFlight, PgHead
 from sentinel.wire import (
     Batch,
     EccCounters,
-    Event,
+    FrDumpWritten,
     GpuSample,
+    GpuStateChanged,
+    GpuWasReset,
     Hello,
+    LogLine,
     NvLink,
     ProcInfo,
     RowRemap,
+    XidOccurred,
     decode_agent_frame,
     encode,
 )
@@ -65,22 +71,42 @@ samples = st.builds(
         thermal=st.none() | st.integers(-5, 2**63),
     ),
 )
-events = st.builds(
-    Event,
-    t=times,
-    kind=st.sampled_from(
-        ["xid", "log", "gpu_lost", "gpu_unresponsive", "gpu_reset", "reboot", "agent", "weird"]
+big_ints = st.integers(-(2**63), 2**63 - 1)
+gpus = st.none() | small
+xid_records = st.builds(
+    XidRecord,
+    xid=st.integers(min_value=-5, max_value=70000),
+    pci_bus=st.none() | st.sampled_from(["0000:1b:00", "", "zz"]),
+    pid=st.none() | big_ints,
+    process=st.none() | st.text(max_size=20),
+    previous_xid=st.none() | big_ints,
+    gpu_instance=st.none() | big_ints,
+    severity=st.sampled_from(["info", "warning", "critical"]),
+    action=st.sampled_from(["none", "reset_gpu", "reboot", "rma"]),
+    fatal=st.booleans(),
+)
+events = st.one_of(
+    st.builds(XidOccurred, t=times, gpu=gpus, record=xid_records, text=st.text(max_size=80)),
+    st.builds(
+        LogLine,
+        t=times,
+        gpu=gpus,
+        line_kind=st.sampled_from(["nccl_warn_net", "torch_watchdog_timeout", "nccl_warn_cuda", "other"]),
+        reason=st.none() | st.sampled_from(["ib_link_down", "nccl_ib_completion_error", "?"]),
+        rank=st.none() | big_ints,
+        seq=st.none() | big_ints,
+        pid=st.none() | big_ints,
+        text=st.text(max_size=80),
     ),
-    gpu=st.none() | small,
-    xid=st.none() | st.integers(min_value=-5, max_value=70000),
-    text=st.text(max_size=80),
-    fields=st.dictionaries(
-        st.sampled_from(["kind", "rank", "seq", "pid"]),
-        st.none()
-        | st.integers(-(2**63), 2**63 - 1)
-        | st.sampled_from(["nccl_warn_net", "torch_watchdog_timeout"]),
-        max_size=4,
+    st.builds(
+        GpuStateChanged,
+        t=times,
+        gpu=gpus,
+        state=st.sampled_from(["ok", "lost", "unresponsive", "unavailable"]),
+        previous=st.sampled_from(["ok", "lost", "unresponsive", "unavailable"]),
     ),
+    st.builds(GpuWasReset, t=times, gpu=gpus),
+    st.builds(FrDumpWritten, t=times, path=st.text(max_size=20), rank=st.none() | big_ints),
 )
 pg_heads = st.builds(
     PgHead,
@@ -157,3 +183,72 @@ def test_any_well_typed_batches_never_break_the_engine(frames: list[Batch], rehe
     for verdict in engine.book.all():
         assert verdict.kind in ("faulty", "degraded", "stuck", "straggler", "host_silent")
         assert verdict.to_dict()["state"] in ("open", "closed")
+
+
+def _nested(depth: int) -> object:
+    value: object = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+#: what a hostile agent can put where the schema expects a value: wrong tags, huge and boundary integers,
+#: deep nesting, wrong containers, strings beyond the bounds
+hostile_values = st.one_of(
+    st.sampled_from(["xid", "log", "gpu_state", "gpu_reset", "fr_dump", "batch", "hello", "result", ""]),
+    st.text(max_size=8),
+    st.integers(-(2**63), 2**64 - 1),
+    st.sampled_from([2**63, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1]),
+    st.integers(1, 3000).map(_nested),
+    st.just("x" * 20000),
+    st.just({"kind": "xid"}),
+    st.just([None] * 300),
+    st.none(),
+    st.booleans(),
+    floats,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(batches, min_size=1, max_size=1),
+    st.sampled_from(["type", "seq", "t", "events", "samples", "heads"]),
+    st.sampled_from(["kind", "t", "gpu", "record", "line_kind", "rank", "state", "text", "extra"]),
+    hostile_values,
+)
+def test_hostile_values_anywhere_in_a_batch_decode_to_a_bounded_batch_or_a_msgspec_error(
+    frames: list[Batch], top: str, inner: str, value: object
+) -> None:
+    """Structure-aware: a valid batch's builtins with one value swapped for a hostile one, at the top or in
+    its first event — the one decoder answers with a typed, bounded Batch or a msgspec error, never more."""
+    doc = msgspec.to_builtins(frames[0])
+    assert isinstance(doc, dict)
+    doc["type"] = "batch"
+    events = doc.get("events") or []
+    if events and inner != "extra":
+        events[0][inner] = value
+    else:
+        doc[top] = value
+    try:
+        data = msgspec.msgpack.encode(doc)
+    except (OverflowError, msgspec.EncodeError):
+        return  # not even encodable as msgpack: no agent could send it
+    try:
+        frame = decode_agent_frame(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return
+    if isinstance(frame, Batch):
+        assert len(frame.events) <= 1 << 18
+        for event in frame.events:
+            assert isinstance(event, XidOccurred | LogLine | GpuStateChanged | GpuWasReset | FrDumpWritten)
+            assert len(event.text) <= 4 * 4096
+
+
+def test_an_event_with_an_unknown_tag_is_refused_by_the_decoder() -> None:
+    doc = msgspec.to_builtins(Batch(seq=1, t=1.0, events=[GpuWasReset(t=1.0, gpu=0)]))
+    doc["events"][0]["kind"] = "reboot"  # no such event: the frame is refused as a whole, never half-read
+    with pytest.raises(msgspec.ValidationError, match="Invalid value 'reboot'"):
+        decode_agent_frame(msgspec.msgpack.encode(doc))
+    doc["events"][0] = {"kind": "xid", "t": 1.0, "gpu": 0}  # an Xid without its classified record
+    with pytest.raises(msgspec.ValidationError, match="record"):
+        decode_agent_frame(msgspec.msgpack.encode(doc))

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import aiohttp
 
-from sentinel.wire import Ack, Batch, Event, decode_aggregator_frame, encode
+from sentinel.components.xid.parse import xid_record
+from sentinel.wire import Ack, Batch, Event, GpuWasReset, XidOccurred, decode_aggregator_frame, encode
 from tests.aggregator.helpers import TOKEN, hello, sample
 from tests.aggregator.procs import AggregatorProcess
 
@@ -59,7 +60,7 @@ async def test_sigkill_then_restart_keeps_the_open_verdict_and_closes_it_only_on
         t0 = time.time()
         await _send(
             aggregator.stream_url,
-            [_batch(1, t0), _batch(2, t0 + 1, [Event(t=t0 + 1, kind="xid", gpu=3, xid=79)])],
+            [_batch(1, t0), _batch(2, t0 + 1, [XidOccurred(t=t0 + 1, gpu=3, record=xid_record(79))])],
         )
         (opened,) = aggregator.get("/api/v1/verdicts?state=open")["verdicts"]
         assert (opened["host"], opened["gpu"], opened["reason"]) == ("h0", 3, "xid_79")
@@ -78,7 +79,7 @@ async def test_sigkill_then_restart_keeps_the_open_verdict_and_closes_it_only_on
         await _send(aggregator.stream_url, [_batch(3 + i, t1 + i) for i in range(3)])
         assert [v["id"] for v in aggregator.get("/api/v1/verdicts?state=open")["verdicts"]] == [opened["id"]]
         # the evidence: the GPU was reset. Then SIGTERM at once: a clean stop loses nothing
-        await _send(aggregator.stream_url, [_batch(6, t1 + 3, [Event(t=t1 + 3, kind="gpu_reset", gpu=3)])])
+        await _send(aggregator.stream_url, [_batch(6, t1 + 3, [GpuWasReset(t=t1 + 3, gpu=3)])])
         assert aggregator.get("/api/v1/verdicts?state=open")["verdicts"] == []
         assert aggregator.stop() == 0
 
@@ -108,9 +109,11 @@ async def test_kill_9_in_the_middle_of_a_stream_of_faults_loses_at_most_the_last
             await ws.send_bytes(encode(hello("h0", gpus=8)))
             for seq in range(1, 60):
                 t = t0 + seq * 0.05
-                events = [Event(t=t, kind="xid", gpu=seq % 8, xid=79)] if seq % 8 == 0 or seq < 8 else []
+                events = (
+                    [XidOccurred(t=t, gpu=seq % 8, record=xid_record(79))] if seq % 8 == 0 or seq < 8 else []
+                )
                 if seq % 8 == 7:
-                    events = [Event(t=t, kind="gpu_reset", gpu=(seq + 1) % 8)]  # closes one, then reopens
+                    events = [GpuWasReset(t=t, gpu=(seq + 1) % 8)]  # closes one, then reopens
                 await ws.send_bytes(encode(_batch(seq, t, events)))
                 await ws.receive(timeout=10)
                 async with session.get(aggregator.url + "/api/v1/verdicts") as response:

@@ -5,14 +5,17 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import msgspec
+
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.latches import FleetLatches
 from sentinel.aggregator.server import restore_holds
 from sentinel.aggregator.state import HostView
 from sentinel.aggregator.store import BuiltinsHolder, StateStore
 from sentinel.aggregator.verdicts import Finding, VerdictBook
+from sentinel.components.xid.parse import xid_record
 from sentinel.config.aggregator import AggregatorConfig
-from sentinel.wire import Batch, Event, GpuSample, Hello, RowRemap
+from sentinel.wire import Batch, GpuSample, GpuWasReset, Hello, RowRemap, XidOccurred
 from tests.aggregator.helpers import hello, sample
 
 
@@ -53,8 +56,8 @@ class Node:
         )
 
 
-def xid(t: float, gpu: int, code: int, pid: int | None = None) -> Event:
-    return Event(t=t, kind="xid", gpu=gpu, xid=code, fields={"pid": pid} if pid is not None else {})
+def xid(t: float, gpu: int, code: int, pid: int | None = None) -> XidOccurred:
+    return XidOccurred(t=t, gpu=gpu, record=msgspec.structs.replace(xid_record(code), pid=pid))
 
 
 def test_a_latched_xid_stays_open_across_a_restart_with_its_opened_time_and_closes_on_reset(
@@ -75,7 +78,7 @@ def test_a_latched_xid_stays_open_across_a_restart_with_its_opened_time_and_clos
         second.send("h0", float(t))  # healthy readings do not clear a latched Xid 79
         second.engine.tick(float(t))
     assert second.open() == before
-    second.send("h0", 110.0, events=[Event(t=110.0, kind="gpu_reset", gpu=3)])
+    second.send("h0", 110.0, events=[GpuWasReset(t=110.0, gpu=3)])
     assert second.open() == []
     closed = second.engine.book.by_id[before[0][0]]
     assert closed.closed_at == 110.0 and closed.close_reason == "evidence gone"

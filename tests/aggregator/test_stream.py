@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from sentinel.config.aggregator import AggregatorConfig, LimitsConfig
-from sentinel.wire import Batch, Event, encode
+from sentinel.wire import Batch, LogLine, encode
 from tests.aggregator.helpers import TOKEN, agent, batch, hello, running_aggregator, sample, wait_until
 
 
@@ -111,7 +111,7 @@ async def test_frames_over_the_size_limit_are_refused_with_1009(tmp_path: Path) 
         session, ws = await connect(running.stream_url)
         try:
             await ws.send_bytes(encode(hello("big-host")))
-            big = Batch(seq=0, t=0.0, events=[Event(t=0.0, kind="log", text="x" * 4000) for _ in range(40)])
+            big = Batch(seq=0, t=0.0, events=[LogLine(t=0.0, text="x" * 4000) for _ in range(40)])
             await ws.send_bytes(encode(big))
             assert await closed_with(ws) == 1009
         finally:

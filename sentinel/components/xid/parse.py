@@ -15,6 +15,7 @@ from typing import Final
 
 import msgspec
 
+from sentinel.components.bounds import Short
 from sentinel.components.vocab import Action, Severity
 from sentinel.components.xid.catalog import NVLINK5_CODES, xid_info
 from sentinel.text import bounded, clip, normalize_pci, parse_int
@@ -52,11 +53,11 @@ class XidRecord(msgspec.Struct, frozen=True, kw_only=True):
 
     xid: int
     #: ``dddd:bb:dd`` lower case; ``None`` when absent or redacted.
-    pci_bus: str | None
+    pci_bus: Short | None
     pid: int | None = None
-    process: str | None = None
+    process: Short | None = None
     #: Text after the code, pid and name (the driver's own description).
-    message: str = ""
+    message: Short = ""
     #: ``caused by previous Xid N``: this line is the consequence of an earlier Xid.
     previous_xid: int | None = None
     #: MIG GPU instance (``GPU-I:NN``) when the line names one.
@@ -171,10 +172,27 @@ def _with_severity(record: XidRecord) -> XidRecord:
     return msgspec.structs.replace(record, severity=severity, action=action, fatal=fatal)
 
 
-def xid_severity(code: int, text: str = "") -> Severity:
-    """The severity of one occurrence: the catalog's, refined by the kernel line when ``text`` is one."""
+def xid_record(code: int, text: str = "", pci_bus: str | None = None) -> XidRecord:
+    """The record of one occurrence of Xid ``code``: the kernel line's parse when ``text`` is that line,
+    else the catalog's entry (an NVML-only report carries nothing more than the code).
+
+    This is the agent's one classification of an Xid; the aggregator judges the record as sent.
+    """
     parsed = parse_xid(text) if "Xid" in text else None
     if parsed is not None and parsed.xid == code:
-        return parsed.severity
-    severity = xid_info(code).severity
-    return "warning" if severity == "info" else severity
+        return (
+            parsed if pci_bus is None or parsed.pci_bus else msgspec.structs.replace(parsed, pci_bus=pci_bus)
+        )
+    info = xid_info(code)
+    return XidRecord(
+        xid=code,
+        pci_bus=pci_bus,
+        severity="warning" if info.severity == "info" else info.severity,
+        action=info.action,
+        fatal=info.faulty_at_once,
+    )
+
+
+def xid_severity(code: int, text: str = "") -> Severity:
+    """The severity of one occurrence: the catalog's, refined by the kernel line when ``text`` is one."""
+    return xid_record(code, text).severity

@@ -527,7 +527,8 @@ function describeEntry(e) {
   if (type === "verdict") {
     what = `VERDICT ${d.kind} ${d.reason} → ${d.action}` + (d.evidence?.length ? ` (${d.evidence[0]})` : "");
   } else if (type === "event") {
-    what = [d.kind, d.xid ? "Xid " + d.xid : null, d.severity, d.text].filter(Boolean).join(" ");
+    const xid = d.record?.xid ?? d.xid;
+    what = [d.kind, d.line_kind, xid ? "Xid " + xid : null, d.severity, d.text].filter(Boolean).join(" ");
   } else if (type === "sample") {
     const num = (v, unit) => (v === undefined || v === null ? null : Math.round(v) + unit);
     what = [d.state && d.state !== "ok" ? d.state.toUpperCase() : null, num(d.util_gpu_pct, "%"), num(d.temp_c, "°C"),

@@ -29,7 +29,7 @@ from sentinel.agent.agent import Agent
 from sentinel.agent.nvml import NvmlSource
 from sentinel.aggregator.engine import Engine
 from sentinel.cli import main
-from sentinel.wire import Batch
+from sentinel.wire import Batch, XidOccurred
 from tests.agent.conftest import make_config
 from tests.agent.fakenvml import FakeNvml
 
@@ -180,10 +180,10 @@ async def test_xid_pairs_154_to_none_and_13_keep_the_kernel_lines_detail(
     with kmsg.open("a") as f:
         f.write(LINE_154 + "\n" + LINE_13 + "\n")
     batches.append(await agent.step(1.2))
-    events = [e for b in batches for e in b.events if e.kind == "xid"]
-    assert sorted(e.xid for e in events if e.xid is not None) == [13, 154]  # one event per occurrence
-    assert {e.xid: e.severity for e in events}[154] != "critical"
-    assert {e.xid: e.fields.get("pid") for e in events}[13] == 31337
+    events = [e for b in batches for e in b.events if isinstance(e, XidOccurred)]
+    assert sorted(e.record.xid for e in events) == [13, 154]  # one event per occurrence
+    assert {e.record.xid: e.severity for e in events}[154] != "critical"
+    assert {e.record.xid: e.record.pid for e in events}[13] == 31337
     _check("xid_pairs_154_13", [b for b in _view(batches) if b["events"]])
     await agent.shutdown()
 
@@ -229,7 +229,7 @@ async def test_kernel_log_cursor_across_an_agent_restart(fake_nvml: FakeNvml, tm
         if reader is not None and hasattr(reader, "boot_id"):
             reader.boot_id = "another-boot"
     batch = await third.step(3.0)
-    assert sorted(e.xid for e in batch.events if e.kind == "xid") == [48, 149]  # type: ignore[type-var]
+    assert sorted(e.record.xid for e in batch.events if isinstance(e, XidOccurred)) == [48, 149]
     await third.shutdown()
 
 

@@ -34,7 +34,7 @@ async def test_one_gpu_failing_at_open_is_reported_and_the_others_are_monitored(
     batch = await agent.step(1.0)
     states = {s.gpu: s.state for s in batch.samples}
     assert states == {0: "ok", 1: "unavailable"}
-    [event] = [e for e in batch.events if e.kind == "gpu_unavailable"]
+    [event] = [e for e in batch.events if getattr(e, "state", None) == "unavailable"]
     assert event.gpu == 1 and "Unknown Error" in event.text
     assert batch.gpu_source is not None
     assert (batch.gpu_source.ok, batch.gpu_source.found, batch.gpu_source.expected) == (True, 1, 2)
