@@ -159,7 +159,7 @@ class Agent:
         )
         self.lines = LineProcessor(self, self.xids, forward_info=config.logs.forward_info)
         self.probe: ProbeServer | None = None
-        self.gpu_collector: GpuCollector  # set by the registry's nvml entry
+        self.gpu_collector: GpuCollector | None = None  # set by the registry's nvml entry (unless disabled)
         self.ib_metrics: IbPortMetrics | None = None  # set by the registry's ib entry
         self.ib_tracker: PortTracker | None = None  # set by the registry's ib entry (kernel port lines)
         self.ras_metrics: RasMetrics | None = None  # set by the registry's nccl_ras entry
@@ -414,8 +414,10 @@ class Agent:
         open_errors = [
             f"{fn}: {err}" for (fn, err), n in self.counters.nvml_errors.items() if fn == "open" and n
         ]
+        if self.gpu_collector is None:
+            open_errors = ["the nvml collector is disabled in collect.disabled"]
         why_not = cannot_tell(
-            self.gpu_collector.opened,
+            self.gpu_collector is not None and self.gpu_collector.opened,
             "; ".join(open_errors),
             self.counters.last_tick,
             self.config.collect.tick_s,

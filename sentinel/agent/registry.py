@@ -36,14 +36,19 @@ from sentinel.components.ib.sysfs import SysfsPorts
 from sentinel.components.ib.tracker import PortTracker
 from sentinel.components.nccl_ras.collector import RasCollector
 from sentinel.components.nccl_ras.metrics import RasMetrics
+from sentinel.config.agent import CollectorName
+from sentinel.log import get_logger
 
 if TYPE_CHECKING:
     from sentinel.agent.agent import Agent
 
 
+log = get_logger(module="agent.registry")
+
+
 @dataclass(frozen=True)
 class CollectorEntry:
-    name: str
+    name: CollectorName
     #: the collector for this agent, or ``None`` when its configuration leaves it out
     build: Callable[[Agent], Collector | None]
 
@@ -64,8 +69,8 @@ def _nvml(agent: Agent) -> Collector:
 
 
 def _xid(agent: Agent) -> Collector | None:
-    if not agent.config.collect.nvml_events:
-        return None
+    if not agent.config.collect.nvml_events or agent.gpu_collector is None:
+        return None  # Xid events come from the event set of the NVML collector's open GPUs
     listener = XidListener(agent.source, f"{agent.host}-xid", inline=agent.inline)
     agent.gpu_collector.on_open = listener.start
     return XidCollector(agent, listener, agent.xids, agent.config.collect.tick_s)
@@ -195,9 +200,17 @@ COLLECTORS: Final[tuple[CollectorEntry, ...]] = (
 
 
 def build_collectors(agent: Agent) -> list[Collector]:
-    """Every collector the configuration enables, in registry order (``nvml`` first: it opens the GPUs)."""
+    """Every collector the configuration enables, in registry order (``nvml`` first: it opens the GPUs).
+
+    ``collect.disabled`` leaves a collector out before it is built: nothing of it runs, opens files or
+    registers metrics.
+    """
     built: list[Collector] = []
+    off = set(agent.config.collect.disabled)
     for entry in COLLECTORS:
+        if entry.name in off:
+            log.info("collector_disabled", collector=entry.name, host=agent.host)
+            continue
         collector = entry.build(agent)
         if collector is not None:
             built.append(collector)

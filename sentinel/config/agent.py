@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -21,8 +21,23 @@ class AgentIdentity(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     )
 
 
+#: Every collector of the agent's registry (:data:`sentinel.agent.registry.COLLECTORS`, which a test keeps
+#: equal to this list), so ``collect.disabled`` is checked while the file is read, never at run time.
+CollectorName = Literal["nvml", "xid", "ib", "kmsg", "logs", "jobs", "nccl_ras", "probe", "fr_dumps"]
+
+
 class CollectConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """GPU collection cadence and deadlines."""
+
+    disabled: Annotated[
+        list[CollectorName],
+        msgspec.Meta(
+            max_length=16,
+            description="collectors switched off (not built, not run, no metrics of theirs); on-call's way to "
+            'silence a collector that misbehaves on a host (e.g. ["ib"]). Without nvml the agent reads no GPU '
+            "(and neither xid), so `sentinel health` cannot tell",
+        ),
+    ] = []
 
     tick_s: Annotated[
         float, msgspec.Meta(ge=0.05, le=60, description="sampling interval of fast NVML metrics")
