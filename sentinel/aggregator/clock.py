@@ -23,6 +23,9 @@ WINDOW_S = 10.0
 WINDOWS_KEPT = 30
 #: the shortest span between the first and the last window for a rate (jitter of ~10 ms: < 0.05%)
 MIN_RATE_SPAN_S = 30.0
+#: how long after a host is first heard (or heard again after an aggregator restart) its rate is known, at
+#: most: the windows spanning MIN_RATE_SPAN_S, the one in progress, and one of margin
+RATE_KNOWN_AFTER_S = MIN_RATE_SPAN_S + 2 * WINDOW_S
 
 
 @dataclass(slots=True)

@@ -34,6 +34,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from sentinel.aggregator.detectors.straggler import straggler_hold_s
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.frdumps import settings_for_frame
 from sentinel.aggregator.incidents import IncidentManager, IncidentStore
@@ -821,7 +822,7 @@ def restore_holds(config: AggregatorConfig) -> dict[str, float]:
     """How long each detector needs after a restart to judge its restored verdicts again from fresh input.
 
     The stuck detector needs fresh heads and a wait of ``min_wait_s``; the straggler detector needs its
-    moving averages and ``persistence`` evaluations in a row; host_silent needs the silence threshold (every
+    hosts' clock rates measured again, its moving averages and ``persistence`` evaluations in a row; host_silent needs the silence threshold (every
     restored host counts as seen at the restart); the network detector needs each host's next port
     records. Hardware verdicts need no hold: the latched facts they
     are judged from are restored with them.
@@ -829,8 +830,7 @@ def restore_holds(config: AggregatorConfig) -> dict[str, float]:
     fleet, detect = config.fleet, config.detect
     return {
         "stuck": detect.stuck.min_wait_s + detect.stuck.heads_fresh_s + 2 * fleet.tick_s,
-        "straggler": detect.straggler.ema_window_s
-        + detect.straggler.eval_interval_s * (detect.straggler.persistence + 1),
+        "straggler": straggler_hold_s(detect.straggler),
         "host_silent": fleet.host_silent_after_s + 2 * fleet.tick_s,
         # port records arrive every agent ib.interval_s (2 s by default); a few of them rebuild every port
         "network": 10.0 + 2 * fleet.tick_s,

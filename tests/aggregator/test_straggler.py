@@ -7,11 +7,14 @@ x 8 GPUs, tensor-parallel groups = hosts) on a virtual clock with ±20% jitter p
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
+from sentinel.aggregator.clock import RATE_KNOWN_AFTER_S
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.state import HostView
+from sentinel.aggregator.store import BuiltinsHolder, StateStore
 from sentinel.fr.heads import FrHeads, PgHead, StepTime
 from sentinel.wire import Batch, ProcInfo
 from tests.aggregator.helpers import hello, sample
@@ -29,8 +32,10 @@ class Job:
         seed: int = 1,
         clock_rate: dict[str, float] | None = None,
         clock_offset: dict[str, float] | None = None,
+        hosts: int = HOSTS,
     ) -> None:
         self.engine = Engine()
+        self.hosts = hosts
         # odd host clocks: a rate scales the compute times a host measures, an offset shifts its timestamps
         self.clock_rate = clock_rate or {}
         self.clock_offset = clock_offset or {}
@@ -40,7 +45,8 @@ class Job:
         self.step = 0
         self.known_gpus = known_gpus
         self.paused: dict[int, float] = {}
-        for h in range(HOSTS):
+        self.procs_sent: set[str] = set()  # hosts whose process map this engine has (agents send it once)
+        for h in range(hosts):
             name = f"h{h}"
             self.views[name] = self.engine.hello(hello(name, GPUS), 0.0)
 
@@ -85,21 +91,24 @@ class Job:
                         rank=rank,
                         t=local_t,
                         job_id="j",
-                        world_size=HOSTS * GPUS,
+                        world_size=self.hosts * GPUS,
                         gpu=gpu,
                         pgs=[PgHead(pg_name="0", pg_desc="default_pg", last_completed_seq=self.step)],
                         steps=steps,
                     )
                 )
-                procs.append(ProcInfo(gpu=g, pid=100 + g, job_id="j", rank=rank, world_size=HOSTS * GPUS))
+                procs.append(
+                    ProcInfo(gpu=g, pid=100 + g, job_id="j", rank=rank, world_size=self.hosts * GPUS)
+                )
             batch = Batch(
                 seq=self.seq,
                 t=local_t,
                 samples=[sample(i, local_t) for i in range(GPUS)],
                 heads=heads,
-                procs=procs if self.known_gpus and first == 0 else None,
+                procs=procs if self.known_gpus and name not in self.procs_sent else None,
             )
             self.seq += 1
+            self.procs_sent.add(name)
             self.engine.ingest(view, batch, t)
 
 
@@ -115,6 +124,14 @@ def test_a_1_2x_straggler_is_named_within_60_s_and_its_tensor_parallel_peers_nev
     judged = job.engine.straggler.rank_judgement("j", 13)
     assert judged is not None and 0.12 <= judged.median_s - judged.job_median_s <= 0.2
     assert "ms late per step" in verdict.evidence[0]
+
+
+def test_a_1_2x_straggler_in_a_128_gpu_job_is_named_within_60_s_alone() -> None:
+    job = Job(hosts=16, seed=7)
+    assert job.run(0.0, 120.0, {}) == []  # 128 ranks, ±20% jitter and 2-3 s pauses: nothing
+    opened = job.run(120.0, 240.0, {77: 1.2})
+    assert [(host, rank) for _, host, rank in opened] == [("h9", 77)]
+    assert opened[0][0] - 120.0 <= 60.0
 
 
 def test_a_whole_slow_host_is_one_host_verdict_not_eight() -> None:
@@ -214,3 +231,75 @@ def test_the_clock_skew_is_exported_per_host() -> None:
         registry.get_sample_value("sentinel_host_clock_offset_seconds", {"cluster": "default", "host": "h3"})
         > 0
     )
+
+
+def _restart(job: Job, state_dir: Path | None, now: float) -> None:
+    """Persist the detectors' memory through the real state store, then a new engine restores it (a restart:
+    the fleet's live view — heads, steps, jobs, host clocks — is gone and comes back only with the agents'
+    next batches). ``state_dir`` None: a restart without a state store (nothing remembered)."""
+    if state_dir is not None:
+        old = StateStore(state_dir)
+        old.register(BuiltinsHolder("detectors", dict(job.engine.detectors)), now)
+        old.flush(full=True)
+        old.close()
+    job.engine = Engine()
+    if state_dir is not None:
+        new = StateStore(state_dir)
+        restored = new.register(BuiltinsHolder("detectors", dict(job.engine.detectors)), now)
+        assert restored == len(job.engine.detectors)
+        new.close()
+    for name in list(job.views):
+        job.views[name] = job.engine.hello(hello(name, GPUS), now)
+    job.procs_sent.clear()  # a new connection: the agents send their process maps again
+
+
+def test_a_straggler_in_progress_survives_an_aggregator_restart(tmp_path: Path) -> None:
+    straight = Job()
+    straight.run(0.0, 120.0, {})
+    ((opened_at, _, _),) = straight.run(120.0, 240.0, {13: 1.2})
+    restart_at = opened_at - 3.0
+    forgetful = Job()  # the same run, restarted without a state store
+    forgetful.run(0.0, 120.0, {})
+    forgetful.run(120.0, restart_at, {13: 1.2})
+    _restart(forgetful, None, restart_at)
+    ((forgot_at, _, _),) = forgetful.run(restart_at, restart_at + 120.0, {13: 1.2})
+    job = Job()
+    job.run(0.0, 120.0, {})
+    assert job.run(120.0, restart_at, {13: 1.2}) == []
+    (key,) = job.engine.straggler.streaks  # the straggling rank's GPU, h1/5, and nothing else
+    assert key == ("straggler", "h1", "5")
+    streak = job.engine.straggler.streaks[key]
+    assert streak.hits >= 1  # the straggler is on its way to a verdict
+    steps_before = list(job.engine.straggler.steps["j"][13].compute)
+    _restart(job, tmp_path, restart_at)
+    restored = job.engine.straggler
+    assert restored.streaks[key].hits == streak.hits  # its streak, not started over
+    assert list(restored.steps["j"][13].compute) == steps_before  # its step history
+    opened = job.run(restart_at, restart_at + 120.0, {13: 1.2})
+    # named again as soon as the hosts' clock rates are measured again (ranks are judged by compute time
+    # only on a host whose clock is known), its streak's remaining evaluation later, and before a restart
+    # that forgot everything would name it
+    assert [(host, rank) for _, host, rank in opened] == [("h1", 13)]
+    cfg = job.engine.config.detect.straggler
+    assert opened[0][0] <= restart_at + RATE_KNOWN_AFTER_S + 2 * cfg.eval_interval_s
+    assert opened[0][0] < forgot_at
+    # the heads after the restart still carry steps folded in before it: none of them is counted twice
+    history = restored.steps["j"][13]
+    assert history.last_seq == job.step - 1 and len(history.compute) <= history.compute.maxlen  # type: ignore[operator]
+
+
+def test_restored_memory_of_a_job_that_never_comes_back_is_forgotten(tmp_path: Path) -> None:
+    job = Job()
+    job.run(0.0, 60.0, {})
+    _restart(job, tmp_path, 60.0)
+    assert "j" in job.engine.straggler.steps
+    engine = job.engine
+    for t in range(61, 400):  # the job's agents never send again
+        engine.tick(float(t))
+    assert "j" not in engine.straggler.steps
+
+
+def test_memory_of_another_shape_is_dropped_not_fatal() -> None:
+    engine = Engine()
+    engine.straggler.restore({"steps": {"j": {"0": [1.0, 2.0]}}, "streaks": [[["a"], "x", 0]]})
+    assert engine.straggler.steps == {} and engine.straggler.streaks == {}

@@ -25,6 +25,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
+from sentinel.aggregator.clock import RATE_KNOWN_AFTER_S
 from sentinel.aggregator.detectors.base import Detector, Evaluation, Key, Observation
 from sentinel.aggregator.state import FleetState, GpuView, JobView, counter_rate
 from sentinel.aggregator.verdicts import Finding
@@ -32,8 +35,16 @@ from sentinel.components.clocks.rule import REASON_SHARE
 from sentinel.components.clocks.rule import describe as describe_violations
 from sentinel.components.vocab import Action
 from sentinel.config.aggregator import AggregatorConfig, HardwareConfig, StragglerConfig
+from sentinel.log import get_logger
 
 DETECTOR = "straggler"
+
+
+def log() -> Any:
+    """The module's logger, bound at use so that the level set by ``setup_logging`` later applies."""
+    return get_logger(module="aggregator.straggler")
+
+
 _MAD_SCALE = 1.4826
 #: the robust scale never falls below this share of the median compute time (identical ranks: MAD 0)
 _MIN_SCALE_FRACTION = 0.005
@@ -44,6 +55,9 @@ class Streak:
     hits: int = 0
     misses: int = 0
     finding: Finding | None = None
+    #: restored from the store and not seen since: a miss while the fleet's view is being rebuilt (the
+    #: agents' first heads after a restart) is no evidence that the straggler is gone
+    restored: bool = False
 
 
 @dataclass(slots=True)
@@ -53,6 +67,26 @@ class RankSteps:
     last_seq: int = -1
     compute: deque[float] = field(default_factory=deque)
     heads_at: float = -math.inf  # aggregator time of the heads last folded in
+
+
+class _RankMemory(msgspec.Struct, array_like=True):
+    last_seq: int
+    compute: list[float]
+
+
+class _StreakMemory(msgspec.Struct, array_like=True):
+    key: tuple[str, ...]
+    hits: int
+    misses: int
+
+
+class StragglerMemory(msgspec.Struct, kw_only=True):
+    """What the detector keeps across a restart (the aggregator's state store): each rank's step history,
+    with the last step folded in so the heads that still carry it are not counted twice, and each
+    candidate's streak, so a straggler three evaluations into its ``persistence`` is not started over."""
+
+    steps: dict[str, dict[int, _RankMemory]] = {}
+    streaks: list[_StreakMemory] = []
 
 
 @dataclass(slots=True)
@@ -122,6 +156,13 @@ _ACTION: dict[str, Action] = {
 }
 
 
+def straggler_hold_s(cfg: StragglerConfig) -> float:
+    """How long after a restart the detector needs to judge again: its hosts' clock rates measured anew (a
+    rank is judged by compute time only on a host whose clock rate is known), its moving averages, and
+    ``persistence`` evaluations in a row."""
+    return RATE_KNOWN_AFTER_S + cfg.ema_window_s + cfg.eval_interval_s * (cfg.persistence + 1)
+
+
 def gpu_key(host: str, gpu: int) -> Key:
     return ("straggler", host, str(gpu))
 
@@ -146,11 +187,16 @@ class StragglerDetector(Detector):
         self.judged: dict[str, dict[int, RankJudgement]] = {}
         self.streaks: dict[Key, Streak] = {}
         self.next_eval = -math.inf
+        #: jobs restored from the store and not yet seen again, and until when they may come back
+        self._restored: set[str] = set()
+        self._restored_until: float | None = None
+        self._restore_pending = False
 
     def evaluate(self, seen: Observation) -> Evaluation | None:
         cfg = self.config.detect.straggler
         for job in seen.fleet.jobs.values():
             self._measure(job, cfg)
+        self._forget_unclaimed(seen)
         if seen.now < self.next_eval:
             return None
         self.next_eval = seen.now + cfg.eval_interval_s
@@ -176,12 +222,50 @@ class StragglerDetector(Detector):
         return self.judged.get(job, {}).get(rank)
 
     def snapshot(self) -> dict[str, Any]:
-        return {
-            "steps": {
-                job: {str(r): list(s.compute) for r, s in ranks.items()} for job, ranks in self.steps.items()
+        memory = StragglerMemory(
+            steps={
+                job: {r: _RankMemory(s.last_seq, list(s.compute)) for r, s in ranks.items()}
+                for job, ranks in self.steps.items()
             },
-            "streaks": [[list(k), s.hits, s.misses] for k, s in self.streaks.items()],
+            streaks=[_StreakMemory(k, s.hits, s.misses) for k, s in self.streaks.items()],
+        )
+        out: dict[str, Any] = msgspec.to_builtins(memory)
+        return out
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take back the step histories and streaks (a record of another shape is logged and dropped)."""
+        try:
+            memory = msgspec.convert(state, StragglerMemory, strict=False)
+        except msgspec.ValidationError as exc:
+            log().warning("straggler_memory_unreadable", error=str(exc)[:300])
+            return
+        window = self.config.detect.straggler.compute_window_steps
+        self.steps = {
+            job: {
+                rank: RankSteps(last_seq=m.last_seq, compute=deque(m.compute[-window:], maxlen=window))
+                for rank, m in ranks.items()
+            }
+            for job, ranks in memory.steps.items()
         }
+        self.streaks = {s.key: Streak(hits=s.hits, misses=s.misses, restored=True) for s in memory.streaks}
+        self._restored = set(self.steps)
+        self._restore_pending = True
+
+    def _forget_unclaimed(self, seen: Observation) -> None:
+        """The restore hold: it starts at the first evaluation after a restore and lasts as long as the
+        detector needs to judge again; restored jobs that have not come back by its end are over."""
+        if self._restore_pending:
+            self._restore_pending = False
+            cfg = self.config.detect.straggler
+            self._restored_until = seen.now + straggler_hold_s(cfg)
+        if self._restored_until is None:
+            return
+        self._restored -= seen.fleet.jobs.keys()
+        if seen.now >= self._restored_until:
+            for job in self._restored:
+                self.job_ended(job)
+            self._restored = set()
+            self._restored_until = None
 
     # -- measuring --------------------------------------------------------------------------------------
 
@@ -206,7 +290,8 @@ class StragglerDetector(Detector):
                 if step.seq > steps.last_seq:
                     steps.compute.append(step.compute_s)
                     steps.last_seq = step.seq
-        for rank in [r for r in ranks if r not in job.ranks]:
+        # a rank gone from the job is forgotten; one restored from the store and not heard from yet is kept
+        for rank in [r for r, s in ranks.items() if r not in job.ranks and s.heads_at > -math.inf]:
             del ranks[rank]
 
     # -- judging ----------------------------------------------------------------------------------------
@@ -226,8 +311,12 @@ class StragglerDetector(Detector):
             streak.hits += 1
             streak.misses = 0
             streak.finding = finding
+            streak.restored = False
+        rebuilding = self._restored_until is not None and now < self._restored_until
         for key in [k for k in streaks if k not in candidates]:
             streak = streaks[key]
+            if streak.restored and rebuilding:
+                continue
             streak.misses += 1
             if streak.hits < cfg.persistence or streak.misses >= cfg.persistence:
                 del streaks[key]

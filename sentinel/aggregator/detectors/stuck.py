@@ -16,6 +16,8 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
+import msgspec
+
 from sentinel.aggregator.detectors import network
 from sentinel.aggregator.detectors.base import Detector, Evaluation, Observation
 from sentinel.aggregator.state import FleetState, GpuView, JobView, RankView, counter_rate
@@ -26,8 +28,16 @@ from sentinel.components.vocab import Action
 from sentinel.config.aggregator import AggregatorConfig, HardwareConfig, StuckConfig
 from sentinel.fr.heads import PgHead
 from sentinel.fr.waitgraph import Wait, find_culprits
+from sentinel.log import get_logger
 
 DETECTOR = "stuck"
+
+
+def log() -> Any:
+    """The module's logger, bound at use so that the level set by ``setup_logging`` later applies."""
+    return get_logger(module="aggregator.stuck")
+
+
 #: share of min_wait_s that some waiting rank must have reported itself (not extrapolated by the aggregator)
 OBSERVED_WAIT_FRACTION = 0.5
 #: Work bound per job and tick: the oldest stalled collectives examined, and the absent members followed
@@ -84,6 +94,24 @@ class DumpJudgement:
     findings: tuple[str, ...]
 
 
+class _DumpMemory(msgspec.Struct, kw_only=True):
+    """A stall's dump judgement as the state store keeps it, with the stall it belongs to (pg, seq)."""
+
+    outcome: DumpOutcome
+    culprits: tuple[int, ...]
+    verdict: str
+    findings: tuple[str, ...]
+    pg: str
+    seq: int
+
+
+class StuckMemory(msgspec.Struct, kw_only=True):
+    """What survives a restart: the dump judgements of stalls in progress. A restart during a stall whose
+    dumps corrected the live culprit must not bring back the culprit the heads alone would name."""
+
+    dumps: dict[str, _DumpMemory] = {}
+
+
 def judge_dumps(analysis: Mapping[str, Any] | None, live: list[int]) -> DumpJudgement:
     """Compare the dumps' analysis with the culprits the live heads named.
 
@@ -124,6 +152,9 @@ class StuckDetector(Detector):
         self.stalls: dict[str, Stall] = {}
         self.dumps: dict[str, DumpJudgement] = {}  # job → its stall's dump analysis, while the stall lasts
         self._known: dict[str, _Known] = {}
+        #: judgements restored from the store, waiting for their stall to be seen again (until the deadline)
+        self._restored: dict[str, _DumpMemory] = {}
+        self._restored_until: float | None = None
 
     def evaluate(self, seen: Observation) -> Evaluation:
         detect = self.config.detect
@@ -159,7 +190,36 @@ class StuckDetector(Detector):
         self.stalls = stalls
         for job_id in [j for j in self.dumps if j not in stalls]:
             del self.dumps[job_id]  # the stall is over: the next one gets its own dumps
+        if self._restored:
+            findings = self._claim_restored(seen, findings)
         return Evaluation(findings)
+
+    def _claim_restored(self, seen: Observation, findings: list[Finding]) -> list[Finding]:
+        """Join restored dump judgements to their stall once fresh heads show it again (same group and
+        collective); one whose stall is not seen within the restore hold, or is another stall, is dropped."""
+        cfg = self.config.detect.stuck
+        if self._restored_until is None:
+            self._restored_until = (
+                seen.now + cfg.min_wait_s + cfg.heads_fresh_s + 2 * self.config.fleet.tick_s
+            )
+        claimed = []
+        for job_id, memory in self._restored.items():
+            stall = self.stalls.get(job_id)
+            if stall is None or (stall.pg, stall.seq) != (memory.pg, memory.seq):
+                continue
+            judged = DumpJudgement(memory.outcome, memory.culprits, memory.verdict, memory.findings)
+            self.dumps[job_id] = judged
+            claimed.append(job_id)
+            job = seen.fleet.jobs.get(job_id)
+            if job is not None:
+                ours = [f for f in findings if f.key[:2] == ("stuck", job_id)]
+                rest = [f for f in findings if f.key[:2] != ("stuck", job_id)]
+                findings = rest + _with_dumps(job, ours, judged, stall)
+        for job_id in claimed:
+            del self._restored[job_id]
+        if seen.now >= self._restored_until:
+            self._restored = {}
+        return findings
 
     def join_dumps(self, job: str, analysis: Mapping[str, Any] | None) -> DumpJudgement | None:
         """The job's dumps were analyzed (an incident's ``fr_dump``): judge the live verdicts with it."""
@@ -179,7 +239,32 @@ class StuckDetector(Detector):
         self._known.pop(job, None)
 
     def snapshot(self) -> dict[str, Any]:
-        return {"stalls": {job: asdict(stall) for job, stall in self.stalls.items()}}
+        dumps = {
+            job: _DumpMemory(
+                outcome=j.outcome,
+                culprits=j.culprits,
+                verdict=j.verdict,
+                findings=j.findings,
+                pg=s.pg,
+                seq=s.seq,
+            )
+            for job, j in self.dumps.items()
+            if (s := self.stalls.get(job)) is not None
+        }
+        out: dict[str, Any] = msgspec.to_builtins(StuckMemory(dumps={**self._restored, **dumps}))
+        out["stalls"] = {job: asdict(stall) for job, stall in self.stalls.items()}  # for the debug API
+        return out
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take back the dump judgements of stalls in progress; the stalls themselves are seen afresh."""
+        self.switched_on()
+        try:
+            memory = msgspec.convert({"dumps": state.get("dumps", {})}, StuckMemory, strict=False)
+        except msgspec.ValidationError as exc:
+            log().warning("stuck_memory_unreadable", error=str(exc)[:300])
+            return
+        self._restored = dict(memory.dumps)
+        self._restored_until = None
 
 
 def _with_dumps(job: JobView, live: list[Finding], judged: DumpJudgement, stall: Stall) -> list[Finding]:
