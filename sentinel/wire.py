@@ -12,7 +12,7 @@ Aggregator → agent: :class:`Ack` per batch, :class:`Command` (ring-buffer snap
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated
 
 import msgspec
 
@@ -40,14 +40,19 @@ __all__ = [
     "Ack",
     "AgentFrame",
     "AggregatorFrame",
+    "Answer",
     "Batch",
     "ClockViolations",
     "Command",
     "CommandResult",
     "Drops",
+    "DumpFile",
     "EccCounters",
     "Event",
+    "EventEntry",
     "FabricInfo",
+    "FrDumpAnswer",
+    "FrDumpRequest",
     "FrDumpWritten",
     "GpuInfo",
     "GpuSample",
@@ -55,14 +60,23 @@ __all__ = [
     "GpuState",
     "GpuStateChanged",
     "GpuWasReset",
+    "HeadsEntry",
     "Hello",
     "LogLine",
     "NvLink",
     "PcieLink",
     "ProcInfo",
+    "ProcsEntry",
+    "ProcsMap",
+    "Request",
     "RetiredPages",
+    "RingEntry",
     "RowRemap",
+    "SampleEntry",
     "Severity",
+    "Snapshot",
+    "SnapshotRequest",
+    "VerdictsRequest",
     "XidOccurred",
     "decode_agent_frame",
     "decode_aggregator_frame",
@@ -79,8 +93,6 @@ MAX_TEXT_CHARS = 4096  # an event's raw text is cut to this many characters by t
 MAX_BATCH_ITEMS = 1 << 18  # samples, events, procs or heads in one batch
 MAX_GPUS = 1024
 Text = Annotated[str, msgspec.Meta(max_length=4 * MAX_TEXT_CHARS)]
-FieldValue = str | int | float | bool | None
-Fields = Annotated[dict[Short, FieldValue], msgspec.Meta(max_length=MAX_LIST)]
 
 # A GPU's records are defined by its components (sentinel/components/<name>/record.py): one type on the
 # wire, in the rules and in the metrics.
@@ -261,15 +273,6 @@ class Batch(msgspec.Struct, tag="batch", kw_only=True, omit_defaults=True):
     )
 
 
-class CommandResult(msgspec.Struct, tag="result", kw_only=True, omit_defaults=True):
-    """The agent's answer to a :class:`Command`; ``payload`` is command-specific (a snapshot document)."""
-
-    id: Short
-    ok: bool = True
-    error: Text = ""
-    payload: Any = None
-
-
 class Ack(msgspec.Struct, tag="ack", kw_only=True):
     """The aggregator has durably accepted batch ``seq`` (and will drop a resend of it)."""
 
@@ -288,14 +291,141 @@ class HostVerdict(msgspec.Struct, kw_only=True, omit_defaults=True):
     rank: int | None = None
 
 
-class Command(msgspec.Struct, tag="command", kw_only=True, omit_defaults=True):
-    """A request from the aggregator: ``snapshot`` (ring buffer since ``since``), ``fr_dump`` (job-wide),
-    ``verdicts`` (every open verdict on the agent's host, in ``verdicts``: the whole set, replacing the last)."""
+# -- commands (aggregator → agent) and their answers -------------------------------------------------------
+
+#: the largest rank number a dump may be for
+MAX_RANK = 1 << 24
+#: the most compressed FR dump bytes one agent's answer may carry (it must fit one frame)
+MAX_FR_ANSWER_BYTES = 6 * 1024 * 1024
+
+
+class _Request(msgspec.Struct, kw_only=True, omit_defaults=True, tag_field="name"):
+    """What a command asks for; the agent's command table maps each type to its handler."""
+
+    @property
+    def name(self) -> str:
+        """The command's name on the wire (``snapshot``, ``fr_dump``, ``verdicts``)."""
+        tag = self.__struct_config__.tag
+        return tag if isinstance(tag, str) else ""
+
+
+class SnapshotRequest(_Request, tag="snapshot"):
+    """The ring buffer from ``since`` (unix time; everything kept when absent)."""
+
+    since: float | None = None
+
+
+class FrDumpRequest(_Request, tag="fr_dump"):
+    """Trigger the job's local ranks (all when ``job`` is absent) to dump their Flight Recorder; with
+    ``collect``, gather the dumps written since ``since`` (waiting up to ``wait_s``, at most ``max_bytes``)."""
+
+    job: Short | None = None
+    collect: bool = False
+    since: float | None = None
+    wait_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 10.0
+    max_bytes: Annotated[int, msgspec.Meta(ge=0, le=MAX_FR_ANSWER_BYTES)] = MAX_FR_ANSWER_BYTES
+
+
+class VerdictsRequest(_Request, tag="verdicts"):
+    """Every open verdict on the agent's host (the whole set: it replaces the last one)."""
+
+    verdicts: Annotated[list[HostVerdict], msgspec.Meta(max_length=MAX_LIST)] = []
+
+
+Request = SnapshotRequest | FrDumpRequest | VerdictsRequest
+
+
+class Command(msgspec.Struct, tag="command", kw_only=True):
+    """A request from the aggregator, answered by a :class:`CommandResult` with the same ``id``."""
 
     id: Short
-    name: Literal["snapshot", "fr_dump", "verdicts"]
-    args: Fields = {}
-    verdicts: Annotated[list[HostVerdict], msgspec.Meta(max_length=MAX_LIST)] = []
+    request: Request
+
+    @property
+    def name(self) -> str:
+        return self.request.name
+
+
+class _Entry(msgspec.Struct, kw_only=True, tag_field="type"):
+    t: float
+
+
+class SampleEntry(_Entry, tag="sample"):
+    data: GpuSample
+
+
+class EventEntry(_Entry, tag="event"):
+    data: Event
+
+
+class HeadsEntry(_Entry, tag="heads"):
+    data: FrHeads
+
+
+class ProcsMap(msgspec.Struct, kw_only=True):
+    """A process-mapping change (the ring keeps the whole map each time it changes)."""
+
+    procs: Annotated[list[ProcInfo], msgspec.Meta(max_length=MAX_BATCH_ITEMS)]
+
+
+class ProcsEntry(_Entry, tag="procs"):
+    data: ProcsMap
+
+
+#: one entry of the ring buffer: what the agent saw, as it sent it
+RingEntry = SampleEntry | EventEntry | HeadsEntry | ProcsEntry
+
+
+class _Answer(msgspec.Struct, kw_only=True, omit_defaults=True, tag_field="command"):
+    """A command's answer, tagged by the command it answers."""
+
+
+class Snapshot(_Answer, tag="snapshot", omit_defaults=False):
+    """The host's share of the distributed flight recorder: its ring-buffer entries in ``window``
+    (t0 = the oldest entry kept or the requested ``since``; t1 = the snapshot time), time-ordered."""
+
+    host: Short
+    window: tuple[float, float]
+    entries: Annotated[list[RingEntry], msgspec.Meta(max_length=4 * MAX_BATCH_ITEMS)] = []
+
+
+class DumpFile(msgspec.Struct, kw_only=True):
+    """One rank's Flight Recorder dump, gzip bytes (``size``: the file's own size)."""
+
+    rank: Annotated[int, msgspec.Meta(ge=0, lt=MAX_RANK)]
+    name: Short
+    size: int
+    data: Annotated[bytes, msgspec.Meta(max_length=MAX_FR_ANSWER_BYTES)]
+
+
+RankReasons = Annotated[dict[Short, Short], msgspec.Meta(max_length=1 << 14)]
+Ranks = Annotated[list[int], msgspec.Meta(max_length=1 << 14)]
+
+
+class FrDumpAnswer(_Answer, tag="fr_dump"):
+    """What the agent did with its ranks' dump pipes and, when asked to collect, the dumps it found."""
+
+    pipes: Annotated[list[Short], msgspec.Meta(max_length=1 << 14)] = []
+    triggered: Ranks = []
+    missing: Ranks = []  # ranks without a dump pipe
+    failed: RankReasons = {}  # rank → why its pipe could not be written
+    dumps: Annotated[list[DumpFile], msgspec.Meta(max_length=1 << 14)] = []
+    skipped: RankReasons = {}  # rank → why its dump is not in ``dumps``
+    waited_s: float = 0.0
+    error: Short = ""
+
+
+Answer = Snapshot | FrDumpAnswer
+
+
+class CommandResult(msgspec.Struct, tag="result", kw_only=True, omit_defaults=True):
+    """The agent's answer to a :class:`Command`: ``answer`` when ``ok`` (None for a command that returns
+    nothing, such as ``verdicts``), else ``error``."""
+
+    id: Short
+    ok: bool = True
+    error: Text = ""
+    answer: Answer | None = None
 
 
 AgentFrame = Hello | Batch | CommandResult

@@ -59,10 +59,13 @@ from sentinel.wire import (
     CommandResult,
     Drops,
     Event,
+    FrDumpAnswer,
     GpuInfo,
     GpuSample,
     Hello,
     ProcInfo,
+    ProcsMap,
+    Snapshot,
 )
 
 log = get_logger(module="agent")
@@ -300,7 +303,7 @@ class Agent:
         ring.extend("event", [(event.t, event) for event in batch.events])
         ring.extend("heads", [(now, h) for h in heads])
         if batch.procs is not None:
-            ring.append(now, "procs", _ProcsEntry(procs=batch.procs))
+            ring.append(now, "procs", ProcsMap(procs=batch.procs))
         fitted = fit_frame(batch, MAX_BATCH_BYTES)
         if fitted.heads_cut or fitted.events_cut:
             self.counters.drop_parts["heads_oversize"] += fitted.heads_cut
@@ -356,44 +359,36 @@ class Agent:
 
     # -- commands -------------------------------------------------------------------------------------------
 
-    def snapshot(self, since: float | None = None) -> dict[str, Any]:
-        """The ring-buffer snapshot document (see :mod:`sentinel.agent.ring`)."""
+    def snapshot(self, since: float | None = None) -> Snapshot:
+        """The ring-buffer snapshot (see :mod:`sentinel.agent.ring`)."""
         return self.ring.snapshot(self.clock(), since)
 
-    def trigger_fr_dump(self, job: str | None = None) -> dict[str, Any]:
-        """Ask the local ranks (of ``job``, or all) to dump their flight recorder; the fr_dump payload."""
+    def trigger_fr_dump(self, job: str | None = None) -> FrDumpAnswer:
+        """Ask the local ranks (of ``job``, or all) to dump their flight recorder."""
         prefix = self.config.probe.fr_pipe_prefix
         return trigger_fr_dump(prefix, self.local_ranks(job) or None)
 
     def fr_dump_collect(
         self, job: str | None, *, since: float, wait_s: float, max_bytes: int = MAX_COLLECT_BYTES
-    ) -> dict[str, Any]:
+    ) -> FrDumpAnswer:
         """Trigger the job's local ranks, then gather their fresh dumps (blocking; run off the loop).
 
-        The fr_dump payload plus ``dumps`` (gzip bytes per rank) and ``skipped`` — see
+        The trigger's answer plus ``dumps`` (gzip bytes per rank) and ``skipped`` — see
         :func:`sentinel.agent.frdump.collect_dumps`. Ranks are the job's known local ranks; when none is
         known, every pipe is triggered and every fresh dump in the folder is returned.
         """
         if self.inputs.simulated:  # a simulated host: its "job" is the simulator's, not PyTorch processes
-            return {
-                "pipes": [],
-                "triggered": [],
-                "missing": [],
-                "failed": {},
-                "dumps": [],
-                "skipped": {},
-                "error": SIMULATED_NO_DUMP,
-            }
-        payload = self.trigger_fr_dump(job)
+            return FrDumpAnswer(error=SIMULATED_NO_DUMP)
+        triggered = self.trigger_fr_dump(job)
         directory = self.config.probe.fr_dump_dir
         if not directory:
-            return payload | {"dumps": [], "skipped": {}, "error": "probe.fr_dump_dir not set"}
+            return msgspec.structs.replace(triggered, error="probe.fr_dump_dir not set")
         known = self.local_ranks(job)
         found = collect_dumps(
             directory,
             self.config.probe.fr_dump_prefix,
             since=since,
-            expect=payload["triggered"],
+            expect=triggered.triggered,
             ranks=known or None,
             wait_s=wait_s,
             max_bytes=max_bytes,
@@ -401,12 +396,14 @@ class Agent:
         log.info(
             "fr_dump_collected",
             job=job,
-            triggered=len(payload["triggered"]),
-            dumps=len(found["dumps"]),
-            skipped=len(found["skipped"]),
-            waited_s=found["waited_s"],
+            triggered=len(triggered.triggered),
+            dumps=len(found.dumps),
+            skipped=len(found.skipped),
+            waited_s=found.waited_s,
         )
-        return payload | found
+        return msgspec.structs.replace(
+            triggered, dumps=found.dumps, skipped=found.skipped, waited_s=found.waited_s
+        )
 
     def health_report(self) -> dict[str, Any]:
         """This node's fitness (``GET /api/v1/health``, ``sentinel health``): see :mod:`sentinel.agent.health`."""
@@ -550,9 +547,3 @@ class Agent:
         except (TimeoutError, Exception) as exc:
             log.warning("gpu_source_close_failed", error=f"{type(exc).__name__}: {exc}")
         self.notifier.close()
-
-
-class _ProcsEntry(msgspec.Struct, kw_only=True):
-    """Ring entry payload for a process-mapping change (a dict with one key, ``procs``)."""
-
-    procs: list[ProcInfo]

@@ -20,11 +20,10 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 from sentinel.fr.trigger import pipe_path, trigger_dumps
 from sentinel.log import get_logger
-from sentinel.wire import FrDumpWritten
+from sentinel.wire import MAX_FR_ANSWER_BYTES, MAX_RANK, DumpFile, FrDumpAnswer, FrDumpWritten
 
 log = get_logger(module="agent.frdump")
 
@@ -34,7 +33,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 #: Largest dump file read (raw). A 2,000-entry dump with stack frames is ~0.3 MB.
 MAX_DUMP_FILE_BYTES = 64 * 1024 * 1024
 #: Compressed dump bytes returned in one answer at most: with the msgpack envelope it fits one frame.
-MAX_COLLECT_BYTES = 6 * 1024 * 1024
+MAX_COLLECT_BYTES = MAX_FR_ANSWER_BYTES
 #: Longest wait for triggered ranks to write their dumps.
 MAX_COLLECT_WAIT_S = 60.0
 _POLL_S = 0.1
@@ -56,29 +55,22 @@ def local_pipe_ranks(prefix: str) -> list[int]:
     return sorted(set(ranks))
 
 
-def trigger_fr_dump(prefix: str, ranks: Iterable[int] | None) -> dict[str, Any]:
+def trigger_fr_dump(prefix: str, ranks: Iterable[int] | None) -> FrDumpAnswer:
     """Ask these local ranks (all with a pipe when None) to dump, through :mod:`sentinel.fr.trigger`.
 
-    Returns the command payload: ``{"pipes": [paths written], "triggered": [ranks], "missing": [ranks],
-    "failed": {rank: reason}}``.
+    Returns the pipes written, the ranks triggered, those without a pipe and those whose pipe failed.
     """
     if not prefix:
-        return {
-            "pipes": [],
-            "triggered": [],
-            "missing": [],
-            "failed": {},
-            "error": "probe.fr_pipe_prefix not set",
-        }
+        return FrDumpAnswer(error="probe.fr_pipe_prefix not set")
     wanted = local_pipe_ranks(prefix) if ranks is None else sorted(set(ranks))
     result = trigger_dumps(prefix, wanted)
     pipes = [path for path in (pipe_path(prefix, rank) for rank in result.triggered) if path is not None]
-    return {
-        "pipes": pipes,
-        "triggered": list(result.triggered),
-        "missing": list(result.missing),
-        "failed": {str(rank): reason for rank, reason in result.failed.items()},
-    }
+    return FrDumpAnswer(
+        pipes=pipes,
+        triggered=list(result.triggered),
+        missing=list(result.missing),
+        failed={str(rank): reason[:512] for rank, reason in result.failed.items()},
+    )
 
 
 class FrDumpWatcher:
@@ -168,13 +160,13 @@ def collect_dumps(
     max_bytes: int = MAX_COLLECT_BYTES,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
-) -> dict[str, Any]:
+) -> FrDumpAnswer:
     """The fresh dump files of this host, gzip-compressed, for the aggregator's job-wide analysis.
 
     Waits up to ``wait_s`` until every rank in ``expect`` (the ranks whose pipes were written) has a dump
     written since ``since`` whose size and mtime held still over one poll (PyTorch may write in place).
-    Returns ``{"dumps": [{"rank", "name", "size", "data"}], "skipped": {rank: reason}, "waited_s"}``;
-    ``data`` is gzip bytes, at most ``max_bytes`` over all dumps (the rest is listed in ``skipped``).
+    Returns the answer's ``dumps`` (``data``: gzip bytes, at most ``max_bytes`` over all dumps; the rest
+    is listed in ``skipped`` with the reason) and ``waited_s``.
     """
     wanted = set(ranks) if ranks is not None else None
     expected = set(expect)
@@ -191,11 +183,14 @@ def collect_dumps(
             break
         previous = found
         sleep(_POLL_S)
-    dumps: list[dict[str, Any]] = []
+    dumps: list[DumpFile] = []
     skipped: dict[str, str] = {}
     budget = max_bytes
     for rank in sorted(found):
         path, size, _ = found[rank]
+        if not 0 <= rank < MAX_RANK:
+            skipped[str(rank)] = "not a rank number the aggregator accepts"
+            continue
         if rank not in stable:
             skipped[str(rank)] = "still being written when the wait ended"
             continue
@@ -215,7 +210,7 @@ def collect_dumps(
             )
             continue
         budget -= len(data)
-        dumps.append({"rank": rank, "name": os.path.basename(path)[:255], "size": len(raw), "data": data})
+        dumps.append(DumpFile(rank=rank, name=os.path.basename(path)[:255], size=len(raw), data=data))
     for rank in sorted(expected - found.keys()):
         skipped[str(rank)] = "no dump appeared"
-    return {"dumps": dumps, "skipped": skipped, "waited_s": round(clock() - start, 3)}
+    return FrDumpAnswer(dumps=dumps, skipped=skipped, waited_s=round(clock() - start, 3))

@@ -13,6 +13,7 @@ import asyncio
 import math
 from typing import TYPE_CHECKING
 
+import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -49,11 +50,11 @@ def build_app(agent: Agent) -> web.Application:
                 since = math.nan
             if not math.isfinite(since):
                 return web.json_response({"error": f"since: not a unix time: {raw[:64]!r}"}, status=400)
-        return web.json_response(agent.snapshot(since))
+        return _struct_response(agent.snapshot(since))
 
     async def fr_dump(request: web.Request) -> web.Response:
         job = request.query.get("job") or None
-        return web.json_response(await asyncio.to_thread(agent.trigger_fr_dump, job))
+        return _struct_response(await asyncio.to_thread(agent.trigger_fr_dump, job))
 
     async def health(_: web.Request) -> web.Response:
         return web.json_response(agent.health_report())
@@ -83,3 +84,8 @@ async def start_http(agent: Agent) -> tuple[web.AppRunner, int]:
     if sockets:
         port = int(sockets[0].getsockname()[1])
     return runner, port
+
+
+def _struct_response(answer: msgspec.Struct) -> web.Response:
+    """A typed answer as the JSON document the CLI prints (bytes as base64, as msgspec writes them)."""
+    return web.Response(body=msgspec.json.encode(answer), content_type="application/json")

@@ -4,13 +4,14 @@ Appending must be cheap (it happens every tick for every GPU), so entries are st
 the agent already produced, with byte accounting; decoding to JSON only happens on the rare snapshot. The
 buffer is bounded twice: by age (``window_s``) and by total bytes (oldest entries go first).
 
-Snapshot document (what ``sentinel agent snapshot`` prints and the aggregator merges across hosts)::
+A snapshot is a :class:`sentinel.wire.Snapshot` (what ``sentinel agent snapshot`` prints as JSON and the
+aggregator merges across hosts)::
 
-    {"host": str, "window": [t0, t1],
+    {"command": "snapshot", "host": str, "window": [t0, t1],
      "entries": [{"t": float, "type": "sample" | "event" | "heads" | "procs", "data": {...}}, ...]}
 
-``entries`` are time-ordered; ``window`` is the time span the buffer covers (t0 = oldest entry kept, or the
-requested ``since``; t1 = the snapshot time).
+``entries`` are time-ordered typed entries; ``window`` is the time span the buffer covers (t0 = oldest entry
+kept, or the requested ``since``; t1 = the snapshot time).
 """
 
 from __future__ import annotations
@@ -18,9 +19,22 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
+
+from sentinel.fr.heads import FrHeads
+from sentinel.wire import (
+    Event,
+    EventEntry,
+    GpuSample,
+    HeadsEntry,
+    ProcsEntry,
+    ProcsMap,
+    RingEntry,
+    SampleEntry,
+    Snapshot,
+)
 
 EntryType = Literal["sample", "event", "heads", "procs"]
 
@@ -28,7 +42,10 @@ EntryType = Literal["sample", "event", "heads", "procs"]
 ENTRY_OVERHEAD = 96
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder()
+_samples = msgspec.msgpack.Decoder(GpuSample)
+_events = msgspec.msgpack.Decoder(Event)
+_heads = msgspec.msgpack.Decoder(FrHeads)
+_procs = msgspec.msgpack.Decoder(ProcsMap)
 
 
 class RingBuffer:
@@ -93,13 +110,24 @@ class RingBuffer:
             self._bytes -= len(data) + ENTRY_OVERHEAD
             self.evicted += 1
 
-    def snapshot(self, now: float, since: float | None = None) -> dict[str, Any]:
-        """The snapshot document (see the module docstring), entries with ``t >= since``."""
+    def snapshot(self, now: float, since: float | None = None) -> Snapshot:
+        """The snapshot (see the module docstring), entries with ``t >= since``."""
         self._evict(now)
         start = since if since is not None else (self._entries[0][0] if self._entries else now)
-        entries: list[dict[str, Any]] = []
+        entries: list[RingEntry] = []
         for t, kind, data in self._entries:
             if since is not None and t < since:
                 continue
-            entries.append({"t": t, "type": kind, "data": _decoder.decode(data)})
-        return {"host": self.host, "window": [start, now], "entries": entries}
+            entries.append(_entry(t, kind, data))
+        return Snapshot(host=self.host, window=(start, now), entries=entries)
+
+
+def _entry(t: float, kind: EntryType, data: bytes) -> RingEntry:
+    """One stored entry, decoded back to the type it was appended as (the agent's own bytes)."""
+    if kind == "sample":
+        return SampleEntry(t=t, data=_samples.decode(data))
+    if kind == "event":
+        return EventEntry(t=t, data=_events.decode(data))
+    if kind == "heads":
+        return HeadsEntry(t=t, data=_heads.decode(data))
+    return ProcsEntry(t=t, data=_procs.decode(data))

@@ -1,15 +1,15 @@
 """Job-wide Flight Recorder dumps for stuck incidents: ask the job's agents, keep the files, analyze them.
 
 When a job stalls, the heads say who the live detector blames; the full dumps say it with every rank's ring
-buffer. The incident manager sends ``Command(name="fr_dump", args={"job", "collect": True, "since",
-"wait_s", "max_bytes"})`` to every agent of the job. Each agent writes its ranks' dump pipes, waits (bounded)
-for the dump files and answers with them gzip-compressed (``payload["dumps"]``). This module checks each
-answer's shape, writes the dumps under one folder per host (``<dir>/<host>/nccl_trace_rank_<rank>.gz``) and
+buffer. The incident manager sends a ``FrDumpRequest(job, collect=True, since, wait_s, max_bytes)`` to every agent
+of the job. Each agent writes its ranks' dump pipes, waits (bounded) for the dump files and answers with a
+``FrDumpAnswer`` carrying them gzip-compressed (``dumps``). This module writes the dumps under one folder
+per host (``<dir>/<host>/nccl_trace_rank_<rank>.gz``) and
 runs the post-mortem analysis (:func:`sentinel.fr.dumpset.analyze_dir`: the no-globals unpickler in
 memory-capped worker processes — the bytes came over the network and are never ``pickle.load``-ed).
 
-Every size is bounded: the bytes per host are asked for within a fleet-wide budget, the payload is checked
-entry by entry, and a rank seen twice (two hosts claiming it) keeps its first dump.
+Every size is bounded: the bytes per host are asked for within a fleet-wide budget, the answer's lists and
+bytes are bounded by the frame's decoder, and a rank seen twice (two hosts claiming it) keeps its first dump.
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ from typing import Any
 from sentinel.fr.dumpset import analyze_dir
 from sentinel.fr.errors import FrFormatError
 from sentinel.fr.workers import Cancelled
+from sentinel.wire import Answer, FrDumpAnswer
 
 #: File name prefix of the stored dumps (the loader reads ``<prefix><rank>[.gz]``).
 DUMP_PREFIX = "nccl_trace_rank_"
-#: Largest rank number accepted from an agent.
-MAX_RANK = 1 << 24
 _GZIP_MAGIC = b"\x1f\x8b"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -66,42 +65,31 @@ def host_dir_name(host: str) -> str:
 
 
 def store_answer(
-    root: Path, host: str, payload: Any, seen: set[int], budget: int
+    root: Path, host: str, answer: Answer | None, seen: set[int], budget: int
 ) -> tuple[dict[str, Any], int]:
     """Write one agent's dumps under ``root/<host>/``; returns (the host's report, bytes written).
 
     ``seen`` holds the ranks already stored (updated here); ``budget`` is what may still be written. The
-    report keeps what the agent said about its pipes (triggered, missing, failed) and what it skipped, plus
-    the ranks stored and the problems found in the answer.
+    answer arrived typed and bounded (the frame's decoder checked every field); the report keeps what the
+    agent said about its pipes (triggered, missing, failed) and what it skipped, plus the ranks stored and
+    the problems found: a rank another host already sent, a dump beyond the budget.
     """
     report: dict[str, Any] = {"dumps": [], "problems": []}
-    if not isinstance(payload, dict):
-        report["problems"].append(f"{host}: fr_dump answer is {type(payload).__name__}, expected a map")
+    if not isinstance(answer, FrDumpAnswer):
+        report["problems"].append(f"{host}: answered fr_dump with {type(answer).__name__}, not dumps")
         return report, 0
-    for key in ("triggered", "missing"):
-        value = payload.get(key)
-        if isinstance(value, list):
-            report[key] = [r for r in value[:4096] if isinstance(r, int) and not isinstance(r, bool)]
-    for key in ("failed", "skipped"):
-        value = payload.get(key)
-        if isinstance(value, dict):
-            report[key] = {str(k)[:16]: str(v)[:200] for k, v in list(value.items())[:4096]}
-    if isinstance(payload.get("error"), str):
-        report["problems"].append(f"{host}: {payload['error'][:200]}")
-    dumps = payload.get("dumps")
-    if not isinstance(dumps, list):
-        report["problems"].append(f"{host}: fr_dump answer has no dumps list")
-        return report, 0
+    report["triggered"] = list(answer.triggered)
+    report["missing"] = list(answer.missing)
+    report["failed"] = dict(answer.failed)
+    report["skipped"] = dict(answer.skipped)
+    if answer.error:
+        report["problems"].append(f"{host}: {answer.error[:200]}")
     folder = root / host_dir_name(host)
     written = 0
-    for i, item in enumerate(dumps[:4096]):
-        rank = item.get("rank") if isinstance(item, dict) else None
-        data = item.get("data") if isinstance(item, dict) else None
-        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < MAX_RANK:
-            report["problems"].append(f"{host}: dumps[{i}]: field 'rank' is not a rank number")
-            continue
-        if not isinstance(data, bytes) or not data:
-            report["problems"].append(f"{host}: dumps[{i}] (rank {rank}): field 'data' is not dump bytes")
+    for dump in answer.dumps:
+        rank, data = dump.rank, dump.data
+        if not data:
+            report["problems"].append(f"{host}: rank {rank}'s dump is empty")
             continue
         if rank in seen:
             report["problems"].append(f"{host}: rank {rank} already has a dump from another host; ignored")

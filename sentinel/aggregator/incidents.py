@@ -29,6 +29,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.frdumps import (
     FrDumpSettings,
@@ -40,7 +42,16 @@ from sentinel.aggregator.frdumps import (
 from sentinel.aggregator.verdicts import Change, Verdict
 from sentinel.config.aggregator import IncidentsConfig
 from sentinel.log import get_logger
-from sentinel.wire import Command, CommandResult
+from sentinel.wire import (
+    Answer,
+    Command,
+    CommandResult,
+    FrDumpRequest,
+    RingEntry,
+    SampleEntry,
+    Snapshot,
+    SnapshotRequest,
+)
 
 
 def log() -> Any:
@@ -48,7 +59,6 @@ def log() -> Any:
     return get_logger(module="aggregator.incidents")
 
 
-ENTRY_TYPES = frozenset({"sample", "event", "heads", "procs"})
 MAX_INCIDENT_FILE_BYTES = 256 * 1024 * 1024
 TRIGGER_KINDS = frozenset({"faulty", "stuck"})
 DEFAULT_FR_DUMPS = FrDumpSettings()
@@ -57,42 +67,38 @@ Requester = Callable[[str, Command, float], Awaitable[CommandResult | None]]
 
 
 def snapshot_entries(
-    host: str, payload: Any, t0: float, t1: float, *, samples: bool = True
+    host: str, answer: Answer | None, t0: float, t1: float, *, samples: bool = True
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """The usable entries of one host's snapshot document in [t0, t1]; (entries, problem or None).
+    """The timeline entries of one host's snapshot in [t0, t1]; (entries, problem or None).
 
-    ``samples=False`` keeps only events, heads and job maps: the GPU samples of hosts that are not the
-    subject of the incident are noise, and on a 1,000-host job they would be most of the memory.
+    The snapshot arrived typed and bounded (the frame's decoder validated every entry); what is left to
+    check is that the agent answered with a snapshot at all. ``samples=False`` keeps only events, heads and
+    job maps: the GPU samples of hosts that are not the subject of the incident are noise, and on a
+    1,000-host job they would be most of the memory.
     """
-    entries = payload.get("entries") if isinstance(payload, dict) else None
-    if not isinstance(entries, list):
-        return [], f"{host}: snapshot has no entries list"
+    if not isinstance(answer, Snapshot):
+        return [], f"{host}: answered the snapshot with {type(answer).__name__}, not a snapshot"
     out: list[dict[str, Any]] = []
-    bad = 0
-    for entry in entries:
-        if not isinstance(entry, dict):
-            bad += 1
+    for entry in answer.entries:
+        if not t0 <= entry.t <= t1 or (isinstance(entry, SampleEntry) and not samples):
             continue
-        t, kind = entry.get("t"), entry.get("type")
-        if not isinstance(t, int | float) or isinstance(t, bool) or kind not in ENTRY_TYPES:
-            bad += 1
-            continue
-        if not t0 <= t <= t1 or (kind == "sample" and not samples):
-            continue
-        data = entry.get("data")
-        out.append(
-            {"t": float(t), "host": host, "type": kind, "data": data if isinstance(data, dict) else {}}
-        )
-    return out, (f"{host}: {bad} malformed entries skipped" if bad else None)
+        doc = _to_builtins(entry)
+        out.append({"t": entry.t, "host": host, "type": doc["type"], "data": doc["data"]})
+    return out, None
+
+
+def _to_builtins(entry: RingEntry) -> dict[str, Any]:
+    doc: dict[str, Any] = msgspec.to_builtins(entry)
+    return doc
 
 
 def merge_timeline(
-    snapshots: dict[str, Any], t0: float, t1: float, max_entries: int
+    snapshots: dict[str, Answer | None], t0: float, t1: float, max_entries: int
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """One time-ordered timeline from every host's snapshot document; returns (entries, problems).
+    """One time-ordered timeline from every host's snapshot; returns (entries, problems).
 
-    Entries outside [t0, t1] or of unknown shape are skipped (and counted in ``problems``), so one broken
-    agent cannot spoil the others' contribution.
+    Entries outside [t0, t1] are skipped and an answer that is not a snapshot is named in ``problems``, so
+    one broken agent cannot spoil the others' contribution.
     """
     merged: list[dict[str, Any]] = []
     problems: list[str] = []
@@ -317,7 +323,7 @@ class IncidentManager:
         timeout = self.config.snapshot_timeout_s
 
         async def ask(host: str) -> tuple[str, CommandResult | None]:
-            command = Command(id=f"{incident_id}:{host}", name="snapshot", args={"since": since})
+            command = Command(id=f"{incident_id}:{host}", request=SnapshotRequest(since=since))
             try:
                 return host, await asyncio.wait_for(self.requester(host, command, timeout), timeout + 1.0)
             except (TimeoutError, ConnectionError):
@@ -334,7 +340,7 @@ class IncidentManager:
                 missing.append(host)
                 continue
             entries, problem = snapshot_entries(
-                host, result.payload, since, now + timeout + 1.0, samples=host in focus
+                host, result.answer, since, now + timeout + 1.0, samples=host in focus
             )
             merged.extend(entries)
             if problem:
@@ -380,13 +386,13 @@ class IncidentManager:
         """Ask the job's agents for their ranks' dumps, store them, analyze them: the incident's fr_dump."""
         started = self.clock()
         since = min(verdict.evidence_t, now) - settings.clock_skew_s
-        args: dict[str, str | int | float | bool | None] = {
-            "job": verdict.job,
-            "collect": True,
-            "since": since,
-            "wait_s": settings.wait_s,
-            "max_bytes": per_host_budget(settings, len(hosts)),
-        }
+        request = FrDumpRequest(
+            job=verdict.job,
+            collect=True,
+            since=since,
+            wait_s=settings.wait_s,
+            max_bytes=per_host_budget(settings, len(hosts)),
+        )
         timeout = settings.wait_s + settings.answer_margin_s
         if self.store is not None:
             root = self.store.dir / f"{incident_id}.fr"
@@ -406,7 +412,7 @@ class IncidentManager:
         }
 
         async def ask(host: str) -> tuple[str, CommandResult | None]:
-            command = Command(id=f"{incident_id}:fr:{host}", name="fr_dump", args=args)
+            command = Command(id=f"{incident_id}:fr:{host}", request=request)
             try:
                 return host, await asyncio.wait_for(self.requester(host, command, timeout), timeout + 1.0)
             except (TimeoutError, ConnectionError):
@@ -421,7 +427,7 @@ class IncidentManager:
                     report["missing_hosts"].append(host)
                     continue
                 host_report, used = await asyncio.to_thread(
-                    store_answer, root, host, result.payload, seen, budget
+                    store_answer, root, host, result.answer, seen, budget
                 )
                 budget -= used
                 report["hosts"][host] = host_report

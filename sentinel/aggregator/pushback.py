@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Awaitable, Callable
 
 from sentinel.aggregator.verdicts import Change, VerdictBook
-from sentinel.wire import Command, HostVerdict
+from sentinel.wire import Command, HostVerdict, VerdictsRequest
 
 #: verdicts sent to one host at most (its GPUs' hardware verdicts plus a few job ones)
 MAX_PER_HOST = 256
@@ -39,7 +39,9 @@ class VerdictPush:
             for v in self.book.open.values()
             if v.host == host
         ]
-        return Command(id=f"push-{next(self._ids)}", name="verdicts", verdicts=verdicts[:MAX_PER_HOST])
+        return Command(
+            id=f"push-{next(self._ids)}", request=VerdictsRequest(verdicts=verdicts[:MAX_PER_HOST])
+        )
 
     async def flush(self, send: Callable[[str, Command], Awaitable[bool]]) -> int:
         """Send every marked host its set; a host not connected now stays marked. Returns hosts sent."""

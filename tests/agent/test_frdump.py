@@ -9,7 +9,7 @@ from pathlib import Path
 from sentinel.agent import Agent
 from sentinel.agent.frdump import FrDumpWatcher, collect_dumps, trigger_fr_dump
 from sentinel.fr.heads import FrHeads
-from sentinel.wire import Command, ProcInfo
+from sentinel.wire import Command, FrDumpAnswer, FrDumpRequest, ProcInfo
 from tests.agent.conftest import make_config
 from tests.agent.fakes import FakeSource
 
@@ -40,9 +40,9 @@ async def test_fr_dump_writes_pipes_of_the_jobs_local_ranks(tmp_path: Path) -> N
             [ProcInfo(gpu=0, pid=1, job_id="a", rank=4), ProcInfo(gpu=1, pid=2, job_id="a", rank=5)]
         )
         agent.set_procs([*agent._procs, ProcInfo(gpu=1, pid=3, job_id="b", rank=9)])
-        payload = agent.trigger_fr_dump("a")
-        assert sorted(payload["pipes"]) == [f"{prefix}4.pipe", f"{prefix}5.pipe"]
-        assert payload["triggered"] == [4, 5] and payload["missing"] == []
+        answer = agent.trigger_fr_dump("a")
+        assert sorted(answer.pipes) == [f"{prefix}4.pipe", f"{prefix}5.pipe"]
+        assert answer.triggered == [4, 5] and answer.missing == []
         assert os.read(readers[4], 16) == b"1\n" and os.read(readers[5], 16) == b"1\n"
         try:
             untouched = os.read(readers[9], 16)  # no writer ever: EOF
@@ -125,12 +125,12 @@ async def test_fr_dump_command_collects_the_jobs_dumps(tmp_path: Path) -> None:
         assert [(h.rank, h.host, h.gpu) for h in batch.heads] == [(6, "host-test", 2)]
         (dumps / "rank_6").write_bytes(b"\x80\x02dump")
         result = await agent.handle_command(
-            Command(id="c1", name="fr_dump", args={"job": "j", "collect": True, "since": 0.0, "wait_s": 2.0})
+            Command(id="c1", request=FrDumpRequest(job="j", collect=True, since=0.0, wait_s=2.0))
         )
-        assert result.ok and result.payload["triggered"] == [6]
+        assert result.ok and isinstance(result.answer, FrDumpAnswer) and result.answer.triggered == [6]
         assert os.read(reader, 16) == b"1\n"
-        [dump] = result.payload["dumps"]
-        assert dump["rank"] == 6 and gzip.decompress(dump["data"]) == b"\x80\x02dump"
+        [dump] = result.answer.dumps
+        assert dump.rank == 6 and gzip.decompress(dump.data) == b"\x80\x02dump"
         await agent.shutdown()
     finally:
         os.close(reader)

@@ -19,7 +19,7 @@ import pytest
 from sentinel.agent import Agent
 from sentinel.agent.nvml import NvmlSource
 from sentinel.cli.cmd_health import job_gpus, judge
-from sentinel.wire import Command, HostVerdict
+from sentinel.wire import Command, HostVerdict, VerdictsRequest
 from tests.agent.conftest import make_config
 from tests.agent.fakenvml import FakeNvml
 from tests.support import REPO
@@ -68,11 +68,11 @@ async def test_local_rules_pushed_verdicts_and_cannot_tell(fake_nvml: FakeNvml, 
             HostVerdict(id="v7", kind="stuck", reason="not_entered_collective", action="restart_app", gpu=0),
             HostVerdict(id="v8", kind="degraded", reason="pcie_replays", action="drain", gpu=0),
         ]
-        result = await agent.handle_command(Command(id="c1", name="verdicts", verdicts=pushed))
+        result = await agent.handle_command(Command(id="c1", request=VerdictsRequest(verdicts=pushed)))
         assert result.ok
         gpu0 = agent.health_report()["gpus"][0]
         assert gpu0["fit"] is False and [r["verdict"] for r in gpu0["reasons"]] == ["v7", "v8"]
-        await agent.handle_command(Command(id="c2", name="verdicts", verdicts=pushed[:1]))
+        await agent.handle_command(Command(id="c2", request=VerdictsRequest(verdicts=pushed[:1])))
         assert agent.health_report()["gpus"][0]["fit"] is True
         # an agent that stopped collecting cannot vouch for the node
         clock.t += 120

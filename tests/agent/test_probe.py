@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from sentinel.agent import Agent
 from sentinel.agent.probe import Credentials, ProbeError, ProbeServer, decode_heads
 from sentinel.fr.heads import FrHeads, InFlight, PgHead
-from sentinel.wire import XidOccurred
+from sentinel.wire import HeadsEntry, XidOccurred
 from tests.agent.conftest import make_config
 from tests.agent.fakes import FakeHost, FakeProcess, FakeSource
 
@@ -102,7 +102,7 @@ async def test_socket_forwards_heads_with_host_and_gpu(tmp_path: Path) -> None:
     assert agent.probe.rejected == 1
     assert batch.drops is not None and batch.drops.probe == 1
     snapshot = agent.ring.snapshot(1.0)
-    assert any(e["type"] == "heads" and e["data"]["gpu"] == 1 for e in snapshot["entries"])
+    assert any(isinstance(e, HeadsEntry) and e.data.gpu == 1 for e in snapshot.entries)
     await agent.shutdown()
     assert not path.exists()
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import msgspec
+
 from sentinel.agent.ring import ENTRY_OVERHEAD, RingBuffer
 from sentinel.components.xid.parse import xid_record
 from sentinel.wire import GpuSample, XidOccurred
@@ -14,8 +16,9 @@ def test_snapshot_document_shape_and_order() -> None:
     ring.append(10.0, "sample", GpuSample(gpu=0, t=10.0, temp_c=50.0))
     ring.append(12.0, "event", XidOccurred(t=12.0, gpu=0, record=xid_record(79)))
     ring.append(11.0, "sample", GpuSample(gpu=1, t=11.0))  # late arrival is placed in time order
-    doc = ring.snapshot(now=13.0)
+    doc = msgspec.to_builtins(ring.snapshot(now=13.0))
     json.dumps(doc)  # one JSON document
+    assert doc["command"] == "snapshot"  # typed: the answer says what it answers
     assert doc["host"] == "host-a"
     assert doc["window"] == [10.0, 13.0]
     assert [(e["t"], e["type"]) for e in doc["entries"]] == [
@@ -25,7 +28,7 @@ def test_snapshot_document_shape_and_order() -> None:
     ]
     assert doc["entries"][0]["data"]["temp_c"] == 50.0
     assert doc["entries"][2]["data"]["record"]["xid"] == 79
-    since = ring.snapshot(now=13.0, since=11.5)
+    since = msgspec.to_builtins(ring.snapshot(now=13.0, since=11.5))
     assert [e["t"] for e in since["entries"]] == [12.0] and since["window"] == [11.5, 13.0]
 
 
@@ -33,7 +36,7 @@ def test_age_bound() -> None:
     ring = RingBuffer("h", window_s=10, max_bytes=1 << 20)
     for t in range(30):
         ring.append(float(t), "sample", GpuSample(gpu=0, t=float(t)))
-    times = [e["t"] for e in ring.snapshot(now=29.0)["entries"]]
+    times = [e.t for e in ring.snapshot(now=29.0).entries]
     assert times[0] == 19.0 and times[-1] == 29.0
 
 
@@ -42,6 +45,6 @@ def test_byte_bound_drops_oldest() -> None:
     for t in range(1000):
         ring.append(float(t), "sample", GpuSample(gpu=0, t=float(t), temp_c=1.0))
     assert ring.size_bytes <= ring.max_bytes
-    entries = ring.snapshot(now=999.0)["entries"]
+    entries = ring.snapshot(now=999.0).entries
     assert 5 < len(entries) < 25
-    assert entries[-1]["t"] == 999.0 and ring.evicted == 1000 - len(entries)
+    assert entries[-1].t == 999.0 and ring.evicted == 1000 - len(entries)

@@ -11,7 +11,20 @@ import aiohttp
 from aiohttp import web
 
 from sentinel.agent import Agent
-from sentinel.wire import Ack, Batch, Command, CommandResult, Hello, XidOccurred, decode_agent_frame, encode
+from sentinel.wire import (
+    Ack,
+    Batch,
+    Command,
+    CommandResult,
+    FrDumpAnswer,
+    FrDumpRequest,
+    Hello,
+    Snapshot,
+    SnapshotRequest,
+    XidOccurred,
+    decode_agent_frame,
+    encode,
+)
 from tests.agent.conftest import make_config
 from tests.agent.fakes import FakeHost, FakeSource
 
@@ -163,8 +176,8 @@ async def test_spool_survives_agent_restart_and_seq_keeps_rising(tmp_path: Path)
 async def test_commands_snapshot_and_fr_dump(tmp_path: Path) -> None:
     aggregator = FakeAggregator()
     aggregator.commands = [
-        Command(id="c1", name="snapshot", args={"since": 0.0}),
-        Command(id="c2", name="fr_dump", args={"job": "nope"}),
+        Command(id="c1", request=SnapshotRequest(since=0.0)),
+        Command(id="c2", request=FrDumpRequest(job="nope")),
     ]
     port = await aggregator.start()
     agent = Agent(stream_config(tmp_path, port), FakeSource(gpus=1))  # type: ignore[arg-type]
@@ -176,10 +189,10 @@ async def test_commands_snapshot_and_fr_dump(tmp_path: Path) -> None:
         await asyncio.wait_for(task, 15)
         await aggregator.stop()
     results = {r.id: r for r in aggregator.results}
-    snapshot = results["c1"].payload
-    assert results["c1"].ok and snapshot["host"] == "host-test"
-    assert isinstance(snapshot["entries"], list) and len(snapshot["window"]) == 2
-    assert results["c2"].ok and results["c2"].payload["pipes"] == []
+    snapshot, dumped = results["c1"].answer, results["c2"].answer
+    assert results["c1"].ok and isinstance(snapshot, Snapshot) and snapshot.host == "host-test"
+    assert snapshot.entries and snapshot.window[0] <= snapshot.window[1]
+    assert results["c2"].ok and isinstance(dumped, FrDumpAnswer) and dumped.pipes == []
 
 
 async def test_wrong_token_is_refused_and_retried(tmp_path: Path) -> None:

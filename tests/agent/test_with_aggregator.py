@@ -10,7 +10,7 @@ import structlog
 from prometheus_client import generate_latest
 
 from sentinel.agent import Agent
-from sentinel.wire import Command
+from sentinel.wire import Command, SampleEntry, Snapshot, SnapshotRequest
 from tests.agent.conftest import make_config
 from tests.agent.fakes import FakeSource
 from tests.aggregator.helpers import TOKEN, running_aggregator, wait_until
@@ -35,11 +35,11 @@ async def test_agent_streams_to_aggregator_and_answers_snapshot(tmp_path: Path) 
                 hosts = await r.json()
             assert "host-test" in str(hosts)
             result = await running.aggregator.request(
-                "host-test", Command(id="snap-1", name="snapshot", args={"since": 0.0}), 5.0
+                "host-test", Command(id="snap-1", request=SnapshotRequest(since=0.0)), 5.0
             )
             assert result is not None and result.ok
-            assert result.payload["host"] == "host-test"
-            assert {e["type"] for e in result.payload["entries"]} >= {"sample"}
+            assert isinstance(result.answer, Snapshot) and result.answer.host == "host-test"
+            assert any(isinstance(e, SampleEntry) for e in result.answer.entries)
         finally:
             agent.request_stop()
             await asyncio.wait_for(task, 15)

@@ -29,7 +29,17 @@ from sentinel.config.aggregator import AggregatorConfig, FleetConfig, IncidentsC
 from sentinel.config.common import MetricsConfig
 from sentinel.sim.host import sim_hosts
 from sentinel.sim.scenario import load_scenario_text
-from sentinel.wire import CommandResult, ProcInfo, XidOccurred, encode
+from sentinel.wire import (
+    CommandResult,
+    EventEntry,
+    LogLine,
+    ProcInfo,
+    RingEntry,
+    Snapshot,
+    SnapshotRequest,
+    XidOccurred,
+    encode,
+)
 from tests.aggregator.helpers import TOKEN, agent, batch, running_aggregator, wait_until
 
 CATALOG = {
@@ -169,14 +179,14 @@ async def test_incident_collects_every_agents_snapshot_into_one_timeline(tmp_pat
 
                 conn.commands.append(decode_aggregator_frame(msg.data))
             command = conn.commands[0]
-            assert command.name == "snapshot" and command.args["since"] <= t0
-            entries = [
-                {"t": t0 - 3 + i, "type": "event", "data": {"kind": "log", "text": f"{host} line {i}"}}
+            assert isinstance(command.request, SnapshotRequest)
+            assert command.request.since is not None and command.request.since <= t0
+            entries: list[RingEntry] = [
+                EventEntry(t=t0 - 3 + i, data=LogLine(t=t0 - 3 + i, text=f"{host} line {i}"))
                 for i in range(3)
             ]
-            await conn.ws.send_bytes(
-                encode(CommandResult(id=command.id, payload={"host": host, "entries": entries}))
-            )
+            snapshot = Snapshot(host=host, window=(t0 - 60, t0), entries=entries)
+            await conn.ws.send_bytes(encode(CommandResult(id=command.id, answer=snapshot)))
 
         await asyncio.gather(answer(a1, "h1", t - 0.5), answer(a2, "h2", t))
         aggregator = running.aggregator

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import gzip
 import pickle
+import re
 import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from sentinel.aggregator.engine import Engine
@@ -22,7 +24,15 @@ from sentinel.aggregator.state import JobView, RankView
 from sentinel.aggregator.verdicts import Verdict
 from sentinel.cli import main as cli_main
 from sentinel.config.aggregator import AggregatorConfig, IncidentsConfig
-from sentinel.wire import Command, CommandResult
+from sentinel.wire import (
+    Command,
+    CommandResult,
+    DumpFile,
+    FrDumpAnswer,
+    FrDumpRequest,
+    Snapshot,
+    decode_agent_frame,
+)
 from tests.support import corpus_path
 
 HOSTS = {"host-a": (0, 1), "host-b": (2, 3)}
@@ -62,9 +72,20 @@ def _manager(tmp_path: Path, answers: dict[str, Any], asked: list[Command]) -> I
     async def requester(host: str, command: Command, timeout: float) -> CommandResult | None:
         asked.append(command)
         if command.name == "snapshot":
-            return CommandResult(id=command.id, payload={"host": host, "entries": []})
+            return CommandResult(id=command.id, answer=Snapshot(host=host, window=(0.0, 1.0)))
         answer = answers.get(host)
-        return None if answer is None else CommandResult(id=command.id, payload=answer)
+        if answer is None:
+            return None
+        # over the wire: the agent's frame goes through the one decoder, which refuses a malformed answer
+        # as a whole (the aggregator closes that stream, so the request fails like a silent agent)
+        tagged = {**answer, "command": "fr_dump"} if isinstance(answer, dict) else answer
+        frame = msgspec.msgpack.encode({"type": "result", "id": command.id, "answer": tagged})
+        try:
+            result = decode_agent_frame(frame)
+        except msgspec.ValidationError as exc:
+            raise ConnectionError(str(exc)) from exc
+        assert isinstance(result, CommandResult)
+        return result
 
     return IncidentManager(
         engine,
@@ -75,7 +96,7 @@ def _manager(tmp_path: Path, answers: dict[str, Any], asked: list[Command]) -> I
     )
 
 
-def _answer(ranks: tuple[int, ...], dumps: dict[int, bytes]) -> dict[str, Any]:
+def _answer(ranks: tuple[int, ...], dumps: dict[int, bytes]) -> dict[str, Any]:  # as builtins
     """What an agent sends back: its pipe report and the gzip-compressed dumps of its ranks."""
     return {
         "pipes": [],
@@ -107,10 +128,11 @@ async def test_stuck_incident_gets_the_job_wide_dump_analysis(
 
     fr_commands = [c for c in asked if c.name == "fr_dump"]
     assert sorted(c.id for c in fr_commands) == ["inc-1:fr:host-a", "inc-1:fr:host-b"]
-    args = fr_commands[0].args
-    assert args["job"] == "job-1" and args["collect"] is True
-    assert isinstance(args["since"], float) and args["since"] <= now - 5.0
-    assert isinstance(args["max_bytes"], int) and 0 < args["max_bytes"] <= 6 * 1024 * 1024
+    request = fr_commands[0].request
+    assert isinstance(request, FrDumpRequest)
+    assert request.job == "job-1" and request.collect is True
+    assert request.since is not None and request.since <= now - 5.0
+    assert 0 < request.max_bytes <= 6 * 1024 * 1024
 
     incident = manager.get("inc-1")
     assert incident is not None
@@ -154,11 +176,10 @@ async def test_no_dumps_leaves_no_folder(tmp_path: Path) -> None:
     assert incident is not None
     fr = incident["fr_dump"]
     assert fr["state"] == "no_dumps" and fr["analysis"] is None
-    assert "expected a map" in fr["hosts"]["host-b"]["problems"][0]
+    assert fr["missing_hosts"] == ["host-b"]  # its malformed answer never got past the decoder
     # the incident says why, per cause and host, not one sentence for every cause
     assert fr["error"] == (
-        "no agent returned a flight-recorder dump: no dump pipe for its 1 ranks (host-a); "
-        "fr_dump answer is str, expected a map (host-b)"
+        "no agent returned a flight-recorder dump: no dump pipe for its 1 ranks (host-a); no answer (host-b)"
     )
     assert not (tmp_path / "incidents" / "inc-3.fr").exists()
 
@@ -189,7 +210,7 @@ async def test_hostile_dump_is_refused_without_running_it(
     monkeypatch.chdir(tmp_path)
     evil = pickle.dumps({"version": "2.10", "entries": [_Boom()]}, protocol=2)
     asked: list[Command] = []
-    answer = {"dumps": [{"rank": 0, "data": evil}]}
+    answer = {"dumps": [{"rank": 0, "name": "nccl_trace_rank_0", "size": len(evil), "data": evil}]}
     manager = _manager(tmp_path, {"host-a": answer, "host-b": {"dumps": []}}, asked)
     now = time.time()
     await manager.collect("inc-4", _verdict(now), now)
@@ -198,27 +219,43 @@ async def test_hostile_dump_is_refused_without_running_it(
     assert not (tmp_path / "PWNED").exists()
 
 
-def test_store_answer_checks_every_field(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("bad", "where"),
+    [
+        ({"triggered": [1, "x"]}, "triggered[1]"),
+        ({"dumps": [{"rank": -1, "name": "a", "size": 1, "data": b"x"}]}, "rank"),
+        ({"dumps": [{"rank": True, "name": "a", "size": 1, "data": b"x"}]}, "rank"),
+        ({"dumps": [{"rank": 1, "name": "a", "size": 1, "data": "text"}]}, "data"),
+        ({"dumps": ["nonsense"]}, "dumps[0]"),
+        ({"failed": {"2": 7}}, "failed"),
+    ],
+)
+def test_a_malformed_fr_dump_answer_is_refused_by_the_decoder(bad: dict[str, Any], where: str) -> None:
+    frame = msgspec.msgpack.encode({"type": "result", "id": "c", "answer": {**bad, "command": "fr_dump"}})
+    with pytest.raises(msgspec.ValidationError, match=re.escape(where)):
+        decode_agent_frame(frame)
+
+
+def test_store_answer_keeps_first_dumps_within_the_budget_and_inside_its_folder(tmp_path: Path) -> None:
     seen = {5}
-    payload = {
-        "triggered": [1, "x", True],
-        "failed": {"2": "no reader"},
-        "dumps": [
-            {"rank": -1, "data": b"x"},
-            {"rank": True, "data": b"x"},
-            {"rank": 1, "data": "text"},
-            {"rank": 5, "data": b"dup"},
-            {"rank": 7, "data": b"y" * 100},
-            "nonsense",
-            {"rank": 2, "data": b"\x1f\x8bzz"},
+    answer = FrDumpAnswer(
+        triggered=[1],
+        failed={"2": "no reader"},
+        dumps=[
+            DumpFile(rank=4, name="a", size=0, data=b""),
+            DumpFile(rank=5, name="b", size=3, data=b"dup"),
+            DumpFile(rank=7, name="c", size=100, data=b"y" * 100),
+            DumpFile(rank=2, name="d", size=4, data=b"\x1f\x8bzz"),
         ],
-    }
-    report, written = store_answer(tmp_path, "../evil host", payload, seen, budget=50)
+    )
+    report, written = store_answer(tmp_path, "../evil host", answer, seen, budget=50)
     assert report["dumps"] == [2] and written == 4
     assert report["triggered"] == [1] and report["failed"] == {"2": "no reader"}
-    assert len(report["problems"]) == 6
+    assert len(report["problems"]) == 3  # empty, a rank another host sent, beyond the budget
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["nccl_trace_rank_2.gz"]
     assert all(tmp_path in p.parents for p in tmp_path.rglob("*"))
+    other, _ = store_answer(tmp_path, "h", Snapshot(host="h", window=(0.0, 1.0)), set(), budget=50)
+    assert other["problems"] == ["h: answered fr_dump with Snapshot, not dumps"]
 
 
 def test_per_host_budget_shares_the_total() -> None:
@@ -236,7 +273,8 @@ async def test_analysis_failure_marks_the_fr_part_failed_with_the_file(tmp_path:
     from tests.fr.test_hostile import _deep_list_pickle
 
     asked: list[Command] = []
-    answer = {"dumps": [{"rank": 0, "data": _deep_list_pickle(6000)}]}
+    deep = _deep_list_pickle(6000)
+    answer = {"dumps": [{"rank": 0, "name": "nccl_trace_rank_0", "size": len(deep), "data": deep}]}
     manager = _manager(tmp_path, {"host-a": answer, "host-b": {"dumps": []}}, asked)
     now = time.time()
     await manager.collect("inc-5", _verdict(now), now)

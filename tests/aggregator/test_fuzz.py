@@ -16,7 +16,11 @@ from sentinel.components.xid.parse import XidRecord
 from sentinel.fr.heads import FrHeads, InFlight, PgHead
 from sentinel.wire import (
     Batch,
+    Command,
+    CommandResult,
     EccCounters,
+    FrDumpAnswer,
+    FrDumpRequest,
     FrDumpWritten,
     GpuSample,
     GpuStateChanged,
@@ -26,8 +30,12 @@ from sentinel.wire import (
     NvLink,
     ProcInfo,
     RowRemap,
+    Snapshot,
+    SnapshotRequest,
+    VerdictsRequest,
     XidOccurred,
     decode_agent_frame,
+    decode_aggregator_frame,
     encode,
 )
 from tests.aggregator.helpers import hello
@@ -199,7 +207,7 @@ hostile_values = st.one_of(
     st.text(max_size=8),
     st.integers(-(2**63), 2**64 - 1),
     st.sampled_from([2**63, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1]),
-    st.integers(1, 3000).map(_nested),
+    st.integers(1, 200).map(_nested),
     st.just("x" * 20000),
     st.just({"kind": "xid"}),
     st.just([None] * 300),
@@ -231,7 +239,7 @@ def test_hostile_values_anywhere_in_a_batch_decode_to_a_bounded_batch_or_a_msgsp
         doc[top] = value
     try:
         data = msgspec.msgpack.encode(doc)
-    except (OverflowError, msgspec.EncodeError):
+    except (OverflowError, RecursionError, msgspec.EncodeError):
         return  # not even encodable as msgpack: no agent could send it
     try:
         frame = decode_agent_frame(data)
@@ -252,3 +260,74 @@ def test_an_event_with_an_unknown_tag_is_refused_by_the_decoder() -> None:
     doc["events"][0] = {"kind": "xid", "t": 1.0, "gpu": 0}  # an Xid without its classified record
     with pytest.raises(msgspec.ValidationError, match="record"):
         decode_agent_frame(msgspec.msgpack.encode(doc))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from(["snapshot", "fr_dump", "verdicts", "reboot", "", 7]),
+    st.sampled_from(["since", "job", "wait_s", "max_bytes", "verdicts", "collect", "name"]),
+    hostile_values,
+)
+def test_hostile_commands_decode_to_a_typed_request_or_a_msgspec_error(
+    name: object, field: str, value: object
+) -> None:
+    """What an agent decodes from the aggregator: a typed, bounded request, or the frame is refused."""
+    doc = {"type": "command", "id": "c1", "request": {"name": name, field: value}}
+    try:
+        data = msgspec.msgpack.encode(doc)
+    except (OverflowError, RecursionError, msgspec.EncodeError):
+        return
+    try:
+        frame = decode_aggregator_frame(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return
+    assert isinstance(frame, Command)
+    request = frame.request
+    assert isinstance(request, SnapshotRequest | FrDumpRequest | VerdictsRequest)
+    if isinstance(request, FrDumpRequest):
+        assert 0 <= request.wait_s <= 600 and 0 <= request.max_bytes <= 6 * 1024 * 1024
+    if isinstance(request, VerdictsRequest):
+        assert len(request.verdicts) <= 256
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from(["snapshot", "fr_dump", "batch", None]),
+    st.sampled_from(["entries", "window", "host", "dumps", "triggered", "failed", "error"]),
+    hostile_values,
+    st.sampled_from(["sample", "event", "heads", "procs", "verdict"]),
+)
+def test_hostile_answers_decode_to_a_typed_answer_or_a_msgspec_error(
+    command: object, field: str, value: object, entry_type: str
+) -> None:
+    """What the aggregator decodes from an agent's answer: a typed snapshot / dump answer, or a refusal."""
+    answer: dict[str, object] = {"command": command, "host": "h", "window": [0.0, 1.0], field: value}
+    if field != "entries":
+        answer["entries"] = [
+            {"type": entry_type, "t": 1.0, "data": {"t": 1.0, "gpu": 0, "kind": "gpu_reset"}}
+        ]
+    try:
+        data = msgspec.msgpack.encode({"type": "result", "id": "c1", "answer": answer})
+    except (OverflowError, RecursionError, msgspec.EncodeError):
+        return
+    try:
+        frame = decode_agent_frame(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return
+    assert isinstance(frame, CommandResult)
+    assert frame.answer is None or isinstance(frame.answer, Snapshot | FrDumpAnswer)
+
+
+@pytest.mark.parametrize("where", ["seq", "events", "t", "answer"])
+def test_nesting_far_deeper_than_any_encoder_allows_is_refused_in_one_pass(where: str) -> None:
+    """100,000 nested arrays (bytes no msgspec encoder would produce) where a value belongs: refused with a
+    validation error at the first wrong type, never a recursion error in the aggregator."""
+    deep = b"\x91" * 100_000 + b"\x00"
+    frames = {
+        "seq": b"\x82\xa4type\xa5batch\xa3seq" + deep,
+        "events": b"\x83\xa4type\xa5batch\xa3seq\x01\xa6events" + deep,
+        "t": b"\x83\xa4type\xa5batch\xa3seq\x01\xa6events\x91\x82\xa4kind\xa3log\xa1t" + deep,
+        "answer": b"\x83\xa4type\xa6result\xa2id\xa1c\xa6answer" + deep,
+    }
+    with pytest.raises(msgspec.ValidationError):
+        decode_agent_frame(frames[where])

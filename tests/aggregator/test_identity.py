@@ -25,7 +25,15 @@ from sentinel.aggregator.server import (
     server_ssl_context,
 )
 from sentinel.config.aggregator import AggregatorConfig, ServerConfig
-from sentinel.wire import Command, CommandResult, Hello, decode_aggregator_frame, encode
+from sentinel.wire import (
+    Command,
+    CommandResult,
+    Hello,
+    Snapshot,
+    SnapshotRequest,
+    decode_aggregator_frame,
+    encode,
+)
 from tests.aggregator.helpers import batch, hello, running_aggregator, wait_until
 from tests.support import need_binary
 
@@ -137,16 +145,21 @@ async def test_a_command_answer_from_another_connection_is_refused(tmp_path: Pat
             await forger.send_bytes(encode(hello("rack-b-01")))
             await wait_until(lambda: {"rack-a-01", "rack-b-01"} <= set(aggregator.by_host))
             request = asyncio.create_task(
-                aggregator.request("rack-a-01", Command(id="cmd-1", name="snapshot"), timeout_s=5)
+                aggregator.request("rack-a-01", Command(id="cmd-1", request=SnapshotRequest()), timeout_s=5)
             )
             sent = decode_aggregator_frame((await victim.receive(timeout=5)).data)
             assert isinstance(sent, Command) and sent.id == "cmd-1"
-            await forger.send_bytes(encode(CommandResult(id="cmd-1", payload={"forged": True})))
+            await forger.send_bytes(
+                encode(CommandResult(id="cmd-1", answer=Snapshot(host="forged", window=(0.0, 1.0))))
+            )
             await wait_until(lambda: rejected(aggregator, "foreign_answer") == 1)
             assert not request.done()
-            await victim.send_bytes(encode(CommandResult(id="cmd-1", payload={"real": True})))
+            await victim.send_bytes(
+                encode(CommandResult(id="cmd-1", answer=Snapshot(host="rack-a-01", window=(0.0, 1.0))))
+            )
             result = await asyncio.wait_for(request, 5)
-            assert result is not None and result.payload == {"real": True}
+            assert result is not None and isinstance(result.answer, Snapshot)
+            assert result.answer.host == "rack-a-01"
         finally:
             await sa.close()
             await sb.close()
