@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -65,10 +65,63 @@ DEFAULT_FR_DUMPS = FrDumpSettings()
 
 Requester = Callable[[str, Command, float], Awaitable[CommandResult | None]]
 
+FrDumpState = Literal["collecting", "done", "no_dumps", "failed"]
+
+
+class TimelineEntry(msgspec.Struct, kw_only=True):
+    """One thing one host saw (or a verdict), in the incident's merged timeline."""
+
+    t: float
+    host: str
+    type: Literal["sample", "event", "heads", "procs", "verdict"]
+    data: dict[str, Any]
+
+
+class FrDumpReport(msgspec.Struct, kw_only=True):
+    """A stuck incident's job-wide Flight Recorder part: what each agent answered, the dumps kept, their
+    analysis (``sentinel fr analyze --json``) and how it was joined to the live verdict."""
+
+    state: FrDumpState
+    ranks: list[int] = []
+    requested_at: float | None = None
+    finished_at: float | None = None
+    hosts: dict[str, dict[str, Any]] = {}  # host → its answer's report (see frdumps.store_answer)
+    missing_hosts: list[str] = []
+    dir: str | None = None
+    analysis: dict[str, Any] | None = None
+    error: str | None = None
+    #: the dumps' judgement of the live verdict: confirmed | corrected | inconclusive (None: stall over)
+    joined: str | None = None
+
+
+class Incident(msgspec.Struct, kw_only=True):
+    """The distributed flight recorder's record of one faulty GPU or stalled job (stored as gzip JSON)."""
+
+    id: str
+    created_at: float
+    job: str | None
+    verdicts: list[dict[str, Any]]  # each as the API shows a verdict
+    hosts: list[str]
+    missing_hosts: list[str]
+    window: tuple[float, float]
+    problems: list[str]
+    timeline: list[TimelineEntry]
+    fr_dump: FrDumpReport | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """The incident as ``GET /api/v1/incidents`` lists it: without its timeline, with its size."""
+        doc: dict[str, Any] = msgspec.to_builtins(self)
+        del doc["timeline"]
+        doc["entries"] = len(self.timeline)
+        return doc
+
+
+_json_encoder = msgspec.json.Encoder()
+
 
 def snapshot_entries(
     host: str, answer: Answer | None, t0: float, t1: float, *, samples: bool = True
-) -> tuple[list[dict[str, Any]], str | None]:
+) -> tuple[list[TimelineEntry], str | None]:
     """The timeline entries of one host's snapshot in [t0, t1]; (entries, problem or None).
 
     The snapshot arrived typed and bounded (the frame's decoder validated every entry); what is left to
@@ -78,12 +131,12 @@ def snapshot_entries(
     """
     if not isinstance(answer, Snapshot):
         return [], f"{host}: answered the snapshot with {type(answer).__name__}, not a snapshot"
-    out: list[dict[str, Any]] = []
+    out: list[TimelineEntry] = []
     for entry in answer.entries:
         if not t0 <= entry.t <= t1 or (isinstance(entry, SampleEntry) and not samples):
             continue
         doc = _to_builtins(entry)
-        out.append({"t": entry.t, "host": host, "type": doc["type"], "data": doc["data"]})
+        out.append(TimelineEntry(t=entry.t, host=host, type=doc["type"], data=doc["data"]))
     return out, None
 
 
@@ -94,13 +147,13 @@ def _to_builtins(entry: RingEntry) -> dict[str, Any]:
 
 def merge_timeline(
     snapshots: dict[str, Answer | None], t0: float, t1: float, max_entries: int
-) -> tuple[list[dict[str, Any]], list[str]]:
+) -> tuple[list[TimelineEntry], list[str]]:
     """One time-ordered timeline from every host's snapshot; returns (entries, problems).
 
     Entries outside [t0, t1] are skipped and an answer that is not a snapshot is named in ``problems``, so
     one broken agent cannot spoil the others' contribution.
     """
-    merged: list[dict[str, Any]] = []
+    merged: list[TimelineEntry] = []
     problems: list[str] = []
     for host, payload in snapshots.items():
         entries, problem = snapshot_entries(host, payload, t0, t1)
@@ -110,12 +163,15 @@ def merge_timeline(
     return _ordered(merged, max_entries, problems), problems
 
 
-def _ordered(merged: list[dict[str, Any]], max_entries: int, problems: list[str]) -> list[dict[str, Any]]:
-    merged.sort(key=lambda e: (e["t"], e["host"]))
+def _ordered(merged: list[TimelineEntry], max_entries: int, problems: list[str]) -> list[TimelineEntry]:
+    merged.sort(key=lambda e: (e.t, e.host))
     if len(merged) > max_entries:
         problems.append(f"timeline cut to the last {max_entries} of {len(merged)} entries")
         merged = merged[-max_entries:]
     return merged
+
+
+_json_decoder = msgspec.json.Decoder(Incident)
 
 
 class IncidentStore:
@@ -135,28 +191,28 @@ class IncidentStore:
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self.db_path, timeout=10)
 
-    def save(self, incident: dict[str, Any]) -> None:
-        name = f"{incident['id']}.json.gz"
+    def save(self, incident: Incident) -> None:
+        name = f"{incident.id}.json.gz"
         tmp = self.dir / (name + ".tmp")
-        with gzip.open(tmp, "wt", encoding="utf-8") as out:
-            json.dump(incident, out, separators=(",", ":"))
+        with gzip.open(tmp, "wb") as out:
+            out.write(_json_encoder.encode(incident))
         tmp.replace(self.dir / name)
-        first = incident["verdicts"][0] if incident["verdicts"] else {}
+        first = incident.verdicts[0] if incident.verdicts else {}
         with self._connect() as db:
             db.execute(
                 "INSERT OR REPLACE INTO incidents VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
-                    incident["id"],
-                    incident["created_at"],
+                    incident.id,
+                    incident.created_at,
                     first.get("kind"),
                     first.get("reason"),
-                    incident.get("job"),
+                    incident.job,
                     first.get("host"),
                     first.get("gpu"),
-                    json.dumps(incident["hosts"]),
-                    json.dumps([v.get("id") for v in incident["verdicts"]]),
-                    len(incident["timeline"]),
-                    json.dumps(incident["missing_hosts"]),
+                    json.dumps(incident.hosts),
+                    json.dumps([v.get("id") for v in incident.verdicts]),
+                    len(incident.timeline),
+                    json.dumps(incident.missing_hosts),
                     name,
                 ),
             )
@@ -185,7 +241,7 @@ class IncidentStore:
             for r in rows
         ]
 
-    def get(self, incident_id: str) -> dict[str, Any] | None:
+    def get(self, incident_id: str) -> Incident | None:
         with self._connect() as db:
             row = db.execute("SELECT file FROM incidents WHERE id = ?", (incident_id,)).fetchone()
         if row is None:
@@ -198,8 +254,11 @@ class IncidentStore:
             return None
         if len(raw) > MAX_INCIDENT_FILE_BYTES:
             return None
-        data: dict[str, Any] = json.loads(raw)
-        return data
+        try:
+            return _json_decoder.decode(raw)
+        except msgspec.DecodeError as exc:  # damaged or of another version: listed, not served
+            log().warning("incident_unreadable", incident=incident_id, error=str(exc)[:300])
+            return None
 
 
 class IncidentManager:
@@ -213,7 +272,7 @@ class IncidentManager:
         config: IncidentsConfig,
         *,
         clock: Callable[[], float] = time.time,
-        on_saved: Callable[[dict[str, Any]], None] | None = None,
+        on_saved: Callable[[Incident], None] | None = None,
         fr_dumps: FrDumpSettings | None = DEFAULT_FR_DUMPS,
     ) -> None:
         self.engine = engine
@@ -225,7 +284,7 @@ class IncidentManager:
         self.on_saved = on_saved
         self.recent: dict[str, tuple[float, str]] = {}  # subject → (created_at, incident id)
         self.tasks: set[asyncio.Task[None]] = set()
-        self.in_memory: dict[str, dict[str, Any]] = {}  # when there is no store (tests, in-process)
+        self.in_memory: dict[str, Incident] = {}  # when there is no store (tests, in-process)
 
     def on_change(self, change: Change) -> None:
         verdict = change.verdict
@@ -273,7 +332,7 @@ class IncidentManager:
 
     async def _collect(self, incident_id: str, verdict: Verdict, now: float) -> None:
         hosts = self._hosts(verdict)
-        fr_task: asyncio.Task[dict[str, Any]] | None = None
+        fr_task: asyncio.Task[FrDumpReport] | None = None
         if self.fr_dumps is not None and verdict.kind == "stuck" and verdict.job and hosts:
             fr_task = asyncio.get_running_loop().create_task(
                 self._fr_dump(incident_id, verdict, hosts, now, self.fr_dumps)
@@ -286,39 +345,33 @@ class IncidentManager:
             raise
         if fr_task is not None:
             try:
-                incident["fr_dump"] = await fr_task
+                fr = await fr_task
             except Exception as exc:  # the FR part failed: say so with the reason, never stay "collecting"
-                incident["fr_dump"] = {
-                    "state": "failed",
-                    "ranks": [],
-                    "analysis": None,
-                    "error": f"{type(exc).__name__}: {str(exc)[:300]}",
-                }
+                fr = FrDumpReport(state="failed", error=f"{type(exc).__name__}: {str(exc)[:300]}")
             if verdict.job:
-                outcome = self.engine.join_dumps(
-                    verdict.job, incident["fr_dump"].get("analysis") or incident["fr_dump"]
+                # no analysis: the report's error is what the dumps say (inconclusive)
+                fr.joined = self.engine.join_dumps(
+                    verdict.job, fr.analysis or {"error": fr.error or fr.state}
                 )
-                incident["fr_dump"]["joined"] = (
-                    outcome  # confirmed | corrected | inconclusive | None (stall over)
-                )
+            incident.fr_dump = fr
             await self._save(incident)
             log().info(
                 "incident_fr_dump",
                 incident=incident_id,
-                state=incident["fr_dump"]["state"],
-                ranks=len(incident["fr_dump"]["ranks"]),
-                verdict=(incident["fr_dump"].get("analysis") or {}).get("verdict"),
+                state=fr.state,
+                ranks=len(fr.ranks),
+                verdict=(fr.analysis or {}).get("verdict"),
             )
 
-    async def _save(self, incident: dict[str, Any]) -> None:
+    async def _save(self, incident: Incident) -> None:
         if self.store is not None:
             await asyncio.to_thread(self.store.save, incident)
         else:
-            self.in_memory[incident["id"]] = incident
+            self.in_memory[incident.id] = incident
 
     async def _timeline(
         self, incident_id: str, verdict: Verdict, now: float, hosts: list[str], fr_pending: bool
-    ) -> dict[str, Any]:
+    ) -> Incident:
         since = now - self.config.window_s
         timeout = self.config.snapshot_timeout_s
 
@@ -331,7 +384,7 @@ class IncidentManager:
 
         # merge each answer as it arrives, so at most the answers in flight are held in memory
         focus = {verdict.host} if verdict.host else set()
-        merged: list[dict[str, Any]] = []
+        merged: list[TimelineEntry] = []
         problems: list[str] = []
         missing: list[str] = []
         for next_answer in asyncio.as_completed([ask(h) for h in hosts]):
@@ -354,20 +407,20 @@ class IncidentManager:
             v.to_dict() for v in self.engine.book.all() if v.incident == incident_id or v.id == verdict.id
         ]
         for v in related:
-            timeline.append({"t": v["opened_at"], "host": v["host"] or "", "type": "verdict", "data": v})
-        timeline.sort(key=lambda e: (e["t"], e["host"]))
-        incident = {
-            "id": incident_id,
-            "created_at": now,
-            "job": verdict.job,
-            "verdicts": related,
-            "hosts": hosts,
-            "missing_hosts": missing,
-            "window": [since, end],
-            "problems": problems,
-            "timeline": timeline,
-            "fr_dump": {"state": "collecting", "ranks": []} if fr_pending else None,
-        }
+            timeline.append(TimelineEntry(t=v["opened_at"], host=v["host"] or "", type="verdict", data=v))
+        timeline.sort(key=lambda e: (e.t, e.host))
+        incident = Incident(
+            id=incident_id,
+            created_at=now,
+            job=verdict.job,
+            verdicts=related,
+            hosts=hosts,
+            missing_hosts=missing,
+            window=(since, end),
+            problems=problems,
+            timeline=timeline,
+            fr_dump=FrDumpReport(state="collecting") if fr_pending else None,
+        )
         await self._save(incident)
         log().info(
             "incident_recorded",
@@ -382,7 +435,7 @@ class IncidentManager:
 
     async def _fr_dump(
         self, incident_id: str, verdict: Verdict, hosts: list[str], now: float, settings: FrDumpSettings
-    ) -> dict[str, Any]:
+    ) -> FrDumpReport:
         """Ask the job's agents for their ranks' dumps, store them, analyze them: the incident's fr_dump."""
         started = self.clock()
         since = min(verdict.evidence_t, now) - settings.clock_skew_s
@@ -400,16 +453,7 @@ class IncidentManager:
         else:
             root = Path(tempfile.mkdtemp(prefix="sentinel-fr-"))
             keep = False
-        report: dict[str, Any] = {
-            "state": "done",
-            "requested_at": started,
-            "hosts": {},
-            "missing_hosts": [],
-            "ranks": [],
-            "dir": str(root) if keep else None,
-            "analysis": None,
-            "error": None,
-        }
+        report = FrDumpReport(state="done", requested_at=started, dir=str(root) if keep else None)
 
         async def ask(host: str) -> tuple[str, CommandResult | None]:
             command = Command(id=f"{incident_id}:fr:{host}", request=request)
@@ -424,18 +468,18 @@ class IncidentManager:
             for next_answer in asyncio.as_completed([ask(h) for h in hosts]):
                 host, result = await next_answer
                 if result is None or not result.ok:
-                    report["missing_hosts"].append(host)
+                    report.missing_hosts.append(host)
                     continue
                 host_report, used = await asyncio.to_thread(
                     store_answer, root, host, result.answer, seen, budget
                 )
                 budget -= used
-                report["hosts"][host] = host_report
-            report["missing_hosts"].sort()
-            report["ranks"] = sorted(seen)
+                report.hosts[host] = host_report
+            report.missing_hosts.sort()
+            report.ranks = sorted(seen)
             if not seen:
-                report["state"] = "no_dumps"
-                report["error"] = why_no_dumps(report["hosts"], report["missing_hosts"])
+                report.state = "no_dumps"
+                report.error = why_no_dumps(report.hosts, report.missing_hosts)
                 return report
             cancel = threading.Event()
             try:
@@ -444,25 +488,22 @@ class IncidentManager:
                 cancel.set()  # shutdown: the workers are killed at once instead of finishing their dumps
                 raise
             if "error" in analysis:
-                report["state"] = "failed"
-                report["error"] = analysis["error"]
+                report.state = "failed"
+                report.error = analysis["error"]
             else:
-                report["analysis"] = analysis
+                report.analysis = analysis
             return report
         finally:
-            report["finished_at"] = self.clock()
+            report.finished_at = self.clock()
             if not keep or not seen:
                 await asyncio.to_thread(shutil.rmtree, root, True)
 
     def list(self) -> list[dict[str, Any]]:
         if self.store is not None:
             return self.store.list()
-        return [
-            {k: v for k, v in inc.items() if k != "timeline"} | {"entries": len(inc["timeline"])}
-            for inc in sorted(self.in_memory.values(), key=lambda i: -float(i["created_at"]))
-        ]
+        return [inc.summary() for inc in sorted(self.in_memory.values(), key=lambda i: -i.created_at)]
 
-    def get(self, incident_id: str) -> dict[str, Any] | None:
+    def get(self, incident_id: str) -> Incident | None:
         if self.store is not None:
             return self.store.get(incident_id)
         return self.in_memory.get(incident_id)

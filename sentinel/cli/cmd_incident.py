@@ -16,6 +16,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from sentinel.aggregator.incidents import IncidentStore
 
 MAX_RESPONSE_BYTES = 256 * 1024 * 1024
@@ -219,10 +221,12 @@ def run(args: argparse.Namespace) -> int:
                 _print_list(items)
             return 0
         incident_id = args.id
+        found: dict[str, Any]
         if args.state_dir is not None:
-            found = _store(args.state_dir).get(incident_id)
-            if found is None:
+            stored = _store(args.state_dir).get(incident_id)
+            if stored is None:
                 raise IncidentError(f"{args.state_dir}: no incident {incident_id!r}")
+            found = msgspec.to_builtins(stored)  # the document the API serves
         else:
             found = _get(args.api, "/api/v1/incidents/" + urllib.parse.quote(incident_id, safe=""))
         if args.json:

@@ -27,14 +27,21 @@ from sentinel.config.agent import (
 )
 from sentinel.config.aggregator import AggregatorConfig, FleetConfig, IncidentsConfig
 from sentinel.config.common import MetricsConfig
+from sentinel.fr.heads import FrHeads
 from sentinel.sim.host import sim_hosts
 from sentinel.sim.scenario import load_scenario_text
 from sentinel.wire import (
+    Answer,
     CommandResult,
     EventEntry,
+    FrDumpAnswer,
+    GpuSample,
+    GpuWasReset,
+    HeadsEntry,
     LogLine,
     ProcInfo,
     RingEntry,
+    SampleEntry,
     Snapshot,
     SnapshotRequest,
     XidOccurred,
@@ -131,21 +138,33 @@ async def test_two_aggregators_in_one_process_have_their_own_metrics(tmp_path: P
         assert (value, other) == (1.0, 0.0)
 
 
-def test_merge_timeline_orders_hosts_and_drops_malformed_entries() -> None:
-    snapshots = {
-        "b": {"host": "b", "entries": [{"t": 2.0, "type": "event", "data": {"kind": "xid"}}, {"t": "x"}, 5]},
-        "a": {
-            "host": "a",
-            "entries": [{"t": 1.0, "type": "sample", "data": {}}, {"t": 3.0, "type": "heads", "data": {}}],
-        },
-        "c": "not a snapshot",
-        "d": {
-            "entries": [{"t": 100.0, "type": "event", "data": {}}, {"t": 2.5, "type": "bogus", "data": {}}]
-        },
+def test_merge_timeline_orders_hosts_and_names_answers_that_are_not_snapshots() -> None:
+    reset = GpuWasReset(t=2.0, gpu=1)
+    snapshots: dict[str, Answer | None] = {
+        "b": Snapshot(host="b", window=(0.0, 9.0), entries=[EventEntry(t=2.0, data=reset)]),
+        "a": Snapshot(
+            host="a",
+            window=(0.0, 9.0),
+            entries=[
+                SampleEntry(t=1.0, data=GpuSample(gpu=0, t=1.0)),
+                HeadsEntry(t=3.0, data=FrHeads(rank=0, t=3.0)),
+            ],
+        ),
+        "c": FrDumpAnswer(),  # answered with something else
+        "d": Snapshot(host="d", window=(0.0, 100.0), entries=[EventEntry(t=100.0, data=reset)]),  # outside
+        "e": None,
     }
     timeline, problems = merge_timeline(snapshots, 0.0, 10.0, 100)
-    assert [(e["t"], e["host"]) for e in timeline] == [(1.0, "a"), (2.0, "b"), (3.0, "a")]
-    assert len(problems) == 3
+    assert [(e.t, e.host, e.type) for e in timeline] == [
+        (1.0, "a", "sample"),
+        (2.0, "b", "event"),
+        (3.0, "a", "heads"),
+    ]
+    assert timeline[1].data == {"kind": "gpu_reset", "t": 2.0, "gpu": 1}
+    assert problems == [
+        "c: answered the snapshot with FrDumpAnswer, not a snapshot",
+        "e: answered the snapshot with NoneType, not a snapshot",
+    ]
 
 
 async def test_incident_collects_every_agents_snapshot_into_one_timeline(tmp_path: Path) -> None:
@@ -300,12 +319,12 @@ async def test_real_agents_on_simulated_hosts_end_to_end(tmp_path: Path) -> None
             }
             await wait_until(lambda: bool(aggregator.incidents.list()), 20)
             incident = aggregator.incidents.get(aggregator.incidents.list()[-1]["id"])  # the first one
-            assert incident is not None and sorted(incident["hosts"]) == ["host-000", "host-001"]
-            assert incident["missing_hosts"] == []
-            timeline = incident["timeline"]
+            assert incident is not None and sorted(incident.hosts) == ["host-000", "host-001"]
+            assert incident.missing_hosts == []
+            timeline = incident.timeline
             # GPU samples from the faulty host only; the job's other hosts contribute their heads and events
-            assert {e["host"] for e in timeline if e["type"] == "sample"} == {"host-001"}
-            assert {e["host"] for e in timeline if e["type"] != "verdict"} == {"host-000", "host-001"}
+            assert {e.host for e in timeline if e.type == "sample"} == {"host-001"}
+            assert {e.host for e in timeline if e.type != "verdict"} == {"host-000", "host-001"}
         finally:
             for a in agents:
                 a.request_stop()

@@ -96,6 +96,14 @@ def _manager(tmp_path: Path, answers: dict[str, Any], asked: list[Command]) -> I
     )
 
 
+def _doc(manager: IncidentManager, incident_id: str) -> dict[str, Any]:
+    """The incident as the API serves it."""
+    incident = manager.get(incident_id)
+    assert incident is not None
+    doc: dict[str, Any] = msgspec.to_builtins(incident)
+    return doc
+
+
 def _answer(ranks: tuple[int, ...], dumps: dict[int, bytes]) -> dict[str, Any]:  # as builtins
     """What an agent sends back: its pipe report and the gzip-compressed dumps of its ranks."""
     return {
@@ -134,8 +142,7 @@ async def test_stuck_incident_gets_the_job_wide_dump_analysis(
     assert request.since is not None and request.since <= now - 5.0
     assert 0 < request.max_bytes <= 6 * 1024 * 1024
 
-    incident = manager.get("inc-1")
-    assert incident is not None
+    incident = _doc(manager, "inc-1")
     fr = incident["fr_dump"]
     assert fr["state"] == "done", fr
     assert fr["ranks"] == [0, 1, 2, 3] and fr["missing_hosts"] == []
@@ -160,7 +167,7 @@ async def test_missing_host_and_partial_answers_are_reported(tmp_path: Path) -> 
     manager = _manager(tmp_path, {"host-a": _answer((0, 1), dumps)}, asked)  # host-b never answers
     now = time.time()
     await manager.collect("inc-2", _verdict(now), now)
-    fr = manager.get("inc-2")["fr_dump"]  # type: ignore[index]
+    fr = _doc(manager, "inc-2")["fr_dump"]
     assert fr["missing_hosts"] == ["host-b"] and fr["ranks"] == [0, 1]
     # every rank that dumped waits in seq 93 for ranks 2 and 3, which left no dump
     assert fr["state"] == "done" and set(fr["analysis"]["missing_dumps"]) == {2, 3}
@@ -172,8 +179,7 @@ async def test_no_dumps_leaves_no_folder(tmp_path: Path) -> None:
     manager = _manager(tmp_path, {"host-a": empty, "host-b": "garbage"}, asked)
     now = time.time()
     await manager.collect("inc-3", _verdict(now), now)
-    incident = manager.get("inc-3")
-    assert incident is not None
+    incident = _doc(manager, "inc-3")
     fr = incident["fr_dump"]
     assert fr["state"] == "no_dumps" and fr["analysis"] is None
     assert fr["missing_hosts"] == ["host-b"]  # its malformed answer never got past the decoder
@@ -190,7 +196,7 @@ async def test_no_dumps_names_silent_agents_and_the_agents_own_errors(tmp_path: 
     manager = _manager(tmp_path, {"host-a": unset}, asked)  # host-b never answers
     now = time.time()
     await manager.collect("inc-4", _verdict(now), now)
-    fr = manager.get("inc-4")["fr_dump"]  # type: ignore[index]
+    fr = _doc(manager, "inc-4")["fr_dump"]
     assert fr["state"] == "no_dumps" and fr["missing_hosts"] == ["host-b"]
     assert fr["error"] == (
         "no agent returned a flight-recorder dump: probe.fr_dump_dir not set (host-a); no answer (host-b)"
@@ -214,7 +220,7 @@ async def test_hostile_dump_is_refused_without_running_it(
     manager = _manager(tmp_path, {"host-a": answer, "host-b": {"dumps": []}}, asked)
     now = time.time()
     await manager.collect("inc-4", _verdict(now), now)
-    fr = manager.get("inc-4")["fr_dump"]  # type: ignore[index]
+    fr = _doc(manager, "inc-4")["fr_dump"]
     assert fr["state"] == "failed" and fr["error"]
     assert not (tmp_path / "PWNED").exists()
 
@@ -278,6 +284,6 @@ async def test_analysis_failure_marks_the_fr_part_failed_with_the_file(tmp_path:
     manager = _manager(tmp_path, {"host-a": answer, "host-b": {"dumps": []}}, asked)
     now = time.time()
     await manager.collect("inc-5", _verdict(now), now)
-    fr = manager.get("inc-5")["fr_dump"]  # type: ignore[index]
+    fr = _doc(manager, "inc-5")["fr_dump"]
     assert fr["state"] == "failed"
     assert "nccl_trace_rank_0" in fr["error"] and "input_sizes" in fr["error"]

@@ -77,7 +77,9 @@ async def test_a_demo_incident_says_why_it_has_no_flight_recorder_dump(tmp_path:
             updated_at=now,
         )
         await manager.collect("inc-1", verdict, now)
-        fr = manager.get("inc-1")["fr_dump"]  # type: ignore[index]
+        found = manager.get("inc-1")
+        assert found is not None and found.fr_dump is not None
+        fr = msgspec.to_builtins(found.fr_dump)
     finally:
         sim.close()
     assert fr["state"] == "no_dumps" and fr["missing_hosts"] == []
