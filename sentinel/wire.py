@@ -27,7 +27,7 @@ from sentinel.components.nccl_ras.record import RasStatus
 from sentinel.components.nvlink.record import NvLink
 from sentinel.components.pcie.record import PcieLink
 from sentinel.components.rowremap.record import RowRemap
-from sentinel.components.vocab import Action, Severity
+from sentinel.components.vocab import Action, Severity, VerdictKind
 from sentinel.components.xid.parse import XidRecord
 from sentinel.fr.heads import FrHeads
 from sentinel.signals.record import Kind as LineKind
@@ -283,9 +283,9 @@ class HostVerdict(msgspec.Struct, kw_only=True, omit_defaults=True):
     """An open verdict on the agent's own host, as the aggregator pushes it back (for ``sentinel health``)."""
 
     id: Short
-    kind: Short
-    reason: Short
-    action: Short
+    kind: VerdictKind
+    reason: Short  # the verdict's reason code (open-ended: one per Xid, per FR analysis verdict, ...)
+    action: Action
     gpu: int | None = None
     job: Short | None = None
     rank: int | None = None
