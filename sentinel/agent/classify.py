@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from sentinel.components.vocab import ACTIONS, Severity
 from sentinel.components.xid.parse import parse_xid
 from sentinel.log import get_logger
@@ -122,11 +124,9 @@ def log_line(
     bool posing as one), or a string beyond the wire's bound, is left out rather than making the aggregator
     refuse the whole batch.
     """
-    ints = {name: _int(fields.get(name)) for name in _INT_FIELDS}
-    strs = {name: _str(fields.get(name)) for name in _STR_FIELDS}
     action = fields.get("action")
     kind: Kind = line_kind if line_kind in KINDS else "other"
-    return LogLine(
+    line = LogLine(
         t=t,
         source=source,
         gpu=gpu,
@@ -134,19 +134,10 @@ def log_line(
         text=text,
         line_kind=kind,
         action=action if action in ACTIONS else None,
-        reason=strs["reason"],
-        pci_bus=strs["pci_bus"],
-        op=strs["op"],
-        peer=strs["peer"],
-        xid=ints["xid"],
-        rank=ints["rank"],
-        local_rank=ints["local_rank"],
-        seq=ints["seq"],
-        timeout_ms=ints["timeout_ms"],
-        pid=ints["pid"],
-        cuda_dev=ints["cuda_dev"],
-        ran_for_ms=ints["ran_for_ms"],
     )
+    typed: dict[str, int | str | None] = {name: _int(fields.get(name)) for name in _INT_FIELDS}
+    typed |= {name: _str(fields.get(name)) for name in _STR_FIELDS}
+    return msgspec.structs.replace(line, **typed)
 
 
 def _int(value: FieldValue) -> int | None:

@@ -49,10 +49,8 @@ async def test_fr_dump_writes_pipes_of_the_jobs_local_ranks(tmp_path: Path) -> N
         except BlockingIOError:
             untouched = b""
         assert untouched == b"", "job b's rank was triggered"
-        assert trigger_fr_dump(str(prefix), None)["triggered"] == [4, 5, 9]  # no mapping: every local pipe
-        assert trigger_fr_dump(str(tmp_path / "nobody_"), [1])["missing"] == [
-            1
-        ]  # no pipe: reported, no error
+        assert trigger_fr_dump(str(prefix), None).triggered == [4, 5, 9]  # no mapping: every local pipe
+        assert trigger_fr_dump(str(tmp_path / "nobody_"), [1]).missing == [1]  # no pipe: reported, no error
         await agent.shutdown()
     finally:
         for fd in readers.values():
@@ -84,14 +82,14 @@ def test_collect_dumps_waits_for_triggered_ranks_and_bounds_bytes(tmp_path: Path
         clock=lambda: next(clock),
         sleep=sleep,
     )
-    got = {d["rank"]: gzip.decompress(d["data"]) for d in found["dumps"]}
+    got = {d.rank: gzip.decompress(d.data) for d in found.dumps}
     assert sorted(got) == [1, 2, 3]  # rank 0 is stale, rank 9 not asked for
     assert got[1].startswith(b"\x80\x02") and got[2] == b"\x80\x02late" and got[3] == b"{}"
-    assert found["skipped"] == {}
+    assert found.skipped == {}
     small = collect_dumps(
         str(tmp_path), "nccl_trace_rank_", since=2000.0, ranks=[1, 2], wait_s=1, max_bytes=60
     )
-    assert [d["rank"] for d in small["dumps"]] == [2] and "do not fit" in small["skipped"]["1"]
+    assert [d.rank for d in small.dumps] == [2] and "do not fit" in small.skipped["1"]
 
 
 def test_collect_dumps_gives_up_after_the_wait(tmp_path: Path) -> None:
@@ -105,7 +103,7 @@ def test_collect_dumps_gives_up_after_the_wait(tmp_path: Path) -> None:
         clock=lambda: next(clock),
         sleep=lambda _: None,
     )
-    assert found["dumps"] == [] and found["skipped"] == {"4": "no dump appeared"}
+    assert found.dumps == [] and found.skipped == {"4": "no dump appeared"}
 
 
 async def test_fr_dump_command_collects_the_jobs_dumps(tmp_path: Path) -> None:

@@ -16,8 +16,7 @@ def test_snapshot_document_shape_and_order() -> None:
     ring.append(10.0, "sample", GpuSample(gpu=0, t=10.0, temp_c=50.0))
     ring.append(12.0, "event", XidOccurred(t=12.0, gpu=0, record=xid_record(79)))
     ring.append(11.0, "sample", GpuSample(gpu=1, t=11.0))  # late arrival is placed in time order
-    doc = msgspec.to_builtins(ring.snapshot(now=13.0))
-    json.dumps(doc)  # one JSON document
+    doc = json.loads(msgspec.json.encode(ring.snapshot(now=13.0)))  # one JSON document
     assert doc["command"] == "snapshot"  # typed: the answer says what it answers
     assert doc["host"] == "host-a"
     assert doc["window"] == [10.0, 13.0]
@@ -28,7 +27,7 @@ def test_snapshot_document_shape_and_order() -> None:
     ]
     assert doc["entries"][0]["data"]["temp_c"] == 50.0
     assert doc["entries"][2]["data"]["record"]["xid"] == 79
-    since = msgspec.to_builtins(ring.snapshot(now=13.0, since=11.5))
+    since = json.loads(msgspec.json.encode(ring.snapshot(now=13.0, since=11.5)))
     assert [e["t"] for e in since["entries"]] == [12.0] and since["window"] == [11.5, 13.0]
 
 

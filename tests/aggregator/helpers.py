@@ -14,6 +14,7 @@ from aiohttp import web
 
 from sentinel.aggregator.listener import AggregatorSite
 from sentinel.aggregator.server import AGGREGATOR_KEY, Aggregator, create_app, make_runner
+from sentinel.components.xid.parse import xid_record
 from sentinel.config.aggregator import AggregatorConfig
 from sentinel.wire import (
     Ack,
@@ -23,6 +24,7 @@ from sentinel.wire import (
     GpuInfo,
     GpuSample,
     Hello,
+    XidOccurred,
     decode_aggregator_frame,
     encode,
 )
@@ -134,3 +136,9 @@ async def agent(running: Running, host: str, token: str = TOKEN, gpus: int = 8) 
             yield conn
         finally:
             await ws.close()
+
+
+def kernel_xid(t: float, gpu: int, code: int) -> XidOccurred:
+    """An Xid as the agent sends one it read in the kernel log: classified from the driver's line."""
+    text = f"NVRM: Xid (PCI:0000:1b:00): {code}"
+    return XidOccurred(t=t, gpu=gpu, text=text, record=xid_record(code, text))

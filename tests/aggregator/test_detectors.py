@@ -25,7 +25,7 @@ from sentinel.wire import (
     RowRemap,
     XidOccurred,
 )
-from tests.aggregator.helpers import hello, sample
+from tests.aggregator.helpers import hello, kernel_xid, sample
 
 
 class Fleet:
@@ -62,14 +62,7 @@ def test_critical_xid_opens_faulty_in_the_same_ingest_and_closes_on_reset() -> N
     f.send(
         "h0",
         2.0,
-        events=[
-            XidOccurred(
-                t=2.0,
-                gpu=3,
-                text="NVRM: Xid (PCI:0000:1b:00): 79",
-                record=xid_record(79, "NVRM: Xid (PCI:0000:1b:00): 79"),
-            )
-        ],
+        events=[kernel_xid(2.0, 3, 79)],
     )
     assert f.open() == [("faulty", "h0", 3, "xid_79")]  # before any tick
     verdict = next(iter(f.engine.book.open.values()))
@@ -88,14 +81,7 @@ def test_latched_xid_survives_an_nvml_stall_and_clears_only_on_reset_evidence() 
     f.send(
         "h0",
         1.0,
-        events=[
-            XidOccurred(
-                t=1.0,
-                gpu=2,
-                text="NVRM: Xid (PCI:0000:1b:00): 48",
-                record=xid_record(48, "NVRM: Xid (PCI:0000:1b:00): 48"),
-            )
-        ],
+        events=[kernel_xid(1.0, 2, 48)],
     )
     assert f.open() == [("faulty", "h0", 2, "xid_48")]
     # a 2-second NVML stall: unresponsive, then the agent's "recovered" (previous unresponsive)
@@ -117,14 +103,7 @@ def test_a_lost_gpu_answering_again_was_reset() -> None:
     f.send(
         "h0",
         1.0,
-        events=[
-            XidOccurred(
-                t=1.0,
-                gpu=4,
-                text="NVRM: Xid (PCI:0000:1b:00): 79",
-                record=xid_record(79, "NVRM: Xid (PCI:0000:1b:00): 79"),
-            )
-        ],
+        events=[kernel_xid(1.0, 4, 79)],
     )
     f.send("h0", 2.0, events=[GpuStateChanged(t=2.0, gpu=4, state="ok", previous="lost")])
     f.engine.tick(3.0)
@@ -688,6 +667,19 @@ def test_a_slow_gpu_whose_nvlink_errors_climb_is_a_straggler_for_that_reason() -
     assert any("NVLink errors at" in e and "link 5 replay +80" in e for e in stragglers[0].evidence)
 
 
+def _restarted(f: Fleet, state_dir: Path, now: float) -> Fleet:
+    """A restart: the detectors' memory through the real state store into a new engine; its fleet view is
+    rebuilt only from the agents' next batches."""
+    old = StateStore(state_dir)
+    old.register(BuiltinsHolder("detectors", dict(f.engine.detectors)), now)
+    old.close()
+    again = Fleet()
+    new = StateStore(state_dir)
+    new.register(BuiltinsHolder("detectors", dict(again.engine.detectors)), now + 1.0)
+    new.close()
+    return again
+
+
 def test_a_culprit_corrected_by_the_dumps_stays_corrected_across_an_aggregator_restart(
     tmp_path: Path,
 ) -> None:
@@ -697,14 +689,7 @@ def test_a_culprit_corrected_by_the_dumps_stays_corrected_across_an_aggregator_r
     feed_cascade(f, 10.0, age=7.0, completed=12)
     f.engine.tick(10.0)
     assert [r for r, _, _ in _stuck(f)] == [5]
-    old = StateStore(tmp_path)
-    old.register(BuiltinsHolder("detectors", dict(f.engine.detectors)), 10.0)
-    old.close()
-    # a restart: a new engine with the detectors' memory, the fleet rebuilt from the agents' next batches
-    again = Fleet()
-    new = StateStore(tmp_path)
-    new.register(BuiltinsHolder("detectors", dict(again.engine.detectors)), 11.0)
-    new.close()
+    again = _restarted(f, tmp_path, 10.0)
     for t in (12.0, 14.0, 16.0):
         feed_cascade(again, t, age=t - 3.0, completed=12)
         again.engine.tick(t)
@@ -722,13 +707,7 @@ def test_a_restored_dump_judgement_whose_stall_never_returns_is_dropped(tmp_path
     f = _stalled_cascade()
     assert f.engine.join_dumps("j", {"verdict": "hang", "culprit_ranks": [5]}) == "corrected"
     f.engine.tick(9.0)
-    old = StateStore(tmp_path)
-    old.register(BuiltinsHolder("detectors", dict(f.engine.detectors)), 9.0)
-    old.close()
-    again = Fleet()
-    new = StateStore(tmp_path)
-    new.register(BuiltinsHolder("detectors", dict(again.engine.detectors)), 10.0)
-    new.close()
+    again = _restarted(f, tmp_path, 9.0)
     for t in range(10, 120, 2):  # the job is moving again after the restart
         feed_cascade(again, float(t), age=0.1, completed=40 + t)
         again.engine.tick(float(t))

@@ -7,20 +7,20 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from sentinel.wire import Batch, Command, decode_aggregator_frame
+from sentinel.wire import Batch, Command, VerdictsRequest, decode_aggregator_frame
 from tests.aggregator.helpers import agent, running_aggregator, sample
 
 pytestmark = pytest.mark.timeout(30)
 
 
-async def _next_verdicts(conn: object) -> Command:
+async def _next_verdicts(conn: object) -> VerdictsRequest:
     ws = conn.ws  # type: ignore[attr-defined]
     while True:
         msg = await ws.receive(timeout=10)
         assert msg.type == aiohttp.WSMsgType.BINARY, msg
         frame = decode_aggregator_frame(msg.data)
-        if isinstance(frame, Command) and frame.name == "verdicts":
-            return frame
+        if isinstance(frame, Command) and isinstance(frame.request, VerdictsRequest):
+            return frame.request
 
 
 async def test_open_and_closed_verdicts_reach_the_hosts_agent(tmp_path: Path) -> None:

@@ -18,10 +18,8 @@ import aiohttp
 import pytest
 import yaml
 
-from sentinel.components.xid.parse import xid_record
 from sentinel.config.aggregator import AggregatorConfig
-from sentinel.wire import XidOccurred
-from tests.aggregator.helpers import agent, batch, running_aggregator
+from tests.aggregator.helpers import agent, batch, kernel_xid, running_aggregator
 from tests.ops.rulefiles import RULE_FILES
 from tests.ops.stack import (
     Alertmanager,
@@ -127,14 +125,7 @@ async def test_one_faulty_gpu_seen_by_two_aggregators_is_one_notification(tmp_pa
             stack.callback(process.stop)
         await asyncio.gather(*(p.start(session) for p in (*ams, *proms)))
 
-        xid = [
-            XidOccurred(
-                t=1.0,
-                gpu=3,
-                text="NVRM: Xid (PCI:0000:1b:00): 79",
-                record=xid_record(79, "NVRM: Xid (PCI:0000:1b:00): 79"),
-            )
-        ]
+        xid = [kernel_xid(1.0, 3, 79)]
         for running in (a, b):  # one agent, streaming to both aggregators of the pair
             async with agent(running, "node-17") as conn:
                 await conn.send(batch(1, 1.0, events=xid))
