@@ -24,9 +24,10 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sentinel.aggregator.server import Aggregator
+from sentinel.components.xid.parse import xid_record
 from sentinel.config.aggregator import AggregatorConfig, FleetConfig, IncidentsConfig, StateConfig
 from sentinel.log import setup_logging
-from sentinel.wire import Batch, Drops, Event, GpuInfo, GpuSample, Hello, encode
+from sentinel.wire import Batch, Drops, GpuInfo, GpuSample, Hello, XidOccurred, encode
 
 FORGET_S = 3600.0
 _hello = msgspec.msgpack.Decoder(Hello)
@@ -47,7 +48,18 @@ def batch(seq: int, t: float, slow: bool, xid: bool) -> Batch:
                   sm_clock_mhz=1200.0 if slow and i == 0 else 1980.0, sm_clock_max_mhz=1980.0)
         for i in range(8)
     ]  # fmt: skip
-    events = [Event(t=t, kind="xid", gpu=3, xid=79, text="NVRM: Xid (PCI:0000:1b:00): 79")] if xid else []
+    events = (
+        [
+            XidOccurred(
+                t=t,
+                gpu=3,
+                text="NVRM: Xid (PCI:0000:1b:00): 79",
+                record=xid_record(79, "NVRM: Xid (PCI:0000:1b:00): 79"),
+            )
+        ]
+        if xid
+        else []
+    )
     return Batch(seq=seq, t=t, samples=samples, events=events, drops=Drops(samples=1) if xid else None)
 
 

@@ -15,8 +15,8 @@ from sentinel.aggregator.detectors.network import NetworkDetector
 from sentinel.aggregator.server import Aggregator
 from sentinel.aggregator.verdicts import Change, Verdict
 from sentinel.config.aggregator import AggregatorConfig, FleetConfig, IncidentsConfig
-from sentinel.wire import Batch, Drops, Event, Hello, encode
-from tests.aggregator.helpers import TOKEN, hello, sample
+from sentinel.wire import Batch, Drops, Hello, encode
+from tests.aggregator.helpers import TOKEN, hello, kernel_xid, sample
 
 FORGET_S = 3600.0
 _decode = msgspec.msgpack.Decoder(Hello)
@@ -77,7 +77,7 @@ def test_a_forgotten_host_leaves_no_memory_in_any_detector(tmp_path: Path) -> No
         feed(
             aggregator, "fake-slow", now, clock=1200.0
         )  # a straggler host: streaks in the straggler detector
-        xid = Event(t=now, kind="xid", gpu=3, xid=79, text="NVRM: Xid (PCI:0000:1b:00): 79")
+        xid = kernel_xid(now, 3, 79)
         feed(aggregator, "fake-xid", now, events=[xid], drops=Drops(samples=3))  # hardware + drops
         engine.tick(now)
         aggregator._log_drops("fake-xid", Batch(seq=0, t=now, drops=Drops(samples=3)))

@@ -18,7 +18,7 @@ from sentinel.agent.worker import CallBlocks, InlineWorker, Unresponsive
 from sentinel.sim.host import SimCluster, simulated_agent_config
 from sentinel.sim.runner import VirtualClock, simulated_agents
 from sentinel.sim.scenario import load_scenario_text
-from sentinel.wire import Batch, Event
+from sentinel.wire import Batch, Event, GpuStateChanged, LogLine, XidOccurred
 
 SCENARIO = """
 seed = 5
@@ -67,20 +67,20 @@ def _events(batches: list[Batch]) -> list[Event]:
 
 def test_an_xid_reported_by_nvml_and_the_kernel_log_is_merged_by_the_agent() -> None:
     batches = _run(6.0)["host-001"]
-    xids = [e for e in _events(batches) if e.xid == 79 and e.kind == "xid"]
+    xids = [e for e in _events(batches) if isinstance(e, XidOccurred) and e.record.xid == 79]
     assert len(xids) == 1, xids  # NVML's event and the kmsg record are one event
     (xid,) = xids
-    assert xid.gpu == 1 and xid.t == 3.0 and xid.fields.get("merged") is True
-    assert xid.text.startswith("NVRM: Xid (PCI:") and xid.fields.get("pid")  # the kernel line's detail
-    lost = [e for e in _events(batches) if e.kind == "gpu_lost"]
+    assert xid.gpu == 1 and xid.t == 3.0 and xid.merged is True
+    assert xid.text.startswith("NVRM: Xid (PCI:") and xid.record.pid  # the kernel line's detail
+    lost = [e for e in _events(batches) if isinstance(e, GpuStateChanged) and e.state == "lost"]
     assert [e.gpu for e in lost] == [1]
 
 
 def test_an_nccl_line_is_classified_and_placed_on_its_gpu_by_its_pid() -> None:
     batches = _run(6.0)["host-001"]
-    logs = [e for e in _events(batches) if e.kind == "log" and e.source.startswith("log:")]
+    logs = [e for e in _events(batches) if isinstance(e, LogLine) and e.source.startswith("log:")]
     assert logs, "the NCCL WARN line reached no batch"
-    assert all(e.fields.get("kind") == "nccl_warn_net" for e in logs)
+    assert all(e.line_kind == "nccl_warn_net" and e.pid is not None for e in logs)
     assert {e.gpu for e in logs} == {2}  # the line names no GPU: the agent found it from the pid
     assert logs[0].source.startswith("log:/var/log/sentinel-sim/nccl.host-001.")
 
