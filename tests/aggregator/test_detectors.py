@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 import msgspec
@@ -211,13 +212,15 @@ def heads(rank: int, t: float, pgs: list[PgHead], host: str, gpu: int, job: str 
     return FrHeads(rank=rank, t=t, job_id=job, world_size=16, host=host, gpu=gpu, pgs=pgs)
 
 
-def pg(name: str, completed: int, waiting_age: float | None = None, ranks: list[int] | None = None) -> PgHead:
+def pg(
+    name: str,
+    completed: int,
+    waiting_age: float | None = None,
+    ranks: list[int] | None = None,
+    op: str = "allreduce",
+) -> PgHead:
     """A group where this rank completed ``completed`` and, if ``waiting_age``, waits in the next one."""
-    flight = (
-        [InFlight(seq=completed + 1, op="allreduce", age_s=waiting_age, state="started")]
-        if waiting_age
-        else []
-    )
+    flight = [InFlight(seq=completed + 1, op=op, age_s=waiting_age, state="started")] if waiting_age else []
     return PgHead(
         pg_name=name,
         pg_desc="default_pg" if name == "world" else "tp",
@@ -235,11 +238,26 @@ def procs(host_index: int) -> list[ProcInfo]:
     ]
 
 
-def feed_cascade(f: Fleet, t: float, age: float, completed: int = 10) -> None:
-    """Rank 3 (h0 gpu 3) hangs before tp seq 11; its tp peers wait in tp, h1's ranks wait in world."""
+def feed_cascade(
+    f: Fleet, t: float, age: float, completed: int = 10, op_known_by: Collection[int] | None = None
+) -> None:
+    """Rank 3 (h0 gpu 3) hangs before tp seq 11; its tp peers wait in tp, h1's ranks wait in world.
+
+    ``op_known_by``: the ranks whose heads carry the waited collective's op (the others say ``unknown``, as
+    the probe's heads do between its detailed dumps); every rank when None."""
     tp0 = list(range(8))
+
+    def op(rank: int) -> str:
+        return "allreduce" if op_known_by is None or rank in op_known_by else "unknown"
+
     h0 = [
-        heads(r, t, [pg("tp0", completed, None if r == 3 else age, tp0), pg("world", completed - 1)], "h0", r)
+        heads(
+            r,
+            t,
+            [pg("tp0", completed, None if r == 3 else age, tp0, op(r)), pg("world", completed - 1)],
+            "h0",
+            r,
+        )
         for r in range(8)
     ]
     h1 = [
@@ -275,6 +293,21 @@ def test_stuck_follows_the_wait_across_groups_to_the_root_and_never_blames_a_wai
     feed_cascade(f, 10.0, age=0.1, completed=20)
     f.engine.tick(10.0)
     assert [v for v in f.engine.book.open.values() if v.kind == "stuck"] == []
+
+
+def test_stall_evidence_names_the_op_when_most_waiting_ranks_report_it_unknown() -> None:
+    f = Fleet()
+    for t in (0.0, 2.0):
+        feed_cascade(f, t, age=0.1, completed=10 + int(t))
+        f.engine.tick(t)
+    for t in (4.0, 6.0, 8.0):
+        feed_cascade(f, t, age=t - 3.0, completed=12, op_known_by={6})  # one tp waiter had a detailed dump
+        f.engine.tick(t)
+    (stuck,) = [v for v in f.engine.book.open.values() if v.kind == "stuck"]
+    assert stuck.rank == 3
+    evidence = " ".join(stuck.evidence)
+    assert "in allreduce" in evidence and "in unknown" not in evidence
+    assert f.engine.stalls["j"].op == "allreduce"
 
 
 def test_a_culprit_blocked_in_io_is_named_an_io_hang_not_a_gpu_or_network_fault() -> None:
