@@ -10,6 +10,7 @@ import pytest
 
 from sentinel.agent import Agent
 from sentinel.cli import main
+from sentinel.wire import XidOccurred
 from tests.agent.conftest import make_config
 from tests.agent.fakenvml import FakeNvml
 from tests.agent.fakes import FakeSource
@@ -154,5 +155,5 @@ backoff_initial_s = 0.05
     assert sorted((p.gpu, p.job_id, p.rank) for p in procs) == [(g, "staging", 4 + g) for g in range(4)]
     heads = next(b.heads for b in aggregator.batches if b.heads)
     assert sorted((h.host, h.gpu, h.rank) for h in heads) == [("host-001", g, 4 + g) for g in range(4)]
-    xid = next(e for b in aggregator.batches for e in b.events if e.kind == "xid")
-    assert xid.xid == 79 and xid.fields.get("merged") is True and xid.text.startswith("NVRM: Xid")
+    xid = next(e for b in aggregator.batches for e in b.events if isinstance(e, XidOccurred))
+    assert xid.record.xid == 79 and xid.merged is True and xid.text.startswith("NVRM: Xid")

@@ -102,7 +102,7 @@ def test_a_hung_nvml_call_is_reported_unresponsive_by_the_inline_worker() -> Non
     batches = _run(6.0)["host-000"]
     states = [next((s.state for s in b.samples if s.gpu == 3), None) for b in batches]
     assert states[:3] == ["ok", "ok", "ok"] and set(states[3:]) == {"unresponsive"}
-    changed = [e for e in _events(batches) if e.kind == "gpu_unresponsive"]
+    changed = [e for e in _events(batches) if isinstance(e, GpuStateChanged) and e.state == "unresponsive"]
     assert [(e.gpu, e.t) for e in changed] == [(3, 3.0)]
 
 
