@@ -19,7 +19,7 @@ from sentinel.components.xid.parse import xid_record
 from sentinel.config import load_aggregator_config
 from sentinel.config.aggregator import AggregatorConfig, DetectConfig
 from sentinel.wire import Batch, XidOccurred
-from tests.aggregator.helpers import hello, sample
+from tests.aggregator.helpers import hello, kernel_xid, sample
 
 
 class Broken(Detector):
@@ -204,7 +204,7 @@ def test_a_tick_in_steps_lets_batches_in_between_and_honours_a_reload_between_st
     next(stages)  # retention
     next(stages)  # the first detector
     view = engine.fleet.hosts["h0"]
-    xid = Event(t=30.0, kind="xid", gpu=1, xid=79)
+    xid = kernel_xid(30.0, 1, 79)
     engine.ingest(view, Batch(seq=1, t=30.0, samples=[sample(1, 30.0)], events=[xid]), 30.0)
     assert [v.reason for v in engine.book.open.values()] == ["xid_79"]  # mid-tick, straight from ingest
     engine.reconfigure(
