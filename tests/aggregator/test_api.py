@@ -287,7 +287,12 @@ async def test_real_agents_on_simulated_hosts_end_to_end(tmp_path: Path) -> None
         started = time.time()
         cluster, hosts = sim_hosts(scenario, started_at=started, clock=time.time)
         agents = [
-            Agent(agent_config(h.name, running.stream_url, token_file, tmp_path / h.name), h, h, time.time)
+            Agent(
+                agent_config(h.name, running.stream_url, token_file, tmp_path / h.name),
+                h,
+                h.inputs(),
+                time.time,
+            )
             for h in hosts
         ]
         tasks = [asyncio.create_task(a.run()) for a in agents]
