@@ -162,7 +162,7 @@ async def simulated_agents(
             metrics=MetricsConfig(listen_host="127.0.0.1", listen_port=port),
             systemd=SystemdConfig(notify=False),
         )
-        agents.append(Agent(config, host, host, time.time))
+        agents.append(Agent(config, host, host.inputs(), time.time))
     running = SimulatedAgents(targets=[f"127.0.0.1:{port}" for port in metrics_ports], agents=agents)
     by_name = {agent.host: agent for agent in agents}
     driver = asyncio.create_task(cluster.drive(lambda name: by_name[name].request_stop()), name="sim-driver")
