@@ -10,8 +10,9 @@ every group's true members (the world's lists all R ranks, as NCCL writes it; to
 Each template rank is pickled once with fixed-width placeholders that are then replaced byte for byte, so
 building 16,384 dumps costs seconds, and every dump keeps PyTorch's layout (memoized strings and frames).
 
-Both tools run on the same set in this same run, as subprocesses: wall time, peak RSS of the largest
-process and of the whole process tree (sampled every 20 ms). Every culprit must be 3 mod 8.
+Both tools run on the same set in this same run, as command-line processes from their start (``python -m
+sentinel fr analyze`` and the ``torchfrtrace`` script, bytecode compiled for both): wall time, peak RSS of
+the largest process and of the whole process tree (sampled every 20 ms). Every culprit must be 3 mod 8.
 
     flock /tmp/sentinel-bench.lock .venv/bin/python bench/fr.py            # the sets
     flock /tmp/sentinel-bench.lock .venv/bin/python bench/fr.py --sets 16384x2000 --skip-reference
@@ -259,6 +260,11 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs of sentinel per set (the best counts)")
     ap.add_argument("--keep", type=Path, default=None, help="build the sets here and keep them")
     args = ap.parse_args()
+    # both tools start as installed programs do: with their bytecode compiled (pip compiles torch at
+    # install; a checkout run with PYTHONDONTWRITEBYTECODE would recompile sentinel on every start)
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "sentinel")], check=True)
     source = _load_source(args.source)
     root = args.keep or Path(tempfile.mkdtemp(prefix="frbench-"))
     rows = []

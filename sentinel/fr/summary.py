@@ -362,9 +362,8 @@ def _finish(b: _Builder) -> GroupTrack:
     keys = b.keys
     times = b.times
     first = seqs[0] if seqs else 0
-    if seqs and (
-        seqs[-1] - first + 1 != len(seqs) or any(seqs[i] >= seqs[i + 1] for i in range(len(seqs) - 1))
-    ):
+    # consecutive seqs (the usual case) are checked in one C-level comparison, not a loop per entry
+    if seqs and (seqs[-1] - first + 1 != len(seqs) or seqs != array("q", range(first, first + len(seqs)))):
         # holes or disorder (ring-buffer oddities): lay the columns out densely by seq
         lo, hi = min(seqs), max(seqs)
         if hi - lo > 4 * len(seqs) + 1024:
