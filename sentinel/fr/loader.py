@@ -321,10 +321,7 @@ def _recent_dump(
 def _recent_is_enough(dump: RawDump) -> bool:
     """Whether the newest entries hold, for every group still waiting per pg_status, the collective it
     waits in (else the analysis needs the whole buffer)."""
-    present: set[tuple[Any, Any]] = set()
-    for e in dump.entries:
-        if isinstance(e, dict):
-            present.add((e.get("pg_id"), e.get("collective_seq_id")))
+    present = {(e.get("pg_id"), e.get("collective_seq_id")) for e in dump.entries if type(e) is dict}
     for pg_id, status in dump.pg_status.items():
         if not isinstance(status, dict):
             return False

@@ -33,6 +33,9 @@ HEAD = 32
 #: Below this many entries a full decode is as cheap.
 MIN_ENTRIES = 1024
 
+#: Read-ahead buffer of the unpickler's reader.
+READ_BUFFER = 1 << 16
+_ENTRIES_LITERAL = b"X\x07\x00\x00\x00entries"
 _ENTRIES_KEY = re.compile(rb"X\x07\x00\x00\x00entries(?:q[\s\S]|r[\s\S]{4})?\](?:q[\s\S]|r[\s\S]{4})?\(")
 _SUFFIX = re.compile(rb"eu(?:q[\s\S]|r[\s\S]{4})?\.\Z")
 _FIRST_KEY = re.compile(rb"\}(?:q[\s\S]|r[\s\S]{4})?\(X([\s\S]{4})")
@@ -40,7 +43,8 @@ _FIRST_KEY = re.compile(rb"\}(?:q[\s\S]|r[\s\S]{4})?\(X([\s\S]{4})")
 
 def _reader(data: bytes) -> io.BufferedReader:
     # a buffered reader lets the C unpickler read ahead instead of calling read() per opcode (4x faster)
-    return io.BufferedReader(io.BytesIO(data), buffer_size=1 << 20)
+    # 64 KiB: below malloc's mmap threshold, so the buffer is not fresh zeroed pages for every decode
+    return io.BufferedReader(io.BytesIO(data), buffer_size=READ_BUFFER)
 
 
 class ByteView:
@@ -80,13 +84,14 @@ class ByteView:
             raise ValueError("the file changed while read")
         return out
 
-    def get(self, lo: int, hi: int) -> bytes:
-        """Bytes ``[lo, hi)`` of the file."""
+    def get(self, lo: int, hi: int) -> bytes | memoryview:
+        """Bytes ``[lo, hi)`` of the file (a view of what was read when it holds them: never copied
+        before the one copy that frames them for the unpickler)."""
         if hi <= len(self.front):
-            return self.front[lo:hi]
+            return memoryview(self.front)[lo:hi]
         start_back = self.size - len(self.back)
         if lo >= start_back:
-            return self.back[lo - start_back : hi - start_back]
+            return memoryview(self.back)[lo - start_back : hi - start_back]
         if hi - lo > self.size // 2:  # most of the file: read it once as a whole
             self._grow_front(self.size)
             return self.front[lo:hi]
@@ -117,23 +122,35 @@ def decode_recent(
 
 def _decode_recent(view: ByteView, keep: int) -> tuple[dict[str, Any], int, dict[int, list[str]]] | None:
     size = view.size
-    if size < 1 << 16 or view.get(0, 2) != b"\x80\x02":
+    if size < 1 << 16 or bytes(view.get(0, 2)) != b"\x80\x02":
         return None
     view._grow_front(view.CHUNK)
-    while (key := _ENTRIES_KEY.search(view.front)) is None:  # behind the header (pg_config, pg_status)
+    # behind the header (pg_config, pg_status): the literal is found with bytes.find (a fast scan; a
+    # regex search over the header cost more than decoding it), the regex checks what follows
+    pos = 0
+    while True:
+        pos = view.front.find(_ENTRIES_LITERAL, pos)
+        if pos >= 0:
+            key = _ENTRIES_KEY.match(view.front, pos)
+            if key is not None and key.end() + 64 <= len(view.front):
+                break
+            if key is None:
+                pos += 1
+                continue
         if len(view.front) >= min(size, 1 << 24):
             return None
+        pos = max(0, len(view.front) - 64)
         view._grow_front(2 * len(view.front))
-    suffix = _SUFFIX.search(view.get(size - 16, size))
+    suffix = _SUFFIX.search(bytes(view.get(size - 16, size)))
     if suffix is None:
         return None
     start, end = key.end(), size - 16 + suffix.start()
-    first = _FIRST_KEY.match(view.get(start, start + 16))
+    first = _FIRST_KEY.match(bytes(view.get(start, start + 16)))
     if first is None:
         return None
     # the first key of entry 0 is a string followed by its memo index: every later entry refers to it
     after = start + first.end() + int.from_bytes(first.group(1), "little")
-    tag = view.get(after, after + 5)
+    tag = bytes(view.get(after, after + 5))
     if tag[:1] == b"q":
         memo_index = tag[1]
     elif tag[:1] == b"r":
@@ -149,7 +166,7 @@ def _decode_recent(view: ByteView, keep: int) -> tuple[dict[str, Any], int, dict
     tail_start = marks.from_back(keep)
     if head_end is None or tail_start is None or tail_start - head_end < end - tail_start:
         return None  # the skipped middle would be smaller than the tail: a full decode costs as much
-    head_reader = _PlainUnpickler(_reader(view.get(0, head_end) + b"eu."))
+    head_reader = _PlainUnpickler(_reader(b"".join((view.get(0, head_end), b"eu."))))
     top = head_reader.load()
     head = top.get("entries") if isinstance(top, dict) else None
     if not isinstance(head, list) or len(head) != HEAD:
@@ -159,7 +176,7 @@ def _decode_recent(view: ByteView, keep: int) -> tuple[dict[str, Any], int, dict
     step = HEAD
     tail_bytes = view.get(tail_start, end)
     while True:
-        tail_reader = _PlainUnpickler(_reader(b"\x80\x02](" + tail_bytes + b"e."))
+        tail_reader = _PlainUnpickler(_reader(b"".join((b"\x80\x02](", tail_bytes, b"e."))))
         # hand over the memo as the proxy: CPython 3.11 drops the values when a plain dict is assigned
         tail_reader.memo = memo_source.memo
         try:
@@ -173,24 +190,26 @@ def _decode_recent(view: ByteView, keep: int) -> tuple[dict[str, Any], int, dict
         step *= 4
         upto = marks.from_front(step)
         upto = tail_start if upto is None or upto > tail_start else upto
-        chunk_reader = _PlainUnpickler(io.BytesIO(b"\x80\x02](" + view.get(decoded_end, upto) + b"e."))
+        chunk_reader = _PlainUnpickler(
+            io.BytesIO(b"".join((b"\x80\x02](", view.get(decoded_end, upto), b"e.")))
+        )
         chunk_reader.memo = memo_source.memo
         if not isinstance(chunk_reader.load(), list):
             return None
         memo_source, decoded_end = chunk_reader, upto
     if not isinstance(tail, list) or len(tail) != keep:
         return None
-    ids: list[int] = []
-    for e in (*head, *tail):
-        rid = e.get("record_id") if isinstance(e, dict) else None
-        if type(rid) is not int:
-            return None
-        ids.append(rid)
-    first_id = ids[0]
-    total = ids[-1] - first_id + 1
-    if total < HEAD + keep or ids[:HEAD] != list(range(first_id, first_id + HEAD)):
+    # record ids consecutive from the first entry to the last: one C-level comparison per part (an
+    # entry that is not a dict or has no id raises, and any doubt means a full decode)
+    head_ids = [e["record_id"] for e in head]
+    tail_ids = [e["record_id"] for e in tail]
+    first_id = head_ids[0]
+    if type(first_id) is not int or type(tail_ids[-1]) is not int:
         return None
-    if ids[HEAD:] != list(range(first_id + total - keep, first_id + total)):
+    total = tail_ids[-1] - first_id + 1
+    if total < HEAD + keep or head_ids != list(range(first_id, first_id + HEAD)):
+        return None
+    if tail_ids != list(range(first_id + total - keep, first_id + total)):
         return None
     top["entries"] = tail
     # names of groups seen only in the skipped entries: pg_status still reports their progress
@@ -238,7 +257,7 @@ class _Marks:
             view._grow_back(2 * len(back))
 
     def _dict_start(self, pos: int) -> int:
-        before = self.view.get(pos - 6, pos)
+        before = bytes(self.view.get(pos - 6, pos))
         # the dict opcode sits before the MARK: directly (PyTorch), or behind a BINPUT / LONG_BINPUT
         if before[5] == 0x7D:
             return pos - 1

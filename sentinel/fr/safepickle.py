@@ -50,7 +50,7 @@ def loads_plain(data: bytes, *, source: str = "<bytes>") -> Any:
         raise FrFormatError(f"{source}: not a pickle of protocol 2 or later")
     if copyreg._extension_cache:  # type: ignore[attr-defined]
         raise FrFormatError(f"{source}: refused: the copyreg extension cache of this process is not empty")
-    reader = io.BufferedReader(io.BytesIO(data), buffer_size=1 << 20)
+    reader = io.BufferedReader(io.BytesIO(data), buffer_size=1 << 16)  # below malloc's mmap threshold
     try:
         obj = _PlainUnpickler(reader).load()
     except _RefusedGlobal as exc:
