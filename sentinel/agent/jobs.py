@@ -187,10 +187,15 @@ class PsutilProcesses:
         return psutil.Process(pid)
 
     def owner_uid(self, pid: int) -> int | None:
-        try:
-            return os.stat(f"/proc/{pid}").st_uid
-        except OSError:
-            return None
+        return owner_uid(pid)
+
+
+def owner_uid(pid: int) -> int | None:
+    """The user this machine's process ``pid`` runs as (the owner of ``/proc/<pid>``), None when gone."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
 
 
 class JobMapper:

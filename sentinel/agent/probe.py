@@ -30,6 +30,7 @@ from pathlib import Path
 
 import msgspec
 
+from sentinel.agent.jobs import owner_uid
 from sentinel.fr.heads import FrHeads
 from sentinel.log import get_logger
 from sentinel.wire import ProcInfo
@@ -69,18 +70,11 @@ _UCRED = struct.Struct("3i")
 MAX_OWNED_JOBS = 4096
 
 
-def _owner_uid(pid: int) -> int | None:
-    try:
-        return os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        return None
-
-
 class HeadsAuthorizer:
     """Decides whether the sender of a datagram may speak for the job its heads name (see the module doc)."""
 
     def __init__(
-        self, procs: Callable[[], Iterable[ProcInfo]], owner_uid: Callable[[int], int | None] = _owner_uid
+        self, procs: Callable[[], Iterable[ProcInfo]], owner_uid: Callable[[int], int | None] = owner_uid
     ) -> None:
         self.procs = procs
         self.owner_uid = owner_uid

@@ -162,6 +162,12 @@ def _probe(agent: Agent) -> Collector | None:
     feed = agent.inputs.probe
     if feed is None and not c.probe.socket_path:
         return None
+    table = agent.inputs.processes  # senders are checked against the table the job mapper reads
+    authorizer = (
+        HeadsAuthorizer(agent.procs)
+        if table is None
+        else HeadsAuthorizer(agent.procs, owner_uid=table.owner_uid)
+    )
     server = ProbeServer(
         c.probe.socket_path if feed is None else "",
         max_bytes=c.probe.max_datagram_bytes,
@@ -169,9 +175,7 @@ def _probe(agent: Agent) -> Collector | None:
         max_pending_bytes=c.probe.max_pending_bytes,
         mode=c.probe.socket_mode,
         group=c.probe.socket_group,
-        authorizer=HeadsAuthorizer(agent.procs, owner_uid=table.owner_uid)
-        if (table := agent.inputs.processes) is not None
-        else HeadsAuthorizer(agent.procs),
+        authorizer=authorizer,
     )
     if feed is None:
         agent.probe = server  # the agent binds its socket on start
