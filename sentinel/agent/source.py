@@ -74,7 +74,9 @@ class XidRecord:
 
 
 class GpuSource(Protocol):
-    """A host's GPUs. All methods block; the agent calls them off the event loop with deadlines."""
+    """A host's GPUs. All methods block; the agent calls them off the event loop with deadlines (an inline
+    agent, under ``sentinel sim``'s virtual clock, calls them in place: a simulated source then raises
+    :class:`sentinel.agent.worker.CallBlocks` where a real call would hang)."""
 
     def open(self) -> list[GpuInfo]:
         """Initialise (nvmlInit) and return the inventory."""
