@@ -249,6 +249,17 @@ class HardwareConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         float,
         msgspec.Meta(gt=0, le=3600, description="window over which error counters are turned into rates"),
     ] = 30.0
+    lost_cause_wait_s: Annotated[
+        float,
+        msgspec.Meta(
+            ge=0,
+            le=60,
+            description="a GPU NVML calls lost (GPU_IS_LOST) is named gpu_lost only once its agent has reported "
+            "this long past the loss with no fatal Xid: the Xid 79 that is the cause (the lost state is its "
+            "symptom) may come a batch or two later, held by the agent for its kernel-log twin up to "
+            "collect.xid_merge_wait_s (2 s). Within the 3 s in which a lost GPU must be named",
+        ),
+    ] = 2.0
 
 
 class StuckConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -18,6 +18,7 @@ from sentinel.fr.heads import FrHeads, InFlight, PgHead
 from sentinel.wire import (
     Batch,
     EccCounters,
+    GpuSample,
     GpuStateChanged,
     GpuWasReset,
     LogLine,
@@ -130,14 +131,84 @@ def test_application_xids_never_make_a_gpu_faulty_but_repeats_from_many_processe
     assert all(v.kind != "faulty" for v in f.engine.book.all())
 
 
+def _lost(t: float, gpu: int, *, unresponsive: int | None = None) -> list[GpuSample]:
+    states = {gpu: "lost"} | ({unresponsive: "unresponsive"} if unresponsive is not None else {})
+    return [sample(i, t, state=states.get(i, "ok")) for i in range(8)]
+
+
 def test_lost_and_unresponsive_gpus() -> None:
     f = Fleet()
-    samples = [sample(i, 1.0) for i in range(6)]
-    samples += [sample(6, 1.0, state="lost"), sample(7, 1.0, state="unresponsive")]
-    f.send("h0", 1.0, samples=samples)
+    f.send("h0", 1.0, samples=_lost(1.0, 6, unresponsive=7))
+    # a lost GPU waits lost_cause_wait_s (2 s of the agent's reporting) for an Xid that would explain it
+    assert f.open() == [("faulty", "h0", 7, "gpu_unresponsive")]
+    f.send("h0", 2.0, samples=_lost(2.0, 6, unresponsive=7))
+    f.engine.tick(2.0)
+    assert ("faulty", "h0", 6, "gpu_lost") not in f.open()
+    f.send("h0", 3.0, samples=_lost(3.0, 6, unresponsive=7))
+    f.engine.tick(3.0)  # the held GPU is re-checked on the tick
     assert f.open() == [("faulty", "h0", 6, "gpu_lost"), ("faulty", "h0", 7, "gpu_unresponsive")]
-    f.send("h0", 2.0)  # both answer again
+    lost = next(v for v in f.engine.book.open.values() if v.gpu == 6)
+    assert lost.evidence_t == 1.0 and lost.action == "reboot"
+    f.send("h0", 4.0)  # both answer again
     assert f.open() == []
+
+
+def test_a_lost_gpu_is_named_after_its_wait_even_when_the_host_sends_no_more_samples_of_it() -> None:
+    f = Fleet()
+    f.send("h0", 1.0, samples=_lost(1.0, 2))
+    for t in (2.0, 3.0, 4.0):
+        f.send("h0", t, samples=[sample(i, t) for i in range(8) if i != 2])  # the held GPU is re-checked
+        f.engine.tick(t)
+    assert f.open() == [("faulty", "h0", 2, "gpu_lost")]
+
+
+XID_79 = "NVRM: Xid (PCI:0000:1b:00): 79, pid=4242, name=python, GPU has fallen off the bus."
+
+
+@pytest.mark.parametrize("order", ["lost_first", "xid_first", "same_batch"])
+def test_xid_79_names_a_lost_gpus_verdict_whatever_the_arrival_order(order: str) -> None:
+    """NVML's lost state is the symptom of Xid 79: the one verdict names the Xid, the lost state as evidence.
+
+    The agent holds an NVML-only Xid up to xid_merge_wait_s for its kernel twin, so the lost state (on the
+    next sample) often arrives first; the verdict must not be named by whichever came first.
+    """
+    f = Fleet()
+    f.send("h0", 0.0)
+    xid = XidOccurred(t=1.0, gpu=5, text=XID_79, record=xid_record(79, XID_79))
+
+    def lost(t: float) -> GpuStateChanged:
+        return GpuStateChanged(t=t, gpu=5, state="lost", previous="ok")
+
+    arrivals: dict[float, tuple[list[XidOccurred | GpuStateChanged], bool]] = {
+        "lost_first": {1.0: ([lost(1.0)], True), 3.0: ([xid], True)},
+        "xid_first": {1.0: ([xid], False), 2.0: ([lost(2.0)], True)},
+        "same_batch": {1.0: ([lost(1.0), xid], True)},
+    }[order]
+    lost = False
+    for step in range(1, 9):
+        t = float(step)
+        events, now_lost = arrivals.get(t, ([], lost))
+        lost = now_lost
+        f.send("h0", t, samples=_lost(t, 5) if lost else None, events=events)
+        f.engine.tick(t)
+        assert all(v.reason == "xid_79" for v in f.engine.book.by_id.values()), (t, f.open())
+    assert f.open() == [("faulty", "h0", 5, "xid_79")]
+    assert len(f.engine.book.by_id) == 1  # opened once, never renamed
+    (verdict,) = f.engine.book.open.values()
+    assert verdict.action == "reboot" and verdict.evidence_t == 1.0
+    assert "NVML: GPU is lost (fallen off the bus)" in verdict.evidence
+    assert any("pid=4242" in line for line in verdict.evidence)
+
+
+def test_a_lost_gpu_with_only_an_application_xid_is_gpu_lost() -> None:
+    f = Fleet()
+    text = "NVRM: Xid (PCI:0000:1b:00): 13, pid=7, name=python, x"
+    xid_13 = XidOccurred(t=1.0, gpu=1, text=text, record=xid_record(13, text))
+    f.send("h0", 1.0, samples=_lost(1.0, 1), events=[xid_13])
+    for t in (2.0, 3.0, 4.0):
+        f.send("h0", t, samples=_lost(t, 1))
+        f.engine.tick(t)
+    assert f.open() == [("faulty", "h0", 1, "gpu_lost")]
 
 
 def test_row_remap_pending_failure_and_ecc() -> None:

@@ -10,13 +10,15 @@ unresponsive at the deadline by the inline worker.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
 from sentinel.agent.agent import Agent
 from sentinel.agent.worker import CallBlocks, InlineWorker, Unresponsive
+from sentinel.aggregator.engine import Engine
 from sentinel.sim.host import SimCluster, simulated_agent_config
-from sentinel.sim.runner import VirtualClock, simulated_agents
+from sentinel.sim.runner import RING_WINDOW_S, VirtualClock, simulated_agents
 from sentinel.sim.scenario import load_scenario_text
 from sentinel.wire import Batch, Event, GpuStateChanged, LogLine, XidOccurred
 
@@ -74,6 +76,40 @@ def test_an_xid_reported_by_nvml_and_the_kernel_log_is_merged_by_the_agent() -> 
     assert xid.text.startswith("NVRM: Xid (PCI:") and xid.record.pid  # the kernel line's detail
     lost = [e for e in _events(batches) if isinstance(e, GpuStateChanged) and e.state == "lost"]
     assert [e.gpu for e in lost] == [1]
+
+
+def test_xid_79_arriving_after_the_lost_state_still_names_the_verdict() -> None:
+    """A host whose kernel log the agent cannot read (a container without CAP_SYSLOG): the agent holds NVML's
+    Xid 79 for its kernel twin (xid_merge_wait_s) and sends it alone two batches after the lost state. The
+    engine fed by the real agent still opens one verdict, named by the Xid."""
+    clock = VirtualClock()
+    scenario = load_scenario_text(SCENARIO)
+    sim = SimCluster(scenario, started_at=0.0, clock=clock, inline=True)
+    host = sim.hosts[1]
+    config = simulated_agent_config(host.name, tick_s=scenario.tick_s, ring_window_s=RING_WINDOW_S)
+    agent = Agent(config, host, replace(host.inputs(), kernel_log=None), clock, inline=True)
+    engine = Engine()
+    view = engine.hello(agent.hello(), 0.0)
+    arrived: dict[str, float] = {}
+    names: set[str] = set()
+    for step in range(12):
+        t = float(step)
+        clock.t = t
+        sim.advance(t)
+        batch = agent.step_inline(t)
+        for event in batch.events:
+            if event.gpu == 1 and isinstance(event, GpuStateChanged) and event.state == "lost":
+                arrived.setdefault("gpu_lost", t)
+            if event.gpu == 1 and isinstance(event, XidOccurred):
+                arrived.setdefault("xid", t)
+        engine.ingest(view, batch, t)
+        engine.tick(t)
+        names |= {v.reason for v in engine.book.by_id.values() if v.gpu == 1 and v.detector == "hardware"}
+    agent.collectors.close()
+    assert arrived["gpu_lost"] == 3.0 and arrived["xid"] > arrived["gpu_lost"], arrived  # lost came first
+    assert names == {"xid_79"}
+    (verdict,) = [v for v in engine.book.open.values() if v.gpu == 1 and v.detector == "hardware"]
+    assert "NVML: GPU is lost (fallen off the bus)" in verdict.evidence
 
 
 def test_an_nccl_line_is_classified_and_placed_on_its_gpu_by_its_pid() -> None:

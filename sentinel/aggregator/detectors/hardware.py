@@ -3,6 +3,12 @@
 Runs on the GPUs whose hardware facts changed in the batch just applied, so a critical Xid, a lost GPU or a
 pending row remap opens its verdict in the same tick the agent reported it. Pure: the GPU's state, the
 thresholds and ``now`` in, findings out.
+
+One verdict names the cause, not the symptom: Xid 79 ("fallen off the bus") is why NVML calls the GPU lost,
+and the two reach the aggregator in either order (the agent holds an Xid up to ``xid_merge_wait_s`` for its
+kernel-log twin, the lost state rides on the next sample). A lost GPU with a fatal Xid is the Xid's verdict,
+the lost state added as evidence; a lost GPU without one is named ``gpu_lost`` only once its agent has
+reported ``lost_cause_wait_s`` past the loss, so the first verdict opened already has its final name.
 """
 
 from __future__ import annotations
@@ -18,9 +24,10 @@ from sentinel.components.fabric.rule import evaluate_fabric
 from sentinel.components.nvlink.rule import evaluate_error_rate
 from sentinel.components.pcie.rule import evaluate_link, evaluate_replay_rate
 from sentinel.components.rowremap.rule import evaluate_row_remap
-from sentinel.components.vocab import Action, VerdictKind, verdict_kind
+from sentinel.components.vocab import Action, VerdictKind, verdict_kind, worse_action
 from sentinel.components.vocab import Finding as RuleFinding
 from sentinel.components.xid.catalog import xid_info
+from sentinel.components.xid.rule import XidDecision
 from sentinel.config.aggregator import AggregatorConfig, HardwareConfig
 
 DETECTOR = "hardware"
@@ -38,6 +45,8 @@ class HardwareDetector(Detector):
     def __init__(self, config: AggregatorConfig) -> None:
         super().__init__(config)
         self.flagged: set[tuple[str, int]] = set()  # GPUs with findings at their latest evaluation
+        #: lost GPUs whose ``gpu_lost`` waits for the Xid that may explain it (re-checked on every tick)
+        self.held: set[tuple[str, int]] = set()
         self.recheck_all = False
 
     def switched_on(self) -> None:
@@ -51,7 +60,7 @@ class HardwareDetector(Detector):
                 for each in host_view.gpus:
                     gpus.setdefault((each.host, each.index), each)
         if seen.tick:
-            for host, index in self.flagged:
+            for host, index in self.flagged | self.held:
                 if (host, index) not in gpus:
                     known = seen.fleet.gpu(host, index)
                     if known is not None:
@@ -63,21 +72,31 @@ class HardwareDetector(Detector):
         detect = self.config.detect
         for where, gpu in gpus.items():
             keys.add(gpu_key(gpu.host, gpu.index))
-            found = evaluate_gpu(gpu, detect.hardware, seen.now, detect.ecc)
+            its_host = seen.fleet.hosts.get(gpu.host)
+            reported = its_host.last_t if its_host is not None else gpu.t
+            found = evaluate_gpu(gpu, detect.hardware, seen.now, detect.ecc, reported_until=reported)
             if found:
                 self.flagged.add(where)
             else:
                 self.flagged.discard(where)
+            if lost_cause_pending(gpu, detect.hardware, reported):
+                self.held.add(where)
+            else:
+                self.held.discard(where)
             findings.extend(found)
-        gone = {(h, i) for h, i in self.flagged if seen.fleet.gpu(h, i) is None}
-        self.flagged -= gone
+        self.flagged = {(h, i) for h, i in self.flagged if seen.fleet.gpu(h, i) is not None}
+        self.held = {(h, i) for h, i in self.held if seen.fleet.gpu(h, i) is not None}
         return Evaluation(findings, scope=keys.__contains__)
 
     def host_forgotten(self, host: str) -> None:
         self.flagged = {(h, i) for h, i in self.flagged if h != host}
+        self.held = {(h, i) for h, i in self.held if h != host}
 
     def snapshot(self) -> dict[str, Any]:
-        return {"flagged": sorted([h, i] for h, i in self.flagged)}
+        return {
+            "flagged": sorted([h, i] for h, i in self.flagged),
+            "held": sorted([h, i] for h, i in self.held),
+        }
 
 
 def xid_rule_meaning(reason: str) -> str:
@@ -90,10 +109,35 @@ def gpu_key(host: str, gpu: int) -> tuple[str, ...]:
     return ("hw", host, str(gpu))
 
 
+def explains_lost(decision: XidDecision | None) -> bool:
+    """A latched fatal Xid (79 above all) is the cause a lost GPU's verdict names; NVML's lost is its symptom."""
+    return decision is not None and decision.state == "faulty"
+
+
+def lost_cause_pending(gpu: GpuView, cfg: HardwareConfig, reported_until: float) -> bool:
+    """``gpu`` is lost, no Xid explains it yet, and its agent has not reported long enough past the loss
+    for the Xid to have arrived: ``gpu_lost`` waits (agent time, so a skewed clock or a restart cannot
+    stretch or skip the wait; a lost state restored from the store is long past it)."""
+    return (
+        gpu.state == "lost"
+        and not explains_lost(gpu.xid)
+        and reported_until - gpu.state_t < cfg.lost_cause_wait_s
+    )
+
+
 def evaluate_gpu(
-    gpu: GpuView, cfg: HardwareConfig, now: float, ecc_limits: EccThresholds | None = None
+    gpu: GpuView,
+    cfg: HardwareConfig,
+    now: float,
+    ecc_limits: EccThresholds | None = None,
+    *,
+    reported_until: float | None = None,
 ) -> list[Finding]:
-    """Every hardware problem of ``gpu`` that is true now (the book merges them into one verdict)."""
+    """Every hardware problem of ``gpu`` that is true now (the book merges them into one verdict).
+
+    ``reported_until``: agent time of the host's latest batch (default: the GPU's latest sample), against
+    which a lost GPU's wait for its Xid is measured.
+    """
     found: list[Finding] = []
     key = gpu_key(gpu.host, gpu.index)
 
@@ -116,6 +160,8 @@ def evaluate_gpu(
 
     remap_known = gpu.remap is not None and (gpu.remap.pending or gpu.remap.failure)
     decision = gpu.xid
+    lost = evaluate_state("lost") if gpu.state == "lost" else None
+    explained = False
     if (
         decision is not None
         and decision.state != "ok"
@@ -128,19 +174,26 @@ def evaluate_gpu(
             f"{decision.reason} ({xid_rule_meaning(decision.reason)}); seen since the last reset: {codes}"
         ]
         evidence += list(decision.evidence[-3:])
-        add(
-            kind,
-            decision.reason,
-            decision.action,
-            decision.since if decision.since is not None else now,
-            *evidence,
-        )
+        action = decision.action
+        t = decision.since if decision.since is not None else now
+        if lost is not None and explains_lost(decision):
+            # the Xid is the cause, the lost state its symptom: one verdict named by the Xid
+            explained = True
+            evidence += list(lost.evidence)
+            action = worse_action(action, lost.action)
+            t = min(t, gpu.state_t)
+        add(kind, decision.reason, action, t, *evidence)
 
     def rule(finding: RuleFinding | None, t: float) -> None:
         if finding is not None and finding.state != "ok":
             add(verdict_kind(finding.state), finding.reason, finding.action, t, *finding.evidence)
 
-    rule(evaluate_state(gpu.state), gpu.state_t)  # type: ignore[arg-type]
+    if lost is None:
+        rule(evaluate_state(gpu.state), gpu.state_t)  # type: ignore[arg-type]
+    elif not explained and not lost_cause_pending(
+        gpu, cfg, gpu.t if reported_until is None else reported_until
+    ):
+        rule(lost, gpu.state_t)
     rule(evaluate_recovery_action(gpu.recovery_action), gpu.slow_t)
     if gpu.pcie_link is not None:
         rule(evaluate_link(gpu.pcie_link), gpu.slow_t)
