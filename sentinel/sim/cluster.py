@@ -5,7 +5,9 @@ so the virtual-clock runner can drive thousands of GPUs through hours in seconds
 :class:`sentinel.sim.host.SimHost` can map wall time onto the same model for real agents.
 
 Metrics follow an H100 SXM under a training load: ~97-100% utilisation, ~650 W of a 700 W limit, 60-70 °C,
-SM clock at the 1,980 MHz boost; idle GPUs sit at 345 MHz with the ``gpu_idle`` clock-event reason.
+SM clock at the 1,980 MHz boost; idle GPUs sit at 345 MHz with the ``gpu_idle`` clock-event reason. A
+thermally throttled GPU reports the thermal slowdown bits and accumulates NVML thermal violation time (slow
+reads, in closed form of ``t``); every GPU's power violation time grows by a fraction of a percent.
 Per-GPU offsets (silicon lottery, airflow) and per-sample noise come from seeded tables, so a run is
 reproducible and cheap.
 """
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from sentinel.components.clocks.record import ClockViolations
 from sentinel.components.ib.sysfs import PortScan
 from sentinel.fr.heads import FrHeads
 from sentinel.sim.jobs import INF, JobSim, RankSim
@@ -40,6 +43,10 @@ XID_KILLS_PROCESS = frozenset({48, 62, 64, 74, 79, 92, 94, 95, 119, 120, 136, 14
 #: The Xid a row-remap event raises in the kernel log, as the driver does.
 XID_ROW_REMAP_EVENT = 63
 XID_ROW_REMAP_FAILURE = 64
+#: NVML violation time: the share of time the thermal policy holds a thermally throttled GPU's clocks back,
+#: and the power policy's nudges on every GPU (a fraction of a percent: noise, far below a straggler reason)
+THERMAL_VIOLATION_SHARE = 0.95
+POWER_VIOLATION_NOISE = 0.001
 #: kernel log priorities (NVRM prints Xids at KERN_WARNING, mlx5_core its module errors at KERN_ERR)
 KERN_ERR = 3
 KERN_WARNING = 4
@@ -58,6 +65,7 @@ class GpuSim:
     lost_at: float = INF
     nvml_hang_at: float = INF
     throttle_clock: float | None = None
+    throttle_since: float = INF
     remap: RowRemap = field(default_factory=lambda: RowRemap(hist_max=640))
     ecc: EccCounters = field(
         default_factory=lambda: EccCounters(
@@ -74,6 +82,13 @@ class GpuSim:
     pid: int = 0
     pool: dict[tuple[str, float | None], list[GpuSample]] = field(default_factory=dict)
     pool_i: int = 0
+
+    def violations(self, t: float) -> ClockViolations:
+        """NVML's cumulative violation time at ``t``, in closed form (no per-tick state): heat holding the
+        clocks back most of the time since a thermal fault, the power policy a per-GPU fraction of a percent."""
+        thermal = (t - self.throttle_since) * THERMAL_VIOLATION_SHARE if t > self.throttle_since else 0.0
+        power = t * POWER_VIOLATION_NOISE * (1.0 + min(1.0, max(0.0, self.power_off) / 16.0))
+        return ClockViolations(reference_us=int(t * 1e6), power=int(power * 1e9), thermal=int(thermal * 1e9))
 
     def nvlinks(self, t: float) -> list[NvLink]:
         n = self.nvlink_base
@@ -241,6 +256,7 @@ class ClusterSim:
         elif kind == "thermal_throttle":
             assert fault.clock_mhz is not None
             gpu.throttle_clock = min(fault.clock_mhz, MAX_CLOCK_MHZ)
+            gpu.throttle_since = min(gpu.throttle_since, t)
             if rank is not None:
                 rank.factor = MAX_CLOCK_MHZ / gpu.throttle_clock
         elif kind == "straggler":
@@ -339,7 +355,14 @@ class ClusterSim:
         gpu.pool_i = (gpu.pool_i + POOL_STEP) % POOL
         template = pool[gpu.pool_i]
         if slow:
-            return msgspec.structs.replace(template, t=t, ecc=gpu.ecc, remap=gpu.remap, nvlink=gpu.nvlinks(t))
+            return msgspec.structs.replace(
+                template,
+                t=t,
+                ecc=gpu.ecc,
+                remap=gpu.remap,
+                nvlink=gpu.nvlinks(t),
+                violations=gpu.violations(t),
+            )
         return msgspec.structs.replace(template, t=t)
 
     def _reading(self, host: HostSim, gpu: GpuSim, point: str) -> GpuSample:

@@ -128,6 +128,16 @@ def test_stuck_rank_is_the_culprit_with_rank_and_job() -> None:
     assert stuck[0]["reason"] == "not_entered_collective"
 
 
+def test_thermal_straggler_is_named_from_the_reason_bits_and_the_violation_time() -> None:
+    (verdict,) = [
+        v for v in report(SCENARIOS / "thermal_throttle.toml")["verdicts"] if v["kind"] == "straggler"
+    ]
+    assert (verdict["host"], verdict["gpu"], verdict["reason"]) == ("host-006", 2, "thermal")
+    evidence = " | ".join(verdict["evidence"])
+    assert "clock-event reasons: hw_thermal_slowdown" in evidence
+    assert "clocks held back by thermal 9" in evidence and "(NVML violation time)" in evidence
+
+
 def test_port_down_stall_gets_its_network_cause() -> None:
     """Every rank inside the allreduce, none late, NCCL silent: the stuck verdict names the host and port."""
     verdicts = report(SCENARIOS / "port_down.toml")["verdicts"]

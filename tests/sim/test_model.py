@@ -10,6 +10,7 @@ import pytest
 from sentinel.agent.jobs import JobMapper
 from sentinel.agent.probe import decode_heads
 from sentinel.agent.source import GpuLostError
+from sentinel.components.clocks.rule import violation_shares
 from sentinel.signals.classify import classify_line
 from sentinel.sim.cluster import ClusterSim
 from sentinel.sim.host import SimCluster, SimHost
@@ -90,6 +91,20 @@ def test_thermal_throttle_drops_the_clock_and_slows_the_rank() -> None:
     reading = cluster.sample(cluster.hosts[1], gpu, 20.0, slow=False)
     assert reading.sm_clock_mhz == 990.0 and "hw_thermal_slowdown" in reading.throttle
     assert cluster.jobs["j"].ranks[10].factor == pytest.approx(2.0)
+
+
+def test_a_thermally_throttled_gpu_accumulates_thermal_violation_time_and_a_healthy_one_none() -> None:
+    cluster = ClusterSim(load_scenario_text(scenario(fault("thermal_throttle", 5.0, clock_mhz=990.0))))
+    host = cluster.hosts[1]
+    cluster.advance(20.0)
+    before = {g: cluster.sample(host, host.gpus[g], 20.0, slow=True).violations for g in (1, 2)}
+    cluster.advance(30.0)
+    after = {g: cluster.sample(host, host.gpus[g], 30.0, slow=True).violations for g in (1, 2)}
+    shares = {g: violation_shares(before[g], after[g]) for g in (1, 2)}  # type: ignore[arg-type]
+    assert shares[2]["thermal"] > 0.9  # the throttled GPU: heat held its clocks back nearly all the time
+    assert shares[1]["thermal"] == 0.0 and shares[1]["power"] < 0.005  # a busy healthy one: noise at most
+    assert shares[2]["power"] < 0.005
+    assert cluster.sample(host, host.gpus[2], 30.0, slow=False).violations is None  # read on slow ticks only
 
 
 def test_gpu_lost_kills_its_rank_and_stalls_the_job() -> None:
