@@ -153,13 +153,20 @@ def test_lost_and_unresponsive_gpus() -> None:
     assert f.open() == []
 
 
-def test_a_lost_gpu_is_named_after_its_wait_even_when_the_host_sends_no_more_samples_of_it() -> None:
+@pytest.mark.parametrize("then", ["other_gpus_only", "nothing"])
+def test_a_lost_gpu_is_named_after_its_wait_when_its_host_sends_no_more_of_it(then: str) -> None:
+    """The wait is re-checked on the tick, and ends on the aggregator's clock when the agent goes quiet."""
     f = Fleet()
     f.send("h0", 1.0, samples=_lost(1.0, 2))
-    for t in (2.0, 3.0, 4.0):
-        f.send("h0", t, samples=[sample(i, t) for i in range(8) if i != 2])  # the held GPU is re-checked
+    for t in (2.0, 3.0):
+        if then == "other_gpus_only":
+            f.send("h0", t, samples=[sample(i, t) for i in range(8) if i != 2])
         f.engine.tick(t)
     assert f.open() == [("faulty", "h0", 2, "gpu_lost")]
+    for t in (4.0, 5.0):  # and it stays open: no second wait
+        f.engine.tick(t)
+        assert f.open() == [("faulty", "h0", 2, "gpu_lost")]
+    assert len(f.engine.book.by_id) == 1
 
 
 XID_79 = "NVRM: Xid (PCI:0000:1b:00): 79, pid=4242, name=python, GPU has fallen off the bus."
@@ -200,11 +207,13 @@ def test_xid_79_names_a_lost_gpus_verdict_whatever_the_arrival_order(order: str)
     assert any("pid=4242" in line for line in verdict.evidence)
 
 
-def test_a_lost_gpu_with_only_an_application_xid_is_gpu_lost() -> None:
+@pytest.mark.parametrize("code", [13, 48])
+def test_a_lost_gpu_whose_xids_do_not_say_it_fell_off_the_bus_is_gpu_lost(code: int) -> None:
+    """An application Xid, or a fatal double-bit error: neither explains NVML losing the GPU."""
     f = Fleet()
-    text = "NVRM: Xid (PCI:0000:1b:00): 13, pid=7, name=python, x"
-    xid_13 = XidOccurred(t=1.0, gpu=1, text=text, record=xid_record(13, text))
-    f.send("h0", 1.0, samples=_lost(1.0, 1), events=[xid_13])
+    text = f"NVRM: Xid (PCI:0000:1b:00): {code}, pid=7, name=python, x"
+    xid = XidOccurred(t=1.0, gpu=1, text=text, record=xid_record(code, text))
+    f.send("h0", 1.0, samples=_lost(1.0, 1), events=[xid])
     for t in (2.0, 3.0, 4.0):
         f.send("h0", t, samples=_lost(t, 1))
         f.engine.tick(t)

@@ -26,8 +26,7 @@ from sentinel.components.pcie.rule import evaluate_link, evaluate_replay_rate
 from sentinel.components.rowremap.rule import evaluate_row_remap
 from sentinel.components.vocab import Action, VerdictKind, verdict_kind, worse_action
 from sentinel.components.vocab import Finding as RuleFinding
-from sentinel.components.xid.catalog import xid_info
-from sentinel.components.xid.rule import XidDecision
+from sentinel.components.xid.catalog import GPU_LOST_CODES, xid_info
 from sentinel.config.aggregator import AggregatorConfig, HardwareConfig
 
 DETECTOR = "hardware"
@@ -45,8 +44,9 @@ class HardwareDetector(Detector):
     def __init__(self, config: AggregatorConfig) -> None:
         super().__init__(config)
         self.flagged: set[tuple[str, int]] = set()  # GPUs with findings at their latest evaluation
-        #: lost GPUs whose ``gpu_lost`` waits for the Xid that may explain it (re-checked on every tick)
-        self.held: set[tuple[str, int]] = set()
+        #: lost GPUs (re-checked on every tick: ``gpu_lost`` waits for the Xid that may explain it) → when the
+        #: aggregator first saw them lost, so the wait also ends for a host that sends nothing more
+        self.held: dict[tuple[str, int], float] = {}
         self.recheck_all = False
 
     def switched_on(self) -> None:
@@ -60,7 +60,7 @@ class HardwareDetector(Detector):
                 for each in host_view.gpus:
                     gpus.setdefault((each.host, each.index), each)
         if seen.tick:
-            for host, index in self.flagged | self.held:
+            for host, index in self.flagged | self.held.keys():
                 if (host, index) not in gpus:
                     known = seen.fleet.gpu(host, index)
                     if known is not None:
@@ -74,23 +74,25 @@ class HardwareDetector(Detector):
             keys.add(gpu_key(gpu.host, gpu.index))
             its_host = seen.fleet.hosts.get(gpu.host)
             reported = its_host.last_t if its_host is not None else gpu.t
+            if gpu.state == "lost":
+                # the agent's time, or the time the aggregator has waited since, whichever went further
+                began = self.held.setdefault(where, seen.now)
+                reported = max(reported, gpu.state_t + seen.now - began)
+            else:
+                self.held.pop(where, None)
             found = evaluate_gpu(gpu, detect.hardware, seen.now, detect.ecc, reported_until=reported)
             if found:
                 self.flagged.add(where)
             else:
                 self.flagged.discard(where)
-            if lost_cause_pending(gpu, detect.hardware, reported):
-                self.held.add(where)
-            else:
-                self.held.discard(where)
             findings.extend(found)
         self.flagged = {(h, i) for h, i in self.flagged if seen.fleet.gpu(h, i) is not None}
-        self.held = {(h, i) for h, i in self.held if seen.fleet.gpu(h, i) is not None}
+        self.held = {k: v for k, v in self.held.items() if seen.fleet.gpu(*k) is not None}
         return Evaluation(findings, scope=keys.__contains__)
 
     def host_forgotten(self, host: str) -> None:
         self.flagged = {(h, i) for h, i in self.flagged if h != host}
-        self.held = {(h, i) for h, i in self.held if h != host}
+        self.held = {k: v for k, v in self.held.items() if k[0] != host}
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -109,9 +111,13 @@ def gpu_key(host: str, gpu: int) -> tuple[str, ...]:
     return ("hw", host, str(gpu))
 
 
-def explains_lost(decision: XidDecision | None) -> bool:
-    """A latched fatal Xid (79 above all) is the cause a lost GPU's verdict names; NVML's lost is its symptom."""
-    return decision is not None and decision.state == "faulty"
+def explains_lost(gpu: GpuView) -> bool:
+    """A latched fatal Xid that says the driver lost the GPU (79) is the cause a lost GPU's verdict names;
+    NVML's lost state is its symptom. Another fatal Xid (a double-bit error) does not explain it."""
+    decision = gpu.xid
+    return (
+        decision is not None and decision.state == "faulty" and not GPU_LOST_CODES.isdisjoint(gpu.xid_codes)
+    )
 
 
 def lost_cause_pending(gpu: GpuView, cfg: HardwareConfig, reported_until: float) -> bool:
@@ -120,7 +126,7 @@ def lost_cause_pending(gpu: GpuView, cfg: HardwareConfig, reported_until: float)
     stretch or skip the wait; a lost state restored from the store is long past it)."""
     return (
         gpu.state == "lost"
-        and not explains_lost(gpu.xid)
+        and not explains_lost(gpu)
         and reported_until - gpu.state_t < cfg.lost_cause_wait_s
     )
 
@@ -176,7 +182,7 @@ def evaluate_gpu(
         evidence += list(decision.evidence[-3:])
         action = decision.action
         t = decision.since if decision.since is not None else now
-        if lost is not None and explains_lost(decision):
+        if lost is not None and explains_lost(gpu):
             # the Xid is the cause, the lost state its symptom: one verdict named by the Xid
             explained = True
             evidence += list(lost.evidence)

@@ -26,6 +26,10 @@ Cause = Literal["hardware", "driver", "application"]
 #: make a GPU faulty.
 APPLICATION_CODES: Final = frozenset({13, 31, 43, 45})
 
+#: Codes that say the driver lost the GPU (79: fallen off the bus). NVML's GPU_IS_LOST is their symptom, so a
+#: lost GPU's verdict is named by the Xid (:mod:`sentinel.aggregator.detectors.hardware`).
+GPU_LOST_CODES: Final = frozenset({79})
+
 #: NVLink5 codes whose severity depends on the sub-unit printed in the line ("Nonfatal" vs "Fatal").
 NVLINK5_CODES: Final = frozenset({144, 145, 146, 147, 148, 149, 150})
 
