@@ -158,8 +158,18 @@ def test_probe_with_real_torch_gloo(tmp_path: Path) -> None:
         "for _ in range(50): dist.all_reduce(torch.ones(8))\n"
         "srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); srv.bind(sys.argv[1]); srv.settimeout(10)\n"
         "p = Probe(2.0, sys.argv[1])\n"
-        "ok = [p.tick() for _ in range(3)]\n"
-        "sys.stdout.buffer.write(srv.recv(1 << 16))\n"
+        # gloo marks an entry completed from its worker thread after the caller's wait has returned, so the
+        # newest all_reduce may still read as enqueued-not-completed for a moment: poll (bounded) until the
+        # recorder has caught up, as an agent's next tick would see it
+        "import time, msgspec\n"
+        "from sentinel.fr.heads import FrHeads\n"
+        "ok = []\n"
+        "for _ in range(200):\n"
+        "    ok.append(p.tick()); raw = srv.recv(1 << 16)\n"
+        "    pg = msgspec.msgpack.decode(raw, type=FrHeads).pgs[0]\n"
+        "    if pg.last_completed_seq == pg.last_enqueued_seq: break\n"
+        "    time.sleep(0.05)\n"
+        "sys.stdout.buffer.write(raw)\n"
         "print(json.dumps([ok, p.stats.dropped, p.stats.errors]), file=sys.stderr)\n"
     )
     proc = subprocess.run(
