@@ -18,7 +18,7 @@ import math
 
 import msgspec
 
-from sentinel.aggregator.state import FleetState, GpuView, HostView
+from sentinel.aggregator.state import DEDUP_WINDOW, FleetState, GpuView, HostView
 from sentinel.components.xid.rule import XidDecision, XidGpuMemory, XidPolicy
 from sentinel.wire import EccCounters, RowRemap
 
@@ -176,3 +176,72 @@ class FleetLatches:
                     host.gpus.append(_gpu_view(host.name, gpu))
             fleet.hosts[host.name] = host
             self._kept.add(host.name)
+
+
+class SeqWindowRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One host's dedup window: the boot id its numbering belongs to, the high-water mark, seqs above it."""
+
+    boot_id: str = ""
+    hw: int = -1
+    above: list[int] = []
+
+
+_window_decoder = msgspec.msgpack.Decoder(SeqWindowRecord)
+
+
+class FleetSeqWindows:
+    """State-store holder over each host's dedup window, so that a resend after a crash is not applied twice.
+
+    Why: the agent deletes a batch from its spool only when it is acked and resends everything else after a
+    reconnect. A batch the aggregator applied but had not acked when it was killed comes back; with the
+    window lost it would be applied a second time (an Xid counted twice turns one Xid 13 into a "repeats
+    across processes" suspect).
+
+    Crash-safety is by *same transaction*, not by delayed acks: :meth:`StateStore.flush` takes every
+    holder's snapshot in one synchronous pass on the event loop (no batch is applied in between) and the
+    writer commits them in one SQLite transaction, so the window that comes back is exactly the one that
+    covers the restored latches and verdicts. A batch applied after that flush is missing from both: the
+    agent's resend (it was not acked) applies it once; one acked in that interval is lost with its effects,
+    which is the store's documented loss bound (``state.flush_interval_s``). Acks stay immediate: ingest
+    latency does not grow by a flush interval. Detector memory (``BuiltinsHolder``, every 10 s) may be
+    older than the window; it is a warm start, so a batch it missed is under-counted there, never doubled.
+
+    Cost: one small record per host that sent a batch since the last flush (about 20 bytes when the window
+    is contiguous; at most ``DEDUP_WINDOW`` seqs), measured in ``bench/state_store.py``.
+    Registered after :class:`FleetLatches`, whose restore creates the hosts.
+    """
+
+    state_name = "fleet_seqs"
+
+    def __init__(self, fleet: FleetState) -> None:
+        self.fleet = fleet
+        self._kept: set[str] = set()
+
+    def snapshot(self, full: bool = False) -> dict[str, bytes | None]:
+        fleet = self.fleet
+        names = set(fleet.hosts) if full else fleet.window_changed
+        fleet.window_changed = set()
+        out: dict[str, bytes | None] = {}
+        for name in names:
+            host = fleet.hosts.get(name)
+            if host is not None:
+                record = SeqWindowRecord(boot_id=host.boot_id, hw=host.seq_hw, above=sorted(host.seq_above))
+                out[name] = _encoder.encode(record)
+                self._kept.add(name)
+        if len(self._kept) > len(fleet.hosts):
+            for name in [name for name in self._kept if name not in fleet.hosts]:
+                out[name] = None
+                self._kept.discard(name)
+        return out
+
+    def restore(self, records: dict[str, bytes], now: float) -> None:
+        """A window comes back only onto a restored host of the same boot (another boot restarts numbering)."""
+        fleet = self.fleet
+        for name, data in records.items():
+            record = _window_decoder.decode(data)
+            host = fleet.hosts.get(name)
+            self._kept.add(name)  # deleted on the next snapshot if the host is not there
+            if host is None or host.boot_id != record.boot_id:
+                continue
+            host.seq_hw = record.hw
+            host.seq_above = {seq for seq in record.above[-DEDUP_WINDOW:] if seq > record.hw}

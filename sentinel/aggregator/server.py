@@ -38,7 +38,7 @@ from sentinel.aggregator.detectors.straggler import straggler_hold_s
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.frdumps import settings_for_frame
 from sentinel.aggregator.incidents import IncidentManager, IncidentStore
-from sentinel.aggregator.latches import FleetLatches
+from sentinel.aggregator.latches import FleetLatches, FleetSeqWindows
 from sentinel.aggregator.listener import PEER_GATE_KEY, PeerGate
 from sentinel.aggregator.metrics import AggregatorMetrics
 from sentinel.aggregator.pushback import VerdictPush
@@ -297,6 +297,7 @@ class Aggregator:
         now = self.clock()
         store.register(self.engine.book, now)
         store.register(FleetLatches(self.engine.fleet), now)
+        store.register(FleetSeqWindows(self.engine.fleet), now)  # after the latches: they create the hosts
         store.register(BuiltinsHolder("detectors", dict(self.engine.detectors)), now)
         self.metrics.store = store
         return store

@@ -151,6 +151,8 @@ class HostView:
     last_t: float = -math.inf  # agent time of the latest batch
     seq_hw: int = -1  # every seq <= seq_hw has been seen
     seq_above: set[int] = field(default_factory=set)
+    #: a Hello opened a connection and no batch has come on it yet (its first batch closes the gap below it)
+    stream_fresh: bool = False
     events: deque[LogEvent] = field(default_factory=lambda: deque(maxlen=HOST_EVENTS_KEPT))
     procs: list[ProcInfo] = field(default_factory=list)
     xid_policy: XidPolicy = field(default_factory=XidPolicy)
@@ -177,6 +179,23 @@ class HostView:
         if next_seq <= self.seq_hw:
             self.seq_hw = max(next_seq, 0) - 1
             self.seq_above = set()  # marks of the old numbering, all at or above next_seq
+
+    def stream_starts_at(self, seq: int) -> None:
+        """The first batch of a connection: every seq below it is delivered or will never come.
+
+        The agent's shipper sends, on each connection, its unacknowledged batches in seq order from the
+        oldest (its spool cursor for this aggregator). Below that first seq everything was acked by this
+        aggregator (possibly in the second before a ``kill -9`` whose flush never committed) or dropped from
+        the spool. A gap there never fills; kept, it would make every later seq wait above the mark, up to
+        ``DEDUP_WINDOW`` of them per host — in memory, and in every flush of the durable window.
+        """
+        if seq - 1 > self.seq_hw:
+            hw = seq - 1
+            above = {s for s in self.seq_above if s > hw}
+            while hw + 1 in above:
+                hw += 1
+                above.discard(hw)
+            self.seq_hw, self.seq_above = hw, above
 
     def seen(self, seq: int) -> bool:
         return seq <= self.seq_hw or seq in self.seq_above
@@ -269,6 +288,8 @@ class FleetState:
         self.future_stamped = 0
         #: hosts whose inventory or latched hardware facts changed since the state store last looked
         self.changed_hosts: set[str] = set()
+        #: hosts whose dedup window (boot id, seq high-water mark, seqs above it) moved since the store looked
+        self.window_changed: set[str] = set()
 
     # -- connection -----------------------------------------------------------------------------------
 
@@ -287,11 +308,14 @@ class FleetState:
                 gpu.state = "ok"
                 gpu.dirty = True
                 self.dirty_gpus.append(gpu)
+        if hello.boot_id and hello.boot_id != host.boot_id:
+            self.window_changed.add(host.name)
         host.boot_id = hello.boot_id or host.boot_id
         self._inventory(host, hello.gpus[: self.max_gpus_per_host])
         if hello.gpu_source is not None:
             host.gpu_source, host.gpu_source_t = hello.gpu_source, hello.started_at or now
         host.connected = True
+        host.stream_fresh = True
         host.last_seen = now
         self.changed_hosts.add(host.name)
         return host
@@ -318,10 +342,14 @@ class FleetState:
     def apply(self, host: HostView, batch: Batch, now: float) -> bool:
         """Apply one batch; False when it is a resend already applied (still to be acked)."""
         host.last_seen = now
+        if host.stream_fresh:
+            host.stream_fresh = False
+            host.stream_starts_at(batch.seq)
         if host.seen(batch.seq):
             host.duplicates += 1
             return False
         host.mark(batch.seq)
+        self.window_changed.add(host.name)
         host.batches += 1
         host.clock.observe(batch.t, now)
         horizon = now + self.max_clock_skew_s
@@ -572,6 +600,7 @@ class FleetState:
         """Drop everything about host ``name`` (it comes back as new if it ever connects again)."""
         host = self.hosts.pop(name, None)
         self.changed_hosts.discard(name)  # the state store deletes its record from _kept, not from this set
+        self.window_changed.discard(name)
         if host is not None:
             self.dirty_gpus = [g for g in self.dirty_gpus if g.host != name]
 

@@ -9,7 +9,9 @@ import time
 from pathlib import Path
 
 import aiohttp
+import msgspec
 
+from sentinel.aggregator.latches import SeqWindowRecord
 from sentinel.components.xid.parse import xid_record
 from sentinel.wire import Ack, Batch, Event, GpuWasReset, XidOccurred, decode_aggregator_frame, encode
 from tests.aggregator.helpers import TOKEN, hello, sample
@@ -129,5 +131,50 @@ async def test_kill_9_in_the_middle_of_a_stream_of_faults_loses_at_most_the_last
         for ids in durable:  # each was open then; now it is known (open, or closed by later evidence)
             assert ids <= restored
         assert seen[-1][1], "the last poll saw open verdicts"
+    finally:
+        aggregator.close()
+
+
+def _durable_seqs(state_dir: Path, host: str, seqs: range) -> set[int]:
+    """Which of ``seqs`` the dedup window of ``host`` in the state database covers (read as a second process)."""
+    path = state_dir / "state.sqlite3"
+    if not path.exists():
+        return set()
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        row = db.execute("SELECT value FROM records WHERE holder='fleet_seqs' AND key=?", (host,)).fetchone()
+    if row is None:
+        return set()
+    window = msgspec.msgpack.decode(row[0], type=SeqWindowRecord)
+    return {seq for seq in seqs if seq <= window.hw or seq in window.above}
+
+
+def _host(aggregator: AggregatorProcess, name: str) -> dict[str, object]:
+    (host,) = [h for h in aggregator.get("/api/v1/hosts")["hosts"] if h["name"] == name]
+    return host  # type: ignore[no-any-return]
+
+
+async def test_sigkill_then_resend_applies_every_batch_exactly_once(tmp_path: Path) -> None:
+    """The agent resends after a kill -9: what was durable is recognised as a duplicate, the rest is applied.
+
+    The client resends every batch from seq 1 (more than a real agent, which resends only what was not
+    acked): each seq the killed process had committed must come back as a duplicate, each later one must be
+    applied — once, and none lost."""
+    aggregator = AggregatorProcess(tmp_path)
+    try:
+        aggregator.start()
+        t0 = time.time()
+        await _send(aggregator.stream_url, [_batch(seq, t0 + seq * 0.01) for seq in range(1, 21)])
+        first = range(1, 21)
+        await _until(lambda: _durable_seqs(aggregator.state_dir, "h0", first) == set(first))
+        # more batches, killed right after their acks: some may not be committed yet
+        await _send(aggregator.stream_url, [_batch(seq, t0 + seq * 0.01) for seq in range(21, 26)])
+        aggregator.kill()
+        durable = len(_durable_seqs(aggregator.state_dir, "h0", range(1, 31)))
+        assert 20 <= durable <= 25
+
+        aggregator.start()
+        await _send(aggregator.stream_url, [_batch(seq, t0 + seq * 0.01) for seq in range(1, 31)])
+        host = _host(aggregator, "h0")
+        assert (host["duplicates"], host["batches"]) == (durable, 30 - durable)
     finally:
         aggregator.close()
