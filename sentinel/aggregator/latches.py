@@ -15,6 +15,7 @@ every second and the detectors that use them hold their restored verdicts while 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import msgspec
 
@@ -113,6 +114,22 @@ def _gpu_view(host: str, record: GpuRecord) -> GpuView:
     return view
 
 
+def host_records(
+    fleet: FleetState, names: set[str], kept: set[str], encode: Callable[[HostView], bytes]
+) -> dict[str, bytes | None]:
+    """One record per named host still in the fleet, and a deletion for each kept host the fleet forgot."""
+    out: dict[str, bytes | None] = {}
+    for name in names:
+        host = fleet.hosts.get(name)
+        if host is not None:
+            out[name] = encode(host)
+            kept.add(name)
+    for name in [name for name in kept if name not in fleet.hosts]:
+        out[name] = None
+        kept.discard(name)
+    return out
+
+
 class FleetLatches:
     """State-store holder over a :class:`FleetState`: one record per host whose latched facts changed."""
 
@@ -125,20 +142,8 @@ class FleetLatches:
     def snapshot(self, full: bool = False) -> dict[str, bytes | None]:
         """Changed hosts' records; hosts the fleet forgot (retention, eviction) are deleted."""
         fleet = self.fleet
-        names = set(fleet.hosts) if full else fleet.changed_hosts
-        fleet.changed_hosts = set()
-        out: dict[str, bytes | None] = {}
-        for name in names:
-            host = fleet.hosts.get(name)
-            if host is not None:
-                out[name] = _encoder.encode(self._record(host))
-                self._kept.add(name)
-        if len(self._kept) > len(fleet.hosts) or not full:
-            gone = [name for name in self._kept if name not in fleet.hosts]
-            for name in gone:
-                out[name] = None
-                self._kept.discard(name)
-        return out
+        names, fleet.changed_hosts = (set(fleet.hosts) if full else fleet.changed_hosts), set()
+        return host_records(fleet, names, self._kept, lambda host: _encoder.encode(self._record(host)))
 
     @staticmethod
     def _record(host: HostView) -> HostRecord:
@@ -189,6 +194,12 @@ class SeqWindowRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
 _window_decoder = msgspec.msgpack.Decoder(SeqWindowRecord)
 
 
+def _window_record(host: HostView) -> bytes:
+    return _encoder.encode(
+        SeqWindowRecord(boot_id=host.boot_id, hw=host.seq_hw, above=sorted(host.seq_above))
+    )
+
+
 class FleetSeqWindows:
     """State-store holder over each host's dedup window, so that a resend after a crash is not applied twice.
 
@@ -219,20 +230,8 @@ class FleetSeqWindows:
 
     def snapshot(self, full: bool = False) -> dict[str, bytes | None]:
         fleet = self.fleet
-        names = set(fleet.hosts) if full else fleet.window_changed
-        fleet.window_changed = set()
-        out: dict[str, bytes | None] = {}
-        for name in names:
-            host = fleet.hosts.get(name)
-            if host is not None:
-                record = SeqWindowRecord(boot_id=host.boot_id, hw=host.seq_hw, above=sorted(host.seq_above))
-                out[name] = _encoder.encode(record)
-                self._kept.add(name)
-        if len(self._kept) > len(fleet.hosts):
-            for name in [name for name in self._kept if name not in fleet.hosts]:
-                out[name] = None
-                self._kept.discard(name)
-        return out
+        names, fleet.window_changed = (set(fleet.hosts) if full else fleet.window_changed), set()
+        return host_records(fleet, names, self._kept, _window_record)
 
     def restore(self, records: dict[str, bytes], now: float) -> None:
         """A window comes back only onto a restored host of the same boot (another boot restarts numbering)."""
