@@ -24,6 +24,7 @@ import argparse
 import gzip
 import json
 import os
+import resource
 import shutil
 import struct
 import sys
@@ -203,6 +204,7 @@ def build_set(source: dict[int, dict[str, Any]], ranks: int, entries: int, out: 
 def measure(cmd: list[str], timeout_s: float, max_rss_gib: float = 1e9) -> dict[str, Any]:
     """Run cmd; wall seconds, exit code, peak RSS of the largest process and of the whole tree (MiB)."""
     # output goes to files, not pipes: a chatty tool must not block on a full pipe
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
         start = time.perf_counter()
         proc = psutil.Popen(cmd, stdout=out_file, stderr=err_file, cwd=REPO)
@@ -226,11 +228,13 @@ def measure(cmd: list[str], timeout_s: float, max_rss_gib: float = 1e9) -> dict[
             time.sleep(0.02)
         proc.wait()
         wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the tool and every process it waited for
         out_file.seek(0)
         err_file.seek(0)
         out, err = out_file.read(), err_file.read()
     return {
         "wall_s": wall,
+        "cpu_s": after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
         "rc": proc.returncode,
         "timed_out": timed_out,
         "rss_one_mib": peak_one / 2**20,
@@ -304,19 +308,22 @@ def main() -> int:
     print()
     print(f"cpus={os.cpu_count()}  source={args.source}  (shared machine: other work may run alongside)")
     print(
-        f"{'set':>12} {'tool':>13} {'wall s':>9} {'RSS max MiB':>12} {'RSS tree MiB':>13} {'rc':>4}  speedup"
+        f"{'set':>12} {'tool':>13} {'wall s':>9} {'CPU s':>7} {'RSS max MiB':>12} {'RSS tree MiB':>13} "
+        f"{'rc':>4}  speedup (wall, CPU)"
     )
     for spec, ours, ref in rows:
         print(
-            f"{spec:>12} {'sentinel':>13} {ours['wall_s']:9.2f} {ours['rss_one_mib']:12.0f} "
+            f"{spec:>12} {'sentinel':>13} {ours['wall_s']:9.2f} {ours['cpu_s']:7.2f} {ours['rss_one_mib']:12.0f} "
             f"{ours['rss_tree_mib']:13.0f} {ours['rc']:>4}"
         )
         if ref is not None:
             ratio = ref["wall_s"] / ours["wall_s"]
+            cpu_ratio = ref["cpu_s"] / max(ours["cpu_s"], 1e-3)
             mark = ">" if ref["timed_out"] else ""
             print(
-                f"{spec:>12} {'torchfrtrace':>13} {mark}{ref['wall_s']:8.2f} {ref['rss_one_mib']:12.0f} "
-                f"{ref['rss_tree_mib']:13.0f} {ref['rc'] if not ref['timed_out'] else 'T/O':>4}  {mark}{ratio:.1f}x"
+                f"{spec:>12} {'torchfrtrace':>13} {mark}{ref['wall_s']:8.2f} {ref['cpu_s']:7.2f} "
+                f"{ref['rss_one_mib']:12.0f} {ref['rss_tree_mib']:13.0f} "
+                f"{ref['rc'] if not ref['timed_out'] else 'T/O':>4}  {mark}{ratio:.1f}x, {mark}{cpu_ratio:.1f}x"
             )
     return 1 if bad else 0
 
