@@ -27,7 +27,7 @@ from sentinel.components.nccl_ras.record import RasStatus
 from sentinel.components.nvlink.record import NvLink
 from sentinel.components.pcie.record import PcieLink
 from sentinel.components.rowremap.record import RowRemap
-from sentinel.components.vocab import Action, Severity, VerdictKind
+from sentinel.components.vocab import Action, ReasonCode, Severity, VerdictKind
 from sentinel.components.xid.parse import XidRecord
 from sentinel.fr.heads import FrHeads
 from sentinel.signals.record import Kind as LineKind
@@ -167,7 +167,7 @@ class LogLine(_EventBase, tag="log"):
     """
 
     line_kind: LineKind = "other"
-    reason: Short | None = None
+    reason: ReasonCode | None = None
     action: Action | None = None
     xid: int | None = None
     pci_bus: Short | None = None
@@ -284,7 +284,7 @@ class HostVerdict(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     id: Short
     kind: VerdictKind
-    reason: Short  # the verdict's reason code (open-ended: one per Xid, per FR analysis verdict, ...)
+    reason: ReasonCode  # the verdict's reason code (open-ended: one per Xid, per FR analysis verdict, ...)
     action: Action
     gpu: int | None = None
     job: Short | None = None

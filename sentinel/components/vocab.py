@@ -11,7 +11,7 @@ urgent.
 
 from __future__ import annotations
 
-from typing import Final, Literal, get_args
+from typing import Annotated, Final, Literal, get_args
 
 import msgspec
 
@@ -26,6 +26,14 @@ ACTIONS: Final[tuple[Action, ...]] = get_args(Action)
 #: What the aggregator concludes about a GPU, a rank or a host (ordered: later = more urgent).
 VerdictKind = Literal["host_silent", "straggler", "degraded", "stuck", "faulty"]
 VERDICT_KINDS: Final[tuple[VerdictKind, ...]] = get_args(VerdictKind)
+
+#: A verdict's or a classified line's machine-readable reason: a snake_case code (``row_remap_pending``,
+#: ``xid_79``, ``fr_hang``, ``nccl_comm_abort``). The set is open by design — one code per Xid, per
+#: Flight Recorder analysis verdict, per log rule — so it is a constrained string rather than a Literal:
+#: the wire refuses anything that is not a short code (no free text, no spaces, no markup), which keeps
+#: alert labels and dashboards one series per cause.
+REASON_PATTERN: Final = r"^[a-z][a-z0-9_]{0,63}$"
+ReasonCode = Annotated[str, msgspec.Meta(pattern=REASON_PATTERN, max_length=64)]
 
 #: A rule's view of one GPU: ``suspect`` becomes a degraded verdict, ``faulty`` a faulty one.
 GpuHealth = Literal["ok", "suspect", "faulty"]
@@ -60,6 +68,6 @@ class Finding(msgspec.Struct, frozen=True, kw_only=True):
     severity: Severity
     action: Action
     #: Short machine-readable code, e.g. ``row_remap_pending``, ``ecc_uncorrected_volatile``.
-    reason: str
+    reason: ReasonCode
     #: Human-readable facts that led to the decision.
     evidence: tuple[str, ...] = ()

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from sentinel.agent import Agent
@@ -176,3 +177,16 @@ async def test_command_exit_codes_json_nagios_and_epilog(fake_nvml: FakeNvml, tm
     assert code == 2 and out.startswith("cannot tell: agent at") and "not reachable" in out
     code, out = await _health(url, "--nagios")
     assert code == 3 and out.startswith("SENTINEL UNKNOWN")
+
+
+@pytest.mark.parametrize("reason", ["", "Row remap pending", "xid 79", "<b>x</b>", "a" * 65, "9lives"])
+def test_a_pushed_back_verdict_with_a_free_text_reason_is_refused_at_decode(reason: str) -> None:
+    """Reasons are short snake_case codes (one alert series per cause); free text never reaches a label."""
+    raw = msgspec.msgpack.encode({"id": "v1", "kind": "degraded", "reason": reason, "action": "drain"})
+    with pytest.raises(msgspec.ValidationError, match="reason"):
+        msgspec.msgpack.decode(raw, type=HostVerdict)
+
+
+def test_a_pushed_back_verdict_with_a_reason_code_decodes() -> None:
+    raw = msgspec.msgpack.encode({"id": "v1", "kind": "faulty", "reason": "xid_79", "action": "reset_gpu"})
+    assert msgspec.msgpack.decode(raw, type=HostVerdict).reason == "xid_79"

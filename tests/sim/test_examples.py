@@ -10,8 +10,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
+from sentinel.components.vocab import ReasonCode
 from sentinel.components.xid.catalog import APPLICATION_CODES as APPLICATION_XIDS
 from sentinel.sim.runner import run_scenario
 from sentinel.sim.scenario import FaultSpec, load_scenario
@@ -118,6 +120,14 @@ def test_application_xids_never_make_a_gpu_faulty(path: Path) -> None:
     app_gpus = {(f.host, f.gpu) for f in scenario.faults if f.kind == "xid" and f.xid in APPLICATION_XIDS}
     for verdict in report(path)["verdicts"]:
         assert (verdict["host"], verdict["gpu"]) not in app_gpus or verdict["kind"] != "faulty"
+
+
+@pytest.mark.parametrize("path", FAULT_SCENARIOS, ids=lambda p: p.stem)
+def test_every_verdict_reason_is_a_code_the_wire_accepts(path: Path) -> None:
+    """A reason that is not a short snake_case code would be refused where a verdict is pushed back to its
+    agent (``HostVerdict.reason``), and would split alert labels; every detector must speak codes."""
+    for verdict in report(path)["verdicts"]:
+        assert msgspec.convert(verdict["reason"], ReasonCode) == verdict["reason"]
 
 
 def test_stuck_rank_is_the_culprit_with_rank_and_job() -> None:
