@@ -146,6 +146,8 @@ def test_thermal_straggler_is_named_from_the_reason_bits_and_the_violation_time(
     evidence = " | ".join(verdict["evidence"])
     assert "clock-event reasons: hw_thermal_slowdown" in evidence
     assert "clocks held back by thermal 9" in evidence and "(NVML violation time)" in evidence
+    # the clock finding and the rank's lateness both cite the GPU's hardware: each fact is listed once
+    assert len(verdict["evidence"]) == len(set(verdict["evidence"])), verdict["evidence"]
 
 
 def test_port_down_stall_gets_its_network_cause() -> None:

@@ -412,7 +412,8 @@ def _merged(known: Finding, finding: Finding) -> Finding:
         kind="straggler",
         reason=known.reason,
         action=known.action,
-        evidence=known.evidence + finding.evidence,
+        # both findings cite the GPU's hardware (reason bits, violation time): keep each line once, in order
+        evidence=tuple(dict.fromkeys(known.evidence + finding.evidence)),
         evidence_t=known.evidence_t,
         host=known.host,
         gpu=known.gpu,
