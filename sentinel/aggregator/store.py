@@ -75,6 +75,9 @@ class BuiltinsHolder:
     Their memory is a warm start, not evidence (the verdicts it led to are persisted by the verdict book),
     so it is written at most every ``min_interval_s`` and only when its encoding changed; a snapshot above
     ``max_bytes`` is skipped and logged rather than letting one detector's history bloat every flush.
+    ``max_bytes`` is sized from the largest memory the seeds' clusters make: the straggler's step histories of
+    two 24,576-rank jobs with full windows are ~15 MB (written at most every 10 s, by the writer thread), so
+    64 MiB leaves room for a few such jobs while a runaway memory is still refused.
     """
 
     def __init__(
@@ -83,7 +86,7 @@ class BuiltinsHolder:
         members: dict[str, Snapshottable],
         *,
         min_interval_s: float = 10.0,
-        max_bytes: int = 8 << 20,
+        max_bytes: int = 64 << 20,
         clock: Any = time.monotonic,
     ) -> None:
         self.state_name = name

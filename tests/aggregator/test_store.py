@@ -268,3 +268,40 @@ def test_a_host_the_fleet_forgot_is_deleted_from_the_store(tmp_path: Path) -> No
     first.persist()
     first.crash()
     assert sorted(Node(tmp_path, 5.0).engine.fleet.hosts) == ["h0"]
+
+
+def test_the_stragglers_memory_of_the_seeds_two_24576_rank_jobs_fits_the_store_and_comes_back(
+    tmp_path: Path,
+) -> None:
+    """At job scale the straggler's step histories are the largest detector memory (~15 MB for two 24,576-rank
+    jobs with full windows); a per-member cap below that skipped it on every flush, so a restart lost the warm
+    start exactly where it matters most."""
+    from collections import deque
+
+    from sentinel.aggregator.detectors.straggler import RankSteps, StragglerDetector
+
+    config = AggregatorConfig()
+    window = config.detect.straggler.compute_window_steps
+    detector = StragglerDetector(config)
+    detector.steps = {
+        f"job-{j}": {
+            rank: RankSteps(
+                last_seq=1000 + rank,
+                compute=deque((0.8 + rank * 1e-6 + i * 1e-3 for i in range(window)), maxlen=window),
+            )
+            for rank in range(24_576)
+        }
+        for j in range(2)
+    }
+    holder = BuiltinsHolder("detectors", {"straggler": detector})
+    written = holder.snapshot(full=True)
+    assert holder.oversize == 0 and "straggler" in written
+    store = StateStore(tmp_path)
+    store.register(holder, 0.0)
+    store.flush(full=True)
+    store.close()
+    again = StragglerDetector(config)
+    StateStore(tmp_path).register(BuiltinsHolder("detectors", {"straggler": again}), 30.0)
+    assert again.steps.keys() == detector.steps.keys()
+    assert again.steps["job-1"][24_575].last_seq == 1000 + 24_575
+    assert list(again.steps["job-1"][24_575].compute) == list(detector.steps["job-1"][24_575].compute)
