@@ -191,7 +191,7 @@ def child(args: argparse.Namespace) -> int:
                 }
             )
             cluster, hosts = sim_hosts(scenario, started_at=time.time(), clock=time.time)
-            agent = Agent(config, hosts[0], hosts[0])
+            agent = Agent(config, hosts[0], hosts[0].inputs())
         elif args.source == "nvml":
             agent = Agent(config, fake_nvml_source(args.gpus))
         else:
@@ -316,6 +316,9 @@ async def measure(args: argparse.Namespace) -> int:
             while time.monotonic() < end_warmup:
                 await scrape_all()
                 await asyncio.sleep(1.0)
+            if agent_proc.poll() is not None:  # a child that died measures as 0% CPU: say so instead
+                print(f"the agent exited during the warm-up (status {agent_proc.returncode}): see above")
+                return 1
             for m in measured:
                 m.start()
             batches0 = aggregator.batches
