@@ -27,7 +27,14 @@ from typing import Any
 import msgspec
 
 from sentinel import __version__
-from sentinel.agent.batch import MAX_BATCH_BYTES, TickFindings, build_batch, fill_heads, fit_frame
+from sentinel.agent.batch import (
+    MAX_BATCH_BYTES,
+    Encoded,
+    TickFindings,
+    build_batch,
+    fill_heads,
+    fit_frame,
+)
 from sentinel.agent.collectors import Collectors, GpuCollector, LineProcessor, flush_xids
 from sentinel.agent.commands import dispatch
 from sentinel.agent.frdump import MAX_COLLECT_BYTES, collect_dumps, trigger_fr_dump
@@ -299,12 +306,14 @@ class Agent:
             self.counters.collector_success["health"] = False
             log.error("health_apply_failed", error=f"{type(exc).__name__}: {exc}")
         ring = self.ring
-        ring.extend("sample", [(sample.t, sample) for sample in batch.samples])
-        ring.extend("event", [(event.t, event) for event in batch.events])
-        ring.extend("heads", [(now, h) for h in heads])
+        encoded = Encoded(
+            samples=ring.extend("sample", [(sample.t, sample) for sample in batch.samples]),
+            events=ring.extend("event", [(event.t, event) for event in batch.events]),
+            heads=ring.extend("heads", [(now, h) for h in heads]),
+        )
         if batch.procs is not None:
             ring.append(now, "procs", ProcsMap(procs=batch.procs))
-        fitted = fit_frame(batch, MAX_BATCH_BYTES)
+        fitted = fit_frame(batch, MAX_BATCH_BYTES, encoded)
         if fitted.heads_cut or fitted.events_cut:
             self.counters.drop_parts["heads_oversize"] += fitted.heads_cut
             self.counters.drop_parts["events_oversize"] += fitted.events_cut

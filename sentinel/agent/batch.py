@@ -112,18 +112,58 @@ class Fitted:
     events_cut: int = 0
 
 
-def fit_frame(batch: Batch, max_bytes: int = MAX_BATCH_BYTES) -> Fitted:
-    """Encode; halve heads, then events, until the batch fits a frame (what goes is counted by the caller)."""
-    data = encode(batch)
-    heads, events = list(batch.heads), list(batch.events)
+@dataclass(frozen=True)
+class Encoded:
+    """The msgpack of a batch's samples, events and heads, each in order, as already made (the ring buffer
+    encodes every entry it keeps: :meth:`sentinel.agent.ring.RingBuffer.extend`)."""
+
+    samples: list[bytes]
+    events: list[bytes]
+    heads: list[bytes]
+
+
+def fit_frame(batch: Batch, max_bytes: int = MAX_BATCH_BYTES, encoded: Encoded | None = None) -> Fitted:
+    """Encode; halve heads, then events, until the batch fits a frame (what goes is counted by the caller).
+
+    ``encoded`` (the batch's parts as already encoded) is spliced into the frame as :class:`msgspec.Raw`
+    instead of being encoded a second time on every tick: the frame is the same byte for byte, since msgpack
+    encodes a struct alike wherever it stands.
+    """
+    raw: tuple[list[msgspec.Raw], list[msgspec.Raw], list[msgspec.Raw]] | None = None
+    if encoded is not None:
+        if (len(encoded.samples), len(encoded.events), len(encoded.heads)) != (
+            len(batch.samples),
+            len(batch.events),
+            len(batch.heads),
+        ):
+            raise ValueError("fit_frame: the encoded parts are not the batch's")
+        raw = (
+            [msgspec.Raw(d) for d in encoded.samples],
+            [msgspec.Raw(d) for d in encoded.events],
+            [msgspec.Raw(d) for d in encoded.heads],
+        )
+    data = _frame(batch, raw)
     heads_cut = events_cut = 0
-    while len(data) > max_bytes and (heads or events):
-        if heads:
-            heads_cut += len(heads) - len(heads) // 2
-            heads = heads[: len(heads) // 2]
+    while len(data) > max_bytes and (batch.heads or batch.events):
+        if batch.heads:
+            keep = len(batch.heads) // 2
+            heads_cut += len(batch.heads) - keep
+            batch = msgspec.structs.replace(batch, heads=batch.heads[:keep])
         else:
-            events_cut += len(events) - len(events) // 2
-            events = events[: len(events) // 2]
-        batch = msgspec.structs.replace(batch, heads=heads, events=events)
-        data = encode(batch)
+            keep = len(batch.events) // 2
+            events_cut += len(batch.events) - keep
+            batch = msgspec.structs.replace(batch, events=batch.events[:keep])
+        data = _frame(batch, raw)
     return Fitted(batch=batch, data=data, heads_cut=heads_cut, events_cut=events_cut)
+
+
+def _frame(batch: Batch, raw: tuple[list[msgspec.Raw], list[msgspec.Raw], list[msgspec.Raw]] | None) -> bytes:
+    """The batch's frame; with ``raw``, its samples and the kept prefix of its events and heads spliced in."""
+    if raw is None:
+        return encode(batch)
+    samples, events, heads = raw
+    return encode(
+        msgspec.structs.replace(
+            batch, samples=samples, events=events[: len(batch.events)], heads=heads[: len(batch.heads)]
+        )
+    )

@@ -82,25 +82,33 @@ class RingBuffer:
         self._bytes += len(data) + ENTRY_OVERHEAD
         self._evict(t)
 
-    def extend(self, kind: EntryType, items: Iterable[tuple[float, msgspec.Struct]]) -> None:
+    def extend(self, kind: EntryType, items: Iterable[tuple[float, msgspec.Struct]]) -> list[bytes]:
         """Add one tick's entries of one type at once (what :meth:`append` does for each, one eviction pass:
-        the agent adds every sample of every tick, so the per-entry cost matters)."""
+        the agent adds every sample of every tick, so the per-entry cost matters).
+
+        Returns each entry's msgpack, in order: the agent splices these same bytes into the tick's frame
+        (:func:`sentinel.agent.batch.fit_frame`) rather than encoding every sample twice.
+        """
         entries = self._entries
         encode = _encoder.encode
+        encoded: list[bytes] = []
         added = 0
         latest: float | None = None
         for t, payload in items:
             data = encode(payload)
+            encoded.append(data)
             if not entries or entries[-1][0] <= t:
                 entries.append((t, kind, data))
             else:
                 index = bisect.bisect_right([e[0] for e in entries], t)
                 entries.insert(index, (t, kind, data))
-            added += len(data) + ENTRY_OVERHEAD
-            latest = t if latest is None or t > latest else latest
+            added += len(data)
+            if latest is None or t > latest:
+                latest = t
         if latest is not None:
-            self._bytes += added
+            self._bytes += added + ENTRY_OVERHEAD * len(encoded)
             self._evict(latest)
+        return encoded
 
     def _evict(self, now: float) -> None:
         horizon = now - self.window_s
