@@ -69,6 +69,8 @@ def fill_heads(
     see, CPU-only jobs): launchers give local rank i the host's GPU i, so the slot is the local rank when
     this host has such a GPU. A mapping from NVML pids always wins.
     """
+    if not heads:  # most ticks: the probe sends at its own, slower cadence
+        return []
     by_pid = {p.pid: p for p in procs}
     by_rank = {(p.job_id, p.rank): p for p in procs if p.rank is not None}
     out: list[FrHeads] = []

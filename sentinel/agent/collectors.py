@@ -296,9 +296,10 @@ class GpuCollector(Collector):
         else:
             results = await asyncio.gather(*(self._read(i, now, slow) for i in sorted(self._workers)))
         down = next((r for r in results if r), "")
-        views = [v for v in self.sink.gpus.values() if v.state != "unavailable"]
-        if not down and slow and views and all(v.state == "lost" for v in views):
-            down = "every GPU is lost"
+        if not down and slow:
+            views = [v for v in self.sink.gpus.values() if v.state != "unavailable"]
+            if views and all(v.state == "lost" for v in views):
+                down = "every GPU is lost"
         if down:
             await self._reinit(now, down)
             raise RuntimeError(f"GPU source down: {down}")
@@ -325,7 +326,8 @@ class GpuCollector(Collector):
         except Exception as exc:
             self.sink.nvml_error("read_slow" if slow else "read_fast", type(exc).__name__.lower())
             raise
-        self._transition(index, "ok", now, "")
+        if view.state != "ok":
+            self._transition(index, "ok", now, "")
         sample.state = "ok"
         view.fast = sample
         if slow:
