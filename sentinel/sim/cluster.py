@@ -410,13 +410,18 @@ class ClusterSim:
         )
 
     def heads(self, host: HostSim, t: float) -> list[FrHeads]:
-        out: list[FrHeads] = []
+        """The FR heads of every live rank on ``host`` at ``t``."""
+        return [heads for _, heads in self.sent_heads(host, t)]
+
+    def sent_heads(self, host: HostSim, t: float) -> list[tuple[int, FrHeads]]:
+        """(sender pid, heads) of every live rank on ``host`` at ``t``: what its probe sends, from its process."""
+        out: list[tuple[int, FrHeads]] = []
         for gpu in host.gpus:
             if gpu.job is None or gpu.rank is None:
                 continue
             heads = gpu.job.heads(gpu.rank, t, pid=gpu.pid)
             if heads is not None:
-                out.append(heads)
+                out.append((gpu.pid, heads))
         return out
 
     def port_scan(self, host: HostSim, t: float) -> PortScan:

@@ -374,15 +374,9 @@ class SimProbe:
         encode = self._encoder.encode
         out: list[tuple[bytes, Credentials | None]] = []
         with cluster.lock:
-            for gpu in self.host.host.gpus:
-                if gpu.job is None or gpu.rank is None:
-                    continue
-                heads = gpu.job.heads(gpu.rank, t, pid=gpu.pid)
-                if heads is None:
-                    continue
-                if t != now:
-                    heads = msgspec.structs.replace(heads, t=now)
-                out.append((encode(heads), Credentials(pid=gpu.pid, uid=RANK_UID, gid=RANK_UID)))
+            for pid, heads in cluster.model.sent_heads(self.host.host, t):
+                sent = heads if t == now else msgspec.structs.replace(heads, t=now)
+                out.append((encode(sent), Credentials(pid=pid, uid=RANK_UID, gid=RANK_UID)))
         return out
 
 
