@@ -321,7 +321,7 @@ def _recent_dump(
 def _recent_is_enough(dump: RawDump) -> bool:
     """Whether the newest entries hold, for every group still waiting per pg_status, the collective it
     waits in (else the analysis needs the whole buffer)."""
-    present = {(e.get("pg_id"), e.get("collective_seq_id")) for e in dump.entries if type(e) is dict}
+    wanted: set[tuple[int, int]] = set()
     for pg_id, status in dump.pg_status.items():
         if not isinstance(status, dict):
             return False
@@ -331,6 +331,8 @@ def _recent_is_enough(dump: RawDump) -> bool:
             key = (int(pg_id), done + 1)
         except (TypeError, ValueError):
             return False
-        if enq > done and key not in present:
-            return False
-    return True
+        if enq > done:
+            wanted.add(key)
+    if not wanted:  # a dump where no group waits needs none of its entries' ids
+        return True
+    return wanted <= {(e.get("pg_id"), e.get("collective_seq_id")) for e in dump.entries if type(e) is dict}

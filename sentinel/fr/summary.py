@@ -14,7 +14,6 @@ failed collectives as retired and never sets ``state``).
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import zlib
@@ -446,11 +445,28 @@ def rank_runs(ranks: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-@functools.lru_cache(maxsize=256)
+#: Member-list texts parsed so far, by (length, first and last characters): see :func:`_runs_of_text`.
+_RUNS_SEEN: dict[tuple[int, str, str], list[tuple[str, tuple[tuple[int, int], ...] | None]]] = {}
+_RUNS_SEEN_MAX = 256
+
+
 def _runs_of_text(text: str) -> tuple[tuple[int, int], ...] | None:
-    """Every dump of a job repeats the same member lists (4,096 ranks for the world): parse each once."""
+    """Every dump of a job repeats the same member lists (16,384 ranks for the world): parse each once.
+
+    Found again by equality, not by hash: each dump decodes its own copy of the text, whose hash (an
+    ``lru_cache`` key) would cost a pass over 100 KiB per dump, where comparing it with the one seen
+    is a memcmp. Bounded: at most :data:`_RUNS_SEEN_MAX` texts are kept."""
+    seen = _RUNS_SEEN.setdefault((len(text), text[:16], text[-16:]), [])
+    for known, runs in seen:
+        if known == text:
+            return runs
     ranks = _parse_ranks(text)
-    return tuple(rank_runs(ranks)) if ranks else None
+    runs = tuple(rank_runs(ranks)) if ranks else None
+    if sum(map(len, _RUNS_SEEN.values())) >= _RUNS_SEEN_MAX:
+        _RUNS_SEEN.clear()
+        seen = _RUNS_SEEN.setdefault((len(text), text[:16], text[-16:]), [])
+    seen.append((text, runs))
+    return runs
 
 
 def _runs_of(value: Any) -> tuple[tuple[int, int], ...] | None:
