@@ -12,6 +12,7 @@ are the suspects. A waiting peer is never blamed.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
@@ -47,22 +48,14 @@ MAX_STALLED_EXAMINED = 8
 MAX_FOLLOWED = 256
 #: the probe's op for a wait it saw only in the per-group counters (no entry details yet)
 UNKNOWN_OP = "unknown"
-#: A stalled job this large is examined again at most every RECHECK_S while it makes no progress: naming
-#: the culprit of a 24,576-rank stall walks every rank's heads (~0.3 s of a core per tick, bench/aggregator.py
-#: --engine --jobs), and an unchanged stall gives the same answer. Progress (or the job ending) is seen on
-#: the next tick as before: the cheap "no progress for min_wait_s" test runs every tick.
+#: A stalled job is examined again only when its heads move (``JobView.progress_version``) or time alone can
+#: change the answer (:meth:`Examination.valid`); a stall whose heads keep moving without progress (ranks
+#: entering and leaving other collectives) is re-examined at most every RECHECK_S when it is this large:
+#: examining 24,576 ranks' heads costs ~0.3 s of a core (bench/aggregator.py --engine --jobs). Progress (or
+#: the job ending) is seen on the next tick as before: the cheap "no progress for min_wait_s" test runs
+#: every tick.
 LARGE_JOB_RANKS = 2048
 RECHECK_S = 5.0
-
-
-@dataclass(slots=True)
-class _Known:
-    """The last full examination of a large stalled job, reused while it makes no progress."""
-
-    progress_at: float
-    until: float
-    findings: list[Finding]
-    stall: Stall
 
 
 @dataclass(slots=True)
@@ -151,32 +144,35 @@ class StuckDetector(Detector):
         super().__init__(config)
         self.stalls: dict[str, Stall] = {}
         self.dumps: dict[str, DumpJudgement] = {}  # job → its stall's dump analysis, while the stall lasts
-        self._known: dict[str, _Known] = {}
+        #: per job, the examination of its heads while it stays valid (see :class:`Examination`)
+        self._known: dict[str, Examination] = {}
         #: judgements restored from the store, waiting for their stall to be seen again (until the deadline)
         self._restored: dict[str, _DumpMemory] = {}
         self._restored_until: float | None = None
 
     def evaluate(self, seen: Observation) -> Evaluation:
         detect = self.config.detect
+        cfg = detect.stuck
+        ports = detect.network
         findings: list[Finding] = []
         stalls: dict[str, Stall] = {}
         known = self._known
+        now = seen.now
         for job in seen.fleet.jobs.values():
-            last = known.get(job.id)
             stall: Stall | None
-            if (
-                last is not None
-                and last.progress_at == job.last_progress_at
-                and seen.now < last.until
-                and seen.now - job.last_progress_at >= detect.stuck.min_wait_s
-            ):
-                found, stall = list(last.findings), last.stall
+            if now - job.last_progress_at < cfg.min_wait_s:
+                known.pop(job.id, None)
+                continue
+            exam = known.get(job.id)
+            if exam is not None and not (exam.valid(job, cfg, now) or self._churning(exam, job, now)):
+                exam = None
+            if exam is not None:
+                found, stall = conclude(exam, job, seen.fleet, cfg, detect.hardware, now, ports)
             else:
-                found, stall = evaluate_job(
-                    job, seen.fleet, detect.stuck, detect.hardware, seen.now, detect.network
-                )
-                if stall is not None and len(job.ranks) >= LARGE_JOB_RANKS:
-                    known[job.id] = _Known(job.last_progress_at, seen.now + RECHECK_S, list(found), stall)
+                examined: list[Examination] = []
+                found, stall = evaluate_job(job, seen.fleet, cfg, detect.hardware, now, ports, examined)
+                if examined:
+                    known[job.id] = examined[0]
                 else:
                     known.pop(job.id, None)
             if stall is not None:
@@ -185,14 +181,25 @@ class StuckDetector(Detector):
                 if judged is not None:
                     found = _with_dumps(job, found, judged, stall)
             findings.extend(found)
-        if len(known) > len(stalls):
-            self._known = {job: k for job, k in known.items() if job in stalls}
+        if len(known) > len(seen.fleet.jobs):
+            self._known = {job: k for job, k in known.items() if job in seen.fleet.jobs}
         self.stalls = stalls
         for job_id in [j for j in self.dumps if j not in stalls]:
             del self.dumps[job_id]  # the stall is over: the next one gets its own dumps
         if self._restored:
             findings = self._claim_restored(seen, findings)
         return Evaluation(findings)
+
+    @staticmethod
+    def _churning(exam: Examination, job: JobView, now: float) -> bool:
+        """A large stall whose heads moved without progress, examined less than RECHECK_S ago: keep the
+        examination (the per-tick work stays bounded whatever the heads do)."""
+        return (
+            exam.first is not None
+            and len(job.ranks) >= LARGE_JOB_RANKS
+            and exam.progress_at == job.last_progress_at
+            and now - exam.at < RECHECK_S
+        )
 
     def _claim_restored(self, seen: Observation, findings: list[Finding]) -> list[Finding]:
         """Join restored dump judgements to their stall once fresh heads show it again (same group and
@@ -319,27 +326,89 @@ def evaluate_job(  # noqa: PLR0917
     hw: HardwareConfig,
     now: float,
     ports: PortRuleConfig | None = None,
+    examined: list[Examination] | None = None,
 ) -> tuple[list[Finding], Stall | None]:
-    """The culprits of ``job``'s stall, if it is stalled now, with NCCL RAS's view of the job as evidence."""
-    findings, stall = _evaluate_job(job, fleet, cfg, hw, now, ports or PortRuleConfig())
-    extra = ras_evidence(job.ras, now - job.ras_at, cfg.net_error_window_s) if findings else []
-    if extra:
-        findings = [replace(f, evidence=(*f.evidence, *extra)) for f in findings]
-    return findings, stall
+    """The culprits of ``job``'s stall, if it is stalled now, with NCCL RAS's view of the job as evidence.
 
-
-def _evaluate_job(  # noqa: PLR0917
-    job: JobView, fleet: FleetState, cfg: StuckConfig, hw: HardwareConfig, now: float, ports: PortRuleConfig
-) -> tuple[list[Finding], Stall | None]:
+    The rank heads are examined afresh; the examination is appended to ``examined`` (when given) for the
+    caller to conclude from again while it stays :meth:`Examination.valid`.
+    """
     if now - job.last_progress_at < cfg.min_wait_s:
         return [], None
+    exam = examine(job, cfg, now)
+    if examined is not None and exam is not None:
+        examined.append(exam)
+    if exam is None:
+        return _from_watchdog(job, fleet, cfg, now)
+    return conclude(exam, job, fleet, cfg, hw, now, ports or PortRuleConfig())
+
+
+Trail = list[Callable[[float], str]]  # evidence lines rendered at the time they are reported
+
+
+@dataclass(slots=True)
+class Examination:
+    """What one stalled job's rank heads say, kept while they say the same.
+
+    Examining a job walks every rank's heads (a 24,576-rank job: tenths of a second of a core); concluding
+    from it (culprits' hosts, GPUs, I/O state, network evidence, the waits' ages now) is cheap and is done
+    every tick. The examination depends on the heads only through their progress (``progress_version``),
+    each rank's freshness and the waits' ages crossing ``min_wait_s``; it is :meth:`valid` until one of those
+    can have changed, so its conclusions are those a fresh examination would reach.
+    """
+
+    at: float
+    progress_at: float
+    version: int
+    ranks: dict[int, _Rank]
+    #: ranks whose heads were stale (or whose process was gone) at ``at``: new heads from one can revive it
+    stale: list[int]
+    #: every fresh rank stays fresh until then at least (their oldest heads + heads_fresh_s)
+    fresh_until: float
+    #: the first moment a wait not yet counted reaches ``min_wait_s`` (``at``: a wait only extrapolated)
+    until: float
+    #: stalled collectives: (pg, seq) → (op, when the longest waiter entered it, the waiting ranks)
+    stalled: dict[tuple[str, int], tuple[str, float, list[int]]] = field(default_factory=dict)
+    first: tuple[str, int] | None = None
+    culprits: dict[int, tuple[str, Trail]] = field(default_factory=dict)
+    all_in: list[tuple[str, int]] = field(default_factory=list)
+
+    def valid(self, job: JobView, cfg: StuckConfig, now: float) -> bool:
+        """Whether examining the heads again at ``now`` would find the same (cheap: the stale ranks, and
+        every rank's freshness only once the oldest fresh heads near their limit)."""
+        if self.version != job.progress_version or self.progress_at != job.last_progress_at:
+            return False
+        if now >= self.until:
+            return False
+        ranks = job.ranks
+        for rank in self.stale:
+            view = ranks.get(rank)
+            if view is None or view.heads_at > self.at:
+                return False
+        if now > self.fresh_until:  # some heads may be stale now: look at the fresh ranks' newest
+            oldest = min((info.view.heads_at for info in self.ranks.values() if info.fresh), default=math.inf)
+            if now - oldest > cfg.heads_fresh_s:
+                return False
+            self.fresh_until = oldest + cfg.heads_fresh_s
+        return True
+
+
+def examine(job: JobView, cfg: StuckConfig, now: float) -> Examination | None:
+    """Examine ``job``'s rank heads: its stalled collectives and the ranks they wait for; None when no rank
+    sent heads (the watchdog's timeouts are then all there is)."""
     ranks: dict[int, _Rank] = {}
+    stale: list[int] = []
+    oldest_fresh = math.inf
     for view in job.ranks.values():
         heads = view.heads
         if heads is None:
             continue
         since = now - view.heads_at
         fresh = since <= cfg.heads_fresh_s and view.alive
+        if fresh:
+            oldest_fresh = min(oldest_fresh, view.heads_at)
+        else:
+            stale.append(view.rank)
         offset = since if fresh else 0.0
         pgs: dict[str, PgHead] = {}
         waits: list[tuple[str, int, str, float]] = []
@@ -349,7 +418,16 @@ def _evaluate_job(  # noqa: PLR0917
                 waits.append((pg.pg_name, flight.seq, flight.op, flight.age_s + offset))
         ranks[view.rank] = _Rank(view, fresh, offset, pgs, waits)
     if not ranks:
-        return _from_watchdog(job, fleet, cfg, now)
+        return None
+    exam = Examination(
+        at=now,
+        progress_at=job.last_progress_at,
+        version=job.progress_version,
+        ranks=ranks,
+        stale=stale,
+        fresh_until=oldest_fresh + cfg.heads_fresh_s,
+        until=math.inf,
+    )
 
     members: dict[str, set[int]] = {}
     world_pgs: set[str] = set()
@@ -380,17 +458,22 @@ def _evaluate_job(  # noqa: PLR0917
                 stalled[(pg_name, seq)] = (op0, max(age0, age), waiting)
                 own = age - info.offset
                 reported[(pg_name, seq)] = max(reported.get((pg_name, seq), 0.0), own)
+            else:  # this wait becomes long enough to count then
+                exam.until = min(exam.until, now + cfg.min_wait_s - age)
     # A wait only extrapolated from the last heads is not a stall: when a job ends, its ranks' last heads
     # are taken at slightly different moments (some already inside the final collective, some not) and
     # then stop; extrapolated, that looks like a stall for the second before the heads turn stale. Some
     # waiting rank must itself have reported the wait for part of min_wait_s.
-    stalled = {
+    observed = {
         key: value
         for key, value in stalled.items()
         if reported[key] >= cfg.min_wait_s * OBSERVED_WAIT_FRACTION
     }
+    if len(observed) < len(stalled):
+        exam.until = now  # the next heads may report it: examine again
+    stalled = observed
     if not stalled:
-        return [], None
+        return exam
 
     def not_entered(pg_name: str, seq: int) -> list[int]:
         # a set difference over the members (C speed: a claimed world of 131,072 costs milliseconds), the
@@ -447,9 +530,10 @@ def _evaluate_job(  # noqa: PLR0917
             graph.append(Wait(rank, pg_name, seq, op, int((now - age) * 1e9), targets))
             age_of[(rank, pg_name, seq)] = age
     oldest = sorted(stalled.items(), key=lambda item: -item[1][1])[:MAX_STALLED_EXAMINED]
-    first = oldest[0][0]
-    all_in = [key for key, _ in oldest if not missing(*key)]
-    culprits: dict[int, tuple[str, list[str]]] = {}
+    exam.first = oldest[0][0]
+    exam.stalled = {key: (op, now - age, waiting) for key, (op, age, waiting) in stalled.items()}
+    exam.all_in = [key for key, _ in oldest if not missing(*key)]
+    culprits = exam.culprits
     for culprit in find_culprits(graph):
         if culprit.kind == "all_in" or not (
             culprit.victims & stalled_waiters or culprit.first_wait.rank in stalled_waiters
@@ -465,42 +549,93 @@ def _evaluate_job(  # noqa: PLR0917
             (w.group, w.seq),
         )
         op0, age0, waiting0 = stalled.get(outer, (w.op, age_of.get((w.rank, w.group, w.seq), 0.0), [w.rank]))
-        trail = [
-            f"{len(waiting0)} rank(s) ({_ranks_summary(waiting0)}) wait {age0:.1f}s in {op0} "
-            f"(pg {outer[0]}, seq {outer[1]}); not entered: {missing_summary(outer)}"
-        ]
+        lead = f"{len(waiting0)} rank(s) ({_ranks_summary(waiting0)}) wait "
+        tail = f"s in {op0} (pg {outer[0]}, seq {outer[1]}); not entered: {missing_summary(outer)}"
+        trail: Trail = [_aged(lead, now - age0, tail)]
         if (w.group, w.seq) != outer and not culprit.cycle:
+            inner = age_of.get((w.rank, w.group, w.seq), 0.0)
             trail.append(
-                f"rank {w.rank} is itself waiting {age_of.get((w.rank, w.group, w.seq), 0.0):.1f}s in {w.op} "
-                f"(pg {w.group}, seq {w.seq}) for rank(s) {_ranks_summary(sorted(w.waiting_for))}"
+                _aged(
+                    f"rank {w.rank} is itself waiting ",
+                    now - inner,
+                    f"s in {w.op} (pg {w.group}, seq {w.seq}) for rank(s) {_ranks_summary(sorted(w.waiting_for))}",
+                )
             )
         for rank in culprit.ranks[:MAX_FOLLOWED]:
             known = ranks.get(rank)
+            why: Callable[[float], str]
             if culprit.cycle:
                 reason = "deadlock"
-                why = (
+                why = _fixed(
                     f"ranks {_ranks_summary(list(culprit.ranks))} wait on each other in different collectives "
                     "(call-order deadlock)"
                 )
             elif known is None:
-                reason, why = "rank_gone", f"rank {rank} has sent no flight-recorder heads"
+                reason, why = "rank_gone", _fixed(f"rank {rank} has sent no flight-recorder heads")
             elif not known.view.alive or not known.fresh:
                 reason = "rank_gone"
-                why = f"rank {rank}'s process is gone or silent (last heads {now - known.view.heads_at:.0f}s ago)"
+                why = _silent_since(rank, known.view)
             else:
-                reason, why = (
-                    "not_entered_collective",
-                    f"rank {rank} never entered (pg {w.group}, seq {w.seq})",
-                )
+                reason = "not_entered_collective"
+                why = _fixed(f"rank {rank} never entered (pg {w.group}, seq {w.seq})")
             culprits.setdefault(rank, (reason, [*trail, why]))
+    return exam
 
+
+def _aged(lead: str, since: float, tail: str) -> Callable[[float], str]:
+    """An evidence line naming how long something has lasted at the time it is reported."""
+    return lambda now: f"{lead}{now - since:.1f}{tail}"
+
+
+def _fixed(text: str) -> Callable[[float], str]:
+    return lambda _now: text
+
+
+def _silent_since(rank: int, view: RankView) -> Callable[[float], str]:
+    return lambda now: f"rank {rank}'s process is gone or silent (last heads {now - view.heads_at:.0f}s ago)"
+
+
+def conclude(  # noqa: PLR0917
+    exam: Examination,
+    job: JobView,
+    fleet: FleetState,
+    cfg: StuckConfig,
+    hw: HardwareConfig,
+    now: float,
+    ports: PortRuleConfig,
+) -> tuple[list[Finding], Stall | None]:
+    """The findings of an examined job at ``now``: its culprits with their hosts, GPUs and evidence as
+    they are now, or, when every rank entered the stalled collective, the transport's culprit."""
+    if exam.first is None:
+        return [], None
+    findings, stall = _conclude(exam, job, fleet, cfg, hw, now, ports)
+    extra = ras_evidence(job.ras, now - job.ras_at, cfg.net_error_window_s) if findings else []
+    if extra:
+        findings = [replace(f, evidence=(*f.evidence, *extra)) for f in findings]
+    return findings, stall
+
+
+def _conclude(  # noqa: PLR0917
+    exam: Examination,
+    job: JobView,
+    fleet: FleetState,
+    cfg: StuckConfig,
+    hw: HardwareConfig,
+    now: float,
+    ports: PortRuleConfig,
+) -> tuple[list[Finding], Stall | None]:
+    assert exam.first is not None
+    ranks = exam.ranks
     findings: list[Finding] = []
-    op, age, waiting = stalled[first]
-    stall = Stall(job=job.id, pg=first[0], seq=first[1], op=op, waited_s=age, waiting=sorted(waiting))
-    evidence_t = now - age
-    if culprits:
-        for rank in sorted(culprits)[: cfg.max_culprits]:
-            reason, trail = culprits[rank]
+    op, since, waiting = exam.stalled[exam.first]
+    stall = Stall(
+        job=job.id, pg=exam.first[0], seq=exam.first[1], op=op, waited_s=now - since, waiting=sorted(waiting)
+    )
+    evidence_t = since
+    if exam.culprits:
+        for rank in sorted(exam.culprits)[: cfg.max_culprits]:
+            reason, lines = exam.culprits[rank]
+            trail = [line(now) for line in lines]
             named = job.ranks.get(rank)
             host = named.host if named is not None else None
             gpu = named.gpu if named is not None else None
@@ -526,11 +661,14 @@ def _evaluate_job(  # noqa: PLR0917
                     rank=rank,
                 )
             )
-        stall.culprits = sorted(culprits)
+        stall.culprits = sorted(exam.culprits)
         return findings, stall
-    for pg_name, seq in all_in:
+    for pg_name, seq in exam.all_in:
+        op_in, since_in, waiting_in = exam.stalled[(pg_name, seq)]
         findings.extend(
-            _all_entered(job, fleet, cfg, hw, now, pg_name, seq, stalled[(pg_name, seq)], ranks, ports)
+            _all_entered(
+                job, fleet, cfg, hw, now, pg_name, seq, (op_in, now - since_in, waiting_in), ranks, ports
+            )
         )
         if findings:
             break
