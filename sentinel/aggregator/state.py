@@ -168,6 +168,9 @@ class HostView:
     ports_t: float = -math.inf
     #: the host's clock against the aggregator's (offset, rate), from its batches' stamps
     clock: HostClock = field(default_factory=HostClock)
+    #: bumped when what the inventory detector reads changes: the GPUs (count, model, driver, VBIOS, PCIe
+    #: link capability) or the GPU source's health; it rebuilds only those hosts' facts
+    inventory_version: int = 0
 
     def restart_numbering(self, next_seq: int) -> None:
         """A new boot: seqs from ``next_seq`` on are new, even below the old high-water mark.
@@ -317,6 +320,7 @@ class FleetState:
             self.window_changed.add(host.name)
         host.boot_id = hello.boot_id or host.boot_id
         self._inventory(host, hello.gpus[: self.max_gpus_per_host])
+        host.inventory_version += 1
         if hello.gpu_source is not None:
             host.gpu_source, host.gpu_source_t = hello.gpu_source, hello.started_at or now
         host.connected = True
@@ -372,6 +376,7 @@ class FleetState:
                 while len(gpus) <= index:
                     gpus.append(GpuView(host=host.name, index=len(gpus)))
                 n = len(gpus)
+                host.inventory_version += 1
                 self._sample(gpus[index], sample, now)
             else:
                 self.unknown_gpu_samples += 1
@@ -381,6 +386,8 @@ class FleetState:
                 event.t = now
             self._event(host, event, now)
         if batch.gpu_source is not None:
+            if batch.gpu_source != host.gpu_source:
+                host.inventory_version += 1
             host.gpu_source, host.gpu_source_t = batch.gpu_source, batch.t
         if batch.procs is not None:
             self._procs(host, batch.procs, now)
@@ -450,6 +457,10 @@ class FleetState:
             gpu.pcie_prev = (s.t, s.pcie_replay)
         slow = (s.recovery_action, s.pcie_link, s.fabric)
         if slow not in ((None, None, None), (gpu.recovery_action, gpu.pcie_link, gpu.fabric)):
+            if s.pcie_link != gpu.pcie_link:
+                host = self.hosts.get(gpu.host)
+                if host is not None:
+                    host.inventory_version += 1
             gpu.recovery_action, gpu.pcie_link, gpu.fabric = slow
             gpu.slow_t = s.t
             gpu.dirty = True
