@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 
 from sentinel.aggregator.engine import Engine, EngineMetrics
 from sentinel.aggregator.state import HostView
-from sentinel.aggregator.store import StateStore
+from sentinel.aggregator.store import BuiltinsHolder, StateStore
 from sentinel.aggregator.verdicts import Change
 from sentinel.wire import Batch
 
@@ -206,6 +206,19 @@ class AggregatorMetrics(EngineMetrics):
         )
         deferred.add_metric([cluster], float(store.flushes_deferred))
         yield deferred
+        too_large = CounterMetricFamily(
+            "sentinel_aggregator_state_snapshots_too_large",
+            "Snapshots of a state member (a detector's memory) not written because they exceeded the "
+            "per-member cap: a restart loses that member's warm start",
+            labels=["cluster", "holder", "member"],
+        )
+        for holder in store.holders:
+            if isinstance(holder, BuiltinsHolder):
+                for member in holder.members:
+                    too_large.add_metric(
+                        [cluster, holder.state_name, member], float(holder.oversize_by_member.get(member, 0))
+                    )
+        yield too_large
         yield _single(
             "sentinel_aggregator_state_last_commit_timestamp_seconds",
             "Time of the state store's latest commit",

@@ -62,7 +62,9 @@ class StateHolder(Protocol):
 
 
 class Snapshottable(Protocol):
-    """What a detector offers (:class:`sentinel.aggregator.detectors.base.Detector`): memory as builtins."""
+    """What a detector offers (:class:`sentinel.aggregator.detectors.base.Detector`): memory as builtins.
+    A member that also has ``memory()`` (every detector) is encoded from that: the same memory as structs
+    that encode to the same bytes without building builtins first."""
 
     def snapshot(self) -> dict[str, Any]: ...
 
@@ -95,6 +97,8 @@ class BuiltinsHolder:
         self.max_bytes = max_bytes
         self.clock = clock
         self.oversize = 0
+        #: member → snapshots skipped for size (``sentinel_aggregator_state_snapshots_too_large_total``)
+        self.oversize_by_member: dict[str, int] = {}
         self._next = 0.0
         self._written: dict[str, bytes] = {}
 
@@ -105,9 +109,11 @@ class BuiltinsHolder:
         self._next = now + self.min_interval_s
         out: dict[str, bytes | None] = {}
         for name, member in self.members.items():
-            data = _encoder.encode(member.snapshot())
+            memory = getattr(member, "memory", None)
+            data = _encoder.encode(memory() if memory is not None else member.snapshot())
             if len(data) > self.max_bytes:
                 self.oversize += 1
+                self.oversize_by_member[name] = self.oversize_by_member.get(name, 0) + 1
                 log().warning(
                     "state_snapshot_too_large", holder=self.state_name, member=name, bytes=len(data)
                 )

@@ -305,3 +305,32 @@ def test_the_stragglers_memory_of_the_seeds_two_24576_rank_jobs_fits_the_store_a
     assert again.steps.keys() == detector.steps.keys()
     assert again.steps["job-1"][24_575].last_seq == 1000 + 24_575
     assert list(again.steps["job-1"][24_575].compute) == list(detector.steps["job-1"][24_575].compute)
+
+
+def test_a_member_over_the_cap_is_skipped_counted_in_a_metric_and_the_others_are_written(
+    tmp_path: Path,
+) -> None:
+    """The skip used to be a log line only; SentinelStateSnapshotTooLarge watches the counter, which is
+    exported (at 0) for every member so the alert's expression has a series before the first skip."""
+    from sentinel.aggregator.metrics import AggregatorMetrics
+
+    small, large = Memory(), Memory()
+    small.state = {"hits": [1]}
+    large.state = {"steps": list(range(5000))}
+    holder = BuiltinsHolder("detectors", {"small": small, "large": large}, max_bytes=1024)
+    store = StateStore(tmp_path)
+    store.register(holder, 0.0)
+    metrics = AggregatorMetrics("c1")
+    metrics.store = store
+
+    def too_large() -> dict[str, float]:
+        family = next(
+            f for f in metrics.state_families() if f.name == "sentinel_aggregator_state_snapshots_too_large"
+        )
+        return {s.labels["member"]: s.value for s in family.samples if s.name.endswith("_total")}
+
+    assert too_large() == {"small": 0.0, "large": 0.0}
+    written = holder.snapshot(full=True)
+    assert list(written) == ["small"]
+    assert too_large() == {"small": 0.0, "large": 1.0}
+    store.close()

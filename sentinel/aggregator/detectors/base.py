@@ -77,6 +77,11 @@ class Detector(ABC):
         """The detector's memory as builtins (for persistence and the debug API); empty when stateless."""
         return {}
 
+    def memory(self) -> Any:
+        """What the state store encodes: :meth:`snapshot`, or (overridden) the same memory as msgspec structs
+        that encode to the same bytes without building builtins first (a large memory's cost on the loop)."""
+        return self.snapshot()
+
     def restore(self, state: dict[str, Any]) -> None:
         """Take back the :meth:`snapshot` of an earlier process (the aggregator's durable state store).
 

@@ -221,15 +221,19 @@ class StragglerDetector(Detector):
     def rank_judgement(self, job: str, rank: int) -> RankJudgement | None:
         return self.judged.get(job, {}).get(rank)
 
-    def snapshot(self) -> dict[str, Any]:
-        memory = StragglerMemory(
+    def memory(self) -> StragglerMemory:
+        """The step histories and streaks as structs, which the state store encodes directly: turning the
+        histories of two 24,576-rank jobs into builtins first cost ~0.13 s of the event loop per flush."""
+        return StragglerMemory(
             steps={
                 job: {r: _RankMemory(s.last_seq, list(s.compute)) for r, s in ranks.items()}
                 for job, ranks in self.steps.items()
             },
             streaks=[_StreakMemory(k, s.hits, s.misses) for k, s in self.streaks.items()],
         )
-        out: dict[str, Any] = msgspec.to_builtins(memory)
+
+    def snapshot(self) -> dict[str, Any]:
+        out: dict[str, Any] = msgspec.to_builtins(self.memory())
         return out
 
     def restore(self, state: dict[str, Any]) -> None:
