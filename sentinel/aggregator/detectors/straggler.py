@@ -350,7 +350,7 @@ class StragglerDetector(Detector):
                 host = fleet.hosts.get(view.host) if view.host is not None else None
                 if host is not None and not host.clock.rate_error() <= cfg.max_clock_rate_error:
                     # its step times are in its clock's unit (or the unit is not measured yet, the first
-                    # ~40 s): neither judged nor part of the yardstick; the skew is the clock metric's
+                    # 20-30 s): neither judged nor part of the yardstick; the skew is the clock metric's
                     continue
                 n = len(steps.compute)
                 if n >= recent:
