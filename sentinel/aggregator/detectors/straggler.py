@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import msgspec
@@ -184,7 +185,9 @@ class StragglerDetector(Detector):
         super().__init__(config)
         self.steps: dict[str, dict[int, RankSteps]] = {}
         self.heads_versions: dict[str, int] = {}
-        self.judged: dict[str, dict[int, RankJudgement]] = {}
+        #: job → rank → (its median, the job's median, steps, robust z) at the latest evaluation (every rank:
+        #: kept as tuples, a RankJudgement is made only when asked for)
+        self.judged: dict[str, dict[int, tuple[float, float, int, float]]] = {}
         self.streaks: dict[Key, Streak] = {}
         self.next_eval = -math.inf
         #: jobs restored from the store and not yet seen again, and until when they may come back
@@ -219,7 +222,11 @@ class StragglerDetector(Detector):
         self.streaks = {key: streak for key, streak in self.streaks.items() if not about_host(key, streak)}
 
     def rank_judgement(self, job: str, rank: int) -> RankJudgement | None:
-        return self.judged.get(job, {}).get(rank)
+        judged = self.judged.get(job, {}).get(rank)
+        if judged is None:
+            return None
+        own, med, n, z = judged
+        return RankJudgement(median_s=own, job_median_s=med, steps=n, z=z)
 
     def memory(self) -> StragglerMemory:
         """The step histories and streaks as structs, which the state store encodes directly: turning the
@@ -334,30 +341,48 @@ class StragglerDetector(Detector):
         fresh_s = self.config.detect.stuck.heads_fresh_s
         stalled_after = self.config.detect.stuck.min_wait_s
         self.judged = {}
+        hosts = fleet.hosts
+        max_error = cfg.max_clock_rate_error
+        gated: dict[str, bool] = {}  # host → its clock is known to be within the gate (once per evaluation)
+        recent = cfg.min_steps
+        half = recent // 2
         for job in fleet.jobs.values():
             if now - job.last_progress_at >= stalled_after:
                 continue  # a stalled job is the stuck detector's; its ranks compute nothing
             histories = self.steps.get(job.id, {})
-            recent = cfg.min_steps
+            ranks = job.ranks
             # Two windows per rank: the last ``min_steps`` steps (a large slowdown also slows the job's steps,
             # so it must be seen within few of them) and all remembered steps (a small one needs more of them
-            # to stand out of ±20% jitter). Each is compared with the same window of the other ranks.
+            # to stand out of ±20% jitter). Each is compared with the same window of the other ranks. (The
+            # medians are taken inline: this loop runs over every rank of every job each evaluation.)
             windows: tuple[dict[int, tuple[float, int]], dict[int, tuple[float, int]]] = ({}, {})
+            last_window, all_window = windows
             for rank, steps in histories.items():
-                view = job.ranks.get(rank)
+                view = ranks.get(rank)
                 if view is None or not view.alive or now - view.heads_at > fresh_s:
                     continue
-                host = fleet.hosts.get(view.host) if view.host is not None else None
-                if host is not None and not host.clock.rate_error() <= cfg.max_clock_rate_error:
-                    # its step times are in its clock's unit (or the unit is not measured yet, the first
-                    # 20-30 s): neither judged nor part of the yardstick; the skew is the clock metric's
-                    continue
-                n = len(steps.compute)
+                name = view.host
+                if name is not None:
+                    ok = gated.get(name)
+                    if ok is None:
+                        host = hosts.get(name)
+                        ok = gated[name] = host is None or host.clock.rate_error() <= max_error
+                    if not ok:
+                        # its step times are in its clock's unit (or the unit is not measured yet, the first
+                        # 20-30 s): neither judged nor part of the yardstick; the skew is the clock metric's
+                        continue
+                compute = steps.compute
+                n = len(compute)
                 if n >= recent:
-                    values = list(steps.compute)
-                    windows[0][rank] = (median(values[-recent:]), recent)
-                    windows[1][rank] = (median(values), n)
-            if len(windows[1]) < cfg.min_peers:
+                    ordered = sorted(compute)
+                    mid = n // 2
+                    all_window[rank] = (ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0, n)
+                    last = sorted(islice(compute, n - recent, None))
+                    last_window[rank] = (
+                        last[half] if recent % 2 else (last[half - 1] + last[half]) / 2.0,
+                        recent,
+                    )
+            if len(all_window) < cfg.min_peers:
                 continue
             judged = self.judged[job.id] = {}
             flagged: dict[int, RankJudgement] = {}
@@ -368,11 +393,10 @@ class StragglerDetector(Detector):
                 scale = max(_MAD_SCALE * mad, _MIN_SCALE_FRACTION * med)
                 for rank, (own, n) in medians.items():
                     z = (own - med) / scale
-                    judgement = RankJudgement(median_s=own, job_median_s=med, steps=n, z=z)
                     if index == 1:
-                        judged[rank] = judgement
+                        judged[rank] = (own, med, n, z)
                     if own / med - 1.0 >= cfg.min_slowdown and z >= cfg.compute_z_threshold:
-                        flagged[rank] = judgement
+                        flagged[rank] = RankJudgement(median_s=own, job_median_s=med, steps=n, z=z)
             for rank, judgement in flagged.items():
                 own, med, n, z = judgement.median_s, judgement.job_median_s, judgement.steps, judgement.z
                 view = job.ranks[rank]
