@@ -19,12 +19,13 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import msgspec
 
 from sentinel.fr.ops import op_name
-from sentinel.fr.summary import GroupTrack, KeyInfo, RankSummary
+from sentinel.fr.summary import P2P_LOG, GroupTrack, KeyInfo, Pending, RankSummary
 from sentinel.fr.waitgraph import Culprit, Wait, find_culprits
 
 VERDICTS = ("healthy", "hang", "mismatch", "crash", "straggler", "inconclusive")
@@ -145,6 +146,7 @@ def analyze(summaries: Sequence[RankSummary]) -> FrAnalysis:
 
     waits = _waits(groups, keys)
     culprits = find_culprits(waits)
+    order_notes = _program_order(culprits, waits, groups)
     stragglers = _stragglers(groups)
     frontier_mm = _frontier_mismatch(groups, waits, keys)
     history_mm = _history_mismatch(groups, keys)
@@ -172,6 +174,9 @@ def analyze(summaries: Sequence[RankSummary]) -> FrAnalysis:
         stragglers=stragglers,
         missing=missing,
     )
+    if result.verdict in ("hang", "crash"):
+        result.findings.extend(n for r, n in order_notes.items() if r in result.culprit_ranks)
+        _note_unrecorded_p2p(result, groups)
     _add_context(result, groups, waits, missing, stragglers)
     _add_durations(
         result, {s.rank: s.median_duration_ms for s in summaries if s.median_duration_ms >= 0}, stragglers
@@ -268,6 +273,140 @@ def _complete_members(groups: dict[str, Group], present: set[int], missing: list
                 g.unknown_members = 0
 
 
+# ---------------------------------------------------------------- program order
+
+#: Newest collectives per group, and culprits, whose program order is worked out.
+ORDER_HISTORY = 128
+MAX_ORDERED_CULPRITS = 32
+
+_Sig = tuple[str, str, int]  # (group, "c" collective | "send" | "recv", match key | group-local peer)
+
+
+def _timeline(rank: int, groups: dict[str, Group]) -> list[tuple[int, _Sig]]:
+    """The rank's recent ops across all its groups in its own program order (its own creation times)."""
+    out: list[tuple[int, _Sig]] = []
+    for g in groups.values():
+        t = g.tracks.get(rank)
+        if t is None:
+            continue
+        times = memoryview(t.times).cast("q")
+        keys = memoryview(t.keys).cast("I")
+        for i in range(max(0, len(times) - ORDER_HISTORY), len(times)):
+            if times[i]:
+                out.append((times[i], (g.name, "c", keys[i] if i < len(keys) else 0)))
+        log = memoryview(t.p2p_log).cast("q")
+        for i in range(0, len(log) - 1, 2):
+            code = log[i + 1]
+            out.append((log[i], (g.name, "send" if code >> 32 == 0 else "recv", code & 0xFFFFFFFF)))
+    out.sort()
+    return out
+
+
+def _candidate_sig(w: Wait, groups: dict[str, Group]) -> tuple[str, str, int]:
+    """What the culprit would run to release ``w``: the group's next collective, or the send/recv
+    matching ``w``'s recv/send toward the waiting rank (its group-local number)."""
+    if not w.p2p:
+        return (w.group, "c", -1)
+    order = sorted(groups[w.group].members)
+    return (w.group, _counterpart(w.op), order.index(w.rank) if w.rank in order else -1)
+
+
+def _own_next(
+    rank: int, candidates: dict[tuple[str, str, int], Wait], groups: dict[str, Group]
+) -> Wait | None:
+    """Which of the ops others wait for ``rank`` to run comes next in the rank's *own* program.
+
+    The rank's dump ends with its last op L. Training loops repeat: the rank ran L before, in an earlier
+    step, and what it ran after that occurrence is what it runs next. Walking forward from the most
+    recent earlier occurrence of L (same group, same op and sizes), the first op that is one of the
+    candidates is the one the rank would reach first. Ranks of one job may run different programs (pipeline
+    stages, subgroups of different shapes): only the rank's own history is used. None when the history
+    holds no earlier L or no candidate after it."""
+    line = _timeline(rank, groups)
+    if len(line) < 2:
+        return None
+    last = line[-1][1]
+
+    def loose(sig: _Sig) -> _Sig:
+        return (sig[0], "c", -1) if sig[1] == "c" else sig
+
+    for j in range(len(line) - 2, -1, -1):
+        if line[j][1] != last:
+            continue
+        for k in range(j + 1, len(line)):
+            w = candidates.get(loose(line[k][1]))
+            if w is not None:
+                return w
+        return None
+    return None
+
+
+def _program_order(culprits: list[Culprit], waits: list[Wait], groups: dict[str, Group]) -> dict[int, str]:
+    """For each culprit awaited in more than one place, take the op it never ran from its own program
+    order (:func:`_own_next`) instead of the one that holds the most ranks; rank -> the evidence line."""
+    notes: dict[int, str] = {}
+    # waits of one collective share one waiting_for set: thousands of ranks waiting for thousands of
+    # others are a few sets, never their product
+    by_set: dict[frozenset[int], Wait] = {}
+    for w in sorted(waits, key=lambda w: (w.t_ns, w.rank)):
+        by_set.setdefault(w.waiting_for, w)
+    for c in culprits[:MAX_ORDERED_CULPRITS]:
+        if c.kind != "missing" or len(c.ranks) != 1:
+            continue
+        rank = c.ranks[0]
+        candidates: dict[tuple[str, str, int], Wait] = {}
+        for fs, cand in by_set.items():
+            if rank in fs:
+                sig = _candidate_sig(cand, groups)
+                if sig not in candidates or (cand.t_ns, cand.rank) < (
+                    candidates[sig].t_ns,
+                    candidates[sig].rank,
+                ):
+                    candidates[sig] = cand
+        if len(candidates) < 2:
+            continue
+        nxt = _own_next(rank, candidates, groups)
+        if nxt is None:
+            continue
+        c.first_wait = nxt
+        notes[rank] = (
+            f"rank {rank}'s own program order (its earlier steps in its dump): after its last op it runs "
+            f"{_what_releases(nxt, groups)} next, which it never did"
+        )
+    return notes
+
+
+def _what_releases(w: Wait, groups: dict[str, Group]) -> str:
+    g = groups[w.group]
+    if w.p2p:
+        return f"the {_counterpart(w.op)} matching rank {w.rank}'s {w.op} (p2p #{w.seq}) in group {g.label()}"
+    return f"{w.op} #{w.seq} of group {g.label()}"
+
+
+def _note_unrecorded_p2p(res: FrAnalysis, groups: dict[str, Group]) -> None:
+    """Culprits that ran point-to-point ops the backend did not record may be blocked in a send/recv for
+    another culprit rather than stuck themselves: say so when the dumps cannot tell them apart."""
+    users = sorted(
+        r
+        for r in res.culprit_ranks
+        if any((t := g.tracks.get(r)) is not None and t.unrecorded_ops for g in groups.values())
+    )
+    if not users:
+        return
+    per = {
+        r: sum(t.unrecorded_ops for g in groups.values() if (t := g.tracks.get(r)) is not None) for r in users
+    }
+    res.findings.append(
+        f"{_who(users)} ran operations between their collectives that left no entry ({', '.join(f'rank {r}: {n}' for r, n in per.items())}; "
+        "op_id gaps: gloo counts send/recv there but does not record them): "
+        + (
+            "one of these culprits may be blocked in a send/recv to another rather than stuck itself; the dumps cannot say which"
+            if len(res.culprit_ranks) > 1
+            else "a rank blocked in an unrecorded send/recv looks like one that never entered the collective"
+        )
+    )
+
+
 # ---------------------------------------------------------------- waits and mismatches
 
 
@@ -308,7 +447,114 @@ def _waits(groups: dict[str, Group], keys: dict[int, KeyInfo]) -> list[Wait]:
                     m for m in g.members if (other := g.tracks.get(m)) is None or other.enq < seq
                 )
             waits.append(Wait(rank, g.name, seq, op, t_ns, waiting_for, g.desc))
+    waits.extend(_p2p_waits(groups))
     return waits
+
+
+def _p2p_waits(groups: dict[str, Group]) -> list[Wait]:
+    """Ranks blocked in a send/recv whose peer never posted the matching recv/send.
+
+    Point-to-point ops between a pair of ranks of one group are matched in order (the n-th send from a to
+    b is the n-th recv at b from a: what NCCL and gloo deliver, and how PyTorch's analyzer pairs them).
+    Ring buffers wrap, so the n is counted from an anchor both ranks share: the pending op's rank's latest
+    collective before it in a group both belong to (:func:`_posted`). A pending op whose counterpart was
+    posted waits for nobody (in progress, held by its batch, or stalled in the transport); one whose
+    counterpart was not waits for that peer. The peer in ``profiling_name`` (``nccl:send 0->1``,
+    ``nccl:recv 1<-0``) is group-local: the i-th member of the group in rank order. Backends that record
+    no p2p entries (gloo) give no waits."""
+    waits: list[Wait] = []
+    logs: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    for g in groups.values():
+        pend = {
+            r: sorted((p for p in t.pending if p.p2p and p.peer >= 0), key=lambda p: (p.seq, p.t_ns))
+            for r, t in g.tracks.items()
+        }
+        pend = {r: ps for r, ps in pend.items() if ps}
+        if not pend:
+            continue
+        order = sorted(g.members)
+        local = {r: i for i, r in enumerate(order)}
+        for rank, ops in sorted(pend.items()):
+            unmatched: list[tuple[Pending, int]] = []
+            seen: dict[tuple[int, bool], int] = {}
+            for p in ops:
+                if p.peer >= len(order):
+                    continue
+                peer = order[p.peer]
+                send = op_name(p.op) in ("send", "isend")
+                k = seen[(peer, send)] = seen.get((peer, send), 0) + 1
+                posted = _posted(rank, peer, p, send=send, g=g, groups=groups, local=local, cache=logs)
+                if posted is None:  # no shared anchor: count the peer's pending counterparts
+                    theirs = pend.get(peer, [])
+                    posted = k <= sum(
+                        1
+                        for x in theirs
+                        if x.peer == local.get(rank, -1) and (op_name(x.op) in ("send", "isend")) != send
+                    )
+                if not posted:
+                    unmatched.append((p, peer))
+            if unmatched:
+                p = unmatched[0][0]
+                peers = frozenset(q for _, q in unmatched)
+            else:
+                p, peers = ops[0], frozenset()
+            waits.append(Wait(rank, g.name, p.seq, op_name(p.op), p.t_ns, peers, g.desc, p2p=True))
+    return waits
+
+
+def _p2p_ops(
+    rank: int, g: Group, cache: dict[tuple[int, str], list[tuple[int, int]]]
+) -> list[tuple[int, int]]:
+    """The rank's logged send/recv ops in ``g``: (time_created_ns, direction << 32 | local peer)."""
+    key = (rank, g.name)
+    ops = cache.get(key)
+    if ops is None:
+        t = g.tracks.get(rank)
+        log = memoryview(t.p2p_log).cast("q").tolist() if t is not None else []
+        ops = cache[key] = list(zip(log[::2], log[1::2], strict=True))
+    return ops
+
+
+def _posted(
+    rank: int,
+    peer: int,
+    p: Pending,
+    *,
+    send: bool,
+    g: Group,
+    groups: dict[str, Group],
+    local: dict[int, int],
+    cache: dict[tuple[int, str], list[tuple[int, int]]],
+) -> bool | None:
+    """Whether ``peer`` posted the counterpart of ``rank``'s pending op ``p`` (None: cannot tell).
+
+    Anchor: ``rank``'s latest collective created before ``p`` in a group both ranks belong to, present in
+    both dumps. Counting from it, ``p`` is the n-th op of its kind from ``rank`` to ``peer``; the peer
+    posted its counterpart when it ran at least n complementary ops toward ``rank`` after its own entry of
+    the same collective — completed or not (a batch holds a completed transfer's entry open)."""
+    anchor_me = anchor_peer = 0
+    for other in groups.values():
+        mine, theirs = other.tracks.get(rank), other.tracks.get(peer)
+        if mine is None or theirs is None or not mine.times:
+            continue
+        times = memoryview(mine.times).cast("q")
+        i = bisect_left(times, p.t_ns) - 1
+        while i >= 0 and not times[i]:
+            i -= 1
+        if i < 0 or times[i] <= anchor_me:
+            continue
+        at = _time_at(theirs, mine.first_seq + i)
+        if at:
+            anchor_me, anchor_peer = times[i], at
+    if not anchor_me:
+        return None
+    code = (0 if send else 1) << 32 | local.get(peer, -1) & 0xFFFFFFFF
+    back = (1 if send else 0) << 32 | local.get(rank, -1) & 0xFFFFFFFF
+    mine_ops = _p2p_ops(rank, g, cache)
+    if len(mine_ops) >= P2P_LOG and mine_ops[0][0] > anchor_me:
+        return None  # the log does not reach back to the anchor
+    n = sum(1 for t, c in mine_ops if c == code and anchor_me < t <= p.t_ns)
+    return sum(1 for t, c in _p2p_ops(peer, g, cache) if c == back and t > anchor_peer) >= n
 
 
 def _majority(votes: dict[int, int], group_keys: Counter[int]) -> tuple[int, list[int]]:
@@ -342,7 +588,7 @@ def _frontier_mismatch(
 ) -> MismatchFinding | None:
     seen: set[tuple[str, int]] = set()
     for w in sorted(waits, key=lambda w: (w.t_ns, w.seq)):
-        if (w.group, w.seq) in seen:
+        if w.p2p or (w.group, w.seq) in seen:
             continue
         seen.add((w.group, w.seq))
         g = groups[w.group]
@@ -528,18 +774,32 @@ def _median_without(ordered: Sequence[float], i: int) -> float:
 # ---------------------------------------------------------------- verdict
 
 
-def _coll(g: Group, seq: int, op: str) -> dict[str, Any]:
-    return {"pg_name": g.name, "pg_desc": g.desc, "seq": seq, "op": op}
+def _coll(g: Group, seq: int, op: str, p2p: bool = False) -> dict[str, Any]:
+    """The contract's ``collective`` object; a send/recv adds ``"p2p": true`` (``seq`` is its p2p_seq_id)."""
+    out: dict[str, Any] = {"pg_name": g.name, "pg_desc": g.desc, "seq": seq, "op": op}
+    if p2p:
+        out["p2p"] = True
+    return out
 
 
-def _ranks(ranks: Sequence[int] | set[int]) -> str:
+def _where(w: Wait, g: Group) -> str:
+    if w.p2p:
+        return f"{w.op} (p2p #{w.seq}) of process group {g.label()}"
+    return f"{w.op} #{w.seq} of process group {g.label()}"
+
+
+def _counterpart(op: str) -> str:
+    return "recv" if op in ("send", "isend") else "send"
+
+
+def _ranks(ranks: Sequence[int] | AbstractSet[int]) -> str:
     items = sorted(ranks)
     if len(items) > 12:
         return ", ".join(str(r) for r in items[:10]) + f", … ({len(items)} ranks)"
     return ", ".join(str(r) for r in items)
 
 
-def _who(ranks: Sequence[int] | set[int]) -> str:
+def _who(ranks: Sequence[int] | AbstractSet[int]) -> str:
     return f"rank {_ranks(ranks)}" if len(ranks) == 1 else f"ranks {_ranks(ranks)}"
 
 
@@ -664,9 +924,9 @@ def _set_culprits(
     w = first.first_wait
     g = groups[w.group]
     res.culprit_ranks = list(dict.fromkeys(roots))
-    res.collective = _coll(g, w.seq, w.op)
+    res.collective = _coll(g, w.seq, w.op, w.p2p)
     victims = set().union(*(c.victims for c in culprits)) or blocked
-    where = f"{w.op} #{w.seq} of process group {g.label()}"
+    where = _where(w, g)
     crashed = [r for r in roots if r in missing]
     if crashed:
         res.verdict = "crash"
@@ -684,6 +944,12 @@ def _set_culprits(
             f"hang: ranks {_ranks(first.ranks)} wait for each other in different collectives "
             f"(call-order deadlock), first in {where}"
         )
+    elif w.p2p:
+        res.verdict = "hang"
+        res.summary = (
+            f"hang: {_who(first.ranks)} never posted the {_counterpart(w.op)} that rank {w.rank} waits for in "
+            f"{where}; {len(victims)} rank(s) are blocked behind it"
+        )
     else:
         res.verdict = "hang"
         res.summary = (
@@ -691,12 +957,20 @@ def _set_culprits(
         )
     for c in culprits[:10]:
         cw = c.first_wait
-        waiting = sorted(x.rank for x in waits if x.group == cw.group and x.seq == cw.seq)
+        depend = f"; {len(c.victims)} blocked rank(s) depend on it" if c.victims else ""
+        if cw.p2p:
+            res.findings.append(
+                f"{_who(c.ranks)} never posted the {_counterpart(cw.op)} matching rank {cw.rank}'s pending "
+                f"{cw.op} (p2p #{cw.seq}) in group {groups[cw.group].label()}: the ops between a pair are "
+                f"matched in order, and {'its' if len(c.ranks) == 1 else 'their'} dump holds no matching "
+                f"pending {_counterpart(cw.op)}{depend}"
+            )
+            continue
+        waiting = sorted(x.rank for x in waits if x.group == cw.group and x.seq == cw.seq and not x.p2p)
         verb = "waits" if len(waiting) == 1 else "wait"
         res.findings.append(
             f"{_who(c.ranks)} {'is' if len(c.ranks) == 1 else 'are'} missing from {cw.op} #{cw.seq} "
-            f"of group {groups[cw.group].label()}, which {_who(waiting)} entered and {verb} in"
-            + (f"; {len(c.victims)} blocked rank(s) depend on it" if c.victims else "")
+            f"of group {groups[cw.group].label()}, which {_who(waiting)} entered and {verb} in" + depend
         )
     if res.verdict == "hang" and _one_behind(groups, waits, set(roots)):
         res.findings.append(
@@ -712,7 +986,20 @@ def _judge_all_in(
     stragglers: list[Straggler],
     stale: dict[int, tuple[str, int, int]],
 ) -> None:
-    """Every blocked rank is inside a collective all its members entered: in progress or a stall."""
+    """Every blocked rank is inside a collective all its members entered (or a send/recv whose peer posted
+    the matching op): in progress or a stall."""
+    p2p = [w for w in waits if w.p2p]
+    waits = [w for w in waits if not w.p2p]
+    if p2p and (not waits or any(w.waiting_for - {w.rank} for w in waits)):
+        # collectives wait for ranks that sit in a send/recv both sides posted: the transfer is the root
+        _judge_p2p_in_flight(res, groups, p2p, stragglers)
+        for w in sorted(waits, key=lambda w: (w.t_ns, w.rank))[:5]:
+            if w.waiting_for - {w.rank}:
+                res.findings.append(
+                    f"rank {w.rank} waits in {_where(w, groups[w.group])} for {_who(w.waiting_for - {w.rank})}, "
+                    f"inside the send/recv"
+                )
+        return
     by_coll: dict[tuple[str, int], list[Wait]] = {}
     for w in waits:
         by_coll.setdefault((w.group, w.seq), []).append(w)
@@ -780,6 +1067,8 @@ def _judge_all_in(
 def _one_behind(groups: dict[str, Group], waits: list[Wait], roots: set[int]) -> bool:
     """Every wait on a root is for the collective right after the root's last one in that group."""
     for w in waits:
+        if w.p2p and w.waiting_for & roots:
+            return False
         for r in w.waiting_for & roots:
             t = groups[w.group].tracks.get(r)
             if t is None or t.enq != w.seq - 1:
@@ -820,6 +1109,33 @@ def _set_straggler(res: FrAnalysis, stragglers: list[Straggler], on_demand: bool
     )
 
 
+def _judge_p2p_in_flight(
+    res: FrAnalysis, groups: dict[str, Group], p2p: list[Wait], stragglers: list[Straggler]
+) -> None:
+    """Only send/recv ops are pending and each has its counterpart posted: a transfer in progress when
+    dumped, or stalled in the transport when both sides started it (NCCL) and neither completed."""
+    if stragglers:
+        _set_straggler(res, stragglers, on_demand=True)
+        return
+    w = min(p2p, key=lambda w: (w.t_ns, w.seq, w.rank))
+    g = groups[w.group]
+    res.collective = _coll(g, w.seq, w.op, p2p=True)
+    pend = [p for t in g.tracks.values() for p in t.pending if p.p2p]
+    ranks = sorted({x.rank for x in p2p})
+    if pend and all(p.state == "started" for p in pend):
+        res.verdict = "hang"
+        res.summary = (
+            f"hang: {_who(ranks)} started matching send/recv ops (first {_where(w, g)}) and none completed: "
+            f"a network/transport stall (or a device fault); no rank is missing from them"
+        )
+    else:
+        res.verdict = "inconclusive"
+        res.summary = (
+            f"inconclusive: {_who(ranks)} posted matching send/recv ops (first {_where(w, g)}) and none had "
+            f"completed when dumped (in progress when dumped on demand, or a transport stall)"
+        )
+
+
 def _add_context(
     res: FrAnalysis,
     groups: dict[str, Group],
@@ -836,7 +1152,14 @@ def _add_context(
         )
     by_coll: dict[tuple[str, int], list[Wait]] = {}
     for w in waits:
+        if w.p2p:
+            continue
         by_coll.setdefault((w.group, w.seq), []).append(w)
+    for w in sorted((w for w in waits if w.p2p), key=lambda w: (w.t_ns, w.rank))[:15]:
+        text = f"group {groups[w.group].label()} p2p #{w.seq}: rank {w.rank} blocked in {w.op}"
+        if w.waiting_for:
+            text += f"; no matching {_counterpart(w.op)} posted by: {_ranks(w.waiting_for)}"
+        res.findings.append(text)
     for (name, seq), ws in sorted(by_coll.items(), key=lambda kv: min(w.t_ns for w in kv[1]))[:15]:
         g = groups[name]
         absent = set().union(*(w.waiting_for for w in ws)) - {w.rank for w in ws}

@@ -18,6 +18,8 @@ import json
 import re
 import zlib
 from array import array
+from bisect import bisect_right
+from itertools import pairwise
 from typing import Annotated, Any
 
 import msgspec
@@ -28,6 +30,9 @@ from sentinel.fr.ops import P2P, group_size_hint, match_key, op_name, p2p_peer
 
 #: Newest entries per dump whose match key is computed (see :func:`summarize`).
 KEY_WINDOW = 128
+#: Newest point-to-point ops kept per group (:attr:`GroupTrack.p2p_log`): the rank's recent program order.
+P2P_LOG = 32
+P2P_SEND, P2P_RECV = 0, 1
 #: Integers the format carries (seqs, times, ids) are int64 in PyTorch; anything outside is refused.
 INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
 #: Most tensors per entry and dims per tensor shape accepted (a coalesced op carries one per tensor).
@@ -74,6 +79,12 @@ class GroupTrack(msgspec.Struct, array_like=True):
     times: bytes = b""  # array('q'): time_created_ns per seq from first_seq
     pending: list[Pending] = []
     size_hints: list[int] = []
+    #: the newest recorded send/recv ops (NCCL records them), oldest first, as array('q') pairs
+    #: (time_created_ns, direction << 32 | group-local peer): where p2p ops sit in the rank's program order
+    p2p_log: bytes = b""
+    #: ops this rank ran in the group that left no entry, counted from ``op_id`` gaps between its
+    #: collectives: gloo counts send/recv in ``op_id`` but does not record them
+    unrecorded_ops: int = 0
 
 
 class RankSummary(msgspec.Struct, array_like=True):
@@ -99,6 +110,8 @@ class _Builder:
         "keys",
         "last_seq",
         "name",
+        "ops",
+        "p2p_log",
         "pending",
         "pg_id",
         "seqs",
@@ -110,6 +123,7 @@ class _Builder:
         self.desc = desc
         self.pg_id = pg_id
         self.seqs = array("q")
+        self.ops = array("q")  # op_id of each seq's (last) entry: maps gloo's pg_status to seqs
         self.keys = array("I")
         self.times = array("q")
         self.pending: list[Pending] = []
@@ -117,6 +131,7 @@ class _Builder:
         self.done = -1
         self.last_seq = -1
         self.hints: set[int] = set()
+        self.p2p_log = array("q")
 
 
 def _int(value: Any, what: str, source: str) -> int:
@@ -178,6 +193,7 @@ class _Entry(msgspec.Struct):
     collective_seq_id: Int64 | None = None
     seq_id: Int64 | None = None
     p2p_seq_id: Int64 = -1
+    op_id: Int64 = -1
     state: str | None = None
     retired: bool | None = None
     is_p2p: bool | None = None
@@ -276,12 +292,18 @@ def summarize(dump: RawDump) -> RankSummary:
                 if hint:
                     b.hints.add(hint)
             if is_p2p or e.is_p2p is True:
-                if not completed:
-                    peers = p2p_peer(profiling)
+                peers = p2p_peer(profiling)
+                if peers is not None:
+                    send = op_name(profiling) in ("send", "isend")
+                    local_peer = peers[1] if send else peers[0]
+                    code = (P2P_SEND if send else P2P_RECV) << 32 | (local_peer & 0xFFFFFFFF)
+                    b.p2p_log.extend((arrived, code))
+                    if len(b.p2p_log) > 4 * P2P_LOG:
+                        del b.p2p_log[: -2 * P2P_LOG]
+                else:
                     local_peer = -1
-                    if peers is not None:
-                        local_peer = peers[1] if op_name(profiling) in ("send", "isend") else peers[0]
-                    b.pending.append(Pending(e.p2p_seq_id, key, profiling, t, state, True, local_peer))
+                if not completed:  # (arrival, as the log and the collectives' time column measure it)
+                    b.pending.append(Pending(e.p2p_seq_id, key, profiling, arrived, state, True, local_peer))
                 continue
             seq = e.collective_seq_id
             if seq is None:
@@ -290,8 +312,10 @@ def summarize(dump: RawDump) -> RankSummary:
                 # ops of one coalesced collective share its seq: fold their keys together
                 if key and b.keys[-1]:
                     b.keys[-1] = zlib.crc32(key.to_bytes(4, "little"), b.keys[-1]) or 1
+                b.ops[-1] = e.op_id
             else:
                 b.seqs.append(seq)
+                b.ops.append(e.op_id)
                 b.keys.append(key)
                 b.times.append(arrived)
                 b.last_seq = seq
@@ -317,7 +341,7 @@ def summarize(dump: RawDump) -> RankSummary:
     ) as exc:
         raise FrFormatError(f"{source}: entry {index}: malformed ({type(exc).__name__})") from None
     groups = [_finish(b) for b in builders.values()]
-    _apply_status(dump, groups, source)
+    _apply_status(dump, groups, source, {b.pg_id: b for b in builders.values() if b.pg_id >= 0})
     _apply_config(dump, groups)
     return RankSummary(
         rank=dump.rank,
@@ -385,11 +409,16 @@ def _finish(b: _Builder) -> GroupTrack:
         times=times.tobytes(),
         pending=b.pending,
         size_hints=sorted(b.hints),
+        p2p_log=b.p2p_log[-2 * P2P_LOG :].tobytes(),
+        unrecorded_ops=_unrecorded(b),
     )
 
 
-def _apply_status(dump: RawDump, groups: list[GroupTrack], source: str) -> None:
+def _apply_status(
+    dump: RawDump, groups: list[GroupTrack], source: str, builders: dict[int, _Builder] | None = None
+) -> None:
     by_id = {g.pg_id: g for g in groups if g.pg_id >= 0}
+    builders = builders or {}
     for pg_id, status in dump.pg_status.items():
         if not isinstance(status, dict):
             raise FrFormatError(f"{source}: pg_status[{brief(pg_id, 20)}] is not a dict")
@@ -405,12 +434,56 @@ def _apply_status(dump: RawDump, groups: list[GroupTrack], source: str) -> None:
         enq = _int(status.get("last_enqueued_collective", -1), "last_enqueued_collective", source)
         done = _int(status.get("last_completed_collective", -1), "last_completed_collective", source)
         started = _int(status.get("last_started_collective", -1), "last_started_collective", source)
+        b = builders.get(key)
+        if b is not None and _counts_ops(b, enq):
+            enq, done, started = (_seq_of_op(b, v) for v in (enq, done, started))
         group.enq = max(group.enq, enq)
         group.done = max(group.done, done)
         group.started = max(group.started, started)
     for group in groups:
         if group.done >= 0:
             group.pending = [p for p in group.pending if p.p2p or p.seq > group.done]
+
+
+def _unrecorded(b: _Builder) -> int:
+    """Ops between this group's recorded collectives that left no entry (``op_id`` gaps); 0 when the
+    backend records its p2p ops or numbers no ops (op_id -1)."""
+    ops = b.ops
+    if len(ops) < 2 or b.p2p_log or ops[0] < 0:
+        return 0
+    # the sum of the gaps of an ascending sequence, in O(1): a full 2,000-entry buffer of 16,384 ranks
+    # must not cost a Python loop per entry
+    return max(0, ops[-1] - ops[0] - (len(ops) - 1))
+
+
+def _counts_ops(b: _Builder, enq: int) -> bool:
+    """Whether this group's pg_status counts *operations* rather than collectives.
+
+    ProcessGroupGloo (torch 2.13) publishes its own op counter there — one that also counts send/recv,
+    which it does not record in the flight recorder — while the entries' ``collective_seq_id`` counts
+    collectives only; the entries' ``op_id`` is that op counter. ProcessGroupNCCL counts collectives in
+    both. Entries are recorded when a collective is enqueued, so the status's last enqueued value is the
+    newest entry's: its ``op_id`` under gloo, its ``collective_seq_id`` under NCCL. Only when the two
+    differ (the job ran point-to-point ops) and the status names the op id are the values translated."""
+    if not b.seqs:
+        return False
+    newest_seq, newest_op = b.seqs[-1], b.ops[-1]
+    return newest_op >= 0 and newest_op != newest_seq and enq == newest_op
+
+
+def _seq_of_op(b: _Builder, op_id: int) -> int:
+    """The collective seq whose entry is the newest with ``op_id`` at most the given one (-1 passes)."""
+    if op_id < 0:
+        return op_id
+    ops = b.ops
+    i = bisect_right(ops, op_id) if _ascending(ops) else sum(1 for o in ops if o <= op_id)
+    if i == 0:  # older than every entry in the ring buffer: just before the first
+        return int(b.seqs[0]) - 1 if b.seqs else -1
+    return int(b.seqs[i - 1])
+
+
+def _ascending(values: array[int]) -> bool:
+    return all(a <= c for a, c in pairwise(values))
 
 
 def _apply_config(dump: RawDump, groups: list[GroupTrack]) -> None:

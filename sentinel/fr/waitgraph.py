@@ -15,7 +15,9 @@ culprits are the *sinks* of this wait-for graph reachable from the blocked ranks
 Both the post-mortem dump analysis (:mod:`sentinel.fr.analysis`) and the aggregator's live stuck detector
 (:mod:`sentinel.aggregator.detectors.stuck`, on the ranks' heads) use this: one stall algorithm. The API is deliberately small and stable:
 
-* :class:`Wait` — one blocked rank: (rank, group, seq, op, t_ns, waiting_for, group_desc);
+* :class:`Wait` — one blocked rank: (rank, group, seq, op, t_ns, waiting_for, group_desc, p2p): in a
+  collective, waiting for the members that never entered it, or in a send/recv (``p2p``), waiting for the
+  peer that never posted the matching recv/send;
 * :func:`find_culprits` ``(waits) -> list[Culprit]`` — sinks, root cause first (earliest wait naming them);
 * :class:`Culprit` — ``ranks``, ``first_wait``, ``victims``, ``kind`` (and ``cycle`` = kind == "cycle").
 
@@ -41,6 +43,9 @@ class Wait(msgspec.Struct, frozen=True):
     t_ns: int  # when the waiting rank entered the collective (time_created_ns, or snapshot time - age)
     waiting_for: frozenset[int]
     group_desc: str = ""
+    #: a point-to-point op (``op`` is ``send``/``recv``, ``seq`` its ``p2p_seq_id``, ``waiting_for`` the peer
+    #: whose matching op is not posted); collectives and p2p ops live in separate sequence spaces
+    p2p: bool = False
 
 
 CulpritKind = Literal["missing", "cycle", "all_in"]
@@ -112,8 +117,8 @@ def find_culprits(waits: Sequence[Wait]) -> list[Culprit]:
         # The collective that holds the most ranks for it comes first, the earliest on a tie: in a cascade
         # the absent rank is also awaited downstream (a dp peer of a rank missing from its tp all_reduce),
         # by fewer ranks and, on a loaded host, sometimes a few microseconds earlier.
-        held = Counter((w.group, w.seq) for w in ws)
-        ws.sort(key=lambda w: (-held[(w.group, w.seq)], w.t_ns, w.seq, w.rank))
+        held = Counter((w.group, w.seq, w.p2p) for w in ws)
+        ws.sort(key=lambda w: (-held[(w.group, w.seq, w.p2p)], w.t_ns, w.seq, w.rank))
         for comp in {comp_of[t] for t in edges[hub]} & sink_comps:
             if comp not in first:
                 outside = next((w for w in ws if comp_of.get(w.rank) != comp), None)

@@ -1,0 +1,147 @@
+"""SYNTHETIC NCCL-format dumps with point-to-point entries, derived from a real gloo job of tests.fr.topo_job.
+
+Gloo (torch 2.13) does not record send/recv in the flight recorder; ProcessGroupNCCL does. The job
+logged its own program order (``meta/ops_rank_<r>.json``: every collective and every send/recv, with its
+peer, shape and whether it completed before the dump); this module merges that log with the real gloo
+entries into what ProcessGroupNCCL would have written (documented fields of format 2.x):
+
+* collectives: the gloo entry, ``profiling_name`` ``nccl:<op>``, ``state`` completed/started with
+  start/completion times, ``op_id`` renumbered over collectives and p2p ops of the group;
+* p2p ops: ``profiling_name`` ``nccl:send <me>-><peer>`` / ``nccl:recv <me><-<peer>`` with group-local
+  ranks, ``is_p2p`` true, ``p2p_seq_id`` counting the group's p2p ops (the ops of one
+  ``batch_isend_irecv`` share one, end with a ``nccl:coalesced`` entry and complete together), ``collective_seq_id`` the
+  group's last collective, input/output sizes the tensor shape;
+* ``pg_config`` the true members, ``pg_status`` counting collectives (NCCL's ``seqCollective_``).
+
+Nothing here was written by NCCL itself; the docs say so.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+from sentinel.fr.loader import discover, load_dump
+
+LAUNCH_NS = 40_000
+
+
+def p2p_nccl_set(src: Path, dst: Path) -> Path:
+    """Write the NCCL-format version of the topo_job set in ``src`` (its pickle/ and meta/) under ``dst``."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in discover(src / "pickle"):
+        d = load_dump(f.path)
+        rank = f.rank
+        meta = json.loads((src / "meta" / f"rank_{rank}.json").read_text())
+        ops = json.loads((src / "meta" / f"ops_rank_{rank}.json").read_text())
+        groups: dict[str, tuple[str, list[int]]] = {k: (v[0], v[1]) for k, v in meta["groups"].items()}
+        colls = {(e["process_group"][0], e["collective_seq_id"]): e for e in d.entries}
+        pg_ids = {e["process_group"][0]: e["pg_id"] for e in d.entries}
+        entries: list[dict[str, Any]] = []
+        op_id: dict[str, int] = {}
+        p2p_seq: dict[str, int] = {}
+        last_coll: dict[str, int] = {}
+        i = 0
+        while i < len(ops):
+            rec = ops[i]
+            group = rec["group"]
+            if rec["kind"] == "coll":
+                e = colls.get((group, rec["seq"]))
+                i += 1
+                if e is None:  # older than the ring buffer
+                    continue
+                e = dict(e)
+                op_id[group] = op_id.get(group, 0) + 1
+                last_coll[group] = rec["seq"]
+                e["profiling_name"] = "nccl:" + e["profiling_name"].split(":", 1)[-1]
+                e["op_id"] = op_id[group]
+                _timing(e, bool(e["retired"]))
+                entries.append(e)
+                continue
+            batch = [rec]
+            while (
+                i + len(batch) < len(ops)
+                and ops[i + len(batch)]["kind"] != "coll"
+                and ops[i + len(batch)].get("batch", -1) == rec.get("batch", -2)
+            ):
+                batch.append(ops[i + len(batch)])
+            i += len(batch)
+            p2p_seq[group] = p2p_seq.get(group, 0) + 1
+            members = sorted(groups[group][1])
+            me = members.index(rank)
+            batch_done = all(op["done"] for op in batch)  # a coalesced batch completes as one work
+            for n, op in enumerate(batch):
+                op_id[group] = op_id.get(group, 0) + 1
+                peer = members.index(op["peer"])
+                arrow = f"{me}->{peer}" if op["kind"] == "send" else f"{me}<-{peer}"
+                shape = [op["shape"]]
+                e = {
+                    "record_id": 0,
+                    "pg_id": pg_ids.get(group, 0),
+                    "process_group": (group, groups[group][0]),
+                    "collective_seq_id": last_coll.get(group, 0),
+                    "p2p_seq_id": p2p_seq[group],
+                    "op_id": op_id[group],
+                    "profiling_name": f"nccl:{op['kind']} {arrow}",
+                    "time_created_ns": op["t_ns"] + n,
+                    "input_sizes": shape,
+                    "output_sizes": shape,
+                    "input_dtypes": ["Float"],
+                    "output_dtypes": ["Float"],
+                    "timeout_ms": 60000,
+                    "is_p2p": True,
+                }
+                _timing(e, batch_done)
+                entries.append(e)
+            if len(batch) > 1:
+                e = dict(entries[-1])
+                e.update(profiling_name="nccl:coalesced", input_sizes=[], output_sizes=[])
+                e.update(input_dtypes=[], output_dtypes=[])
+                _timing(e, batch_done)
+                entries.append(e)
+        for n, e in enumerate(entries):
+            e["record_id"] = n
+        status: dict[str, dict[str, int]] = {}
+        for group, (_desc, _members) in groups.items():
+            pg = str(pg_ids.get(group, 0))
+            seqs = [
+                e["collective_seq_id"]
+                for e in entries
+                if e["process_group"][0] == group and not e.get("is_p2p")
+            ]
+            done = [
+                e["collective_seq_id"]
+                for e in entries
+                if e["process_group"][0] == group and not e.get("is_p2p") and e["retired"]
+            ]
+            status[pg] = {
+                "last_enqueued_collective": max(seqs, default=0),
+                "last_started_collective": max(seqs, default=0),
+                "last_completed_collective": max(done, default=0),
+            }
+        pg_config = {n: {"name": n, "desc": desc, "ranks": json.dumps(m)} for n, (desc, m) in groups.items()}
+        top = {"version": "2.10", "pg_config": pg_config, "pg_status": status, "entries": entries}
+        (dst / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(top, protocol=2))
+    return dst
+
+
+def _timing(e: dict[str, Any], done: bool) -> None:
+    started = e["time_created_ns"] + LAUNCH_NS
+    if done:
+        e.update(
+            retired=True,
+            state="completed",
+            time_discovered_started_ns=started,
+            time_discovered_completed_ns=started + 800_000,
+            duration_ms=0.8,
+        )
+    else:
+        e.update(
+            retired=False,
+            state="started",
+            time_discovered_started_ns=started,
+            time_discovered_completed_ns=None,
+            duration_ms=None,
+        )

@@ -1,0 +1,334 @@
+"""Real torch.distributed gloo jobs whose ranks run different programs per group, with point-to-point ops.
+
+Run as ``python -m tests.fr.topo_job SCENARIO OUTDIR``. Like :mod:`tests.fr.gloo_job`, every rank records
+its flight recorder (``TORCH_FR_BUFFER_SIZE``) and a helper thread dumps it (``_dump_fr_trace`` into
+OUTDIR/pickle, the JSON variant into OUTDIR/json) when OUTDIR/DUMP appears; the trigger comes, like
+PyTorch's watchdog, from any rank that makes no progress for ``STALL_S`` (a rank blocked in a send/recv
+counts), or from a rank whose collective failed (a peer that exited closed the connection).
+
+Every rank also writes OUTDIR/meta/ops_rank_<r>.json: its own program order as it ran it — every
+collective (group name, seq) and every point-to-point op (group, peer, shape, whether it completed before
+the dump) — because gloo does not record send/recv in the flight recorder. :mod:`tests.fr.p2p_synth` uses
+it to write the NCCL-format version (where ProcessGroupNCCL does record them). OUTDIR/expected.json holds
+what was injected, written by the job itself (no analyzer involved).
+
+Scenarios (each a few ranks, a dozen steps):
+
+* ``pp_hang`` (4 ranks): a 2-stage pipeline x 2-way data parallel job. Stage 0 = ranks {0, 1} sends
+  activations to its stage-1 partner (r + 2) and receives gradients back; then a dp all_reduce within the
+  stage and a world all_reduce. At the fault step rank 3 receives its activation and never sends the
+  gradient back: rank 1 blocks in an (unrecorded) recv from 3, rank 2 in the stage-1 all_reduce.
+* ``pp_recv_hang`` (4 ranks): the same pipeline; at the fault step rank 0 sends its activation and never
+  posts the recv for the gradient: its partner 2 blocks in the send (gloo delivers a send only into a
+  posted recv), rank 1 in the stage-0 all_reduce.
+* ``ring_hang`` (4 ranks): every step a ring exchange through ``batch_isend_irecv`` (isend to r+1,
+  irecv from r-1: coalesced p2p), then a world all_reduce. Rank 1 never posts its batch at the fault step.
+* ``mixed_hang`` (4 ranks): a world all_reduce, then rank 0 feeds ranks 1..3 through batch_isend_irecv
+  (p2p counts differ per rank), then tp all_reduce in {0,1},{2,3}. At the fault step rank 2 never enters
+  the tp all_reduce.
+* ``subgroup_hang`` (6 ranks): expert groups {0,2,4},{1,3,5} all_gather, pair groups {0,1},{2,3},{4,5}
+  all_reduce, world all_reduce. Rank 4 never enters its expert all_gather: a cascade through the pairs.
+* ``early_exit`` (4 ranks): rank 0 leaves the training loop early and its process exits (no dump); its
+  peers' next world all_reduce fails when the connection closes.
+* ``compute_stall_dp`` (4 ranks): tp {0,1},{2,3} all_reduce, dp {0,2},{1,3} all_gather, world all_reduce.
+  Rank 2 completes its tp all_reduce and then computes forever before its dp all_gather: rank 0 waits in
+  dp, ranks 1 and 3 (done with dp) wait in the world all_reduce for 0 and 2 — the world all_reduce holds
+  the most ranks, but rank 2's next collective in its own program order is the dp all_gather.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+STEPS = 12
+FAULT_STEP = 7
+STALL_S = 1.5
+WORLD = {
+    "pp_hang": 4,
+    "pp_recv_hang": 4,
+    "ring_hang": 4,
+    "mixed_hang": 4,
+    "subgroup_hang": 6,
+    "early_exit": 4,
+    "compute_stall_dp": 4,
+}
+CULPRIT = {
+    "pp_hang": 3,
+    "pp_recv_hang": 0,
+    "ring_hang": 1,
+    "mixed_hang": 2,
+    "subgroup_hang": 4,
+    "early_exit": 0,
+    "compute_stall_dp": 2,
+}
+
+
+class _Job:
+    """One rank's bookkeeping: progress for the watchdog, its program order for the side log."""
+
+    def __init__(self, rank: int, out: Path) -> None:
+        self.rank = rank
+        self.out = out
+        self.progress = time.monotonic()
+        self.watch = True
+        self.failed = False
+        self.ops: list[dict[str, Any]] = []
+        self.seq: dict[str, int] = {}
+        self.meta: dict[str, Any] = {"rank": rank, "groups": {}}
+
+    def coll(self, group: str, op: str, fn: Callable[[], object]) -> None:
+        self.seq[group] = self.seq.get(group, 0) + 1
+        rec = {"kind": "coll", "group": group, "seq": self.seq[group], "op": op, "done": False}
+        self.ops.append(rec)
+        try:
+            fn()
+        except RuntimeError:
+            self.failed = True  # a peer went away: gloo fails the collective (and records it retired)
+            raise
+        rec["done"] = True
+        self.progress = time.monotonic()
+
+    def p2p(
+        self, group: str, works: list[tuple[str, int, list[int]]], start: Callable[[], list[Any]]
+    ) -> None:
+        """``works``: (send|recv, global peer, shape) of each op, in the order ``start`` issues them."""
+        t_ns, batch = time.time_ns(), len(self.ops)  # the ops of one call form one batch
+        recs = [
+            {
+                "kind": kind,
+                "group": group,
+                "peer": peer,
+                "shape": shape,
+                "t_ns": t_ns,
+                "batch": batch,
+                "done": False,
+            }
+            for kind, peer, shape in works
+        ]
+        self.ops.extend(recs)
+        for work, rec in zip(start(), recs, strict=True):
+            work.wait()
+            rec["done"] = True
+        self.progress = time.monotonic()
+
+    def write_log(self) -> None:
+        (self.out / "meta" / f"ops_rank_{self.rank}.json").write_text(json.dumps(self.ops))
+        (self.out / "meta" / f"rank_{self.rank}.json").write_text(json.dumps(self.meta))
+
+
+def _dumper(job: _Job) -> None:
+    import torch
+
+    c10d = torch._C._distributed_c10d
+    out = job.out
+    trigger = out / "DUMP"
+    while True:
+        time.sleep(0.02)
+        if not trigger.exists():
+            if job.failed:
+                trigger.write_text(f"collective failed on rank {job.rank}")
+            elif job.watch and time.monotonic() - job.progress > STALL_S:
+                trigger.write_text(f"watchdog on rank {job.rank}")
+            continue
+        pickled, as_json = c10d._dump_fr_trace(), c10d._dump_fr_trace_json()
+        job.write_log()  # the same instant as the dump: what completed before it
+        (out / "pickle" / f"nccl_trace_rank_{job.rank}").write_bytes(pickled)
+        (out / "json" / f"nccl_trace_rank_{job.rank}.json").write_bytes(as_json)
+        (out / f"dumped_{job.rank}").write_text("1")
+        return
+
+
+def worker(rank: int, scenario: str, out: str, port: int) -> None:
+    world = WORLD[scenario]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCH_FR_BUFFER_SIZE="2000")
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    outdir = Path(out)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    name = dist.distributed_c10d._get_process_group_name
+    job = _Job(rank, outdir)
+    culprit = CULPRIT[scenario]
+
+    def new_groups(parts: list[list[int]], desc: str) -> Any:
+        groups = [dist.new_group(p, group_desc=desc) for p in parts]  # every rank creates every group
+        mine = next(g for g, p in zip(groups, parts, strict=True) if rank in p)
+        return mine, name(mine)
+
+    def expect(group: str, op: str) -> None:
+        fact = {"pg_name": group, "seq": job.seq.get(group, 0) + 1, "op": op, "culprit": culprit}
+        (outdir / "expected.json").write_text(json.dumps(fact))
+
+    def hang_forever() -> None:
+        job.watch = False
+        while not (outdir / f"dumped_{rank}").exists():
+            time.sleep(0.02)
+        time.sleep(30)
+
+    wname = name(dist.group.WORLD)
+    meta = job.meta
+    meta.update(world=world, groups={wname: ["default_pg", list(range(world))]})
+    threading.Thread(target=_dumper, args=(job,), daemon=True).start()
+    if scenario in ("pp_hang", "pp_recv_hang"):
+        stage_g, stage_n = new_groups([[0, 1], [2, 3]], "dp")
+        meta["groups"][stage_n] = ["dp", [0, 1] if rank < 2 else [2, 3]]
+        partner = (rank + 2) % 4
+        for step in range(STEPS):
+            act, grad = torch.ones(64), torch.empty(64)
+            if rank < 2:
+                job.p2p(wname, [("send", partner, [64])], lambda act=act: [dist.isend(act, partner)])
+                if scenario == "pp_recv_hang" and rank == culprit and step == FAULT_STEP:
+                    fact = {"culprit": culprit, "kind": "p2p_never_received", "op": "recv", "peer": partner}
+                    (outdir / "expected.json").write_text(json.dumps(fact))
+                    hang_forever()
+                job.p2p(wname, [("recv", partner, [64])], lambda grad=grad: [dist.irecv(grad, partner)])
+            else:
+                job.p2p(wname, [("recv", partner, [64])], lambda act=act: [dist.irecv(act, partner)])
+                if scenario == "pp_hang" and rank == culprit and step == FAULT_STEP:
+                    fact = {"culprit": culprit, "kind": "p2p_never_sent", "op": "send", "peer": partner}
+                    (outdir / "expected.json").write_text(json.dumps(fact))
+                    hang_forever()
+                job.p2p(wname, [("send", partner, [64])], lambda act=act: [dist.isend(act, partner)])
+            job.coll(stage_n, "all_reduce", lambda: dist.all_reduce(torch.ones(256), group=stage_g))
+            job.coll(wname, "all_reduce", lambda: dist.all_reduce(torch.ones(128)))
+    elif scenario == "ring_hang":
+        nxt, prv = (rank + 1) % world, (rank - 1) % world
+        for step in range(STEPS):
+            if rank == culprit and step == FAULT_STEP:
+                fact = {"culprit": culprit, "kind": "p2p_never_posted", "op": "batch_isend_irecv"}
+                (outdir / "expected.json").write_text(json.dumps(fact))
+                hang_forever()
+            out_t, in_t = torch.ones(48), torch.empty(48)
+            job.p2p(
+                wname,
+                [("send", nxt, [48]), ("recv", prv, [48])],
+                lambda o=out_t, i=in_t: dist.batch_isend_irecv(
+                    [dist.P2POp(dist.isend, o, nxt), dist.P2POp(dist.irecv, i, prv)]
+                ),
+            )
+            job.coll(wname, "all_reduce", lambda: dist.all_reduce(torch.ones(128)))
+    elif scenario == "mixed_hang":
+        tp_g, tp_n = new_groups([[0, 1], [2, 3]], "tp")
+        meta["groups"][tp_n] = ["tp", [0, 1] if rank < 2 else [2, 3]]
+        for step in range(STEPS):
+            job.coll(wname, "all_reduce", lambda: dist.all_reduce(torch.ones(512)))
+            if rank == 0:
+                bufs = [torch.full((32,), float(p)) for p in range(1, world)]
+                job.p2p(
+                    wname,
+                    [("send", p, [32]) for p in range(1, world)],
+                    lambda bufs=bufs: dist.batch_isend_irecv(
+                        [dist.P2POp(dist.isend, b, p) for p, b in zip(range(1, world), bufs, strict=True)]
+                    ),
+                )
+            else:
+                buf = torch.empty(32)
+                job.p2p(
+                    wname,
+                    [("recv", 0, [32])],
+                    lambda buf=buf: dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf, 0)]),
+                )
+            if rank == culprit and step == FAULT_STEP:
+                expect(tp_n, "all_reduce")
+                hang_forever()
+            job.coll(tp_n, "all_reduce", lambda: dist.all_reduce(torch.ones(256), group=tp_g))
+    elif scenario == "subgroup_hang":
+        ex_g, ex_n = new_groups([[0, 2, 4], [1, 3, 5]], "expert")
+        pair_g, pair_n = new_groups([[0, 1], [2, 3], [4, 5]], "pair")
+        meta["groups"][ex_n] = ["expert", [r for r in range(world) if r % 2 == rank % 2]]
+        meta["groups"][pair_n] = ["pair", [rank - rank % 2, rank - rank % 2 + 1]]
+        for step in range(STEPS):
+            if rank == culprit and step == FAULT_STEP:
+                expect(ex_n, "all_gather")
+                hang_forever()
+            g = torch.ones(16)
+            job.coll(
+                ex_n, "all_gather", lambda g=g: dist.all_gather_into_tensor(torch.empty(48), g, group=ex_g)
+            )
+            job.coll(pair_n, "all_reduce", lambda: dist.all_reduce(torch.ones(96), group=pair_g))
+            job.coll(wname, "all_reduce", lambda: dist.all_reduce(torch.ones(64)))
+    elif scenario == "early_exit":
+        for step in range(STEPS):
+            if rank == culprit and step == FAULT_STEP:
+                expect(wname, "all_reduce")
+                job.write_log()
+                (outdir / f"exited_{rank}").write_text("1")
+                os._exit(0)  # leaves the loop and the process: no dump, connections close
+            try:
+                job.coll(wname, "all_reduce", lambda: dist.all_reduce(torch.ones(256)))
+                job.coll(
+                    wname, "broadcast", lambda step=step: dist.broadcast(torch.ones(64), src=step % world)
+                )
+            except RuntimeError:
+                hang_forever()
+    elif scenario == "compute_stall_dp":
+        tp_g, tp_n = new_groups([[0, 1], [2, 3]], "tp")
+        dp_g, dp_n = new_groups([[0, 2], [1, 3]], "dp")
+        meta["groups"][tp_n] = ["tp", [0, 1] if rank < 2 else [2, 3]]
+        meta["groups"][dp_n] = ["dp", [rank % 2, rank % 2 + 2]]
+        for step in range(STEPS):
+            job.coll(tp_n, "all_reduce", lambda: dist.all_reduce(torch.ones(256), group=tp_g))
+            if rank == culprit and step == FAULT_STEP:
+                expect(dp_n, "all_gather")
+                hang_forever()
+            g = torch.ones(32)
+            job.coll(
+                dp_n, "all_gather", lambda g=g: dist.all_gather_into_tensor(torch.empty(64), g, group=dp_g)
+            )
+            job.coll(wname, "all_reduce", lambda: dist.all_reduce(torch.ones(128)))
+    else:
+        raise SystemExit(f"unknown scenario {scenario}")
+    hang_forever()  # a healthy rank waits for the dump its stuck peers trigger
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(scenario: str, out: Path, timeout_s: float = 60.0) -> dict[str, Any]:
+    """Run the job until every rank dumped (or exited); returns expected.json's content."""
+    import multiprocessing as mp
+
+    world = WORLD[scenario]
+    for sub in ("pickle", "json", "meta"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [
+        ctx.Process(target=worker, args=(r, scenario, str(out), port), daemon=True) for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            over = [(out / f"dumped_{r}").exists() or (out / f"exited_{r}").exists() for r in range(world)]
+            if all(over):
+                break
+            time.sleep(0.05)
+        else:
+            raise TimeoutError(f"{scenario}: not every rank dumped within {timeout_s} s")
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(5)
+    # the meta tables are written at the end of a rank's loop; a stuck rank writes its own at dump time
+    return dict(json.loads((out / "expected.json").read_text()))
+
+
+if __name__ == "__main__":
+    print(run(sys.argv[1], Path(sys.argv[2])))
