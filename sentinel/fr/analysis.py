@@ -347,15 +347,15 @@ def _program_order(culprits: list[Culprit], waits: list[Wait], groups: dict[str,
     notes: dict[int, str] = {}
     # waits of one collective share one waiting_for set: thousands of ranks waiting for thousands of
     # others are a few sets, never their product
-    by_set: dict[frozenset[int], Wait] = {}
+    by_set: dict[tuple[frozenset[int], str, int, bool], Wait] = {}
     for w in sorted(waits, key=lambda w: (w.t_ns, w.rank)):
-        by_set.setdefault(w.waiting_for, w)
+        by_set.setdefault((w.waiting_for, w.group, w.seq, w.p2p), w)
     for c in culprits[:MAX_ORDERED_CULPRITS]:
         if c.kind != "missing" or len(c.ranks) != 1:
             continue
         rank = c.ranks[0]
         candidates: dict[tuple[str, str, int], Wait] = {}
-        for fs, cand in by_set.items():
+        for (fs, *_), cand in by_set.items():
             if rank in fs:
                 sig = _candidate_sig(cand, groups)
                 if sig not in candidates or (cand.t_ns, cand.rank) < (

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 STEPS = 14
 FAULT_STEP = 6
@@ -129,10 +130,19 @@ def worker(rank: int, world: int, scenario: str, out: str, port: int, steps: int
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def reap(procs: list[Any]) -> None:
+    """Kill the job's rank processes still alive (hung ranks never exit) and wait for each."""
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    for p in procs:
+        p.join(5)
 
 
 def run(
@@ -144,7 +154,7 @@ def run(
     (out / "pickle").mkdir(parents=True, exist_ok=True)
     (out / "json").mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     procs = [
         ctx.Process(target=worker, args=(r, world, scenario, str(out), port, steps), daemon=True)
         for r in range(world)
@@ -166,11 +176,7 @@ def run(
             for p in procs:
                 p.join(max(0.1, deadline - time.monotonic()))
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        for p in procs:
-            p.join(5)
+        reap(procs)
     path = out / "expected.json"
     return json.loads(path.read_text()) if path.exists() else {}
 

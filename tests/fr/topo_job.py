@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from tests.fr.gloo_job import free_port, reap
 
 STEPS = 12
 FAULT_STEP = 7
@@ -169,6 +170,14 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
         fact = {"pg_name": group, "seq": job.seq.get(group, 0) + 1, "op": op, "culprit": culprit}
         (outdir / "expected.json").write_text(json.dumps(fact))
 
+    def gather(gname: str, group: Any, n: int) -> None:
+        size = dist.get_world_size(group)
+        job.coll(
+            gname,
+            "all_gather",
+            lambda: dist.all_gather_into_tensor(torch.empty(n * size), torch.ones(n), group=group),
+        )
+
     def hang_forever() -> None:
         job.watch = False
         while not (outdir / f"dumped_{rank}").exists():
@@ -183,22 +192,22 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
         stage_g, stage_n = new_groups([[0, 1], [2, 3]], "dp")
         meta["groups"][stage_n] = ["dp", [0, 1] if rank < 2 else [2, 3]]
         partner = (rank + 2) % 4
+        # stage 0 sends then receives, stage 1 the reverse; the culprit stops before its second op
+        first, second = ("send", "recv") if rank < 2 else ("recv", "send")
+        faulty = {"pp_hang": "send", "pp_recv_hang": "recv"}[scenario]
+        post = {"send": dist.isend, "recv": dist.irecv}
         for step in range(STEPS):
-            act, grad = torch.ones(64), torch.empty(64)
-            if rank < 2:
-                job.p2p(wname, [("send", partner, [64])], lambda act=act: [dist.isend(act, partner)])
-                if scenario == "pp_recv_hang" and rank == culprit and step == FAULT_STEP:
-                    fact = {"culprit": culprit, "kind": "p2p_never_received", "op": "recv", "peer": partner}
-                    (outdir / "expected.json").write_text(json.dumps(fact))
-                    hang_forever()
-                job.p2p(wname, [("recv", partner, [64])], lambda grad=grad: [dist.irecv(grad, partner)])
-            else:
-                job.p2p(wname, [("recv", partner, [64])], lambda act=act: [dist.irecv(act, partner)])
-                if scenario == "pp_hang" and rank == culprit and step == FAULT_STEP:
-                    fact = {"culprit": culprit, "kind": "p2p_never_sent", "op": "send", "peer": partner}
-                    (outdir / "expected.json").write_text(json.dumps(fact))
-                    hang_forever()
-                job.p2p(wname, [("send", partner, [64])], lambda act=act: [dist.isend(act, partner)])
+            job.p2p(wname, [(first, partner, [64])], lambda: [post[first](torch.ones(64), partner)])
+            if rank == culprit and step == FAULT_STEP and second == faulty:
+                fact = {
+                    "culprit": culprit,
+                    "kind": {"send": "p2p_never_sent", "recv": "p2p_never_received"}[faulty],
+                    "op": faulty,
+                    "peer": partner,
+                }
+                (outdir / "expected.json").write_text(json.dumps(fact))
+                hang_forever()
+            job.p2p(wname, [(second, partner, [64])], lambda: [post[second](torch.ones(64), partner)])
             job.coll(stage_n, "all_reduce", lambda: dist.all_reduce(torch.ones(256), group=stage_g))
             job.coll(wname, "all_reduce", lambda: dist.all_reduce(torch.ones(128)))
     elif scenario == "ring_hang":
@@ -251,10 +260,7 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
             if rank == culprit and step == FAULT_STEP:
                 expect(ex_n, "all_gather")
                 hang_forever()
-            g = torch.ones(16)
-            job.coll(
-                ex_n, "all_gather", lambda g=g: dist.all_gather_into_tensor(torch.empty(48), g, group=ex_g)
-            )
+            gather(ex_n, ex_g, 16)
             job.coll(pair_n, "all_reduce", lambda: dist.all_reduce(torch.ones(96), group=pair_g))
             job.coll(wname, "all_reduce", lambda: dist.all_reduce(torch.ones(64)))
     elif scenario == "early_exit":
@@ -281,20 +287,11 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
             if rank == culprit and step == FAULT_STEP:
                 expect(dp_n, "all_gather")
                 hang_forever()
-            g = torch.ones(32)
-            job.coll(
-                dp_n, "all_gather", lambda g=g: dist.all_gather_into_tensor(torch.empty(64), g, group=dp_g)
-            )
+            gather(dp_n, dp_g, 32)
             job.coll(wname, "all_reduce", lambda: dist.all_reduce(torch.ones(128)))
     else:
         raise SystemExit(f"unknown scenario {scenario}")
     hang_forever()  # a healthy rank waits for the dump its stuck peers trigger
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run(scenario: str, out: Path, timeout_s: float = 60.0) -> dict[str, Any]:
@@ -305,7 +302,7 @@ def run(scenario: str, out: Path, timeout_s: float = 60.0) -> dict[str, Any]:
     for sub in ("pickle", "json", "meta"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     procs = [
         ctx.Process(target=worker, args=(r, scenario, str(out), port), daemon=True) for r in range(world)
     ]
@@ -321,12 +318,7 @@ def run(scenario: str, out: Path, timeout_s: float = 60.0) -> dict[str, Any]:
         else:
             raise TimeoutError(f"{scenario}: not every rank dumped within {timeout_s} s")
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        for p in procs:
-            p.join(5)
-    # the meta tables are written at the end of a rank's loop; a stuck rank writes its own at dump time
+        reap(procs)
     return dict(json.loads((out / "expected.json").read_text()))
 
 
