@@ -73,11 +73,14 @@ class Probe:
         self._dump_fn = dump_fn
         self._stop = threading.Event()
         self._known_groups: dict[int, tuple[str, str]] = {}
+        # gloo: pg_id -> (op id, seq) of the newest collective seen (its pg_status counts ops; see reduce)
+        self._op_map: dict[int, tuple[int, int]] = {}
         self._sock: socket.socket | None = None
         self._status_fn: DumpFn | None = status_fn
         self._last_full = 0.0
         self._waiting_since: dict[int, tuple[tuple[int, int], float]] = {}
         self._detailed: set[tuple[int, tuple[int, int]]] = set()  # waits already seen in a full dump
+        self._unmapped_since: dict[int, tuple[tuple[int, int], float]] = {}
         self._thread = threading.Thread(target=self._run, name="sentinel-probe", daemon=True)
         self._identity = _identity()
 
@@ -154,6 +157,7 @@ class Probe:
             rank=ident["rank"],
             now=now,
             known_groups=self._known_groups,
+            op_map=self._op_map,
             job_id=ident["job_id"],
             world_size=ident["world_size"],
             local_rank=ident["local_rank"],
@@ -196,6 +200,16 @@ class Probe:
                     return True
             else:
                 self._waiting_since.pop(key, None)
+                learned = self._op_map.get(key)
+                if learned is not None and learned[0] != progress[0]:
+                    # gloo's op counter moved past the collective last mapped and now stands still (an
+                    # idle or stuck rank): one full dump maps it exactly, once per position
+                    since = self._unmapped_since.get(key)
+                    if since is None or since[0] != progress:
+                        self._unmapped_since[key] = (progress, now)
+                    elif now - since[1] >= self.interval_s:
+                        self._unmapped_since.pop(key, None)
+                        return True
         return False
 
     def _with_observed_waits(self, heads: Any, now: float) -> Any:

@@ -6,6 +6,14 @@ the in-flight entries with their age). Pure: the snapshot time is passed in, no 
 
 ``pg_status`` is keyed by the rank-local ``pg_id``; only entries carry the group name, so the mapping
 learned from earlier snapshots is kept in ``known_groups`` (a group with nothing in flight has no entry).
+
+ProcessGroupGloo publishes its *op* counter in ``pg_status`` (it also counts send/recv, which it does not
+record), while heads speak collective seqs. A snapshot with entries shows it (the newest entry's ``op_id``
+is the status's last enqueued value and differs from its ``collective_seq_id``) and maps the status through
+the entries; the newest (op id, seq) pair per group is kept in ``op_map`` so that later status-only
+snapshots are mapped too: exactly while the counter still stands there (a rank idle or stuck since), and as
+"at least one collective further" once it moved (the probe takes a full snapshot when a moved counter then
+stands still: :meth:`sentinel.probe.Probe._needs_full`).
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ def reduce_snapshot(
     rank: int,
     now: float,
     known_groups: MutableMapping[int, tuple[str, str]] | None = None,
+    op_map: MutableMapping[int, tuple[int, int]] | None = None,
     job_id: str | None = None,
     world_size: int | None = None,
     local_rank: int | None = None,
@@ -45,20 +54,27 @@ def reduce_snapshot(
 ) -> FrHeads:
     """Heads of one rank from a decoded FR JSON snapshot taken at unix time ``now``."""
     names = known_groups if known_groups is not None else {}
+    ops = op_map if op_map is not None else {}
     entries = snapshot.get("entries") or []
     if not isinstance(entries, list):
         raise FrFormatError("live flight recorder: 'entries' is not a list")
     now_ns = int(now * 1e9)
     in_flight: dict[str, list[InFlight]] = {}
     enq_from_entries: dict[str, int] = {}
+    pairs: dict[int, list[tuple[int, int]]] = {}  # pg_id -> (op_id, collective seq) of its collectives
     for e in entries:
         if not isinstance(e, dict):
             raise FrFormatError("live flight recorder: an entry is not an object")
         pg = e.get("process_group") or [str(e.get("pg_id", "")), ""]
         name, desc = str(pg[0]), str(pg[1]) if len(pg) > 1 else ""
         desc = "" if desc == "undefined" else desc
-        if "pg_id" in e:
-            names[_as_int(e["pg_id"], "pg_id")] = (name, desc)
+        pg_id = _as_int(e["pg_id"], "pg_id") if "pg_id" in e else None
+        if pg_id is not None:
+            names[pg_id] = (name, desc)
+            if e.get("is_p2p") is not True and "op_id" in e and "collective_seq_id" in e:
+                pairs.setdefault(pg_id, []).append(
+                    (_as_int(e["op_id"], "op_id"), _as_int(e["collective_seq_id"], "collective_seq_id"))
+                )
         if e.get("retired") is True or e.get("state") == "completed":
             continue
         profiling = str(e.get("profiling_name", "?"))
@@ -80,21 +96,22 @@ def reduce_snapshot(
     for pg_id, st in status.items():
         if not isinstance(st, dict):
             raise FrFormatError("live flight recorder: a pg_status value is not an object")
-        known = names.get(_as_int(pg_id, "pg_status key"))
+        key = _as_int(pg_id, "pg_status key")
+        known = names.get(key)
         if known is None:
             continue
         name, desc = known
+        enq = _as_int(st.get("last_enqueued_collective", -1), "last_enqueued_collective")
+        done = _as_int(st.get("last_completed_collective", -1), "last_completed_collective")
+        enq, done = _collective_seqs(enq, done, sorted(pairs.get(key, ())), key, ops)
         flights = sorted(in_flight.get(name, []), key=lambda f: (f.p2p, f.seq))[:MAX_IN_FLIGHT]
         heads[name] = PgHead(
             pg_name=name,
             pg_desc=desc,
             ranks=config.get(name),
-            last_enqueued_seq=max(
-                _as_int(st.get("last_enqueued_collective", -1), "last_enqueued_collective"),
-                enq_from_entries.get(name, -1),
-            ),
+            last_enqueued_seq=max(enq, enq_from_entries.get(name, -1)),
             last_started_seq=_as_int(st.get("last_started_collective", -1), "last_started_collective"),
-            last_completed_seq=_as_int(st.get("last_completed_collective", -1), "last_completed_collective"),
+            last_completed_seq=done,
             in_flight=flights,
         )
     for name, flights in in_flight.items():  # active groups missing from pg_status (older formats)
@@ -116,6 +133,34 @@ def reduce_snapshot(
         pid=pid,
         pgs=sorted(heads.values(), key=lambda h: h.pg_name),
     )
+
+
+#: Groups whose op-id -> seq pair is remembered (one per process group; jobs have a handful).
+MAX_OP_MAP = 4096
+
+
+def _collective_seqs(
+    enq: int, done: int, pairs: list[tuple[int, int]], pg_id: int, ops: MutableMapping[int, tuple[int, int]]
+) -> tuple[int, int]:
+    """pg_status's last enqueued / completed values as collective seqs (see the module docstring)."""
+    if pairs:
+        newest_op, newest_seq = pairs[-1]
+        if newest_op == enq and newest_op != newest_seq:  # gloo: the status counts ops
+            if len(ops) < MAX_OP_MAP or pg_id in ops:
+                ops[pg_id] = (newest_op, newest_seq)
+            done_seq = max((seq for op, seq in pairs if op <= done), default=pairs[0][1] - 1)
+            return newest_seq, done_seq
+        if newest_op == newest_seq:
+            ops.pop(pg_id, None)
+        return enq, done
+    learned = ops.get(pg_id)
+    if learned is None:
+        return enq, done
+    op, seq = learned
+    if enq == op:  # still at the collective last seen: exact (gloo completes in order)
+        return seq, seq if done >= op else seq - 1
+    # moved on by at least one collective (how many is unknown until the next snapshot with entries)
+    return seq + 1, seq + 1 if done >= enq else seq
 
 
 def _config_ranks(config: Any) -> dict[str, list[int]]:

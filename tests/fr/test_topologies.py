@@ -289,3 +289,69 @@ def test_a_fresh_real_run_gives_the_recorded_verdicts(scenario: str, tmp_path: P
     assert injected["culprit"] == want["culprit"]
     _check(analyze_dir(tmp_path / "pickle", workers=0), want["gloo"])
     _check(analyze_dir(p2p_nccl_set(tmp_path, tmp_path / "nccl"), workers=0), want["nccl"])
+
+
+# ---------------------------------------------------------------- live heads of a gloo job that runs p2p
+
+
+def _json_dump(name: str, rank: int) -> dict[str, Any]:
+    import gzip
+
+    data: dict[str, Any] = json.loads(
+        gzip.decompress((DATA / name / "json" / f"nccl_trace_rank_{rank}.json.gz").read_bytes())
+    )
+    return data
+
+
+def test_live_heads_speak_collective_seqs_under_gloo_p2p() -> None:
+    """The probe's heads of a gloo rank that runs p2p: gloo's pg_status counts ops; the heads must say
+    which collective the rank last entered, or the stuck detector counts the idle culprit as 'entered'."""
+    from sentinel.fr.reduce import reduce_snapshot
+
+    snap = _json_dump("mixed_hang_n4", 2)  # rank 2 never entered its tp all_reduce #8
+    ops: dict[int, tuple[int, int]] = {}
+    known: dict[int, tuple[str, str]] = {}
+    full = reduce_snapshot(snap, rank=2, now=2e9, known_groups=known, op_map=ops)
+    world = next(pg for pg in full.pgs if pg.pg_desc == "default_pg")
+    newest = max(e["collective_seq_id"] for e in snap["entries"] if e["process_group"][1] == "default_pg")
+    raw = snap["pg_status"][str(snap["entries"][-1]["pg_id"])]
+    assert int(raw["last_enqueued_collective"]) > newest  # the raw counter is in op space
+    assert world.last_enqueued_seq == newest
+    tp = next(pg for pg in full.pgs if pg.pg_desc == "tp")
+    assert tp.last_enqueued_seq == 7  # (tp #8 is the collective it never entered)
+    # status-only snapshots (the probe's steady ticks) are mapped with what the full one learned
+    light = reduce_snapshot(
+        {"pg_status": snap["pg_status"], "entries": []}, rank=2, now=2e9, known_groups=known, op_map=ops
+    )
+    assert [(p.pg_name, p.last_enqueued_seq, p.last_completed_seq) for p in light.pgs] == [
+        (p.pg_name, p.last_enqueued_seq, p.last_completed_seq) for p in full.pgs
+    ]
+    # once the counter moves past the mapped collective, the heads say "at least one further"
+    pg_id = next(k for k, v in known.items() if v[1] == "default_pg")
+    moved = {k: dict(v) for k, v in snap["pg_status"].items()}
+    op = ops[pg_id][0]
+    moved[str(pg_id)].update(last_enqueued_collective=str(op + 4), last_completed_collective=str(op + 4))
+    later = reduce_snapshot(
+        {"pg_status": moved, "entries": []}, rank=2, now=2e9, known_groups=known, op_map=ops
+    )
+    world_later = next(pg for pg in later.pgs if pg.pg_desc == "default_pg")
+    assert world_later.last_enqueued_seq == world_later.last_completed_seq == newest + 1
+
+
+def test_probe_maps_a_moved_gloo_counter_once_it_stands_still() -> None:
+    from sentinel.probe import Probe
+
+    snap = _json_dump("mixed_hang_n4", 2)
+    probe = Probe(1.0, "/nonexistent/probe.sock")
+    from sentinel.fr.reduce import reduce_snapshot
+
+    reduce_snapshot(snap, rank=2, now=0.0, known_groups=probe._known_groups, op_map=probe._op_map)
+    status = {k: dict(v) for k, v in snap["pg_status"].items()}
+    assert probe._needs_full(status, 100.0) is False  # the counters stand where the full dump mapped them
+    pg_id = next(k for k, v in probe._known_groups.items() if v[1] == "default_pg")
+    op = probe._op_map[pg_id][0]
+    status[str(pg_id)].update(last_enqueued_collective=str(op + 3), last_completed_collective=str(op + 3))
+    assert probe._needs_full(status, 101.0) is False  # moved: a running job's counters move all the time
+    assert probe._needs_full(status, 101.5) is False
+    assert probe._needs_full(status, 102.0) is True  # stood still for an interval: map it with one dump
+    assert probe._needs_full(status, 103.0) is False  # once per position
