@@ -278,6 +278,8 @@ def _complete_members(groups: dict[str, Group], present: set[int], missing: list
 #: Newest collectives per group, and culprits, whose program order is worked out.
 ORDER_HISTORY = 128
 MAX_ORDERED_CULPRITS = 32
+#: Ops before the last one compared to find where in its loop the rank stopped.
+ORDER_CONTEXT = 8
 
 _Sig = tuple[str, str, int]  # (group, "c" collective | "send" | "recv", match key | group-local peer)
 
@@ -317,9 +319,10 @@ def _own_next(
     """Which of the ops others wait for ``rank`` to run comes next in the rank's *own* program.
 
     The rank's dump ends with its last op L. Training loops repeat: the rank ran L before, in an earlier
-    step, and what it ran after that occurrence is what it runs next. Walking forward from the most
-    recent earlier occurrence of L (same group, same op and sizes), the first op that is one of the
-    candidates is the one the rank would reach first. Ranks of one job may run different programs (pipeline
+    step, and what it ran after that occurrence is what it runs next. Walking forward from the earlier
+    occurrence of L (same group, same op and sizes) preceded by the same ops as this one (up to
+    :data:`ORDER_CONTEXT`), the first op that is one of the candidates is the one the rank would reach
+    first. Ranks of one job may run different programs (pipeline
     stages, subgroups of different shapes): only the rank's own history is used. None when the history
     holds no earlier L or no candidate after it."""
     line = _timeline(rank, groups)
@@ -330,14 +333,25 @@ def _own_next(
     def loose(sig: _Sig) -> _Sig:
         return (sig[0], "c", -1) if sig[1] == "c" else sig
 
-    for j in range(len(line) - 2, -1, -1):
+    # the earlier occurrence whose preceding ops match the rank's most recent ones longest (most recent on
+    # a tie): a step may run the same collective twice (two world all_reduces of one size), and only the
+    # ops before it say which of the two the rank just ran
+    best, best_len = -1, 0
+    end = len(line) - 1
+    for j in range(end - 1, -1, -1):
         if line[j][1] != last:
             continue
-        for k in range(j + 1, len(line)):
-            w = candidates.get(loose(line[k][1]))
-            if w is not None:
-                return w
-        return None
+        n = 1
+        while n < ORDER_CONTEXT and j - n >= 0 and line[j - n][1] == line[end - n][1]:
+            n += 1
+        if n > best_len:
+            best, best_len = j, n
+            if n == ORDER_CONTEXT:
+                break
+    for k in range(best + 1, len(line)) if best >= 0 else ():
+        w = candidates.get(loose(line[k][1]))
+        if w is not None:
+            return w
     return None
 
 

@@ -355,3 +355,37 @@ def test_probe_maps_a_moved_gloo_counter_once_it_stands_still() -> None:
     assert probe._needs_full(status, 101.5) is False
     assert probe._needs_full(status, 102.0) is True  # stood still for an interval: map it with one dump
     assert probe._needs_full(status, 103.0) is False  # once per position
+
+
+def test_program_order_tells_two_runs_of_one_collective_in_a_step_apart(tmp_path: Path) -> None:
+    """A step runs tp all_reduce, world all_reduce, dp all_gather, world all_reduce (the same size twice).
+    Rank 2 stops after the *second* world all_reduce of step 4: its next op is tp #5 (rank 3 waits there),
+    not the world all_reduce #9 that ranks 0 and 1 entered — earlier, and holding more ranks. Only the ops
+    before its last one say which world all_reduce it just ran."""
+    from tests.fr.synth import entry, write
+
+    tp = {0: "1", 1: "1", 2: "2", 3: "2"}
+    dp = {0: "3", 1: "4", 2: "3", 3: "4"}
+    for rank in range(4):
+        es = []
+        for step in range(1, 5):
+            base = step * 100.0
+            es.append(entry(tp[rank], step, desc="tp", t_ms=base))
+            es.append(entry("0", 2 * step - 1, desc="default_pg", size=1024, t_ms=base + 10))
+            es.append(entry(dp[rank], step, "all_gather", desc="dp", size=32, out=[[64]], t_ms=base + 20))
+            es.append(entry("0", 2 * step, desc="default_pg", size=1024, t_ms=base + 30))
+        if rank in (0, 1):
+            es.append(entry(tp[rank], 5, desc="tp", t_ms=500))
+            es.append(entry("0", 9, desc="default_pg", size=1024, done=False, t_ms=501))
+        elif rank == 3:
+            es.append(entry(tp[rank], 5, desc="tp", done=False, t_ms=509))  # a slow host: later than 0 and 1
+        write(tmp_path, rank, es)
+    result = analyze_dir(tmp_path, workers=0)
+    assert result.verdict == "hang", result.summary
+    assert result.culprit_ranks == [2], result.summary
+    assert result.collective == {"pg_name": "2", "pg_desc": "tp", "seq": 5, "op": "all_reduce"}, (
+        result.summary
+    )
+    assert any(
+        "rank 2's own program order" in f and "all_reduce #5 of group 2 (tp)" in f for f in result.findings
+    )
