@@ -1021,10 +1021,19 @@ def _judge_all_in(
     for key in by_coll:
         g = groups[key[0]]
         done_on[key] = sorted(r for r, t in g.tracks.items() if t.done >= key[1])
-    stuck = [key for key in by_coll if not done_on[key]]
+    # Only collectives every member entered are judged: a rank that waits *for* a rank (a dp peer of a
+    # rank still finishing its world all_reduce) is downstream of one of them and shares its fate.
+    entered = {key: all(not (w.waiting_for - {w.rank}) for w in ws) for key, ws in by_coll.items()}
+    stuck = [key for key in by_coll if not done_on[key] and entered[key]]
     for key, ws in sorted(by_coll.items(), key=lambda kv: min(w.t_ns for w in kv[1]))[:10]:
         g = groups[key[0]]
-        if done_on[key]:
+        if not entered[key]:
+            absent = set().union(*(w.waiting_for for w in ws)) - {w.rank for w in ws}
+            res.findings.append(
+                f"{_who(sorted(w.rank for w in ws))} {'waits' if len(ws) == 1 else 'wait'} in {ws[0].op} "
+                f"#{key[1]} of group {g.label()} for {_who(absent)}, inside other collectives themselves"
+            )
+        elif done_on[key]:
             res.findings.append(
                 f"{ws[0].op} #{key[1]} of group {g.label()} was in progress when dumped: completed on "
                 f"{_who(done_on[key])}, not yet on {_who(sorted(w.rank for w in ws))}"

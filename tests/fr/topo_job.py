@@ -21,6 +21,9 @@ Scenarios (each a few ranks, a dozen steps):
 * ``pp_recv_hang`` (4 ranks): the same pipeline; at the fault step rank 0 sends its activation and never
   posts the recv for the gradient: its partner 2 blocks in the send (gloo delivers a send only into a
   posted recv), rank 1 in the stage-0 all_reduce.
+* ``pp_healthy`` / ``pp_ondemand`` (4 ranks): the same pipeline without a fault, dumped after its last
+  step (a barrier, then rank 0 asks every rank to dump) or on demand by rank 0 four steps before the end
+  while the others run (ranks a few ops apart, p2p transfers in flight).
 * ``ring_hang`` (4 ranks): every step a ring exchange through ``batch_isend_irecv`` (isend to r+1,
   irecv from r-1: coalesced p2p), then a world all_reduce. Rank 1 never posts its batch at the fault step.
 * ``mixed_hang`` (4 ranks): a world all_reduce, then rank 0 feeds ranks 1..3 through batch_isend_irecv
@@ -55,6 +58,8 @@ STALL_S = 1.5
 WORLD = {
     "pp_hang": 4,
     "pp_recv_hang": 4,
+    "pp_healthy": 4,
+    "pp_ondemand": 4,
     "ring_hang": 4,
     "mixed_hang": 4,
     "subgroup_hang": 6,
@@ -64,6 +69,8 @@ WORLD = {
 CULPRIT = {
     "pp_hang": 3,
     "pp_recv_hang": 0,
+    "pp_healthy": -1,
+    "pp_ondemand": -1,
     "ring_hang": 1,
     "mixed_hang": 2,
     "subgroup_hang": 4,
@@ -188,15 +195,19 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
     meta = job.meta
     meta.update(world=world, groups={wname: ["default_pg", list(range(world))]})
     threading.Thread(target=_dumper, args=(job,), daemon=True).start()
-    if scenario in ("pp_hang", "pp_recv_hang"):
+    healthy = CULPRIT[scenario] < 0
+    job.watch = not healthy  # a loaded machine must not turn a healthy run into a watchdog dump
+    if scenario.startswith("pp_"):
         stage_g, stage_n = new_groups([[0, 1], [2, 3]], "dp")
         meta["groups"][stage_n] = ["dp", [0, 1] if rank < 2 else [2, 3]]
         partner = (rank + 2) % 4
         # stage 0 sends then receives, stage 1 the reverse; the culprit stops before its second op
         first, second = ("send", "recv") if rank < 2 else ("recv", "send")
-        faulty = {"pp_hang": "send", "pp_recv_hang": "recv"}[scenario]
+        faulty = {"pp_hang": "send", "pp_recv_hang": "recv"}.get(scenario)
         post = {"send": dist.isend, "recv": dist.irecv}
         for step in range(STEPS):
+            if scenario == "pp_ondemand" and rank == 0 and step == STEPS - 4:
+                (outdir / "DUMP").write_text("on demand")
             job.p2p(wname, [(first, partner, [64])], lambda: [post[first](torch.ones(64), partner)])
             if rank == culprit and step == FAULT_STEP and second == faulty:
                 fact = {
@@ -291,7 +302,16 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
             job.coll(wname, "all_reduce", lambda: dist.all_reduce(torch.ones(128)))
     else:
         raise SystemExit(f"unknown scenario {scenario}")
-    hang_forever()  # a healthy rank waits for the dump its stuck peers trigger
+    if not healthy:
+        hang_forever()  # a rank that got through waits for the dump its stuck peers trigger
+    (outdir / "expected.json").write_text(json.dumps({"culprit": -1}))
+    dist.barrier()
+    if scenario == "pp_healthy" and rank == 0:
+        (outdir / "DUMP").write_text("end of run")
+    while not (outdir / f"dumped_{rank}").exists():
+        time.sleep(0.02)
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def run(scenario: str, out: Path, timeout_s: float = 60.0) -> dict[str, Any]:
