@@ -73,12 +73,7 @@ class RingBuffer:
         stay sorted.
         """
         data = payload if isinstance(payload, bytes) else _encoder.encode(payload)
-        entry = (t, kind, data)
-        if not self._entries or self._entries[-1][0] <= t:
-            self._entries.append(entry)
-        else:
-            index = bisect.bisect_right([e[0] for e in self._entries], t)
-            self._entries.insert(index, entry)
+        self._insert(t, kind, data)
         self._bytes += len(data) + ENTRY_OVERHEAD
         self._evict(t)
 
@@ -89,19 +84,15 @@ class RingBuffer:
         Returns each entry's msgpack, in order: the agent splices these same bytes into the tick's frame
         (:func:`sentinel.agent.batch.fit_frame`) rather than encoding every sample twice.
         """
-        entries = self._entries
         encode = _encoder.encode
+        insert = self._insert
         encoded: list[bytes] = []
         added = 0
         latest: float | None = None
         for t, payload in items:
             data = encode(payload)
             encoded.append(data)
-            if not entries or entries[-1][0] <= t:
-                entries.append((t, kind, data))
-            else:
-                index = bisect.bisect_right([e[0] for e in entries], t)
-                entries.insert(index, (t, kind, data))
+            insert(t, kind, data)
             added += len(data)
             if latest is None or t > latest:
                 latest = t
@@ -109,6 +100,15 @@ class RingBuffer:
             self._bytes += added + ENTRY_OVERHEAD * len(encoded)
             self._evict(latest)
         return encoded
+
+    def _insert(self, t: float, kind: EntryType, data: bytes) -> None:
+        """One entry at its place in time (normally the end: an out-of-order one goes where it belongs, so
+        snapshots stay sorted)."""
+        entries = self._entries
+        if not entries or entries[-1][0] <= t:
+            entries.append((t, kind, data))
+        else:
+            entries.insert(bisect.bisect_right([e[0] for e in entries], t), (t, kind, data))
 
     def _evict(self, now: float) -> None:
         horizon = now - self.window_s
