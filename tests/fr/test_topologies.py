@@ -185,6 +185,9 @@ def test_a_wrapped_log_without_the_anchor_falls_back_to_pending_ops(tmp_path: Pa
 
 # ---------------------------------------------------------------- fuzz: p2p entries of any shape
 
+_op_id = st.one_of(
+    st.integers(-1, 60), st.just(1 << 70), st.just(-(1 << 63)), st.text("0123456789", max_size=3)
+)
 _peer = st.one_of(st.integers(-2, 6), st.just(1 << 40), st.text("0123456789-<>x ", max_size=6))
 
 
@@ -209,7 +212,7 @@ def _p2p_sets(draw: st.DrawFn) -> list[dict[str, Any]]:
                 "output_dtypes": ["Float"],
                 "retired": draw(st.booleans()),
                 "state": draw(st.sampled_from(["scheduled", "started", "completed"])),
-                "op_id": draw(st.integers(-1, 40)),
+                "op_id": draw(_op_id),
             }
             if kind == "coll":
                 coll += 1
@@ -237,9 +240,11 @@ def _p2p_sets(draw: st.DrawFn) -> list[dict[str, Any]]:
                 "ranks": json.dumps(members) if isinstance(members, list) else members,
             }
         }
+        ops = [e["op_id"] for e in entries if type(e["op_id"]) is int]
         status = {
             "0": {
-                "last_enqueued_collective": coll,
+                # sometimes the newest op id (gloo's op-counting status), sometimes the collective count
+                "last_enqueued_collective": draw(st.sampled_from([coll, *ops[-1:]])),
                 "last_started_collective": -1,
                 "last_completed_collective": draw(st.integers(-1, coll)),
             }
