@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import io
 import os
 import pickle
 import random
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from sentinel.fr.dumpset import analyze_dir, limited_address_space
 from sentinel.fr.errors import FrFormatError
 from sentinel.fr.loader import decode, gunzip_bounded, load_dump, parse_dump
-from sentinel.fr.safepickle import loads_plain
+from sentinel.fr.safepickle import MemoryReader, loads_plain
 from sentinel.fr.summary import summarize
 from tests.fr.conftest import corpus_folders
 
@@ -125,6 +126,55 @@ def test_any_plain_structure_only_raises_our_error(obj: object) -> None:
     for candidate in (obj, {"version": "2.10", "entries": [obj]}, {"version": "2.3", "entries": obj}):
         with contextlib.suppress(FrFormatError):
             _decode_all(pickle.dumps(candidate, protocol=2))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=6),
+        max_leaves=30,
+    ),
+    st.sampled_from([0, 1, 2, 3, 4, 5]),
+)
+def test_plain_data_decodes_as_pickle_loads_does(obj: object, protocol: int) -> None:
+    """Through :class:`MemoryReader` the no-globals unpickler decodes plain data exactly as
+    :func:`pickle.loads` does, for every protocol's opcodes: text ones (read line by line) behind a
+    protocol-2 header as a hostile file could put them, and protocol 4-5 frames."""
+    raw = pickle.dumps(obj, protocol=protocol)
+    data = raw if protocol >= 2 else b"\x80\x02" + raw
+    assert loads_plain(data) == pickle.loads(data)
+
+
+def test_strings_longer_than_the_unpickler_prefetch_decode_whole() -> None:
+    # over 128 KiB the C unpickler reads past its buffer with read(n), not peek()
+    obj = {"ranks": "x" * 300_000, "entries": ["z" * 140_000, 7]}
+    for protocol in (2, 4, 5):
+        assert loads_plain(pickle.dumps(obj, protocol=protocol)) == obj
+    raw = {"entries": [b"y" * 200_000]}  # BINBYTES8 read with readinto
+    assert loads_plain(pickle.dumps(raw, protocol=5)) == raw
+    with pytest.raises(FrFormatError):  # cut inside the long string: refused, never read past the end
+        loads_plain(pickle.dumps(obj, protocol=2)[:200_000])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.binary(max_size=300), st.lists(st.tuples(st.sampled_from("prli"), st.integers(-1, 64)), max_size=20)
+)
+def test_memory_reader_reads_as_a_file_does(data: bytes, calls: list[tuple[str, int]]) -> None:
+    """peek/read/readline/readinto give what a file over the same bytes gives (peek may give more)."""
+    ours, ref = MemoryReader(data), io.BytesIO(data)
+    for call, n in calls:
+        if call == "p":
+            assert bytes(ours.peek(n)) == data[ref.tell() :]
+        elif call == "r":
+            assert bytes(ours.read(n)) == ref.read(n)
+        elif call == "l":
+            assert bytes(ours.readline()) == ref.readline()
+        else:
+            a, b = bytearray(max(n, 0)), bytearray(max(n, 0))
+            assert ours.readinto(a) == ref.readinto(b)
+            assert a == b
 
 
 def test_real_pickle_and_gzip_load(tmp_path: Path) -> None:
