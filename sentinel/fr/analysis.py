@@ -976,8 +976,8 @@ def _set_culprits(
             res.findings.append(
                 f"{_who(c.ranks)} never posted the {_counterpart(cw.op)} matching rank {cw.rank}'s pending "
                 f"{cw.op} (p2p #{cw.seq}) in group {groups[cw.group].label()}: the ops between a pair are "
-                f"matched in order, and {'its' if len(c.ranks) == 1 else 'their'} dump holds no matching "
-                f"pending {_counterpart(cw.op)}{depend}"
+                f"matched in order, and {'its' if len(c.ranks) == 1 else 'their'} dump holds no "
+                f"{_counterpart(cw.op)} to rank {cw.rank} for it since their last common collective{depend}"
             )
             continue
         waiting = sorted(x.rank for x in waits if x.group == cw.group and x.seq == cw.seq and not x.p2p)

@@ -24,6 +24,9 @@ Scenarios (each a few ranks, a dozen steps):
 * ``pp_healthy`` / ``pp_ondemand`` (4 ranks): the same pipeline without a fault, dumped after its last
   step (a barrier, then rank 0 asks every rank to dump) or on demand by rank 0 four steps before the end
   while the others run (ranks a few ops apart, p2p transfers in flight).
+* ``pp4_hang`` (8 ranks): 4 stages x 2-way dp (the same program generalised: activations to rank + 2,
+  gradients back to rank - 2). Rank 5 (stage 2) receives its activation and never forwards it: ranks 7,
+  3 and 1 block in recvs one behind the other, 0, 2, 4 and 6 in their stage all_reduces.
 * ``ring_hang`` (4 ranks): every step a ring exchange through ``batch_isend_irecv`` (isend to r+1,
   irecv from r-1: coalesced p2p), then a world all_reduce. Rank 1 never posts its batch at the fault step.
 * ``mixed_hang`` (4 ranks): a world all_reduce, then rank 0 feeds ranks 1..3 through batch_isend_irecv
@@ -60,6 +63,7 @@ WORLD = {
     "pp_recv_hang": 4,
     "pp_healthy": 4,
     "pp_ondemand": 4,
+    "pp4_hang": 8,
     "ring_hang": 4,
     "mixed_hang": 4,
     "subgroup_hang": 6,
@@ -71,6 +75,7 @@ CULPRIT = {
     "pp_recv_hang": 0,
     "pp_healthy": -1,
     "pp_ondemand": -1,
+    "pp4_hang": 5,
     "ring_hang": 1,
     "mixed_hang": 2,
     "subgroup_hang": 4,
@@ -197,28 +202,28 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
     threading.Thread(target=_dumper, args=(job,), daemon=True).start()
     healthy = CULPRIT[scenario] < 0
     job.watch = not healthy  # a loaded machine must not turn a healthy run into a watchdog dump
-    if scenario.startswith("pp_"):
-        stage_g, stage_n = new_groups([[0, 1], [2, 3]], "dp")
-        meta["groups"][stage_n] = ["dp", [0, 1] if rank < 2 else [2, 3]]
-        partner = (rank + 2) % 4
-        # stage 0 sends then receives, stage 1 the reverse; the culprit stops before its second op
-        first, second = ("send", "recv") if rank < 2 else ("recv", "send")
-        faulty = {"pp_hang": "send", "pp_recv_hang": "recv"}.get(scenario)
+    if scenario.startswith("pp"):
+        # pipeline stages of 2 data-parallel ranks each: stage = rank // 2; activations flow to rank + 2,
+        # gradients back to rank - 2; then a dp all_reduce within the stage and a world all_reduce
+        stages = world // 2
+        stage = rank // 2
+        parts = [[2 * s, 2 * s + 1] for s in range(stages)]
+        stage_g, stage_n = new_groups(parts, "dp")
+        meta["groups"][stage_n] = ["dp", parts[stage]]
+        program = [("recv", rank - 2)] if stage > 0 else []
+        program += [("send", rank + 2), ("recv", rank + 2)] if stage < stages - 1 else []
+        program += [("send", rank - 2)] if stage > 0 else []
         post = {"send": dist.isend, "recv": dist.irecv}
         for step in range(STEPS):
             if scenario == "pp_ondemand" and rank == 0 and step == STEPS - 4:
                 (outdir / "DUMP").write_text("on demand")
-            job.p2p(wname, [(first, partner, [64])], lambda: [post[first](torch.ones(64), partner)])
-            if rank == culprit and step == FAULT_STEP and second == faulty:
-                fact = {
-                    "culprit": culprit,
-                    "kind": {"send": "p2p_never_sent", "recv": "p2p_never_received"}[faulty],
-                    "op": faulty,
-                    "peer": partner,
-                }
-                (outdir / "expected.json").write_text(json.dumps(fact))
-                hang_forever()
-            job.p2p(wname, [(second, partner, [64])], lambda: [post[second](torch.ones(64), partner)])
+            for i, (kind, peer) in enumerate(program):
+                if rank == culprit and step == FAULT_STEP and i == 1:  # the culprit stops before its 2nd op
+                    never = {"send": "p2p_never_sent", "recv": "p2p_never_received"}[kind]
+                    fact = {"culprit": culprit, "kind": never, "op": kind, "peer": peer}
+                    (outdir / "expected.json").write_text(json.dumps(fact))
+                    hang_forever()
+                job.p2p(wname, [(kind, peer, [64])], lambda k=kind, q=peer: [post[k](torch.ones(64), q)])
             job.coll(stage_n, "all_reduce", lambda: dist.all_reduce(torch.ones(256), group=stage_g))
             job.coll(wname, "all_reduce", lambda: dist.all_reduce(torch.ones(128)))
     elif scenario == "ring_hang":
