@@ -55,6 +55,7 @@ MAX_DEBUG_HOSTS_PER_JOB = 4096
 #: kernel-log reasons (sentinel.signals.kernel) about IB/RoCE HCAs, kept as network evidence
 KERNEL_IB_REASONS = frozenset({"ib_link_down", "ib_port_hardware", "ib_completion_error"})
 RATE_HISTORY = 64
+HEADS_LOG_SLACK = 1024  # JobView.heads_log entries kept beyond twice the job's ranks
 STEP_BASELINE_S = 10.0  # a job's step time is measured over at least this long
 #: NCCL's line prefix ``hostname:pid:tid [cudaDev]``: the pid names the process, hence the GPU and rank.
 
@@ -239,6 +240,10 @@ class JobView:
     last_progress_at: float = -math.inf
     step_s: float | None = None
     heads_version: int = 0  # bumped by every heads applied (detectors compare it to skip quiet jobs)
+    #: the ranks of the latest heads applied, oldest first (the last of them came with ``heads_version``):
+    #: a detector that remembers the version it last saw folds only these ranks' heads instead of walking
+    #: every rank of the job each tick. Bounded: trimmed to its newer half beyond twice the job's ranks.
+    heads_log: list[int] = field(default_factory=list)
     #: bumped when the job's collective progress as the stuck detector reads it changes: a rank's heads
     #: entered, started or completed a collective or changed a group (not when they only repeat the same
     #: waits with larger ages), a rank's first heads, its process going or coming back, the world size. The
@@ -660,6 +665,10 @@ class FleetState:
         if heads.gpu is not None:
             view.gpu = heads.gpu
         job.heads_version += 1
+        log = job.heads_log
+        log.append(view.rank)
+        if len(log) > 2 * len(job.ranks) + HEADS_LOG_SLACK:
+            del log[: len(log) // 2]
         progress = job.pg_progress
         for pg in heads.pgs:
             seq = pg.last_completed_seq

@@ -9,10 +9,12 @@ tick, the long-lived detector with a fresh one that has nothing cached.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from unittest.mock import patch
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from sentinel.aggregator import state
 from sentinel.aggregator.detectors.base import Observation
 from sentinel.aggregator.detectors.inventory import InventoryDetector
 from sentinel.aggregator.detectors.stuck import StuckDetector
@@ -248,3 +250,64 @@ def test_kept_host_facts_give_the_findings_of_facts_rebuilt(
         assert got is not None and fresh is not None
         strip = lambda fs: sorted((f.key, f.kind, f.reason, f.action, f.evidence, f.host, f.gpu) for f in fs)  # noqa: E731
         assert strip(got.findings) == strip(fresh.findings), tick
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.lists(st.tuples(st.integers(0, RANKS - 1), st.integers(0, 3)), max_size=2 * RANKS),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_folding_only_the_ranks_whose_heads_came_gives_the_histories_of_walking_every_rank(
+    ticks: list[list[tuple[int, int]]],
+) -> None:
+    """The straggler detector folds the steps of the ranks in the job's heads log since it last looked; one
+    that walks every rank of the job each time must end with the same histories, tick after tick (ranks
+    heard several times, not at all, or so often that the log was trimmed in between)."""
+    with patch.object(state, "HEADS_LOG_SLACK", 0):  # trimmed beyond twice the ranks: exercised here
+        _fold_and_compare(ticks)
+
+
+def _fold_and_compare(ticks: list[list[tuple[int, int]]]) -> None:
+    from sentinel.aggregator.detectors.straggler import StragglerDetector
+    from sentinel.aggregator.state import FleetState
+    from sentinel.fr.heads import StepTime
+
+    fleet = FleetState()
+    gpus = [GpuInfo(index=g, uuid=f"GPU-{g}", pci_bus=f"0000:{g:02x}:00", name="H100") for g in range(GPUS)]
+    view = fleet.hello(Hello(host="h0", boot_id="b", gpus=gpus), 0.0)
+    config = AggregatorConfig()
+    cfg = config.detect.straggler
+    kept, walking = StragglerDetector(config), StragglerDetector(config)
+    completed = [0] * RANKS
+    seq = 0
+    for tick, arrivals in enumerate(ticks):
+        t = float(tick)
+        for rank, steps in arrivals:  # one batch per arrival: a rank may be heard several times a tick
+            first = completed[rank]
+            completed[rank] += steps
+            heads = FrHeads(
+                rank=rank,
+                t=t,
+                job_id=JOB,
+                world_size=RANKS,
+                gpu=rank % GPUS,
+                pgs=[PgHead(pg_name="0", pg_desc="default_pg", last_completed_seq=completed[rank])],
+                steps=[
+                    StepTime(seq=k, compute_s=0.8 + 0.01 * rank + 0.001 * k)
+                    for k in range(first, completed[rank])
+                ],
+            )
+            fleet.apply(view, Batch(seq=seq, t=t, heads=[heads]), t + 0.001 * seq)
+            seq += 1
+        job = fleet.jobs.get(JOB)
+        if job is None:
+            continue
+        kept._measure(job, cfg)
+        walking.heads_versions.clear()  # as if it had never looked: every rank is walked
+        walking._measure(job, cfg)
+        got = {r: (s.last_seq, list(s.compute)) for r, s in kept.steps[JOB].items()}
+        want = {r: (s.last_seq, list(s.compute)) for r, s in walking.steps[JOB].items()}
+        assert got == want, tick

@@ -30,7 +30,7 @@ import msgspec
 
 from sentinel.aggregator.clock import RATE_KNOWN_AFTER_S
 from sentinel.aggregator.detectors.base import Detector, Evaluation, Key, Observation
-from sentinel.aggregator.state import FleetState, GpuView, JobView, counter_rate
+from sentinel.aggregator.state import FleetState, GpuView, JobView, RankView, counter_rate
 from sentinel.aggregator.verdicts import Finding
 from sentinel.components.clocks.rule import REASON_SHARE
 from sentinel.components.clocks.rule import describe as describe_violations
@@ -282,28 +282,42 @@ class StragglerDetector(Detector):
 
     def _measure(self, job: JobView, cfg: StragglerConfig) -> None:
         """Fold new steps from the ranks' newest heads into their histories (steps dedup by seq)."""
-        if self.heads_versions.get(job.id) == job.heads_version:
+        last = self.heads_versions.get(job.id)
+        if last == job.heads_version:
             return
         self.heads_versions[job.id] = job.heads_version
         ranks = self.steps.setdefault(job.id, {})
         window = cfg.compute_window_steps
+        log = job.heads_log
+        new = job.heads_version - last if last is not None else None
+        if new is not None and 0 < new <= len(log):  # only the ranks whose heads came since
+            views = job.ranks
+            for rank in log[len(log) - new :]:
+                view = views.get(rank)
+                if view is not None:
+                    self._fold(ranks, view, window)
+            return
         for view in job.ranks.values():
-            heads = view.heads
-            if heads is None or not heads.steps:
-                continue
-            steps = ranks.get(view.rank)
-            if steps is None:
-                steps = ranks[view.rank] = RankSteps(compute=deque(maxlen=window))
-            elif steps.heads_at >= view.heads_at:
-                continue
-            steps.heads_at = view.heads_at
-            for step in heads.steps:
-                if step.seq > steps.last_seq:
-                    steps.compute.append(step.compute_s)
-                    steps.last_seq = step.seq
+            self._fold(ranks, view, window)
         # a rank gone from the job is forgotten; one restored from the store and not heard from yet is kept
         for rank in [r for r, s in ranks.items() if r not in job.ranks and s.heads_at > -math.inf]:
             del ranks[rank]
+
+    @staticmethod
+    def _fold(ranks: dict[int, RankSteps], view: RankView, window: int) -> None:
+        heads = view.heads
+        if heads is None or not heads.steps:
+            return
+        steps = ranks.get(view.rank)
+        if steps is None:
+            steps = ranks[view.rank] = RankSteps(compute=deque(maxlen=window))
+        elif steps.heads_at >= view.heads_at:
+            return
+        steps.heads_at = view.heads_at
+        for step in heads.steps:
+            if step.seq > steps.last_seq:
+                steps.compute.append(step.compute_s)
+                steps.last_seq = step.seq
 
     # -- judging ----------------------------------------------------------------------------------------
 
