@@ -142,7 +142,15 @@ def _analyze_tops(tops: dict[int, dict[str, Any]]) -> Any:
 
 
 @pytest.mark.parametrize(
-    "name", ["pp_hang_n4", "pp_recv_hang_n4", "pp4_hang_n8", "ring_hang_n4", "compute_stall_dp_n4"]
+    "name",
+    [
+        "pp_hang_n4",
+        "pp_recv_hang_n4",
+        "pp4_hang_n8",
+        "pp_group_hang_n4",
+        "ring_hang_n4",
+        "compute_stall_dp_n4",
+    ],
 )
 @pytest.mark.parametrize("shift", [1, 2, 3])
 def test_renumbered_ranks_move_the_verdict_with_them(name: str, shift: int, tmp_path: Path) -> None:

@@ -27,6 +27,8 @@ Scenarios (each a few ranks, a dozen steps):
 * ``pp4_hang`` (8 ranks): 4 stages x 2-way dp (the same program generalised: activations to rank + 2,
   gradients back to rank - 2). Rank 5 (stage 2) receives its activation and never forwards it: ranks 7,
   3 and 1 block in recvs one behind the other, 0, 2, 4 and 6 in their stage all_reduces.
+* ``pp_group_hang`` (4 ranks): ``pp_hang`` with its send/recv over dedicated pipeline groups {0, 2}, {1, 3}
+  (``new_group``, used for nothing else: the peers in the op names are local to them).
 * ``ring_hang`` (4 ranks): every step a ring exchange through ``batch_isend_irecv`` (isend to r+1,
   irecv from r-1: coalesced p2p), then a world all_reduce. Rank 1 never posts its batch at the fault step.
 * ``mixed_hang`` (4 ranks): a world all_reduce, then rank 0 feeds ranks 1..3 through batch_isend_irecv
@@ -64,6 +66,7 @@ WORLD = {
     "pp_healthy": 4,
     "pp_ondemand": 4,
     "pp4_hang": 8,
+    "pp_group_hang": 4,
     "ring_hang": 4,
     "mixed_hang": 4,
     "subgroup_hang": 6,
@@ -76,6 +79,7 @@ CULPRIT = {
     "pp_healthy": -1,
     "pp_ondemand": -1,
     "pp4_hang": 5,
+    "pp_group_hang": 3,
     "ring_hang": 1,
     "mixed_hang": 2,
     "subgroup_hang": 4,
@@ -210,6 +214,12 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
         parts = [[2 * s, 2 * s + 1] for s in range(stages)]
         stage_g, stage_n = new_groups(parts, "dp")
         meta["groups"][stage_n] = ["dp", parts[stage]]
+        p2p_n, p2p_kw = wname, {}
+        if scenario == "pp_group_hang":  # send/recv over a dedicated pipeline group (a p2p-only group)
+            chains = [[d + 2 * s for s in range(stages)] for d in (0, 1)]
+            pp_g, p2p_n = new_groups(chains, "pp")
+            meta["groups"][p2p_n] = ["pp", chains[rank % 2]]
+            p2p_kw = {"group": pp_g}
         program = [("recv", rank - 2)] if stage > 0 else []
         program += [("send", rank + 2), ("recv", rank + 2)] if stage < stages - 1 else []
         program += [("send", rank - 2)] if stage > 0 else []
@@ -223,7 +233,9 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
                     fact = {"culprit": culprit, "kind": never, "op": kind, "peer": peer}
                     (outdir / "expected.json").write_text(json.dumps(fact))
                     hang_forever()
-                job.p2p(wname, [(kind, peer, [64])], lambda k=kind, q=peer: [post[k](torch.ones(64), q)])
+                job.p2p(
+                    p2p_n, [(kind, peer, [64])], lambda k=kind, q=peer: [post[k](torch.ones(64), q, **p2p_kw)]
+                )
             job.coll(stage_n, "all_reduce", lambda: dist.all_reduce(torch.ones(256), group=stage_g))
             job.coll(wname, "all_reduce", lambda: dist.all_reduce(torch.ones(128)))
     elif scenario == "ring_hang":
