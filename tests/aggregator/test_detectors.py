@@ -319,7 +319,12 @@ def procs(host_index: int) -> list[ProcInfo]:
 
 
 def feed_cascade(
-    f: Fleet, t: float, age: float, completed: int = 10, op_known_by: Collection[int] | None = None
+    f: Fleet,
+    t: float,
+    age: float,
+    completed: int = 10,
+    op_known_by: Collection[int] | None = None,
+    extra: dict[int, InFlight] | None = None,
 ) -> None:
     """Rank 3 (h0 gpu 3) hangs before tp seq 11; its tp peers wait in tp, h1's ranks wait in world.
 
@@ -340,6 +345,8 @@ def feed_cascade(
         )
         for r in range(8)
     ]
+    for r, flight in (extra or {}).items():  # one more in-flight op in rank r's world group
+        h0[r].pgs[1].in_flight.append(flight)
     h1 = [
         heads(
             8 + g,
@@ -825,3 +832,20 @@ def test_a_restored_dump_judgement_whose_stall_never_returns_is_dropped(tmp_path
         feed_cascade(again, float(t), age=0.1, completed=40 + t)
         again.engine.tick(float(t))
     assert _stuck(again) == [] and again.engine.detectors["stuck"]._restored == {}  # type: ignore[attr-defined]
+
+
+def test_a_pending_send_recv_is_not_read_as_a_collective_wait() -> None:
+    """Heads carry in-flight p2p ops too (``p2p``: ``seq`` is the p2p_seq_id, another numbering): rank 3
+    also has a recv from rank 11 pending. Read as a wait in world collective #40, every rank would be
+    'missing' from a collective nobody reached and rank 3 a waiter; it stays the culprit."""
+    f = Fleet()
+    for t in (0.0, 2.0):
+        feed_cascade(f, t, age=0.1, completed=10 + int(t))
+        f.engine.tick(t)
+    for t in (4.0, 6.0, 8.0):
+        recv = InFlight(seq=40, op="nccl:recv 3<-11", age_s=t - 3.0, state="started", p2p=True)
+        feed_cascade(f, t, age=t - 3.0, completed=12, extra={3: recv})
+        f.engine.tick(t)
+    stuck = [v for v in f.engine.book.open.values() if v.kind == "stuck"]
+    assert [(v.rank, v.reason) for v in stuck] == [(3, "not_entered_collective")]
+    assert "seq 40" not in " ".join(stuck[0].evidence)

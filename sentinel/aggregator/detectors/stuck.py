@@ -415,6 +415,11 @@ def examine(job: JobView, cfg: StuckConfig, now: float) -> Examination | None:
         for pg in heads.pgs:
             pgs[pg.pg_name] = pg
             for flight in pg.in_flight:
+                if flight.p2p:
+                    # a send/recv's seq is its p2p_seq_id, not a collective's: read as a collective wait
+                    # it made every rank "missing" from a collective nobody reached (post-mortem dumps
+                    # follow p2p waits to the peer: sentinel.fr.analysis)
+                    continue
                 waits.append((pg.pg_name, flight.seq, flight.op, flight.age_s + offset))
         ranks[view.rank] = _Rank(view, fresh, offset, pgs, waits)
     if not ranks:
