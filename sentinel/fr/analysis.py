@@ -911,6 +911,20 @@ def _decide(
     if stragglers:
         _set_straggler(res, stragglers)
         return
+    users = sorted(
+        {r for g in groups.values() for r, t in g.tracks.items() if t.unrecorded_ops} - set(missing)
+    )
+    if users:
+        # gloo: every collective completed, but the ranks run send/recv it does not record; a job whose
+        # ranks all wait in a send/recv (a pipeline stage that never sends) leaves exactly these dumps
+        res.verdict = "inconclusive"
+        res.summary = (
+            f"inconclusive: every collective in the dumps completed on all members, but {_who(users)} "
+            "run send/recv between their collectives that this backend does not record (op_id gaps): a job "
+            "whose ranks all wait in a send/recv leaves exactly these dumps (healthy if they were taken "
+            "after the run)"
+        )
+        return
     res.verdict = "healthy"
     res.summary = "healthy: every collective in the dumps completed on all members; no straggler"
 

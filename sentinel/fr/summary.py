@@ -82,8 +82,8 @@ class GroupTrack(msgspec.Struct, array_like=True):
     #: the newest recorded send/recv ops (NCCL records them), oldest first, as array('q') pairs
     #: (time_created_ns, direction << 32 | group-local peer): where p2p ops sit in the rank's program order
     p2p_log: bytes = b""
-    #: ops this rank ran in the group that left no entry, counted from ``op_id`` gaps between its
-    #: collectives: gloo counts send/recv in ``op_id`` but does not record them
+    #: ops this rank ran in the group that left no entry, counted from ``op_id`` gaps between its newest
+    #: collectives (:data:`UNRECORDED_WINDOW`): gloo counts send/recv in ``op_id`` but does not record them
     unrecorded_ops: int = 0
 
 
@@ -445,15 +445,21 @@ def _apply_status(
             group.pending = [p for p in group.pending if p.p2p or p.seq > group.done]
 
 
+#: Most recent collectives per group over which ops that left no entry are counted (p2p the job still runs,
+#: not a send/recv at its start).
+UNRECORDED_WINDOW = 64
+
+
 def _unrecorded(b: _Builder) -> int:
-    """Ops between this group's recorded collectives that left no entry (``op_id`` gaps); 0 when the
-    backend records its p2p ops or numbers no ops (op_id -1)."""
+    """Ops between this group's newest recorded collectives that left no entry (``op_id`` gaps); 0 when
+    the backend records its p2p ops or numbers no ops (op_id -1)."""
     ops = b.ops
-    if len(ops) < 2 or b.p2p_log or ops[0] < 0:
+    first = max(0, len(ops) - 1 - UNRECORDED_WINDOW)
+    if len(ops) < 2 or b.p2p_log or ops[first] < 0:
         return 0
     # the sum of the gaps of an ascending sequence, in O(1): a full 2,000-entry buffer of 16,384 ranks
     # must not cost a Python loop per entry
-    return max(0, ops[-1] - ops[0] - (len(ops) - 1))
+    return max(0, ops[-1] - ops[first] - (len(ops) - 1 - first))
 
 
 def _counts_ops(b: _Builder, enq: int) -> bool:

@@ -29,6 +29,8 @@ Scenarios (each a few ranks, a dozen steps):
   3 and 1 block in recvs one behind the other, 0, 2, 4 and 6 in their stage all_reduces.
 * ``pp_group_hang`` (4 ranks): ``pp_hang`` with its send/recv over dedicated pipeline groups {0, 2}, {1, 3}
   (``new_group``, used for nothing else: the peers in the op names are local to them).
+* ``pp_only_hang`` (4 ranks): 4 pipeline stages of one rank, no data parallelism, a world all_reduce per
+  step. Rank 2 never forwards its activation: every rank ends up in a send/recv, none in a collective.
 * ``ring_hang`` (4 ranks): every step a ring exchange through ``batch_isend_irecv`` (isend to r+1,
   irecv from r-1: coalesced p2p), then a world all_reduce. Rank 1 never posts its batch at the fault step.
 * ``mixed_hang`` (4 ranks): a world all_reduce, then rank 0 feeds ranks 1..3 through batch_isend_irecv
@@ -67,6 +69,7 @@ WORLD = {
     "pp_ondemand": 4,
     "pp4_hang": 8,
     "pp_group_hang": 4,
+    "pp_only_hang": 4,
     "ring_hang": 4,
     "mixed_hang": 4,
     "subgroup_hang": 6,
@@ -80,6 +83,7 @@ CULPRIT = {
     "pp_ondemand": -1,
     "pp4_hang": 5,
     "pp_group_hang": 3,
+    "pp_only_hang": 2,
     "ring_hang": 1,
     "mixed_hang": 2,
     "subgroup_hang": 4,
@@ -209,20 +213,22 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
     if scenario.startswith("pp"):
         # pipeline stages of 2 data-parallel ranks each: stage = rank // 2; activations flow to rank + 2,
         # gradients back to rank - 2; then a dp all_reduce within the stage and a world all_reduce
-        stages = world // 2
-        stage = rank // 2
-        parts = [[2 * s, 2 * s + 1] for s in range(stages)]
-        stage_g, stage_n = new_groups(parts, "dp")
-        meta["groups"][stage_n] = ["dp", parts[stage]]
+        width = 1 if scenario == "pp_only_hang" else 2  # data-parallel ranks per stage
+        stages = world // width
+        stage = rank // width
+        parts = [[width * s + d for d in range(width)] for s in range(stages)]
+        stage_g, stage_n = new_groups(parts, "dp") if width > 1 else (None, "")
+        if width > 1:
+            meta["groups"][stage_n] = ["dp", parts[stage]]
         p2p_n, p2p_kw = wname, {}
         if scenario == "pp_group_hang":  # send/recv over a dedicated pipeline group (a p2p-only group)
             chains = [[d + 2 * s for s in range(stages)] for d in (0, 1)]
             pp_g, p2p_n = new_groups(chains, "pp")
             meta["groups"][p2p_n] = ["pp", chains[rank % 2]]
             p2p_kw = {"group": pp_g}
-        program = [("recv", rank - 2)] if stage > 0 else []
-        program += [("send", rank + 2), ("recv", rank + 2)] if stage < stages - 1 else []
-        program += [("send", rank - 2)] if stage > 0 else []
+        program = [("recv", rank - width)] if stage > 0 else []
+        program += [("send", rank + width), ("recv", rank + width)] if stage < stages - 1 else []
+        program += [("send", rank - width)] if stage > 0 else []
         post = {"send": dist.isend, "recv": dist.irecv}
         for step in range(STEPS):
             if scenario == "pp_ondemand" and rank == 0 and step == STEPS - 4:
@@ -236,7 +242,8 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
                 job.p2p(
                     p2p_n, [(kind, peer, [64])], lambda k=kind, q=peer: [post[k](torch.ones(64), q, **p2p_kw)]
                 )
-            job.coll(stage_n, "all_reduce", lambda: dist.all_reduce(torch.ones(256), group=stage_g))
+            if width > 1:
+                job.coll(stage_n, "all_reduce", lambda: dist.all_reduce(torch.ones(256), group=stage_g))
             job.coll(wname, "all_reduce", lambda: dist.all_reduce(torch.ones(128)))
     elif scenario == "ring_hang":
         nxt, prv = (rank + 1) % world, (rank - 1) % world
