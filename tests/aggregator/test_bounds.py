@@ -280,3 +280,28 @@ async def test_a_read_token_guards_the_rest_api_but_not_metrics_health_or_agents
         async with agent(running, "host-a") as conn:  # agents use their own tokens
             await conn.send(batch(0, time.time()))
             assert await conn.ack() == 0
+
+
+async def test_a_stream_that_goes_silent_is_closed_after_the_idle_timeout_and_one_that_talks_is_not(
+    tmp_path: Path,
+) -> None:
+    """One watchdog per connection (not a timer per frame): a silent agent is closed with idle_timeout once
+    idle_timeout_s has passed since its last frame; an agent sending more often than that stays open."""
+    config = AggregatorConfig(limits=LimitsConfig(hello_timeout_s=5.0, idle_timeout_s=0.6))
+    async with (
+        running_aggregator(tmp_path, config) as running,
+        agent(running, "host-talks") as talks,
+        agent(running, "host-silent") as silent,
+    ):
+        started = time.monotonic()
+        for seq in range(8):  # 2 s of batches every 0.25 s: well past the idle timeout in total
+            await talks.send(batch(seq, float(seq)))
+            assert await talks.ack() == seq
+            await asyncio.sleep(0.25)
+        msg = await silent.ws.receive(timeout=5.0)
+        assert msg.type == aiohttp.WSMsgType.CLOSE and silent.ws.close_code == 1008
+        assert "idle_timeout" in str(msg.extra)
+        assert time.monotonic() - started < 5.0  # the idle timeout, not the hello timeout
+        assert not talks.ws.closed
+        await talks.send(batch(8, 8.0))
+        assert await talks.ack() == 8
