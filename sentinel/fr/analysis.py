@@ -73,6 +73,9 @@ class MismatchFinding(msgspec.Struct):
     expected: KeyInfo
     found: KeyInfo
     pending: bool
+    p2p: bool = (
+        False  # a send and its recv: ranks = [sender, receiver], found = the send, expected = the recv
+    )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -84,6 +87,7 @@ class MismatchFinding(msgspec.Struct):
             "expected": _key_json(self.expected),
             "found": _key_json(self.found),
             "stalled": self.pending,
+            **({"p2p": True} if self.p2p else {}),
         }
 
 
@@ -148,7 +152,7 @@ def analyze(summaries: Sequence[RankSummary]) -> FrAnalysis:
     culprits = find_culprits(waits)
     order_notes = _program_order(culprits, waits, groups)
     stragglers = _stragglers(groups)
-    frontier_mm = _frontier_mismatch(groups, waits, keys)
+    frontier_mm = _frontier_mismatch(groups, waits, keys) or _p2p_mismatch(groups, keys)
     history_mm = _history_mismatch(groups, keys)
 
     result = FrAnalysis(
@@ -610,6 +614,39 @@ def _frontier_mismatch(
         if len(set(votes.values())) > 1:
             return _mismatch(g, w.seq, votes, keys, pending=True)
     return None
+
+
+def _p2p_mismatch(groups: dict[str, Group], keys: dict[int, KeyInfo]) -> MismatchFinding | None:
+    """The earliest pending send whose pending recv (the same pair, matched in order) holds a tensor of
+    another size or dtype, as PyTorch's analyzer compares them: neither side can complete. Both ranks are
+    named (the pair cannot say which one is wrong), the sender first."""
+    best: tuple[int, MismatchFinding] | None = None
+    for g in groups.values():
+        order = sorted(g.members)
+        sends: dict[tuple[int, int], list[Pending]] = {}
+        recvs: dict[tuple[int, int], list[Pending]] = {}
+        for rank, t in g.tracks.items():
+            for p in t.pending:
+                if not p.p2p or not 0 <= p.peer < len(order):
+                    continue
+                if op_name(p.op) in ("send", "isend"):
+                    sends.setdefault((rank, order[p.peer]), []).append(p)
+                else:
+                    recvs.setdefault((order[p.peer], rank), []).append(p)
+        for pair, out in sends.items():
+            back = sorted(recvs.get(pair, ()), key=lambda p: (p.seq, p.t_ns))
+            if len(back) != len(out):  # one side completed some: the pending ones need not pair up
+                continue
+            for s, r in zip(sorted(out, key=lambda p: (p.seq, p.t_ns)), back, strict=False):
+                ks, kr = keys.get(s.key), keys.get(r.key)
+                if ks is None or kr is None or (ks.in_sizes, ks.dtypes) == (kr.in_sizes, kr.dtypes):
+                    continue
+                kind = "size" if ks.in_sizes != kr.in_sizes else "dtype"
+                found = MismatchFinding(kind, g, r.seq, [pair[0], pair[1]], kr, ks, True, p2p=True)
+                if best is None or s.t_ns < best[0]:
+                    best = (s.t_ns, found)
+                break
+    return best[1] if best else None
 
 
 def _mismatch(
@@ -1116,6 +1153,17 @@ def _one_behind(groups: dict[str, Group], waits: list[Wait], roots: set[int]) ->
 def _set_mismatch(res: FrAnalysis, mm: MismatchFinding, stalled: bool) -> None:
     res.verdict = "mismatch"
     res.culprit_ranks = mm.ranks
+    if mm.p2p:
+        src, dst = mm.ranks
+        res.collective = _coll(mm.group, mm.seq, "recv", p2p=True)
+        res.mismatch = mm.to_json()
+        what = mm.found.in_sizes if mm.kind == "size" else mm.found.dtypes
+        want = mm.expected.in_sizes if mm.kind == "size" else mm.expected.dtypes
+        res.summary = (
+            f"mismatch: rank {src} sends {what} to rank {dst}, whose matching recv (p2p #{mm.seq} of group "
+            f"{mm.group.label()}) holds {want}: neither can complete (the pair cannot say which side is wrong)"
+        )
+        return
     res.collective = _coll(mm.group, mm.seq, mm.found.op)
     res.mismatch = mm.to_json()
     what = {

@@ -117,8 +117,10 @@ def match_key(op: str, in_sizes: Any, out_sizes: Any, dtypes: Any) -> str:
     """The part of a collective's description that must be identical on every rank of it."""
     if op in SAME_INPUT_AND_OUTPUT or op in GATHER_LIKE or op in SCATTER_LIKE:
         sizes = f"{in_sizes}>{out_sizes}"
-    elif op in UNEVEN or op in P2P:
+    elif op in UNEVEN:
         sizes = ""
+    elif op in P2P:  # a send's input must fit the matching recv's tensor (checked pairwise, not across ranks)
+        sizes = f"{in_sizes}"
     else:
         sizes = f"{in_sizes}"
     return f"{op}|{sizes}|{','.join(sorted(dtypes))}"

@@ -186,6 +186,25 @@ def test_a_posted_counterpart_clears_the_peer(tmp_path: Path) -> None:
     assert result.collective is not None and result.collective.get("p2p") is True
 
 
+def test_a_send_that_does_not_fit_its_recv_is_a_mismatch_of_the_pair(tmp_path: Path) -> None:
+    """Rank 3 posts the send rank 1 waits for, with twice the elements rank 1's recv holds: a p2p size
+    mismatch (PyTorch's analyzer compares a send's input with its recv's output), both ranks named."""
+    tops = _tops(p2p_nccl_set(DATA / "pp_hang_n4", tmp_path))
+    pending_recv = next(e for e in tops[1]["entries"] if e.get("is_p2p") and not e["retired"])
+    send = dict(pending_recv)
+    send.update(profiling_name="nccl:send 3->1", input_sizes=[[128]], output_sizes=[[128]])
+    send["time_created_ns"] += 1000
+    tops[3]["entries"].append(send)
+    result = _analyze_tops(tops)
+    assert result.verdict == "mismatch", result.summary
+    assert result.culprit_ranks == [3, 1]
+    assert (
+        result.mismatch is not None and result.mismatch["kind"] == "size" and result.mismatch["p2p"] is True
+    )
+    assert result.collective is not None and result.collective["p2p"] is True
+    assert "sends [[128]] to rank 1" in result.summary and "[[64]]" in result.summary
+
+
 def test_a_wrapped_log_without_the_anchor_falls_back_to_pending_ops(tmp_path: Path) -> None:
     """Without collectives (a p2p-only group, or buffers that hold none), pending ops are matched by count."""
     tops = _tops(p2p_nccl_set(DATA / "pp_hang_n4", tmp_path))
