@@ -296,6 +296,8 @@ def summarize(dump: RawDump) -> RankSummary:
                 if peers is not None:
                     send = op_name(profiling) in ("send", "isend")
                     local_peer = peers[1] if send else peers[0]
+                    if not 0 <= local_peer < 1 << 24:  # no group has that many ranks: unknown peer
+                        local_peer = -1
                     code = (P2P_SEND if send else P2P_RECV) << 32 | (local_peer & 0xFFFFFFFF)
                     b.p2p_log.extend((arrived, code))
                     if len(b.p2p_log) > 4 * P2P_LOG:
