@@ -610,26 +610,10 @@ def conclude(  # noqa: PLR0917
     ports: PortRuleConfig,
 ) -> tuple[list[Finding], Stall | None]:
     """The findings of an examined job at ``now``: its culprits with their hosts, GPUs and evidence as
-    they are now, or, when every rank entered the stalled collective, the transport's culprit."""
+    they are now (NCCL RAS's view of the job added), or, when every rank entered the stalled collective,
+    the transport's culprit."""
     if exam.first is None:
         return [], None
-    findings, stall = _conclude(exam, job, fleet, cfg, hw, now, ports)
-    extra = ras_evidence(job.ras, now - job.ras_at, cfg.net_error_window_s) if findings else []
-    if extra:
-        findings = [replace(f, evidence=(*f.evidence, *extra)) for f in findings]
-    return findings, stall
-
-
-def _conclude(  # noqa: PLR0917
-    exam: Examination,
-    job: JobView,
-    fleet: FleetState,
-    cfg: StuckConfig,
-    hw: HardwareConfig,
-    now: float,
-    ports: PortRuleConfig,
-) -> tuple[list[Finding], Stall | None]:
-    assert exam.first is not None
     ranks = exam.ranks
     findings: list[Finding] = []
     op, since, waiting = exam.stalled[exam.first]
@@ -667,7 +651,7 @@ def _conclude(  # noqa: PLR0917
                 )
             )
         stall.culprits = sorted(exam.culprits)
-        return findings, stall
+        return _with_ras(job, cfg, now, findings), stall
     for pg_name, seq in exam.all_in:
         op_in, since_in, waiting_in = exam.stalled[(pg_name, seq)]
         findings.extend(
@@ -678,7 +662,14 @@ def _conclude(  # noqa: PLR0917
         if findings:
             break
     stall.culprits = sorted({f.rank for f in findings if f.rank is not None})
-    return findings, stall
+    return _with_ras(job, cfg, now, findings), stall
+
+
+def _with_ras(job: JobView, cfg: StuckConfig, now: float, findings: list[Finding]) -> list[Finding]:
+    extra = ras_evidence(job.ras, now - job.ras_at, cfg.net_error_window_s) if findings else []
+    if extra:
+        return [replace(f, evidence=(*f.evidence, *extra)) for f in findings]
+    return findings
 
 
 def _io_hang(fleet: FleetState, view: RankView | None) -> str | None:
