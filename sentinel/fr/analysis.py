@@ -383,15 +383,54 @@ def _program_order(culprits: list[Culprit], waits: list[Wait], groups: dict[str,
                     candidates[sig] = cand
         if len(candidates) < 2:
             continue
-        nxt = _own_next(rank, candidates, groups)
+        if any(rank in g.tracks for g in groups.values()):
+            nxt = _own_next(rank, candidates, groups)
+            note = (
+                f"rank {rank}'s own program order (its earlier steps in its dump): after its last op it runs "
+                f"{_what_releases(nxt, groups)} next, which it never did"
+                if nxt is not None
+                else ""
+            )
+        else:
+            nxt, surrogate = _surrogate_next(rank, c, candidates, groups)
+            note = (
+                f"rank {rank} left no dump; rank {surrogate}, which runs the same groups, ran "
+                f"{_what_releases(nxt, groups)} first of the collectives rank {rank} is awaited in: its next op"
+                if nxt is not None
+                else ""
+            )
         if nxt is None:
             continue
         c.first_wait = nxt
-        notes[rank] = (
-            f"rank {rank}'s own program order (its earlier steps in its dump): after its last op it runs "
-            f"{_what_releases(nxt, groups)} next, which it never did"
-        )
+        notes[rank] = note
     return notes
+
+
+def _surrogate_next(
+    rank: int, c: Culprit, candidates: dict[tuple[str, str, int], Wait], groups: dict[str, Group]
+) -> tuple[Wait | None, int]:
+    """For a culprit without a dump: the awaited collective that a rank running the same kinds of groups
+    (same descriptions: the same program) ran first, at the same seqs. Collective candidates only, each
+    in a described group; (None, -1) when no rank with a dump runs all of them."""
+    if any(sig[1] != "c" for sig in candidates) or any(not groups[w.group].desc for w in candidates.values()):
+        return None, -1
+    descs = {groups[w.group].desc for w in candidates.values()}
+    by_desc: dict[int, dict[str, GroupTrack]] = {}
+    for g in groups.values():
+        if g.desc in descs:
+            for r, t in g.tracks.items():
+                by_desc.setdefault(r, {})[g.desc] = t
+    for other in sorted(by_desc, key=lambda r: (r not in c.victims, r)):
+        tracks = by_desc[other]
+        if len(tracks) < len(descs):
+            continue
+        times = {
+            sig: _time_at(tracks[groups[w.group].desc], w.seq) or 1 << 63 for sig, w in candidates.items()
+        }
+        first = min(times, key=lambda sig: times[sig])
+        if times[first] < 1 << 63 and sorted(times.values())[1] > times[first]:
+            return candidates[first], other
+    return None, -1
 
 
 def _what_releases(w: Wait, groups: dict[str, Group]) -> str:

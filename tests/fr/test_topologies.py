@@ -429,3 +429,28 @@ def test_program_order_tells_two_runs_of_one_collective_in_a_step_apart(tmp_path
     assert any(
         "rank 2's own program order" in f and "all_reduce #5 of group 2 (tp)" in f for f in result.findings
     )
+
+
+def test_a_culprit_without_a_dump_takes_its_next_op_from_a_rank_running_the_same_groups(
+    tmp_path: Path,
+) -> None:
+    """compute_stall_dp without rank 2's dump (it crashed after its tp all_reduce): rank 0 waits for it in
+    dp #8, ranks 1 and 3 in world #8 (more ranks, and — on hosts whose clocks run a few ms behind — the
+    earlier wait). Rank 0 runs the same groups and ran dp #8 first."""
+    tops = _tops(DATA / "compute_stall_dp_n4" / "pickle")
+    del tops[2]
+    dp_wait = next(e for e in tops[0]["entries"] if not e["retired"])
+    for r in (1, 3):
+        for e in tops[r]["entries"]:
+            e["time_created_ns"] -= 20_000_000  # their clocks: 20 ms behind rank 0's
+        assert (
+            next(e for e in tops[r]["entries"] if not e["retired"])["time_created_ns"]
+            < dp_wait["time_created_ns"]
+        )
+    result = _analyze_tops(tops)
+    assert result.verdict == "crash", result.summary
+    assert result.culprit_ranks == [2], result.summary
+    assert result.collective == {"pg_name": "3", "pg_desc": "dp", "seq": 8, "op": "all_gather"}, (
+        result.summary
+    )
+    assert any("rank 2 left no dump; rank 0, which runs the same groups" in f for f in result.findings)
