@@ -511,7 +511,7 @@ def examine(job: JobView, cfg: StuckConfig, now: float) -> Examination | None:
     # waits, each pointing at the members that have not entered that collective. Its sinks reachable from a
     # stalled wait are the culprits: a rank that waits for nobody, or a cycle (call-order deadlock).
     graph: list[Wait] = []
-    followed: dict[tuple[str, int], list[int]] = {}
+    followed: dict[tuple[str, int], tuple[list[int], set[int], frozenset[int]]] = {}
     age_of: dict[tuple[int, str, int], float] = {}
     stalled_waiters: set[int] = set()
     for rank, info in ranks.items():
@@ -528,10 +528,14 @@ def examine(job: JobView, cfg: StuckConfig, now: float) -> Examination | None:
         for pg_name, (seq, op, age) in blocking.items():
             # bounded: no more than MAX_FOLLOWED of the members it waits for are followed (a claimed world of
             # 131,072 ranks must not become 131,072 edges per wait)
-            head = followed.get((pg_name, seq))
-            if head is None:
-                head = followed[(pg_name, seq)] = heapq.nsmallest(MAX_FOLLOWED + 1, missing(pg_name, seq))
-            targets = frozenset([m for m in head if m != rank][:MAX_FOLLOWED])
+            entry = followed.get((pg_name, seq))
+            if entry is None:
+                head = heapq.nsmallest(MAX_FOLLOWED + 1, missing(pg_name, seq))
+                entry = followed[(pg_name, seq)] = (head, set(head), frozenset(head[:MAX_FOLLOWED]))
+            head, in_head, shared = entry
+            # a waiting rank is rarely among those it waits for: then every waiter shares one set (one hub
+            # in the wait-for graph, hashed once)
+            targets = frozenset([m for m in head if m != rank][:MAX_FOLLOWED]) if rank in in_head else shared
             graph.append(Wait(rank, pg_name, seq, op, int((now - age) * 1e9), targets))
             age_of[(rank, pg_name, seq)] = age
     oldest = sorted(stalled.items(), key=lambda item: -item[1][1])[:MAX_STALLED_EXAMINED]
