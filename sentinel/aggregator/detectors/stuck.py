@@ -28,6 +28,7 @@ from sentinel.components.nccl_ras.rule import ras_evidence
 from sentinel.components.vocab import Action
 from sentinel.config.aggregator import AggregatorConfig, HardwareConfig, StuckConfig
 from sentinel.fr.heads import PgHead
+from sentinel.fr.ops import op_name, p2p_peer
 from sentinel.fr.waitgraph import Wait, find_culprits
 from sentinel.log import get_logger
 
@@ -133,6 +134,8 @@ class _Rank:
     offset: float
     pgs: dict[str, PgHead]
     waits: list[tuple[str, int, str, float]]  # (pg, seq, op, age now)
+    p2p: list[tuple[str, int, str, float, int, bool]] = field(default_factory=list)
+    # (pg, p2p seq, op, age now, global peer, is a send) of each pending send/recv with a known peer
 
 
 class StuckDetector(Detector):
@@ -412,16 +415,20 @@ def examine(job: JobView, cfg: StuckConfig, now: float) -> Examination | None:
         offset = since if fresh else 0.0
         pgs: dict[str, PgHead] = {}
         waits: list[tuple[str, int, str, float]] = []
+        p2p: list[tuple[str, int, str, float, int, bool]] = []
         for pg in heads.pgs:
             pgs[pg.pg_name] = pg
             for flight in pg.in_flight:
                 if flight.p2p:
                     # a send/recv's seq is its p2p_seq_id, not a collective's: read as a collective wait
-                    # it made every rank "missing" from a collective nobody reached (post-mortem dumps
-                    # follow p2p waits to the peer: sentinel.fr.analysis)
+                    # it made every rank "missing" from a collective nobody reached; it is an edge to its
+                    # peer instead (below)
+                    peer = _p2p_peer(pg, flight.op)
+                    if peer is not None:
+                        p2p.append((pg.pg_name, flight.seq, flight.op, flight.age_s + offset, *peer))
                     continue
                 waits.append((pg.pg_name, flight.seq, flight.op, flight.age_s + offset))
-        ranks[view.rank] = _Rank(view, fresh, offset, pgs, waits)
+        ranks[view.rank] = _Rank(view, fresh, offset, pgs, waits, p2p)
     if not ranks:
         return None
     exam = Examination(
@@ -538,6 +545,7 @@ def examine(job: JobView, cfg: StuckConfig, now: float) -> Examination | None:
             targets = frozenset([m for m in head if m != rank][:MAX_FOLLOWED]) if rank in in_head else shared
             graph.append(Wait(rank, pg_name, seq, op, int((now - age) * 1e9), targets))
             age_of[(rank, pg_name, seq)] = age
+    graph.extend(_p2p_edges(ranks, cfg, now))
     oldest = sorted(stalled.items(), key=lambda item: -item[1][1])[:MAX_STALLED_EXAMINED]
     exam.first = oldest[0][0]
     exam.stalled = {key: (op, now - age, waiting) for key, (op, age, waiting) in stalled.items()}
@@ -584,11 +592,58 @@ def examine(job: JobView, cfg: StuckConfig, now: float) -> Examination | None:
             elif not known.view.alive or not known.fresh:
                 reason = "rank_gone"
                 why = _silent_since(rank, known.view)
+            elif w.p2p:
+                reason = "not_entered_collective"
+                other = "recv" if w.op.startswith(("send", "isend")) else "send"
+                why = _fixed(
+                    f"rank {rank} never posted the {other} that rank {w.rank} waits for in {w.op} "
+                    f"(pg {w.group}, p2p #{w.seq})"
+                )
             else:
                 reason = "not_entered_collective"
                 why = _fixed(f"rank {rank} never entered (pg {w.group}, seq {w.seq})")
             culprits.setdefault(rank, (reason, [*trail, why]))
     return exam
+
+
+def _p2p_peer(pg: PgHead, op: str) -> tuple[int, bool] | None:
+    """(global peer, is a send) of a pending ``nccl:send 0->1`` / ``nccl:recv 1<-0``; the peer in the name
+    is group-local: the i-th of the group's ranks (the world's rank itself when the heads carry no list)."""
+    peers = p2p_peer(op)
+    if peers is None:
+        return None
+    send = op_name(op) in ("send", "isend")
+    local = peers[1] if send else peers[0]
+    if pg.ranks:
+        members = sorted(pg.ranks)
+        return (members[local], send) if 0 <= local < len(members) else None
+    return (local, send) if pg.pg_desc == "default_pg" and 0 <= local < 1 << 24 else None
+
+
+def _p2p_edges(ranks: Mapping[int, _Rank], cfg: StuckConfig, now: float) -> list[Wait]:
+    """A fresh rank blocked in a send/recv for at least ``min_wait_s`` waits for its peer when the peer
+    posted no counterpart toward it (matched by count over the pending ops, as in the dump analysis) and is
+    not itself blocked in a collective: an idle or gone peer (it never sent), or one blocked in a send/recv
+    (a pipeline chain). A peer inside a collective gets no edge: heads hold no history to tell its
+    counterpart from a transfer its batch still holds open, and its own wait carries the chain."""
+    edges: list[Wait] = []
+    for rank, info in ranks.items():
+        if not info.fresh:
+            continue
+        seen: dict[tuple[str, int, bool], int] = {}
+        for pg_name, seq, op, age, peer, send in sorted(info.p2p, key=lambda f: f[1]):
+            if age < cfg.min_wait_s:
+                continue
+            k = seen[(pg_name, peer, send)] = seen.get((pg_name, peer, send), 0) + 1
+            other = ranks.get(peer)
+            if other is not None and other.fresh:
+                posted = sum(1 for f in other.p2p if f[0] == pg_name and f[4] == rank and f[5] != send)
+                if posted >= k or other.waits:
+                    continue
+            edges.append(
+                Wait(rank, pg_name, seq, op_name(op), int((now - age) * 1e9), frozenset({peer}), p2p=True)
+            )
+    return edges
 
 
 def _aged(lead: str, since: float, tail: str) -> Callable[[float], str]:
