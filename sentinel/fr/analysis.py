@@ -443,16 +443,17 @@ def _what_releases(w: Wait, groups: dict[str, Group]) -> str:
 def _note_unrecorded_p2p(res: FrAnalysis, groups: dict[str, Group]) -> None:
     """Culprits that ran point-to-point ops the backend did not record may be blocked in a send/recv for
     another culprit rather than stuck themselves: say so when the dumps cannot tell them apart."""
-    users = sorted(
-        r
-        for r in res.culprit_ranks
-        if any((t := g.tracks.get(r)) is not None and t.unrecorded_ops for g in groups.values())
-    )
+    # one pass over the tracks (a pass over every group per culprit was 25 million steps, 2 s, for the
+    # 2,048 culprits and 12,289 groups of a 16,384-rank job)
+    unrecorded: dict[int, int] = {}
+    for g in groups.values():
+        for r, t in g.tracks.items():
+            if t.unrecorded_ops:
+                unrecorded[r] = unrecorded.get(r, 0) + t.unrecorded_ops
+    users = sorted(r for r in res.culprit_ranks if r in unrecorded)
     if not users:
         return
-    per = {
-        r: sum(t.unrecorded_ops for g in groups.values() if (t := g.tracks.get(r)) is not None) for r in users
-    }
+    per = {r: unrecorded[r] for r in users}
     res.findings.append(
         f"{_who(users)} ran operations between their collectives that left no entry ({', '.join(f'rank {r}: {n}' for r, n in per.items())}; "
         "op_id gaps: gloo counts send/recv there but does not record them): "
