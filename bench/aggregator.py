@@ -69,6 +69,13 @@ def raise_nofile() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+def _publish(path: Path, text: str) -> None:
+    """Write a file the driver polls for in one step (rename): it must never read it half written."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(text)
+    partial.replace(path)
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -392,7 +399,7 @@ def generate(
         start = time.time() + 1.0
         stop = start + duration
         measure_from[0] = start + warmup
-        (out.parent / "load.start").write_text(str(start))
+        _publish(out.parent / "load.start", str(start))
         model = (
             JobModel(job_ranks, start, start + warmup + 5.0, start + warmup, slowdown) if job_ranks else None
         )
@@ -471,7 +478,7 @@ def generate(
                 )
                 stats["sent"] += 1
             tick += 1
-        (out.parent / "load.stop").write_text(str(time.time()))
+        _publish(out.parent / "load.stop", str(time.time()))
         await asyncio.sleep(3.0)  # the last acks
         for client in clients:
             if client is not None and client.transport is not None and not client.closed:
