@@ -71,7 +71,7 @@ def raise_nofile() -> None:
 
 def _publish(path: Path, text: str) -> None:
     """Write a file the driver polls for in one step (rename): it must never read it half written."""
-    partial = path.with_suffix(".partial")
+    partial = path.with_name(path.name + ".partial")
     partial.write_text(text)
     partial.replace(path)
 
@@ -523,6 +523,7 @@ def run_level(
             ],
             env=env,
         )  # fmt: skip
+        gen: subprocess.Popen[bytes] | None = None
         try:
             deadline = time.time() + 30
             while not (workdir / "port").exists():
@@ -561,11 +562,15 @@ def run_level(
             verdicts = json.loads(fetch(base + "/api/v1/verdicts"))["verdicts"]
             metrics = fetch(base + "/metrics").decode()
         finally:
-            server.terminate()
-            try:
-                server.wait(10)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            # a level that failed must not leave its generator streaming into the next one
+            for child in (gen, server):
+                if child is None or child.poll() is not None:
+                    continue
+                child.terminate()
+                try:
+                    child.wait(10)
+                except subprocess.TimeoutExpired:
+                    child.kill()
     latencies = []
     missed = 0
     for host, gpu, t_sent in stats["faults"]:
