@@ -209,7 +209,15 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
     meta.update(world=world, groups={wname: ["default_pg", list(range(world))]})
     threading.Thread(target=_dumper, args=(job,), daemon=True).start()
     healthy = CULPRIT[scenario] < 0
-    job.watch = not healthy  # a loaded machine must not turn a healthy run into a watchdog dump
+    # the stall watchdog is armed from the fault step on, and never in healthy runs: a loaded machine must
+    # not turn a slow early step into a watchdog dump
+    job.watch = False
+
+    def at(step: int) -> None:
+        if step == FAULT_STEP and not healthy:
+            job.progress = time.monotonic()
+            job.watch = True
+
     if scenario.startswith("pp"):
         # pipeline stages of 2 data-parallel ranks each: stage = rank // 2; activations flow to rank + 2,
         # gradients back to rank - 2; then a dp all_reduce within the stage and a world all_reduce
@@ -231,6 +239,7 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
         program += [("send", rank - width)] if stage > 0 else []
         post = {"send": dist.isend, "recv": dist.irecv}
         for step in range(STEPS):
+            at(step)
             if scenario == "pp_ondemand" and rank == 0 and step == STEPS - 4:
                 (outdir / "DUMP").write_text("on demand")
             for i, (kind, peer) in enumerate(program):
@@ -248,6 +257,7 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
     elif scenario == "ring_hang":
         nxt, prv = (rank + 1) % world, (rank - 1) % world
         for step in range(STEPS):
+            at(step)
             if rank == culprit and step == FAULT_STEP:
                 fact = {"culprit": culprit, "kind": "p2p_never_posted", "op": "batch_isend_irecv"}
                 (outdir / "expected.json").write_text(json.dumps(fact))
@@ -265,6 +275,7 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
         tp_g, tp_n = new_groups([[0, 1], [2, 3]], "tp")
         meta["groups"][tp_n] = ["tp", [0, 1] if rank < 2 else [2, 3]]
         for step in range(STEPS):
+            at(step)
             job.coll(wname, "all_reduce", lambda: dist.all_reduce(torch.ones(512)))
             if rank == 0:
                 bufs = [torch.full((32,), float(p)) for p in range(1, world)]
@@ -292,6 +303,7 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
         meta["groups"][ex_n] = ["expert", [r for r in range(world) if r % 2 == rank % 2]]
         meta["groups"][pair_n] = ["pair", [rank - rank % 2, rank - rank % 2 + 1]]
         for step in range(STEPS):
+            at(step)
             if rank == culprit and step == FAULT_STEP:
                 expect(ex_n, "all_gather")
                 hang_forever()
@@ -300,6 +312,7 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
             job.coll(wname, "all_reduce", lambda: dist.all_reduce(torch.ones(64)))
     elif scenario == "early_exit":
         for step in range(STEPS):
+            at(step)
             if rank == culprit and step == FAULT_STEP:
                 expect(wname, "all_reduce")
                 job.write_log()
@@ -318,6 +331,7 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
         meta["groups"][tp_n] = ["tp", [0, 1] if rank < 2 else [2, 3]]
         meta["groups"][dp_n] = ["dp", [rank % 2, rank % 2 + 2]]
         for step in range(STEPS):
+            at(step)
             job.coll(tp_n, "all_reduce", lambda: dist.all_reduce(torch.ones(256), group=tp_g))
             if rank == culprit and step == FAULT_STEP:
                 expect(dp_n, "all_gather")
