@@ -179,30 +179,39 @@ def _dtypes(value: Any, what: str, index: int, source: str) -> list[str]:
 Int64 = Annotated[int, msgspec.Meta(ge=INT_MIN, le=INT_MAX)]
 
 
-class _Entry(msgspec.Struct):
-    """The fields of a ring-buffer entry the analysis reads; others (frames, thread names) are skipped.
+class _Entry(msgspec.Struct, kw_only=True):
+    """The fields of a ring-buffer entry the analysis reads.
 
     ``msgspec.convert`` builds these from the decoded dicts in C, checking types and int64 ranges in the
-    same pass, so the Python loop below reads attributes instead of a dozen ``dict.get`` per entry.
+    same pass, so the Python loop below reads attributes instead of a dozen ``dict.get`` per entry. The
+    fields are declared in the order PyTorch writes an entry's keys, the ones the analysis does not read
+    (frames, thread names) included, untyped: msgspec then finds each key at the field it tries first,
+    where a key out of order or undeclared costs it a scan of every field (a fifth of the conversion).
     """
 
-    profiling_name: str
-    time_created_ns: Int64
-    process_group: tuple[str, str] | None = None
+    frames: Any = None
+    record_id: Any = None
     pg_id: Int64 = -1
+    process_group: tuple[str, str] | None = None
+    thread_name: Any = None
+    thread_id: Any = None
     collective_seq_id: Int64 | None = None
-    seq_id: Int64 | None = None
     p2p_seq_id: Int64 = -1
     op_id: Int64 = -1
-    state: str | None = None
-    retired: bool | None = None
-    is_p2p: bool | None = None
-    time_discovered_started_ns: Int64 | None = None
-    duration_ms: float | None = None
+    profiling_name: str
+    time_created_ns: Int64
     input_sizes: Any = None
-    output_sizes: Any = None
     input_dtypes: Any = None
+    output_sizes: Any = None
     output_dtypes: Any = None
+    state: str | None = None
+    time_discovered_started_ns: Int64 | None = None
+    time_discovered_completed_ns: Any = None
+    retired: bool | None = None
+    timeout_ms: Any = None
+    is_p2p: bool | None = None
+    seq_id: Int64 | None = None
+    duration_ms: float | None = None
 
 
 _ENTRIES = list[_Entry]
