@@ -194,12 +194,16 @@ class HostView:
         ``DEDUP_WINDOW`` of them per host — in memory, and in every flush of the durable window.
         """
         if seq - 1 > self.seq_hw:
-            hw = seq - 1
-            above = {s for s in self.seq_above if s > hw}
-            while hw + 1 in above:
-                hw += 1
-                above.discard(hw)
-            self.seq_hw, self.seq_above = hw, above
+            self.seq_above = {s for s in self.seq_above if s >= seq}
+            self.seq_hw = self._advance(seq - 1)
+
+    def _advance(self, hw: int) -> int:
+        """The high-water mark ``hw`` moved past the seqs above it that now join it (taken out of the set)."""
+        above = self.seq_above
+        while hw + 1 in above:
+            hw += 1
+            above.discard(hw)
+        return hw
 
     def seen(self, seq: int) -> bool:
         return seq <= self.seq_hw or seq in self.seq_above
@@ -207,10 +211,7 @@ class HostView:
     def mark(self, seq: int) -> None:
         above = self.seq_above
         above.add(seq)
-        hw = self.seq_hw
-        while hw + 1 in above:
-            hw += 1
-            above.discard(hw)
+        hw = self._advance(self.seq_hw)
         if len(above) > DEDUP_WINDOW:  # a gap that never fills: give up on it, keep memory bounded
             hw = max(hw, sorted(above)[len(above) - DEDUP_WINDOW])
             self.seq_above = {s for s in above if s > hw}
