@@ -402,6 +402,7 @@ def examine(job: JobView, cfg: StuckConfig, now: float) -> Examination | None:
     ranks: dict[int, _Rank] = {}
     stale: list[int] = []
     oldest_fresh = math.inf
+    ordered: dict[int, list[int]] = {}  # id(a group's shared ranks list) → its ranks sorted
     for view in job.ranks.values():
         heads = view.heads
         if heads is None:
@@ -423,7 +424,7 @@ def examine(job: JobView, cfg: StuckConfig, now: float) -> Examination | None:
                     # a send/recv's seq is its p2p_seq_id, not a collective's: read as a collective wait
                     # it made every rank "missing" from a collective nobody reached; it is an edge to its
                     # peer instead (below)
-                    peer = _p2p_peer(pg, flight.op)
+                    peer = _p2p_peer(pg, flight.op, ordered)
                     if peer is not None:
                         p2p.append((pg.pg_name, flight.seq, flight.op, flight.age_s + offset, *peer))
                     continue
@@ -606,16 +607,22 @@ def examine(job: JobView, cfg: StuckConfig, now: float) -> Examination | None:
     return exam
 
 
-def _p2p_peer(pg: PgHead, op: str) -> tuple[int, bool] | None:
+def _p2p_peer(pg: PgHead, op: str, ordered: dict[int, list[int]]) -> tuple[int, bool] | None:
     """(global peer, is a send) of a pending ``nccl:send 0->1`` / ``nccl:recv 1<-0``; the peer in the name
-    is group-local: the i-th of the group's ranks (the world's rank itself when the heads carry no list)."""
+    is group-local: the i-th of the group's ranks (the world's rank itself when the heads carry no list).
+
+    ``ordered`` keeps each group's sorted ranks for one examination, keyed by the list's identity (every
+    rank's heads share the job's one list per group, ``JobView.pg_ranks``): sorting a 24,576-rank
+    world list for every pending send/recv of every rank would cost seconds per examination."""
     peers = p2p_peer(op)
     if peers is None:
         return None
     send = op_name(op) in ("send", "isend")
     local = peers[1] if send else peers[0]
     if pg.ranks:
-        members = sorted(pg.ranks)
+        members = ordered.get(id(pg.ranks))
+        if members is None:
+            members = ordered[id(pg.ranks)] = sorted(pg.ranks)
         return (members[local], send) if 0 <= local < len(members) else None
     return (local, send) if pg.pg_desc == "default_pg" and 0 <= local < 1 << 24 else None
 
