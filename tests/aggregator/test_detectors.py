@@ -362,6 +362,15 @@ def feed_cascade(
     f.send("h1", t, heads=h1, procs=procs(1) if t == 0 else None)
 
 
+def _running_cascade() -> Fleet:
+    """The cascade job making progress for two heads rounds (t = 0 and 2 s): what a stall starts from."""
+    f = Fleet()
+    for t in (0.0, 2.0):
+        feed_cascade(f, t, age=0.1, completed=10 + int(t))
+        f.engine.tick(t)
+    return f
+
+
 def test_stuck_follows_the_wait_across_groups_to_the_root_and_never_blames_a_waiting_peer() -> None:
     f = Fleet()
     for t in (0.0, 2.0):  # healthy: progress on every snapshot
@@ -383,10 +392,7 @@ def test_stuck_follows_the_wait_across_groups_to_the_root_and_never_blames_a_wai
 
 
 def test_stall_evidence_names_the_op_when_most_waiting_ranks_report_it_unknown() -> None:
-    f = Fleet()
-    for t in (0.0, 2.0):
-        feed_cascade(f, t, age=0.1, completed=10 + int(t))
-        f.engine.tick(t)
+    f = _running_cascade()
     for t in (4.0, 6.0, 8.0):
         feed_cascade(f, t, age=t - 3.0, completed=12, op_known_by={6})  # one tp waiter had a detailed dump
         f.engine.tick(t)
@@ -398,10 +404,7 @@ def test_stall_evidence_names_the_op_when_most_waiting_ranks_report_it_unknown()
 
 
 def test_a_culprit_blocked_in_io_is_named_an_io_hang_not_a_gpu_or_network_fault() -> None:
-    f = Fleet()
-    for t in (0.0, 2.0):
-        feed_cascade(f, t, age=0.1, completed=10 + int(t))
-        f.engine.tick(t)
+    f = _running_cascade()
     blocked = [
         ProcInfo(gpu=g, pid=1000 + g, job_id="j", rank=g, world_size=16, blocked_io=g == 3) for g in range(8)
     ]
@@ -415,10 +418,7 @@ def test_a_culprit_blocked_in_io_is_named_an_io_hang_not_a_gpu_or_network_fault(
 
 
 def _stalled_cascade() -> Fleet:
-    f = Fleet()
-    for t in (0.0, 2.0):
-        feed_cascade(f, t, age=0.1, completed=10 + int(t))
-        f.engine.tick(t)
+    f = _running_cascade()
     for t in (4.0, 6.0, 8.0):
         feed_cascade(f, t, age=t - 3.0, completed=12)
         f.engine.tick(t)
@@ -631,13 +631,7 @@ def test_verdict_book_opens_once_escalates_and_closes() -> None:
 
 
 def test_stuck_verdict_closes_when_the_job_ends() -> None:
-    f = Fleet()
-    for t in (0.0, 2.0):
-        feed_cascade(f, t, age=0.1, completed=10 + int(t))
-        f.engine.tick(t)
-    for t in (4.0, 6.0, 8.0):
-        feed_cascade(f, t, age=t - 3.0, completed=12)
-        f.engine.tick(t)
+    f = _stalled_cascade()
     verdict = f.engine.book.open[("stuck", "j", "3")]
     # the job is killed: its processes disappear from both hosts, no more heads
     f.send("h0", 9.0, procs=[])
@@ -702,10 +696,7 @@ def test_a_large_stall_is_examined_again_every_recheck_but_progress_closes_it_at
         return real(job, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(stuck, "evaluate_job", counted)
-    f = Fleet()
-    for t in (0.0, 2.0):
-        feed_cascade(f, t, age=0.1, completed=10 + int(t))
-        f.engine.tick(t)
+    f = _running_cascade()
     for t in (4.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0):
         feed_cascade(f, t, age=t - 3.0, completed=12)
         f.engine.tick(t)
@@ -838,10 +829,7 @@ def test_a_pending_send_recv_is_not_read_as_a_collective_wait() -> None:
     """Heads carry in-flight p2p ops too (``p2p``: ``seq`` is the p2p_seq_id, another numbering): rank 3
     also has a recv from rank 11 pending. Read as a wait in world collective #40, every rank would be
     'missing' from a collective nobody reached and rank 3 a waiter; it stays the culprit."""
-    f = Fleet()
-    for t in (0.0, 2.0):
-        feed_cascade(f, t, age=0.1, completed=10 + int(t))
-        f.engine.tick(t)
+    f = _running_cascade()
     for t in (4.0, 6.0, 8.0):
         recv = InFlight(seq=40, op="nccl:recv 3<-11", age_s=t - 3.0, state="started", p2p=True)
         feed_cascade(f, t, age=t - 3.0, completed=12, extra={3: recv})
