@@ -342,8 +342,6 @@ class Agent:
 
     def _drops(self) -> Drops | None:
         """Drops since the last batch: the cumulative totals (also the metric) minus what was reported."""
-        if self.spool is not None:
-            self.spool.take_drops()  # the spool's own totals are read below
         p = self.counters.drop_parts
         totals = Drops(
             samples=p["spool_samples"],

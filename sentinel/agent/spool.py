@@ -112,9 +112,9 @@ class Spool:
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._with_samples: deque[int] = deque()
         self._bytes = 0
-        self._drops = Drops()
         self.dropped_samples = 0
         self.dropped_events = 0
+        self._taken = Drops()  # the totals as :meth:`take_drops` last reported them
         self.write_errors = 0
         directory.mkdir(parents=True, exist_ok=True)
         self._load()
@@ -258,7 +258,6 @@ class Spool:
             oldest = next(iter(self._entries))
             entry = self._forget(oldest, unlink=True)
             self.dropped_events += entry.events
-            self._count(events=entry.events)
 
     def _strip_samples(self, seq: int) -> None:
         entry = self._entries.get(seq)
@@ -270,7 +269,6 @@ class Spool:
             log.warning("spool_file_unreadable", path=str(entry.path), error=str(exc))
             self._forget(seq, unlink=True)
             self.dropped_samples += entry.samples
-            self._count(samples=entry.samples)
             return
         stripped = msgspec.structs.replace(batch, samples=[], heads=[])
         data = encode(stripped)
@@ -284,19 +282,12 @@ class Spool:
             return
         self._bytes += len(data) - entry.size
         self.dropped_samples += entry.samples
-        self._count(samples=entry.samples)
         self._entries[seq] = _Entry(seq, len(data), 0, entry.events, path)
 
-    def _count(self, *, samples: int = 0, events: int = 0) -> None:
-        d = self._drops
-        self._drops = Drops(
-            samples=d.samples + samples, events=d.events + events, log_lines=d.log_lines, probe=d.probe
-        )
-
     def take_drops(self) -> Drops:
-        """Drops since the last call (reported in the next batch)."""
-        drops, self._drops = self._drops, Drops()
-        return drops
+        """Drops since the last call: the change in :attr:`dropped_samples` and :attr:`dropped_events`."""
+        last, self._taken = self._taken, Drops(samples=self.dropped_samples, events=self.dropped_events)
+        return Drops(samples=self._taken.samples - last.samples, events=self._taken.events - last.events)
 
 
 class AckLog:
