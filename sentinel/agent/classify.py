@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from sentinel.components.bounds import MAX_SHORT_CHARS
 from sentinel.components.vocab import ACTIONS, Severity
 from sentinel.components.xid.parse import parse_xid
 from sentinel.log import get_logger
@@ -105,7 +106,6 @@ class LineClassifier:
 FieldValue = str | int | float | bool | None
 _INT_FIELDS = ("xid", "rank", "local_rank", "seq", "timeout_ms", "pid", "cuda_dev", "ran_for_ms")
 _STR_FIELDS = ("reason", "pci_bus", "op", "peer")
-MAX_FIELD_CHARS = 512  # the wire's bound on each string field
 
 
 def log_line(
@@ -149,4 +149,4 @@ def _int(value: FieldValue) -> int | None:
 
 
 def _str(value: FieldValue) -> str | None:
-    return value[:MAX_FIELD_CHARS] if isinstance(value, str) else None
+    return value[:MAX_SHORT_CHARS] if isinstance(value, str) else None

@@ -29,6 +29,7 @@ from sentinel.agent.metrics import AgentCounters, GpuView
 from sentinel.agent.probe import ProbeServer
 from sentinel.agent.source import DatagramFeed, GpuLostError, GpuSource, KernelLog, LogLines, XidEvent
 from sentinel.agent.worker import GpuWorker, InlineWorker, Unresponsive, Worker
+from sentinel.components.bounds import MAX_SHORT_CHARS
 from sentinel.components.device.record import GpuSourceHealth
 from sentinel.components.ib.kernel import PortLogLine, port_log_line
 from sentinel.components.nvml_read import GpuSourceDown
@@ -553,7 +554,7 @@ class LineProcessor:
                 fields,
                 line_kind=kind,
                 t=now,
-                source=source[:512],
+                source=source[:MAX_SHORT_CHARS],
                 gpu=gpu if gpu >= 0 else None,
                 severity=_severity(severity),
                 text=text[:MAX_TEXT_CHARS],

@@ -21,9 +21,17 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from sentinel.components.bounds import MAX_SHORT_CHARS
 from sentinel.fr.trigger import pipe_path, trigger_dumps
 from sentinel.log import get_logger
-from sentinel.wire import MAX_FR_ANSWER_BYTES, MAX_RANK, DumpFile, FrDumpAnswer, FrDumpWritten
+from sentinel.wire import (
+    MAX_FR_ANSWER_BYTES,
+    MAX_RANK,
+    MAX_TEXT_CHARS,
+    DumpFile,
+    FrDumpAnswer,
+    FrDumpWritten,
+)
 
 log = get_logger(module="agent.frdump")
 
@@ -69,7 +77,7 @@ def trigger_fr_dump(prefix: str, ranks: Iterable[int] | None) -> FrDumpAnswer:
         pipes=pipes,
         triggered=list(result.triggered),
         missing=list(result.missing),
-        failed={str(rank): reason[:512] for rank, reason in result.failed.items()},
+        failed={str(rank): reason[:MAX_SHORT_CHARS] for rank, reason in result.failed.items()},
     )
 
 
@@ -106,8 +114,8 @@ class FrDumpWatcher:
                     t=now,
                     source="fr",
                     severity="warning",
-                    text=f"flight-recorder dump written: {entry.path}"[:4096],
-                    path=entry.path[:512],
+                    text=f"flight-recorder dump written: {entry.path}"[:MAX_TEXT_CHARS],
+                    path=entry.path[:MAX_SHORT_CHARS],
                     rank=int(match.group(1)) if match else None,
                 )
             )

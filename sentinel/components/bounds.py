@@ -8,4 +8,5 @@ from typing import Annotated
 import msgspec
 
 MAX_LIST = 256  # throttle reasons, NVLinks, pids of one GPU, an event's fields
-Short = Annotated[str, msgspec.Meta(max_length=512)]
+MAX_SHORT_CHARS = 512  # a name, code, path or reason; the agent cuts what it sends to this
+Short = Annotated[str, msgspec.Meta(max_length=MAX_SHORT_CHARS)]
