@@ -8,6 +8,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from sentinel.aggregator.detectors.stuck import evaluate_job
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.state import HostView, JobView
 from sentinel.aggregator.store import BuiltinsHolder, StateStore
@@ -866,3 +867,43 @@ def test_a_rank_blocked_in_a_recv_leads_to_the_peer_that_never_sent() -> None:
     stuck = [v for v in f.engine.book.open.values() if v.kind == "stuck"]
     assert [(v.rank, v.reason) for v in stuck] == [(5, "not_entered_collective")], [v.evidence for v in stuck]
     assert "never posted the send that rank 1 waits for in recv" in " ".join(stuck[0].evidence)
+
+
+def test_a_recv_entered_mid_stall_moves_the_blame_once_it_is_old_enough() -> None:
+    """The stall is first rank 1's (rank 0 waits for it in dp); then rank 1 reports a recv from rank 5, too
+    young to count. The kept examination must expire when that recv reaches min_wait_s even though no head
+    moves (same progress, larger ages): from then on the culprit is rank 5, as a fresh examination says."""
+    f = Fleet()
+
+    def feed(t: float, age: float | None, recv_age: float | None) -> None:
+        out: dict[str, list[FrHeads]] = {"h0": [], "h1": []}
+        for r in range(16):
+            pgs = [pg("world", 12)]
+            if r in (0, 1):
+                pgs.append(pg("dp0", 12, age if r == 0 else None, [0, 1]))
+            if r == 1 and recv_age is not None:
+                recv = InFlight(seq=30, op="nccl:recv 1<-5", age_s=recv_age, state="started", p2p=True)
+                pgs[0] = msgspec.structs.replace(pgs[0], in_flight=[recv])
+            out["h0" if r < 8 else "h1"].append(heads(r, t, pgs, "h0" if r < 8 else "h1", r % 8))
+        f.send("h0", t, heads=out["h0"], procs=procs(0) if t == 0 else None)
+        f.send("h1", t, heads=out["h1"], procs=procs(1) if t == 0 else None)
+
+    def culprits() -> list[int]:
+        return sorted(v.rank for v in f.engine.book.open.values() if v.kind == "stuck" and v.rank is not None)
+
+    for t in (0.0, 2.0):
+        feed(t, None, None)
+        f.engine.tick(t)
+    seen = []
+    for step in range(4, 24, 2):
+        t = float(step)
+        feed(t, t - 3.0, t - 9.0 if t >= 10 else None)
+        f.engine.tick(t)
+        seen.append(culprits())
+    cfg = f.engine.config.detect
+    fresh, _ = evaluate_job(
+        f.engine.fleet.jobs["j"], f.engine.fleet, cfg.stuck, cfg.hardware, 22.0, cfg.network
+    )
+    assert [x.rank for x in fresh] == [5]
+    assert [1] in seen  # rank 1's stall was named first
+    assert seen[-1] == [5], seen

@@ -473,6 +473,9 @@ def examine(job: JobView, cfg: StuckConfig, now: float) -> Examination | None:
                 reported[(pg_name, seq)] = max(reported.get((pg_name, seq), 0.0), own)
             else:  # this wait becomes long enough to count then
                 exam.until = min(exam.until, now + cfg.min_wait_s - age)
+        for _pg, _seq, _op, age, _peer, _send in info.p2p:  # so does a send/recv's: an edge (_p2p_edges)
+            if age < cfg.min_wait_s:
+                exam.until = min(exam.until, now + cfg.min_wait_s - age)
     # A wait only extrapolated from the last heads is not a stall: when a job ends, its ranks' last heads
     # are taken at slightly different moments (some already inside the final collective, some not) and
     # then stop; extrapolated, that looks like a stall for the second before the heads turn stale. Some
