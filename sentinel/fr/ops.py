@@ -119,9 +119,7 @@ def match_key(op: str, in_sizes: Any, out_sizes: Any, dtypes: Any) -> str:
         sizes = f"{in_sizes}>{out_sizes}"
     elif op in UNEVEN:
         sizes = ""
-    elif op in P2P:  # a send's input must fit the matching recv's tensor (checked pairwise, not across ranks)
-        sizes = f"{in_sizes}"
-    else:
+    else:  # p2p too: a send's input must fit the matching recv's tensor (checked pairwise, not across ranks)
         sizes = f"{in_sizes}"
     return f"{op}|{sizes}|{','.join(sorted(dtypes))}"
 
