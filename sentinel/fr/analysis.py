@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from sentinel.fr.ops import op_name
+from sentinel.fr.ops import is_send, op_name
 from sentinel.fr.summary import P2P_LOG, GroupTrack, KeyInfo, Pending, RankSummary
 from sentinel.fr.waitgraph import Culprit, Wait, find_culprits
 
@@ -539,15 +539,13 @@ def _p2p_waits(groups: dict[str, Group]) -> list[Wait]:
                 if p.peer >= len(order):
                     continue
                 peer = order[p.peer]
-                send = op_name(p.op) in ("send", "isend")
+                send = is_send(p.op)
                 k = seen[(peer, send)] = seen.get((peer, send), 0) + 1
                 posted = _posted(rank, peer, p, send=send, g=g, groups=groups, local=local, cache=logs)
                 if posted is None:  # no shared anchor: count the peer's pending counterparts
                     theirs = pend.get(peer, [])
                     posted = k <= sum(
-                        1
-                        for x in theirs
-                        if x.peer == local.get(rank, -1) and (op_name(x.op) in ("send", "isend")) != send
+                        1 for x in theirs if x.peer == local.get(rank, -1) and is_send(x.op) != send
                     )
                 if not posted:
                     unmatched.append((p, peer))
@@ -669,7 +667,7 @@ def _p2p_mismatch(groups: dict[str, Group], keys: dict[int, KeyInfo]) -> Mismatc
             for p in t.pending:
                 if not p.p2p or not 0 <= p.peer < len(order):
                     continue
-                if op_name(p.op) in ("send", "isend"):
+                if is_send(p.op):
                     sends.setdefault((rank, order[p.peer]), []).append(p)
                 else:
                     recvs.setdefault((order[p.peer], rank), []).append(p)
@@ -880,7 +878,7 @@ def _where(w: Wait, g: Group) -> str:
 
 
 def _counterpart(op: str) -> str:
-    return "recv" if op in ("send", "isend") else "send"
+    return "recv" if is_send(op) else "send"
 
 
 def _ranks(ranks: Sequence[int] | AbstractSet[int]) -> str:

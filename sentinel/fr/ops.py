@@ -63,6 +63,11 @@ def op_name(profiling_name: str) -> str:
     return name.split(" ", 1)[0]
 
 
+def is_send(op: str) -> bool:
+    """Whether a p2p op (``nccl:send 0->1``, or its name ``send``/``isend``) sends; else it receives."""
+    return op_name(op) in ("send", "isend")
+
+
 def p2p_peer(profiling_name: str) -> tuple[int, int] | None:
     """(src, dst) group-local ranks of a p2p op, or None when the name does not carry them."""
     tail = profiling_name.rsplit(" ", 1)[-1]

@@ -26,7 +26,7 @@ import msgspec
 
 from sentinel.fr.errors import FrFormatError, brief
 from sentinel.fr.loader import RawDump
-from sentinel.fr.ops import P2P, group_size_hint, match_key, op_name, p2p_peer
+from sentinel.fr.ops import P2P, group_size_hint, is_send, match_key, op_name, p2p_peer
 
 #: Newest entries per dump whose match key is computed (see :func:`summarize`).
 KEY_WINDOW = 128
@@ -303,7 +303,7 @@ def summarize(dump: RawDump) -> RankSummary:
             if is_p2p or e.is_p2p is True:
                 peers = p2p_peer(profiling)
                 if peers is not None:
-                    send = op_name(profiling) in ("send", "isend")
+                    send = is_send(profiling)
                     local_peer = peers[1] if send else peers[0]
                     if not 0 <= local_peer < 1 << 24:  # no group has that many ranks: unknown peer
                         local_peer = -1

@@ -28,7 +28,7 @@ from sentinel.components.nccl_ras.rule import ras_evidence
 from sentinel.components.vocab import Action
 from sentinel.config.aggregator import AggregatorConfig, HardwareConfig, StuckConfig
 from sentinel.fr.heads import PgHead
-from sentinel.fr.ops import op_name, p2p_peer
+from sentinel.fr.ops import is_send, op_name, p2p_peer
 from sentinel.fr.waitgraph import Wait, find_culprits
 from sentinel.log import get_logger
 
@@ -598,7 +598,7 @@ def examine(job: JobView, cfg: StuckConfig, now: float) -> Examination | None:
                 why = _silent_since(rank, known.view)
             elif w.p2p:
                 reason = "not_entered_collective"
-                other = "recv" if w.op.startswith(("send", "isend")) else "send"
+                other = "recv" if is_send(w.op) else "send"
                 why = _fixed(
                     f"rank {rank} never posted the {other} that rank {w.rank} waits for in {w.op} "
                     f"(pg {w.group}, p2p #{w.seq})"
@@ -620,7 +620,7 @@ def _p2p_peer(pg: PgHead, op: str, ordered: dict[int, list[int]]) -> tuple[int, 
     peers = p2p_peer(op)
     if peers is None:
         return None
-    send = op_name(op) in ("send", "isend")
+    send = is_send(op)
     local = peers[1] if send else peers[0]
     if pg.ranks:
         members = ordered.get(id(pg.ranks))
