@@ -522,6 +522,7 @@ def _p2p_waits(groups: dict[str, Group]) -> list[Wait]:
     no p2p entries (gloo) give no waits."""
     waits: list[Wait] = []
     logs: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    member_of: dict[int, list[Group]] = {}  # rank -> the groups its dump has a track in, in groups' order
     for g in groups.values():
         pend = {
             r: sorted((p for p in t.pending if p.p2p and p.peer >= 0), key=lambda p: (p.seq, p.t_ns))
@@ -530,6 +531,10 @@ def _p2p_waits(groups: dict[str, Group]) -> list[Wait]:
         pend = {r: ps for r, ps in pend.items() if ps}
         if not pend:
             continue
+        if not member_of:  # once, and only for dumps with pending p2p ops
+            for other in groups.values():
+                for r in other.tracks:
+                    member_of.setdefault(r, []).append(other)
         order = sorted(g.members)
         local = {r: i for i, r in enumerate(order)}
         for rank, ops in sorted(pend.items()):
@@ -541,7 +546,7 @@ def _p2p_waits(groups: dict[str, Group]) -> list[Wait]:
                 peer = order[p.peer]
                 send = is_send(p.op)
                 k = seen[(peer, send)] = seen.get((peer, send), 0) + 1
-                posted = _posted(rank, peer, p, send=send, g=g, groups=groups, local=local, cache=logs)
+                posted = _posted(rank, peer, p, send=send, g=g, member_of=member_of, local=local, cache=logs)
                 if posted is None:  # no shared anchor: count the peer's pending counterparts
                     theirs = pend.get(peer, [])
                     posted = k <= sum(
@@ -578,7 +583,7 @@ def _posted(
     *,
     send: bool,
     g: Group,
-    groups: dict[str, Group],
+    member_of: dict[int, list[Group]],
     local: dict[int, int],
     cache: dict[tuple[int, str], list[tuple[int, int]]],
 ) -> bool | None:
@@ -587,9 +592,11 @@ def _posted(
     Anchor: ``rank``'s latest collective created before ``p`` in a group both ranks belong to, present in
     both dumps. Counting from it, ``p`` is the n-th op of its kind from ``rank`` to ``peer``; the peer
     posted its counterpart when it ran at least n complementary ops toward ``rank`` after its own entry of
-    the same collective — completed or not (a batch holds a completed transfer's entry open)."""
+    the same collective — completed or not (a batch holds a completed transfer's entry open). Only the
+    groups ``rank`` has a track in are looked at (``member_of``): a pass over every group per pending op
+    is quadratic in a pipeline job whose thousands of ranks each wait in a send/recv."""
     anchor_me = anchor_peer = 0
-    for other in groups.values():
+    for other in member_of.get(rank, ()):
         mine, theirs = other.tracks.get(rank), other.tracks.get(peer)
         if mine is None or theirs is None or not mine.times:
             continue
