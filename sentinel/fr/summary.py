@@ -426,10 +426,9 @@ def _finish(b: _Builder) -> GroupTrack:
 
 
 def _apply_status(
-    dump: RawDump, groups: list[GroupTrack], source: str, builders: dict[int, _Builder] | None = None
+    dump: RawDump, groups: list[GroupTrack], source: str, builders: dict[int, _Builder]
 ) -> None:
     by_id = {g.pg_id: g for g in groups if g.pg_id >= 0}
-    builders = builders or {}
     for pg_id, status in dump.pg_status.items():
         if not isinstance(status, dict):
             raise FrFormatError(f"{source}: pg_status[{brief(pg_id, 20)}] is not a dict")
@@ -447,7 +446,8 @@ def _apply_status(
         started = _int(status.get("last_started_collective", -1), "last_started_collective", source)
         b = builders.get(key)
         if b is not None and _counts_ops(b, enq):
-            enq, done, started = (_seq_of_op(b, v) for v in (enq, done, started))
+            ascending = _ascending(b.ops)  # once per group, not per value mapped
+            enq, done, started = (_seq_of_op(b, v, ascending) for v in (enq, done, started))
         group.enq = max(group.enq, enq)
         group.done = max(group.done, done)
         group.started = max(group.started, started)
@@ -488,12 +488,12 @@ def _counts_ops(b: _Builder, enq: int) -> bool:
     return newest_op >= 0 and newest_op != newest_seq and enq == newest_op
 
 
-def _seq_of_op(b: _Builder, op_id: int) -> int:
+def _seq_of_op(b: _Builder, op_id: int, ascending: bool) -> int:
     """The collective seq whose entry is the newest with ``op_id`` at most the given one (-1 passes)."""
     if op_id < 0:
         return op_id
     ops = b.ops
-    i = bisect_right(ops, op_id) if _ascending(ops) else sum(1 for o in ops if o <= op_id)
+    i = bisect_right(ops, op_id) if ascending else sum(1 for o in ops if o <= op_id)
     if i == 0:  # older than every entry in the ring buffer: just before the first
         return int(b.seqs[0]) - 1 if b.seqs else -1
     return int(b.seqs[i - 1])
