@@ -443,13 +443,7 @@ def _what_releases(w: Wait, groups: dict[str, Group]) -> str:
 def _note_unrecorded_p2p(res: FrAnalysis, groups: dict[str, Group]) -> None:
     """Culprits that ran point-to-point ops the backend did not record may be blocked in a send/recv for
     another culprit rather than stuck themselves: say so when the dumps cannot tell them apart."""
-    # one pass over the tracks (a pass over every group per culprit was 25 million steps, 2 s, for the
-    # 2,048 culprits and 12,289 groups of a 16,384-rank job)
-    unrecorded: dict[int, int] = {}
-    for g in groups.values():
-        for r, t in g.tracks.items():
-            if t.unrecorded_ops:
-                unrecorded[r] = unrecorded.get(r, 0) + t.unrecorded_ops
+    unrecorded = _unrecorded_ops(groups)
     users = sorted(r for r in res.culprit_ranks if r in unrecorded)
     if not users:
         return
@@ -463,6 +457,19 @@ def _note_unrecorded_p2p(res: FrAnalysis, groups: dict[str, Group]) -> None:
             else "a rank blocked in an unrecorded send/recv looks like one that never entered the collective"
         )
     )
+
+
+def _unrecorded_ops(groups: dict[str, Group]) -> dict[int, int]:
+    """rank -> ops it ran that left no entry, over all its groups (:attr:`GroupTrack.unrecorded_ops`).
+
+    One pass over the tracks (a pass over every group per culprit was 25 million steps, 2 s, for the
+    2,048 culprits and 12,289 groups of a 16,384-rank job)."""
+    unrecorded: dict[int, int] = {}
+    for g in groups.values():
+        for r, t in g.tracks.items():
+            if t.unrecorded_ops:
+                unrecorded[r] = unrecorded.get(r, 0) + t.unrecorded_ops
+    return unrecorded
 
 
 # ---------------------------------------------------------------- waits and mismatches
@@ -993,9 +1000,7 @@ def _decide(
     if stragglers:
         _set_straggler(res, stragglers)
         return
-    users = sorted(
-        {r for g in groups.values() for r, t in g.tracks.items() if t.unrecorded_ops} - set(missing)
-    )
+    users = sorted(_unrecorded_ops(groups).keys() - set(missing))
     if users:
         # gloo: every collective completed, but the ranks run send/recv it does not record; a job whose
         # ranks all wait in a send/recv (a pipeline stage that never sends) leaves exactly these dumps
