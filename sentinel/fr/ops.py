@@ -9,6 +9,7 @@ all_to_all may legitimately differ (uneven splits).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from sentinel.fr.errors import FrFormatError
@@ -55,12 +56,28 @@ SCATTER_LIKE = frozenset(
 UNEVEN = frozenset({"all_to_all", "all_to_all_single", "all_to_all_v_single", "alltoall", "alltoall_base"})
 UNEVEN |= frozenset({"all_gather_v", "reduce_scatter_v", "gather", "scatter"})
 P2P = frozenset({"send", "recv", "isend", "irecv", "recv_anysource"})
+#: Backends whose process group records its collectives in the flight recorder but not its send/recv:
+#: ProcessGroupGloo (torch 2.13) counts a send/recv in ``op_id`` and in its ``pg_status`` without writing an
+#: entry, where ProcessGroupNCCL writes one per op (``nccl:send 0->1``, ``is_p2p``). Only for these do
+#: ``op_id`` gaps mean "send/recv ran here".
+UNRECORDED_P2P_BACKENDS = frozenset({"gloo"})
+_BACKEND = re.compile(r"[a-z0-9_]{1,16}")
+#: :func:`backend` of a group whose entries name more than one backend (``cpu:gloo,cuda:nccl``)
+MIXED_BACKENDS = "mixed"
 
 
 def op_name(profiling_name: str) -> str:
     """``nccl:send 0->1`` → ``send``; ``gloo:all_reduce`` → ``all_reduce``."""
     name = profiling_name.split(":", 1)[1] if ":" in profiling_name else profiling_name
     return name.split(" ", 1)[0]
+
+
+def backend(profiling_name: str) -> str:
+    """The communication library that recorded an entry: ``nccl:send 0->1`` → ``nccl``, ``gloo:barrier`` →
+    ``gloo`` (the prefix PyTorch's own analyzer splits off as ``comm_lib_backend``); "" when the name
+    carries none that looks like one (at most 16 lowercase letters, digits or ``_``)."""
+    head, sep, _ = profiling_name[:17].partition(":")
+    return head if sep and _BACKEND.fullmatch(head) else ""
 
 
 def is_send(op: str) -> bool:

@@ -26,7 +26,17 @@ import msgspec
 
 from sentinel.fr.errors import FrFormatError, brief
 from sentinel.fr.loader import RawDump
-from sentinel.fr.ops import P2P, group_size_hint, is_send, match_key, op_name, p2p_peer
+from sentinel.fr.ops import (
+    MIXED_BACKENDS,
+    P2P,
+    UNRECORDED_P2P_BACKENDS,
+    backend,
+    group_size_hint,
+    is_send,
+    match_key,
+    op_name,
+    p2p_peer,
+)
 
 #: Newest entries per dump whose match key is computed (see :func:`summarize`).
 KEY_WINDOW = 128
@@ -83,8 +93,12 @@ class GroupTrack(msgspec.Struct, array_like=True):
     #: (time_created_ns, direction << 32 | group-local peer): where p2p ops sit in the rank's program order
     p2p_log: bytes = b""
     #: ops this rank ran in the group that left no entry, counted from ``op_id`` gaps between its newest
-    #: collectives (:data:`UNRECORDED_WINDOW`): gloo counts send/recv in ``op_id`` but does not record them
+    #: collectives (:data:`UNRECORDED_WINDOW`) when the group's backend records no send/recv
+    #: (:data:`~sentinel.fr.ops.UNRECORDED_P2P_BACKENDS`: gloo counts them in ``op_id``, writes no entry)
     unrecorded_ops: int = 0
+    #: the comm library its entries name (``profiling_name`` ``nccl:...`` / ``gloo:...``), "" for none,
+    #: ``mixed`` when they name several
+    backend: str = ""
 
 
 class RankSummary(msgspec.Struct, array_like=True):
@@ -103,6 +117,7 @@ class RankSummary(msgspec.Struct, array_like=True):
 
 class _Builder:
     __slots__ = (
+        "backend",
         "desc",
         "done",
         "enq",
@@ -132,6 +147,7 @@ class _Builder:
         self.last_seq = -1
         self.hints: set[int] = set()
         self.p2p_log = array("q")
+        self.backend: str | None = None  # None until the first entry names one
 
 
 def _int(value: Any, what: str, source: str) -> int:
@@ -246,7 +262,7 @@ def summarize(dump: RawDump) -> RankSummary:
     builders: dict[str, _Builder] = {}
     key_cache: dict[tuple[str, bytes], tuple[int, int]] = {}
     key_info: dict[int, KeyInfo] = {}
-    p2p_names: dict[str, bool] = {}
+    p2p_names: dict[str, tuple[bool, str]] = {}  # profiling name -> (a send/recv, its backend)
     keyed_from = len(entries) - KEY_WINDOW
     first_t = 0
     last_t = 0
@@ -278,9 +294,12 @@ def summarize(dump: RawDump) -> RankSummary:
             if e.time_discovered_started_ns and state == "scheduled":
                 state = "started"  # NCCL saw it start on the device (gloo leaves the field empty)
             completed = e.retired is True or state == "completed"
-            is_p2p = p2p_names.get(profiling)
-            if is_p2p is None:
-                is_p2p = p2p_names[profiling] = op_name(profiling) in P2P
+            named = p2p_names.get(profiling)
+            if named is None:
+                named = p2p_names[profiling] = (op_name(profiling) in P2P, backend(profiling))
+            is_p2p, bk = named
+            if bk != b.backend:
+                b.backend = bk if b.backend is None else MIXED_BACKENDS
             key = 0
             if index >= keyed_from or not completed or is_p2p:
                 fields = (e.input_sizes, e.output_sizes, e.input_dtypes, e.output_dtypes)
@@ -422,6 +441,7 @@ def _finish(b: _Builder) -> GroupTrack:
         size_hints=sorted(b.hints),
         p2p_log=b.p2p_log[-2 * P2P_LOG :].tobytes(),
         unrecorded_ops=_unrecorded(b),
+        backend=b.backend or "",
     )
 
 
@@ -462,11 +482,16 @@ UNRECORDED_WINDOW = 64
 
 
 def _unrecorded(b: _Builder) -> int:
-    """Ops between this group's newest recorded collectives that left no entry (``op_id`` gaps); 0 when
-    the backend records its p2p ops or numbers no ops (op_id -1)."""
+    """Ops between this group's newest recorded collectives that left no entry (``op_id`` gaps).
+
+    Keyed on the backend the entries name, never on the gaps alone: only a backend that records no
+    send/recv (gloo) leaves a gap for every send/recv it ran. ProcessGroupNCCL writes an entry per
+    send/recv, so gaps in NCCL dumps (a wrapped buffer, entries that are simply not there, a coalesced
+    batch counted per op) say nothing about p2p and the NCCL rules judge them. 0 as well when the entries
+    number no ops (op_id -1) or the group's entries name several backends (two op counters interleave)."""
     ops = b.ops
     first = max(0, len(ops) - 1 - UNRECORDED_WINDOW)
-    if len(ops) < 2 or b.p2p_log or ops[first] < 0:
+    if b.backend not in UNRECORDED_P2P_BACKENDS or len(ops) < 2 or b.p2p_log or ops[first] < 0:
         return 0
     # the sum of the gaps of an ascending sequence, in O(1): a full 2,000-entry buffer of 16,384 ranks
     # must not cost a Python loop per entry

@@ -98,6 +98,151 @@ def test_gloo_status_counts_ops_and_is_mapped_to_collective_seqs() -> None:
     assert track.unrecorded_ops > 0  # the sends it ran between its collectives left no entry
 
 
+# ---------------------------------------------------------------- op_id gaps mean send/recv only under gloo
+
+
+def _without_p2p(tops: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The NCCL-format set with its send/recv entries gone (as if they were never there): the op ids keep
+    the gaps they leave."""
+    for top in tops.values():
+        top["entries"] = [
+            e for e in top["entries"] if not e.get("is_p2p") and not e["profiling_name"].endswith("coalesced")
+        ]
+    return tops
+
+
+def _renamed(tops: dict[int, dict[str, Any]], prefix: str) -> dict[int, dict[str, Any]]:
+    for top in tops.values():
+        for e in top["entries"]:
+            e["profiling_name"] = prefix + e["profiling_name"].split(":", 1)[-1]
+    return tops
+
+
+def _gaps(tops: dict[int, dict[str, Any]]) -> int:
+    """op ids skipped between consecutive collectives of one group, over every rank (the old rule's key)."""
+    gaps = 0
+    for top in tops.values():
+        last: dict[str, int] = {}
+        for e in top["entries"]:
+            name = e["process_group"][0]
+            if name in last and e["op_id"] > last[name] + 1:
+                gaps += e["op_id"] - last[name] - 1
+            last[name] = e["op_id"]
+    return gaps
+
+
+def test_op_id_gaps_in_nccl_dumps_are_judged_by_the_nccl_rules(tmp_path: Path) -> None:
+    """ProcessGroupNCCL records every send/recv, so an NCCL-format set whose op ids skip (send/recv entries
+    that are not there) is judged by what it holds: every collective completed, nothing pending → healthy.
+    Keyed on the gaps (the old rule) it read as gloo's unrecorded send/recv: inconclusive."""
+    tops = _without_p2p(_tops(p2p_nccl_set(DATA / "pp_healthy_n4", tmp_path)))
+    assert _gaps(tops) > 0
+    summaries = [summarize(parse_dump(t, rank=r, source=f"r{r}", is_json=False)) for r, t in tops.items()]
+    assert {g.backend for s in summaries for g in s.groups} == {"nccl"}
+    assert all(g.unrecorded_ops == 0 for s in summaries for g in s.groups)
+    result = analyze(summaries)
+    assert result.verdict == "healthy", result.summary
+
+
+@pytest.mark.parametrize(("name", "culprit"), [("pp_hang_n4", 3), ("mixed_hang_n4", 2)])
+def test_the_same_op_ids_read_as_gloo_or_nccl_by_the_backend_the_dumps_name(name: str, culprit: int) -> None:
+    """The real gloo dumps, op ids and all, with their entries' backend renamed: under ``gloo:`` the gaps
+    are its unrecorded send/recv (the caveat that a culprit may sit in one); under ``nccl:`` the same gaps
+    are not p2p (NCCL would have recorded it) and the caveat goes."""
+    gloo = _analyze_tops(_tops(DATA / name / "pickle"))
+    nccl = _analyze_tops(_renamed(_tops(DATA / name / "pickle"), "nccl:"))
+    caveat = "left no entry"
+    assert any(caveat in f for f in gloo.findings), gloo.findings
+    assert not any(caveat in f for f in nccl.findings), nccl.findings
+    assert nccl.verdict == gloo.verdict == "hang"
+    assert culprit in nccl.culprit_ranks and nccl.culprit_ranks == gloo.culprit_ranks
+
+
+def test_a_healthy_pipeline_reads_by_its_backend() -> None:
+    """pp_healthy_n4 as gloo wrote it stays inconclusive (gloo's unrecorded send/recv: a pipeline whose
+    ranks all wait in one leaves the same dumps); the same entries named ``nccl:`` are healthy."""
+    assert _analyze_tops(_tops(DATA / "pp_healthy_n4" / "pickle")).verdict == "inconclusive"
+    renamed = _analyze_tops(_renamed(_tops(DATA / "pp_healthy_n4" / "pickle"), "nccl:"))
+    assert renamed.verdict == "healthy", renamed.summary
+
+
+def test_a_group_whose_entries_name_two_backends_counts_no_unrecorded_ops() -> None:
+    """``cpu:gloo,cuda:nccl`` groups write entries of both backends under one name, from two op counters:
+    their interleaved op ids are no gloo gaps."""
+    tops = _tops(DATA / "pp_hang_n4" / "pickle")
+    for top in tops.values():
+        seen: dict[str, int] = {}
+        for e in top["entries"]:
+            name = e["process_group"][0]
+            seen[name] = seen.get(name, 0) + 1
+            if seen[name] % 2:
+                e["profiling_name"] = "nccl:" + e["profiling_name"].split(":", 1)[-1]
+    for r, top in tops.items():
+        tracks = summarize(parse_dump(top, rank=r, source=f"r{r}", is_json=False)).groups
+        assert {t.backend for t in tracks} == {"mixed"}
+        assert all(t.unrecorded_ops == 0 for t in tracks)
+
+
+_prefix = st.sampled_from(["gloo:", "nccl:", "", "xccl:", "GLOO:", "gloo :", "g" * 17 + ":", ":"])
+
+
+@st.composite
+def _one_group_dump(draw: st.DrawFn) -> tuple[dict[str, Any], list[str]]:
+    entries = []
+    op = 0
+    prefixes = []
+    for seq in range(1, draw(st.integers(0, 12)) + 1):
+        op += draw(st.integers(1, 4))
+        prefix = draw(_prefix)
+        prefixes.append(prefix)
+        entries.append(
+            {
+                "pg_id": 0,
+                "process_group": ("0", "default_pg"),
+                "collective_seq_id": seq,
+                "p2p_seq_id": 0,
+                "op_id": op,
+                "profiling_name": prefix + draw(st.sampled_from(["all_reduce", "barrier", "all_reduce x"])),
+                "time_created_ns": 1_000_000 + seq,
+                "input_sizes": [[4]],
+                "output_sizes": [[4]],
+                "input_dtypes": ["Float"],
+                "output_dtypes": ["Float"],
+                "retired": True,
+                "is_p2p": False,
+            }
+        )
+    return {"version": "2.10", "pg_config": {}, "pg_status": {}, "entries": entries}, prefixes
+
+
+@settings(max_examples=200, deadline=None)
+@given(_one_group_dump())
+def test_fuzz_the_backend_is_read_from_the_names_and_only_gloo_counts_gaps(
+    drawn: tuple[dict[str, Any], list[str]],
+) -> None:
+    top, prefixes = drawn
+    tracks = summarize(parse_dump(top, rank=0, source="r0", is_json=False)).groups
+    if not prefixes:
+        assert tracks == []
+        return
+    (track,) = tracks
+    named = {p[:-1] if p[:-1].isalnum() and p[:-1].islower() and len(p) <= 17 else "" for p in prefixes}
+    assert track.backend == (named.pop() if len(named) == 1 else "mixed")
+    if track.backend != "gloo":
+        assert track.unrecorded_ops == 0
+    else:
+        ops = [e["op_id"] for e in top["entries"]]
+        assert track.unrecorded_ops == ops[-1] - ops[0] - (len(ops) - 1)
+
+
+@given(st.text(max_size=40))
+def test_fuzz_backend_is_a_short_prefix_of_the_name_or_nothing(name: str) -> None:
+    from sentinel.fr.ops import backend
+
+    found = backend(name)
+    assert found == "" or (name.startswith(found + ":") and len(found) <= 16 and found.isascii())
+
+
 # ---------------------------------------------------------------- rules of the format, not of rank numbers
 
 
