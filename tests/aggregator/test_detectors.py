@@ -907,3 +907,121 @@ def test_a_recv_entered_mid_stall_moves_the_blame_once_it_is_old_enough() -> Non
     assert [x.rank for x in fresh] == [5]
     assert [1] in seen  # rank 1's stall was named first
     assert seen[-1] == [5], seen
+
+
+# -- stuck: every stalled rank blocked in send/recv (no collective stalled) ---------------------------------
+
+
+def _feed_p2p(
+    f: Fleet, t: float, ops: dict[int, tuple[str, float]], completed: int = 12, silent: Collection[int] = ()
+) -> None:
+    """16 ranks in the world group; rank r has the pending p2p op ``ops[r]`` = (profiling name, age) or none;
+    ``silent`` ranks send no heads. The world group holds every rank, so the group-local peers in the names
+    are the global ranks."""
+    out: dict[str, list[FrHeads]] = {"h0": [], "h1": []}
+    for r in range(16):
+        if r in silent:
+            continue
+        world = pg("world", completed)
+        if r in ops:
+            name, age = ops[r]
+            flight = InFlight(seq=30 + r, op=name, age_s=age, state="started", p2p=True)
+            world = msgspec.structs.replace(world, in_flight=[flight])
+        host = "h0" if r < 8 else "h1"
+        out[host].append(heads(r, t, [world], host, r % 8))
+    f.send("h0", t, heads=out["h0"], procs=procs(0) if t == 0 else None)
+    f.send("h1", t, heads=out["h1"], procs=procs(1) if t == 0 else None)
+
+
+def _pipeline_stall(f: Fleet, t: float, age: float) -> None:
+    """A 16-stage pipeline whose stage 9 never forwards its activation: stages 10..15 block in the recv of
+    theirs from the stage before, stages 0..8 in the recv of their gradient from the stage after; rank 9
+    sits in no send/recv nor collective."""
+    ops = {r: (f"nccl:recv {r}<-{r - 1}", age) for r in range(10, 16)}
+    ops.update({r: (f"nccl:recv {r}<-{r + 1}", age) for r in range(9)})
+    _feed_p2p(f, t, ops)
+
+
+def test_every_rank_blocked_in_send_recv_names_the_stage_that_never_sent() -> None:
+    """No collective is stalled (nothing but the send/recv ops is in flight) and the heads stop moving: the
+    wait-for graph over the peers leads every chain to rank 9. Before, no collective stall meant no verdict."""
+    f = Fleet()
+    for t in (0.0, 2.0):
+        _feed_p2p(f, t, {}, completed=10 + int(t))
+        f.engine.tick(t)
+    for t in (4.0, 6.0):
+        _pipeline_stall(f, t, t - 3.0)
+        f.engine.tick(t)
+        assert _stuck(f) == []  # the recvs are younger than min_wait_s (4 s)
+    for t in (8.0, 10.0):
+        _pipeline_stall(f, t, t - 3.0)
+        f.engine.tick(t)
+    found = _stuck(f)
+    assert [(r, why) for r, why, _ in found] == [(9, "not_entered_collective")], found
+    evidence = found[0][2]
+    assert "are blocked in send/recv and no collective completed for" in evidence
+    assert (
+        "rank 9 never posted the send that rank" in evidence and "in no send/recv nor collective" in evidence
+    )
+    stall = f.engine.stalls["j"]
+    assert stall.culprits == [9] and stall.pg == "world" and len(stall.waiting) == 15
+    _feed_p2p(f, 12.0, {}, completed=20)  # the pipeline moves again: the verdict closes
+    f.engine.tick(12.0)
+    assert _stuck(f) == []
+
+
+def test_ranks_that_each_send_to_the_other_are_a_p2p_deadlock() -> None:
+    """Ranks 4 and 5 both block in a send to each other and neither posted the recv: a cycle."""
+    f = Fleet()
+    for t in (0.0, 2.0):
+        _feed_p2p(f, t, {}, completed=10 + int(t))
+        f.engine.tick(t)
+    for t in (4.0, 6.0, 8.0, 10.0):
+        _feed_p2p(f, t, {4: ("nccl:send 4->5", t - 3.0), 5: ("nccl:send 5->4", t - 3.0)})
+        f.engine.tick(t)
+    found = _stuck(f)
+    assert [(r, why) for r, why, _ in found] == [(4, "deadlock"), (5, "deadlock")], found
+    assert "wait on each other in send/recv" in found[0][2]
+
+
+def test_send_recv_that_both_sides_posted_is_an_inconclusive_stall_once_unexplained() -> None:
+    """Rank 2 sends to rank 3, which posted the recv: both are blocked, nobody is to blame (a transfer that
+    does not complete). No verdict while it could be a slow transfer; after unexplained_wait_s (120 s) one
+    inconclusive p2p_stalled verdict with the blocked ops as evidence, instead of silence."""
+    f = Fleet()
+    for t in (0.0, 2.0):
+        _feed_p2p(f, t, {}, completed=10 + int(t))
+        f.engine.tick(t)
+    seen: list[list[tuple[int | None, str]]] = []
+    for step in range(4, 132, 2):
+        t = float(step)
+        _feed_p2p(f, t, {2: ("nccl:send 2->3", t - 3.0), 3: ("nccl:recv 3<-2", t - 3.0)})
+        f.engine.tick(t)
+        seen.append([(r, why) for r, why, _ in _stuck(f)])
+    assert seen[:55] == [[]] * 55  # up to 114 s of waiting: nothing said
+    assert seen[-1] == [(None, "p2p_stalled")], seen[-1]
+    evidence = _stuck(f)[0][2]
+    assert "inconclusive: all ranks blocked in send/recv" in evidence
+    assert "rank 2 in send (pg world, p2p #32) with rank 3, which posted the counterpart" in evidence
+    assert f.engine.stalls["j"].waiting == [2, 3]
+
+
+def test_a_p2p_stall_whose_peer_went_silent_names_the_gone_rank() -> None:
+    """Rank 7 waits in a recv from rank 6, whose heads stop: rank 6 is gone."""
+    f = Fleet()
+    for t in (0.0, 2.0):
+        _feed_p2p(f, t, {}, completed=10 + int(t))
+        f.engine.tick(t)
+    for t in (4.0, 6.0, 8.0, 10.0, 12.0, 14.0):
+        # from 6 s on rank 6 sends no heads: they turn stale after heads_fresh_s (5 s)
+        _feed_p2p(f, t, {7: ("nccl:recv 7<-6", t - 3.0)}, silent={6} if t > 4.0 else ())
+        f.engine.tick(t)
+        if t == 8.0:  # rank 6's last heads (4 s) are still fresh: idle, it never sent
+            assert [(r, why) for r, why, _ in _stuck(f)] == [(6, "not_entered_collective")]
+    found = _stuck(f)
+    assert [r for r, _, _ in found] == [6] and "rank 6's process is gone or silent" in found[0][2], found
+    cfg = f.engine.config.detect
+    fresh, _ = evaluate_job(
+        f.engine.fleet.jobs["j"], f.engine.fleet, cfg.stuck, cfg.hardware, 14.0, cfg.network
+    )
+    assert [(x.rank, x.reason) for x in fresh] == [(6, "rank_gone")]

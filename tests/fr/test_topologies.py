@@ -599,3 +599,67 @@ def test_a_culprit_without_a_dump_takes_its_next_op_from_a_rank_running_the_same
         result.summary
     )
     assert any("rank 2 left no dump; rank 0, which runs the same groups" in f for f in result.findings)
+
+
+# ---------------------------------------------------------------- live heads of a job blocked in send/recv only
+
+
+def _live_stuck(tops: dict[int, dict[str, Any]], ages: list[float]) -> list[tuple[int | None, str, str]]:
+    """Every rank's probe heads (``reduce_snapshot`` of its dump, as its probe would have taken it that
+    long after the newest entry) fed through the aggregator's engine on a virtual clock; the stuck
+    verdicts open at the end."""
+    import msgspec
+
+    from sentinel.aggregator.engine import Engine
+    from sentinel.fr.reduce import reduce_snapshot
+    from sentinel.wire import Batch
+    from tests.aggregator.helpers import hello, sample
+
+    engine = Engine()
+    n = len(tops)
+    newest = max(e["time_created_ns"] for top in tops.values() for e in top["entries"]) / 1e9
+    host = engine.hello(hello("h0", n), newest)
+    known: dict[int, dict[int, tuple[str, str]]] = {r: {} for r in tops}
+    maps: dict[int, dict[int, tuple[int, int]]] = {r: {} for r in tops}
+    for i, age in enumerate(ages):
+        t = newest + age  # the probe's and the aggregator's clock (one host: no skew)
+        heads = [
+            msgspec.structs.replace(
+                reduce_snapshot(
+                    top,
+                    rank=r,
+                    now=newest + age,
+                    known_groups=known[r],
+                    op_map=maps[r],
+                    job_id="pp",
+                    world_size=n,
+                ),
+                gpu=r,
+            )
+            for r, top in sorted(tops.items())
+        ]
+        engine.ingest(host, Batch(seq=i, t=t, samples=[sample(g, t) for g in range(n)], heads=heads), t)
+        engine.tick(t)
+    return sorted(
+        (v.rank, v.reason, " ".join(v.evidence)) for v in engine.book.open.values() if v.kind == "stuck"
+    )
+
+
+def test_live_heads_of_a_pipeline_blocked_only_in_send_recv_name_the_stage_that_never_sent(
+    tmp_path: Path,
+) -> None:
+    """pp_only_hang_n4 (4 stages, rank 2 never forwards): ranks 0, 1 and 3 each block in a recv, none in a
+    collective. The NCCL-format heads carry those recvs: the live verdict names rank 2, as the dumps do."""
+    tops = _tops(p2p_nccl_set(DATA / "pp_only_hang_n4", tmp_path))
+    found = _live_stuck(tops, [0.5 + 2.0 * i for i in range(6)])
+    assert [(r, why) for r, why, _ in found] == [(2, "not_entered_collective")], found
+    assert "rank 2 never posted the send that rank" in found[0][2]
+    assert "are blocked in send/recv and no collective completed" in found[0][2]
+
+
+def test_live_heads_of_the_same_gloo_job_carry_no_send_recv_and_give_no_verdict() -> None:
+    """The same job as gloo wrote it: gloo records no send/recv, so its heads hold nothing in flight
+    and every rank's counters stand still, exactly as while ranks compute. No live verdict (documented);
+    the dump analysis of these dumps is inconclusive for the same reason."""
+    tops = _tops(DATA / "pp_only_hang_n4" / "pickle")
+    assert _live_stuck(tops, [0.5 + 2.0 * i for i in range(6)]) == []

@@ -5,6 +5,9 @@ entered it, the ones that did not enter are suspects — unless they are themsel
 in which case the wait is followed into that group until a rank that waits for nothing is found: the root.
 When every member is inside the collective and none completes, the ranks themselves are fine and the
 transport is not: recent NCCL NET errors or NVLink error rates on the hosts involved name the culprit.
+A rank blocked in a send/recv waits for its peer when the peer never posted the counterpart; when every
+stalled rank is blocked in one (a pipeline stage that never sent), those edges alone name the rank, or a
+cycle of them a deadlock, or — nobody to blame — an inconclusive ``p2p_stalled`` verdict.
 Without flight-recorder heads, PyTorch watchdog timeouts say who waited; the ranks that did not time out
 are the suspects. A waiting peer is never blamed.
 """
@@ -29,7 +32,7 @@ from sentinel.components.vocab import Action
 from sentinel.config.aggregator import AggregatorConfig, HardwareConfig, StuckConfig
 from sentinel.fr.heads import PgHead
 from sentinel.fr.ops import is_send, op_name, p2p_peer
-from sentinel.fr.waitgraph import Wait, find_culprits
+from sentinel.fr.waitgraph import Culprit, Wait, find_culprits
 from sentinel.log import get_logger
 
 DETECTOR = "stuck"
@@ -375,6 +378,9 @@ class Examination:
     first: tuple[str, int] | None = None
     culprits: dict[int, tuple[str, Trail]] = field(default_factory=dict)
     all_in: list[tuple[str, int]] = field(default_factory=list)
+    #: no collective stalled but ranks blocked in send/recv for min_wait_s: (rank, pg, p2p seq, op, since,
+    #: peer) of each one's oldest such op, oldest first (``first`` and ``stalled`` then name the oldest)
+    p2p_only: list[tuple[int, str, int, str, float, int]] = field(default_factory=list)
 
     def valid(self, job: JobView, cfg: StuckConfig, now: float) -> bool:
         """Whether examining the heads again at ``now`` would find the same (cheap: the stale ranks, and
@@ -459,6 +465,7 @@ def examine(job: JobView, cfg: StuckConfig, now: float) -> Examination | None:
 
     stalled: dict[tuple[str, int], tuple[str, float, list[int]]] = {}
     reported: dict[tuple[str, int], float] = {}
+    p2p_held: dict[int, tuple[str, int, str, float, int]] = {}  # rank -> its oldest stalled send/recv
     for rank, info in ranks.items():
         if not info.fresh:
             continue
@@ -473,9 +480,17 @@ def examine(job: JobView, cfg: StuckConfig, now: float) -> Examination | None:
                 reported[(pg_name, seq)] = max(reported.get((pg_name, seq), 0.0), own)
             else:  # this wait becomes long enough to count then
                 exam.until = min(exam.until, now + cfg.min_wait_s - age)
-        for _pg, _seq, _op, age, _peer, _send in info.p2p:  # so does a send/recv's: an edge (_p2p_edges)
+        for pg_name, seq, op, age, with_rank, _send in info.p2p:  # so does a send/recv's (_p2p_edges)
             if age < cfg.min_wait_s:
                 exam.until = min(exam.until, now + cfg.min_wait_s - age)
+            elif age - info.offset < cfg.min_wait_s * OBSERVED_WAIT_FRACTION:
+                exam.until = (
+                    now  # only extrapolated (as for collectives, below): the next heads may report it
+                )
+            else:
+                held = p2p_held.get(rank)
+                if held is None or age > held[3]:
+                    p2p_held[rank] = (pg_name, seq, op, age, with_rank)
     # A wait only extrapolated from the last heads is not a stall: when a job ends, its ranks' last heads
     # are taken at slightly different moments (some already inside the final collective, some not) and
     # then stop; extrapolated, that looks like a stall for the second before the heads turn stale. Some
@@ -488,7 +503,7 @@ def examine(job: JobView, cfg: StuckConfig, now: float) -> Examination | None:
     if len(observed) < len(stalled):
         exam.until = now  # the next heads may report it: examine again
     stalled = observed
-    if not stalled:
+    if not stalled and not p2p_held:
         return exam
 
     def not_entered(pg_name: str, seq: int) -> list[int]:
@@ -536,6 +551,8 @@ def examine(job: JobView, cfg: StuckConfig, now: float) -> Examination | None:
                 blocking[pg_name] = (seq, op, age)
             if (pg_name, seq) in stalled:
                 stalled_waiters.add(rank)
+        if not stalled and rank in p2p_held:
+            stalled_waiters.add(rank)  # no collective stalled: the ranks blocked in send/recv are the stall
         for pg_name, (seq, op, age) in blocking.items():
             # bounded: no more than MAX_FOLLOWED of the members it waits for are followed (a claimed world of
             # 131,072 ranks must not become 131,072 edges per wait)
@@ -551,9 +568,21 @@ def examine(job: JobView, cfg: StuckConfig, now: float) -> Examination | None:
             age_of[(rank, pg_name, seq)] = age
     graph.extend(_p2p_edges(ranks, cfg, now))
     oldest = sorted(stalled.items(), key=lambda item: -item[1][1])[:MAX_STALLED_EXAMINED]
-    exam.first = oldest[0][0]
-    exam.stalled = {key: (op, now - age, waiting) for key, (op, age, waiting) in stalled.items()}
-    exam.all_in = [key for key, _ in oldest if not missing(*key)]
+    if oldest:
+        exam.first = oldest[0][0]
+        exam.stalled = {key: (op, now - age, waiting) for key, (op, age, waiting) in stalled.items()}
+        exam.all_in = [key for key, _ in oldest if not missing(*key)]
+    else:
+        # Every stalled rank is blocked in a send/recv (a pipeline whose stage never sent): the stall is
+        # named by the oldest of those ops, and the p2p edges above lead to the rank nobody's op can
+        # complete without: one that never posted the counterpart, or a cycle of them (a deadlock).
+        exam.p2p_only = sorted(
+            ((r, g, sq, op, now - age, peer) for r, (g, sq, op, age, peer) in p2p_held.items()),
+            key=lambda x: (x[4], x[0]),
+        )
+        _, g0, sq0, op0, since0, _ = exam.p2p_only[0]
+        exam.first = (g0, sq0)
+        exam.stalled = {exam.first: (op_name(op0), since0, sorted(p2p_held))}
     culprits = exam.culprits
     for culprit in find_culprits(graph):
         if culprit.kind == "all_in" or not (
@@ -561,6 +590,9 @@ def examine(job: JobView, cfg: StuckConfig, now: float) -> Examination | None:
         ):
             continue
         w = culprit.first_wait
+        if exam.p2p_only:
+            _p2p_culprit(exam, culprit, ranks)
+            continue
         outer = next(
             (
                 key
@@ -608,6 +640,46 @@ def examine(job: JobView, cfg: StuckConfig, now: float) -> Examination | None:
                 why = _fixed(f"rank {rank} never entered (pg {w.group}, seq {w.seq})")
             culprits.setdefault(rank, (reason, [*trail, why]))
     return exam
+
+
+def _p2p_culprit(exam: Examination, culprit: Culprit, ranks: Mapping[int, _Rank]) -> None:
+    """The evidence for a culprit of a stall in which every stalled rank is blocked in a send/recv."""
+    held = exam.p2p_only
+    w = culprit.first_wait
+    lead = f"{len(held)} rank(s) ({_ranks_summary([h[0] for h in held])}) are blocked in send/recv and no "
+    r0, g0, sq0, op0, since0, peer0 = held[0]
+    tail = (
+        f"s (no collective is stalled); the longest: rank {r0} in {op_name(op0)} (pg {g0}, p2p #{sq0}) "
+        f"with rank {peer0}"
+    )
+    trail: Trail = [_aged(lead + "collective completed for ", since0, tail)]
+    for rank in culprit.ranks[:MAX_FOLLOWED]:
+        known = ranks.get(rank)
+        why: Callable[[float], str]
+        if culprit.cycle:
+            reason = "deadlock"
+            why = _fixed(
+                f"ranks {_ranks_summary(list(culprit.ranks))} wait on each other in send/recv: each is blocked "
+                "in an op whose counterpart the next one never posted (a p2p deadlock)"
+            )
+        elif known is None:
+            reason, why = "rank_gone", _fixed(f"rank {rank} has sent no flight-recorder heads")
+        elif not known.view.alive or not known.fresh:
+            reason, why = "rank_gone", _silent_since(rank, known.view)
+        else:
+            reason = "not_entered_collective"
+            other = "recv" if is_send(w.op) else "send"
+            if known.p2p:
+                itself = "is itself inside a send/recv its peer did post (a transfer that does not complete)"
+            elif known.waits:
+                itself = "is itself inside a collective"
+            else:
+                itself = "is itself in no send/recv nor collective (idle or computing)"
+            why = _fixed(
+                f"rank {rank} never posted the {other} that rank {w.rank} waits for in {w.op} "
+                f"(pg {w.group}, p2p #{w.seq}); it {itself}"
+            )
+        exam.culprits.setdefault(rank, (reason, [*trail, why]))
 
 
 def _p2p_peer(pg: PgHead, op: str, ordered: dict[int, list[int]]) -> tuple[int, bool] | None:
@@ -721,6 +793,8 @@ def conclude(  # noqa: PLR0917
             )
         stall.culprits = sorted(exam.culprits)
         return _with_ras(job, cfg, now, findings), stall
+    if exam.p2p_only:
+        findings = _p2p_unexplained(job, fleet, cfg, hw, now, exam, ports)
     for pg_name, seq in exam.all_in:
         op_in, since_in, waiting_in = exam.stalled[(pg_name, seq)]
         findings.extend(
@@ -799,8 +873,70 @@ def _all_entered(  # noqa: PLR0917
 ) -> list[Finding]:
     op, age, waiting = stalled
     head = f"all {len(waiting)} rank(s) are inside {op} (pg {pg_name}, seq {seq}) for {age:.1f}s and none completes"
-    evidence_t = now - age
     members = [info for info in ranks.values() if pg_name in info.pgs]
+    last = ("collective_stalled", "no rank, NCCL or NVLink evidence names a culprit")
+    return _unexplained(job, fleet, cfg, hw, now, ports, head, age, members, last)
+
+
+def _p2p_unexplained(  # noqa: PLR0917
+    job: JobView,
+    fleet: FleetState,
+    cfg: StuckConfig,
+    hw: HardwareConfig,
+    now: float,
+    exam: Examination,
+    ports: PortRuleConfig,
+) -> list[Finding]:
+    """Every stalled rank is blocked in a send/recv and no rank can be blamed: each pending op's counterpart
+    was posted (a transfer that does not complete) or its peer sits inside a collective (the heads hold no
+    history to tell its counterpart from a transfer its batch holds open). Judged like a collective every
+    member entered — the ranks' heads, then the network, NCCL and NVLink — and, with none of them, an
+    inconclusive ``p2p_stalled`` verdict that shows the blocked ops instead of silence."""
+    held = exam.p2p_only
+    age = now - held[0][4]
+    blocked = [h[0] for h in held]
+    head = (
+        f"all {len(held)} stalled rank(s) ({_ranks_summary(blocked)}) are blocked in send/recv, the longest for "
+        f"{age:.1f}s, and none completes; no collective is stalled"
+    )
+    involved = set(blocked) | {h[5] for h in held}
+    members = [info for rank, info in exam.ranks.items() if rank in involved]
+    ops = []
+    for rank, pg_name, seq, op, _since, peer in held[:4]:
+        other = exam.ranks.get(peer)
+        state = (
+            "inside a collective"
+            if other is not None and other.waits
+            else "posted the counterpart"
+            if other is not None
+            else "sent no heads"
+        )
+        ops.append(f"rank {rank} in {op_name(op)} (pg {pg_name}, p2p #{seq}) with rank {peer}, which {state}")
+    last = (
+        "p2p_stalled",
+        "inconclusive: all ranks blocked in send/recv and no rank, NCCL or NVLink evidence names a culprit (every "
+        "pending op's counterpart is posted, or its peer is inside a collective)",
+        *ops,
+    )
+    return _unexplained(job, fleet, cfg, hw, now, ports, head, age, members, last)
+
+
+def _unexplained(  # noqa: PLR0917
+    job: JobView,
+    fleet: FleetState,
+    cfg: StuckConfig,
+    hw: HardwareConfig,
+    now: float,
+    ports: PortRuleConfig,
+    head: str,
+    age: float,
+    members: list[_Rank],
+    last: tuple[str, ...],
+) -> list[Finding]:
+    """Ranks that all wait inside operations their peers entered: a rank whose heads stopped, a network
+    port, NCCL NET errors or NVLink errors name the cause; with none, ``last`` (reason, why, more evidence)
+    once the wait reaches ``unexplained_wait_s``."""
+    evidence_t = now - age
 
     def finding(  # noqa: PLR0917
         reason: str,
@@ -895,16 +1031,8 @@ def _all_entered(  # noqa: PLR0917
         return out[: cfg.max_culprits]
     if age < cfg.unexplained_wait_s:
         return []
-    return [
-        finding(
-            "collective_stalled",
-            "restart_app",
-            None,
-            None,
-            None,
-            "no rank, NCCL or NVLink evidence names a culprit",
-        )
-    ]
+    reason, why, *more = last
+    return [finding(reason, "restart_app", None, None, None, why, *more)]
 
 
 def _network_cause(  # noqa: PLR0917
