@@ -177,6 +177,7 @@ def analyze(summaries: Sequence[RankSummary]) -> FrAnalysis:
         history_mm=history_mm,
         stragglers=stragglers,
         missing=missing,
+        keys=keys,
     )
     if result.verdict in ("hang", "crash"):
         result.findings.extend(n for r, n in order_notes.items() if r in result.culprit_ranks)
@@ -917,6 +918,7 @@ def _decide(
     stragglers: list[Straggler],
     missing: list[int],
     stale: dict[int, tuple[str, int, int]],
+    keys: dict[int, KeyInfo],
 ) -> None:
     """The verdict, strongest evidence first.
 
@@ -1011,9 +1013,53 @@ def _decide(
             "whose ranks all wait in a send/recv leaves exactly these dumps (healthy if they were taken "
             "after the run)"
         )
+        res.findings.extend(_loop_position(groups, keys))
         return
     res.verdict = "healthy"
     res.summary = "healthy: every collective in the dumps completed on all members; no straggler"
+
+
+def _loop_position(groups: dict[str, Group], keys: dict[int, KeyInfo]) -> list[str]:
+    """Where in its loop each rank's dump ends, from its own earlier steps (gloo's ``repeat_gap``): its
+    newest collective either recurs, with ops that left no entry after it before (it would run a send/recv
+    next: what a pipeline blocked in send/recv leaves), or occurs nowhere earlier (a one-off, like the
+    closing barrier of a finished run). Evidence for whoever reads the verdict: a job that ends after a
+    recurring collective, or hangs after a one-off one, leaves the same dumps, so no verdict rests on it."""
+    newest: dict[int, tuple[int, Group, GroupTrack]] = {}
+    for g in groups.values():
+        for r, t in g.tracks.items():
+            if len(t.times) >= 8:
+                at = int.from_bytes(t.times[-8:], "little", signed=True)
+                if r not in newest or at > newest[r][0]:
+                    newest[r] = (at, g, t)
+    by_end: dict[tuple[str, int, bool], list[tuple[int, int]]] = {}
+    for r, (_, g, t) in sorted(newest.items()):
+        if t.repeat_gap == 0:
+            continue
+        seq = t.first_seq + len(t.times) // 8 - 1
+        by_end.setdefault((g.name, seq, t.repeat_gap > 0), []).append((r, t.repeat_gap))
+    out = []
+    for (name, seq, recurs), found in list(by_end.items())[:3]:
+        g = groups[name]
+        ranks = [r for r, _ in found]
+        info = keys.get(_key_at(g.tracks[ranks[0]], seq))
+        what = f"{info.op if info else 'collective'} #{seq} of group {g.label()}"
+        one = len(ranks) == 1
+        lead = f"the dump{'' if one else 's'} of {_who(ranks)} end{'s' if one else ''} with {what}"
+        if recurs:
+            lo, hi = min(n for _, n in found), max(n for _, n in found)
+            count = f"{lo}" if lo == hi else f"{lo}-{hi}"
+            out.append(
+                f"{lead}; in earlier steps the same collective was followed by {count} op(s) of that group "
+                f"that left no entry (send/recv): running on, {'it' if one else 'they'} would be in one now "
+                "(what a pipeline blocked in send/recv leaves)"
+            )
+        else:
+            out.append(
+                f"{lead}, which occurs nowhere earlier in {'its' if one else 'their'} "
+                f"dump{'' if one else 's'}: a one-off, such as the closing barrier of a finished run"
+            )
+    return out
 
 
 def _unfinished(g: Group, seq: int, missing: list[int]) -> bool:

@@ -99,6 +99,10 @@ class GroupTrack(msgspec.Struct, array_like=True):
     #: the comm library its entries name (``profiling_name`` ``nccl:...`` / ``gloo:...``), "" for none,
     #: ``mixed`` when they name several
     backend: str = ""
+    #: under gloo, the ops that left no entry right after the previous collective like the group's newest
+    #: (same match key) — what this rank ran after it in its earlier steps; -1 when no earlier one is in
+    #: the window or the backend records its send/recv (see :func:`_gap_after_repeat`)
+    repeat_gap: int = -1
 
 
 class RankSummary(msgspec.Struct, array_like=True):
@@ -442,6 +446,7 @@ def _finish(b: _Builder) -> GroupTrack:
         p2p_log=b.p2p_log[-2 * P2P_LOG :].tobytes(),
         unrecorded_ops=_unrecorded(b),
         backend=b.backend or "",
+        repeat_gap=_gap_after_repeat(b),
     )
 
 
@@ -496,6 +501,22 @@ def _unrecorded(b: _Builder) -> int:
     # the sum of the gaps of an ascending sequence, in O(1): a full 2,000-entry buffer of 16,384 ranks
     # must not cost a Python loop per entry
     return max(0, ops[-1] - ops[first] - (len(ops) - 1 - first))
+
+
+def _gap_after_repeat(b: _Builder) -> int:
+    """Ops that left no entry right after the newest earlier collective with the same match key as the
+    group's newest one, within :data:`UNRECORDED_WINDOW`: a training loop repeats, so this is what the
+    rank ran after its last collective in its earlier steps (gloo: its send/recv). -1 without an earlier
+    one, for other backends, or without op ids. Evidence for a human, not a rule (see the analysis)."""
+    keys, ops = b.keys, b.ops
+    n = len(keys)
+    if b.backend not in UNRECORDED_P2P_BACKENDS or n < 2 or not keys[-1] or ops[-1] < 0:
+        return -1
+    last = keys[-1]
+    for j in range(n - 2, max(-1, n - 2 - UNRECORDED_WINDOW), -1):
+        if keys[j] == last:
+            return max(0, ops[j + 1] - ops[j] - 1)
+    return -1
 
 
 def _counts_ops(b: _Builder, enq: int) -> bool:

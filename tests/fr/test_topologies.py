@@ -25,6 +25,7 @@ from sentinel.fr.analysis import analyze
 from sentinel.fr.dumpset import analyze_dir
 from sentinel.fr.errors import FrFormatError
 from sentinel.fr.loader import discover, load_dump, parse_dump
+from sentinel.fr.ops import op_name
 from sentinel.fr.summary import summarize
 from tests.fr.p2p_synth import p2p_nccl_set
 from tests.support import REPO, need_module
@@ -228,11 +229,15 @@ def test_fuzz_the_backend_is_read_from_the_names_and_only_gloo_counts_gaps(
     (track,) = tracks
     named = {p[:-1] if p[:-1].isalnum() and p[:-1].islower() and len(p) <= 17 else "" for p in prefixes}
     assert track.backend == (named.pop() if len(named) == 1 else "mixed")
+    ops = [e["op_id"] for e in top["entries"]]
     if track.backend != "gloo":
         assert track.unrecorded_ops == 0
+        assert track.repeat_gap == -1
     else:
-        ops = [e["op_id"] for e in top["entries"]]
         assert track.unrecorded_ops == ops[-1] - ops[0] - (len(ops) - 1)
+        kinds = [op_name(e["profiling_name"]) for e in top["entries"]]
+        earlier = [j for j in range(len(kinds) - 1) if kinds[j] == kinds[-1]]
+        assert track.repeat_gap == (ops[earlier[-1] + 1] - ops[earlier[-1]] - 1 if earlier else -1)
 
 
 @given(st.text(max_size=40))
