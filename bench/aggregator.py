@@ -92,6 +92,7 @@ def serve(workdir: Path, core: int, profile: Path | None = None) -> None:
     from aiohttp import web
 
     from sentinel.aggregator.listener import AggregatorSite
+    from sentinel.aggregator.loop import run as run_loop
     from sentinel.aggregator.server import create_app
     from sentinel.config.aggregator import AggregatorConfig, IncidentsConfig, LimitsConfig, ServerConfig
     from sentinel.log import setup_logging
@@ -112,6 +113,8 @@ def serve(workdir: Path, core: int, profile: Path | None = None) -> None:
         site = AggregatorSite(runner, "127.0.0.1", 0, backlog=4096)
         await site.start()
         port = runner.addresses[0][1]
+        if os.environ.get("SENTINEL_BENCH_STALLS"):
+            _watch_stalls(workdir / "stalls.txt")
         (workdir / "port").write_text(str(port))
         try:
             await asyncio.Event().wait()
@@ -126,11 +129,46 @@ def serve(workdir: Path, core: int, profile: Path | None = None) -> None:
         profiler.enable()
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(main())
+            run_loop(main(), os.environ.get("SENTINEL_BENCH_LOOP", "auto"))
     finally:
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(str(profile))
+
+
+def _watch_stalls(path: Path) -> None:
+    """Debug aid (``SENTINEL_BENCH_STALLS=1``): a thread that, whenever the event loop has not run a 20-ms
+    heartbeat for 150 ms, records the loop thread's stack every 50 ms while the stall lasts."""
+    import collections
+    import threading
+    import traceback
+
+    loop = asyncio.get_running_loop()
+    main_id = threading.get_ident()
+    beat = [time.monotonic()]
+
+    def tick() -> None:
+        beat[0] = time.monotonic()
+        loop.call_later(0.02, tick)
+
+    tick()
+
+    def watch() -> None:
+        seen: collections.Counter[str] = collections.Counter()
+        while True:
+            time.sleep(0.05)
+            gap = time.monotonic() - beat[0]
+            if gap < 0.15:
+                continue
+            frame = sys._current_frames().get(main_id)
+            if frame is None:
+                continue
+            stack = "".join(traceback.format_stack(frame, limit=14)[-9:])
+            seen[stack] += 1
+            with path.open("a") as out:
+                out.write(f"--- gap {gap:.2f}s at {time.time():.2f}\n{stack}")
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 # -- load generator process -----------------------------------------------------------------------------
@@ -557,6 +595,8 @@ def run_level(
             cpu1, gcpu1, elapsed = proc.cpu_times(), gen_proc.cpu_times(), time.time() - t0
             applied1 = _counter(fetch(base + "/metrics").decode(), "sentinel_ingest_batches_total")
             rss = proc.memory_info().rss
+            if (workdir / "stalls.txt").exists():
+                Path(os.environ["SENTINEL_BENCH_STALLS"]).write_text((workdir / "stalls.txt").read_text())
             gen.wait(timeout=60)
             stats = json.loads(out.read_text())
             verdicts = json.loads(fetch(base + "/api/v1/verdicts"))["verdicts"]

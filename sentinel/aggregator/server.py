@@ -3,8 +3,10 @@
 Ingest is strict and isolated per connection: the bearer token is compared in constant time before the
 upgrade (401), the connection count is bounded (503), every frame is validated by the shared wire schema,
 and a bad frame closes *that* connection with a close code saying why — 1007 malformed, 1008 protocol or
-limit violation, 1009 too large (aiohttp enforces ``max_msg_size``), 1003 text instead of binary — with one
-log line; the other agents never notice. Batches are acked after they are applied; a resend of an applied
+limit violation, 1009 over ``limits.max_frame_bytes``, 1002 broken WebSocket framing, 1003 text instead of
+binary — with one log line; the other agents never notice. aiohttp serves the HTTP side up to the upgrade;
+the upgraded stream is read and written by :mod:`sentinel.aggregator.wsconn`, each message handled where it
+was read. Batches are acked after they are applied; a resend of an applied
 seq is acked and dropped (at-least-once delivery, exactly-once effect).
 
 ``/`` is deliberately left free: the status page is added through ``extra_routes``.
@@ -30,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -44,8 +46,16 @@ from sentinel.aggregator.metrics import AggregatorMetrics
 from sentinel.aggregator.pushback import VerdictPush
 from sentinel.aggregator.refusals import RefusalLog
 from sentinel.aggregator.remediation import Remediator
+from sentinel.aggregator.state import HostView
 from sentinel.aggregator.store import BuiltinsHolder, StateStore, StoreError
 from sentinel.aggregator.views import gpu_health, host_dict, job_detail, job_summary
+from sentinel.aggregator.wsconn import (
+    CLOSE_PROTOCOL,
+    OP_BINARY,
+    AgentSocket,
+    accept_key,
+    handshake_response,
+)
 from sentinel.config.aggregator import AggregatorConfig, LimitsConfig, ServerConfig
 from sentinel.config.loader import read_bounded
 from sentinel.log import get_logger
@@ -63,6 +73,7 @@ CLOSE_UNSUPPORTED = 1003
 CLOSE_MALFORMED = 1007
 CLOSE_POLICY = 1008
 CLOSE_TOO_BIG = 1009
+CLOSE_INTERNAL = 1011
 CLOSE_REPLACED = 4000
 CLOSE_HOST_NOT_ALLOWED = 4003  # the token (or client certificate) may not speak for the host it claimed
 MAX_TOKEN_BYTES = 4096
@@ -179,7 +190,7 @@ class Connection:
 
     def __init__(
         self,
-        ws: web.WebSocketResponse,
+        ws: AgentSocket,
         peer: str,
         grants: Sequence[TokenGrant] = (),
         cert_names: tuple[str, ...] | None = None,
@@ -189,14 +200,12 @@ class Connection:
         self.grants = tuple(grants)  # what the bearer token may speak for
         self.cert_names = cert_names  # None: the host is not bound to a client certificate
         self.host: str | None = None
+        self.view: HostView | None = None  # the host's state, from its hello on
         #: loop time of the latest frame; the idle watchdog (one timer per connection, re-armed when it
         #: fires) closes a stream silent past its timeout. A timer per received frame cost ~5% of the
         #: aggregator's core at 6,144 hosts (asyncio timer handles and their heap).
         self.last_frame_at = 0.0
         self.watchdog: asyncio.TimerHandle | None = None
-        self.task: asyncio.Task[Any] | None = None  # the task serving the stream
-        self.receiving = False  # it waits for the next frame (the only wait the watchdog cancels)
-        self.timed_out = False
 
     def may_speak_for(self, host: str) -> bool:
         if self.cert_names is not None and host not in self.cert_names:
@@ -350,7 +359,7 @@ class Aggregator:
             self._ticker = None
         for conn in list(self.connections):
             with contextlib.suppress(Exception):
-                await conn.ws.close(code=WSCloseCode.GOING_AWAY, message=b"aggregator shutting down")
+                conn.ws.close(WSCloseCode.GOING_AWAY, b"aggregator shutting down")
         for _, future in self.pending.values():
             future.cancel()
         self.pending.clear()
@@ -470,7 +479,7 @@ class Aggregator:
         future: asyncio.Future[CommandResult] = asyncio.get_running_loop().create_future()
         self.pending[command.id] = (conn, future)
         try:
-            await conn.ws.send_bytes(encode(command))
+            conn.ws.send(encode(command))
             return await asyncio.wait_for(future, timeout_s)
         except (TimeoutError, ConnectionError, RuntimeError):
             return None
@@ -483,8 +492,8 @@ class Aggregator:
         if conn is None or conn.ws.closed:
             return False
         try:
-            await conn.ws.send_bytes(encode(command))
-        except (ConnectionError, RuntimeError):
+            conn.ws.send(encode(command))
+        except ConnectionError:
             return False
         return True
 
@@ -509,26 +518,35 @@ class Aggregator:
                 "too_many_from_peer", "stream_refused", peer=peer, limit=limits.max_streams_per_peer
             )
             raise web.HTTPServiceUnavailable(text="too many agent connections from this address\n")
-        # No WebSocket heartbeat: it re-arms a timer on every message, a measurable share of the ingest cost
-        # at 6,000 agents. Dead peers are found by TCP keepalive instead; a reconnecting agent replaces its
-        # old connection at once, and a silent host is a verdict of its own.
-        ws = web.WebSocketResponse(max_msg_size=limits.max_frame_bytes, heartbeat=None, compress=False)
+        accept = _upgrade_accept(request)
+        transport = request.transport
+        if transport is None or transport.is_closing():  # (uvloop's transports are no asyncio.Transport)
+            raise web.HTTPBadRequest(text="connection closed before the upgrade\n")
+        # No WebSocket heartbeat: dead peers are found by TCP keepalive instead; a reconnecting agent replaces
+        # its old connection at once, and a silent host is a verdict of its own.
         _keepalive(request)
-        await ws.prepare(request)
-        conn = Connection(ws, peer, grants, self._cert_names(request))
+        # From the 101 on the connection is ours (wsconn.AgentSocket): written and swapped in one step, so
+        # no frame can reach aiohttp's request handler in between.
+        socket_ = AgentSocket(
+            transport,
+            transport.get_protocol(),
+            max_message=limits.max_frame_bytes,
+            write_limit=max(1 << 20, 4 * limits.max_frame_bytes),
+            on_message=lambda opcode, data: self._on_message(conn, opcode, data),
+            on_problem=lambda code, why: self._on_socket_problem(conn, code, why),
+        )
+        conn = Connection(socket_, peer, grants, self._cert_names(request))
+        transport.write(handshake_response(accept))
+        transport.set_protocol(socket_)
         self.connections.add(conn)
         self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
+        conn.last_frame_at = asyncio.get_running_loop().time()
+        self._watch(conn)
         try:
-            await self._serve(conn)
-        except Exception as exc:  # whatever one connection does, the aggregator carries on
-            self.refusals.refused(
-                "ingest_error",
-                "stream_failed",
-                level="error",
-                peer=peer,
-                host=conn.host,
-                error=f"{type(exc).__name__}: {exc}"[:300],
-            )
+            await asyncio.shield(socket_.done)
+        except asyncio.CancelledError:  # aiohttp shutting down: the agent is told so
+            socket_.close(WSCloseCode.GOING_AWAY, b"aggregator shutting down")
+            raise
         finally:
             if conn.watchdog is not None:
                 conn.watchdog.cancel()
@@ -541,7 +559,8 @@ class Aggregator:
             if conn.host is not None and self.by_host.get(conn.host) is conn:
                 del self.by_host[conn.host]
                 self.engine.disconnected(conn.host)
-        return ws
+        # the connection is gone; aiohttp finds its transport closed and writes nothing of this
+        return web.Response(status=101)
 
     def _cert_names(self, request: web.Request) -> tuple[str, ...] | None:
         server = self.config.server
@@ -553,16 +572,15 @@ class Aggregator:
             return ()  # mutual TLS configured but this connection is not TLS: it may speak for no host
         return certificate_names(ssl_object.getpeercert())
 
-    async def _close(self, conn: Connection, code: int, reason: str, why: str, **extra: str) -> None:
+    def _close(self, conn: Connection, code: int, reason: str, why: str, **extra: str) -> None:
         fields: dict[str, Any] = {"peer": conn.peer, "host": conn.host, "code": code, "detail": why[:300]}
         fields.update(extra)
         self.refusals.refused(reason, "stream_closed", **fields)
-        await conn.ws.close(code=code, message=f"{reason}: {why}".encode()[:120])
+        conn.ws.close(code, f"{reason}: {why}".encode()[:120])
 
     def _watch(self, conn: Connection) -> None:
         """The idle watchdog: a stream without a hello within ``hello_timeout_s`` of its last frame, or silent
-        for ``idle_timeout_s`` after it, has its wait for the next frame cancelled (as a timeout on that wait
-        would: the stream then closes itself, saying why); otherwise wake again at that deadline."""
+        for ``idle_timeout_s`` after it, is closed saying why; otherwise wake again at that deadline."""
         limits = self.config.limits
         loop = asyncio.get_running_loop()
         limit = limits.hello_timeout_s if conn.host is None else limits.idle_timeout_s
@@ -571,138 +589,119 @@ class Aggregator:
         if now < deadline:
             conn.watchdog = loop.call_at(deadline, self._watch, conn)
             return
-        if conn.task is None or not conn.receiving:  # busy with a frame that came long ago: look again
-            conn.watchdog = loop.call_at(now + min(limit, 1.0), self._watch, conn)
-            return
         conn.watchdog = None
-        conn.timed_out = True
-        conn.task.cancel()
+        if conn.ws.closed:
+            return
+        if conn.view is None:
+            self._close(conn, CLOSE_POLICY, "hello_timeout", f"no hello within {limits.hello_timeout_s:g}s")
+        else:
+            self._close(conn, CLOSE_POLICY, "idle_timeout", f"nothing sent for {limits.idle_timeout_s:g}s")
 
-    async def _serve(self, conn: Connection) -> None:
-        ws, limits, engine = conn.ws, self.config.limits, self.engine
-        view = None
-        loop = asyncio.get_running_loop()
-        conn.task = asyncio.current_task()
-        conn.last_frame_at = loop.time()
-        self._watch(conn)
-        while True:
-            conn.receiving = True
-            try:
-                msg = await ws.receive()
-            except asyncio.CancelledError:
-                task = conn.task
-                if not conn.timed_out or task is None or task.uncancel() > 0:
-                    raise  # cancelled from outside (shutdown), not by the watchdog
-                if view is None:
-                    await self._close(
-                        conn, CLOSE_POLICY, "hello_timeout", f"no hello within {limits.hello_timeout_s:g}s"
-                    )
-                else:
-                    await self._close(
-                        conn, CLOSE_POLICY, "idle_timeout", f"nothing sent for {limits.idle_timeout_s:g}s"
-                    )
-                return
-            finally:
-                conn.receiving = False
-            conn.last_frame_at = loop.time()
-            if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
-                break
-            if msg.type == WSMsgType.BINARY:
-                try:
-                    frame = decode_agent_frame(msg.data)
-                except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                    await self._close(conn, CLOSE_MALFORMED, "malformed", str(exc))
-                    return
-                if isinstance(frame, Batch):
-                    if view is None:
-                        await self._close(conn, CLOSE_POLICY, "protocol", "batch before hello")
-                        return
-                    problem = _batch_over_limits(frame, limits)
-                    if problem:
-                        await self._close(
-                            conn, CLOSE_POLICY, "batch_too_large", f"seq {frame.seq}: {problem}"
-                        )
-                        return
-                    try:
-                        skewed = engine.fleet.future_stamped
-                        fresh = engine.ingest(view, frame, self.clock())
-                        if engine.fleet.future_stamped != skewed:
-                            self._warn_limited(
-                                "clock_skew",
-                                host=view.name,
-                                ignored=engine.fleet.future_stamped - skewed,
-                                max_clock_skew_s=limits.max_clock_skew_s,
-                                detail="samples/heads stamped ahead of the aggregator's clock: check the host's NTP",
-                            )
-                        if fresh and frame.drops is not None:
-                            self._log_drops(view.name, frame)
-                    except Exception as exc:  # never die from what an agent sends
-                        self.refusals.refused(
-                            "ingest_error",
-                            "ingest_failed",
-                            level="error",
-                            host=conn.host,
-                            seq=frame.seq,
-                            error=f"{type(exc).__name__}: {exc}"[:300],
-                        )
-                    try:
-                        await ws.send_bytes(encode(Ack(seq=frame.seq)))
-                    except (ConnectionError, RuntimeError):
-                        return  # the agent went away; it resends what was not acked
-                elif isinstance(frame, Hello):
-                    if view is not None:
-                        await self._close(conn, CLOSE_POLICY, "protocol", "second hello")
-                        return
-                    if not conn.may_speak_for(frame.host):
-                        # before anything is touched: the host's real stream and state are unaffected
-                        await self._close(
-                            conn,
-                            CLOSE_HOST_NOT_ALLOWED,
-                            "host_not_allowed",
-                            f"the token{' or client certificate' if conn.cert_names is not None else ''} "
-                            f"may not speak for host {frame.host[:80]!r}",
-                            claimed=frame.host[:80],
-                        )
-                        return
-                    problem = self._check_hello(frame)
-                    if problem:
-                        await self._close(conn, CLOSE_POLICY, "bad_hello", problem)
-                        return
-                    conn.host = frame.host
-                    old = self.by_host.get(frame.host)
-                    self.by_host[frame.host] = conn
-                    if old is not None and old is not conn:
-                        with contextlib.suppress(Exception):
-                            await old.ws.close(code=CLOSE_REPLACED, message=b"replaced by a newer connection")
-                    view = engine.hello(frame, self.clock())
-                    if conn.watchdog is not None:  # from now on the idle timeout applies
-                        conn.watchdog.cancel()
-                    self._watch(conn)
-                    self.pushback.mark(frame.host)
-                else:  # CommandResult
-                    self._answer(conn, frame)
-            elif msg.type == WSMsgType.TEXT:
-                await self._close(conn, CLOSE_UNSUPPORTED, "text_frame", "frames are binary msgpack")
-                return
-            elif msg.type == WSMsgType.ERROR:
-                break
-        # the loop ends on a close from the agent, on a dropped connection, or on a protocol error aiohttp
-        # detected itself (a message over max_msg_size: 1009)
-        error = ws.exception()
-        code = getattr(error, "code", None) or ws.close_code or 1000
-        if code == CLOSE_TOO_BIG or (
-            error is not None and not isinstance(error, ConnectionError) and code != 1006
-        ):
+    def _on_socket_problem(self, conn: Connection, code: int, why: str) -> None:
+        """The agent broke the WebSocket protocol (1002, 1009) or its connection ended without a close."""
+        if code in (CLOSE_TOO_BIG, CLOSE_PROTOCOL):
             self.refusals.refused(
                 "frame_too_large" if code == CLOSE_TOO_BIG else "protocol",
                 "stream_closed",
                 peer=conn.peer,
                 host=conn.host,
                 code=code,
-                detail=str(error)[:300],
+                detail=why[:300],
             )
-        elif error is not None or code not in (1000, 1001):
+        elif why:  # the agent reads nothing: its socket was cut
+            self.refusals.refused("slow_reader", "stream_closed", peer=conn.peer, host=conn.host, detail=why)
+        else:
             log().info("stream_lost", peer=conn.peer, host=conn.host, code=code)
+
+    def _on_message(self, conn: Connection, opcode: int, data: bytes) -> None:
+        """One whole message of an agent's stream, handled where it was read (no task, no queue)."""
+        conn.last_frame_at = asyncio.get_running_loop().time()
+        try:
+            self._frame(conn, opcode, data)
+        except Exception as exc:  # whatever one connection does, the aggregator carries on
+            self.refusals.refused(
+                "ingest_error",
+                "stream_failed",
+                level="error",
+                peer=conn.peer,
+                host=conn.host,
+                error=f"{type(exc).__name__}: {exc}"[:300],
+            )
+            conn.ws.close(CLOSE_INTERNAL, b"internal error")
+
+    def _frame(self, conn: Connection, opcode: int, data: bytes) -> None:
+        limits, engine, view = self.config.limits, self.engine, conn.view
+        if opcode != OP_BINARY:
+            self._close(conn, CLOSE_UNSUPPORTED, "text_frame", "frames are binary msgpack")
+            return
+        try:
+            frame = decode_agent_frame(data)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            self._close(conn, CLOSE_MALFORMED, "malformed", str(exc))
+            return
+        if isinstance(frame, Batch):
+            if view is None:
+                self._close(conn, CLOSE_POLICY, "protocol", "batch before hello")
+                return
+            problem = _batch_over_limits(frame, limits)
+            if problem:
+                self._close(conn, CLOSE_POLICY, "batch_too_large", f"seq {frame.seq}: {problem}")
+                return
+            try:
+                skewed = engine.fleet.future_stamped
+                fresh = engine.ingest(view, frame, self.clock())
+                if engine.fleet.future_stamped != skewed:
+                    self._warn_limited(
+                        "clock_skew",
+                        host=view.name,
+                        ignored=engine.fleet.future_stamped - skewed,
+                        max_clock_skew_s=limits.max_clock_skew_s,
+                        detail="samples/heads stamped ahead of the aggregator's clock: check the host's NTP",
+                    )
+                if fresh and frame.drops is not None:
+                    self._log_drops(view.name, frame)
+            except Exception as exc:  # never die from what an agent sends
+                self.refusals.refused(
+                    "ingest_error",
+                    "ingest_failed",
+                    level="error",
+                    host=conn.host,
+                    seq=frame.seq,
+                    error=f"{type(exc).__name__}: {exc}"[:300],
+                )
+            with contextlib.suppress(ConnectionError):  # gone: the agent resends what was not acked
+                conn.ws.send(encode(Ack(seq=frame.seq)))
+        elif isinstance(frame, Hello):
+            if view is not None:
+                self._close(conn, CLOSE_POLICY, "protocol", "second hello")
+                return
+            if not conn.may_speak_for(frame.host):
+                # before anything is touched: the host's real stream and state are unaffected
+                self._close(
+                    conn,
+                    CLOSE_HOST_NOT_ALLOWED,
+                    "host_not_allowed",
+                    f"the token{' or client certificate' if conn.cert_names is not None else ''} "
+                    f"may not speak for host {frame.host[:80]!r}",
+                    claimed=frame.host[:80],
+                )
+                return
+            problem = self._check_hello(frame)
+            if problem:
+                self._close(conn, CLOSE_POLICY, "bad_hello", problem)
+                return
+            conn.host = frame.host
+            old = self.by_host.get(frame.host)
+            self.by_host[frame.host] = conn
+            if old is not None and old is not conn:
+                old.ws.close(CLOSE_REPLACED, b"replaced by a newer connection")
+            conn.view = engine.hello(frame, self.clock())
+            if conn.watchdog is not None:  # from now on the idle timeout applies
+                conn.watchdog.cancel()
+            self._watch(conn)
+            self.pushback.mark(frame.host)
+        else:  # CommandResult
+            self._answer(conn, frame)
 
     def _host_forgotten(self, host: str) -> None:
         """A forgotten host is no longer pushed its verdicts (it is not connected) nor rate-limited."""
@@ -897,6 +896,23 @@ def _batch_over_limits(batch: Batch, limits: LimitsConfig) -> str:
     if items > limits.max_heads_items_per_batch:
         return f"heads carry {items} groups, group ranks and in-flight entries, at most {limits.max_heads_items_per_batch}"
     return ""
+
+
+def _upgrade_accept(request: web.Request) -> str:
+    """The ``Sec-WebSocket-Accept`` of a valid WebSocket upgrade request (RFC 6455 4.2.1); else 400/426."""
+    headers = request.headers
+    if headers.get("Upgrade", "").strip().lower() != "websocket":
+        raise web.HTTPBadRequest(text="not a WebSocket upgrade (Upgrade: websocket)\n")
+    if "upgrade" not in {token.strip().lower() for token in headers.get("Connection", "").split(",")}:
+        raise web.HTTPBadRequest(text="not a WebSocket upgrade (Connection: upgrade)\n")
+    if headers.get("Sec-WebSocket-Version", "").strip() != "13":
+        raise web.HTTPUpgradeRequired(
+            text="WebSocket version 13 only\n", headers={"Sec-WebSocket-Version": "13"}
+        )
+    accept = accept_key(headers.get("Sec-WebSocket-Key", ""))
+    if accept is None:
+        raise web.HTTPBadRequest(text="Sec-WebSocket-Key is not 16 bytes of base64\n")
+    return accept
 
 
 def _keepalive(request: web.Request) -> None:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from sentinel.aggregator.listener import AggregatorSite
+from sentinel.aggregator.loop import run as run_loop
 from sentinel.aggregator.server import (
     AGGREGATOR_KEY,
     LoopErrorLimiter,
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     setup_logging("aggregator", args.log_level or config.log.level)
     try:
-        return asyncio.run(serve(config, config_path=args.config))
+        return run_loop(serve(config, config_path=args.config))  # uvloop when installed
     except TokenError as exc:
         print(f"sentinel aggregator: {exc}", file=sys.stderr)
         return 2
