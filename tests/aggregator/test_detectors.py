@@ -1025,3 +1025,27 @@ def test_a_p2p_stall_whose_peer_went_silent_names_the_gone_rank() -> None:
         f.engine.fleet.jobs["j"], f.engine.fleet, cfg.stuck, cfg.hardware, 14.0, cfg.network
     )
     assert [(x.rank, x.reason) for x in fresh] == [(6, "rank_gone")]
+
+
+def test_a_send_recv_wait_shorter_than_two_of_the_jobs_steps_is_no_stall() -> None:
+    """A pipeline stage waits in a recv through the bubble of the stages before it: in a job whose step (its
+    collectives' progress) takes 4 s, stages blocked in send/recv for 6 s are no stall yet (min_wait_s is
+    4 s); past two steps they are, and rank 9 is named."""
+    f = Fleet()
+    for step in range(0, 26, 2):  # one collective completed every 4 s: the job's step time
+        t = float(step)
+        _feed_p2p(f, t, {}, completed=10 + step // 4)
+        f.engine.tick(t)
+    step_s = f.engine.fleet.jobs["j"].step_s  # measured over >= 10 s of heads: 4-5 s
+    assert step_s is not None and 3.5 < step_s <= 5.0
+    t = 26.0
+    while t - 25.0 < 2 * step_s:  # the recvs are younger than two steps (but older than min_wait_s)
+        _pipeline_stall(f, t, t - 25.0)
+        f.engine.tick(t)
+        assert _stuck(f) == [], t
+        t += 2.0
+    assert 2 * step_s > 6.0  # so the loop above held through waits that min_wait_s (4 s) alone names
+    for then in (t, t + 2.0):
+        _pipeline_stall(f, then, then - 25.0)
+        f.engine.tick(then)
+    assert [(r, why) for r, why, _ in _stuck(f)] == [(9, "not_entered_collective")]

@@ -60,6 +60,11 @@ UNKNOWN_OP = "unknown"
 #: every tick.
 LARGE_JOB_RANKS = 2048
 RECHECK_S = 5.0
+#: A stall of ranks that are *only* blocked in send/recv needs those ops (and the job's lack of collective
+#: progress) to last this many of the job's steps too, when its step time is known: a pipeline stage
+#: legitimately waits in a recv through the bubble of the stages before it — up to about a step in a job
+#: whose collectives complete once per step — where a collective's peers wait well under a second.
+P2P_STALL_STEPS = 2.0
 
 
 @dataclass(slots=True)
@@ -408,6 +413,7 @@ def examine(job: JobView, cfg: StuckConfig, now: float) -> Examination | None:
     ranks: dict[int, _Rank] = {}
     stale: list[int] = []
     oldest_fresh = math.inf
+    p2p_min = max(cfg.min_wait_s, P2P_STALL_STEPS * job.step_s) if job.step_s else cfg.min_wait_s
     ordered: dict[int, list[int]] = {}  # id(a group's shared ranks list) → its ranks sorted
     for view in job.ranks.values():
         heads = view.heads
@@ -484,9 +490,10 @@ def examine(job: JobView, cfg: StuckConfig, now: float) -> Examination | None:
             if age < cfg.min_wait_s:
                 exam.until = min(exam.until, now + cfg.min_wait_s - age)
             elif age - info.offset < cfg.min_wait_s * OBSERVED_WAIT_FRACTION:
-                exam.until = (
-                    now  # only extrapolated (as for collectives, below): the next heads may report it
-                )
+                # only extrapolated (as for collectives, below): the next heads may report it
+                exam.until = now
+            elif age < p2p_min:  # long enough to be an edge, not yet to make a stall of send/recv alone
+                exam.until = min(exam.until, now + p2p_min - age)
             else:
                 held = p2p_held.get(rank)
                 if held is None or age > held[3]:
@@ -503,6 +510,9 @@ def examine(job: JobView, cfg: StuckConfig, now: float) -> Examination | None:
     if len(observed) < len(stalled):
         exam.until = now  # the next heads may report it: examine again
     stalled = observed
+    if not stalled and now - job.last_progress_at < p2p_min:
+        exam.until = min(exam.until, job.last_progress_at + p2p_min)
+        p2p_held.clear()
     if not stalled and not p2p_held:
         return exam
 
