@@ -599,97 +599,96 @@ def examine(job: JobView, cfg: StuckConfig, now: float) -> Examination | None:
             culprit.victims & stalled_waiters or culprit.first_wait.rank in stalled_waiters
         ):
             continue
-        w = culprit.first_wait
-        if exam.p2p_only:
-            _p2p_culprit(exam, culprit, ranks)
-            continue
-        outer = next(
-            (
-                key
-                for key, (_, _, waiting) in oldest
-                if missing(*key) and (culprit.victims | {w.rank}) & set(waiting)
-            ),
-            (w.group, w.seq),
+        trail = (
+            _p2p_trail(exam)
+            if exam.p2p_only
+            else _trail(culprit, stalled, oldest, age_of, now, missing, missing_summary)
         )
-        op0, age0, waiting0 = stalled.get(outer, (w.op, age_of.get((w.rank, w.group, w.seq), 0.0), [w.rank]))
-        lead = f"{len(waiting0)} rank(s) ({_ranks_summary(waiting0)}) wait "
-        tail = f"s in {op0} (pg {outer[0]}, seq {outer[1]}); not entered: {missing_summary(outer)}"
-        trail: Trail = [_aged(lead, now - age0, tail)]
-        if (w.group, w.seq) != outer and not culprit.cycle:
-            inner = age_of.get((w.rank, w.group, w.seq), 0.0)
-            trail.append(
-                _aged(
-                    f"rank {w.rank} is itself waiting ",
-                    now - inner,
-                    f"s in {w.op} (pg {w.group}, seq {w.seq}) for rank(s) {_ranks_summary(sorted(w.waiting_for))}",
-                )
-            )
         for rank in culprit.ranks[:MAX_FOLLOWED]:
-            known = ranks.get(rank)
-            why: Callable[[float], str]
-            if culprit.cycle:
-                reason = "deadlock"
-                why = _fixed(
-                    f"ranks {_ranks_summary(list(culprit.ranks))} wait on each other in different collectives "
-                    "(call-order deadlock)"
-                )
-            elif known is None:
-                reason, why = "rank_gone", _fixed(f"rank {rank} has sent no flight-recorder heads")
-            elif not known.view.alive or not known.fresh:
-                reason = "rank_gone"
-                why = _silent_since(rank, known.view)
-            elif w.p2p:
-                reason = "not_entered_collective"
-                other = "recv" if is_send(w.op) else "send"
-                why = _fixed(
-                    f"rank {rank} never posted the {other} that rank {w.rank} waits for in {w.op} "
-                    f"(pg {w.group}, p2p #{w.seq})"
-                )
-            else:
-                reason = "not_entered_collective"
-                why = _fixed(f"rank {rank} never entered (pg {w.group}, seq {w.seq})")
+            reason, why = _blame(rank, culprit, ranks.get(rank), alone=bool(exam.p2p_only))
             culprits.setdefault(rank, (reason, [*trail, why]))
     return exam
 
 
-def _p2p_culprit(exam: Examination, culprit: Culprit, ranks: Mapping[int, _Rank]) -> None:
-    """The evidence for a culprit of a stall in which every stalled rank is blocked in a send/recv."""
-    held = exam.p2p_only
+def _trail(  # noqa: PLR0917
+    culprit: Culprit,
+    stalled: Mapping[tuple[str, int], tuple[str, float, list[int]]],
+    oldest: list[tuple[tuple[str, int], tuple[str, float, list[int]]]],
+    age_of: Mapping[tuple[int, str, int], float],
+    now: float,
+    missing: Callable[[str, int], frozenset[int]],
+    missing_summary: Callable[[tuple[str, int]], str],
+) -> Trail:
+    """The evidence that leads from the stalled collective holding the culprit's victims to the culprit."""
     w = culprit.first_wait
+    outer = next(
+        (
+            key
+            for key, (_, _, waiting) in oldest
+            if missing(*key) and (culprit.victims | {w.rank}) & set(waiting)
+        ),
+        (w.group, w.seq),
+    )
+    op0, age0, waiting0 = stalled.get(outer, (w.op, age_of.get((w.rank, w.group, w.seq), 0.0), [w.rank]))
+    lead = f"{len(waiting0)} rank(s) ({_ranks_summary(waiting0)}) wait "
+    tail = f"s in {op0} (pg {outer[0]}, seq {outer[1]}); not entered: {missing_summary(outer)}"
+    trail: Trail = [_aged(lead, now - age0, tail)]
+    if (w.group, w.seq) != outer and not culprit.cycle:
+        inner = age_of.get((w.rank, w.group, w.seq), 0.0)
+        trail.append(
+            _aged(
+                f"rank {w.rank} is itself waiting ",
+                now - inner,
+                f"s in {w.op} (pg {w.group}, seq {w.seq}) for rank(s) {_ranks_summary(sorted(w.waiting_for))}",
+            )
+        )
+    return trail
+
+
+def _p2p_trail(exam: Examination) -> Trail:
+    """The evidence of a stall in which every stalled rank is blocked in a send/recv: the longest wait."""
+    held = exam.p2p_only
     lead = f"{len(held)} rank(s) ({_ranks_summary([h[0] for h in held])}) are blocked in send/recv and no "
     r0, g0, sq0, op0, since0, peer0 = held[0]
     tail = (
         f"s (no collective is stalled); the longest: rank {r0} in {op_name(op0)} (pg {g0}, p2p #{sq0}) "
         f"with rank {peer0}"
     )
-    trail: Trail = [_aged(lead + "collective completed for ", since0, tail)]
-    for rank in culprit.ranks[:MAX_FOLLOWED]:
-        known = ranks.get(rank)
-        why: Callable[[float], str]
-        if culprit.cycle:
-            reason = "deadlock"
-            why = _fixed(
-                f"ranks {_ranks_summary(list(culprit.ranks))} wait on each other in send/recv: each is blocked "
-                "in an op whose counterpart the next one never posted (a p2p deadlock)"
+    return [_aged(lead + "collective completed for ", since0, tail)]
+
+
+def _blame(
+    rank: int, culprit: Culprit, known: _Rank | None, *, alone: bool
+) -> tuple[str, Callable[[float], str]]:
+    """The reason and the last evidence line for one culprit rank; ``alone``: every stalled rank is blocked
+    in a send/recv (a cycle is then a p2p deadlock, and what the culprit itself does is said)."""
+    w = culprit.first_wait
+    if culprit.cycle:
+        ring = _ranks_summary(list(culprit.ranks))
+        if alone:
+            return "deadlock", _fixed(
+                f"ranks {ring} wait on each other in send/recv: each is blocked in an op whose counterpart "
+                "the next one never posted (a p2p deadlock)"
             )
-        elif known is None:
-            reason, why = "rank_gone", _fixed(f"rank {rank} has sent no flight-recorder heads")
-        elif not known.view.alive or not known.fresh:
-            reason, why = "rank_gone", _silent_since(rank, known.view)
+        return "deadlock", _fixed(
+            f"ranks {ring} wait on each other in different collectives (call-order deadlock)"
+        )
+    if known is None:
+        return "rank_gone", _fixed(f"rank {rank} has sent no flight-recorder heads")
+    if not known.view.alive or not known.fresh:
+        return "rank_gone", _silent_since(rank, known.view)
+    if not w.p2p:
+        return "not_entered_collective", _fixed(f"rank {rank} never entered (pg {w.group}, seq {w.seq})")
+    other = "recv" if is_send(w.op) else "send"
+    text = f"rank {rank} never posted the {other} that rank {w.rank} waits for in {w.op} (pg {w.group}, p2p #{w.seq})"
+    if alone:
+        if known.p2p:
+            text += "; it is itself inside a send/recv its peer did post (a transfer that does not complete)"
+        elif known.waits:
+            text += "; it is itself inside a collective"
         else:
-            reason = "not_entered_collective"
-            other = "recv" if is_send(w.op) else "send"
-            if known.p2p:
-                itself = "is itself inside a send/recv its peer did post (a transfer that does not complete)"
-            elif known.waits:
-                itself = "is itself inside a collective"
-            else:
-                itself = "is itself in no send/recv nor collective (idle or computing)"
-            why = _fixed(
-                f"rank {rank} never posted the {other} that rank {w.rank} waits for in {w.op} "
-                f"(pg {w.group}, p2p #{w.seq}); it {itself}"
-            )
-        exam.culprits.setdefault(rank, (reason, [*trail, why]))
+            text += "; it is itself in no send/recv nor collective (idle or computing)"
+    return "not_entered_collective", _fixed(text)
 
 
 def _p2p_peer(pg: PgHead, op: str, ordered: dict[int, list[int]]) -> tuple[int, bool] | None:
