@@ -7,6 +7,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sentinel.aggregator.detectors.stuck import evaluate_job
 from sentinel.aggregator.engine import Engine
@@ -16,6 +18,7 @@ from sentinel.aggregator.verdicts import Finding, VerdictBook
 from sentinel.components.clocks.record import ClockViolations
 from sentinel.components.xid.parse import xid_record
 from sentinel.fr.heads import FrHeads, InFlight, PgHead
+from sentinel.fr.ops import is_send, p2p_peer
 from sentinel.wire import (
     Batch,
     EccCounters,
@@ -1049,3 +1052,85 @@ def test_a_send_recv_wait_shorter_than_two_of_the_jobs_steps_is_no_stall() -> No
         _pipeline_stall(f, then, then - 25.0)
         f.engine.tick(then)
     assert [(r, why) for r, why, _ in _stuck(f)] == [(9, "not_entered_collective")]
+
+
+_p2p_name = st.one_of(
+    st.builds(lambda me, peer: f"nccl:send {me}->{peer}", st.integers(-2, 17), st.integers(-2, 17)),
+    st.builds(lambda me, peer: f"nccl:recv {me}<-{peer}", st.integers(-2, 17), st.integers(-2, 17)),
+    st.sampled_from(["nccl:send 3->", "nccl:recv <-", "gloo:recv 1<-1", "nccl:coalesced", "nccl:send 1->99999999"]),
+)
+
+
+@st.composite
+def _p2p_jobs(draw: st.DrawFn) -> tuple[dict[int, list[tuple[str, float]]], set[int], list[int] | None]:
+    world = draw(st.integers(2, 16))
+    ops = {
+        r: draw(st.lists(st.tuples(_p2p_name, st.floats(0.0, 300.0)), max_size=3))
+        for r in range(world)
+        if draw(st.booleans())
+    }
+    silent = set(draw(st.lists(st.integers(0, world - 1), max_size=3)))
+    ranks = draw(st.one_of(st.none(), st.just(list(range(world))), st.just(list(range(1, world)))))
+    return ops, silent, ranks
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_p2p_jobs(), st.sampled_from([6.0, 30.0, 130.0]))
+def test_fuzz_heads_blocked_in_any_send_recv_give_bounded_consistent_verdicts(
+    job: tuple[dict[int, list[tuple[str, float]]], set[int], list[int] | None], later: float
+) -> None:
+    """Heads whose ranks hold any pending send/recv (peers out of range, themselves, unparsable, in a group
+    without a rank list or a shorter one), some ranks silent: the detector never fails, names only ranks
+    with a reason it knows, and every rank it blames is one that a rank blocked in a send/recv for at
+    least min_wait_s waits for (its peer, the group-local number mapped through the group's ranks)."""
+    ops, silent, members = job
+    f = Fleet(hosts=1, gpus=16)
+
+    def feed(t: float, stalled: bool) -> None:
+        out = []
+        for r in range(16):
+            if stalled and r in silent:
+                continue
+            flights = [
+                InFlight(seq=30 + i, op=name, age_s=age, state="started", p2p=True)
+                for i, (name, age) in enumerate(ops.get(r, []))
+            ]
+            head = PgHead(
+                pg_name="world",
+                pg_desc="default_pg",
+                ranks=members,
+                last_enqueued_seq=12,
+                last_completed_seq=12,  # no collective progress from the first heads on
+                in_flight=flights if stalled else [],
+            )
+            out.append(heads(r, t, [head], "h0", r))
+        f.send("h0", t, heads=out)
+
+    feed(0.0, stalled=False)
+    f.engine.tick(0.0)
+    feed(later, stalled=True)
+    f.engine.tick(later)
+    awaited = set()
+    for r, pending in ops.items():
+        for name, age in pending:
+            peers = p2p_peer(name)
+            if peers is None or age < f.engine.config.detect.stuck.min_wait_s or r in silent:
+                continue
+            local = peers[1] if is_send(name) else peers[0]
+            if members and 0 <= local < len(members):
+                awaited.add(sorted(members)[local])
+            elif not members and 0 <= local < 1 << 24:  # the world group without a list: global = local
+                awaited.add(local)
+    known = {"not_entered_collective", "rank_gone", "deadlock", "p2p_stalled", "io_hang"}
+    for v in f.engine.book.open.values():
+        if v.kind != "stuck":
+            continue
+        assert v.reason in known, v.reason
+        assert all(isinstance(e, str) and e for e in v.evidence)
+        if v.reason == "p2p_stalled":
+            assert v.rank is None
+        else:
+            assert v.rank in awaited, (v.rank, v.reason, awaited, v.evidence)
+    stall = f.engine.stalls.get("j")
+    if stall is not None:
+        assert set(stall.waiting) <= set(ops) - silent, (stall.waiting, ops)
