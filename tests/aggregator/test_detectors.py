@@ -1057,7 +1057,9 @@ def test_a_send_recv_wait_shorter_than_two_of_the_jobs_steps_is_no_stall() -> No
 _p2p_name = st.one_of(
     st.builds(lambda me, peer: f"nccl:send {me}->{peer}", st.integers(-2, 17), st.integers(-2, 17)),
     st.builds(lambda me, peer: f"nccl:recv {me}<-{peer}", st.integers(-2, 17), st.integers(-2, 17)),
-    st.sampled_from(["nccl:send 3->", "nccl:recv <-", "gloo:recv 1<-1", "nccl:coalesced", "nccl:send 1->99999999"]),
+    st.sampled_from(
+        ["nccl:send 3->", "nccl:recv <-", "gloo:recv 1<-1", "nccl:coalesced", "nccl:send 1->99999999"]
+    ),
 )
 
 
