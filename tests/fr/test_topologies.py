@@ -609,7 +609,9 @@ def test_a_culprit_without_a_dump_takes_its_next_op_from_a_rank_running_the_same
 # ---------------------------------------------------------------- live heads of a job blocked in send/recv only
 
 
-def _live_stuck(tops: dict[int, dict[str, Any]], ages: list[float]) -> list[tuple[int | None, str, str]]:
+def _live_stuck(
+    tops: dict[int, dict[str, Any]], ages: list[float], world: int = 0
+) -> list[tuple[int | None, str, str]]:
     """Every rank's probe heads (``reduce_snapshot`` of its dump, as its probe would have taken it that
     long after the newest entry) fed through the aggregator's engine on a virtual clock; the stuck
     verdicts open at the end."""
@@ -621,7 +623,7 @@ def _live_stuck(tops: dict[int, dict[str, Any]], ages: list[float]) -> list[tupl
     from tests.aggregator.helpers import hello, sample
 
     engine = Engine()
-    n = len(tops)
+    n = world or len(tops)
     newest = max(e["time_created_ns"] for top in tops.values() for e in top["entries"]) / 1e9
     host = engine.hello(hello("h0", n), newest)
     known: dict[int, dict[int, tuple[str, str]]] = {r: {} for r in tops}
@@ -643,7 +645,8 @@ def _live_stuck(tops: dict[int, dict[str, Any]], ages: list[float]) -> list[tupl
             )
             for r, top in sorted(tops.items())
         ]
-        engine.ingest(host, Batch(seq=i, t=t, samples=[sample(g, t) for g in range(n)], heads=heads), t)
+        batch = Batch(seq=i, t=t, samples=[sample(g, t) for g in range(n)], heads=heads)
+        engine.ingest(host, batch, t)
         engine.tick(t)
     return sorted(
         (v.rank, v.reason, " ".join(v.evidence)) for v in engine.book.open.values() if v.kind == "stuck"
@@ -660,6 +663,19 @@ def test_live_heads_of_a_pipeline_blocked_only_in_send_recv_name_the_stage_that_
     assert [(r, why) for r, why, _ in found] == [(2, "not_entered_collective")], found
     assert "rank 2 never posted the send that rank" in found[0][2]
     assert "are blocked in send/recv and no collective completed" in found[0][2]
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_live_heads_of_every_recorded_set_name_the_injected_culprit(name: str, tmp_path: Path) -> None:
+    """Every set's NCCL-format dumps read as the probe's heads (a snapshot standing still for 10 s, on a
+    virtual clock): the live stuck detector names the injected culprit alone — a missing collective, a
+    recv whose send was never posted, a pipeline blocked only in send/recv, a rank that left — and nothing
+    for the healthy runs (their transfers in flight have both sides posted: no verdict before
+    unexplained_wait_s)."""
+    want = _verdict(name)
+    tops = _tops(p2p_nccl_set(DATA / name, tmp_path))
+    found = _live_stuck(tops, [0.5 + 2.0 * i for i in range(6)], world=want["nranks"])
+    assert [r for r, _, _ in found] == ([want["culprit"]] if want["culprit"] >= 0 else []), found
 
 
 def test_live_heads_of_the_same_gloo_job_carry_no_send_recv_and_give_no_verdict() -> None:
