@@ -678,6 +678,21 @@ def test_live_heads_of_every_recorded_set_name_the_injected_culprit(name: str, t
     assert [r for r, _, _ in found] == ([want["culprit"]] if want["culprit"] >= 0 else []), found
 
 
+@pytest.mark.parametrize(("name", "caveat"), [("pp_hang_n4", True), ("subgroup_hang_n6", False)])
+def test_live_gloo_culprit_sets_say_a_culprit_may_sit_in_an_unseen_send_recv(name: str, caveat: bool) -> None:
+    """Live heads of the gloo dumps: pp_hang_n4 names ranks 1 and 3 (rank 1 is blocked in a recv from 3
+    that gloo never shows), as the dump analysis does, and says so; a lone culprit gets no such line."""
+    want = _verdict(name)
+    found = _live_stuck(
+        _tops(DATA / name / "pickle"), [0.5 + 2.0 * i for i in range(6)], world=want["nranks"]
+    )
+    assert sorted(r for r, _, _ in found) == sorted(
+        want["gloo"].get("culprit_set", want["gloo"].get("culprit_ranks", []))
+    )
+    line = "one of these culprits may be blocked in a send/recv to another"
+    assert all((line in evidence) == caveat for _, _, evidence in found), found
+
+
 def test_live_heads_of_the_same_gloo_job_carry_no_send_recv_and_give_no_verdict() -> None:
     """The same job as gloo wrote it: gloo records no send/recv, so its heads hold nothing in flight
     and every rank's counters stand still, exactly as while ranks compute. No live verdict (documented);

@@ -31,7 +31,7 @@ from sentinel.components.nccl_ras.rule import ras_evidence
 from sentinel.components.vocab import Action
 from sentinel.config.aggregator import AggregatorConfig, HardwareConfig, StuckConfig
 from sentinel.fr.heads import PgHead
-from sentinel.fr.ops import is_send, op_name, p2p_peer
+from sentinel.fr.ops import UNRECORDED_P2P_BACKENDS, backend, is_send, op_name, p2p_peer
 from sentinel.fr.waitgraph import Culprit, Wait, find_culprits
 from sentinel.log import get_logger
 
@@ -383,6 +383,9 @@ class Examination:
     first: tuple[str, int] | None = None
     culprits: dict[int, tuple[str, Trail]] = field(default_factory=dict)
     all_in: list[tuple[str, int]] = field(default_factory=list)
+    #: the ranks wait in collectives of a backend whose send/recv never show in the heads (gloo): a rank
+    #: that "never entered" may be blocked in one
+    blind_p2p: bool = False
     #: no collective stalled but ranks blocked in send/recv for min_wait_s: (rank, pg, p2p seq, op, since,
     #: peer) of each one's oldest such op, oldest first (``first`` and ``stalled`` then name the oldest)
     p2p_only: list[tuple[int, str, int, str, float, int]] = field(default_factory=list)
@@ -444,6 +447,10 @@ def examine(job: JobView, cfg: StuckConfig, now: float) -> Examination | None:
         ranks[view.rank] = _Rank(view, fresh, offset, pgs, waits, p2p)
     if not ranks:
         return None
+    # (the first wait of each rank suffices: one job, one backend; stops at the first gloo one)
+    blind_p2p = any(
+        backend(w[0][2]) in UNRECORDED_P2P_BACKENDS for info in ranks.values() if (w := info.waits)
+    )
     exam = Examination(
         at=now,
         progress_at=job.last_progress_at,
@@ -452,6 +459,7 @@ def examine(job: JobView, cfg: StuckConfig, now: float) -> Examination | None:
         stale=stale,
         fresh_until=oldest_fresh + cfg.heads_fresh_s,
         until=math.inf,
+        blind_p2p=blind_p2p,
     )
 
     members: dict[str, set[int]] = {}
@@ -779,6 +787,12 @@ def conclude(  # noqa: PLR0917
             host = named.host if named is not None else None
             gpu = named.gpu if named is not None else None
             evidence = [*trail, *_corroborate(fleet, host, gpu, waiting, ranks)]
+            if exam.blind_p2p and len(exam.culprits) > 1:
+                evidence.append(
+                    "the job's collectives run on gloo, whose send/recv never show in the heads: one of these "
+                    "culprits may be blocked in a send/recv to another rather than stuck itself (the heads "
+                    "cannot say which)"
+                )
             action: Action = "restart_app"
             if reason in ("not_entered_collective", "rank_gone"):
                 io = _io_hang(fleet, named)
