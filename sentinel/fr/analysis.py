@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from sentinel.fr.ops import is_send, op_name
+from sentinel.fr.ops import UNRECORDED_P2P_BACKENDS, is_send, op_name
 from sentinel.fr.summary import P2P_LOG, GroupTrack, KeyInfo, Pending, RankSummary
 from sentinel.fr.waitgraph import Culprit, Wait, find_culprits
 
@@ -1034,7 +1034,7 @@ def _loop_position(groups: dict[str, Group], keys: dict[int, KeyInfo]) -> list[s
                     newest[r] = (at, g, t)
     by_end: dict[tuple[str, int, bool], list[tuple[int, int]]] = {}
     for r, (_, g, t) in sorted(newest.items()):
-        if t.repeat_gap == 0:
+        if t.repeat_gap == 0 or t.backend not in UNRECORDED_P2P_BACKENDS:  # (elsewhere -1 says nothing)
             continue
         seq = t.first_seq + len(t.times) // 8 - 1
         by_end.setdefault((g.name, seq, t.repeat_gap > 0), []).append((r, t.repeat_gap))

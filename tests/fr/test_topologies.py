@@ -184,6 +184,27 @@ def test_a_group_whose_entries_name_two_backends_counts_no_unrecorded_ops() -> N
         assert all(t.unrecorded_ops == 0 for t in tracks)
 
 
+def test_where_a_loop_ended_is_read_only_from_gloo_groups() -> None:
+    """pp_only_hang_n4 with one newer completed collective in a group recorded by NCCL (a job with both
+    backends): that group's entries say nothing about unrecorded ops, so no "one-off" line comes from it;
+    the gloo group's send/recv still make the verdict inconclusive."""
+    tops = _tops(DATA / "pp_only_hang_n4" / "pickle")
+    for top in tops.values():
+        last = dict(top["entries"][-1])
+        last.update(
+            pg_id=9,
+            process_group=("9", "cuda"),
+            collective_seq_id=1,
+            op_id=1,
+            profiling_name="nccl:all_reduce",
+            time_created_ns=last["time_created_ns"] + 10_000,
+        )
+        top["entries"].append(last)
+    result = _analyze_tops(tops)
+    assert result.verdict == "inconclusive", result.summary
+    assert not any("occurs nowhere earlier" in f for f in result.findings), result.findings
+
+
 _prefix = st.sampled_from(["gloo:", "nccl:", "", "xccl:", "GLOO:", "gloo :", "g" * 17 + ":", ":"])
 
 
