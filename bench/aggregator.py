@@ -802,16 +802,24 @@ def engine_jobs(hosts: int, seconds: int, job_ranks: int, slowdown: float, warmu
     hang_at = straggler_at = None
     rss0 = psutil.Process().memory_info().rss
     spent: dict[str, float] = {}
+    longest_run: dict[str, float] = {}  # each detector's longest single step (what the loop waits on)
     for name, detector in engine.detectors.items():  # CPU per detector, as the engine's own metric measures
 
-        def timed(seen: Any, _evaluate: Any = detector.evaluate, _name: str = name) -> Any:
-            began = time.process_time()
-            try:
-                return _evaluate(seen)
-            finally:
-                spent[_name] = spent.get(_name, 0.0) + time.process_time() - began
+        def timed(seen: Any, _steps: Any = detector.evaluate_steps, _name: str = name) -> Any:
+            steps = _steps(seen)
+            while True:
+                began = time.process_time()
+                try:
+                    next(steps)
+                except StopIteration as done:
+                    return done.value
+                finally:
+                    took = time.process_time() - began
+                    spent[_name] = spent.get(_name, 0.0) + took
+                    longest_run[_name] = max(longest_run.get(_name, 0.0), took)
+                yield
 
-        detector.evaluate = timed  # type: ignore[method-assign]
+        detector.evaluate_steps = timed  # type: ignore[method-assign]
     for second in range(seconds):
         t = float(second)
         frames = []
@@ -877,13 +885,29 @@ def engine_jobs(hosts: int, seconds: int, job_ranks: int, slowdown: float, warmu
         "false_verdict_count": len(others),
         "rss_growth_mb": round((psutil.Process().memory_info().rss - rss0) / 2**20, 1),
         "detector_cpu_per_s": {name: round(v / seconds, 3) for name, v in sorted(spent.items())},
+        "detector_longest_run_s": {name: round(v, 3) for name, v in sorted(longest_run.items())},
     }
+    scrape_started = time.process_time()  # what one Prometheus scrape of this state costs the loop
+    from prometheus_client import generate_latest
+
+    from sentinel.aggregator.metrics import AggregatorMetrics
+
+    scraped = AggregatorMetrics("default")
+    scraped.attach(engine, lambda: hosts)
+    generate_latest(scraped.registry)
+    result["metrics_scrape_s"] = round(time.process_time() - scrape_started, 3)
+    memory_started = time.process_time()  # the state store's snapshot of the detectors' memory
+    from sentinel.aggregator.store import BuiltinsHolder
+
+    BuiltinsHolder("detectors", dict(engine.detectors)).snapshot(full=True)
+    result["detector_memory_snapshot_s"] = round(time.process_time() - memory_started, 3)
     print(
         f"engine only with jobs, {hosts} hosts x {GPUS} GPUs + 2 x {job_ranks} ranks, {seconds} s: "
         f"{result['cpu_per_s_mean']:.2f} s of CPU per second (p99 {result['cpu_per_s_p99']:.2f}, tick p99 "
         f"{result['tick_p99_s']:.2f} s, its longest step p99 {result['tick_step_p99_s']:.2f} s); hang named after {hang_at} s, {slowdown}x straggler after {straggler_at} s; "
         f"false verdicts {len(others)}; state grew {result['rss_growth_mb']} MB; detectors' CPU per second: "
-        f"{result['detector_cpu_per_s']}",
+        f"{result['detector_cpu_per_s']}; longest step: {result['detector_longest_run_s']}; one /metrics "
+        f"scrape {result['metrics_scrape_s']} s; detector memory snapshot {result['detector_memory_snapshot_s']} s",
         flush=True,
     )
     return result

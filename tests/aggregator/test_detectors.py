@@ -693,13 +693,13 @@ def test_a_large_stall_is_examined_again_every_recheck_but_progress_closes_it_at
 
     monkeypatch.setattr(stuck, "LARGE_JOB_RANKS", 16)  # this 16-rank job counts as large
     calls: list[float] = []
-    real = stuck.evaluate_job
+    real = stuck.evaluate_job_steps
 
     def counted(job: JobView, *args: object) -> object:
         calls.append(args[3])  # type: ignore[arg-type]  # (fleet, cfg, hw, now, ...)
         return real(job, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(stuck, "evaluate_job", counted)
+    monkeypatch.setattr(stuck, "evaluate_job_steps", counted)
     f = _running_cascade()
     for t in (4.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0):
         feed_cascade(f, t, age=t - 3.0, completed=12)

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from sentinel.aggregator import state
-from sentinel.aggregator.detectors.base import Observation
+from sentinel.aggregator.detectors.base import Observation, run_steps
 from sentinel.aggregator.detectors.inventory import InventoryDetector
 from sentinel.aggregator.detectors.stuck import StuckDetector
 from sentinel.aggregator.engine import Engine
@@ -163,14 +163,14 @@ def test_a_kept_examination_is_used_while_the_heads_only_repeat() -> None:
     view = engine.fleet.hello(Hello(host="h0", boot_id="b", gpus=gpus), 0.0)
     ranks = [Rank() for _ in range(GPUS)]
     calls: list[float] = []
-    real = stuck.examine
+    real = stuck.examine_steps
 
     def counted(*args: object) -> object:
         calls.append(args[2])  # type: ignore[arg-type]
         return real(*args)  # type: ignore[arg-type]
 
     detector = StuckDetector(AggregatorConfig())
-    stuck.examine = counted  # type: ignore[assignment]
+    stuck.examine_steps = counted  # type: ignore[assignment]
     try:
         for tick in range(20):
             t = float(tick)
@@ -185,7 +185,7 @@ def test_a_kept_examination_is_used_while_the_heads_only_repeat() -> None:
             if 8 <= tick < 15:
                 assert [f.rank for f in findings] == [3]
     finally:
-        stuck.examine = real  # type: ignore[assignment]
+        stuck.examine_steps = real
     stalled = [t for t in calls if 8.0 <= t < 15.0]
     assert len(stalled) <= 1, calls
     assert 15.0 in calls
@@ -305,9 +305,9 @@ def _fold_and_compare(ticks: list[list[tuple[int, int]]]) -> None:
         job = fleet.jobs.get(JOB)
         if job is None:
             continue
-        kept._measure(job, cfg)
+        run_steps(kept._measure(job, cfg))
         walking.heads_versions.clear()  # as if it had never looked: every rank is walked
-        walking._measure(job, cfg)
+        run_steps(walking._measure(job, cfg))
         got = {r: (s.last_seq, list(s.compute)) for r, s in kept.steps[JOB].items()}
         want = {r: (s.last_seq, list(s.compute)) for r, s in walking.steps[JOB].items()}
         assert got == want, tick

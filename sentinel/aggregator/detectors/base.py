@@ -10,15 +10,32 @@ still run — and reconciles each one's findings into verdicts with :meth:`Verdi
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from sentinel.aggregator.state import FleetState, GpuView
 from sentinel.aggregator.verdicts import Finding
 from sentinel.config.aggregator import AggregatorConfig
 
 Key = tuple[str, ...]
+T = TypeVar("T")
+
+#: work a sliced detector does between two yields (ranks, GPUs): a few tens of milliseconds at most, so the
+#: hardware verdicts of the batches that arrive meanwhile wait that long, not a whole job comparison
+ITEMS_PER_STEP = 4096
+
+#: a detector's run in steps: it yields (the event loop runs ingest) and returns its evaluation
+Steps = Generator[None, None, T]
+
+
+def run_steps(steps: Steps[T]) -> T:
+    """Run a generator of :data:`Steps` to its end in one piece (``evaluate`` of a sliced detector)."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +76,15 @@ class Detector(ABC):
     @abstractmethod
     def evaluate(self, seen: Observation) -> Evaluation | None:
         """The findings true at ``seen.now``; None when the detector did not evaluate this time (not due)."""
+
+    def evaluate_steps(self, seen: Observation) -> Steps[Evaluation | None]:
+        """:meth:`evaluate` in steps, for the tick (:meth:`~sentinel.aggregator.engine.Engine.tick_stages`
+        resumes the event loop at each ``yield``). A detector whose run over a whole job or fleet takes
+        tenths of a second yields every :data:`ITEMS_PER_STEP` items and defines ``evaluate`` as
+        ``run_steps(self.evaluate_steps(seen))``; the default is one step. Between steps the fleet may
+        change (batches are applied): a sliced detector iterates over copies and reads each item once."""
+        return self.evaluate(seen)
+        yield  # a generator: the default runs in one step
 
     def switched_on(self) -> None:
         """The detector was off and is on again (a reload): what happened meanwhile must be looked at."""

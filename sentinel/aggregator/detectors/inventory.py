@@ -9,7 +9,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sentinel.aggregator.detectors.base import Detector, Evaluation, Observation
+from sentinel.aggregator.detectors.base import (
+    ITEMS_PER_STEP,
+    Detector,
+    Evaluation,
+    Observation,
+    Steps,
+    run_steps,
+)
 from sentinel.aggregator.state import HostView
 from sentinel.aggregator.verdicts import Finding
 from sentinel.components.device.inventory import (
@@ -25,6 +32,8 @@ from sentinel.components.vocab import verdict_kind
 from sentinel.config.aggregator import AggregatorConfig
 
 DETECTOR = "inventory"
+#: hosts whose facts are built between two yields (each host's 8 GPUs: ~60 us)
+HOSTS_PER_STEP = ITEMS_PER_STEP // 8
 
 
 @dataclass(slots=True)
@@ -66,17 +75,26 @@ class InventoryDetector(Detector):
         self._last = None
 
     def evaluate(self, seen: Observation) -> Evaluation | None:
+        return run_steps(self.evaluate_steps(seen))
+
+    def evaluate_steps(self, seen: Observation) -> Steps[Evaluation | None]:
+        """Sliced over hosts (a yield every :data:`HOSTS_PER_STEP` whose facts had to be built): the first
+        run over 6,144 hosts took 0.37 s in one piece."""
         if seen.now < self._next:
             return None
         self._next = seen.now + self.INTERVAL_S
         kept = self._kept
         hosts = seen.fleet.hosts
         changed = len(kept) != len(hosts)
-        for host in hosts.values():
+        built = 0
+        for host in list(hosts.values()):
             mine = kept.get(host.name)
             if mine is None or mine.version != host.inventory_version:
                 kept[host.name] = _keep(host)
                 changed = True
+                built += 1
+                if built % HOSTS_PER_STEP == 0:
+                    yield
         if len(kept) != len(hosts):
             self._kept = kept = {name: k for name, k in kept.items() if name in hosts}
         if not changed and self._last is not None:

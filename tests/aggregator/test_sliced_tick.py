@@ -1,0 +1,112 @@
+"""A tick in steps (Engine.tick_stages, Detector.evaluate_steps): a 24,576-rank-scale job's examination and
+comparison are split into many short steps, batches applied between them (as the server does) open their
+hardware verdicts at once, and the job's verdict is the one an unsliced run reaches."""
+
+from __future__ import annotations
+
+from sentinel.aggregator.detectors.base import ITEMS_PER_STEP
+from sentinel.aggregator.engine import Engine
+from sentinel.aggregator.state import HostView
+from sentinel.components.xid.parse import xid_record
+from sentinel.fr.heads import FrHeads, InFlight, PgHead, StepTime
+from sentinel.wire import Batch, GpuInfo, Hello, ProcInfo, XidOccurred
+from tests.aggregator.helpers import sample
+
+GPUS = 8
+RANKS = 2 * ITEMS_PER_STEP + 8 * 13  # more ranks than two steps' worth
+HUNG = RANKS // 2 + 3
+JOB = "big"
+
+
+def _heads(rank: int, t: float, stalled_since: float | None) -> FrHeads:
+    """Rank ``rank`` at ``t``: 10 steps done; from ``stalled_since`` every rank but HUNG waits in seq 11."""
+    waiting = stalled_since is not None and rank != HUNG
+    flight = [InFlight(seq=11, op="allreduce", age_s=t - stalled_since, state="started")] if waiting else []
+    assert stalled_since is None or t >= stalled_since
+    return FrHeads(
+        rank=rank,
+        t=t,
+        job_id=JOB,
+        world_size=RANKS,
+        gpu=rank % GPUS,
+        pgs=[
+            PgHead(
+                pg_name="0",
+                pg_desc="default_pg",
+                last_enqueued_seq=10 + (1 if waiting else 0),
+                last_started_seq=10 + (1 if waiting else 0),
+                last_completed_seq=10,
+                in_flight=flight,
+            )
+        ],
+        steps=[StepTime(seq=s, compute_s=0.8) for s in range(3, 11)],
+    )
+
+
+def _fleet(engine: Engine) -> list[HostView]:
+    views = []
+    for h in range(RANKS // GPUS):
+        gpus = [
+            GpuInfo(index=g, uuid=f"GPU-{h}-{g}", pci_bus=f"0000:{g:02x}:00", name="H100")
+            for g in range(GPUS)
+        ]
+        views.append(engine.hello(Hello(host=f"h{h:05d}", boot_id="b", gpus=gpus), 0.0))
+    return views
+
+
+def _feed(engine: Engine, views: list[HostView], seq: int, t: float, stalled_since: float | None) -> None:
+    for h, view in enumerate(views):
+        procs = (
+            [
+                ProcInfo(
+                    gpu=g,
+                    pid=1000 + h * GPUS + g,
+                    job_id=JOB,
+                    rank=h * GPUS + g,
+                    local_rank=g,
+                    world_size=RANKS,
+                )
+                for g in range(GPUS)
+            ]
+            if seq == 0
+            else None
+        )
+        heads = [_heads(h * GPUS + g, t, stalled_since) for g in range(GPUS)]
+        batch = Batch(seq=seq, t=t, samples=[sample(g, t) for g in range(GPUS)], heads=heads, procs=procs)
+        engine.ingest(view, batch, t)
+
+
+def test_a_large_stall_is_examined_in_many_steps_with_ingest_between_them() -> None:
+    sliced, whole = Engine(), Engine()
+    sliced_views, whole_views = _fleet(sliced), _fleet(whole)
+    most_steps = 0
+    xid_hosts: list[str] = []
+    for second in range(12):
+        t = float(second)
+        stalled_since = 4.0 if t >= 4.0 else None
+        _feed(sliced, sliced_views, second, t, stalled_since)
+        _feed(whole, whole_views, second, t, stalled_since)
+        whole.tick(t + 0.5)
+        steps = 0
+        for _ in sliced.tick_stages(t + 0.5):
+            steps += 1
+            # as the server: batches are applied between two steps; a hardware fault opens its verdict then
+            host = sliced_views[(second * 37 + steps) % len(sliced_views)]
+            if steps == 3 and second >= 8:
+                xid = XidOccurred(
+                    t=t + 0.5, gpu=1, text="NVRM: Xid 79", record=xid_record(79, "NVRM: Xid 79")
+                )
+                sliced.ingest(host, Batch(seq=1000 + second, t=t + 0.5, events=[xid]), t + 0.5)
+                assert any(
+                    v.host == host.name and v.gpu == 1 and v.reason == "xid_79"
+                    for v in sliced.book.open.values()
+                ), "the hardware verdict opens at ingest, between the tick's steps"
+                xid_hosts.append(host.name)
+        most_steps = max(most_steps, steps)
+    # six detectors and the retention step, one step each when nothing is sliced; the stalled job's
+    # first examination (four passes over 8,296 ranks and the wait-for graph) adds at least eight yields
+    assert most_steps >= 1 + 6 + 8, most_steps
+    stuck_sliced = {(v.job, v.rank, v.reason) for v in sliced.book.open.values() if v.kind == "stuck"}
+    stuck_whole = {(v.job, v.rank, v.reason) for v in whole.book.open.values() if v.kind == "stuck"}
+    assert stuck_sliced == stuck_whole and (JOB, HUNG) in {(j, r) for j, r, _ in stuck_whole}
+    assert len(xid_hosts) == 4
