@@ -962,7 +962,7 @@ def test_every_rank_blocked_in_send_recv_names_the_stage_that_never_sent() -> No
     found = _stuck(f)
     assert [(r, why) for r, why, _ in found] == [(9, "not_entered_collective")], found
     evidence = found[0][2]
-    assert "are blocked in send/recv and no collective completed for" in evidence
+    assert "are blocked in send/recv and none in a stalled collective; the longest for" in evidence
     assert (
         "rank 9 never posted the send that rank" in evidence and "in no send/recv nor collective" in evidence
     )

@@ -704,13 +704,13 @@ def _trail(  # noqa: PLR0917
 def _p2p_trail(exam: Examination) -> Trail:
     """The evidence of a stall in which every stalled rank is blocked in a send/recv: the longest wait."""
     held = exam.p2p_only
-    lead = f"{len(held)} rank(s) ({_ranks_summary([h[0] for h in held])}) are blocked in send/recv and no "
     r0, g0, sq0, op0, since0, peer0 = held[0]
-    tail = (
-        f"s (no collective is stalled); the longest: rank {r0} in {op_name(op0)} (pg {g0}, p2p #{sq0}) "
-        f"with rank {peer0}"
+    lead = (
+        f"{len(held)} rank(s) ({_ranks_summary([h[0] for h in held])}) are blocked in send/recv and none in a "
+        f"stalled collective; the longest for "
     )
-    return [_aged(lead + "collective completed for ", since0, tail)]
+    tail = f"s: rank {r0} in {op_name(op0)} (pg {g0}, p2p #{sq0}) with rank {peer0}"
+    return [_aged(lead, since0, tail)]
 
 
 def _blame(
