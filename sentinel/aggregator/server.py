@@ -26,7 +26,7 @@ import re
 import socket
 import ssl
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -374,9 +374,12 @@ class Aggregator:
     def _gc_maintenance(self, monotonic: float) -> None:
         """Keep full garbage collections off the ingest path.
 
-        The fleet state is hundreds of thousands of long-lived objects; letting the collector walk them
-        all now and then stalls ingest for most of a second. Survivors are frozen (ignored by collections)
-        on a short period and a full collection runs rarely, at a known cost.
+        The fleet state is hundreds of thousands of long-lived objects, and with two 24,576-rank jobs ~25,000
+        heads (each with its lists) arrive every second and live two: left to CPython's thresholds, full
+        collections came every few seconds at ~0.25-0.3 s each, inside whatever step was running. Survivors
+        are frozen (ignored by collections) on a short period, CPython's own full collections are off while
+        the tick loop runs (:func:`_no_automatic_full_collections`), and a full collection runs rarely, at
+        a known cost (``fleet.gc_full_interval_s``).
         """
         fleet = self.config.fleet
         if fleet.gc_full_interval_s and monotonic >= self._next_gc_full:
@@ -390,6 +393,10 @@ class Aggregator:
             gc.freeze()
 
     async def _tick_loop(self) -> None:
+        with _no_automatic_full_collections(bool(self.config.fleet.gc_full_interval_s)):
+            await self._ticks()
+
+    async def _ticks(self) -> None:
         period = self.config.fleet.tick_s
         loop = asyncio.get_running_loop()
         next_at = loop.time()
@@ -896,6 +903,26 @@ def _batch_over_limits(batch: Batch, limits: LimitsConfig) -> str:
     if items > limits.max_heads_items_per_batch:
         return f"heads carry {items} groups, group ranks and in-flight entries, at most {limits.max_heads_items_per_batch}"
     return ""
+
+
+#: CPython's third threshold while the tick loop runs: full collections only from ``_gc_maintenance``
+NO_FULL_COLLECTIONS = 1 << 30
+
+
+@contextlib.contextmanager
+def _no_automatic_full_collections(on: bool) -> Iterator[None]:
+    """CPython's automatic full (generation 2) collections off, restored after (a daemon's lifetime; tests
+    run many aggregators in one process). Young collections stay; ``fleet.gc_full_interval_s`` collects
+    cyclic garbage at its own pace."""
+    if not on:
+        yield
+        return
+    old = gc.get_threshold()
+    gc.set_threshold(old[0], old[1], NO_FULL_COLLECTIONS)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
 
 
 def _upgrade_accept(request: web.Request) -> str:

@@ -4,13 +4,19 @@ hardware verdicts at once, and the job's verdict is the one an unsliced run reac
 
 from __future__ import annotations
 
+import asyncio
+import gc
+from pathlib import Path
+
 from sentinel.aggregator.detectors.base import ITEMS_PER_STEP
 from sentinel.aggregator.engine import Engine
+from sentinel.aggregator.server import NO_FULL_COLLECTIONS
 from sentinel.aggregator.state import HostView
 from sentinel.components.xid.parse import xid_record
+from sentinel.config.aggregator import AggregatorConfig, FleetConfig
 from sentinel.fr.heads import FrHeads, InFlight, PgHead, StepTime
 from sentinel.wire import Batch, GpuInfo, Hello, ProcInfo, XidOccurred
-from tests.aggregator.helpers import sample
+from tests.aggregator.helpers import running_aggregator, sample, wait_until
 
 GPUS = 8
 RANKS = 2 * ITEMS_PER_STEP + 8 * 13  # more ranks than two steps' worth
@@ -110,3 +116,19 @@ def test_a_large_stall_is_examined_in_many_steps_with_ingest_between_them() -> N
     stuck_whole = {(v.job, v.rank, v.reason) for v in whole.book.open.values() if v.kind == "stuck"}
     assert stuck_sliced == stuck_whole and (JOB, HUNG) in {(j, r) for j, r, _ in stuck_whole}
     assert len(xid_hosts) == 4
+
+
+async def test_automatic_full_collections_are_off_while_the_aggregator_runs(tmp_path: Path) -> None:
+    """A full collection over the heads of two big jobs paused the loop ~0.3 s every few seconds; while the
+    tick loop runs only the maintenance's own (fleet.gc_full_interval_s) happen, and the thresholds come
+    back after."""
+    before = gc.get_threshold()
+    async with running_aggregator(tmp_path) as running:
+        await wait_until(lambda: gc.get_threshold()[2] == NO_FULL_COLLECTIONS)
+        assert gc.get_threshold()[:2] == before[:2]
+        assert running.aggregator.config.fleet.gc_full_interval_s > 0
+    assert gc.get_threshold() == before
+    config = AggregatorConfig(fleet=FleetConfig(gc_full_interval_s=0))  # no maintenance: CPython's own
+    async with running_aggregator(tmp_path, config) as running:
+        await asyncio.sleep(0.05)  # the tick loop has started (it does so at start-up)
+        assert running.aggregator._ticker is not None and gc.get_threshold() == before

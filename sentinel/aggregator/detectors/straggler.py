@@ -562,9 +562,13 @@ def _candidates_by_clock(
         powers = [g.ema_power for g in gpus if g.ema_power is not None]
         med_temp = median(temps) if temps else None
         med_power = median(powers) if powers else None
-        for gpu in gpus:
+        yield  # (the medians above sort every busy GPU's readings)
+        for index, gpu in enumerate(gpus):
+            if index % ITEMS_PER_STEP == ITEMS_PER_STEP - 1:
+                yield
             clock = gpu.ema_clock
-            assert clock is not None
+            if clock is None:  # its readings went while the comparison was sliced
+                continue
             drop = (med - clock) / med
             z = (med - clock) / scale
             if drop < cfg.min_clock_drop or z < cfg.z_threshold:
