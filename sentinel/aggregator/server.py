@@ -35,6 +35,7 @@ import msgspec
 from aiohttp import WSCloseCode, web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
 
 from sentinel.aggregator.detectors.straggler import straggler_hold_s
 from sentinel.aggregator.engine import Engine
@@ -796,8 +797,17 @@ class Aggregator:
         )
 
     async def metrics_endpoint(self, _: web.Request) -> web.Response:
-        body = generate_latest(self.metrics.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        """The exposition, rendered one metric family at a time with the event loop resumed in between.
+
+        At 6,144 hosts the per-host families (last seen, clock rate and offset) are ~18,000 series: rendered
+        in one piece a scrape held the loop for 0.13-0.4 s, which every batch behind it waited for. The
+        collectors compute each family from the engine's state in one go (no await inside a pass over the
+        fleet), so each family is consistent; families may be up to a few milliseconds apart."""
+        parts: list[bytes] = []
+        for family in self.metrics.registry.collect():
+            parts.append(generate_latest(_Families(family)))
+            await asyncio.sleep(0)
+        return web.Response(body=b"".join(parts), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _page(
         self, request: web.Request, key: str, items: Sequence[Any], render: Callable[[Any], Any]
@@ -903,6 +913,16 @@ def _batch_over_limits(batch: Batch, limits: LimitsConfig) -> str:
     if items > limits.max_heads_items_per_batch:
         return f"heads carry {items} groups, group ranks and in-flight entries, at most {limits.max_heads_items_per_batch}"
     return ""
+
+
+class _Families:
+    """One metric family as a registry (``generate_latest`` renders what ``collect`` returns)."""
+
+    def __init__(self, *families: Metric) -> None:
+        self.families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families
 
 
 #: CPython's third threshold while the tick loop runs: full collections only from ``_gc_maintenance``
