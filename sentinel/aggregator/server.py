@@ -420,6 +420,9 @@ class Aggregator:
             except Exception as exc:  # a detector bug must not stop detection of everything else
                 log().error("tick_failed", error=f"{type(exc).__name__}: {exc}")
             self.metrics.tick_seconds.observe(busy)
+            if self.store is not None:  # detector memory copied in steps ahead of the flush
+                for _ in self.store.prepare():
+                    await asyncio.sleep(0)
             if self.store is not None and self.store.due(loop.time()):
                 self.store.flush(loop.time())
             self.remediator.tick(self.clock())

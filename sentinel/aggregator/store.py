@@ -26,6 +26,7 @@ import queue
 import sqlite3
 import threading
 import time
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -101,16 +102,38 @@ class BuiltinsHolder:
         self.oversize_by_member: dict[str, int] = {}
         self._next = 0.0
         self._written: dict[str, bytes] = {}
+        self._prepared: dict[str, bytes] | None = None  # encoded ahead of the next flush (prepare)
+
+    def prepare(self) -> Generator[None, None, None]:
+        """Copy and encode the members' memory ahead of the flush, in steps (a member with ``memory_steps``
+        yields while it copies; the caller resumes the event loop at each yield). The next non-full
+        :meth:`snapshot` takes what was prepared instead of copying it in one piece on the loop. Memory is
+        a warm start, so it need not be taken in the same instant as the flush's other holders."""
+        now = self.clock()
+        if now < self._next or self._prepared is not None:
+            return
+        self._next = now + self.min_interval_s
+        prepared: dict[str, bytes] = {}
+        for name, member in list(self.members.items()):
+            steps = getattr(member, "memory_steps", None)
+            memory = (yield from steps()) if steps is not None else member.snapshot()
+            prepared[name] = _encoder.encode(memory)
+            yield
+        self._prepared = prepared
 
     def snapshot(self, full: bool = False) -> dict[str, bytes | None]:
         now = self.clock()
-        if not full and now < self._next:
-            return {}
-        self._next = now + self.min_interval_s
+        prepared, self._prepared = self._prepared, None
+        if full or prepared is None:
+            if not full and now < self._next:
+                return {}
+            self._next = now + self.min_interval_s
+            prepared = {}
+            for name, member in self.members.items():
+                memory = getattr(member, "memory", None)
+                prepared[name] = _encoder.encode(memory() if memory is not None else member.snapshot())
         out: dict[str, bytes | None] = {}
-        for name, member in self.members.items():
-            memory = getattr(member, "memory", None)
-            data = _encoder.encode(memory() if memory is not None else member.snapshot())
+        for name, data in prepared.items():
             if len(data) > self.max_bytes:
                 self.oversize += 1
                 self.oversize_by_member[name] = self.oversize_by_member.get(name, 0) + 1
@@ -210,6 +233,19 @@ class StateStore:
 
     def due(self, monotonic: float) -> bool:
         return monotonic >= self._next_flush
+
+    def prepare(self) -> Generator[None, None, None]:
+        """Let holders that can (:meth:`BuiltinsHolder.prepare`) build their next snapshot in steps ahead of
+        :meth:`flush`; the detector loop resumes the event loop at each yield."""
+        for holder in list(self.holders):
+            prepare = getattr(holder, "prepare", None)
+            if prepare is None:
+                continue
+            try:
+                yield from prepare()
+            except Exception as exc:  # flush() then takes the snapshot in one piece, as without this
+                self.write_errors += 1
+                log().error("state_snapshot_failed", holder=holder.state_name, error=str(exc)[:300])
 
     def flush(self, monotonic: float | None = None, *, full: bool = False) -> int:
         """Collect every holder's changes and queue them for the writer thread; returns records queued."""

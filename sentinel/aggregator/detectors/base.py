@@ -108,6 +108,12 @@ class Detector(ABC):
         that encode to the same bytes without building builtins first (a large memory's cost on the loop)."""
         return self.snapshot()
 
+    def memory_steps(self) -> Steps[Any]:
+        """:meth:`memory` in steps (the state store prepares it ahead of a flush, the loop resumed at each
+        yield); the default is one step."""
+        return self.memory()
+        yield  # a generator: the default runs in one step
+
     def restore(self, state: dict[str, Any]) -> None:
         """Take back the :meth:`snapshot` of an earlier process (the aggregator's durable state store).
 

@@ -245,12 +245,23 @@ class StragglerDetector(Detector):
     def memory(self) -> StragglerMemory:
         """The step histories and streaks as structs, which the state store encodes directly: turning the
         histories of two 24,576-rank jobs into builtins first cost ~0.13 s of the event loop per flush."""
+        return run_steps(self.memory_steps())
+
+    def memory_steps(self) -> Steps[StragglerMemory]:
+        """:meth:`memory` copied a rank history at a time with a yield every :data:`ITEMS_PER_STEP` ranks
+        (the state store prepares it ahead of a flush: 49,152 histories took 0.16-0.4 s in one piece). Each
+        rank's copy is whole; ranks folded meanwhile are copied as they are then (a warm start)."""
+        steps: dict[str, dict[int, _RankMemory]] = {}
+        copied = 0
+        for job, ranks in list(self.steps.items()):
+            kept = steps[job] = {}
+            for rank, history in list(ranks.items()):
+                kept[rank] = _RankMemory(history.last_seq, list(history.compute))
+                copied += 1
+                if copied % ITEMS_PER_STEP == 0:
+                    yield
         return StragglerMemory(
-            steps={
-                job: {r: _RankMemory(s.last_seq, list(s.compute)) for r, s in ranks.items()}
-                for job, ranks in self.steps.items()
-            },
-            streaks=[_StreakMemory(k, s.hits, s.misses) for k, s in self.streaks.items()],
+            steps=steps, streaks=[_StreakMemory(k, s.hits, s.misses) for k, s in self.streaks.items()]
         )
 
     def snapshot(self) -> dict[str, Any]:
