@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="on a terminal, show progress (dumps read and decoded) on stderr once the analysis has run "
         "this long (default: 1); never when stderr is not a terminal",
     )
-    a.set_defaults(func=run_analyze)
+    a.set_defaults(func=run_analyze, exit_at_once=True)
     p.set_defaults(func=_usage(p))
 
 

@@ -20,9 +20,7 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
-from typing import Any
-
-import msgspec
+from typing import Any, NamedTuple
 
 from sentinel.fr.ops import UNRECORDED_P2P_BACKENDS, is_send, op_name
 from sentinel.fr.summary import P2P_LOG, GroupTrack, KeyInfo, Pending, RankSummary
@@ -44,28 +42,31 @@ TIMING_WINDOW = 64
 MAX_FINDINGS = 40
 
 
-class Group(msgspec.Struct):
+class Group:
     """A process group as seen across all dumps."""
 
-    name: str
-    desc: str
-    tracks: dict[int, GroupTrack]
-    members: set[int]
-    size_hint: int = 0
-    unknown_members: int = 0
+    __slots__ = ("desc", "members", "name", "size_hint", "tracks", "unknown_members")
+
+    def __init__(self, name: str, desc: str, tracks: dict[int, GroupTrack], members: set[int]) -> None:
+        self.name = name
+        self.desc = desc
+        self.tracks = tracks
+        self.members = members
+        self.size_hint = 0
+        self.unknown_members = 0
 
     def label(self) -> str:
         return f"{self.name} ({self.desc})" if self.desc else self.name
 
 
-class Straggler(msgspec.Struct):
+class Straggler(NamedTuple):
     rank: int
     lag_ms_median: float
     late_fraction: float
     n_collectives: int
 
 
-class MismatchFinding(msgspec.Struct):
+class MismatchFinding(NamedTuple):
     kind: str  # op | size | dtype
     group: Group
     seq: int
@@ -91,22 +92,51 @@ class MismatchFinding(msgspec.Struct):
         }
 
 
-class FrAnalysis(msgspec.Struct):
+class FrAnalysis:
     """The result of :func:`analyze`; :meth:`to_json` is the contract's ``--json`` object."""
 
-    verdict: str
-    summary: str
-    culprit_ranks: list[int] = msgspec.field(default_factory=list)
-    collective: dict[str, Any] | None = None
-    mismatch: dict[str, Any] | None = None
-    missing_dumps: list[int] = msgspec.field(default_factory=list)
-    stragglers: list[Straggler] = msgspec.field(default_factory=list)
-    findings: list[str] = msgspec.field(default_factory=list)
-    ranks_with_dumps: int = 0
-    world_size: int = 0
-    versions: list[str] = msgspec.field(default_factory=list)
-    entries: int = 0
-    groups: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    __slots__ = (
+        "collective",
+        "culprit_ranks",
+        "entries",
+        "findings",
+        "groups",
+        "mismatch",
+        "missing_dumps",
+        "ranks_with_dumps",
+        "stragglers",
+        "summary",
+        "verdict",
+        "versions",
+        "world_size",
+    )
+
+    def __init__(
+        self,
+        verdict: str,
+        summary: str,
+        *,
+        missing_dumps: list[int] | None = None,
+        stragglers: list[Straggler] | None = None,
+        ranks_with_dumps: int = 0,
+        world_size: int = 0,
+        versions: list[str] | None = None,
+        entries: int = 0,
+        groups: list[dict[str, Any]] | None = None,
+    ) -> None:
+        self.verdict = verdict
+        self.summary = summary
+        self.culprit_ranks: list[int] = []
+        self.collective: dict[str, Any] | None = None
+        self.mismatch: dict[str, Any] | None = None
+        self.missing_dumps: list[int] = [] if missing_dumps is None else missing_dumps
+        self.stragglers: list[Straggler] = [] if stragglers is None else stragglers
+        self.findings: list[str] = []
+        self.ranks_with_dumps = ranks_with_dumps
+        self.world_size = world_size
+        self.versions: list[str] = [] if versions is None else versions
+        self.entries = entries
+        self.groups: list[dict[str, Any]] = [] if groups is None else groups
 
     def to_json(self) -> dict[str, Any]:
         return {

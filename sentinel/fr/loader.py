@@ -20,9 +20,7 @@ import stat
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-import msgspec
+from typing import Any, NamedTuple
 
 from sentinel.fr.errors import FrFormatError, brief
 from sentinel.fr.recent import ByteView, decode_recent, decode_recent_json
@@ -41,7 +39,7 @@ _NAME_RE = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)(?P<json>\.json)?(?P<gz>\.g
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
-class DumpFile(msgspec.Struct, frozen=True):
+class DumpFile(NamedTuple):
     """A file whose name says it is rank ``rank``'s dump."""
 
     path: Path
@@ -49,19 +47,45 @@ class DumpFile(msgspec.Struct, frozen=True):
     prefix: str
 
 
-class RawDump(msgspec.Struct):
-    """The top level of one dump, checked for shape; entries are still the decoded dicts."""
+class RawDump:
+    """The top level of one dump, checked for shape; entries are still the decoded dicts.
 
-    source: str
-    rank: int
-    version: str
-    entries: list[Any]
-    pg_config: dict[str, Any] = msgspec.field(default_factory=dict)
-    pg_status: dict[str, Any] = msgspec.field(default_factory=dict)
-    is_json: bool = False
-    total_entries: int = -1  # entries in the file when only the newest were decoded, else -1
-    # pg_id -> [name, desc] of groups seen only in the skipped entries
-    pg_names: dict[int, list[str]] = msgspec.field(default_factory=dict)
+    A plain class, like every record on the ``fr analyze`` path (:mod:`sentinel.fr.summary`): the command
+    must not pay for importing msgspec (a fifth of analyzing a small set)."""
+
+    __slots__ = (
+        "entries",
+        "is_json",
+        "pg_config",
+        "pg_names",
+        "pg_status",
+        "rank",
+        "source",
+        "total_entries",
+        "version",
+    )
+
+    def __init__(
+        self,
+        source: str,
+        rank: int,
+        version: str,
+        entries: list[Any],
+        *,
+        pg_config: dict[str, Any] | None = None,
+        pg_status: dict[str, Any] | None = None,
+        is_json: bool = False,
+    ) -> None:
+        self.source = source
+        self.rank = rank
+        self.version = version
+        self.entries = entries
+        self.pg_config: dict[str, Any] = {} if pg_config is None else pg_config
+        self.pg_status: dict[str, Any] = {} if pg_status is None else pg_status
+        self.is_json = is_json
+        self.total_entries = -1  # entries in the file when only the newest were decoded, else -1
+        # pg_id -> [name, desc] of groups seen only in the skipped entries
+        self.pg_names: dict[int, list[str]] = {}
 
     @property
     def n_entries(self) -> int:

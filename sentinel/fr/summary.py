@@ -15,14 +15,15 @@ failed collectives as retired and never sets ``state``).
 from __future__ import annotations
 
 import json
+import marshal
 import re
 import zlib
 from array import array
 from bisect import bisect_right
+from collections.abc import Callable
 from itertools import pairwise
-from typing import Annotated, Any
-
-import msgspec
+from operator import attrgetter, itemgetter
+from typing import Any, NamedTuple
 
 from sentinel.fr.errors import FrFormatError, brief
 from sentinel.fr.loader import RawDump
@@ -49,10 +50,8 @@ INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
 MAX_TENSORS = 1 << 16
 MAX_DIMS = 64
 
-_pack = msgspec.msgpack.Encoder().encode
 
-
-class KeyInfo(msgspec.Struct, frozen=True, array_like=True):
+class KeyInfo(NamedTuple):
     """What one match key stands for, for messages."""
 
     op: str
@@ -62,7 +61,7 @@ class KeyInfo(msgspec.Struct, frozen=True, array_like=True):
     size_hint: int = 0
 
 
-class Pending(msgspec.Struct, frozen=True, array_like=True):
+class Pending(NamedTuple):
     """An entry this rank enqueued that had not completed when it dumped."""
 
     seq: int
@@ -74,49 +73,169 @@ class Pending(msgspec.Struct, frozen=True, array_like=True):
     peer: int = -1  # group-local peer rank of a p2p op, -1 when unknown
 
 
-class GroupTrack(msgspec.Struct, array_like=True):
-    """One rank's view of one process group."""
+class GroupTrack:
+    """One rank's view of one process group.
 
-    name: str
-    desc: str
-    pg_id: int = -1
-    config_ranks: list[tuple[int, int]] | None = None  # [start, stop) runs: a world of 4,096 is one pair
-    enq: int = -1
-    done: int = -1
-    started: int = -1
-    first_seq: int = 0
-    keys: bytes = b""  # array('I'): match key per seq from first_seq, 0 = not in the buffer
-    times: bytes = b""  # array('q'): time_created_ns per seq from first_seq
-    pending: list[Pending] = []
-    size_hints: list[int] = []
-    #: the newest recorded send/recv ops (NCCL records them), oldest first, as array('q') pairs
-    #: (time_created_ns, direction << 32 | group-local peer): where p2p ops sit in the rank's program order
-    p2p_log: bytes = b""
-    #: ops this rank ran in the group that left no entry, counted from ``op_id`` gaps between its newest
-    #: collectives (:data:`UNRECORDED_WINDOW`) when the group's backend records no send/recv
-    #: (:data:`~sentinel.fr.ops.UNRECORDED_P2P_BACKENDS`: gloo counts them in ``op_id``, writes no entry)
-    unrecorded_ops: int = 0
-    #: the comm library its entries name (``profiling_name`` ``nccl:...`` / ``gloo:...``), "" for none,
-    #: ``mixed`` when they name several
-    backend: str = ""
-    #: under gloo, the ops that left no entry right after the previous collective like the group's newest
-    #: (same match key) — what this rank ran after it in its earlier steps; -1 when no earlier one is in
-    #: the window or the backend records its send/recv (see :func:`_gap_after_repeat`)
-    repeat_gap: int = -1
+    The records of ``fr analyze`` are plain classes (``__slots__``) and named tuples, not msgspec structs:
+    importing msgspec cost a small set's analysis a fifth of its time. Workers send them to the parent as
+    plain data (:meth:`to_plain`, :func:`summary_from_plain`).
+    """
+
+    __slots__ = (
+        "backend",
+        "config_ranks",
+        "desc",
+        "done",
+        "enq",
+        "first_seq",
+        "keys",
+        "name",
+        "p2p_log",
+        "pending",
+        "pg_id",
+        "repeat_gap",
+        "size_hints",
+        "started",
+        "times",
+        "unrecorded_ops",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        desc: str,
+        *,
+        pg_id: int = -1,
+        config_ranks: list[tuple[int, int]] | None = None,
+        enq: int = -1,
+        done: int = -1,
+        started: int = -1,
+        first_seq: int = 0,
+        keys: bytes = b"",
+        times: bytes = b"",
+        pending: list[Pending] | None = None,
+        size_hints: list[int] | None = None,
+        p2p_log: bytes = b"",
+        unrecorded_ops: int = 0,
+        backend: str = "",
+        repeat_gap: int = -1,
+    ) -> None:
+        self.name = name
+        self.desc = desc
+        self.pg_id = pg_id
+        self.config_ranks = config_ranks  # [start, stop) runs: a world of 4,096 is one pair
+        self.enq = enq
+        self.done = done
+        self.started = started
+        self.first_seq = first_seq
+        self.keys = keys  # array('I'): match key per seq from first_seq, 0 = not in the buffer
+        self.times = times  # array('q'): time_created_ns per seq from first_seq
+        self.pending: list[Pending] = [] if pending is None else pending
+        self.size_hints: list[int] = [] if size_hints is None else size_hints
+        #: the newest recorded send/recv ops (NCCL records them), oldest first, as array('q') pairs
+        #: (time_created_ns, direction << 32 | group-local peer): where p2p ops sit in the rank's program order
+        self.p2p_log = p2p_log
+        #: ops this rank ran in the group that left no entry, counted from ``op_id`` gaps between its newest
+        #: collectives (:data:`UNRECORDED_WINDOW`) when the group's backend records no send/recv
+        #: (:data:`~sentinel.fr.ops.UNRECORDED_P2P_BACKENDS`: gloo counts them in ``op_id``, writes no entry)
+        self.unrecorded_ops = unrecorded_ops
+        #: the comm library its entries name (``profiling_name`` ``nccl:...`` / ``gloo:...``), "" for none,
+        #: ``mixed`` when they name several
+        self.backend = backend
+        #: under gloo, the ops that left no entry right after the previous collective like the group's newest
+        #: (same match key) — what this rank ran after it in its earlier steps; -1 when no earlier one is in
+        #: the window or the backend records its send/recv (see :func:`_gap_after_repeat`)
+        self.repeat_gap = repeat_gap
+
+    def to_plain(self) -> tuple[Any, ...]:
+        """Builtins only: the fields of :data:`_TRACK_FIELDS`, then the pending ops as plain tuples."""
+        return (*_track_values(self), [tuple(p) for p in self.pending])
+
+    @classmethod
+    def from_plain(cls, plain: Any) -> GroupTrack:
+        """The track :meth:`to_plain` described."""
+        self = cls.__new__(cls)
+        *values, pending = plain
+        for name, value in zip(_TRACK_FIELDS, values, strict=True):
+            setattr(self, name, value)
+        self.pending = [Pending(*p) for p in pending]
+        return self
 
 
-class RankSummary(msgspec.Struct, array_like=True):
+#: What :meth:`GroupTrack.to_plain` sends of a track besides its pending ops.
+_TRACK_FIELDS = tuple(f for f in GroupTrack.__slots__ if f != "pending")
+_track_values = attrgetter(*_TRACK_FIELDS)
+
+
+class RankSummary:
     """Everything the analysis keeps of one rank's dump."""
 
-    rank: int
-    source: str
-    version: str
-    n_entries: int
-    groups: list[GroupTrack]
-    keys: dict[int, KeyInfo]
-    first_t_ns: int = 0
-    last_t_ns: int = 0
-    median_duration_ms: float = -1.0  # NCCL duration_ms of its completed collectives; -1 when absent
+    __slots__ = (
+        "first_t_ns",
+        "groups",
+        "keys",
+        "last_t_ns",
+        "median_duration_ms",
+        "n_entries",
+        "rank",
+        "source",
+        "version",
+    )
+
+    def __init__(
+        self,
+        rank: int,
+        source: str,
+        version: str,
+        n_entries: int,
+        *,
+        groups: list[GroupTrack],
+        keys: dict[int, KeyInfo],
+        first_t_ns: int = 0,
+        last_t_ns: int = 0,
+        median_duration_ms: float = -1.0,
+    ) -> None:
+        self.rank = rank
+        self.source = source
+        self.version = version
+        self.n_entries = n_entries
+        self.groups = groups
+        self.keys = keys
+        self.first_t_ns = first_t_ns
+        self.last_t_ns = last_t_ns
+        self.median_duration_ms = median_duration_ms  # NCCL duration_ms of completed collectives; -1: none
+
+    def to_plain(self) -> tuple[Any, ...]:
+        """Builtins only, in ``__init__`` order: what a decoding worker sends (see :func:`summary_from_plain`)."""
+        return (
+            self.rank,
+            self.source,
+            self.version,
+            self.n_entries,
+            [g.to_plain() for g in self.groups],
+            {k: tuple(v) for k, v in self.keys.items()},
+            self.first_t_ns,
+            self.last_t_ns,
+            self.median_duration_ms,
+        )
+
+
+def summary_from_plain(plain: Any) -> RankSummary:
+    """The :class:`RankSummary` of :meth:`RankSummary.to_plain`'s tuple. A worker's message is decoded
+    with the no-globals unpickler, so it can hold builtins only; a malformed one raises TypeError or
+    ValueError."""
+    rank, source, version, n_entries, groups, keys, first_t, last_t, median = plain
+    return RankSummary(
+        rank,
+        source,
+        version,
+        n_entries,
+        groups=[GroupTrack.from_plain(g) for g in groups],
+        keys={k: KeyInfo(*v) for k, v in keys.items()},
+        first_t_ns=first_t,
+        last_t_ns=last_t,
+        median_duration_ms=median,
+    )
 
 
 class _Builder:
@@ -196,73 +315,71 @@ def _dtypes(value: Any, what: str, index: int, source: str) -> list[str]:
     return list(value)
 
 
-Int64 = Annotated[int, msgspec.Meta(ge=INT_MIN, le=INT_MAX)]
+class _Inexact(Exception):
+    """An entry field without the exact type PyTorch writes (or a bad field): the dump goes through
+    :func:`sentinel.fr.coerce.coerce_entries`, which coerces it or names what is wrong."""
 
 
-class _Entry(msgspec.Struct, kw_only=True):
-    """The fields of a ring-buffer entry the analysis reads.
-
-    ``msgspec.convert`` builds these from the decoded dicts in C, checking types and int64 ranges in the
-    same pass, so the Python loop below reads attributes instead of a dozen ``dict.get`` per entry. The
-    fields are declared in the order PyTorch writes an entry's keys, the ones the analysis does not read
-    (frames, thread names) included, untyped: msgspec then finds each key at the field it tries first,
-    where a key out of order or undeclared costs it a scan of every field (a fifth of the conversion).
-    """
-
-    frames: Any = None
-    record_id: Any = None
-    pg_id: Int64 = -1
-    process_group: tuple[str, str] | None = None
-    thread_name: Any = None
-    thread_id: Any = None
-    collective_seq_id: Int64 | None = None
-    p2p_seq_id: Int64 = -1
-    op_id: Int64 = -1
-    profiling_name: str
-    time_created_ns: Int64
-    input_sizes: Any = None
-    input_dtypes: Any = None
-    output_sizes: Any = None
-    output_dtypes: Any = None
-    state: str | None = None
-    time_discovered_started_ns: Int64 | None = None
-    time_discovered_completed_ns: Any = None
-    retired: bool | None = None
-    timeout_ms: Any = None
-    is_p2p: bool | None = None
-    seq_id: Int64 | None = None
-    duration_ms: float | None = None
+#: The fields of every entry of a PyTorch 2.x dump (one C call reads them all); a dump with one missing
+#: (older formats) reads each entry with ``dict.get`` and these defaults instead.
+_FIELDS = (
+    ("profiling_name", None),  # required: the default fails the type check
+    ("time_created_ns", None),  # required
+    ("process_group", None),
+    ("pg_id", -1),
+    ("collective_seq_id", None),
+    ("op_id", -1),
+    ("p2p_seq_id", -1),
+    ("state", None),
+    ("time_discovered_started_ns", None),
+    ("retired", None),
+    ("is_p2p", None),
+    ("input_sizes", None),
+    ("output_sizes", None),
+    ("input_dtypes", None),
+    ("output_dtypes", None),
+)
+_read_fields = itemgetter(*(name for name, _ in _FIELDS))
 
 
-_ENTRIES = list[_Entry]
-
-
-def _entries(dump: RawDump) -> list[_Entry]:
-    try:
-        return msgspec.convert(dump.entries, _ENTRIES, strict=False)
-    except msgspec.ValidationError as exc:
-        text = str(exc)
-        where = re.search(r"at `\$\[(\d+)\]\.?(\w*)", text)
-        what = text.split(" - at ", 1)[0][:100]
-        if what.startswith(("Expected `int` <=", "Expected `int` >=")):
-            what = "out of range, expected a 64-bit integer"
-        if where:
-            field = f" field {where[2]!r}:" if where[2] else ""
-            raise FrFormatError(f"{dump.source}: entry {where[1]}:{field} {what}") from None
-        raise FrFormatError(f"{dump.source}: entries: {what}") from None
-    except RecursionError:
-        raise FrFormatError(f"{dump.source}: entries nest too deeply") from None
-
-
-def summarize(dump: RawDump) -> RankSummary:
+def summarize(dump: RawDump, *, coerce: bool = False) -> RankSummary:
     """Reduce a shape-checked dump to its :class:`RankSummary`; FrFormatError names any bad field.
 
     Match keys are computed for the newest :data:`KEY_WINDOW` entries and every entry not completed; older
     completed entries keep only seq and time (a mismatch that persists recurs every step, so the recent
     window sees it, and this halves the cost of reducing a full 2,000-entry buffer).
+
+    Entries are read as decoded, each field accepted only with the exact type PyTorch writes. A dump with
+    any other value (or a bad field) is read again through :func:`sentinel.fr.coerce.coerce_entries`
+    (msgspec), which checks every entry first, so the error named is the first bad field in the file.
+    ``coerce``: go through msgspec at once, whose checks in C cost a third of those in Python per entry:
+    worth its import (a small set's whole decode) when many dumps are read (:func:`~sentinel.fr.dumpset.summarize_dir`).
+    Both ways give the same summary.
     """
+    if not coerce:
+        try:
+            return _summarize(dump, dump.entries, None, _marshal_pack)
+        except _Inexact:
+            pass
+    from sentinel.fr.coerce import coerce_entries, entry_row, pack
+
+    return _summarize(dump, coerce_entries(dump.entries, dump.source), entry_row, pack)
+
+
+def _marshal_pack(fields: tuple[Any, ...]) -> bytes:
+    return marshal.dumps(fields, 2)  # version 2: no table of references built per call
+
+
+def _summarize(
+    dump: RawDump,
+    entries: list[Any],
+    row_of: Callable[[Any], tuple[Any, ...]] | None,
+    pack: Callable[[tuple[Any, ...]], bytes],
+) -> RankSummary:
+    """The reduction. ``row_of``: every field of a coerced entry (:data:`sentinel.fr.coerce.entry_row`);
+    None: the entries are the decoded dicts, whose fields are checked here (:class:`_Inexact` on anything
+    else). ``pack``: bytes that tell apart what must agree across ranks (sizes, dtypes), one C call."""
     source = dump.source
-    entries = _entries(dump)
     builders: dict[str, _Builder] = {}
     key_cache: dict[tuple[str, bytes], tuple[int, int]] = {}
     key_info: dict[int, KeyInfo] = {}
@@ -273,31 +390,116 @@ def summarize(dump: RawDump) -> RankSummary:
     index = 0
     b: _Builder | None = None
     b_name: str | None = None
+    checked_pg: Any = None  # the process_group value last checked (pickles share one tuple per group)
     durations: list[float] = []
+    imin, imax = INT_MIN, INT_MAX
     try:
         for index, e in enumerate(entries):
-            profiling = e.profiling_name
-            pg = e.process_group
-            name, desc = pg if pg is not None else (str(e.pg_id), "")
+            if row_of is not None:  # in the order sentinel.fr.coerce._Entry declares its fields
+                (
+                    _,
+                    _,
+                    pg_id,
+                    pg,
+                    _,
+                    _,
+                    seq,
+                    p2p_seq,
+                    op_id,
+                    profiling,
+                    t,
+                    in_sizes,
+                    in_dtypes,
+                    out_sizes,
+                    out_dtypes,
+                    state,
+                    started_ns,
+                    _,
+                    retired,
+                    _,
+                    is_p2p_flag,
+                    seq_id,
+                    duration,
+                ) = row_of(e)
+            else:
+                if type(e) is not dict:
+                    raise _Inexact
+                try:
+                    row = _read_fields(e)
+                except KeyError:
+                    row = tuple(e.get(name, default) for name, default in _FIELDS)
+                (
+                    profiling,
+                    t,
+                    pg,
+                    pg_id,
+                    seq,
+                    op_id,
+                    p2p_seq,
+                    state,
+                    started_ns,
+                    retired,
+                    is_p2p_flag,
+                    in_sizes,
+                    out_sizes,
+                    in_dtypes,
+                    out_dtypes,
+                ) = row
+                seq_id = e.get("seq_id")
+                duration = e.get("duration_ms")
+                # what msgspec checks (sentinel.fr.coerce._Entry), with the exact types only
+                if (
+                    type(profiling) is not str
+                    or type(t) is not int
+                    or type(pg_id) is not int
+                    or type(op_id) is not int
+                    or type(p2p_seq) is not int
+                    or not (
+                        imin <= t <= imax
+                        and imin <= pg_id <= imax
+                        and imin <= op_id <= imax
+                        and imin <= p2p_seq <= imax
+                    )
+                    or (seq is not None and (type(seq) is not int or not imin <= seq <= imax))
+                    or (
+                        started_ns is not None
+                        and (type(started_ns) is not int or not imin <= started_ns <= imax)
+                    )
+                    or (seq_id is not None and (type(seq_id) is not int or not imin <= seq_id <= imax))
+                    or (state is not None and type(state) is not str)
+                    or (retired is not None and type(retired) is not bool)
+                    or (is_p2p_flag is not None and type(is_p2p_flag) is not bool)
+                    or (duration is not None and type(duration) is not float)
+                ):
+                    raise _Inexact
+                if pg is not checked_pg and pg is not None:
+                    if (
+                        type(pg) not in (tuple, list)
+                        or len(pg) != 2
+                        or type(pg[0]) is not str
+                        or type(pg[1]) is not str
+                    ):
+                        raise _Inexact
+                    checked_pg = pg
+            name, desc = pg if pg is not None else (str(pg_id), "")
             if name != b_name:
                 b = builders.get(name)
                 if b is None:
                     # "undefined" is PyTorch's placeholder for "no description"
-                    b = builders[name] = _Builder(name, "" if desc == "undefined" else desc, e.pg_id)
+                    b = builders[name] = _Builder(name, "" if desc == "undefined" else desc, pg_id)
                 b_name = name
             assert b is not None
-            t = e.time_created_ns
             # NCCL: when the device started it, a closer measure of when this rank arrived than the
             # host-side enqueue (gloo leaves the field empty: time_created_ns it is)
-            arrived = e.time_discovered_started_ns or t
+            arrived = started_ns or t
             if t < first_t or first_t == 0:
                 first_t = t
             if t > last_t:  # noqa: PLR1730 - cheaper than a call per entry
                 last_t = t
-            state = e.state or "scheduled"
-            if e.time_discovered_started_ns and state == "scheduled":
+            state = state or "scheduled"
+            if started_ns and state == "scheduled":
                 state = "started"  # NCCL saw it start on the device (gloo leaves the field empty)
-            completed = e.retired is True or state == "completed"
+            completed = retired is True or state == "completed"
             named = p2p_names.get(profiling)
             if named is None:
                 named = p2p_names[profiling] = (op_name(profiling) in P2P, backend(profiling))
@@ -306,11 +508,11 @@ def summarize(dump: RawDump) -> RankSummary:
                 b.backend = bk if b.backend is None else MIXED_BACKENDS
             key = 0
             if index >= keyed_from or not completed or is_p2p:
-                fields = (e.input_sizes, e.output_sizes, e.input_dtypes, e.output_dtypes)
+                fields = (in_sizes, out_sizes, in_dtypes, out_dtypes)
                 try:  # one C call names what must agree; only a new combination is checked field by field
-                    ck = (profiling, _pack(fields))
+                    ck = (profiling, pack(fields))
                 except (OverflowError, RecursionError, TypeError, ValueError):
-                    ck = (profiling, b"")  # not packable: the checks below name what is wrong
+                    ck = (profiling, b"")  # not serializable: the checks below name what is wrong
                 cached = key_cache.get(ck) if ck[1] else None
                 if cached is None:
                     in_sizes = _sizes(fields[0], "input_sizes", index, source)
@@ -323,7 +525,7 @@ def summarize(dump: RawDump) -> RankSummary:
                 key, hint = cached
                 if hint:
                     b.hints.add(hint)
-            if is_p2p or e.is_p2p is True:
+            if is_p2p or is_p2p_flag is True:
                 peers = p2p_peer(profiling)
                 if peers is not None:
                     send = is_send(profiling)
@@ -337,19 +539,18 @@ def summarize(dump: RawDump) -> RankSummary:
                 else:
                     local_peer = -1
                 if not completed:  # (arrival, as the log and the collectives' time column measure it)
-                    b.pending.append(Pending(e.p2p_seq_id, key, profiling, arrived, state, True, local_peer))
+                    b.pending.append(Pending(p2p_seq, key, profiling, arrived, state, True, local_peer))
                 continue
-            seq = e.collective_seq_id
             if seq is None:
-                seq = e.seq_id if e.seq_id is not None else -1
+                seq = seq_id if seq_id is not None else -1
             if seq == b.last_seq:
                 # ops of one coalesced collective share its seq: fold their keys together
                 if key and b.keys[-1]:
                     b.keys[-1] = zlib.crc32(key.to_bytes(4, "little"), b.keys[-1]) or 1
-                b.ops[-1] = e.op_id
+                b.ops[-1] = op_id
             else:
                 b.seqs.append(seq)
-                b.ops.append(e.op_id)
+                b.ops.append(op_id)
                 b.keys.append(key)
                 b.times.append(arrived)
                 b.last_seq = seq
@@ -360,9 +561,13 @@ def summarize(dump: RawDump) -> RankSummary:
             else:
                 if seq > b.done:  # noqa: PLR1730 - a call per entry costs more than the comparison
                     b.done = seq
-                if e.duration_ms is not None and e.duration_ms >= 0:
-                    durations.append(e.duration_ms)
-    except FrFormatError:
+                if duration is not None and duration >= 0:
+                    durations.append(duration)
+    except (FrFormatError, _Inexact):
+        if (
+            row_of is None
+        ):  # the error named must be the first bad field of the file: coerce_entries checks them all
+            raise _Inexact from None
         raise
     except (
         KeyError,
@@ -373,6 +578,8 @@ def summarize(dump: RawDump) -> RankSummary:
         OverflowError,
         RecursionError,
     ) as exc:
+        if row_of is None:
+            raise _Inexact from None
         raise FrFormatError(f"{source}: entry {index}: malformed ({type(exc).__name__})") from None
     groups = [_finish(b) for b in builders.values()]
     _apply_status(dump, groups, source, {b.pg_id: b for b in builders.values() if b.pg_id >= 0})

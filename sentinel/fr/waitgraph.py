@@ -28,12 +28,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Literal
-
-import msgspec
+from typing import Literal, NamedTuple
 
 
-class Wait(msgspec.Struct, frozen=True):
+class Wait(NamedTuple):
     """Rank ``rank`` is blocked in (``group``, ``seq``) waiting for ``waiting_for`` to enter it."""
 
     rank: int
@@ -51,13 +49,16 @@ class Wait(msgspec.Struct, frozen=True):
 CulpritKind = Literal["missing", "cycle", "all_in"]
 
 
-class Culprit(msgspec.Struct):
+class Culprit:
     """A root cause of a stall and the collective that waits for it: the one holding most ranks, earliest on a tie."""
 
-    ranks: tuple[int, ...]  # one rank, or the members of a deadlock cycle
-    first_wait: Wait
-    victims: set[int] = msgspec.field(default_factory=set)
-    kind: CulpritKind = "missing"
+    __slots__ = ("first_wait", "kind", "ranks", "victims")
+
+    def __init__(self, ranks: tuple[int, ...], first_wait: Wait, kind: CulpritKind = "missing") -> None:
+        self.ranks = ranks  # one rank, or the members of a deadlock cycle
+        self.first_wait = first_wait
+        self.victims: set[int] = set()
+        self.kind = kind
 
     @property
     def cycle(self) -> bool:

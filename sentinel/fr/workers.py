@@ -15,10 +15,13 @@ sandboxed in worker processes:
   cancel, SIGTERM (a signal handler raising), an error or any exception it kills every worker at once
   (SIGKILL), so a daemon's shutdown never waits for a decode.
 
-Each result travels back as msgpack of the batch's :class:`~sentinel.fr.summary.RankSummary` list.
+Each result travels back as a pickle of plain data (:meth:`~sentinel.fr.summary.RankSummary.to_plain` of the
+batch's summaries), which the parent reads with the same no-globals unpickler as a dump
+(:func:`~sentinel.fr.safepickle.loads_plain`): a worker is where hostile input is decoded, so what it sends
+can only ever be builtins.
 
 Workers start in one of two ways. ``fork`` (a single-threaded caller: the CLI) forks with :func:`os.fork`
-and talks over two pipes (length-prefixed msgpack): no :mod:`multiprocessing` import, which alone costs
+and talks over two pipes (length-prefixed pickles of plain data): no :mod:`multiprocessing` import, which alone costs
 as much as decoding a small set, and a worker costs a millisecond to start. ``forkserver`` (threaded
 daemons: the aggregator) starts them through :mod:`multiprocessing`. Both run the same worker loop.
 """
@@ -29,6 +32,7 @@ import contextlib
 import functools
 import mmap
 import os
+import pickle
 import resource
 import select
 import signal
@@ -38,10 +42,9 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
 from sentinel.fr.errors import FrFormatError
-from sentinel.fr.summary import RankSummary
+from sentinel.fr.safepickle import loads_plain
+from sentinel.fr.summary import RankSummary, summary_from_plain
 
 if TYPE_CHECKING:  # multiprocessing (and ctypes under it) costs a small set's whole decode to import
     from multiprocessing.connection import Connection
@@ -58,9 +61,6 @@ WALL_FACTOR = 3.0
 #: Seconds between checks of ``cancel`` while waiting for workers.
 POLL_S = 0.1
 
-_ENCODER = msgspec.msgpack.Encoder()
-_DECODER = msgspec.msgpack.Decoder(list[RankSummary])
-_JOBS_DECODER = msgspec.msgpack.Decoder(list[tuple[int, str, int, str]] | None)
 _LEN = 8  # bytes of a message's length prefix on the pipes of a forked worker
 
 Job = tuple[int, str, int, str]  # (index, path, rank, prefix)
@@ -145,7 +145,21 @@ def _worker(conn: Any, slot: int, shared: tuple[Any, Any], limits: tuple[int, fl
                 break
         started[slot] = 0.0
         _cap_cpu(3600.0)
-        conn.send_bytes(b"E" + error.encode() if error is not None else b"R" + _ENCODER.encode(out))
+        conn.send_bytes(b"E" + error.encode() if error is not None else b"R" + _plain_bytes(out))
+
+
+def _plain_bytes(summaries: list[RankSummary]) -> bytes:
+    return pickle.dumps([s.to_plain() for s in summaries], protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _summaries(data: bytes) -> list[RankSummary]:
+    """A worker's result message; FrFormatError when it is not what :func:`_plain_bytes` writes."""
+    try:
+        return [summary_from_plain(p) for p in loads_plain(data, source="a decoding worker's result")]
+    except FrFormatError:
+        raise
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise FrFormatError(f"a decoding worker sent a malformed result ({type(exc).__name__})") from None
 
 
 def split_memory(workers: int, budget: int = MEMORY_BUDGET) -> tuple[int, int]:
@@ -167,7 +181,7 @@ class _PipeEnd:
         body = _read_exact(self.jobs_fd, int.from_bytes(head, "little"))
         if body is None:
             raise EOFError
-        batch: list[Job] | None = _JOBS_DECODER.decode(body)
+        batch: list[Job] | None = loads_plain(body, source="a batch of dumps")
         return batch
 
     def send_bytes(self, data: bytes) -> None:
@@ -217,7 +231,7 @@ class _ForkedWorker:
         self.fds = [results_r]
 
     def send(self, batch: list[Job] | None) -> None:
-        body = _ENCODER.encode(batch)
+        body = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
         _write_all(self.jobs_fd, len(body).to_bytes(_LEN, "little") + body)
 
     def message(self, ready: set[int]) -> bytes | None:
@@ -361,7 +375,7 @@ def run_pool(
                     if msg[:1] == b"E":
                         raise FrFormatError(msg[1:].decode(errors="replace"))
                     index = busy.pop(slot)
-                    results[index] = _DECODER.decode(msg[1:])
+                    results[index] = _summaries(msg[1:])
                     done_jobs += len(batches[index])
                     if progress is not None:
                         progress(done_jobs, len(jobs))
