@@ -820,51 +820,56 @@ def engine_jobs(hosts: int, seconds: int, job_ranks: int, slowdown: float, warmu
                 yield
 
         detector.evaluate_steps = timed  # type: ignore[method-assign]
-    for second in range(seconds):
-        t = float(second)
-        frames = []
-        for i in range(hosts):
-            job = i // per_job if per_job else 2
-            heads: list[Any] = []
-            procs = None
-            if job < 2:
-                base = (i - job * per_job) * GPUS
-                if second == 0:
-                    procs = [
-                        ProcInfo(gpu=g, pid=100000 + base + g, job_id=f"bench-job-{job}", rank=base + g,
-                                 local_rank=g, world_size=job_ranks)
-                        for g in range(GPUS)
-                    ]  # fmt: skip
-                if (second + i) % 2 == 0:
-                    heads = [model.heads(job, base + g, g, t + i / hosts) for g in range(GPUS)]
-            frames.append(encode(Batch(seq=second, t=t, samples=template, heads=heads, procs=procs)))
-        started = time.process_time()  # CPU time: on a shared machine wall time counts other people's work
-        for i, (view, frame) in enumerate(zip(views, frames, strict=True)):
-            engine.ingest(view, decode_agent_frame(frame), t + i / hosts)  # type: ignore[arg-type]
-        tick_started = time.process_time()
-        longest = 0.0
-        for _ in engine.tick_stages(t + 1.0):  # as the server runs it: the loop is free between steps
-            step_done = time.process_time()
-            longest = max(longest, step_done - (step_started if steps_run else tick_started))
-            step_started, steps_run = step_done, True
-        steps_run = False
-        done = time.process_time()
-        busy.append(done - started)
-        ticks.append(done - tick_started)
-        blocks.append(longest)
-        if second % 30 == 29:  # as the server's gc maintenance does
-            gc.collect(1)
-            gc.freeze()
-        for v in engine.book.open.values():
-            if hang_at is None and v.kind == "stuck" and v.job == "bench-job-0" and v.rank == model.hung:
-                hang_at = v.opened_at - model.hang_at
-            if (
-                straggler_at is None
-                and v.kind == "straggler"
-                and v.job == "bench-job-1"
-                and v.rank == model.slow
-            ):
-                straggler_at = v.opened_at - model.straggle_at
+    from sentinel.aggregator.server import _no_automatic_full_collections
+
+    with _no_automatic_full_collections(True):  # as the server's tick loop runs
+        for second in range(seconds):
+            t = float(second)
+            frames = []
+            for i in range(hosts):
+                job = i // per_job if per_job else 2
+                heads: list[Any] = []
+                procs = None
+                if job < 2:
+                    base = (i - job * per_job) * GPUS
+                    if second == 0:
+                        procs = [
+                            ProcInfo(gpu=g, pid=100000 + base + g, job_id=f"bench-job-{job}", rank=base + g,
+                                     local_rank=g, world_size=job_ranks)
+                            for g in range(GPUS)
+                        ]  # fmt: skip
+                    if (second + i) % 2 == 0:
+                        heads = [model.heads(job, base + g, g, t + i / hosts) for g in range(GPUS)]
+                frames.append(encode(Batch(seq=second, t=t, samples=template, heads=heads, procs=procs)))
+            started = (
+                time.process_time()
+            )  # CPU time: on a shared machine wall time counts other people's work
+            for i, (view, frame) in enumerate(zip(views, frames, strict=True)):
+                engine.ingest(view, decode_agent_frame(frame), t + i / hosts)  # type: ignore[arg-type]
+            tick_started = time.process_time()
+            longest = 0.0
+            for _ in engine.tick_stages(t + 1.0):  # as the server runs it: the loop is free between steps
+                step_done = time.process_time()
+                longest = max(longest, step_done - (step_started if steps_run else tick_started))
+                step_started, steps_run = step_done, True
+            steps_run = False
+            done = time.process_time()
+            busy.append(done - started)
+            ticks.append(done - tick_started)
+            blocks.append(longest)
+            if second % 30 == 29:  # as the server's gc maintenance does
+                gc.collect(1)
+                gc.freeze()
+            for v in engine.book.open.values():
+                if hang_at is None and v.kind == "stuck" and v.job == "bench-job-0" and v.rank == model.hung:
+                    hang_at = v.opened_at - model.hang_at
+                if (
+                    straggler_at is None
+                    and v.kind == "straggler"
+                    and v.job == "bench-job-1"
+                    and v.rank == model.slow
+                ):
+                    straggler_at = v.opened_at - model.straggle_at
     others = [
         (v.kind, v.job, v.rank, v.host, v.gpu)
         for v in engine.book.all()

@@ -630,15 +630,19 @@ class Aggregator:
         try:
             self._frame(conn, opcode, data)
         except Exception as exc:  # whatever one connection does, the aggregator carries on
-            self.refusals.refused(
-                "ingest_error",
-                "stream_failed",
-                level="error",
-                peer=conn.peer,
-                host=conn.host,
-                error=f"{type(exc).__name__}: {exc}"[:300],
-            )
+            self._ingest_error("stream_failed", conn, exc, peer=conn.peer)
             conn.ws.close(CLOSE_INTERNAL, b"internal error")
+
+    def _ingest_error(self, event: str, conn: Connection, exc: Exception, **fields: Any) -> None:
+        """A bug met on an agent's frame: counted (``ingest_error``) and logged, never raised further."""
+        self.refusals.refused(
+            "ingest_error",
+            event,
+            level="error",
+            host=conn.host,
+            error=f"{type(exc).__name__}: {exc}"[:300],
+            **fields,
+        )
 
     def _frame(self, conn: Connection, opcode: int, data: bytes) -> None:
         limits, engine, view = self.config.limits, self.engine, conn.view
@@ -671,15 +675,8 @@ class Aggregator:
                     )
                 if fresh and frame.drops is not None:
                     self._log_drops(view.name, frame)
-            except Exception as exc:  # never die from what an agent sends
-                self.refusals.refused(
-                    "ingest_error",
-                    "ingest_failed",
-                    level="error",
-                    host=conn.host,
-                    seq=frame.seq,
-                    error=f"{type(exc).__name__}: {exc}"[:300],
-                )
+            except Exception as exc:  # never die from what an agent sends (the batch is still acked)
+                self._ingest_error("ingest_failed", conn, exc, seq=frame.seq)
             with contextlib.suppress(ConnectionError):  # gone: the agent resends what was not acked
                 conn.ws.send(encode(Ack(seq=frame.seq)))
         elif isinstance(frame, Hello):

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sentinel.aggregator.detectors.stuck import evaluate_job
+from sentinel.aggregator.detectors.base import run_steps
+from sentinel.aggregator.detectors.stuck import evaluate_job_steps
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.state import HostView, JobView
 from sentinel.aggregator.store import BuiltinsHolder, StateStore
@@ -904,8 +905,10 @@ def test_a_recv_entered_mid_stall_moves_the_blame_once_it_is_old_enough() -> Non
         f.engine.tick(t)
         seen.append(culprits())
     cfg = f.engine.config.detect
-    fresh, _ = evaluate_job(
-        f.engine.fleet.jobs["j"], f.engine.fleet, cfg.stuck, cfg.hardware, 22.0, cfg.network
+    fresh, _ = run_steps(
+        evaluate_job_steps(
+            f.engine.fleet.jobs["j"], f.engine.fleet, cfg.stuck, cfg.hardware, 22.0, cfg.network
+        )
     )
     assert [x.rank for x in fresh] == [5]
     assert [1] in seen  # rank 1's stall was named first
@@ -1024,8 +1027,10 @@ def test_a_p2p_stall_whose_peer_went_silent_names_the_gone_rank() -> None:
     found = _stuck(f)
     assert [r for r, _, _ in found] == [6] and "rank 6's process is gone or silent" in found[0][2], found
     cfg = f.engine.config.detect
-    fresh, _ = evaluate_job(
-        f.engine.fleet.jobs["j"], f.engine.fleet, cfg.stuck, cfg.hardware, 14.0, cfg.network
+    fresh, _ = run_steps(
+        evaluate_job_steps(
+            f.engine.fleet.jobs["j"], f.engine.fleet, cfg.stuck, cfg.hardware, 14.0, cfg.network
+        )
     )
     assert [(x.rank, x.reason) for x in fresh] == [(6, "rank_gone")]
 

@@ -344,23 +344,6 @@ def _ranks_summary(ranks: Collection[int], limit: int = 8) -> str:
     return f"{text},… ({len(ranks)} ranks)" if len(ranks) > limit else text
 
 
-def evaluate_job(  # noqa: PLR0917
-    job: JobView,
-    fleet: FleetState,
-    cfg: StuckConfig,
-    hw: HardwareConfig,
-    now: float,
-    ports: PortRuleConfig | None = None,
-    examined: list[Examination] | None = None,
-) -> tuple[list[Finding], Stall | None]:
-    """The culprits of ``job``'s stall, if it is stalled now, with NCCL RAS's view of the job as evidence.
-
-    The rank heads are examined afresh; the examination is appended to ``examined`` (when given) for the
-    caller to conclude from again while it stays :meth:`Examination.valid`.
-    """
-    return run_steps(evaluate_job_steps(job, fleet, cfg, hw, now, ports, examined))
-
-
 def evaluate_job_steps(  # noqa: PLR0917
     job: JobView,
     fleet: FleetState,
@@ -370,7 +353,12 @@ def evaluate_job_steps(  # noqa: PLR0917
     ports: PortRuleConfig | None = None,
     examined: list[Examination] | None = None,
 ) -> Steps[tuple[list[Finding], Stall | None]]:
-    """:func:`evaluate_job` in steps (:func:`examine_steps`)."""
+    """The culprits of ``job``'s stall, if it is stalled now, with NCCL RAS's view of the job as evidence
+    (in steps: :func:`examine_steps`; ``run_steps`` runs them in one piece).
+
+    The rank heads are examined afresh; the examination is appended to ``examined`` (when given) for the
+    caller to conclude from again while it stays :meth:`Examination.valid`.
+    """
     if now - job.last_progress_at < cfg.min_wait_s:
         return [], None
     exam = yield from examine_steps(job, cfg, now)
