@@ -13,7 +13,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from sentinel import __version__
 
@@ -61,13 +61,48 @@ def _not_available(command: str) -> Callable[[argparse.Namespace], int]:
     return run
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help formatter with its width found as :func:`shutil.get_terminal_size` finds it:
+    argparse imports shutil for that (bz2 and lzma with it, ~2 ms) on every parser it builds, which a
+    one-shot command like ``fr analyze`` of a small set would pay for a help text it never prints."""
+
+    def __init__(
+        self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None
+    ) -> None:
+        super().__init__(
+            prog, indent_increment, max_help_position, _columns() - 2 if width is None else width
+        )
+
+
+def _columns() -> int:
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns > 0:
+        return columns
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose help formatter defaults to :class:`_Formatter` (subcommands' parsers are of
+    the same class: argparse makes them ``type(parent)``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """Build the parser; commands without an implementation are marked as coming.
 
     With ``only``, just that command's module is imported and the others get a light placeholder: a
     command like ``logs classify`` must not pay for importing the aggregator, torch helpers and so on.
     """
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = _Parser(
         prog="sentinel",
         description="GPU-cluster observability and fault detection. "
         "Finds the faulty, stuck or slow GPU that stalls a training job.",

@@ -857,15 +857,18 @@ def _group_lags(cols: list[list[int]]) -> list[list[float]]:
         a, b = cols
         ab = [(x - y) / 1e6 for x, y in zip(a, b, strict=True) if x and y]
         return [ab, [-v for v in ab]]
-    ok = [all(row) for row in zip(*cols, strict=True)]
-    orders = [sorted(row) for row, good in zip(zip(*cols, strict=True), ok, strict=True) if good]
+    rows = list(zip(*cols, strict=True))
+    ok = [all(row) for row in rows]
+    every = all(ok)  # the usual case: no member lacks a time, each column is used as it is
+    kept = rows if every else [r for r, good in zip(rows, ok, strict=True) if good]
+    orders = [sorted(row) for row in kept]
     h = (m - 1) // 2
     mids = [o[h] for o in orders]
     out = []
     if m % 2 == 0:  # an odd number of peers: the others' median is one order statistic
         below = [o[h + 1] for o in orders]
         for col in cols:
-            own = [tv for tv, good in zip(col, ok, strict=True) if good]
+            own = col if every else [tv for tv, good in zip(col, ok, strict=True) if good]
             out.append(
                 [(tv - (bl if tv <= md else md)) / 1e6 for tv, md, bl in zip(own, mids, below, strict=True)]
             )
@@ -876,7 +879,7 @@ def _group_lags(cols: list[list[int]]) -> list[list[float]]:
     b_s = [(o[h - 1] + o[h + 1]) / 2 for o in orders]
     c_s = [(o[h - 1] + o[h]) / 2 for o in orders]
     for col in cols:
-        own = [tv for tv, good in zip(col, ok, strict=True) if good]
+        own = col if every else [tv for tv, good in zip(col, ok, strict=True) if good]
         out.append(
             [
                 (tv - (a if tv <= low else b if tv <= md else c)) / 1e6
