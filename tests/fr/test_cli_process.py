@@ -114,3 +114,31 @@ def test_progress_on_a_terminal_only(tmp_path: Path) -> None:
         os.close(master)
     assert proc.returncode == 0 and out2 == out
     assert PROGRESS not in tail
+
+
+_PROBE = """
+import sys
+from sentinel.cli import main
+rc = main(["fr", "analyze", sys.argv[1], "--json"])
+print(sorted(m for m in ("msgspec", "multiprocessing", "shutil", "sentinel.fr.coerce") if m in sys.modules))
+"""
+
+
+def test_a_small_set_is_analyzed_without_importing_msgspec_or_multiprocessing(tmp_path: Path) -> None:
+    """What a small ``fr analyze`` pays before its first dump is mostly imports: msgspec (with
+    typing_extensions and inspect), multiprocessing and shutil stay out of its path. A large set imports
+    msgspec once, for its C checks of every entry; the output is the same either way (test_hostile)."""
+    for ranks, expected in ((8, "[]"), (128, "['msgspec', 'sentinel.fr.coerce']")):
+        folder = tmp_path / str(ranks)
+        folder.mkdir()
+        _linked_set(folder, ranks)
+        proc = subprocess.run(
+            [sys.executable, "-c", _PROBE, str(folder)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        lines = proc.stdout.splitlines()
+        assert lines[-1] == expected, proc.stderr
+        assert '"verdict": "hang"' in lines[0]
