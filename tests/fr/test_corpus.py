@@ -9,6 +9,8 @@ import sys
 import pytest
 
 from sentinel.fr.dumpset import analyze_dir
+from sentinel.fr.loader import discover, load_dump
+from sentinel.fr.summary import _Inexact, _marshal_pack, _summarize, summarize
 from tests.fr.conftest import SCENARIO_VERDICT, corpus_folders, ground_truth
 from tests.support import CORPUS, REPO
 
@@ -34,6 +36,21 @@ def test_verdict_culprit_and_collective_match_ground_truth(name: str, fmt: str) 
         assert result.collective["op"] == truth["op"]
     assert result.missing_dumps == sorted(set(range(truth["nranks"])) - set(truth["dumps_present"]))
     assert result.world_size == truth["nranks"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_entries_read_directly_or_through_msgspec_give_the_same_summaries(fmt: str) -> None:
+    """Small sets read entries themselves, large ones through msgspec (sentinel.fr.coerce): on every real
+    dump, pickle and JSON, whole or its newest entries, the summaries are the same."""
+    for folder in corpus_folders():
+        for f in discover(folder / fmt):
+            for recent in (None, 16):
+                dump = load_dump(f.path, f.rank, recent=recent)
+                try:  # what PyTorch writes is read without msgspec
+                    _summarize(dump, dump.entries, None, _marshal_pack)
+                except _Inexact:
+                    pytest.fail(f"{f.path}: read through msgspec")
+                assert summarize(dump).to_plain() == summarize(dump, coerce=True).to_plain(), f.path
 
 
 def test_straggler_lag_is_close_to_the_measured_one() -> None:
