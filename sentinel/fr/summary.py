@@ -155,9 +155,24 @@ class GroupTrack:
     def from_plain(cls, plain: Any) -> GroupTrack:
         """The track :meth:`to_plain` described."""
         self = cls.__new__(cls)
-        *values, pending = plain
-        for name, value in zip(_TRACK_FIELDS, values, strict=True):
-            setattr(self, name, value)
+        (  # the order of _TRACK_FIELDS (a test checks it): assignments, not a setattr() per field
+            self.backend,
+            self.config_ranks,
+            self.desc,
+            self.done,
+            self.enq,
+            self.first_seq,
+            self.keys,
+            self.name,
+            self.p2p_log,
+            self.pg_id,
+            self.repeat_gap,
+            self.size_hints,
+            self.started,
+            self.times,
+            self.unrecorded_ops,
+            pending,
+        ) = plain
         self.pending = [Pending(*p) for p in pending]
         return self
 

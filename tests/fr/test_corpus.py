@@ -10,7 +10,14 @@ import pytest
 
 from sentinel.fr.dumpset import analyze_dir
 from sentinel.fr.loader import discover, load_dump
-from sentinel.fr.summary import _Inexact, _marshal_pack, _summarize, summarize
+from sentinel.fr.summary import (
+    GroupTrack,
+    _Inexact,
+    _marshal_pack,
+    _summarize,
+    summarize,
+    summary_from_plain,
+)
 from tests.fr.conftest import SCENARIO_VERDICT, corpus_folders, ground_truth
 from tests.support import CORPUS, REPO
 
@@ -51,6 +58,19 @@ def test_entries_read_directly_or_through_msgspec_give_the_same_summaries(fmt: s
                 except _Inexact:
                     pytest.fail(f"{f.path}: read through msgspec")
                 assert summarize(dump).to_plain() == summarize(dump, coerce=True).to_plain(), f.path
+
+
+def test_a_summary_travels_from_a_worker_whole() -> None:
+    """Workers send each summary as plain data (to_plain) that the parent rebuilds (summary_from_plain):
+    every field of every track arrives, in its place."""
+    folder = corpus_folders()[0] / "pickle"
+    for f in discover(folder):
+        s = summarize(load_dump(f.path, f.rank))
+        back = summary_from_plain(s.to_plain())
+        assert back.to_plain() == s.to_plain()
+        for mine, theirs in zip(s.groups, back.groups, strict=True):
+            for field in GroupTrack.__slots__:
+                assert getattr(theirs, field) == getattr(mine, field), field
 
 
 def test_straggler_lag_is_close_to_the_measured_one() -> None:
