@@ -857,9 +857,7 @@ def engine_jobs(hosts: int, seconds: int, job_ranks: int, slowdown: float, warmu
             busy.append(done - started)
             ticks.append(done - tick_started)
             blocks.append(longest)
-            if second % 30 == 29:  # as the server's gc maintenance does
-                gc.collect(1)
-                gc.freeze()
+            gc.freeze()  # every second, as the server's gc maintenance does (fleet.gc_freeze_interval_s)
             for v in engine.book.open.values():
                 if hang_at is None and v.kind == "stuck" and v.job == "bench-job-0" and v.rank == model.hung:
                     hang_at = v.opened_at - model.hang_at
