@@ -11,7 +11,14 @@ frames here costs a few microseconds each (docs/aggregator.md, the capacity sect
 What the decoder accepts is bounded and strict, as aiohttp's was: client frames must be masked, no
 extension is negotiated (RSV bits set: 1002), control frames are whole and at most 125 bytes, a message
 (fragments together) over ``max_message`` bytes closes with 1009 before its payload is buffered, unknown
-opcodes and continuation errors close with 1002. Pings are answered, pongs ignored, a close is echoed.
+opcodes and continuation errors close with 1002, as does a message in more than ``MAX_FRAGMENTS`` frames
+(empty continuations would otherwise grow its list without bound). Pings are answered (only the last of
+those one read brought: RFC 6455 5.5.3, so a ping flood costs one write per read), pongs ignored, a close
+is echoed with its code (1002 for a code no endpoint may send).
+
+Every way a connection ends is bounded in time: our close frame unanswered after ``CLOSE_WAIT_S``, or a
+close (ours or theirs) whose bytes the peer does not read within ``CLOSE_WAIT_S`` more, aborts the socket, so
+its stream slot and per-address count are given back even when the peer never reads again.
 """
 
 from __future__ import annotations
@@ -31,11 +38,15 @@ OP_PONG = 0xA
 
 CLOSE_NORMAL = 1000
 CLOSE_PROTOCOL = 1002
+CLOSE_INVALID_DATA = 1007
 CLOSE_TOO_BIG = 1009
 CLOSE_ABNORMAL = 1006  # never sent: the connection ended without a close frame
 
-#: a close frame the peer never answers: the socket is closed this long after ours went out
+#: a close frame the peer never answers: the socket is closed this long after ours went out, and aborted
+#: this long after that if its queued bytes have still not been read
 CLOSE_WAIT_S = 2.0
+#: most frames one message may come in (aiohttp's client sends each message in one)
+MAX_FRAGMENTS = 1024
 _GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 _ZERO_MASK = b"\x00\x00\x00\x00"
 
@@ -83,6 +94,11 @@ def frame(opcode: int, payload: bytes) -> bytes:
 
 def close_payload(code: int, message: bytes = b"") -> bytes:
     return code.to_bytes(2, "big") + message[:123]
+
+
+def sendable_close_code(code: int) -> bool:
+    """A code a close frame may carry (RFC 6455 7.4): 1004-1006 and 1015 are reserved, 1016-2999 unassigned."""
+    return (1000 <= code <= 1014 and code not in (1004, 1005, 1006)) or 3000 <= code <= 4999
 
 
 class FrameReader:
@@ -140,6 +156,8 @@ class FrameReader:
                     raise FrameError(CLOSE_PROTOCOL, "continuation frame without a message to continue")
                 if opcode != OP_CONTINUATION and self.parts_opcode:
                     raise FrameError(CLOSE_PROTOCOL, "a new message began inside a fragmented one")
+                if not fin and len(self.parts) >= MAX_FRAGMENTS:
+                    raise FrameError(CLOSE_PROTOCOL, f"a message in more than {MAX_FRAGMENTS} fragments")
                 if self.parts_size + length > self.max_message:
                     raise FrameError(
                         CLOSE_TOO_BIG,
@@ -214,27 +232,46 @@ class AgentSocket(asyncio.Protocol):
             self.on_problem(exc.code, exc.reason)
             self.close(exc.code, exc.reason.encode()[:120])
             return
+        ping: bytes | None = None  # the last ping's payload: answered once, after what came before it
         for opcode, payload in messages:
             if opcode in (OP_BINARY, OP_TEXT):
                 if not self.closed:  # after our close frame, data is read and dropped until theirs
                     self.on_message(opcode, payload)
             elif opcode == OP_PING:
-                if not self.closed:
-                    self._write(frame(OP_PONG, payload))
+                ping = payload
             elif opcode == OP_CLOSE:
+                self._pong(ping)
                 self._peer_closed(payload)
                 return
+        self._pong(ping)
+
+    def _pong(self, ping: bytes | None) -> None:
+        if ping is not None and not self.closed:
+            self._write(frame(OP_PONG, ping))
 
     def _peer_closed(self, payload: bytes) -> None:
         code = int.from_bytes(payload[:2], "big") if len(payload) >= 2 else CLOSE_NORMAL
         if not self.closed:  # theirs came first: answer it, then the connection ends
             self.closed = True
             self.close_code = code
-            self._write(frame(OP_CLOSE, close_payload(code if 1000 <= code < 5000 else CLOSE_PROTOCOL)))
+            self._write(frame(OP_CLOSE, close_payload(_close_answer(payload))))
+        self._finish()
+
+    def _finish(self) -> None:
+        """Close the socket once what is queued for it is written; a peer that has not read that within
+        ``CLOSE_WAIT_S`` is cut (a plain close would wait for it for ever, holding the stream's slot)."""
+        if self.done.done():
+            return
+        if self._close_timer is not None:
+            self._close_timer.cancel()
         self.transport.close()
+        self._close_timer = asyncio.get_running_loop().call_later(CLOSE_WAIT_S, self.transport.abort)
 
     def eof_received(self) -> bool | None:
-        return False  # the transport closes itself
+        """The peer sent its FIN: our side closes too, bounded like any other end (a peer that half-closes
+        and then reads nothing would otherwise hold the socket while our queued bytes wait)."""
+        self._finish()
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._close_timer is not None:
@@ -277,14 +314,31 @@ class AgentSocket(asyncio.Protocol):
             self.transport.abort()
 
     def close(self, code: int = CLOSE_NORMAL, message: bytes = b"") -> None:
-        """Send a close frame; the socket closes when the agent answers, or after ``CLOSE_WAIT_S``."""
+        """Send a close frame; the socket closes when the agent answers, or after ``CLOSE_WAIT_S`` (and is
+        cut ``CLOSE_WAIT_S`` after that if the agent reads nothing)."""
         if self.closed:
             return
         self._write(frame(OP_CLOSE, close_payload(code, message)))
         self.closed = True
         self.close_code = code
         if not self.transport.is_closing():
-            self._close_timer = asyncio.get_running_loop().call_later(CLOSE_WAIT_S, self.transport.close)
+            self._close_timer = asyncio.get_running_loop().call_later(CLOSE_WAIT_S, self._finish)
+
+
+def _close_answer(payload: bytes) -> int:
+    """The code our answer to a peer's close frame carries: theirs when it is one that may be sent (RFC 6455
+    5.5.1, 7.4), 1000 for a close without a code, 1002 for a one-byte payload or a reserved code, 1007 for a
+    reason that is not UTF-8."""
+    if not payload:
+        return CLOSE_NORMAL
+    code = int.from_bytes(payload[:2], "big")
+    if len(payload) == 1 or not sendable_close_code(code):
+        return CLOSE_PROTOCOL
+    try:
+        payload[2:].decode("utf-8")
+    except UnicodeDecodeError:
+        return CLOSE_INVALID_DATA
+    return code
 
 
 def handshake_response(accept: str) -> bytes:

@@ -71,6 +71,7 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> No
 class Running:
     url: str
     app: web.Application
+    runner: web.AppRunner
 
     @property
     def aggregator(self) -> Aggregator:
@@ -97,9 +98,10 @@ async def running_aggregator(
     await site.start()
     port = runner.addresses[0][1]
     try:
-        yield Running(url=f"http://127.0.0.1:{port}", app=app)
+        yield Running(url=f"http://127.0.0.1:{port}", app=app, runner=runner)
     finally:
-        await runner.cleanup()
+        if runner.server is not None:  # (a test may have shut it down itself)
+            await runner.cleanup()
 
 
 class AgentConn:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -14,9 +15,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sentinel.aggregator import wsconn
+from sentinel.aggregator.server import Connection
 from sentinel.aggregator.wsconn import (
+    CLOSE_INVALID_DATA,
+    CLOSE_NORMAL,
     CLOSE_PROTOCOL,
     CLOSE_TOO_BIG,
+    MAX_FRAGMENTS,
     OP_BINARY,
     OP_CLOSE,
     OP_CONTINUATION,
@@ -28,8 +34,9 @@ from sentinel.aggregator.wsconn import (
     accept_key,
     unmask,
 )
-from sentinel.wire import Ack, decode_aggregator_frame, encode
-from tests.aggregator.helpers import TOKEN, agent, batch, hello, running_aggregator, wait_until
+from sentinel.config.aggregator import AggregatorConfig, LimitsConfig
+from sentinel.wire import Ack, Command, SnapshotRequest, decode_aggregator_frame, encode
+from tests.aggregator.helpers import TOKEN, Running, agent, batch, hello, running_aggregator, wait_until
 
 
 def client_frame(opcode: int, payload: bytes, *, fin: bool = True, key: bytes = b"\x01\x02\x03\x04") -> bytes:
@@ -236,3 +243,204 @@ def test_the_stream_is_served_the_same_on_uvloop(tmp_path: Path) -> None:
             assert "uv-host" in running.aggregator.by_host
 
     run(main(), "uvloop")
+
+
+# -- bounds on every way a connection ends --------------------------------------------------------------
+
+
+def test_a_message_in_endless_empty_fragments_is_refused() -> None:
+    """Empty continuations add nothing to a message's size: without a count they would grow its list for
+    ever (and never reset the idle watchdog: only whole messages do)."""
+    reader = FrameReader(1 << 20)
+    assert reader.feed(client_frame(OP_BINARY, b"x", fin=False)) == []
+    empty = client_frame(OP_CONTINUATION, b"", fin=False)
+    with pytest.raises(FrameError) as info:
+        for _ in range(MAX_FRAGMENTS + 1):
+            reader.feed(empty)
+    assert info.value.code == CLOSE_PROTOCOL and len(reader.parts) == MAX_FRAGMENTS
+    whole = FrameReader(1 << 20)  # as many fragments as allowed still make a message
+    wire = client_frame(OP_BINARY, b"a", fin=False) + empty * (MAX_FRAGMENTS - 2)
+    assert whole.feed(wire + client_frame(OP_CONTINUATION, b"z")) == [(OP_BINARY, b"az")]
+
+
+@pytest.mark.parametrize(
+    ("payload", "answer"),
+    [
+        (b"", CLOSE_NORMAL),
+        ((1000).to_bytes(2, "big") + b"bye", CLOSE_NORMAL),
+        ((4000).to_bytes(2, "big"), 4000),  # application codes are echoed
+        ((1005).to_bytes(2, "big"), CLOSE_PROTOCOL),  # "no status": never sent in a frame
+        ((1006).to_bytes(2, "big"), CLOSE_PROTOCOL),
+        ((1015).to_bytes(2, "big"), CLOSE_PROTOCOL),
+        ((2999).to_bytes(2, "big"), CLOSE_PROTOCOL),  # unassigned
+        ((999).to_bytes(2, "big"), CLOSE_PROTOCOL),
+        (b"\x03", CLOSE_PROTOCOL),  # a one-byte close payload
+        ((1000).to_bytes(2, "big") + b"\xff\xfe", CLOSE_INVALID_DATA),  # reason not UTF-8
+    ],
+)
+async def test_a_peers_close_is_answered_with_a_code_that_may_be_sent(
+    tmp_path: Path, payload: bytes, answer: int
+) -> None:
+    async with running_aggregator(tmp_path) as running:
+        reader, writer = await _raw_stream(running.stream_url)
+        try:
+            writer.write(client_frame(OP_CLOSE, payload))
+            opcode, got = await _server_frame(reader)
+            assert opcode == OP_CLOSE and int.from_bytes(got[:2], "big") == answer
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # and the server closes the socket
+        finally:
+            writer.close()
+        await wait_until(lambda: _released(running))
+
+
+async def test_a_ping_flood_is_answered_once_per_read_and_does_not_hold_off_the_idle_watchdog(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(wsconn, "CLOSE_WAIT_S", 0.2)
+    config = AggregatorConfig(limits=LimitsConfig(hello_timeout_s=5.0, idle_timeout_s=0.5))
+    async with running_aggregator(tmp_path, config) as running:
+        reader, writer = await _raw_stream(running.stream_url)
+        try:
+            writer.write(client_frame(OP_BINARY, encode(hello("ping-host"))))
+            pings = [f"ping {i}".encode() for i in range(2000)]
+            writer.write(b"".join(client_frame(OP_PING, p) for p in pings))  # 26 kB in one write
+            writer.write(client_frame(OP_BINARY, encode(batch(0, time.time()))))
+            pongs, acks = [], []
+            while not (acks and pongs and pongs[-1] == pings[-1]):
+                opcode, got = await _server_frame(reader)
+                if opcode == OP_PONG:
+                    pongs.append(got)
+                else:
+                    acks.append(decode_aggregator_frame(got))
+            assert acks == [Ack(seq=0)]
+            # the last ping is answered; earlier ones only where a read ended with them (a few at most)
+            assert pongs[-1] == pings[-1] and len(pongs) < 50 and set(pongs) <= set(pings)
+            started = time.monotonic()
+            # pings (and never-ending fragments) keep coming, but only whole messages count as activity
+            writer.write(client_frame(OP_BINARY, b"x", fin=False))
+            while running.aggregator.connections and time.monotonic() - started < 10:
+                writer.write(
+                    client_frame(OP_PING, b"still here") + client_frame(OP_CONTINUATION, b"", fin=False)
+                )
+                await asyncio.sleep(0.05)
+            assert _released(running), "the idle watchdog never fired"
+        finally:
+            writer.close()
+        value = running.aggregator.metrics.registry.get_sample_value(
+            "sentinel_ingest_rejected_total", {"cluster": "default", "reason": "idle_timeout"}
+        )
+        assert value == 1
+
+
+async def _stalled_reader(running: Running, host: str) -> tuple[socket.socket, Connection]:
+    """A raw agent (hello sent) whose receive buffer is small and which reads nothing from now on, with
+    pongs queued for it until the aggregator's own buffer holds some (the server's send buffer is made
+    small too, so that takes kilobytes rather than the megabytes loopback buffers absorb)."""
+    loop = asyncio.get_running_loop()
+    port = int(running.url.rsplit(":", 1)[1])
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    key = base64.b64encode(os.urandom(16)).decode()
+    await loop.sock_sendall(
+        sock,
+        f"GET /api/v1/stream HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode(),
+    )
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):  # byte by byte: nothing after the 101 is read
+        head += await asyncio.wait_for(loop.sock_recv(sock, 1), 5)
+    assert head.startswith(b"HTTP/1.1 101 ")
+    await loop.sock_sendall(sock, client_frame(OP_BINARY, encode(hello(host))))
+    await wait_until(lambda: host in running.aggregator.by_host)
+    conn = running.aggregator.by_host[host]
+    server_sock = conn.ws.transport.get_extra_info("socket")
+    server_sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    ping = client_frame(OP_PING, b"p" * 125)
+    deadline = time.monotonic() + 20
+    while conn.ws.transport.get_write_buffer_size() == 0:
+        assert time.monotonic() < deadline, "the aggregator never had to queue a pong"
+        await loop.sock_sendall(sock, ping)
+        await asyncio.sleep(0)  # one read (and one pong) per ping
+    return sock, conn
+
+
+def _released(running: Running) -> bool:
+    """Nothing of any stream is still counted: stream slots, per-address streams, accepted sockets."""
+    aggregator = running.aggregator
+    return not aggregator.connections and not aggregator._per_peer and not aggregator.peer_gate.open
+
+
+@pytest.mark.parametrize("how", ["silent", "half_closed"])
+async def test_a_peer_that_reads_nothing_is_cut_after_its_close_and_gives_its_slots_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A socket whose peer reads nothing cannot finish closing (the queued bytes never leave): it is cut
+    CLOSE_WAIT_S after the close, so the idle watchdog's close (silent) or the peer's FIN (half-closed)
+    really ends it. Before, it was held for as long as the peer kept the TCP connection open."""
+    monkeypatch.setattr(wsconn, "CLOSE_WAIT_S", 0.2)
+    config = AggregatorConfig(limits=LimitsConfig(hello_timeout_s=30.0, idle_timeout_s=1.0))
+    async with running_aggregator(tmp_path, config) as running, agent(running, "good-host") as good:
+        sock, conn = await _stalled_reader(running, "stalled-host")
+        try:
+            if how == "half_closed":
+                sock.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + 20
+            seq = 0
+            while conn in running.aggregator.connections:
+                assert time.monotonic() < deadline, "the stalled stream was never cut"
+                await good.send(batch(seq, time.time()))  # the others are served throughout
+                assert await good.ack() == seq
+                seq += 1
+                await asyncio.sleep(0.2)
+            assert conn.ws.done.done() and "stalled-host" not in running.aggregator.by_host
+        finally:
+            sock.close()
+        assert running.aggregator.connections == {running.aggregator.by_host["good-host"]}
+        assert running.aggregator._per_peer == running.aggregator.peer_gate.open == {"127.0.0.1": 1}
+
+
+async def test_a_peer_that_never_reads_is_cut_at_the_write_limit(tmp_path: Path) -> None:
+    """What the aggregator sends an agent that reads nothing (acks, pongs, commands) is queued up to the
+    write limit, then its socket is cut and counted as slow_reader: memory stays bounded."""
+    config = AggregatorConfig(limits=LimitsConfig(hello_timeout_s=30.0, idle_timeout_s=30.0))
+    async with running_aggregator(tmp_path, config) as running:
+        sock, conn = await _stalled_reader(running, "stalled-host")
+        aggregator = running.aggregator
+        command = Command(id="c" * 64, request=SnapshotRequest())
+        sent = 0
+        try:
+            while await aggregator._send("stalled-host", command):
+                sent += 1
+                assert sent * len(encode(command)) < 2 * conn.ws.write_limit, "never cut"
+        finally:
+            sock.close()
+        assert conn.ws.write_limit >= 1 << 20 and conn.ws.transport.get_write_buffer_size() == 0
+        await wait_until(lambda: _released(running))
+        value = aggregator.metrics.registry.get_sample_value(
+            "sentinel_ingest_rejected_total", {"cluster": "default", "reason": "slow_reader"}
+        )
+        assert value == 1
+
+
+async def test_shutdown_closes_every_stream_within_bounds_even_one_that_reads_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM's path (runner.cleanup): agents are told 1001 and every socket is gone in about
+    2 x CLOSE_WAIT_S, not after aiohttp's shutdown timeout (60 s) because one peer reads nothing."""
+    monkeypatch.setattr(wsconn, "CLOSE_WAIT_S", 0.3)
+    async with running_aggregator(tmp_path) as running, agent(running, "good-host") as good:
+        sock, stalled = await _stalled_reader(running, "stalled-host")
+        aggregator = running.aggregator
+        try:
+            started = time.monotonic()
+            await running.runner.cleanup()
+            took = time.monotonic() - started
+            msg = await good.ws.receive(timeout=5)
+            assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 1001  # going away
+            assert stalled.ws.done.done()
+        finally:
+            sock.close()
+        assert took < 20, f"shutdown took {took:.1f} s"
+        assert _released(running) and not aggregator.by_host
