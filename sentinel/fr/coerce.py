@@ -57,17 +57,13 @@ class _Entry(msgspec.Struct, kw_only=True):
 _ENTRIES = list[_Entry]
 
 
-#: Every field of a coerced entry as a tuple, in declaration order (one C call; the unpacking in
-#: :func:`sentinel.fr.summary.summarize` follows that order).
-entry_row = msgspec.structs.astuple
 #: What must agree across ranks (sizes, dtypes) as bytes, for the summary's cache of match keys.
 pack = msgspec.msgpack.Encoder().encode
 
 
 def coerce_entries(entries: list[Any], source: str) -> list[Any]:
-    """Every entry with exactly typed fields (absent ones at their defaults; read them with
-    :data:`entry_row`); FrFormatError naming the first entry and field that cannot be read as the
-    format says."""
+    """Every entry as a struct of exactly typed fields (absent ones at their defaults); FrFormatError
+    naming the first entry and field that cannot be read as the format says."""
     try:
         return msgspec.convert(entries, _ENTRIES, strict=False)
     except msgspec.ValidationError as exc:

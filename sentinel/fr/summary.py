@@ -373,12 +373,12 @@ def summarize(dump: RawDump, *, coerce: bool = False) -> RankSummary:
     """
     if not coerce:
         try:
-            return _summarize(dump, dump.entries, None, _marshal_pack)
+            return _summarize(dump, dump.entries, False, _marshal_pack)
         except _Inexact:
             pass
-    from sentinel.fr.coerce import coerce_entries, entry_row, pack
+    from sentinel.fr.coerce import coerce_entries, pack
 
-    return _summarize(dump, coerce_entries(dump.entries, dump.source), entry_row, pack)
+    return _summarize(dump, coerce_entries(dump.entries, dump.source), True, pack)
 
 
 def _marshal_pack(fields: tuple[Any, ...]) -> bytes:
@@ -388,12 +388,12 @@ def _marshal_pack(fields: tuple[Any, ...]) -> bytes:
 def _summarize(
     dump: RawDump,
     entries: list[Any],
-    row_of: Callable[[Any], tuple[Any, ...]] | None,
+    coerced: bool,
     pack: Callable[[tuple[Any, ...]], bytes],
 ) -> RankSummary:
-    """The reduction. ``row_of``: every field of a coerced entry (:data:`sentinel.fr.coerce.entry_row`);
-    None: the entries are the decoded dicts, whose fields are checked here (:class:`_Inexact` on anything
-    else). ``pack``: bytes that tell apart what must agree across ranks (sizes, dtypes), one C call."""
+    """The reduction. ``coerced``: the entries are msgspec structs of exactly typed fields
+    (:func:`sentinel.fr.coerce.coerce_entries`); else the decoded dicts, whose fields are checked here
+    (:class:`_Inexact` on anything else). ``pack``: bytes that tell apart what must agree across ranks (sizes, dtypes), one C call."""
     source = dump.source
     builders: dict[str, _Builder] = {}
     key_cache: dict[tuple[str, bytes], tuple[int, int]] = {}
@@ -410,32 +410,24 @@ def _summarize(
     imin, imax = INT_MIN, INT_MAX
     try:
         for index, e in enumerate(entries):
-            if row_of is not None:  # in the order sentinel.fr.coerce._Entry declares its fields
-                (
-                    _,
-                    _,
-                    pg_id,
-                    pg,
-                    _,
-                    _,
-                    seq,
-                    p2p_seq,
-                    op_id,
-                    profiling,
-                    t,
-                    in_sizes,
-                    in_dtypes,
-                    out_sizes,
-                    out_dtypes,
-                    state,
-                    started_ns,
-                    _,
-                    retired,
-                    _,
-                    is_p2p_flag,
-                    seq_id,
-                    duration,
-                ) = row_of(e)
+            if coerced:  # msgspec structs (sentinel.fr.coerce): attribute reads, no checks
+                profiling = e.profiling_name
+                t = e.time_created_ns
+                pg = e.process_group
+                pg_id = e.pg_id
+                seq = e.collective_seq_id
+                op_id = e.op_id
+                p2p_seq = e.p2p_seq_id
+                state = e.state
+                started_ns = e.time_discovered_started_ns
+                retired = e.retired
+                is_p2p_flag = e.is_p2p
+                in_sizes = e.input_sizes
+                out_sizes = e.output_sizes
+                in_dtypes = e.input_dtypes
+                out_dtypes = e.output_dtypes
+                seq_id = e.seq_id
+                duration = e.duration_ms
             else:
                 if type(e) is not dict:
                     raise _Inexact
@@ -580,7 +572,7 @@ def _summarize(
                     durations.append(duration)
     except (FrFormatError, _Inexact):
         if (
-            row_of is None
+            not coerced
         ):  # the error named must be the first bad field of the file: coerce_entries checks them all
             raise _Inexact from None
         raise
@@ -593,7 +585,7 @@ def _summarize(
         OverflowError,
         RecursionError,
     ) as exc:
-        if row_of is None:
+        if not coerced:
             raise _Inexact from None
         raise FrFormatError(f"{source}: entry {index}: malformed ({type(exc).__name__})") from None
     groups = [_finish(b) for b in builders.values()]

@@ -54,7 +54,7 @@ def test_entries_read_directly_or_through_msgspec_give_the_same_summaries(fmt: s
             for recent in (None, 16):
                 dump = load_dump(f.path, f.rank, recent=recent)
                 try:  # what PyTorch writes is read without msgspec
-                    _summarize(dump, dump.entries, None, _marshal_pack)
+                    _summarize(dump, dump.entries, False, _marshal_pack)
                 except _Inexact:
                     pytest.fail(f"{f.path}: read through msgspec")
                 assert summarize(dump).to_plain() == summarize(dump, coerce=True).to_plain(), f.path
