@@ -81,6 +81,8 @@ class Engine:
         self.book = VerdictBook(closed_kept=self.config.fleet.closed_verdicts_kept)
         self.detectors: dict[str, Detector] = {cls.name: cls(self.config) for cls in DETECTORS}
         self.failures: dict[str, int] = dict.fromkeys(self.detectors, 0)
+        #: hosts forgotten while a sliced detector run is suspended between its steps (see _run_steps)
+        self._forgotten_in_run: set[str] | None = None
         self.listeners: list[Listener] = []
         #: called with a host's name once it is forgotten (after its verdicts closed): holders of per-host
         #: memory outside the engine drop theirs
@@ -176,9 +178,15 @@ class Engine:
 
     def _run_steps(self, detector: Detector, seen: Observation) -> Iterator[list[Change]]:
         """:meth:`_run` over :meth:`Detector.evaluate_steps`: a step per yield of the detector (its duration
-        metric is the sum of its steps), its findings reconciled after the last."""
+        metric is the sum of its steps), its findings reconciled after the last.
+
+        What happened between its steps is honoured at the end: a detector switched off by a reload
+        meanwhile reconciles nothing (its verdicts were closed by the reload and nothing would close them
+        again), and findings about a host forgotten meanwhile are dropped (its verdicts were closed with it).
+        """
         steps = detector.evaluate_steps(seen)
         spent = 0.0
+        self._forgotten_in_run = forgotten = set[str]()
         while True:
             started = self.timer()
             try:
@@ -189,14 +197,19 @@ class Engine:
                 break
             except Exception as exc:  # one broken rule must not silence the others
                 self._failed(detector, spent + self.timer() - started, exc)
+                self._forgotten_in_run = None
                 return
             spent += self.timer() - started
             yield []
         self.metrics.detector_run(detector.name, spent, True)
-        if evaluation is None:
+        self._forgotten_in_run = None
+        if evaluation is None or detector.name in self.config.detect.disabled:
             yield []
             return
-        changes = self.book.reconcile(detector.name, evaluation.findings, seen.now, scope=evaluation.scope)
+        findings = evaluation.findings
+        if forgotten:
+            findings = [f for f in findings if f.host not in forgotten]
+        changes = self.book.reconcile(detector.name, findings, seen.now, scope=evaluation.scope)
         self._emit(changes)
         yield changes
 
@@ -249,6 +262,8 @@ class Engine:
         """Forget a host (retention, or room for a new one at ``limits.max_hosts``): its open verdicts close
         and every detector, and every forget listener, drops what it remembers about it."""
         self.fleet.forget_host(name)
+        if self._forgotten_in_run is not None:
+            self._forgotten_in_run.add(name)
         for detector in self.detectors.values():
             detector.host_forgotten(name)
         changes: list[Change] = []

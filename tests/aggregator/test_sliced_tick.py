@@ -6,18 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 from prometheus_client import generate_latest
 
-from sentinel.aggregator.detectors.base import ITEMS_PER_STEP
+from sentinel.aggregator.detectors.base import ITEMS_PER_STEP, Observation
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.server import NO_FULL_COLLECTIONS, Aggregator
 from sentinel.aggregator.state import HostView
 from sentinel.aggregator.store import BuiltinsHolder
 from sentinel.components.xid.parse import xid_record
-from sentinel.config.aggregator import AggregatorConfig, FleetConfig
+from sentinel.config.aggregator import AggregatorConfig, DetectConfig, FleetConfig
 from sentinel.fr.heads import FrHeads, InFlight, PgHead, StepTime
 from sentinel.wire import Batch, GpuInfo, Hello, ProcInfo, XidOccurred
 from tests.aggregator.helpers import batch, hello, running_aggregator, sample, wait_until
@@ -180,3 +181,45 @@ def test_detector_memory_is_prepared_in_steps_and_snapshots_the_same_bytes() -> 
     assert prepared.snapshot() == one_piece.snapshot() != {}
     clock[0] = 5.0  # within min_interval_s: neither is due again
     assert list(prepared.prepare()) == [] and prepared.snapshot() == {} == one_piece.snapshot()
+
+
+def _stalled_engine(config: AggregatorConfig | None = None) -> Engine:
+    """An engine whose big job has been stalled long enough for the stuck detector, never evaluated yet (so
+    its next run is a first, sliced examination)."""
+    engine = Engine(config or AggregatorConfig())
+    views = _fleet(engine)
+    for seq, second in enumerate((0, 4, 11)):  # steps done, then a stall of 7 s
+        _feed(engine, views, seq, float(second), 4.0 if second >= 4 else None)
+    return engine
+
+
+def _stuck_run(engine: Engine, between: Callable[[], object]) -> int:
+    """One run of the stuck detector in steps (as the tick runs it), ``between`` called after its first step."""
+    run = engine._run_steps(engine.detectors["stuck"], Observation(engine.fleet, 11.5, (), tick=True))
+    next(run)
+    between()
+    return 1 + sum(1 for _ in run)
+
+
+def test_a_reload_that_switches_a_detector_off_between_its_steps_leaves_none_of_its_verdicts_open() -> None:
+    """The reload closes the detector's verdicts at once; had its suspended run reconciled afterwards, they
+    would open again with nothing left to close them (the detector no longer runs)."""
+    control = _stalled_engine()
+    assert _stuck_run(control, lambda: None) > 2  # a sliced first examination...
+    assert any(v.detector == "stuck" and v.rank == HUNG for v in control.book.open.values())  # ...that opens
+    engine = _stalled_engine()
+    off = AggregatorConfig(detect=DetectConfig(disabled=["stuck"]))
+    _stuck_run(engine, lambda: engine.reconfigure(off, 11.5))
+    assert not [v for v in engine.book.open.values() if v.detector == "stuck"]
+
+
+def test_findings_about_a_host_forgotten_between_a_detectors_steps_open_no_verdict() -> None:
+    hung_host = f"h{HUNG // GPUS:05d}"
+    control = _stalled_engine()
+    _stuck_run(control, lambda: None)
+    assert any(v.host == hung_host for v in control.book.open.values())
+    engine = _stalled_engine()
+    _stuck_run(engine, lambda: engine.forget_host(hung_host, 11.5))
+    assert hung_host not in engine.fleet.hosts
+    assert not [v for v in engine.book.open.values() if v.host == hung_host]
+    assert engine._forgotten_in_run is None  # only hosts forgotten during a run are dropped from its findings

@@ -95,7 +95,8 @@ class InventoryDetector(Detector):
                 built += 1
                 if built % HOSTS_PER_STEP == 0:
                     yield
-        if len(kept) != len(hosts):
+        if len(kept) != len(hosts) or built >= HOSTS_PER_STEP:
+            # (after a yield the counts may match while a host forgotten meanwhile was kept again above)
             self._kept = kept = {name: k for name, k in kept.items() if name in hosts}
         if not changed and self._last is not None:
             return Evaluation(list(self._last))
