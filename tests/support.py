@@ -17,6 +17,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+#: a test's subprocess that imports torch: a few seconds quiet, over a minute on a loaded 2-core CI machine
+#: (the import alone took 28-60 s at load 5, and a 120 s bound was within 15 s of failing); bounded below
+#: pytest's 300 s per test, so such a run fails with its own message
+TORCH_PROCESS_TIMEOUT_S = 240
 #: The real data nobody here wrote (logs from real clusters, PyTorch Flight Recorder dumps), copied from
 #: ``../shared/corpus`` so that a fresh clone runs every test without the shared folder.
 CORPUS = REPO / "tests" / "data" / "corpus"

@@ -29,6 +29,10 @@ from typing import Any
 STEPS = 14
 FAULT_STEP = 6
 STALL_S = 1.0
+#: starting the ranks (spawn, import torch, the gloo rendezvous) takes a few seconds on a quiet machine and
+#: over a minute on a loaded 2-core one: it is waited for on its own, with this generous bound, and the
+#: job's own timeout counts from when every rank has joined
+STARTUP_S = 300.0
 STRAGGLE_S = 0.03
 CULPRIT = {"hang": 3, "straggler": 1, "op_mismatch": 3, "healthy": -1, "ondemand": -1, "bcast_size": 2}
 
@@ -38,10 +42,15 @@ def _dumper(rank: int, out: Path, state: dict[str, float]) -> None:
 
     c10d = torch._C._distributed_c10d
     trigger = out / "DUMP"
+    injected = out / "expected.json"
     while True:
         time.sleep(0.02)
         if not trigger.exists():
-            if state["watch"] and time.monotonic() - state["progress"] > STALL_S:
+            if state["watch"] and not state["armed_at"] and injected.exists():
+                state["armed_at"] = time.monotonic()
+            # a stall counts from the fault on: a peer slowed by a loaded machine before it is no hang
+            since = max(state["progress"], state["armed_at"])
+            if state["armed_at"] and state["watch"] and time.monotonic() - since > STALL_S:
                 trigger.write_text(f"watchdog on rank {rank}")
             continue
         (out / "pickle" / f"nccl_trace_rank_{rank}").write_bytes(c10d._dump_fr_trace())
@@ -66,13 +75,16 @@ def worker(rank: int, world: int, scenario: str, out: str, port: int, steps: int
     dp = dp_groups[rank % half]
     culprit = CULPRIT[scenario]
     fault_step = FAULT_STEP if steps == STEPS else steps - 8
-    # only faulty runs arm the stall watchdog: a loaded CI machine must not turn a healthy run into a dump
+    # only faulty runs watch for a stall, and only once the fault is injected (its expected.json written): a
+    # loaded CI machine must not turn a slow step into a watchdog dump
     state = {
         "progress": time.monotonic(),
         "watch": 1.0 if scenario in ("hang", "op_mismatch", "bcast_size") else 0.0,
+        "armed_at": 0.0,
     }
     thread = threading.Thread(target=_dumper, args=(rank, outdir, state), daemon=True)
     thread.start()
+    mark_started(outdir, rank)
     seq = {"world": 0, "tp": 0, "dp": 0}
     names = {
         "world": dist.distributed_c10d._get_process_group_name(dist.group.WORLD),
@@ -136,6 +148,27 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def mark_started(out: Path, rank: int) -> None:
+    """This rank has imported torch and joined its process groups (see :func:`wait_started`)."""
+    (out / f"started_{rank}").write_text("1")
+
+
+def wait_started(out: Path, procs: list[Any], startup_s: float = STARTUP_S) -> float:
+    """Wait until every rank has called :func:`mark_started` (at most ``startup_s``); the time it took.
+
+    A rank that exits first fails at once. Only this phase is slow under load; it is bounded apart from the
+    job so that the job's own timeout does not have to cover a minute of imports.
+    """
+    started = time.monotonic()
+    while not all((out / f"started_{r}").exists() for r in range(len(procs))):
+        if any(p.exitcode is not None for p in procs):
+            raise RuntimeError(f"a rank exited while starting: exit codes {[p.exitcode for p in procs]}")
+        if time.monotonic() - started > startup_s:
+            raise TimeoutError(f"not every rank imported torch and joined within {startup_s} s")
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
 def reap(procs: list[Any]) -> None:
     """Kill the job's rank processes still alive (hung ranks never exit) and wait for each."""
     for p in procs:
@@ -161,8 +194,9 @@ def run(
     ]
     for p in procs:
         p.start()
-    deadline = time.monotonic() + timeout_s
     try:
+        wait_started(out, procs)
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             dumped = [(out / f"dumped_{r}").exists() for r in range(world)]
             if any(dumped) and all(d or p.exitcode is not None for d, p in zip(dumped, procs, strict=True)):
@@ -171,7 +205,7 @@ def run(
                 raise RuntimeError(f"a rank failed: exit codes {[p.exitcode for p in procs]}")
             time.sleep(0.05)
         else:
-            raise TimeoutError(f"{scenario}: not every rank dumped within {timeout_s} s")
+            raise TimeoutError(f"{scenario}: not every rank dumped within {timeout_s} s of starting")
         if scenario in ("healthy", "straggler", "ondemand"):
             for p in procs:
                 p.join(max(0.1, deadline - time.monotonic()))

@@ -21,7 +21,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict
     out: dict[str, tuple[Path, dict[str, Any]]] = {}
     for scenario in ("healthy", "hang", "straggler", "op_mismatch"):
         folder = tmp_path_factory.mktemp(scenario)
-        out[scenario] = (folder, gloo_job.run(scenario, WORLD, folder, timeout_s=45))
+        out[scenario] = (folder, gloo_job.run(scenario, WORLD, folder, timeout_s=90))
     return out
 
 

@@ -21,7 +21,7 @@ from sentinel.fr.reduce import reduce_snapshot
 from sentinel.fr.trigger import trigger_dumps
 from sentinel.probe import MAX_DATAGRAM, Probe, encode_capped
 from tests.fr.synth import T0, entry
-from tests.support import REPO, need_module
+from tests.support import REPO, TORCH_PROCESS_TIMEOUT_S, need_module
 
 NOW = T0 / 1e9 + 100.0
 
@@ -159,15 +159,17 @@ def test_probe_with_real_torch_gloo(tmp_path: Path) -> None:
         "srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); srv.bind(sys.argv[1]); srv.settimeout(10)\n"
         "p = Probe(2.0, sys.argv[1])\n"
         # gloo marks an entry completed from its worker thread after the caller's wait has returned, so the
-        # newest all_reduce may still read as enqueued-not-completed for a moment: poll (bounded) until the
-        # recorder has caught up, as an agent's next tick would see it
+        # newest all_reduce may still read as enqueued-not-completed for a moment: tick again until the
+        # recorder has caught up, as an agent's next tick would see it (a deadline, not a count of ticks:
+        # on a loaded machine the worker thread may wait long for a core)
         "import time, msgspec\n"
         "from sentinel.fr.heads import FrHeads\n"
         "ok = []\n"
-        "for _ in range(200):\n"
+        "deadline = time.monotonic() + 60\n"
+        "while True:\n"
         "    ok.append(p.tick()); raw = srv.recv(1 << 16)\n"
         "    pg = msgspec.msgpack.decode(raw, type=FrHeads).pgs[0]\n"
-        "    if pg.last_completed_seq == pg.last_enqueued_seq: break\n"
+        "    if pg.last_completed_seq == pg.last_enqueued_seq or time.monotonic() > deadline: break\n"
         "    time.sleep(0.05)\n"
         "sys.stdout.buffer.write(raw)\n"
         "print(json.dumps([ok, p.stats.dropped, p.stats.errors]), file=sys.stderr)\n"
@@ -176,7 +178,7 @@ def test_probe_with_real_torch_gloo(tmp_path: Path) -> None:
         [sys.executable, str(script), str(tmp_path / "s")],
         capture_output=True,
         cwd=REPO,
-        timeout=120,
+        timeout=TORCH_PROCESS_TIMEOUT_S,
         check=False,
         env={**os.environ, "RANK": "0", "WORLD_SIZE": "1", "SENTINEL_JOB_ID": "job-7"},
     )

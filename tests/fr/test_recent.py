@@ -20,7 +20,7 @@ from sentinel.fr.loader import load_dump
 from sentinel.fr.recent import decode_recent, decode_recent_json
 from sentinel.fr.safepickle import loads_plain
 from tests.fr.synth import entry
-from tests.support import need_module
+from tests.support import TORCH_PROCESS_TIMEOUT_S, need_module
 
 FRAMES = [{"name": f"f{i}", "filename": "train.py", "line": i} for i in range(40)]
 
@@ -123,7 +123,10 @@ def test_real_torch_dump_of_2000_entries(tmp_path: Path) -> None:
         "open(sys.argv[1] + '.json', 'wb').write(torch._C._distributed_c10d._dump_fr_trace_json())\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", script, str(out)], capture_output=True, timeout=120, check=False
+        [sys.executable, "-c", script, str(out)],
+        capture_output=True,
+        timeout=TORCH_PROCESS_TIMEOUT_S,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     raw = out.read_bytes()

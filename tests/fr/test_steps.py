@@ -17,8 +17,7 @@ import pytest
 from sentinel.fr.heads import FrHeads
 from sentinel.fr.steps import StepClock
 from sentinel.probe import Probe
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support import REPO, TORCH_PROCESS_TIMEOUT_S
 
 
 def _status(world: tuple[int, int], tp: tuple[int, int] | None = None) -> dict[str, dict[str, str]]:
@@ -135,7 +134,7 @@ def test_real_torch_ranks_measure_their_own_compute_a_waiting_peer_does_not_look
     ]
     medians = []
     for proc in procs:
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=TORCH_PROCESS_TIMEOUT_S)
         assert proc.returncode == 0, err[-2000:]
         values = json.loads(out)
         assert len(values) == 8

@@ -57,7 +57,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.fr.gloo_job import free_port, reap
+from tests.fr.gloo_job import free_port, mark_started, reap, wait_started
 
 STEPS = 12
 FAULT_STEP = 7
@@ -177,6 +177,7 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
 
     outdir = Path(out)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    mark_started(outdir, rank)
     name = dist.distributed_c10d._get_process_group_name
     job = _Job(rank, outdir)
     culprit = CULPRIT[scenario]
@@ -366,15 +367,16 @@ def run(scenario: str, out: Path, timeout_s: float = 60.0) -> dict[str, Any]:
     ]
     for p in procs:
         p.start()
-    deadline = time.monotonic() + timeout_s
     try:
+        wait_started(out, procs)
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             over = [(out / f"dumped_{r}").exists() or (out / f"exited_{r}").exists() for r in range(world)]
             if all(over):
                 break
             time.sleep(0.05)
         else:
-            raise TimeoutError(f"{scenario}: not every rank dumped within {timeout_s} s")
+            raise TimeoutError(f"{scenario}: not every rank dumped within {timeout_s} s of starting")
     finally:
         reap(procs)
     return dict(json.loads((out / "expected.json").read_text()))
