@@ -100,7 +100,7 @@ async def serve(config: AggregatorConfig, *, config_path: Path | None = None) ->
 
     ssl_context = server_ssl_context(config.server)
     app = create_app(config, on_tick=on_tick, extra_routes=status_page_routes(config.server.runbook_base_url))
-    runner = make_runner(app, handle_signals=False)
+    runner = make_runner(app, handle_signals=False, shutdown_timeout=5.0)
     limiter = LoopErrorLimiter(app[AGGREGATOR_KEY].metrics)
     limiter.install(asyncio.get_running_loop())
     await runner.setup()
@@ -109,7 +109,6 @@ async def serve(config: AggregatorConfig, *, config_path: Path | None = None) ->
             runner,
             config.server.listen_host,
             config.server.listen_port,
-            shutdown_timeout=5.0,
             ssl_context=ssl_context,
         )
         await site.start()
