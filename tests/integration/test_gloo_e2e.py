@@ -44,8 +44,11 @@ WORLD = len(HOSTS) * GPUS_PER_HOST
 CULPRIT = 5  # node-b, LOCAL_RANK 1
 HEALTHY_OBSERVE_S = 10.0  # as long as the hang run needs to name the culprit
 DETECT_WITHIN_S = 10.0
+#: until every rank of a run reports: 8 processes importing torch take ~10 s quiet and well over a minute on a
+#: loaded 2-core machine (the import alone took 28-60 s each at load 5); the wait ends as soon as they report
+START_WITHIN_S = 150.0
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = pytest.mark.timeout(2 * START_WITHIN_S + 120)
 
 
 def _free_port() -> int:
@@ -238,7 +241,10 @@ async def test_gloo_job_hang_is_named_with_host_and_gpu_and_fr_dump_analyzed(tmp
             healthy = Job(cluster, "train-healthy")
             jobs.append(healthy)
             await _until(
-                "healthy ranks report", lambda: _all_ranks_report(session, url, healthy), 45, healthy
+                "healthy ranks report",
+                lambda: _all_ranks_report(session, url, healthy),
+                START_WITHIN_S,
+                healthy,
             )
             timings["healthy_reporting_s"] = time.monotonic() - started
             first = await _get(session, f"{url}/api/v1/jobs/{healthy.id}")
@@ -260,7 +266,9 @@ async def test_gloo_job_hang_is_named_with_host_and_gpu_and_fr_dump_analyzed(tmp
             # 2. the same job; rank 5 stops before a gradient all_reduce its peers enter
             hang = Job(cluster, "train-hang")
             jobs.append(hang)
-            await _until("hang-run ranks report", lambda: _all_ranks_report(session, url, hang), 45, hang)
+            await _until(
+                "hang-run ranks report", lambda: _all_ranks_report(session, url, hang), START_WITHIN_S, hang
+            )
             await asyncio.sleep(2.0)  # a few healthy steps first
             early = await verdicts()
             assert early == [], json.dumps(early, indent=1)
