@@ -192,13 +192,17 @@ async def test_incident_collects_every_agents_snapshot_into_one_timeline(tmp_pat
         await a2.ack()
 
         async def answer(conn: Any, host: str, t0: float) -> None:
-            while not conn.commands:
+            # the incident's snapshot request, whenever it comes: the host's verdict pushback (a
+            # VerdictsRequest after a tick) may come before or after it
+            def snapshot_requests() -> list[Any]:
+                return [c for c in conn.commands if isinstance(c.request, SnapshotRequest)]
+
+            while not snapshot_requests():
                 msg = await conn.ws.receive(timeout=5)
                 from sentinel.wire import decode_aggregator_frame
 
                 conn.commands.append(decode_aggregator_frame(msg.data))
-            command = conn.commands[0]
-            assert isinstance(command.request, SnapshotRequest)
+            [command] = snapshot_requests()
             assert command.request.since is not None and command.request.since <= t0
             entries: list[RingEntry] = [
                 EventEntry(t=t0 - 3 + i, data=LogLine(t=t0 - 3 + i, text=f"{host} line {i}"))
