@@ -8,6 +8,7 @@ import os
 import ssl
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -26,6 +27,7 @@ from sentinel.aggregator.server import (
 )
 from sentinel.config.aggregator import AggregatorConfig, ServerConfig
 from sentinel.wire import (
+    Ack,
     Command,
     CommandResult,
     Hello,
@@ -50,6 +52,21 @@ async def connect(url: str, token: str) -> tuple[aiohttp.ClientSession, aiohttp.
         await session.close()
         raise
     return session, ws
+
+
+async def next_frame(ws: aiohttp.ClientWebSocketResponse, wanted: Callable[[object], bool]) -> object:
+    """The next frame from the aggregator that ``wanted`` accepts: the host's verdict pushback (a
+    VerdictsRequest after a tick) may come before or between the frames a test waits for."""
+    while True:
+        frame = decode_aggregator_frame((await ws.receive(timeout=5)).data)
+        if wanted(frame):
+            return frame
+
+
+async def next_ack(ws: aiohttp.ClientWebSocketResponse) -> int:
+    frame = await next_frame(ws, lambda f: isinstance(f, Ack))
+    assert isinstance(frame, Ack)
+    return frame.seq
 
 
 async def close_code(ws: aiohttp.ClientWebSocketResponse) -> int | None:
@@ -101,7 +118,7 @@ async def test_hello_for_another_tokens_host_is_refused_and_the_real_stream_is_u
         try:
             await real.send_bytes(encode(hello("rack-b-01")))
             await real.send_bytes(encode(batch(0, time.time())))
-            assert decode_aggregator_frame((await real.receive(timeout=5)).data).seq == 0  # type: ignore[union-attr]
+            assert await next_ack(real) == 0
             state_before = aggregator.engine.fleet.hosts["rack-b-01"]
             hw_before = state_before.seq_hw
             # the attack: a valid token for rack A claims rack B's host, then a fake reboot and huge seqs
@@ -122,7 +139,7 @@ async def test_hello_for_another_tokens_host_is_refused_and_the_real_stream_is_u
             host = aggregator.engine.fleet.hosts["rack-b-01"]
             assert host.boot_id == "boot-1" and host.seq_hw == hw_before
             await real.send_bytes(encode(batch(1, time.time())))
-            assert decode_aggregator_frame((await real.receive(timeout=5)).data).seq == 1  # type: ignore[union-attr]
+            assert await next_ack(real) == 1
             assert host.batches == 2  # applied, not dropped as a "duplicate" of the forged seq
             # a token may speak for every glob on its line
             s2, other = await connect(running.stream_url, RACK_B)
@@ -147,7 +164,7 @@ async def test_a_command_answer_from_another_connection_is_refused(tmp_path: Pat
             request = asyncio.create_task(
                 aggregator.request("rack-a-01", Command(id="cmd-1", request=SnapshotRequest()), timeout_s=5)
             )
-            sent = decode_aggregator_frame((await victim.receive(timeout=5)).data)
+            sent = await next_frame(victim, lambda f: not isinstance(f, Command) or f.name != "verdicts")
             assert isinstance(sent, Command) and sent.id == "cmd-1"
             await forger.send_bytes(
                 encode(CommandResult(id="cmd-1", answer=Snapshot(host="forged", window=(0.0, 1.0))))
@@ -193,7 +210,7 @@ async def test_a_reimaged_host_starting_at_seq_0_is_not_dropped_as_duplicates(tm
             await ws.send_bytes(encode(Hello(host="rack-a-01", boot_id="boot-2", next_seq=0)))
             t = time.time() + 1
             await ws.send_bytes(encode(batch(0, t)))
-            assert decode_aggregator_frame((await ws.receive(timeout=5)).data).seq == 0  # type: ignore[union-attr]
+            assert await next_ack(ws) == 0
             assert host.batches == 3 and host.gpus[0].t == t  # applied, not acked-and-dropped
         finally:
             await session.close()
@@ -257,7 +274,7 @@ async def test_mutual_tls_binds_the_host_to_the_client_certificate(tmp_path: Pat
             ws = await session.ws_connect(url, headers=headers, ssl=client("rack-a-01"))
             await ws.send_bytes(encode(hello("rack-a-01")))
             await ws.send_bytes(encode(batch(0, time.time())))
-            assert decode_aggregator_frame((await ws.receive(timeout=5)).data).seq == 0  # type: ignore[union-attr]
+            assert await next_ack(ws) == 0
             assert set(aggregator.by_host) == {"rack-a-01"}
             await ws.close()
     finally:
