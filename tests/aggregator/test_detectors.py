@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection
 from pathlib import Path
 
@@ -844,29 +845,31 @@ def test_a_pending_send_recv_is_not_read_as_a_collective_wait() -> None:
     assert "seq 40" not in " ".join(stuck[0].evidence)
 
 
+def _feed_dp_and_recv(f: Fleet, t: float, dp_age: float | None, recv_age: float | None) -> None:
+    """16 ranks on two hosts, all in world seq 12; rank 0 waits ``dp_age`` in its dp all_reduce with rank 1,
+    which (when ``recv_age`` is set) is blocked that long in a recv from rank 5."""
+    out: dict[str, list[FrHeads]] = {"h0": [], "h1": []}
+    for r in range(16):
+        pgs = [pg("world", 12)]
+        if r in (0, 1):
+            pgs.append(pg("dp0", 12, dp_age if r == 0 else None, [0, 1]))
+        if r == 1 and recv_age is not None:
+            recv = InFlight(seq=30, op="nccl:recv 1<-5", age_s=recv_age, state="started", p2p=True)
+            pgs[0] = msgspec.structs.replace(pgs[0], in_flight=[recv])
+        out["h0" if r < 8 else "h1"].append(heads(r, t, pgs, "h0" if r < 8 else "h1", r % 8))
+    f.send("h0", t, heads=out["h0"], procs=procs(0) if t == 0 else None)
+    f.send("h1", t, heads=out["h1"], procs=procs(1) if t == 0 else None)
+
+
 def test_a_rank_blocked_in_a_recv_leads_to_the_peer_that_never_sent() -> None:
     """Pipeline-style live heads: rank 0 waits in its dp all_reduce for rank 1, which is blocked in a recv
     from rank 5 (idle: it never sent). The culprit is rank 5, not the rank inside the recv."""
     f = Fleet()
-
-    def feed(t: float, age: float | None) -> None:
-        out: dict[str, list[FrHeads]] = {"h0": [], "h1": []}
-        for r in range(16):
-            pgs = [pg("world", 12)]
-            if r in (0, 1):
-                pgs.append(pg("dp0", 12, age if r == 0 else None, [0, 1]))
-            if r == 1 and age is not None:
-                recv = InFlight(seq=30, op="nccl:recv 1<-5", age_s=age, state="started", p2p=True)
-                pgs[0] = msgspec.structs.replace(pgs[0], in_flight=[recv])
-            out["h0" if r < 8 else "h1"].append(heads(r, t, pgs, "h0" if r < 8 else "h1", r % 8))
-        f.send("h0", t, heads=out["h0"], procs=procs(0) if t == 0 else None)
-        f.send("h1", t, heads=out["h1"], procs=procs(1) if t == 0 else None)
-
     for t in (0.0, 2.0):
-        feed(t, None)
+        _feed_dp_and_recv(f, t, None, None)
         f.engine.tick(t)
     for t in (4.0, 6.0, 8.0):
-        feed(t, t - 3.0)
+        _feed_dp_and_recv(f, t, t - 3.0, t - 3.0)
         f.engine.tick(t)
     stuck = [v for v in f.engine.book.open.values() if v.kind == "stuck"]
     assert [(v.rank, v.reason) for v in stuck] == [(5, "not_entered_collective")], [v.evidence for v in stuck]
@@ -878,19 +881,7 @@ def test_a_recv_entered_mid_stall_moves_the_blame_once_it_is_old_enough() -> Non
     young to count. The kept examination must expire when that recv reaches min_wait_s even though no head
     moves (same progress, larger ages): from then on the culprit is rank 5, as a fresh examination says."""
     f = Fleet()
-
-    def feed(t: float, age: float | None, recv_age: float | None) -> None:
-        out: dict[str, list[FrHeads]] = {"h0": [], "h1": []}
-        for r in range(16):
-            pgs = [pg("world", 12)]
-            if r in (0, 1):
-                pgs.append(pg("dp0", 12, age if r == 0 else None, [0, 1]))
-            if r == 1 and recv_age is not None:
-                recv = InFlight(seq=30, op="nccl:recv 1<-5", age_s=recv_age, state="started", p2p=True)
-                pgs[0] = msgspec.structs.replace(pgs[0], in_flight=[recv])
-            out["h0" if r < 8 else "h1"].append(heads(r, t, pgs, "h0" if r < 8 else "h1", r % 8))
-        f.send("h0", t, heads=out["h0"], procs=procs(0) if t == 0 else None)
-        f.send("h1", t, heads=out["h1"], procs=procs(1) if t == 0 else None)
+    feed = functools.partial(_feed_dp_and_recv, f)
 
     def culprits() -> list[int]:
         return sorted(v.rank for v in f.engine.book.open.values() if v.kind == "stuck" and v.rank is not None)
