@@ -72,7 +72,13 @@ _BARE_NET_RE: Final = re.compile(
 )
 # Configuration complaints (deprecated variables, ignored settings) are worth a look, not a page.
 _CONFIG_WARN_RE: Final = re.compile(
-    r"deprecated|[Ii]gnoring|will be ignored|falling back|[Ii]nvalid value|not supported"
+    r"deprecated|[Ii]gnoring|will be ignored|falling back|[Ii]nvalid value|not supported|out of range"
+)
+#: A complaint about an ``NCCL_*`` setting, whichever transport prints it: the value is wrong, nothing
+#: has failed yet (``NET/IB: NCCL_IB_SUBNET_PREFIX_LEN=40 is out of range [1,32]``).
+_ENV_CONFIG_RE: Final = re.compile(
+    r"\bNCCL_[A-Z0-9_]{2,60}\b[^\n]{0,60}?\b(?:is out of range|out of range|is invalid|invalid value|"
+    r"ignored|ignoring|deprecated|not supported|unknown value)"
 )
 _RAS_MISMATCH_RE: Final = re.compile(
     r"MISMATCH\b[\s\S]{0,400}?Communicator ranks have different (?P<op>\w{1,40}) operation counts"
@@ -390,7 +396,10 @@ def _warn_event(payload: str, source_file: str, ids: dict[str, object]) -> Class
 
 
 def _net_event(payload: str, ids: dict[str, object], rank: int | None = None) -> Classified:
-    severity: Severity = "warning" if _NET_BENIGN_RE.search(payload) is not None else "critical"
+    benign = _NET_BENIGN_RE.search(payload) is not None or (
+        "NCCL_" in payload and _ENV_CONFIG_RE.search(payload) is not None
+    )
+    severity: Severity = "warning" if benign else "critical"
     peer = _PEER_RE.search(payload)
     if "completion" in payload:
         reason = "nccl_ib_completion_error"

@@ -76,7 +76,8 @@ _WARNING_WORDS_RE: Final = re.compile(
     r"\b(?:errors?|fail(?:s|ed|ure|ures|ing)?|exception|timed? ?out|timeout|hang|hung|"
     r"not responding|unresponsive|unhealthy|degraded|down|unplugged|lost|retry(?:ing)?|refused|"
     r"reset by peer|unreachable|mismatch|invalid|denied|stuck|throttl\w{0,6}|limited by|insufficient|"
-    r"dead|missing|cancel+ed|unavailable|violation|overflow|exceeded)\b",
+    r"dead|missing|cancel+ed|unavailable|violation|overflow|exceeded|stall(?:s|ed|ing)?|no progress|"
+    r"preempt(?:ed|ion)|(?:force )?terminated)\b",
     re.IGNORECASE,
 )
 #: Words that name no failure although they contain one: counts of zero, "no errors", configuration.
@@ -85,7 +86,10 @@ _BENIGN_RE: Final = re.compile(
     r"\b(?:errors?|failures?|faults?)[ \t]*[:=][ \t]*(?:0|none|no|ok|n/a)\b|error_file|errorfile|"
     r"\b[A-Z]{1,20}_\w{0,40}?(?:TIMEOUT|ERROR|RETRY)|\b(?:timeout|retry)[ \t]*[:=(][ \t]*\d|"
     r"\bDEBUG\b|\bdown(?:load|sampl|stream)|"
-    r"\b[a-z_.]{0,30}(?:panic|timeout|retry|error|fail|abort|oom)[a-z_.]{0,20}=[\w.,:-]{0,40}",
+    r"\b[a-z_.]{0,30}(?:panic|timeout|retry|error|fail|abort|oom)[a-z_.]{0,20}=[\w.,:-]{0,40}|"
+    # Hedged advice ("this can potentially cause a hang if ...") names a risk, not a failure.
+    r"\b(?:can|could|may|might)[ \t]+(?:potentially[ \t]+)?(?:cause|lead[ \t]+to|result[ \t]+in)[ \t]+"
+    r"(?:an?[ \t]+)?(?:\w{1,20}[ \t]+)?\w{1,20}",
     re.IGNORECASE,
 )
 
@@ -95,7 +99,8 @@ _URL_RE: Final = re.compile(r"\b(?:https?|file)://\S{1,500}")
 _EXCEPTION_CLASS_RE: Final = re.compile(r"\b[A-Z][A-Za-z0-9]{0,40}(?:Error|Exception)\b")
 #: A broken connection: for a communication library it stops the collective (critical).
 _COMMS_FAILURE_RE: Final = re.compile(
-    r"[Cc]onnection (?:closed|reset|refused|timed out|lost|aborted)|closed by (?:remote )?peer|[Bb]roken pipe",
+    r"[Cc]onnection (?:closed|reset|refused|timed out|lost|aborted)|closed by (?:remote )?peer|[Bb]roken pipe|"
+    r"connectFullMesh failed|[Cc]onnect timeout",
 )
 
 
@@ -147,8 +152,11 @@ _CORRECTABLE_RE: Final = re.compile(
     r"(?<!un)correct(?:able|ed)[ \t]+(?:ECC|memory|DRAM|SRAM|HBM)|single[- ]bit(?:[ \t]+ECC)?[ \t]+errors?|\bSBE\b",
     re.IGNORECASE,
 )
+#: What follows a memory-error name when there is none: a zero count, "No", or a diagnostics cell that
+#: passed (``| Page Retirement/Row Remap | Pass |``).
 _ZERO_AFTER_RE: Final = re.compile(
-    r"[^\n:=]{0,80}?[:=][ \t]*(?:0(?![\d.])|No\b|N/A|None\b)|[ \t]+0(?![\d.])", re.IGNORECASE
+    r"[^\n:=|]{0,80}?[:=|][ \t]*(?:0(?![\d.])|No\b|N/A|None\b|Pass(?:ed)?\b|OK\b)|[ \t]+0(?![\d.])",
+    re.IGNORECASE,
 )
 
 _CRASH_RE: Final = re.compile(
@@ -162,6 +170,7 @@ _BENIGN_SIGNAL_RE: Final = re.compile(r"closing signal|death signal|Received SIG
 
 # CUDA runtime/driver error strings (cudaGetErrorString / cuGetErrorString texts and enum names).
 _CUDA_ERROR_RE: Final = re.compile(
+    r"Search for [`'\u2018]cuda[A-Z]\w{2,40}' in \S{1,300} for more information|"
     r"\bCUDA error\b|\bCUDA_ERROR_\w{2,40}|\bcudaError[A-Z]\w{2,40}|cuda runtime error|CUDA driver error|"
     r"\bCUBLAS_STATUS_\w{2,40}|\bCUDNN_STATUS_\w{2,40}|an illegal memory access was encountered|"
     r"unspecified launch failure|device-side assert triggered|misaligned address|"
@@ -229,7 +238,8 @@ _POWER_LIMIT_RE: Final = re.compile(
 
 # NCCL RAS (``ncclras``) text output.
 _RAS_ROW_RE: Final = re.compile(
-    r"(?:^|[ \t])\d{1,9}(?:[ \t]+\d{1,12}(?:-\d{1,12})?){4,8}[ \t]+(?P<status>[A-Z_]{2,20})[ \t]+(?P<errors>[A-Z_]{2,20})\s*$"
+    r"(?:^|[ \t])\d{1,9}(?:[ \t]+\d{1,12}(?:-\d{1,12})?){4,8}[ \t]+(?P<status>[A-Z_]{2,20})[ \t]+"
+    r"(?P<errors>[A-Z_]{2,20}(?:,[A-Z_]{2,20}){0,4})\s*$"
 )
 _RAS_COMM_RE: Final = re.compile(
     r"#\d{1,6}-\d{1,6} \([0-9a-fA-F]{4,32}\) (?P<what>MISMATCH|INCOMPLETE|ERROR|ABORT\w{0,4}|DEAD|TIMEOUT)"
@@ -238,6 +248,15 @@ _RAS_DEAD_RE: Final = re.compile(
     r"job process(?:es)? (?:is|are) considered dead|\bPEER_DEAD\b|Missing communicator data from"
 )
 _RAS_TIMEOUT_RE: Final = re.compile(r"communication timeouts? while gathering")
+#: Lines of a RAS report's Errors section, also when quoted alone.
+_RAS_ERROR_LINE_RE: Final = re.compile(
+    r"(?<![\w-])(?:(?:Initialization|Asynchronous) errors? on \d{1,9} ranks?|\d{1,9} ranks? reported \w[^\n]{0,200})\s*$"
+)
+
+# Slurm and other batch schedulers: they report what happened to a job step, not why.
+_SCHEDULER_RE: Final = re.compile(
+    r"(?<![\w./-])(?:srun|sbatch|salloc|slurmd|slurmctld|slurmstepd(?:-[\w.-]{1,64})?|submitit)(?=:|[ \t])"
+)
 
 _WEAK_REASONS: Final = frozenset({"pci_device", "ib_port_info", "nvrm_info"})
 
@@ -333,7 +352,7 @@ def _cuda_events(text: str, prod: Producer) -> list[Classified]:
     match = _CUDA_ERROR_RE.search(text)
     if match is None:
         return []
-    if match.group(0) == "CUDA kernel errors might be":
+    if match.group(0) == "CUDA kernel errors might be" or match.group(0).endswith("for more information"):
         # PyTorch's follow-up of a CUDA error reported on the line before.
         return [make_event("torch_other_error", "warning", reason="cuda_error_followup", message=clip(text))]
     # "CUDA error: ..." is PyTorch's C10_CUDA_CHECK format; NCCL quotes "Cuda failure"; the rest is CUDA
@@ -420,11 +439,15 @@ def _ras_events(text: str) -> list[Classified]:
             ]
     comm = _RAS_COMM_RE.search(text)
     if comm is not None:
-        return [make_event("nccl_warn_other", "critical", reason="nccl_ras_report", message=clip(text))]
+        # The report names the NCCL error the ranks returned: a network or CUDA one decides the kind.
+        report_kind = _kind_for("nccl", text[comm.end() :])
+        return [make_event(report_kind, "critical", reason="nccl_ras_report", message=clip(text))]
     if _RAS_DEAD_RE.search(text) is not None:
         return [make_event("nccl_warn_other", "critical", reason="nccl_ras_dead_process", message=clip(text))]
     if _RAS_TIMEOUT_RE.search(text) is not None:
         return [make_event("nccl_warn_other", "warning", reason="nccl_ras_timeout", message=clip(text))]
+    if "rank" in text and _RAS_ERROR_LINE_RE.search(text) is not None and producer(text) != "torch":
+        return [make_event(_kind_for("nccl", text), "critical", reason="nccl_ras_errors", message=clip(text))]
     return []
 
 
@@ -484,7 +507,11 @@ def rule_events(text: str, found: list[Classified]) -> list[Classified]:
     if "failure" in lower:
         specific = _test_program_events(text)
     if not specific and (
-        text.rstrip()[-1:].isupper() or "#" in text or "dead" in lower or "communicator" in lower
+        text.rstrip()[-1:].isupper()
+        or "#" in text
+        or "dead" in lower
+        or "communicator" in lower
+        or " rank" in lower
     ):
         specific = _ras_events(text)
     if not specific and any(hint in lower for hint in _LAUNCHER_HINTS):
@@ -518,6 +545,10 @@ def _failure_word_events(text: str, prod: Producer) -> list[Classified]:
     if severity is None:
         return []
     kind = _kind_for(prod, text)
+    if severity == "critical" and _SCHEDULER_RE.search(text) is not None:
+        # "Job step aborted", "CANCELLED": the scheduler reports an end whose cause is on another line
+        # (a crash or an OOM kill it names is caught by the crash rule first).
+        severity = "warning"
     if prod in ("nccl", "torch") and (
         _TIMEOUT_WORD_RE.search(text) is not None or _COMMS_FAILURE_RE.search(text) is not None
     ):
