@@ -26,7 +26,8 @@ def _ras_row(numbers: list[int], per_node: str, status: str, errors: str) -> str
 
 
 per_node_st = st.one_of(
-    st.integers(0, 72).map(str), st.tuples(st.integers(0, 8), st.integers(0, 8)).map(lambda t: f"{t[0]}-{t[1]}")
+    st.integers(0, 72).map(str),
+    st.tuples(st.integers(0, 8), st.integers(0, 8)).map(lambda t: f"{t[0]}-{t[1]}"),
 )
 
 
@@ -71,7 +72,9 @@ def test_ras_errors_section_lines(count: int, error: str, indent: str) -> None:
 @given(st.integers(0, 99), st.integers(0, 99), st.text("0123456789abcdef", min_size=16, max_size=16))
 def test_ras_communicator_report_kind_follows_the_reported_error(group: int, comm: int, digest: str) -> None:
     for error, kind in NCCL_ERRORS.items():
-        block = f"#{group}-{comm} ({digest}) ERROR\n  Asynchronous errors on 2 ranks\n  2 ranks reported {error}"
+        block = (
+            f"#{group}-{comm} ({digest}) ERROR\n  Asynchronous errors on 2 ranks\n  2 ranks reported {error}"
+        )
         event = classify_text(block)
         assert (event.kind, event.severity) == (kind, "critical"), error
 
@@ -81,8 +84,12 @@ def test_ras_communicator_report_kind_follows_the_reported_error(group: int, com
 env_name = st.from_regex(r"NCCL_[A-Z][A-Z0-9_]{1,30}", fullmatch=True)
 
 
-@given(env_name, st.integers(-(10**9), 10**9), st.sampled_from(["NET/IB: ", "NET/IB : ", "NET/Socket : ", ""]))
-def test_nccl_setting_out_of_range_is_a_warning_in_any_transport(name: str, value: int, transport: str) -> None:
+@given(
+    env_name, st.integers(-(10**9), 10**9), st.sampled_from(["NET/IB: ", "NET/IB : ", "NET/Socket : ", ""])
+)
+def test_nccl_setting_out_of_range_is_a_warning_in_any_transport(
+    name: str, value: int, transport: str
+) -> None:
     line = f"h100-03:7781:7781 [2] transport/net_ib/connect.cc:529 NCCL WARN {transport}{name}={value} is out of range [1,32]"
     event = classify_text(line)
     assert event.severity == "warning", line
@@ -195,7 +202,9 @@ def test_cuda_error_with_its_search_hint_on_one_line_stays_the_error() -> None:
     assert classify_text(line).severity == "critical"
 
 
-@given(st.integers(0, 100_000), st.sampled_from(["pair.cc:144] no error", "pair.h:301] Connect timeout [none]"]))
+@given(
+    st.integers(0, 100_000), st.sampled_from(["pair.cc:144] no error", "pair.h:301] Connect timeout [none]"])
+)
 def test_gloo_full_mesh_setup_failure_stops_the_job(rank: int, cause: str) -> None:
     line = f"[rank{rank}]:[E421 02:05:38.764490322 ProcessGroupGloo.cpp:143] Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/{cause}"
     event = classify_text(line)
