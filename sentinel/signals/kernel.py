@@ -54,7 +54,7 @@ _SIGNAL_RE: Final = re.compile(
 # nvidia-smi / NVML failures: the driver lost the GPU or cannot talk to it.
 _SMI_ERROR_RE: Final = re.compile(
     r"Unable to determine the device handle for GPU ?(?P<bdf>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})?|"
-    r"Failed to initialize NVML|NVIDIA-SMI has failed|GPU is lost|No devices were found"
+    r"Failed to initialize NVML|NVIDIA-SMI has failed|GPU is lost|GPU_IS_LOST\b|No devices were found"
 )
 _HOST_TROUBLE: Final[tuple[tuple[str, Severity, str], ...]] = (
     ("Out of memory: Killed process", "critical", "host_oom_kill"),
@@ -92,7 +92,12 @@ def _aer_events(text: str) -> list[Classified]:
             return []
         kind = level.group("kind")
         device = _DEVICE_PREFIX_RE.search(text)
-        pci = normalize_pci(device.group("bdf")) if device is not None else None
+        # A root port's (bridge's) own address is not a GPU's: only a GPU reporting is recorded.
+        pci = (
+            normalize_pci(device.group("bdf"))
+            if device is not None and device.group("dev") != "pcieport"
+            else None
+        )
     severity: Severity = "info" if kind == "Corrected" else "warning" if "Non-Fatal" in kind else "critical"
     return [make_event("other", severity, pci_bus=pci, reason="pcie_aer", message=clip(text))]
 
@@ -126,12 +131,16 @@ def kernel_events(text: str) -> list[Classified]:
             msg = nvrm.group("msg")
             lowered = msg.lower()
             bad = any(word in lowered for word in _NVRM_BAD_WORDS)
+            dump = "crash dump" in lowered
+            # "A GPU crash dump has been created": the driver saved the state of a failure it reported
+            # on another line (an Xid), so this line is the follow-up, not the failure.
+            nvrm_severity: Severity = "critical" if bad else "warning" if dump else "info"
             events.append(
                 make_event(
                     "other",
-                    "critical" if bad else "info",
+                    nvrm_severity,
                     pci_bus=normalize_pci(msg),
-                    reason="nvrm_error" if bad else "nvrm_info",
+                    reason="nvrm_error" if bad else "nvrm_crash_dump" if dump else "nvrm_info",
                     message=clip(msg),
                 )
             )

@@ -68,7 +68,7 @@ _BARE_NET_RE: Final = re.compile(
     r"NET/IB ?: ?(?:\S{1,40} )?(?:Got completion from peer|Got async event|async fatal event)|"
     r"NET/OFI Request \S{1,40} completed with error|NET/\w{1,20} ?: ?\w{0,40} ?failed|"
     r"socket\w{0,30}: Call to \w{1,12} (?:from|to) \S{1,80} failed|\bNet : Call to \w{1,12}|"
-    r"Call to connect failed|Socket creation failed"
+    r"Call to connect failed|Socket creation failed|\bNet : Connection (?:closed|reset|refused|timed out)"
 )
 # Configuration complaints (deprecated variables, ignored settings) are worth a look, not a page.
 _CONFIG_WARN_RE: Final = re.compile(

@@ -85,7 +85,7 @@ _BENIGN_RE: Final = re.compile(
     r"\b(?:no|0|zero|without|ignor\w{1,4})[ \t]+(?:\w{1,20}[ \t]+)?(?:errors?|failures?|faults?)\b|"
     r"\b(?:errors?|failures?|faults?)[ \t]*[:=][ \t]*(?:0|none|no|ok|n/a)\b|error_file|errorfile|"
     r"\b[A-Z]{1,20}_\w{0,40}?(?:TIMEOUT|ERROR|RETRY)|\b(?:timeout|retry)[ \t]*[:=(][ \t]*\d|"
-    r"\bDEBUG\b|\bdown(?:load|sampl|stream)|"
+    r"\bDEBUG\b|\bdown(?:load|sampl|stream)|\bshut(?:ting)?[ \t]+down\b|"
     r"\b[a-z_.]{0,30}(?:panic|timeout|retry|error|fail|abort|oom)[a-z_.]{0,20}=[\w.,:-]{0,40}|"
     # Hedged advice ("this can potentially cause a hang if ...") names a risk, not a failure.
     r"\b(?:can|could|may|might)[ \t]+(?:potentially[ \t]+)?(?:cause|lead[ \t]+to|result[ \t]+in)[ \t]+"
@@ -129,6 +129,9 @@ _RELAYED_XID_RE: Final = re.compile(
     r"(?<![A-Za-z0-9_])(?:XID|Xid|xid)s?"
     r"(?:[ \t]{1,3}(?:[Ee]rrors?|ERRORS?|[Cc]ode|[Ee]vent|detected|reported|found|occurred)){0,2}[ \t]{0,3}"
     r"(?:[:=#]|is)?[ \t]{0,3}['\"]?(?P<code>\d{1,3})(?![\d.]|:\d)"
+)
+_XID_CONDITION_RE: Final = re.compile(
+    r"\bXid\w{0,30}\b[^\n{]{0,200}\{[ \t]*\"(?P<code>\d{1,3})\"[ \t]*:[ \t]*true\b"
 )
 _MEMORY_CRITICAL_RE: Final = re.compile(
     r"uncorrect(?:able|ed)[ \t]+(?:ECC|memory|DRAM|SRAM|HBM|DBE)|(?:ECC|DRAM|SRAM|HBM)[ \t]+uncorrect(?:able|ed)|"
@@ -266,6 +269,9 @@ def _xid_events(text: str) -> list[Classified]:
     if "id" not in text and "ID" not in text:
         return []
     match = _RELAYED_XID_RE.search(text)
+    if match is None and "{" in text:
+        # A Kubernetes node condition (GKE's device plugin): ``XidCriticalError True ... {"31":true}``.
+        match = _XID_CONDITION_RE.search(text)
     if match is None:
         return []
     code = parse_int(match.group("code"))

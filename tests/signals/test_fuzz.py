@@ -60,6 +60,12 @@ FRAGMENTS = [
     "Pass",
     "Gloo connectFullMesh failed with [",
     "no progress",
+    "XidCriticalError     True    ",
+    '{"31":true}',
+    "NVRM: A GPU crash dump has been created.",
+    "ERROR_GPU_IS_LOST",
+    "Net : Connection closed by remote peer ",
+    "shutting down",
     ":",
     "[",
     "]",
@@ -143,6 +149,8 @@ PATHOLOGICAL = [
     "NCCL WARN NET/IB: NCCL_" + "A" * 100_000 + " is out of range",
     "can could may might cause lead to " * 10_000,
     "| Page Retirement | " * 20_000,
+    "XidCriticalError " + " " * 100_000 + '{"31":true}',
+    "Xid" + "{" * 100_000,
 ]
 
 

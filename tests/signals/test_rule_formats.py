@@ -209,3 +209,75 @@ def test_gloo_full_mesh_setup_failure_stops_the_job(rank: int, cause: str) -> No
     line = f"[rank{rank}]:[E421 02:05:38.764490322 ProcessGroupGloo.cpp:143] Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/{cause}"
     event = classify_text(line)
     assert (event.kind, event.severity, event.rank) == ("torch_other_error", "critical", rank)
+
+
+# --- rules from the second batch of the held-out set (records with "batch": 2) --------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "severity"),
+    [
+        (
+            "W0227 17:39:41.936000 293817 torch/distributed/elastic/agent/server/api.py:719] Received 15 death "
+            "signal, shutting down workers",
+            "info",
+        ),
+        ("the job is shutting down after 3 epochs", "info"),
+        ("[ 4120.556101] mlx5_core 0000:01:00.1 enp1s0f1: Link down", "warning"),
+        ("node3 went down during the step", "warning"),
+    ],
+)
+def test_an_orderly_shutdown_is_not_a_link_or_node_down(line: str, severity: str) -> None:
+    assert classify_text(line).severity == severity
+
+
+@given(
+    st.tuples(st.integers(0, 255), st.integers(0, 255), st.integers(0, 255), st.integers(0, 255)),
+    st.integers(1, 65535),
+    st.sampled_from(["closed by remote peer", "reset by peer", "refused", "timed out"]),
+)
+def test_quoted_nccl_socket_failure_without_prefix(ip: tuple[int, ...], port: int, what: str) -> None:
+    """NCCL's "Last error:" payload quoted on its own line is still NCCL's network failure."""
+    peer = ".".join(map(str, ip))
+    event = classify_text(f"Net : Connection {what} {peer}<{port}>")
+    assert (event.kind, event.severity) == ("nccl_warn_net", "critical")
+
+
+@pytest.mark.parametrize("prefix", ["", "failed to get remapped rows for GPU-ac89: ", "nvml: "])
+def test_nvml_gpu_lost_enum_is_critical(prefix: str) -> None:
+    for name in ("ERROR_GPU_IS_LOST", "NVML_ERROR_GPU_IS_LOST"):
+        event = classify_text(f"{prefix}failed to get device remapped rows: {name}")
+        assert (event.kind, event.severity) == ("other", "critical")
+
+
+def test_driver_crash_dump_notice_is_the_follow_up_of_an_xid() -> None:
+    notice = "[1084456.074591] NVRM: A GPU crash dump has been created. If possible, please run"
+    assert (classify_text(notice).kind, classify_text(notice).severity) == ("other", "warning")
+    # The failure itself keeps its reading.
+    xid = "[1084456.074562] NVRM: Xid (PCI:0000:09:00): 79, pid=0, GPU has fallen off the bus."
+    assert (classify_text(xid).kind, classify_text(xid).severity) == ("xid", "critical")
+
+
+@pytest.mark.parametrize(
+    ("device", "pci"),
+    [
+        ("pcieport 0000:00:01.1", None),
+        ("nvidia 0000:3b:00.0", "0000:3b:00"),
+        ("pci 0000:17:00.0", "0000:17:00"),
+    ],
+)
+def test_aer_severity_line_records_only_a_device_not_a_root_port(device: str, pci: str | None) -> None:
+    event = classify_text(
+        f"[1086487.613071] {device}: AER: PCIe Bus Error: severity=Corrected, type=Data Link Layer"
+    )
+    assert (event.kind, event.severity, event.pci_bus) == ("other", "info", pci)
+
+
+@given(st.sampled_from([13, 31, 43, 45, 48, 63, 64, 74, 79, 94, 95, 119, 154]), st.integers(0, 10**6))
+def test_kubernetes_xid_node_condition(code: int, seconds: int) -> None:
+    line = (
+        f"  XidCriticalError     True    Mon, 23 Jun 2025 18:45:43 +0000   Mon, 23 Jun 2025 18:44:57 +0000   "
+        f'{{"{code}":true}}                  6e43a052-e544-467b-a972-{seconds:012d}'
+    )
+    event = classify_text(line)
+    assert (event.kind, event.xid) == ("xid", code)
