@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from sentinel.fr.errors import FrFormatError
+from sentinel.fr.errors import FrFormatError, entry_at
 
 INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
 Int64 = Annotated[int, msgspec.Meta(ge=INT_MIN, le=INT_MAX)]
@@ -61,20 +61,70 @@ _ENTRIES = list[_Entry]
 pack = msgspec.msgpack.Encoder().encode
 
 
-def coerce_entries(entries: list[Any], source: str) -> list[Any]:
+def coerce_entries(entries: list[Any], source: str, first: int = 0) -> list[Any]:
     """Every entry as a struct of exactly typed fields (absent ones at their defaults); FrFormatError
-    naming the first entry and field that cannot be read as the format says."""
+    naming the first entry (``FILE: entries[N] (record_id R)``, see :func:`~sentinel.fr.errors.entry_at`;
+    ``first``: the file index of ``entries[0]``) and field that cannot be read as the format says.
+
+    A key that is not a string is ignored, as an unknown string key is (the direct reading in
+    :func:`sentinel.fr.summary.summarize` looks fields up by name and never sees it): PyTorch writes
+    only string keys, a pickle can hold others, and a key that names no field carries nothing the
+    analysis reads — refusing it would refuse a dump whose every field is sound. msgspec refuses any
+    key but an exact ``str``, so such entries are rebuilt without them (a key of a ``str`` subclass as
+    its plain text) and the whole list converted again: the cost is paid only by such a dump."""
     try:
         return msgspec.convert(entries, _ENTRIES, strict=False)
     except msgspec.ValidationError as exc:
-        text = str(exc)
-        where = re.search(r"at `\$\[(\d+)\]\.?(\w*)", text)
-        what = text.split(" - at ", 1)[0][:100]
-        if what.startswith(("Expected `int` <=", "Expected `int` >=")):
-            what = "out of range, expected a 64-bit integer"
-        if where:
-            field = f" field {where[2]!r}:" if where[2] else ""
-            raise FrFormatError(f"{source}: entry {where[1]}:{field} {what}") from None
-        raise FrFormatError(f"{source}: entries: {what}") from None
+        if " - at `key` in `$[" not in str(exc):
+            raise _named(exc, entries, source, first) from None
     except RecursionError:
         raise FrFormatError(f"{source}: entries nest too deeply") from None
+    entries = _string_keys(entries)
+    try:
+        return msgspec.convert(entries, _ENTRIES, strict=False)
+    except msgspec.ValidationError as exc:
+        raise _named(exc, entries, source, first) from None
+    except RecursionError:
+        raise FrFormatError(f"{source}: entries nest too deeply") from None
+
+
+def _string_keys(entries: list[Any]) -> list[Any]:
+    """The entries with every key that is not a ``str`` dropped (see :func:`coerce_entries`). Each
+    distinct dict is rebuilt once, however often it is referenced (a pickle's memo can reference one
+    dict of many keys from every entry: the work stays linear in the file)."""
+    done: dict[int, Any] = {}
+    out = []
+    for e in entries:
+        clean = done.get(id(e))
+        if clean is None:
+            clean = e
+            if isinstance(e, dict) and not all(type(k) is str for k in e):
+                clean = {str.__str__(k): v for k, v in e.items() if isinstance(k, str)}
+            done[id(e)] = clean
+        out.append(clean)
+    return out
+
+
+_WHERE = re.compile(r" - at `\$\[(\d+)\]\.?([\w.\[\]]*)`$")
+_JSON_KIND = {"null": "None", "array": "a list", "str": "a string", "int": "an integer", "float": "a float"}
+_MISSING = re.compile(r"Object missing required field `(\w+)`")
+
+
+def _named(exc: msgspec.ValidationError, entries: list[Any], source: str, first: int) -> FrFormatError:
+    """msgspec's message (``Expected `int`, got `str` - at `$[17].input_sizes```) as one line naming
+    the file, the entry and its field, as the direct reading names them."""
+    text = str(exc)
+    what = text.split(" - at ", 1)[0][:100]
+    where = _WHERE.search(text)
+    if where is None:
+        return FrFormatError(f"{source}: entries: {what}")
+    field = where[2]
+    missing = _MISSING.match(what)
+    if missing:
+        field, what = missing[1], "missing (a required field)"
+    elif what.startswith(("Expected `int` <=", "Expected `int` >=")):
+        what = "out of range, expected a 64-bit integer"
+    elif not field and what.startswith("Expected `object`, got `"):
+        what = f"is {_JSON_KIND.get(what[24:-1], 'a ' + what[24:-1])}, expected a dict"
+    at = entry_at(source, entries, int(where[1]), first)
+    return FrFormatError(f"{at}: {field}: {what}" if field else f"{at}: {what}")

@@ -7,6 +7,8 @@ print it and exit 2 and daemons can log and count it — never a traceback.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class FrFormatError(ValueError):
     """A flight-recorder dump (or snapshot) is unusable: corrupt, refused, too large or of unknown shape."""
@@ -25,3 +27,19 @@ def brief(value: object, limit: int = 30) -> str:
     if isinstance(value, list | tuple | dict | set):
         return f"a {type(value).__name__} of {len(value)}"
     return f"a {type(value).__name__}"
+
+
+def entry_at(source: str, entries: list[Any], index: int, first: int = 0) -> str:
+    """``FILE: entries[N] (record_id R)``: where a bad entry is, the same on every decode path.
+
+    ``N`` is the entry's index in the file's ``entries`` list: ``first`` is the file index of
+    ``entries[0]`` (the recent-tail decoder, :mod:`sentinel.fr.recent`, hands over only the newest
+    entries). ``record_id`` is PyTorch's own running number of the entry (what ``torchfrtrace`` and a
+    user's own tools show), shown when the entry has a 64-bit integer one. ``entries`` holds the decoded dicts
+    or the structs of :func:`sentinel.fr.coerce.coerce_entries`."""
+    entry = entries[index] if 0 <= index < len(entries) else None
+    record_id = entry.get("record_id") if isinstance(entry, dict) else getattr(entry, "record_id", None)
+    where = f"{source}: entries[{first + index}]"
+    if type(record_id) is int and -(1 << 63) <= record_id < 1 << 63:
+        where += f" (record_id {record_id})"
+    return where

@@ -25,7 +25,7 @@ from itertools import pairwise
 from operator import attrgetter, itemgetter
 from typing import Any, NamedTuple
 
-from sentinel.fr.errors import FrFormatError, brief
+from sentinel.fr.errors import FrFormatError, brief, entry_at
 from sentinel.fr.loader import RawDump
 from sentinel.fr.ops import (
     MIXED_BACKENDS,
@@ -49,6 +49,7 @@ INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
 #: Most tensors per entry and dims per tensor shape accepted (a coalesced op carries one per tensor).
 MAX_TENSORS = 1 << 16
 MAX_DIMS = 64
+_INF = float("inf")
 
 
 class KeyInfo(NamedTuple):
@@ -299,34 +300,36 @@ def _int(value: Any, what: str, source: str) -> int:
     raise FrFormatError(f"{source}: {what} is {brief(value)}, expected a 64-bit integer")
 
 
-def _sizes(value: Any, what: str, index: int, source: str) -> str:
+class _BadField(Exception):
+    """What is wrong with a field of the current entry; :func:`_summarize` says which entry it is."""
+
+
+def _sizes(value: Any, what: str) -> str:
     """Canonical text of a list of tensor shapes (lists of ints), checked for shape and bounds in one
-    linear pass; FrFormatError otherwise (never ``str()`` of hostile nesting)."""
+    linear pass; :class:`_BadField` otherwise (never ``str()`` of hostile nesting)."""
     if value is None:
         return ""
     if type(value) not in (list, tuple) or len(value) > MAX_TENSORS:
-        raise FrFormatError(f"{source}: entry {index}: {what} is {brief(value)}, expected a list of shapes")
+        raise _BadField(f"{what} is {brief(value)}, expected a list of shapes")
     parts = []
     for shape in value:
         if type(shape) not in (list, tuple) or len(shape) > MAX_DIMS:
-            raise FrFormatError(f"{source}: entry {index}: {what} holds {brief(shape)}, expected a shape")
+            raise _BadField(f"{what} holds {brief(shape)}, expected a shape")
         for dim in shape:
             if type(dim) is not int or not INT_MIN <= dim <= INT_MAX:
-                raise FrFormatError(
-                    f"{source}: entry {index}: {what} holds dimension {brief(dim)}, expected a 64-bit integer"
-                )
+                raise _BadField(f"{what} holds dimension {brief(dim)}, expected a 64-bit integer")
         parts.append(",".join(map(str, shape)))
     return "[" + "],[".join(parts) + "]" if parts else ""
 
 
-def _dtypes(value: Any, what: str, index: int, source: str) -> list[str]:
+def _dtypes(value: Any, what: str) -> list[str]:
     if value is None:
         return []
     if type(value) not in (list, tuple) or len(value) > MAX_TENSORS:
-        raise FrFormatError(f"{source}: entry {index}: {what} is {brief(value)}, expected a list of names")
+        raise _BadField(f"{what} is {brief(value)}, expected a list of names")
     for d in value:
-        if type(d) is not str:
-            raise FrFormatError(f"{source}: entry {index}: {what} holds {brief(d)}, expected a dtype name")
+        if not isinstance(d, str):  # a str subclass reads as its text, as in every other field
+            raise _BadField(f"{what} holds {brief(d)}, expected a dtype name")
     return list(value)
 
 
@@ -378,7 +381,8 @@ def summarize(dump: RawDump, *, coerce: bool = False) -> RankSummary:
             pass
     from sentinel.fr.coerce import coerce_entries, pack
 
-    return _summarize(dump, coerce_entries(dump.entries, dump.source), True, pack)
+    entries = coerce_entries(dump.entries, dump.source, dump.n_entries - len(dump.entries))
+    return _summarize(dump, entries, True, pack)
 
 
 def _marshal_pack(fields: tuple[Any, ...]) -> bytes:
@@ -522,10 +526,10 @@ def _summarize(
                     ck = (profiling, b"")  # not serializable: the checks below name what is wrong
                 cached = key_cache.get(ck) if ck[1] else None
                 if cached is None:
-                    in_sizes = _sizes(fields[0], "input_sizes", index, source)
-                    out_sizes = _sizes(fields[1], "output_sizes", index, source)
-                    dtypes = _dtypes(fields[2], "input_dtypes", index, source)
-                    dtypes += _dtypes(fields[3], "output_dtypes", index, source)
+                    in_sizes = _sizes(fields[0], "input_sizes")
+                    out_sizes = _sizes(fields[1], "output_sizes")
+                    dtypes = _dtypes(fields[2], "input_dtypes")
+                    dtypes += _dtypes(fields[3], "output_dtypes")
                     cached = key_cache[ck] = _new_key(
                         profiling, fields, (in_sizes, out_sizes), dtypes, key_info
                     )
@@ -568,13 +572,15 @@ def _summarize(
             else:
                 if seq > b.done:  # noqa: PLR1730 - a call per entry costs more than the comparison
                     b.done = seq
-                if duration is not None and duration >= 0:
+                if duration is not None and 0.0 <= duration < _INF:  # NaN, inf: no duration
                     durations.append(duration)
-    except (FrFormatError, _Inexact):
+    except (FrFormatError, _Inexact, _BadField) as exc:
         if (
             not coerced
         ):  # the error named must be the first bad field of the file: coerce_entries checks them all
             raise _Inexact from None
+        if isinstance(exc, _BadField):
+            raise FrFormatError(f"{_entry_at(dump, entries, index)}: {exc}") from None
         raise
     except (
         KeyError,
@@ -587,7 +593,7 @@ def _summarize(
     ) as exc:
         if not coerced:
             raise _Inexact from None
-        raise FrFormatError(f"{source}: entry {index}: malformed ({type(exc).__name__})") from None
+        raise FrFormatError(f"{_entry_at(dump, entries, index)}: malformed ({type(exc).__name__})") from None
     groups = [_finish(b) for b in builders.values()]
     _apply_status(dump, groups, source, {b.pg_id: b for b in builders.values() if b.pg_id >= 0})
     _apply_config(dump, groups)
@@ -604,8 +610,9 @@ def _summarize(
     )
 
 
-def _bad(source: str, index: int, what: str, value: Any) -> str:
-    raise FrFormatError(f"{source}: entry {index}: {what} is {brief(value)}, expected a string")
+def _entry_at(dump: RawDump, entries: list[Any], index: int) -> str:
+    """Where entry ``index`` is in the file (the recent-tail decoder hands over the newest entries only)."""
+    return entry_at(dump.source, entries, index, dump.n_entries - len(entries))
 
 
 def _new_key(

@@ -233,7 +233,33 @@ def _deep(depth: int) -> Any:
     return value
 
 
-_field_values = st.one_of(_leaf, _nested, st.integers(200, 3000).map(_deep))
+class _Dict(dict[Any, Any]):
+    """A dict subclass (an in-process caller's entry)."""
+
+
+class _Str(str):
+    """A str subclass: no pickle or JSON decodes one, but an in-process caller may hand one over."""
+
+
+_shapes = st.lists(  # tensor shapes with the odd dim: bool (an int subclass), None, float, huge, a list
+    st.lists(
+        st.one_of(st.integers(0, 99), st.booleans(), st.none(), st.just(64.0), _huge, st.just([1])),
+        max_size=3,
+    ),
+    max_size=2,
+)
+_field_values = st.one_of(
+    _leaf,
+    _nested,
+    st.integers(200, 3000).map(_deep),
+    st.integers(-(2**60), 2**60).map(float),  # an integral float where an int belongs
+    st.integers(-(2**70), 2**70).map(str),  # a number as text
+    st.sampled_from(["completed", "scheduled", "nccl:all_reduce", "Float", "true"]).map(_Str),
+    _shapes,
+    st.lists(st.one_of(st.just("Float"), st.none(), st.just(_Str("Float")), st.integers()), max_size=2),
+    st.tuples(st.text(max_size=3), st.text(max_size=3)),
+    st.tuples(st.text(max_size=3).map(_Str), st.one_of(st.none(), st.integers())),
+)
 _fields = st.sampled_from(
     [
         "profiling_name",
@@ -254,6 +280,18 @@ _fields = st.sampled_from(
         "time_discovered_started_ns",
     ]
 )
+#: Entry keys: the fields, unknown names, and keys a pickle can hold that are not strings at all
+_keys = st.one_of(
+    _fields,
+    _fields.map(_Str),
+    st.just("unknown_field"),
+    st.integers(-(2**70), 2**70),
+    st.booleans(),
+    st.none(),
+    st.binary(max_size=4),
+    st.floats(allow_nan=False),
+    st.tuples(st.integers(0, 3)),
+)
 
 
 @st.composite
@@ -271,7 +309,10 @@ def _dump_sets(draw: st.DrawFn) -> list[dict[str, Any]]:
             if not es:
                 break
             i = draw(st.integers(0, len(es) - 1))
-            es[i][draw(_fields)] = draw(_field_values)
+            es[i][draw(_keys)] = draw(_field_values)
+        if es and draw(st.integers(0, 9)) == 0:  # an entry that is not a dict, or a dict subclass
+            i = draw(st.integers(0, len(es) - 1))
+            es[i] = draw(st.one_of(_leaf, st.just(_Dict(es[i])), st.lists(st.integers(), max_size=2)))
         if shared is not None and draw(st.booleans()):
             es.extend([shared] * draw(st.integers(1, 5)))  # shared references, as the pickle memo makes them
         status = draw(
@@ -341,9 +382,32 @@ def test_fuzz_reading_entries_directly_or_through_msgspec_agrees(
     for r, top in enumerate(dumps):
         for e in top["entries"][:1]:
             for field in dropped:
-                e.pop(field, None)  # older formats lack fields; a required one missing is an error
+                if isinstance(e, dict):
+                    e.pop(field, None)  # older formats lack fields; a required one missing is an error
+        _assert_both_paths_agree(top, r, is_json=False)
+
+
+def _assert_both_paths_agree(top: Any, rank: int, *, is_json: bool) -> None:
+    """The same decoded dump read directly and forced through msgspec: the same summary or the same line."""
+    try:
+        dump = parse_dump(top, rank=rank, source=f"rank{rank}", is_json=is_json)
+    except FrFormatError:
+        return
+    direct, through_msgspec = _summary_or_error(dump, False), _summary_or_error(dump, True)
+    assert direct == through_msgspec
+    if isinstance(direct, str):  # one line naming the file (and the entry, when an entry is wrong)
+        assert direct.startswith(f"rank{rank}: ") and "\n" not in direct, direct
+        assert "entry " not in direct, direct  # entries are named entries[N] on every path
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_dump_sets())
+def test_fuzz_json_dumps_read_directly_or_through_msgspec_agree(dumps: list[dict[str, Any]]) -> None:
+    """JSON keys are always strings but the values vary as much (huge integers, NaN, bools, nesting):
+    the dumps written as JSON (keys a JSON object cannot hold skipped) and parsed back agree too."""
+    for r, top in enumerate(dumps):
         try:
-            dump = parse_dump(top, rank=r, source=f"rank{r}", is_json=False)
-        except FrFormatError:
-            continue
-        assert _summary_or_error(dump, False) == _summary_or_error(dump, True)
+            text = json.dumps(top, skipkeys=True)
+        except (ValueError, RecursionError):
+            continue  # nested deeper than the writer goes
+        _assert_both_paths_agree(json.loads(text), r, is_json=True)

@@ -80,7 +80,10 @@ def test_old_format_seq_id_and_no_process_group(tmp_path: Path) -> None:
         ({"version": "1.0", "entries": []}, "version"),
         ({"version": "2.10", "entries": {}}, "entries"),
         ([1, 2], "top level"),
-        ({"version": "2.10", "entries": [{"profiling_name": "nccl:all_reduce"}]}, "entry 0"),
+        (
+            {"version": "2.10", "entries": [{"profiling_name": "nccl:all_reduce"}]},
+            r"entries\[0\]: time_created_ns: missing",
+        ),
         ({"version": "2.10", "entries": [entry("0", 1) | {"time_created_ns": "soon"}]}, "time_created_ns"),
     ],
 )

@@ -1,0 +1,268 @@
+"""What an entry field may hold: every case gives the same answer whether the dump is read directly
+(sets under ``COERCE_FROM`` dumps, :func:`sentinel.fr.summary.summarize`) or through msgspec (larger
+sets, :mod:`sentinel.fr.coerce`), from a pickle or from JSON, decoded in full or only its newest entries.
+
+The rule (see docs/flight-recorder.md, "What is refused, what is ignored"): a key that names no field the
+analysis reads — unknown, or not a string at all — is ignored; a value is read as the format's type when
+it converts losslessly (``"3"`` or ``3.0`` for 3, ``1`` for True, a ``str`` subclass as its text);
+anything else in a field the analysis reads is refused with one line naming the file, the entry
+(``entries[N] (record_id R)``) and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sentinel.fr.dumpset import COERCE_FROM
+from sentinel.fr.errors import FrFormatError
+from sentinel.fr.loader import load_dump, parse_dump
+from sentinel.fr.summary import summarize
+from tests.fr.synth import entry
+from tests.support import REPO
+
+BAD = 2  # the entry each case changes; its record_id is RECORD0 + BAD
+RECORD0 = 700
+
+
+class _Str(str):
+    """A str subclass (no decoder makes one; an in-process caller may)."""
+
+
+def _entries(n: int = 5) -> list[dict[str, Any]]:
+    es = [entry("0", s, desc="default_pg", t_ms=10 * s) for s in range(1, n + 1)]
+    for i, e in enumerate(es):
+        e["record_id"] = RECORD0 + i
+    es[-1]["retired"], es[-1]["state"] = False, "scheduled"  # one pending: the summary has content
+    return es
+
+
+def _set(field: Any, value: Any) -> Callable[[dict[str, Any]], None]:
+    def change(e: dict[str, Any]) -> None:
+        e[field] = value
+
+    return change
+
+
+def _drop(field: str) -> Callable[[dict[str, Any]], None]:
+    def change(e: dict[str, Any]) -> None:
+        del e[field]
+
+    return change
+
+
+SAME = "same as the clean dump"  # ignored, or read as exactly the value the clean dump has
+READ = "an analysis"  # accepted (the summary may differ from the clean one)
+
+#: (case, change to entry BAD, whether JSON can express it, expected: SAME, READ or the error's tail)
+CASES: list[tuple[str, Callable[[dict[str, Any]], None], bool, str]] = [
+    # keys: only names the analysis reads matter
+    ("unknown str key", _set("my_field", [[1, 2]]), True, SAME),
+    ("int key", _set(7, "x"), True, SAME),  # JSON writes it as "7": an unknown name
+    ("bool key", _set(True, 1), True, SAME),
+    ("None key", _set(None, 1), True, SAME),
+    ("float key", _set(1.5, 1), True, SAME),
+    ("bytes key", _set(b"state", 1), False, SAME),
+    ("tuple key", _set((1, 2), 1), False, SAME),
+    ("str-subclass unknown key", _set(_Str("zz"), 1), False, SAME),
+    # values converted losslessly to the format's type
+    ("seq as text", _set("collective_seq_id", "3"), True, SAME),
+    ("seq as an integral float", _set("collective_seq_id", 3.0), True, SAME),
+    ("retired as 1", _set("retired", 1), True, SAME),
+    ("profiling_name of a str subclass", _set("profiling_name", _Str("nccl:all_reduce")), False, SAME),
+    ("state of a str subclass", _set("state", _Str("completed")), False, SAME),
+    ("dtype of a str subclass", _set("input_dtypes", [_Str("Float")]), False, SAME),
+    ("process_group as a list", _set("process_group", ["0", "default_pg"]), True, SAME),
+    ("sizes as tuples", _set("input_sizes", ((64,),)), False, SAME),
+    ("NaN duration", _set("duration_ms", float("nan")), True, SAME),  # no duration, as when absent
+    ("inf duration", _set("duration_ms", float("inf")), True, SAME),
+    ("negative duration", _set("duration_ms", -1.0), True, SAME),
+    ("int duration", _set("duration_ms", 5), True, READ),
+    ("no collective_seq_id (old formats)", _drop("collective_seq_id"), True, READ),
+    ("unread field of any type", _set("timeout_ms", [[2**80]]), True, SAME),
+    # refused, naming the entry and the field
+    ("bool for seq", _set("collective_seq_id", True), True, "collective_seq_id: Expected `int | null`, got `bool`"),
+    ("bool for time", _set("time_created_ns", False), True, "time_created_ns: Expected `int`, got `bool`"),
+    ("bool for pg_id", _set("pg_id", True), True, "pg_id: Expected `int`, got `bool`"),
+    ("fractional float for seq", _set("collective_seq_id", 3.5), True, "collective_seq_id: Expected `int | null`, got `float`"),
+    ("text for time", _set("time_created_ns", "soon"), True, "time_created_ns: Expected `int`, got `str`"),
+    ("None for op_id", _set("op_id", None), True, "op_id: Expected `int`, got `null`"),
+    ("seq 2^63", _set("collective_seq_id", 2**63), True, "collective_seq_id: out of range, expected a 64-bit integer"),
+    ("time 2^64", _set("time_created_ns", 2**64), True, "time_created_ns: out of range, expected a 64-bit integer"),
+    ("time 2^70", _set("time_created_ns", -(2**70)), True, "time_created_ns: out of range, expected a 64-bit integer"),
+    ("bool duration", _set("duration_ms", True), True, "duration_ms: Expected `float | null`, got `bool`"),
+    ("state not a string", _set("state", 3), True, "state: Expected `str | null`, got `int`"),
+    ("retired as text", _set("retired", "maybe"), True, "retired: Expected `bool | null`, got `str`"),
+    ("process_group of 3", _set("process_group", ("0", "", "x")), True, "process_group: Expected `array` of length 2, got 3"),
+    ("process_group desc not a string", _set("process_group", ("0", 5)), True, "process_group[1]: Expected `str`, got `int`"),
+    ("nested list in sizes", _set("input_sizes", [[[1]]]), True, "input_sizes holds dimension a list of 1, expected a 64-bit integer"),
+    ("None in sizes", _set("input_sizes", [None]), True, "input_sizes holds None, expected a shape"),
+    ("None dim", _set("output_sizes", [[None]]), True, "output_sizes holds dimension None, expected a 64-bit integer"),
+    ("bool dim", _set("input_sizes", [[True]]), True, "input_sizes holds dimension True, expected a 64-bit integer"),
+    ("float dim", _set("input_sizes", [[64.0]]), True, "input_sizes holds dimension 64.0, expected a 64-bit integer"),
+    ("dim 2^64", _set("input_sizes", [[2**64]]), True, "input_sizes holds dimension an integer of 65 bits, expected a 64-bit integer"),
+    ("sizes as text", _set("input_sizes", "[[64]]"), True, "input_sizes is '[[64]]', expected a list of shapes"),
+    ("None in dtypes", _set("input_dtypes", [None]), True, "input_dtypes holds None, expected a dtype name"),
+    ("dtypes as text", _set("output_dtypes", "Float"), True, "output_dtypes is 'Float', expected a list of names"),
+    ("no profiling_name", _drop("profiling_name"), True, "profiling_name: missing (a required field)"),
+    ("no time_created_ns", _drop("time_created_ns"), True, "time_created_ns: missing (a required field)"),
+]  # fmt: skip
+
+
+def _both(dump: Any) -> tuple[Any, Any]:
+    out = []
+    for coerce in (False, True):
+        try:
+            out.append(summarize(dump, coerce=coerce).to_plain())
+        except FrFormatError as exc:
+            out.append(str(exc))
+    return out[0], out[1]
+
+
+def _check(got: Any, clean: Any, expected: str, source: str) -> None:
+    if expected == SAME:
+        assert got == clean
+    elif expected == READ:
+        assert not isinstance(got, str), got
+    else:
+        assert got == f"{source}: entries[{BAD}] (record_id {RECORD0 + BAD}): {expected}"
+
+
+@pytest.mark.parametrize(("change", "expected"), [c[1::2] for c in CASES], ids=[c[0] for c in CASES])
+def test_pickled_entry_fields_read_the_same_on_both_paths(
+    change: Callable[[dict[str, Any]], None], expected: str
+) -> None:
+    es = _entries()
+    [clean, _] = _both(parse_dump({"version": "2.10", "entries": es}, rank=0, source="F", is_json=False))
+    change(es[BAD])
+    direct, through_msgspec = _both(
+        parse_dump({"version": "2.10", "entries": es}, rank=0, source="F", is_json=False)
+    )
+    assert direct == through_msgspec
+    _check(direct, clean, expected, "F")
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"), [c[1::2] for c in CASES if c[2]], ids=[c[0] for c in CASES if c[2]]
+)
+def test_json_entry_fields_read_the_same_on_both_paths(
+    tmp_path: Path, change: Callable[[dict[str, Any]], None], expected: str
+) -> None:
+    """torch writes JSON dumps too (``_dump_fr_trace_json``): keys are strings, the values vary as much."""
+    es = _entries()
+    clean_path = tmp_path / "clean_rank_0.json"
+    clean_path.write_text(json.dumps({"version": "2.10", "entries": es}))
+    [clean, _] = _both(load_dump(clean_path))
+    change(es[BAD])
+    path = tmp_path / "nccl_trace_rank_0.json"
+    path.write_text(json.dumps({"version": "2.10", "entries": es}))  # int/None/bool keys: as strings
+    direct, through_msgspec = _both(load_dump(path))
+    assert direct == through_msgspec
+    _check(direct, _with_source(clean, str(clean_path), str(path)), expected, str(path))
+
+
+def _with_source(plain: Any, old: str, new: str) -> Any:
+    return plain if isinstance(plain, str) else (plain[0], new, *plain[2:]) if plain[1] == old else plain
+
+
+def test_one_dict_with_many_non_str_keys_shared_by_every_entry_costs_linear_time() -> None:
+    """A pickle's memo lets one dict be every entry: rebuilt once, not once per reference."""
+    e = _entries(1)[0]
+    e.update({i: i for i in range(20_000)})
+    dump = parse_dump({"version": "2.10", "entries": [e] * 20_000}, rank=0, source="F", is_json=False)
+    direct, through_msgspec = _both(dump)
+    assert direct == through_msgspec and not isinstance(direct, str)
+
+
+# ---------------------------------------------------------------- large pickles: only the newest entries
+
+
+def _big_pickle(bad_at: int, change: Callable[[dict[str, Any]], None], n: int = 2000) -> bytes:
+    """A PyTorch-shaped pickle large enough for the recent-tail decoder (frames first, as torch writes)."""
+    frames = [{"name": f"f{i}", "filename": "train.py", "line": i} for i in range(8)]
+    es = []
+    for i in range(n):
+        e = {"frames": [frames[i % 8]], **entry("0", i + 1, desc="default_pg", t_ms=i)}
+        e["record_id"] = RECORD0 + i
+        es.append(e)
+    change(es[bad_at])
+    status = {
+        "0": {"last_enqueued_collective": n, "last_completed_collective": n, "last_started_collective": n}
+    }
+    return pickle.dumps({"version": "2.10", "pg_config": {}, "pg_status": status, "entries": es}, protocol=2)
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [(_set("input_sizes", [[True]]), "input_sizes holds dimension True, expected a 64-bit integer"),
+     (_set("collective_seq_id", True), "collective_seq_id: Expected `int | null`, got `bool`"),
+     (_drop("profiling_name"), "profiling_name: missing (a required field)"),
+     (_set(7, "x"), "")],
+)  # fmt: skip
+def test_a_bad_newest_entry_is_named_by_its_index_in_the_file(
+    tmp_path: Path, change: Callable[[dict[str, Any]], None], expected: str
+) -> None:
+    """Only the newest 128 entries of a large pickle are decoded; the error names the entry's index in
+    the file, as a full decode of the same file does."""
+    path = tmp_path / "nccl_trace_rank_0"
+    path.write_bytes(_big_pickle(1990, change))
+    tail, full = load_dump(path, recent=128), load_dump(path, recent=None)
+    assert tail.total_entries == 2000 and len(tail.entries) == 128  # the tail decoder was used
+    (tail_direct, tail_msgspec), (full_direct, full_msgspec) = _both(tail), _both(full)
+    assert tail_direct == tail_msgspec and full_direct == full_msgspec
+    if not expected:  # ignored: both decodes give an analysis
+        assert not isinstance(tail_direct, str) and not isinstance(full_direct, str)
+        return
+    assert tail_direct == full_direct == f"{path}: entries[1990] (record_id {RECORD0 + 1990}): {expected}"
+
+
+# ---------------------------------------------------------------- the command, either side of COERCE_FROM
+
+
+def _write_set(folder: Path, ranks: int, change: Callable[[dict[str, Any]], None] | None) -> None:
+    folder.mkdir()
+    for r in range(ranks):
+        es = _entries()
+        if change is not None and r == 1:
+            change(es[BAD])
+        (folder / f"nccl_trace_rank_{r}").write_bytes(
+            pickle.dumps({"version": "2.10", "pg_status": {}, "entries": es}, protocol=2)
+        )
+
+
+def _cli(folder: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sentinel", "fr", "analyze", str(folder), "--json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_command_answers_the_same_below_and_at_coerce_from(tmp_path: Path) -> None:
+    """The real threshold: 4 dumps are read directly, COERCE_FROM dumps through msgspec. A bad field is
+    the same one line (exit 2, no traceback) either way; a non-str key is ignored either way."""
+    for ranks in (4, COERCE_FROM):
+        bad = tmp_path / f"bad{ranks}"
+        _write_set(bad, ranks, _set("input_sizes", [["64"]]))
+        proc = _cli(bad)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr == (
+            f"sentinel fr analyze: {bad}/nccl_trace_rank_1: entries[{BAD}] (record_id {RECORD0 + BAD}): "
+            "input_sizes holds dimension '64', expected a 64-bit integer\n"
+        )
+        clean, keyed = tmp_path / f"clean{ranks}", tmp_path / f"keyed{ranks}"
+        _write_set(clean, ranks, None)
+        _write_set(keyed, ranks, _set(7, "an int key"))
+        out_clean, out_keyed = _cli(clean), _cli(keyed)
+        assert out_keyed.returncode == 0 == out_clean.returncode, out_keyed.stderr
+        assert json.loads(out_keyed.stdout.replace(str(keyed), str(clean))) == json.loads(out_clean.stdout)
