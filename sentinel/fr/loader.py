@@ -367,8 +367,8 @@ def _recent_is_enough(dump: RawDump) -> bool:
             enq = int(status.get("last_enqueued_collective", -1))
             done = int(status.get("last_completed_collective", -1))
             key = (int(pg_id), done + 1)
-        except (TypeError, ValueError):
-            return False
+        except (TypeError, ValueError, OverflowError):  # (int() of an infinite float overflows)
+            return False  # the full decode names what is wrong
         if enq > done:
             wanted.add(key)
     if not wanted:  # a dump where no group waits needs none of its entries' ids

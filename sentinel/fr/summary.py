@@ -293,6 +293,8 @@ def _int(value: Any, what: str, source: str) -> int:
     if type(value) is int:
         if INT_MIN <= value <= INT_MAX:
             return value
+    elif type(value) is float and value.is_integer() and INT_MIN <= value < INT_MAX:
+        return int(value)  # read losslessly as the integer, as entry fields are (sentinel.fr.coerce)
     elif isinstance(value, str) and re.fullmatch(r"-?\d{1,19}", value.strip()):
         number = int(value)
         if INT_MIN <= number <= INT_MAX:
@@ -687,9 +689,10 @@ def _apply_status(
             desc = "" if named[1] == "undefined" else named[1]
             group = by_id[key] = GroupTrack(name=named[0], desc=desc, pg_id=key)
             groups.append(group)
-        enq = _int(status.get("last_enqueued_collective", -1), "last_enqueued_collective", source)
-        done = _int(status.get("last_completed_collective", -1), "last_completed_collective", source)
-        started = _int(status.get("last_started_collective", -1), "last_started_collective", source)
+        at = f"pg_status[{brief(pg_id, 20)}]:"
+        enq = _int(status.get("last_enqueued_collective", -1), f"{at} last_enqueued_collective", source)
+        done = _int(status.get("last_completed_collective", -1), f"{at} last_completed_collective", source)
+        started = _int(status.get("last_started_collective", -1), f"{at} last_started_collective", source)
         b = builders.get(key)
         if b is not None and _counts_ops(b, enq):
             ascending = _ascending(b.ops)  # once per group, not per value mapped
@@ -837,7 +840,7 @@ def _parse_ranks(value: Any) -> list[int] | None:
             return None
         try:
             value = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):  # unusable, as any other member list that is not one
             return None
     if isinstance(value, list) and value and set(map(type, value)) == {int}:
         ranks = sorted(set(value))

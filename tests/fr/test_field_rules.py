@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from sentinel.fr.dumpset import COERCE_FROM
-from sentinel.fr.errors import FrFormatError
+from sentinel.fr.errors import FrFormatError, brief
 from sentinel.fr.loader import load_dump, parse_dump
 from sentinel.fr.summary import summarize
 from tests.fr.synth import entry
@@ -266,3 +266,69 @@ def test_the_command_answers_the_same_below_and_at_coerce_from(tmp_path: Path) -
         out_clean, out_keyed = _cli(clean), _cli(keyed)
         assert out_keyed.returncode == 0 == out_clean.returncode, out_keyed.stderr
         assert json.loads(out_keyed.stdout.replace(str(keyed), str(clean))) == json.loads(out_clean.stdout)
+
+
+# ---------------------------------------------------------------- pg_status and pg_config
+
+#: (case, top-level fields, expected: SAME, READ or the error's tail after "F: ")
+TOP_CASES: list[tuple[str, dict[str, Any], str]] = [
+    ("status as text (JSON dumps)", {"pg_status": {"0": {"last_enqueued_collective": "5"}}}, READ),
+    ("status as an integral float", {"pg_status": {"0": {"last_enqueued_collective": 5.0}}}, READ),
+    ("status key as an int", {"pg_status": {0: {"last_enqueued_collective": 5}}}, READ),
+    ("status inf", {"pg_status": {"0": {"last_enqueued_collective": float("inf")}}},
+     "pg_status['0']: last_enqueued_collective is inf, expected a 64-bit integer"),
+    ("status NaN", {"pg_status": {"0": {"last_completed_collective": float("nan")}}},
+     "pg_status['0']: last_completed_collective is nan, expected a 64-bit integer"),
+    ("status bool", {"pg_status": {"0": {"last_started_collective": True}}},
+     "pg_status['0']: last_started_collective is True, expected a 64-bit integer"),
+    ("status 2^64", {"pg_status": {"0": {"last_enqueued_collective": 2**64}}},
+     "pg_status['0']: last_enqueued_collective is an integer of 65 bits, expected a 64-bit integer"),
+    ("status key bool", {"pg_status": {True: {}}}, "pg_status key is True, expected a 64-bit integer"),
+    ("status key tuple", {"pg_status": {(0,): {}}}, "pg_status key is a tuple of 1, expected a 64-bit integer"),
+    ("status not a dict", {"pg_status": {"0": [5]}}, "pg_status['0'] is not a dict"),
+    # pg_config is advisory (gloo writes an empty one): what cannot be used is ignored
+    ("config ranks nested 100,000 deep", {"pg_config": {"0": {"name": "0", "ranks": "[" * 100_000}}}, SAME),
+    ("config ranks of bools", {"pg_config": {"0": {"name": "0", "ranks": [True, False]}}}, SAME),
+    ("config ranks beyond any group", {"pg_config": {"0": {"name": "0", "ranks": [2**70]}}}, SAME),
+    ("config ranks floats and NaN", {"pg_config": {"0": {"name": "0", "ranks": "[0.5, NaN, 1e400]"}}}, SAME),
+    ("config name not a string", {"pg_config": {"0": {"name": ["0"], "ranks": [0]}}}, SAME),
+    ("config key an int", {"pg_config": {0: {"ranks": [0]}}}, SAME),
+    ("config not a dict", {"pg_config": {"0": [0]}}, SAME),
+    ("config desc not a string", {"pg_config": {"x": {"name": "0", "ranks": [0], "desc": 5}}}, READ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("top", "expected"), [c[1:] for c in TOP_CASES], ids=[c[0] for c in TOP_CASES])
+def test_pg_status_and_pg_config_read_the_same_on_both_paths(top: dict[str, Any], expected: str) -> None:
+    [clean, _] = _both(
+        parse_dump({"version": "2.10", "entries": _entries()}, rank=0, source="F", is_json=False)
+    )
+    dump = parse_dump({"version": "2.10", "entries": _entries(), **top}, rank=0, source="F", is_json=False)
+    direct, through_msgspec = _both(dump)
+    assert direct == through_msgspec
+    if expected == SAME:
+        assert direct == clean
+    elif expected == READ:
+        assert not isinstance(direct, str), direct
+    else:
+        assert direct == f"F: {expected}"
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 2**70, "x", True], ids=repr)
+def test_a_bad_pg_status_is_the_same_line_from_the_newest_entries_or_a_full_decode(
+    tmp_path: Path, value: Any
+) -> None:
+    """The recent-tail decoder first asks whether the newest entries are enough (from pg_status): an
+    infinite float there raised OverflowError (a traceback in-process), where a full decode names it."""
+    obj = pickle.loads(_big_pickle(5, lambda e: None))
+    obj["pg_status"]["0"]["last_enqueued_collective"] = value
+    path = tmp_path / "nccl_trace_rank_0"
+    path.write_bytes(pickle.dumps(obj, protocol=2))
+    answers = set()
+    for recent in (128, None):
+        with pytest.raises(FrFormatError) as caught:
+            summarize(load_dump(path, recent=recent))
+        answers.add(str(caught.value))
+    assert answers == {
+        f"{path}: pg_status['0']: last_enqueued_collective is {brief(value)}, expected a 64-bit integer"
+    }

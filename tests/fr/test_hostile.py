@@ -280,6 +280,18 @@ _fields = st.sampled_from(
         "time_discovered_started_ns",
     ]
 )
+_status_fields = st.sampled_from(
+    ["last_enqueued_collective", "last_started_collective", "last_completed_collective", "other"]
+)
+_config_fields = st.sampled_from(["name", "desc", "ranks", "other"])
+#: pg_config member lists (JSON text, as PyTorch writes them), nested past the JSON parser's limit, odd
+_member_lists = st.sampled_from(["[" * 50_000, "[0.5, NaN, 1e400]", "[0, 1]"])
+_config_values = st.one_of(
+    _member_lists,
+    st.lists(st.one_of(st.integers(0, 9), _huge, st.booleans()), max_size=4).map(json.dumps),
+    st.sampled_from(["0", "default_pg"]),
+    _field_values,
+)
 #: Entry keys: the fields, unknown names, and keys a pickle can hold that are not strings at all
 _keys = st.one_of(
     _fields,
@@ -316,16 +328,42 @@ def _dump_sets(draw: st.DrawFn) -> list[dict[str, Any]]:
         if shared is not None and draw(st.booleans()):
             es.extend([shared] * draw(st.integers(1, 5)))  # shared references, as the pickle memo makes them
         status = draw(
-            st.sampled_from(
-                [
-                    {},
-                    {"0": {"last_enqueued_collective": first + n, "last_completed_collective": first}},
-                    {"0": []},
-                ]
+            st.one_of(
+                st.sampled_from(
+                    [
+                        {},
+                        {"0": {"last_enqueued_collective": first + n, "last_completed_collective": first}},
+                        {"0": []},
+                    ]
+                ),
+                st.dictionaries(
+                    _keys, st.one_of(_leaf, st.dictionaries(_status_fields, _field_values)), max_size=2
+                ),
+            )
+        )
+        config = draw(
+            st.one_of(
+                st.just({}),
+                st.dictionaries(
+                    _keys, st.one_of(_leaf, st.dictionaries(_config_fields, _config_values)), max_size=2
+                ),
+                st.fixed_dictionaries(  # the group the entries name, its member list as it comes
+                    {
+                        "0": st.fixed_dictionaries(
+                            {"name": st.just("0"), "ranks": _member_lists | _config_values},
+                            optional={"desc": _leaf},
+                        )
+                    }
+                ),
             )
         )
         dumps.append(
-            {"version": draw(st.sampled_from(["2.10", "2.4", "9", 7])), "pg_status": status, "entries": es}
+            {
+                "version": draw(st.sampled_from(["2.10", "2.4", "9", 7])),
+                "pg_status": status,
+                "pg_config": config,
+                "entries": es,
+            }
         )
     return dumps
 
