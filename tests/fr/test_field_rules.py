@@ -11,22 +11,25 @@ anything else in a field the analysis reads is refused with one line naming the 
 
 from __future__ import annotations
 
+import copy
 import json
 import pickle
-import subprocess
-import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from sentinel.fr.analysis import analyze
 from sentinel.fr.dumpset import COERCE_FROM
 from sentinel.fr.errors import FrFormatError, brief
 from sentinel.fr.loader import load_dump, parse_dump
 from sentinel.fr.summary import summarize
 from tests.fr.synth import entry
-from tests.support import REPO
+from tests.fr.test_hostile import _cli, _field_values, _keys, _status_fields
 
 BAD = 2  # the entry each case changes; its record_id is RECORD0 + BAD
 RECORD0 = 700
@@ -126,13 +129,18 @@ def _both(dump: Any) -> tuple[Any, Any]:
     return out[0], out[1]
 
 
-def _check(got: Any, clean: Any, expected: str, source: str) -> None:
+def _check(got: Any, clean: Any, expected: str, where: str) -> None:
+    """``got`` is as ``expected`` says: the clean dump's summary, a summary, or the line ``where`` + it."""
     if expected == SAME:
         assert got == clean
     elif expected == READ:
         assert not isinstance(got, str), got
     else:
-        assert got == f"{source}: entries[{BAD}] (record_id {RECORD0 + BAD}): {expected}"
+        assert got == where + expected
+
+
+def _at(source: str) -> str:
+    return f"{source}: entries[{BAD}] (record_id {RECORD0 + BAD}): "
 
 
 @pytest.mark.parametrize(("change", "expected"), [c[1::2] for c in CASES], ids=[c[0] for c in CASES])
@@ -146,7 +154,7 @@ def test_pickled_entry_fields_read_the_same_on_both_paths(
         parse_dump({"version": "2.10", "entries": es}, rank=0, source="F", is_json=False)
     )
     assert direct == through_msgspec
-    _check(direct, clean, expected, "F")
+    _check(direct, clean, expected, _at("F"))
 
 
 @pytest.mark.parametrize(
@@ -157,19 +165,14 @@ def test_json_entry_fields_read_the_same_on_both_paths(
 ) -> None:
     """torch writes JSON dumps too (``_dump_fr_trace_json``): keys are strings, the values vary as much."""
     es = _entries()
-    clean_path = tmp_path / "clean_rank_0.json"
-    clean_path.write_text(json.dumps({"version": "2.10", "entries": es}))
-    [clean, _] = _both(load_dump(clean_path))
-    change(es[BAD])
     path = tmp_path / "nccl_trace_rank_0.json"
+    path.write_text(json.dumps({"version": "2.10", "entries": es}))
+    [clean, _] = _both(load_dump(path))
+    change(es[BAD])
     path.write_text(json.dumps({"version": "2.10", "entries": es}))  # int/None/bool keys: as strings
     direct, through_msgspec = _both(load_dump(path))
     assert direct == through_msgspec
-    _check(direct, _with_source(clean, str(clean_path), str(path)), expected, str(path))
-
-
-def _with_source(plain: Any, old: str, new: str) -> Any:
-    return plain if isinstance(plain, str) else (plain[0], new, *plain[2:]) if plain[1] == old else plain
+    _check(direct, clean, expected, _at(str(path)))
 
 
 def test_one_dict_with_many_non_str_keys_shared_by_every_entry_costs_linear_time() -> None:
@@ -237,24 +240,13 @@ def _write_set(folder: Path, ranks: int, change: Callable[[dict[str, Any]], None
         )
 
 
-def _cli(folder: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sentinel", "fr", "analyze", str(folder), "--json"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-        check=False,
-    )
-
-
 def test_the_command_answers_the_same_below_and_at_coerce_from(tmp_path: Path) -> None:
     """The real threshold: 4 dumps are read directly, COERCE_FROM dumps through msgspec. A bad field is
     the same one line (exit 2, no traceback) either way; a non-str key is ignored either way."""
     for ranks in (4, COERCE_FROM):
         bad = tmp_path / f"bad{ranks}"
         _write_set(bad, ranks, _set("input_sizes", [["64"]]))
-        proc = _cli(bad)
+        proc = _cli(bad, "--json")
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr == (
             f"sentinel fr analyze: {bad}/nccl_trace_rank_1: entries[{BAD}] (record_id {RECORD0 + BAD}): "
@@ -263,7 +255,7 @@ def test_the_command_answers_the_same_below_and_at_coerce_from(tmp_path: Path) -
         clean, keyed = tmp_path / f"clean{ranks}", tmp_path / f"keyed{ranks}"
         _write_set(clean, ranks, None)
         _write_set(keyed, ranks, _set(7, "an int key"))
-        out_clean, out_keyed = _cli(clean), _cli(keyed)
+        out_clean, out_keyed = _cli(clean, "--json"), _cli(keyed, "--json")
         assert out_keyed.returncode == 0 == out_clean.returncode, out_keyed.stderr
         assert json.loads(out_keyed.stdout.replace(str(keyed), str(clean))) == json.loads(out_clean.stdout)
 
@@ -306,12 +298,7 @@ def test_pg_status_and_pg_config_read_the_same_on_both_paths(top: dict[str, Any]
     dump = parse_dump({"version": "2.10", "entries": _entries(), **top}, rank=0, source="F", is_json=False)
     direct, through_msgspec = _both(dump)
     assert direct == through_msgspec
-    if expected == SAME:
-        assert direct == clean
-    elif expected == READ:
-        assert not isinstance(direct, str), direct
-    else:
-        assert direct == f"F: {expected}"
+    _check(direct, clean, expected, "F: ")
 
 
 @pytest.mark.parametrize("value", [float("inf"), float("nan"), 2**70, "x", True], ids=repr)
@@ -332,3 +319,52 @@ def test_a_bad_pg_status_is_the_same_line_from_the_newest_entries_or_a_full_deco
     assert answers == {
         f"{path}: pg_status['0']: last_enqueued_collective is {brief(value)}, expected a 64-bit integer"
     }
+
+
+# ---------------------------------------------------------------- the newest entries against a full decode
+
+_BIG = pickle.loads(_big_pickle(0, lambda e: None))
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    st.lists(st.tuples(st.integers(2000 - 128, 1999), _keys, _field_values), max_size=3),
+    st.one_of(st.none(), st.tuples(_status_fields, _field_values)),
+    st.booleans(),
+)
+def test_fuzz_the_newest_entries_give_the_analysis_of_a_full_decode(
+    tmp_path: Path, changes: list[tuple[int, Any, Any]], status: tuple[str, Any] | None, stuck: bool
+) -> None:
+    """Only the newest 128 entries of a large pickle are decoded (when pg_status says they hold every
+    collective still waited in): changed fields among them, or in pg_status, give the same error line
+    as a full decode of the same files, or the same analysis."""
+    folder = tmp_path / str(time.monotonic_ns())
+    folder.mkdir()
+    for r in range(2):
+        top = copy.deepcopy(_BIG)
+        if stuck and r == 1:  # rank 1 still runs its newest collective
+            top["entries"][-1].update(retired=False, state="started")
+            top["pg_status"]["0"]["last_completed_collective"] = 1999
+        for index, key, value in changes if r == 0 else ():
+            top["entries"][index][key] = value
+        if status is not None and r == 0:
+            top["pg_status"]["0"][status[0]] = status[1]
+        try:
+            blob = pickle.dumps(top, protocol=2)
+        except (RecursionError, pickle.PicklingError, TypeError, AttributeError):
+            return  # not picklable as plain data (a str subclass is, as a global the loader refuses)
+        (folder / f"nccl_trace_rank_{r}").write_bytes(blob)
+    answers = []
+    for recent in (128, None):
+        try:
+            summaries = [
+                summarize(load_dump(folder / f"nccl_trace_rank_{r}", recent=recent)) for r in range(2)
+            ]
+            answers.append(analyze(summaries).to_json())
+        except FrFormatError as exc:
+            answers.append(str(exc))
+    assert answers[0] == answers[1]
