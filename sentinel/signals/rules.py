@@ -452,9 +452,14 @@ def _ras_events(text: str) -> list[Classified]:
         return [make_event("nccl_warn_other", "critical", reason="nccl_ras_dead_process", message=clip(text))]
     if _RAS_TIMEOUT_RE.search(text) is not None:
         return [make_event("nccl_warn_other", "warning", reason="nccl_ras_timeout", message=clip(text))]
-    if "rank" in text and _RAS_ERROR_LINE_RE.search(text) is not None and producer(text) != "torch":
-        return [make_event(_kind_for("nccl", text), "critical", reason="nccl_ras_errors", message=clip(text))]
     return []
+
+
+def _ras_error_line_events(text: str) -> list[Classified]:
+    """A line of a RAS report's Errors section quoted alone (``  Asynchronous errors on 2 ranks``)."""
+    if _RAS_ERROR_LINE_RE.search(text) is None:
+        return []
+    return [make_event(_kind_for("nccl", text), "critical", reason="nccl_ras_errors", message=clip(text))]
 
 
 def _link_events(text: str, prod: Producer) -> list[Classified]:
@@ -513,13 +518,11 @@ def rule_events(text: str, found: list[Classified]) -> list[Classified]:
     if "failure" in lower:
         specific = _test_program_events(text)
     if not specific and (
-        text.rstrip()[-1:].isupper()
-        or "#" in text
-        or "dead" in lower
-        or "communicator" in lower
-        or " rank" in lower
+        text.rstrip()[-1:].isupper() or "#" in text or "dead" in lower or "communicator" in lower
     ):
         specific = _ras_events(text)
+    if not specific and " rank" in text and prod != "torch":
+        specific = _ras_error_line_events(text)
     if not specific and any(hint in lower for hint in _LAUNCHER_HINTS):
         specific = _launcher_events(text, prod)
     if not specific and any(hint in lower for hint in _CRASH_HINTS):
