@@ -53,7 +53,7 @@ _SIGNAL_RE: Final = re.compile(
 )
 # nvidia-smi / NVML failures: the driver lost the GPU or cannot talk to it.
 _SMI_ERROR_RE: Final = re.compile(
-    r"Unable to determine the device handle for GPU ?(?P<bdf>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})?|"
+    r"Unable to (?:determine|detect) the device handle for GPU ?(?P<bdf>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})?|"
     r"Failed to initialize NVML|NVIDIA-SMI has failed|GPU is lost|GPU_IS_LOST\b|No devices were found"
 )
 _HOST_TROUBLE: Final[tuple[tuple[str, Severity, str], ...]] = (
@@ -62,6 +62,8 @@ _HOST_TROUBLE: Final[tuple[tuple[str, Severity, str], ...]] = (
     ("soft lockup", "warning", "cpu_lockup"),
     ("hard LOCKUP", "critical", "cpu_lockup"),
     ("detected stalls", "warning", "rcu_stall"),
+    # kernel/irq/spurious.c: an interrupt line nobody handles is disabled (a device misbehaving).
+    (": nobody cared", "warning", "irq_disabled"),
 )
 _HW_ERROR_FATAL_RE: Final = re.compile(r"[Uu]ncorrected|[Ff]atal")
 _IB_ERROR_RE: Final = re.compile(r"WC error|CQE error|syndrome 0x|transport retry counter exceeded")

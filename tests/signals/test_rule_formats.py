@@ -281,3 +281,28 @@ def test_kubernetes_xid_node_condition(code: int, seconds: int) -> None:
     )
     event = classify_text(line)
     assert (event.kind, event.xid) == ("xid", code)
+
+
+# --- rules from the third batch (records with "batch": 3) ----------------------------------------------
+
+
+@given(
+    st.sampled_from(["determine", "detect"]),
+    st.sampled_from(["GPU ", "GPU"]),
+    st.integers(0, 255),
+    st.sampled_from(["Unknown Error", "GPU is lost. Reboot the system to recover this GPU"]),
+)
+def test_nvidia_smi_losing_a_gpu(verb: str, gpu: str, bus: int, why: str) -> None:
+    line = f"Unable to {verb} the device handle for {gpu}0000:{bus:02X}:00.0: {why}"
+    event = classify_text(line)
+    assert (event.kind, event.severity, event.pci_bus) == ("other", "critical", f"0000:{bus:02x}:00")
+    gated = classify_line(line)
+    assert gated is not None and gated.severity == "critical"
+
+
+@given(st.integers(0, 4095))
+def test_kernel_disabling_an_unhandled_interrupt_is_a_warning(irq: int) -> None:
+    line = f'Sep 03 13:48:46 node7 kernel: irq {irq}: nobody cared (try booting with the "irqpoll" option)'
+    assert classify_text(line).severity == "warning"
+    gated = classify_line(line)
+    assert gated is not None and gated.severity == "warning"
