@@ -292,6 +292,25 @@ _config_values = st.one_of(
     st.sampled_from(["0", "default_pg"]),
     _field_values,
 )
+_op_names = st.sampled_from(
+    [
+        "nccl:send 0->1",
+        "nccl:recv 0<-1",
+        "nccl:send 1->0",
+        "nccl:recv 1<-0",
+        "nccl:isend",
+        "gloo:send 0->1",
+        "nccl:send 99999999999999999999999->1",
+        "nccl:recv -5<-1",
+        "nccl:all_gather",
+        "gloo:barrier",
+        "nccl:_coalesced",
+        "nccl:allreduce_coalesced",
+        "mpi:broadcast",
+        "all_reduce",
+        "",
+    ]
+)
 #: Entry keys: the fields, unknown names, and keys a pickle can hold that are not strings at all
 _keys = st.one_of(
     _fields,
@@ -322,6 +341,10 @@ def _dump_sets(draw: st.DrawFn) -> list[dict[str, Any]]:
                 break
             i = draw(st.integers(0, len(es) - 1))
             es[i][draw(_keys)] = draw(_field_values)
+        if es and draw(st.booleans()):  # another op: point-to-point ones, with peers or without, coalesced
+            i = draw(st.integers(0, len(es) - 1))
+            es[i]["profiling_name"] = draw(_op_names)
+            es[i]["is_p2p"] = draw(st.sampled_from([None, True, False]))
         if es and draw(st.integers(0, 9)) == 0:  # an entry that is not a dict, or a dict subclass
             i = draw(st.integers(0, len(es) - 1))
             es[i] = draw(st.one_of(_leaf, st.just(_Dict(es[i])), st.lists(st.integers(), max_size=2)))
