@@ -35,9 +35,9 @@ def _records(path: Path = EVAL) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize("name", sorted(SETS))
-def test_eval_set_per_field_accuracy(name: str) -> None:
-    records = _records(SETS[name])
+@pytest.mark.parametrize("set_name", sorted(SETS))
+def test_eval_set_per_field_accuracy(set_name: str) -> None:
+    records = _records(SETS[set_name])
     right = dict.fromkeys(FIELDS, 0)
     by_family: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     misses: list[str] = []
@@ -54,7 +54,7 @@ def test_eval_set_per_field_accuracy(name: str) -> None:
                 f"  #{index} {wrong}: got {[got[n] for n in wrong]}, want {[record['expect'].get(n) for n in wrong]}"
             )
     accuracy = {name: right[name] / len(records) for name in FIELDS}
-    print(f"\nevaluation set {name}: {len(records)} records")
+    print(f"\nevaluation set {set_name}: {len(records)} records")
     print(f"{'field':<12} {'right':>6} {'accuracy':>9}")
     for name in FIELDS:
         print(f"{name:<12} {right[name]:>6} {accuracy[name]:>9.1%}")
