@@ -168,9 +168,18 @@ def test_stalls_and_preemption_are_warnings_also_through_the_gate(line: str) -> 
         # A hedge next to a failure that happened is still that failure.
         ("Connection refused: this could cause a hang of the step", "warning"),
         ("The job hung for 30 minutes", "warning"),
+        # An orderly shutdown is not a link or node going down.
+        (
+            "W0227 17:39:41.936000 293817 torch/distributed/elastic/agent/server/api.py:719] Received 15 death "
+            "signal, shutting down workers",
+            "info",
+        ),
+        ("the job is shutting down after 3 epochs", "info"),
+        ("[ 4120.556101] mlx5_core 0000:01:00.1 enp1s0f1: Link down", "warning"),
+        ("node3 went down during the step", "warning"),
     ],
 )
-def test_hedged_advice_names_no_failure(line: str, severity: str) -> None:
+def test_hedged_advice_and_orderly_shutdown_name_no_failure(line: str, severity: str) -> None:
     assert classify_text(line).severity == severity
 
 
@@ -214,23 +223,6 @@ def test_gloo_full_mesh_setup_failure_stops_the_job(rank: int, cause: str) -> No
 
 
 # --- rules from the second batch of the held-out set (records with "batch": 2) --------------------------
-
-
-@pytest.mark.parametrize(
-    ("line", "severity"),
-    [
-        (
-            "W0227 17:39:41.936000 293817 torch/distributed/elastic/agent/server/api.py:719] Received 15 death "
-            "signal, shutting down workers",
-            "info",
-        ),
-        ("the job is shutting down after 3 epochs", "info"),
-        ("[ 4120.556101] mlx5_core 0000:01:00.1 enp1s0f1: Link down", "warning"),
-        ("node3 went down during the step", "warning"),
-    ],
-)
-def test_an_orderly_shutdown_is_not_a_link_or_node_down(line: str, severity: str) -> None:
-    assert classify_text(line).severity == severity
 
 
 @given(
