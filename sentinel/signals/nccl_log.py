@@ -108,7 +108,7 @@ _EXIT_RE: Final = re.compile(r"failed \(exitcode: (?P<code>-?\d{1,5})\)(?: local
 
 # (needles, pattern, severity, reason): the regex runs only when one needle is in the text (C-speed
 # substring test), so a line pays for the rules that can match it. A group named "seq" is the collective
-# sequence number / work id.
+# sequence number / work id, one named "op" the collective as printed.
 _TORCH_RULES: Final[tuple[tuple[tuple[str, ...], re.Pattern[str], Severity, str], ...]] = (
     (
         ("by watchdog at work",),
@@ -181,6 +181,16 @@ _TORCH_RULES: Final[tuple[tuple[tuple[str, ...], re.Pattern[str], Severity, str]
         re.compile(r"\bDist(?:Store|Network)Error\b|\bRendezvous\w{0,20}Error\b"),
         "critical",
         "c10d_store_error",
+    ),
+    (
+        # ProcessGroupWrapper (TORCH_DISTRIBUTED_DEBUG=DETAIL): ranks called different collectives.
+        ("CollectiveFingerPrint",),
+        re.compile(
+            r"mismatch between collectives on ranks\.[^\n]{0,120}?CollectiveFingerPrint\("
+            r"(?:SequenceNumber=(?P<seq>\d{1,22}),?[ \t]?)?OpType=(?P<op>\w{1,40})"
+        ),
+        "critical",
+        "collective_mismatch",
     ),
     (
         ("Terminating the process after",),
@@ -467,12 +477,14 @@ def torch_events(text: str) -> list[Classified]:
         match = pattern.search(text)
         if match is not None:
             seq = parse_int(match.group("seq")) if "seq" in pattern.groupindex else None
+            op = match.group("op") if "op" in pattern.groupindex else None
             events.append(
                 make_event(
                     "torch_other_error",
                     severity,
                     rank=get_rank(),
                     seq=seq,
+                    op=op,
                     reason=reason,
                     message=clip(text[match.start() :]),
                 )
@@ -589,6 +601,7 @@ _TORCH_GATE: Final = (
     "Exception raised",
     "frame #",
     "Rendezvous",
+    "CollectiveFingerPrint",
 )
 
 

@@ -66,6 +66,9 @@ FRAGMENTS = [
     "ERROR_GPU_IS_LOST",
     "Net : Connection closed by remote peer ",
     "shutting down",
+    "Detected mismatch between collectives on ranks. ",
+    "CollectiveFingerPrint(SequenceNumber=",
+    "OpType=",
     ":",
     "[",
     "]",
@@ -151,6 +154,8 @@ PATHOLOGICAL = [
     "| Page Retirement | " * 20_000,
     "XidCriticalError " + " " * 100_000 + '{"31":true}',
     "Xid" + "{" * 100_000,
+    "mismatch between collectives on ranks." + " " * 100_000 + "CollectiveFingerPrint(OpType=X",
+    "CollectiveFingerPrint(SequenceNumber=" + "9" * 100_000,
 ]
 
 

@@ -300,3 +300,28 @@ def test_kernel_disabling_an_unhandled_interrupt_is_a_warning(irq: int) -> None:
     assert classify_text(line).severity == "warning"
     gated = classify_line(line)
     assert gated is not None and gated.severity == "warning"
+
+
+# --- rules from the fourth batch (records with "batch": 4) ---------------------------------------------
+
+
+@given(
+    st.sampled_from(["", "RuntimeError: ", "[rank3]:   RuntimeError: "]),
+    st.integers(0, 3000),
+    st.one_of(st.none(), st.integers(0, 2**31)),
+    st.sampled_from(["ALLREDUCE", "BROADCAST", "_ALLGATHER_BASE", "BARRIER", "REDUCE_SCATTER"]),
+    st.sampled_from(["", ", TensorShape=[20, 10], TensorDtypes=Float"]),
+)
+def test_process_group_wrapper_collective_mismatch(
+    prefix: str, rank: int, seq: int | None, op: str, tail: str
+) -> None:
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL names the collective each rank ran; the first is the line's op."""
+    number = "" if seq is None else f"SequenceNumber={seq}, "
+    line = (
+        f"{prefix}Detected mismatch between collectives on ranks. Rank {rank} is running collective: "
+        f"CollectiveFingerPrint({number}OpType={op}{tail}), but Rank {rank + 1} is running collective: "
+        f"CollectiveFingerPrint(OpType=REDUCE)."
+    )
+    event = classify_text(line)
+    assert (event.kind, event.severity, event.op, event.seq) == ("torch_other_error", "critical", op, seq)
+    assert event.rank == (3 if prefix.startswith("[rank3]") else None)
