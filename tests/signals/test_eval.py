@@ -24,6 +24,7 @@ import pytest
 
 from sentinel.signals import classify_text
 from tests.signals.test_corpus import FIELDS, WRAPPERS
+from tests.support import corpus_path
 
 GOAL = 0.97
 EVAL = Path(__file__).resolve().parent.parent / "data" / "logs_eval" / "eval_lines.jsonl"
@@ -74,8 +75,11 @@ def test_eval_set_covers_every_family_of_the_issue(name: str) -> None:
 
 
 def test_extra_set_records_are_well_formed() -> None:
-    """Every extra record names where it was found and labels all eight contract fields."""
-    eval_texts = {record["text"] for record in _records(EVAL)}
+    """Every extra record names where it was found, labels all eight contract fields, and is new: its text
+    is in neither the shared corpus nor the first evaluation set."""
+    eval_texts = {
+        record["text"] for record in _records(EVAL) + _records(corpus_path("logs", "real_lines.jsonl"))
+    }
     for record in _records(EXTRA):
         assert record["source"].strip(), record
         assert set(record["expect"]) == set(FIELDS), record
