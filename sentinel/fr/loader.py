@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from sentinel.fr.errors import FrFormatError, brief
+from sentinel.fr.ops import P2P, UNRECORDED_P2P_BACKENDS, backend, op_name
 from sentinel.fr.recent import ByteView, decode_recent, decode_recent_json
 from sentinel.fr.safepickle import PICKLE_PROTO, loads_plain
 
@@ -358,7 +359,11 @@ def _recent_dump(
 
 def _recent_is_enough(dump: RawDump) -> bool:
     """Whether the newest entries hold, for every group still waiting per pg_status, the collective it
-    waits in (else the analysis needs the whole buffer)."""
+    waits in, and no send/recv can be pending before them (:func:`_p2p_before`); else the analysis
+    needs the whole buffer. Any doubt (a value the full decode would refuse) means the whole buffer:
+    the full decode names what is wrong."""
+    if _p2p_before(dump.entries):
+        return False
     wanted: set[tuple[int, int]] = set()
     for pg_id, status in dump.pg_status.items():
         if not isinstance(status, dict):
@@ -373,4 +378,35 @@ def _recent_is_enough(dump: RawDump) -> bool:
             wanted.add(key)
     if not wanted:  # a dump where no group waits needs none of its entries' ids
         return True
-    return wanted <= {(e.get("pg_id"), e.get("collective_seq_id")) for e in dump.entries if type(e) is dict}
+    try:
+        return wanted <= {
+            (e.get("pg_id"), e.get("collective_seq_id")) for e in dump.entries if type(e) is dict
+        }
+    except TypeError:  # an unhashable pg_id or seq
+        return False
+
+
+def _p2p_before(entries: list[Any]) -> bool:
+    """Whether a send/recv may be pending among the entries before these, where pg_status does not show it.
+
+    ProcessGroupNCCL's pg_status holds the seq of what it enqueued and completed last — a collective's or a
+    send/recv's, whichever came last — so an ``isend`` still pending behind later collectives of its group
+    leaves the group "done", and only its entry says the rank is blocked in it. Every entry carries its
+    group's send/recv count so far (``p2p_seq_id``, itself included): a group whose oldest entry here
+    counts one before it may have one pending further back. Backends that record no send/recv (gloo:
+    :data:`~sentinel.fr.ops.UNRECORDED_P2P_BACKENDS`) cannot; an entry that is not a dict, or a count that
+    is not an integer, may. One look per group (its oldest entry)."""
+    try:  # each group's oldest entry (filled newest first, the oldest stays): ~5 us for 128 entries
+        oldest = {e["pg_id"]: e for e in reversed(entries)}.values()
+    except (KeyError, TypeError):  # an entry that is not a dict, without pg_id, or an unhashable one
+        return True
+    for e in oldest:
+        name = e.get("profiling_name")
+        if type(name) is not str:
+            return True
+        if backend(name) in UNRECORDED_P2P_BACKENDS:
+            continue
+        count = e.get("p2p_seq_id", 0)
+        if type(count) is not int or count - (op_name(name) in P2P) > 0:
+            return True
+    return False
