@@ -250,29 +250,47 @@ def test_a_bad_newest_entry_is_named_by_its_index_in_the_file(
 # ---------------------------------------------------------------- the command, either side of COERCE_FROM
 
 
-def _write_set(folder: Path, ranks: int, change: Callable[[dict[str, Any]], None] | None) -> None:
+def _write_set(
+    folder: Path, ranks: int, change: Callable[[dict[str, Any]], None] | None, *, as_json: bool = False
+) -> Path:
+    """``ranks`` small dumps; ``change`` applied to rank 1's entry BAD. The path of rank 1's dump."""
     folder.mkdir()
     for r in range(ranks):
         es = _entries()
         if change is not None and r == 1:
             change(es[BAD])
-        (folder / f"nccl_trace_rank_{r}").write_bytes(
-            pickle.dumps({"version": "2.10", "pg_status": {}, "entries": es}, protocol=2)
-        )
+        top = {"version": "2.10", "pg_status": {}, "entries": es}
+        path = folder / f"nccl_trace_rank_{r}{'.json' if as_json else ''}"
+        path.write_bytes(json.dumps(top).encode() if as_json else pickle.dumps(top, protocol=2))
+    return folder / f"nccl_trace_rank_1{'.json' if as_json else ''}"
 
 
-def test_the_command_answers_the_same_below_and_at_coerce_from(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("change", "expected", "as_json"),
+    [
+        (_set("input_sizes", [["64"]]), "input_sizes holds dimension '64', expected a 64-bit integer", False),
+        (_set("collective_seq_id", True), "collective_seq_id: Expected `int | null`, got `bool`", False),
+        (_set("time_created_ns", 2**64), "time_created_ns: out of range, expected a 64-bit integer", True),
+        (_drop("profiling_name"), "profiling_name: missing (a required field)", True),
+    ],
+    ids=["pickle: a dim as text", "pickle: bool for int", "json: 2^64", "json: a required field missing"],
+)
+def test_the_command_refuses_the_same_line_below_and_at_coerce_from(
+    tmp_path: Path, change: Callable[[dict[str, Any]], None], expected: str, as_json: bool
+) -> None:
     """The real threshold: 4 dumps are read directly, COERCE_FROM dumps through msgspec. A bad field is
-    the same one line (exit 2, no traceback) either way; a non-str key is ignored either way."""
+    the same one line either way: exit 2, no traceback, the file, the entry, its record_id, the field."""
     for ranks in (4, COERCE_FROM):
-        bad = tmp_path / f"bad{ranks}"
-        _write_set(bad, ranks, _set("input_sizes", [["64"]]))
-        proc = _cli(bad, "--json")
-        assert proc.returncode == 2, proc.stderr
+        bad = _write_set(tmp_path / f"bad{ranks}", ranks, change, as_json=as_json)
+        proc = _cli(bad.parent, "--json")
+        assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
         assert proc.stderr == (
-            f"sentinel fr analyze: {bad}/nccl_trace_rank_1: entries[{BAD}] (record_id {RECORD0 + BAD}): "
-            "input_sizes holds dimension '64', expected a 64-bit integer\n"
+            f"sentinel fr analyze: {bad}: entries[{BAD}] (record_id {RECORD0 + BAD}): {expected}\n"
         )
+
+
+def test_the_command_ignores_a_key_that_is_not_a_string_below_and_at_coerce_from(tmp_path: Path) -> None:
+    for ranks in (4, COERCE_FROM):
         clean, keyed = tmp_path / f"clean{ranks}", tmp_path / f"keyed{ranks}"
         _write_set(clean, ranks, None)
         _write_set(keyed, ranks, _set(7, "an int key"))
