@@ -283,7 +283,7 @@ class _Builder:
         self.pending: list[Pending] = []
         self.enq = -1
         self.done = -1
-        self.last_seq = -1
+        self.last_seq = INT_MIN - 1  # no seq: an entry without one (-1) is not a coalesced op of the last
         self.hints: set[int] = set()
         self.p2p_log = array("q")
         self.backend: str | None = None  # None until the first entry names one

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sentinel.fr.analysis import analyze
@@ -91,6 +91,7 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], None], bool, str]] = [
     ("negative duration", _set("duration_ms", -1.0), True, SAME),
     ("int duration", _set("duration_ms", 5), True, READ),
     ("no collective_seq_id (old formats)", _drop("collective_seq_id"), True, READ),
+    ("no seq at all (old formats)", _set("collective_seq_id", None), True, READ),
     ("unread field of any type", _set("timeout_ms", [[2**80]]), True, SAME),
     # refused, naming the entry and the field
     ("bool for seq", _set("collective_seq_id", True), True, "collective_seq_id: Expected `int | null`, got `bool`"),
@@ -441,6 +442,7 @@ def test_a_newest_entry_with_an_unhashable_id_is_the_full_decodes_line(tmp_path:
     st.sampled_from([None, 0, 1]),
     st.one_of(st.none(), st.tuples(st.integers(0, 1999), st.booleans())),
 )
+@example([(1872, "collective_seq_id", None)], None, None, None)  # found: "malformed (IndexError)"
 def test_fuzz_the_newest_entries_give_the_analysis_of_a_full_decode(
     tmp_path: Path,
     changes: list[tuple[int, Any, Any]],
@@ -472,3 +474,15 @@ def test_fuzz_the_newest_entries_give_the_analysis_of_a_full_decode(
             return  # not picklable as plain data (a str subclass is, as a global the loader refuses)
         (folder / f"nccl_trace_rank_{r}").write_bytes(blob)
     assert _analysis_or_line(folder, 128) == _analysis_or_line(folder, None)
+
+
+def test_a_group_whose_first_entry_has_no_seq_is_read() -> None:
+    """An entry without collective_seq_id or seq_id (older formats) has seq -1, which was also the value
+    "no entry yet" of a group: as a group's first entry it was taken for a coalesced op of the previous
+    one, which did not exist ("malformed (IndexError)" — from the newest entries of a dump whose full
+    decode read it)."""
+    es = _entries()
+    del es[0]["collective_seq_id"]
+    dump = parse_dump({"version": "2.10", "entries": es}, rank=0, source="F", is_json=False)
+    direct, through_msgspec = _both(dump)
+    assert direct == through_msgspec and not isinstance(direct, str), direct
