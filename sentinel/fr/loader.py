@@ -397,8 +397,8 @@ def _p2p_before(entries: list[Any]) -> bool:
     :data:`~sentinel.fr.ops.UNRECORDED_P2P_BACKENDS`) cannot; an entry that is not a dict, or a count that
     is not an integer, may. One look per group (its oldest entry)."""
     try:  # each group's oldest entry (filled newest first, the oldest stays): ~5 us for 128 entries
-        oldest = {e["pg_id"]: e for e in reversed(entries)}.values()
-    except (KeyError, TypeError):  # an entry that is not a dict, without pg_id, or an unhashable one
+        oldest = {e.get("pg_id"): e for e in reversed(entries)}.values()
+    except (AttributeError, TypeError):  # an entry that is not a dict, or an unhashable pg_id
         return True
     for e in oldest:
         name = e.get("profiling_name")
