@@ -383,10 +383,16 @@ def summarize(dump: RawDump, *, coerce: bool = False) -> RankSummary:
             return _summarize(dump, dump.entries, False, _marshal_pack)
         except _Inexact:
             pass
-    from sentinel.fr.coerce import coerce_entries, pack
+    from sentinel.fr.coerce import coerce_entries, coerce_entries_fast, pack
 
-    entries = coerce_entries(dump.entries, dump.source, dump.n_entries - len(dump.entries))
-    return _summarize(dump, entries, True, pack)
+    first = dump.n_entries - len(dump.entries)
+    fast = coerce_entries_fast(dump.entries, dump.source, first)
+    if fast is not None:
+        try:
+            return _summarize(dump, fast, True, pack, fast=True)
+        except _Inexact:  # a group or any other field not as the format says: named the exact way
+            pass
+    return _summarize(dump, coerce_entries(dump.entries, dump.source, first), True, pack)
 
 
 def _marshal_pack(fields: tuple[Any, ...]) -> bytes:
@@ -398,13 +404,21 @@ def _summarize(
     entries: list[Any],
     coerced: bool,
     pack: Callable[[tuple[Any, ...]], bytes],
+    *,
+    fast: bool = False,
 ) -> RankSummary:
     """The reduction. ``coerced``: the entries are msgspec structs of exactly typed fields
     (:func:`sentinel.fr.coerce.coerce_entries`); else the decoded dicts, whose fields are checked here
-    (:class:`_Inexact` on anything else). ``pack``: bytes that tell apart what must agree across ranks (sizes, dtypes), one C call."""
+    (:class:`_Inexact` on anything else). ``fast``: structs of :func:`~sentinel.fr.coerce.coerce_entries_fast`,
+    whose ``process_group`` is checked here; any error raises :class:`_Inexact` (the caller reads the dump
+    again with :func:`~sentinel.fr.coerce.coerce_entries`, whose error is the first in the file). ``pack``:
+    bytes that tell apart what must agree across ranks (sizes, dtypes), one C call."""
     source = dump.source
     builders: dict[str, _Builder] = {}
     key_cache: dict[tuple[str, bytes], tuple[int, int]] = {}
+    shared_keys = _shared_keys(pack)
+    check_pg = fast or not coerced
+    inexact = fast or not coerced  # every error is retried through coerce_entries
     key_info: dict[int, KeyInfo] = {}
     p2p_names: dict[str, tuple[bool, str]] = {}  # profiling name -> (a send/recv, its backend)
     keyed_from = len(entries) - KEY_WINDOW
@@ -412,8 +426,8 @@ def _summarize(
     last_t = 0
     index = 0
     b: _Builder | None = None
-    b_name: str | None = None
-    checked_pg: Any = None  # the process_group value last checked (pickles share one tuple per group)
+    last_pg: Any = None  # the process_group value of the previous entry (b is its group)
+    pg_builders: dict[tuple[str, str], _Builder] = {}
     durations: list[float] = []
     imin, imax = INT_MIN, INT_MAX
     try:
@@ -487,22 +501,29 @@ def _summarize(
                     or (duration is not None and type(duration) is not float)
                 ):
                     raise _Inexact
-                if pg is not checked_pg and pg is not None:
-                    if (
+            if pg is not last_pg or pg is None:
+                # the entry's group: entries of several groups interleave, and a pickle shares one tuple
+                # per group, so a tuple seen before is found by hash, checked and looked up only once
+                b = pg_builders.get(pg) if type(pg) is tuple else None
+                if b is None:
+                    if pg is None:
+                        name, desc = str(pg_id), ""
+                    elif check_pg and (
                         type(pg) not in (tuple, list)
                         or len(pg) != 2
                         or type(pg[0]) is not str
                         or type(pg[1]) is not str
                     ):
                         raise _Inexact
-                    checked_pg = pg
-            name, desc = pg if pg is not None else (str(pg_id), "")
-            if name != b_name:
-                b = builders.get(name)
-                if b is None:
-                    # "undefined" is PyTorch's placeholder for "no description"
-                    b = builders[name] = _Builder(name, "" if desc == "undefined" else desc, pg_id)
-                b_name = name
+                    else:
+                        name, desc = pg
+                    b = builders.get(name)
+                    if b is None:
+                        # "undefined" is PyTorch's placeholder for "no description"
+                        b = builders[name] = _Builder(name, "" if desc == "undefined" else desc, pg_id)
+                    if type(pg) is tuple:
+                        pg_builders[pg] = b
+                last_pg = pg
             assert b is not None
             # NCCL: when the device started it, a closer measure of when this rank arrived than the
             # host-side enqueue (gloo leaves the field empty: time_created_ns it is)
@@ -530,13 +551,17 @@ def _summarize(
                     ck = (profiling, b"")  # not serializable: the checks below name what is wrong
                 cached = key_cache.get(ck) if ck[1] else None
                 if cached is None:
-                    in_sizes = _sizes(fields[0], "input_sizes")
-                    out_sizes = _sizes(fields[1], "output_sizes")
-                    dtypes = _dtypes(fields[2], "input_dtypes")
-                    dtypes += _dtypes(fields[3], "output_dtypes")
-                    cached = key_cache[ck] = _new_key(
-                        profiling, fields, (in_sizes, out_sizes), dtypes, key_info
-                    )
+                    known = shared_keys.get(ck) if ck[1] else None
+                    if known is None:
+                        in_sizes = _sizes(fields[0], "input_sizes")
+                        out_sizes = _sizes(fields[1], "output_sizes")
+                        dtypes = _dtypes(fields[2], "input_dtypes")
+                        dtypes += _dtypes(fields[3], "output_dtypes")
+                        known = _new_key(profiling, fields, (in_sizes, out_sizes), dtypes)
+                        if 0 < len(ck[1]) <= _SHARED_KEY_BYTES:
+                            shared_keys[ck] = known
+                    key_info.setdefault(known[0], known[2])
+                    cached = key_cache[ck] = known[:2]
                 key, hint = cached
                 if hint:
                     b.hints.add(hint)
@@ -579,9 +604,7 @@ def _summarize(
                 if duration is not None and 0.0 <= duration < _INF:  # NaN, inf: no duration
                     durations.append(duration)
     except (FrFormatError, _Inexact, _BadField) as exc:
-        if (
-            not coerced
-        ):  # the error named must be the first bad field of the file: coerce_entries checks them all
+        if inexact:  # the error named must be the first bad field of the file: coerce_entries checks them all
             raise _Inexact from None
         if isinstance(exc, _BadField):
             raise FrFormatError(f"{_entry_at(dump, entries, index)}: {exc}") from None
@@ -595,7 +618,7 @@ def _summarize(
         OverflowError,
         RecursionError,
     ) as exc:
-        if not coerced:
+        if inexact:
             raise _Inexact from None
         raise FrFormatError(f"{_entry_at(dump, entries, index)}: malformed ({type(exc).__name__})") from None
     groups = [_finish(b) for b in builders.values()]
@@ -624,8 +647,8 @@ def _new_key(
     fields: tuple[Any, Any, Any, Any],
     texts: tuple[str, str],
     dtypes: list[str],
-    key_info: dict[int, KeyInfo],
-) -> tuple[int, int]:
+) -> tuple[int, int, KeyInfo]:
+    """(match key, group size hint, what the key stands for) of one checked combination."""
     op = op_name(profiling)
     in_sizes = fields[0] or []
     out_sizes = fields[1] or []
@@ -633,10 +656,25 @@ def _new_key(
     in_text, out_text = texts
     text = match_key(op, in_text, out_text, set(dtypes))
     key = zlib.crc32(text.encode()) or 1
-    key_info.setdefault(
-        key, KeyInfo(op, f"[{in_text}]", f"[{out_text}]", ",".join(sorted(set(dtypes))), hint)
-    )
-    return key, hint
+    return key, hint, KeyInfo(op, f"[{in_text}]", f"[{out_text}]", ",".join(sorted(set(dtypes))), hint)
+
+
+#: Match keys of the (profiling name, packed sizes and dtypes) combinations checked so far in this process,
+#: by pack function: the ranks of a job share them (data-parallel replicas run the same collectives on the
+#: same shapes), so a worker checks and keys each combination once, not once per dump. Bounded.
+_SHARED_KEYS: dict[Callable[[tuple[Any, ...]], bytes], dict[tuple[str, bytes], tuple[int, int, KeyInfo]]] = {}
+_SHARED_KEYS_MAX = 4096
+#: Only combinations packing to at most this many bytes are kept (so the table holds at most a few MiB).
+_SHARED_KEY_BYTES = 512
+
+
+def _shared_keys(
+    pack: Callable[[tuple[Any, ...]], bytes],
+) -> dict[tuple[str, bytes], tuple[int, int, KeyInfo]]:
+    table = _SHARED_KEYS.setdefault(pack, {})
+    if len(table) > _SHARED_KEYS_MAX:
+        table.clear()
+    return table
 
 
 def _finish(b: _Builder) -> GroupTrack:
