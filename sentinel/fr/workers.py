@@ -93,12 +93,11 @@ def _cap_memory(extra: int) -> None:
         pass
 
 
-def _cap_cpu(seconds: float) -> None:
-    """Soft RLIMIT_CPU ``seconds`` beyond what this process used (the hard limit is left alone: an
-    unprivileged process could never raise it again for the next dump)."""
+def _cap_cpu(seconds: float, hard: int) -> None:
+    """Soft RLIMIT_CPU ``seconds`` beyond what this process used (the hard limit ``hard``, read once by the
+    worker, is left alone: an unprivileged process could never raise it again for the next dump)."""
     used = resource.getrusage(resource.RUSAGE_SELF)
     soft = int(used.ru_utime + used.ru_stime + seconds) + 1
-    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
     if hard != resource.RLIM_INFINITY:
         soft = min(soft, hard)
     with contextlib.suppress(OSError, ValueError):
@@ -113,6 +112,7 @@ def _worker(conn: Any, slot: int, shared: tuple[Any, Any], limits: tuple[int, fl
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGXCPU, _on_xcpu)
     _cap_memory(extra_memory)
+    _, cpu_hard = resource.getrlimit(resource.RLIMIT_CPU)  # never changes: only this loop sets limits
     import gc
 
     gc.disable()  # millions of short-lived acyclic containers: the collector would only rescan them
@@ -128,7 +128,7 @@ def _worker(conn: Any, slot: int, shared: tuple[Any, Any], limits: tuple[int, fl
         for index, path, rank, prefix in batch:
             current[slot] = index
             started[slot] = time.monotonic()
-            _cap_cpu(cpu_s)
+            _cap_cpu(cpu_s, cpu_hard)
             try:
                 out.append(decode(path, rank, prefix))
             except FrFormatError as exc:
@@ -144,7 +144,7 @@ def _worker(conn: Any, slot: int, shared: tuple[Any, Any], limits: tuple[int, fl
             if error is not None:
                 break
         started[slot] = 0.0
-        _cap_cpu(3600.0)
+        _cap_cpu(3600.0, cpu_hard)
         conn.send_bytes(b"E" + error.encode() if error is not None else b"R" + _plain_bytes(out))
 
 
