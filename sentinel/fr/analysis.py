@@ -20,6 +20,7 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
+from struct import Struct
 from typing import Any, NamedTuple
 
 from sentinel.fr.ops import UNRECORDED_P2P_BACKENDS, is_send, op_name
@@ -812,20 +813,21 @@ def _stale_ranks(groups: dict[str, Group], last_t: dict[int, int]) -> dict[int, 
 def _stragglers(groups: dict[str, Group]) -> list[Straggler]:
     lags: dict[int, list[float]] = {}
     for g in groups.values():
-        tracks = [(r, t, memoryview(t.times).cast("q")) for r, t in g.tracks.items() if t.times]
+        tracks = [(r, t) for r, t in g.tracks.items() if t.times]
         if len(tracks) < 2 or len(tracks) < len(g.members):
             continue
-        lo = max(t.first_seq for _, t, _ in tracks)
-        hi = min(t.first_seq + len(mv) for _, t, mv in tracks)
+        lo = max(t.first_seq for _, t in tracks)
+        hi = min(t.first_seq + len(t.times) // 8 for _, t in tracks)
         # big groups give every member many samples per collective: fewer collectives suffice
         window = max(TIMING_WINDOW // 4, min(TIMING_WINDOW, TIMING_WINDOW * 256 // len(tracks)))
         lo = max(lo, hi - window)
         if hi <= lo:  # the members' ring buffers do not overlap: no collective to compare
             continue
-        # column form: one list per member over the window, every step a C-level list operation
-        # (a Python loop per sample cost 0.2 s at 512 ranks and would cost seconds at 16,384)
-        cols = [mv[lo - t.first_seq : hi - t.first_seq].tolist() for _, t, mv in tracks]
-        for (r, _, _), lag in zip(tracks, _group_lags(cols), strict=True):
+        # column form: one tuple per member over the window (one C call each), every step a C-level
+        # operation (a Python loop per sample cost 0.2 s at 512 ranks and would cost seconds at 16,384)
+        unpack = Struct(f"{hi - lo}q").unpack_from
+        cols = [unpack(t.times, 8 * (lo - t.first_seq)) for _, t in tracks]
+        for (r, _), lag in zip(tracks, _group_lags(cols), strict=True):
             if lag:
                 lags.setdefault(r, []).extend(lag)
     lags = {r: v for r, v in lags.items() if v}
@@ -849,7 +851,7 @@ def _stragglers(groups: dict[str, Group]) -> list[Straggler]:
     return out
 
 
-def _group_lags(cols: list[list[int]]) -> list[list[float]]:
+def _group_lags(cols: Sequence[Sequence[int]]) -> list[list[float]]:
     """Per member, its lag (ms) on every collective all members have a time for: its own time minus the
     median of the *other* members' (a late rank in a group of two is late against its peer)."""
     m = len(cols)
