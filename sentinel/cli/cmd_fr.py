@@ -13,7 +13,7 @@ from typing import Any
 from sentinel.fr.analysis import FrAnalysis
 from sentinel.fr.dumpset import RECENT_ENTRIES, analyze_dir
 from sentinel.fr.errors import FrFormatError
-from sentinel.fr.workers import TerminalProgress
+from sentinel.fr.workers import TerminalProgress, reap_workers
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -108,6 +108,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_json()))
     else:
         print(terminal_safe(render_text(result)))
+    reap_workers()
     return EXIT_OK
 
 

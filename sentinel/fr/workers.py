@@ -446,6 +446,18 @@ def _reap_exited() -> None:
             _UNREAPED.remove(pid)
 
 
+def reap_workers(timeout: float = 2.0) -> None:
+    """Wait (at most ``timeout`` seconds) for the workers that were told to exit: a program calls it
+    before it exits, so that its workers have ended, and their CPU time is counted as its own (a parent
+    that exits first leaves them to init). They were told to exit when the decode ended, so by the end
+    of the analysis they have."""
+    deadline = time.monotonic() + timeout
+    while _UNREAPED and time.monotonic() < deadline:
+        _reap_exited()
+        if _UNREAPED:
+            time.sleep(0.001)
+
+
 def _batches(jobs: Sequence[Job], batch: int, workers: int) -> list[list[Job]]:
     """``jobs`` cut into batches of ``batch``, then smaller ones towards the end (each at most a share of
     what is left): the workers then finish together, where the last full batch could leave one of them
