@@ -59,33 +59,12 @@ class _FastEntry(msgspec.Struct, kw_only=True, gc=False):
     duration_ms: float | None = None
 
 
-class _Entry(msgspec.Struct, kw_only=True):
-    """:class:`_FastEntry` with ``process_group`` typed: what a dump whose entries the fast way does not
-    accept is read with, so that the error names the first field in the file that is wrong."""
+class _Entry(_FastEntry, kw_only=True, gc=False):
+    """:class:`_FastEntry` with ``process_group`` typed (the field keeps its place): what a dump whose
+    entries the fast way does not accept is read with, so that the error names the first field in the
+    file that is wrong."""
 
-    frames: Any = None
-    record_id: Any = None
-    pg_id: Int64 = -1
     process_group: tuple[str, str] | None = None
-    thread_name: Any = None
-    thread_id: Any = None
-    collective_seq_id: Int64 | None = None
-    p2p_seq_id: Int64 = -1
-    op_id: Int64 = -1
-    profiling_name: str
-    time_created_ns: Int64
-    input_sizes: Any = None
-    input_dtypes: Any = None
-    output_sizes: Any = None
-    output_dtypes: Any = None
-    state: str | None = None
-    time_discovered_started_ns: Int64 | None = None
-    time_discovered_completed_ns: Any = None
-    retired: bool | None = None
-    timeout_ms: Any = None
-    is_p2p: bool | None = None
-    seq_id: Int64 | None = None
-    duration_ms: float | None = None
 
 
 _ENTRIES = list[_Entry]
