@@ -12,6 +12,7 @@ anything else in a field the analysis reads is refused with one line naming the 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import pickle
 import time
@@ -366,23 +367,33 @@ def test_a_bad_pg_status_is_the_same_line_from_the_newest_entries_or_a_full_deco
 _BIG = pickle.loads(_big_pickle(0, lambda e: None))
 
 
-def _send_at(top: dict[str, Any], index: int, done: bool) -> None:
-    """Entry ``index`` becomes an ``isend`` to rank 1, as ProcessGroupNCCL records it: its own
-    ``p2p_seq_id``, counted in every later entry's, later collectives numbered on without it."""
+def _p2p_at(top: dict[str, Any], index: int, done: bool, *, rank: int = 0, send: bool = True) -> None:
+    """Entry ``index`` of ``rank``'s dump (of a pair of ranks) becomes an ``isend`` to / ``irecv`` from the
+    other rank, as ProcessGroupNCCL records it: the group's send/recv count (``p2p_seq_id``) includes it
+    from there on, later collectives are numbered on without it. An entry that already is one stays."""
     es = top["entries"]
-    es[index].update(
-        profiling_name="nccl:send 0->1",
+    e = es[index]
+    if e.get("is_p2p"):
+        return
+    peer = 1 - rank
+    e.update(
+        profiling_name=f"nccl:send {rank}->{peer}" if send else f"nccl:recv {rank}<-{peer}",
         is_p2p=True,
-        p2p_seq_id=1,
-        collective_seq_id=es[index]["collective_seq_id"] - 1,
+        p2p_seq_id=e["p2p_seq_id"] + 1,
+        collective_seq_id=e["collective_seq_id"] - 1,
         retired=done,
         state="completed" if done else "started",
     )
     for later in es[index + 1 :]:
         later["collective_seq_id"] -= 1
-        later["p2p_seq_id"] = 1
+        later["p2p_seq_id"] += 1
     newest = es[-1]["collective_seq_id"]
     top["pg_status"]["0"].update(last_enqueued_collective=newest, last_completed_collective=newest)
+
+
+def _send_at(top: dict[str, Any], index: int, done: bool) -> None:
+    """Entry ``index`` becomes an ``isend`` from rank 0 to rank 1."""
+    _p2p_at(top, index, done)
 
 
 def _analysis_or_line(folder: Path, recent: int | None) -> Any:
@@ -415,6 +426,44 @@ def test_a_send_behind_later_collectives_is_seen_from_the_newest_entries(
     assert load_dump(tmp_path / "nccl_trace_rank_1", recent=128).total_entries == 2000  # no p2p: the tail
 
 
+@functools.cache
+def _healthy_pair() -> list[dict[str, Any]]:
+    tops = [copy.deepcopy(_BIG) for _ in range(2)]
+    for r, top in enumerate(tops):
+        for i in range(5, 2000, 10):
+            _p2p_at(top, i, True, rank=r, send=r == 0)
+    return tops
+
+
+def _pp_pair(pending: tuple[int, int, bool] | None = None) -> list[dict[str, Any]]:
+    """A healthy pipeline pair: every 10th entry rank 0 sends to rank 1 and rank 1 receives it, all
+    completed; ``pending`` (rank, index, send) adds one op of that rank still pending."""
+    tops = copy.deepcopy(_healthy_pair())
+    if pending is not None:
+        r, index, send = pending
+        _p2p_at(tops[r], index, False, rank=r, send=send)
+    return tops
+
+
+def _write_pair(folder: Path, tops: list[dict[str, Any]]) -> None:
+    folder.mkdir(exist_ok=True)
+    for r, top in enumerate(tops):
+        (folder / f"nccl_trace_rank_{r}").write_bytes(pickle.dumps(top, protocol=2))
+
+
+@pytest.mark.parametrize(("rank", "send"), [(1, False), (0, True)], ids=["recv", "send"])
+def test_a_pending_send_or_recv_in_the_skipped_middle_is_read(tmp_path: Path, rank: int, send: bool) -> None:
+    """One op of a pipeline pair still pending 1,300 entries before the newest (its peer never posted
+    the counterpart): the verdict names the rank blocked in it, as a full decode of every dump does; the
+    dumps that count a send/recv before their newest entries are decoded in full."""
+    _write_pair(tmp_path, _pp_pair((rank, 700, send)))
+    tail, full = _analysis_or_line(tmp_path, 128), _analysis_or_line(tmp_path, None)
+    assert tail == full
+    assert full["verdict"] == "hang", full
+    assert full["collective"]["op"] == ("send" if send else "recv") and full["collective"]["p2p"], full
+    assert len(load_dump(tmp_path / f"nccl_trace_rank_{rank}", recent=128).entries) == 2000
+
+
 def test_a_newest_entry_with_an_unhashable_id_is_the_full_decodes_line(tmp_path: Path) -> None:
     """Deciding whether the newest entries are enough looked their (pg_id, seq) up in a set: a list there
     raised TypeError (a traceback in-process) where the full decode names the field."""
@@ -440,27 +489,34 @@ def test_a_newest_entry_with_an_unhashable_id_is_the_full_decodes_line(tmp_path:
     st.lists(st.tuples(st.integers(2000 - 128, 1999), _keys, _field_values | _op_names), max_size=3),
     st.one_of(st.none(), st.tuples(_status_fields, _field_values)),
     st.sampled_from([None, 0, 1]),
-    st.one_of(st.none(), st.tuples(st.integers(0, 1999), st.booleans())),
+    st.lists(st.tuples(st.integers(0, 1), st.integers(0, 1999), st.booleans(), st.booleans()), max_size=4),
+    st.booleans(),
 )
-@example([(1872, "collective_seq_id", None)], None, None, None)  # found: "malformed (IndexError)"
+@example([(1872, "collective_seq_id", None)], None, None, [], False)  # found: "malformed (IndexError)"
+@example([], None, 1, [(1, 700, False, False), (0, 1990, True, True)], True)  # a pending recv, a pipeline
+# rank 1 completed the recv that rank 0 still waits in: its newest entries alone lack it (a per-dump scan
+# of the skipped entries for pending ones read 'hang: rank 1 never posted the recv' from them)
+@example([], None, None, [(0, 1, False, True), (1, 1, True, False)], False)
 def test_fuzz_the_newest_entries_give_the_analysis_of_a_full_decode(
     tmp_path: Path,
     changes: list[tuple[int, Any, Any]],
     status: tuple[str, Any] | None,
     stuck: int | None,
-    send: tuple[int, bool] | None,
+    p2p: list[tuple[int, int, bool, bool]],
+    pipeline: bool,
 ) -> None:
     """Only the newest 128 entries of a large pickle are decoded (when pg_status says they hold every
-    collective still waited in and no send/recv can be pending before them): a send anywhere in the
-    buffer, changed fields among the newest entries, or in pg_status, give the same error line as a full
-    decode of the same files, or the same analysis. (A bad field in the skipped middle is refused only by
+    collective still waited in and no send/recv can be pending before them): sends and recvs anywhere in
+    the buffer of either rank, pending or completed (on a healthy pipeline pair or alone), changed fields
+    among the newest entries, or in pg_status, give the same error line as a full decode of the same
+    files, or the same analysis. (A bad field in the skipped middle is refused only by
     a full decode: the analysis reads nothing of it, see docs/flight-recorder.md.)"""
     folder = tmp_path / str(time.monotonic_ns())
     folder.mkdir()
-    for r in range(2):
-        top = copy.deepcopy(_BIG)
-        if send is not None and r == 0:
-            _send_at(top, *send)
+    tops = _pp_pair() if pipeline else [copy.deepcopy(_BIG) for _ in range(2)]
+    for rank, index, done, send in p2p:
+        _p2p_at(tops[rank], index, done, rank=rank, send=send)
+    for r, top in enumerate(tops):
         if stuck == r:  # this rank still runs its newest collective
             top["entries"][-1].update(retired=False, state="started")
             top["pg_status"]["0"]["last_completed_collective"] = top["entries"][-1]["collective_seq_id"] - 1
