@@ -99,9 +99,33 @@ def summarize_dir(
     budget for all of them), CPU per dump and time (``cancel`` kills them at once); see
     :mod:`sentinel.fr.workers`. ``workers=0`` decodes in this process, for trusted input. ``start_method``:
     "fork" when this process runs a single thread, else "forkserver" (safe in threaded daemons).
-    ``progress(done, total)`` is called as dumps are decoded.
+    ``progress(done, total)`` is called as dumps are decoded. Dumps read from their newest entries that
+    skipped completed send/recv entries are read again in full when any rank waits (see below).
     """
     files = discover(root)
+    out = _summarize(files, workers, start_method, recent, cancel=cancel, progress=progress)
+    # Completed send/recv entries skipped by a newest-entries decode are what the analysis matches a
+    # rank's pending send/recv against (its peer's ops since a shared collective) and where it finds a
+    # culprit's program order: unused while no rank waits, needed once one does.
+    redo = [i for i, s in enumerate(out) if s.skipped_p2p]
+    if redo and any(s.waits() for s in out):
+        again = _summarize(
+            [files[i] for i in redo], workers, start_method, None, cancel=cancel, progress=None
+        )
+        for i, s in zip(redo, again, strict=True):
+            out[i] = s
+    return out
+
+
+def _summarize(
+    files: list[DumpFile],
+    workers: int | None,
+    start_method: str | None,
+    recent: int | None,
+    *,
+    cancel: threading.Event | None,
+    progress: Callable[[int, int], None] | None,
+) -> list[RankSummary]:
     coerce = _coerce_for(len(files))
     if workers == 0:
         out = []

@@ -18,13 +18,13 @@ import os
 import re
 import stat
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from sentinel.fr.errors import FrFormatError, brief
 from sentinel.fr.ops import P2P, UNRECORDED_P2P_BACKENDS, backend, op_name
-from sentinel.fr.recent import ByteView, decode_recent, decode_recent_json
+from sentinel.fr.recent import ByteView, Recent, decode_recent, decode_recent_json
 from sentinel.fr.safepickle import PICKLE_PROTO, loads_plain
 
 #: Largest dump file accepted, after decompression. A 2,000-entry dump with stack frames is ~0.3 MB.
@@ -61,6 +61,7 @@ class RawDump:
         "pg_names",
         "pg_status",
         "rank",
+        "skipped_p2p",
         "source",
         "total_entries",
         "version",
@@ -87,6 +88,9 @@ class RawDump:
         self.total_entries = -1  # entries in the file when only the newest were decoded, else -1
         # pg_id -> [name, desc] of groups seen only in the skipped entries
         self.pg_names: dict[int, list[str]] = {}
+        # only the newest entries were decoded, and completed send/recv entries were among those skipped:
+        # the analysis of a set in which a rank waits needs them (sentinel.fr.dumpset.summarize_dir)
+        self.skipped_p2p = False
 
     @property
     def n_entries(self) -> int:
@@ -216,28 +220,16 @@ def read_bytes(path: Path, limit: int = MAX_DUMP_BYTES) -> bytes:
 
 
 def _read_open(fd: int, size: int, path: Path, limit: int) -> bytes:
-    """The whole file (of ``size`` bytes when it was opened) up to ``limit`` + 1 bytes, read with ``pread``
-    from offset 0: no file object around the descriptor (whose set-up cost an ``fstat``, an ``ioctl`` and
-    two ``lseek`` calls per dump)."""
-    # ask for the size the file has (+1 to see growth): a read of ``limit`` would allocate ``limit``
-    # bytes first, fresh pages for every dump (half the system time at 16,384 dumps)
-    want = size + 1
-    parts: list[bytes] = []
-    got = 0
     try:
-        while got <= limit:
-            chunk = os.pread(fd, want - got, got)
-            if not chunk:
-                break
-            parts.append(chunk)
-            got += len(chunk)
-            if got == want:  # grew while read: read on, still bounded
-                want = min(limit + 1, got + max(got, 1 << 20))
-                if got == want:
-                    break
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            fh.seek(0)
+            # ask for the size the file has (+1 to see growth): a read of ``limit`` would allocate
+            # ``limit`` bytes first, fresh pages for every dump (half the system time at 16,384 dumps)
+            data = fh.read(size + 1)
+            if len(data) > size:  # grew while read: read on, still bounded
+                data += fh.read(limit + 1 - len(data))
     except OSError as exc:
         raise FrFormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    data = parts[0] if len(parts) == 1 else b"".join(parts)
     if len(data) > limit:
         raise FrFormatError(f"{path}: larger than {limit} bytes")
     if data[:2] == _GZIP_MAGIC:
@@ -356,26 +348,34 @@ def _no_read_ahead(fd: int) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
 
 
-def _recent_dump(
-    found: tuple[dict[str, Any], int, dict[int, list[str]]] | None, path: Path, rank: int, is_json: bool
-) -> RawDump | None:
+def _recent_dump(found: Recent | None, path: Path, rank: int, is_json: bool) -> RawDump | None:
     """The dump of the newest entries, when :func:`decode_recent` found them and they are enough."""
     if found is None:
         return None
-    top, total, names = found
+    top, total, names, skipped_done = found
     dump = parse_dump(top, rank=rank, source=str(path), is_json=is_json)
     dump.total_entries = total
     dump.pg_names = names
-    return dump if _recent_is_enough(dump) else None
+    return dump if _recent_is_enough(dump, skipped_done) else None
 
 
-def _recent_is_enough(dump: RawDump) -> bool:
+def _recent_is_enough(dump: RawDump, skipped_done: Callable[[], bool]) -> bool:
     """Whether the newest entries hold, for every group still waiting per pg_status, the collective it
-    waits in, and no send/recv can be pending before them (:func:`_p2p_before`); else the analysis
-    needs the whole buffer. Any doubt (a value the full decode would refuse) means the whole buffer:
-    the full decode names what is wrong."""
-    if _p2p_before(dump.entries):
+    waits in, and no send/recv can be pending before them (:func:`_p2p_before`, and where a group counts
+    one there, ``skipped_done``: every skipped entry is retired — the dump is then marked
+    ``skipped_p2p``); else the analysis needs the whole buffer. Any doubt (a value the full decode would
+    refuse) means the whole buffer: the full decode names what is wrong."""
+    before = _p2p_before(dump.entries)
+    if before is None or not _waits_in_newest(dump):
         return False
+    if not before:
+        return True
+    dump.skipped_p2p = skipped_done()  # (the scan last: it reads the middle of the file)
+    return dump.skipped_p2p
+
+
+def _waits_in_newest(dump: RawDump) -> bool:
+    """Whether every collective a group still waits in per pg_status is among the newest entries."""
     wanted: set[tuple[int, int]] = set()
     for pg_id, status in dump.pg_status.items():
         if not isinstance(status, dict):
@@ -398,8 +398,9 @@ def _recent_is_enough(dump: RawDump) -> bool:
         return False
 
 
-def _p2p_before(entries: list[Any]) -> bool:
-    """Whether a send/recv may be pending among the entries before these, where pg_status does not show it.
+def _p2p_before(entries: list[Any]) -> bool | None:
+    """Whether a send/recv may be pending among the entries before these, where pg_status does not show
+    it (None: in doubt).
 
     ProcessGroupNCCL's pg_status holds the seq of what it enqueued and completed last — a collective's or a
     send/recv's, whichever came last — so an ``isend`` still pending behind later collectives of its group
@@ -407,18 +408,20 @@ def _p2p_before(entries: list[Any]) -> bool:
     group's send/recv count so far (``p2p_seq_id``, itself included): a group whose oldest entry here
     counts one before it may have one pending further back. Backends that record no send/recv (gloo:
     :data:`~sentinel.fr.ops.UNRECORDED_P2P_BACKENDS`) cannot; an entry that is not a dict, or a count that
-    is not an integer, may. One look per group (its oldest entry)."""
+    is not an integer, is a doubt. One look per group (its oldest entry)."""
     try:  # each group's oldest entry (filled newest first, the oldest stays): ~5 us for 128 entries
         oldest = {e.get("pg_id"): e for e in reversed(entries)}.values()
     except (AttributeError, TypeError):  # an entry that is not a dict, or an unhashable pg_id
-        return True
+        return None
+    before = False
     for e in oldest:
         name = e.get("profiling_name")
         if type(name) is not str:
-            return True
+            return None
         if backend(name) in UNRECORDED_P2P_BACKENDS:
             continue
         count = e.get("p2p_seq_id", 0)
-        if type(count) is not int or count - (op_name(name) in P2P) > 0:
-            return True
-    return False
+        if type(count) is not int:
+            return None
+        before = before or count - (op_name(name) in P2P) > 0
+    return before

@@ -18,10 +18,12 @@ found); on any doubt — a memo reference into the skipped middle, an odd layout
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
 import re
+from collections.abc import Callable
 from typing import Any
 
 from sentinel.fr.safepickle import plain_unpickler
@@ -36,6 +38,10 @@ _ENTRIES_LITERAL = b"X\x07\x00\x00\x00entries"
 _ENTRIES_KEY = re.compile(rb"X\x07\x00\x00\x00entries(?:q[\s\S]|r[\s\S]{4})?\](?:q[\s\S]|r[\s\S]{4})?\(")
 _SUFFIX = re.compile(rb"eu(?:q[\s\S]|r[\s\S]{4})?\.\Z")
 _FIRST_KEY = re.compile(rb"\}(?:q[\s\S]|r[\s\S]{4})?\(X([\s\S]{4})")
+
+#: (top-level dict whose ``entries`` are the newest entries, total entry count, pg_id -> [name, desc] of
+#: the groups in the first entries, "every skipped entry completed": a check run only when asked)
+Recent = tuple[dict[str, Any], int, dict[int, list[str]], Callable[[], bool]]
 
 
 class ByteView:
@@ -89,6 +95,13 @@ class ByteView:
             return self.front[lo:hi]
         return self._pread(hi - lo, lo)
 
+    def through(self, hi: int) -> bytes:
+        """The first ``hi`` bytes, and maybe more (read once: a search over them runs in place)."""
+        have = len(self.front)
+        if hi > have:
+            self.front += self._pread(hi - have, have)
+        return self.front
+
     def find(self, needle: bytes, lo: int, hi: int) -> int:
         """First offset of ``needle`` in ``[lo, hi)``, -1 when none; reads forward only as far as needed."""
         while True:
@@ -101,18 +114,15 @@ class ByteView:
             self._grow_front(2 * len(self.front))
 
 
-def decode_recent(
-    data: bytes | ByteView, keep: int
-) -> tuple[dict[str, Any], int, dict[int, list[str]]] | None:
-    """(top-level dict whose ``entries`` are the newest ``keep`` entries, total entry count, pg_id → [name,
-    desc] of the groups in the first entries) or None."""
+def decode_recent(data: bytes | ByteView, keep: int) -> Recent | None:
+    """The newest ``keep`` entries (:data:`Recent`), or None."""
     try:
         return _decode_recent(data if isinstance(data, ByteView) else ByteView(data), keep)
     except Exception:  # any doubt: the caller decodes the whole file
         return None
 
 
-def _decode_recent(view: ByteView, keep: int) -> tuple[dict[str, Any], int, dict[int, list[str]]] | None:
+def _decode_recent(view: ByteView, keep: int) -> Recent | None:
     size = view.size
     if size < 1 << 16 or bytes(view.get(0, 2)) != b"\x80\x02":
         return None
@@ -208,7 +218,55 @@ def _decode_recent(view: ByteView, keep: int) -> tuple[dict[str, Any], int, dict
         pg = e.get("process_group")
         if type(e.get("pg_id")) is int and isinstance(pg, list | tuple) and len(pg) == 2:
             names.setdefault(e["pg_id"], [str(pg[0]), str(pg[1])])
-    return top, total, names
+    memo = memo_source.memo
+
+    def skipped_done() -> bool:
+        try:
+            return _skipped_done(view, memo, head, head_end, tail_start)
+        except Exception:  # any doubt: not shown completed
+            return False
+
+    return top, total, names, skipped_done
+
+
+def _completed(e: Any) -> bool:
+    """What :mod:`sentinel.fr.summary` counts as completed: retired, or state "completed"."""
+    return type(e) is dict and (e.get("retired") is True or e.get("state") == "completed")
+
+
+@functools.cache
+def _not_retired(ref: bytes) -> re.Pattern[bytes]:
+    """The key ``retired`` (memo reference ``ref``) followed by NEWFALSE or NONE."""
+    return re.compile(re.escape(ref) + b"[\x89N]")
+
+
+def _skipped_done(view: ByteView, memo: Any, head: list[Any], lo: int, hi: int) -> bool:
+    """Whether every entry the decode skipped — the first :data:`HEAD` (decoded: checked as the summary
+    reads them) and those in bytes ``[lo, hi)`` (never decoded) — is retired, so none is still pending.
+
+    Without decoding the middle: PyTorch's pickler writes ``retired`` in every entry, as a bool
+    (NEWTRUE / NEWFALSE), after the key string memoized once (by value) and referenced by BINGET (index
+    below 256) or LONG_BINGET after its first use in the first entry; CPython's pickler (the same
+    layout for plain data) memoizes a key string once per object. So an entry not retired holds the key's
+    reference followed by NEWFALSE (or NONE, as CPython writes None), which one C-level regex search over
+    the middle finds; the same bytes inside a string or a number only cost a full decode. Any other way
+    the middle could name the key — a second memoized copy, its text (BINUNICODE or any other string
+    opcode), a head memo holding it under several indices or none — means "not shown": the caller
+    decodes the whole file. Not seen, by design: opcode sequences neither pickler writes (a bool behind
+    POP, a LONG_BINGET of an index below 256) and entries without the key (PyTorch writes it in every
+    entry), which a hand-made file could hold — as it could simply state anything in a dump that reads
+    well."""
+    if not all(_completed(e) for e in head):
+        return False
+    indices = [i for i, v in memo.copy().items() if type(v) is str and v == "retired"]
+    if len(indices) != 1:
+        return False
+    (index,) = indices
+    ref = b"h" + bytes([index]) if index < 256 else b"j" + index.to_bytes(4, "little")
+    data = view.through(hi)
+    if data.find(b"retired", lo, hi) >= 0:
+        return False
+    return _not_retired(ref).search(data, lo, hi) is None
 
 
 class _Marks:
@@ -259,7 +317,7 @@ class _Marks:
 _JSON_ENTRY = b'{"collective_seq_id":'
 
 
-def decode_recent_json(data: bytes, keep: int) -> tuple[dict[str, Any], int, dict[int, list[str]]] | None:
+def decode_recent_json(data: bytes, keep: int) -> Recent | None:
     """The same for ``_dump_fr_trace_json`` output (keys sorted, no memo): the document is spliced to its
     header, the newest ``keep`` entries and its trailer, and parsed once. None when in doubt."""
     try:
@@ -268,7 +326,7 @@ def decode_recent_json(data: bytes, keep: int) -> tuple[dict[str, Any], int, dic
         return None
 
 
-def _decode_recent_json(data: bytes, keep: int) -> tuple[dict[str, Any], int, dict[int, list[str]]] | None:
+def _decode_recent_json(data: bytes, keep: int) -> Recent | None:
     start = data.find(b'"entries":[' + _JSON_ENTRY, 0, 1 << 16)
     if start < 0:
         return None
@@ -293,4 +351,14 @@ def _decode_recent_json(data: bytes, keep: int) -> tuple[dict[str, Any], int, di
     pg = first_entry.get("process_group")
     if type(first_entry.get("pg_id")) is int and isinstance(pg, list) and len(pg) == 2:
         names[first_entry["pg_id"]] = [str(pg[0]), str(pg[1])]
-    return obj, total, names
+    skipped = total - keep
+
+    def skipped_done() -> bool:
+        """Every skipped entry retired: in JSON a string cannot hold an unescaped quote, so the text
+        ``"retired":true`` is the key with the value true and nothing else (torch writes it compact, in
+        every entry, keys sorted); as many of those as skipped entries, and no other ``"retired"`` (another
+        value, spacing, a nested copy), or the caller decodes the whole file."""
+        ok = data.count(b'"retired":true', first, cut)
+        return ok == skipped and data.count(b'"retired"', first, cut) == ok
+
+    return obj, total, names, skipped_done

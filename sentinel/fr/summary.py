@@ -194,6 +194,7 @@ class RankSummary:
         "median_duration_ms",
         "n_entries",
         "rank",
+        "skipped_p2p",
         "source",
         "version",
     )
@@ -210,6 +211,7 @@ class RankSummary:
         first_t_ns: int = 0,
         last_t_ns: int = 0,
         median_duration_ms: float = -1.0,
+        skipped_p2p: bool = False,
     ) -> None:
         self.rank = rank
         self.source = source
@@ -220,6 +222,12 @@ class RankSummary:
         self.first_t_ns = first_t_ns
         self.last_t_ns = last_t_ns
         self.median_duration_ms = median_duration_ms  # NCCL duration_ms of completed collectives; -1: none
+        #: completed send/recv entries were skipped (:attr:`sentinel.fr.loader.RawDump.skipped_p2p`)
+        self.skipped_p2p = skipped_p2p
+
+    def waits(self) -> bool:
+        """Whether a group of this rank still waits (pg_status) or holds an op not completed."""
+        return any(g.pending or g.enq > g.done for g in self.groups)
 
     def to_plain(self) -> tuple[Any, ...]:
         """Builtins only, in ``__init__`` order: what a decoding worker sends (see :func:`summary_from_plain`)."""
@@ -233,6 +241,7 @@ class RankSummary:
             self.first_t_ns,
             self.last_t_ns,
             self.median_duration_ms,
+            self.skipped_p2p,
         )
 
 
@@ -240,7 +249,7 @@ def summary_from_plain(plain: Any) -> RankSummary:
     """The :class:`RankSummary` of :meth:`RankSummary.to_plain`'s tuple. A worker's message is decoded
     with the no-globals unpickler, so it can hold builtins only; a malformed one raises TypeError or
     ValueError."""
-    rank, source, version, n_entries, groups, keys, first_t, last_t, median = plain
+    rank, source, version, n_entries, groups, keys, first_t, last_t, median, skipped_p2p = plain
     return RankSummary(
         rank,
         source,
@@ -251,6 +260,7 @@ def summary_from_plain(plain: Any) -> RankSummary:
         first_t_ns=first_t,
         last_t_ns=last_t,
         median_duration_ms=median,
+        skipped_p2p=skipped_p2p is True,
     )
 
 
@@ -634,6 +644,7 @@ def _summarize(
         first_t_ns=first_t,
         last_t_ns=last_t,
         median_duration_ms=sorted(durations)[len(durations) // 2] if durations else -1.0,
+        skipped_p2p=dump.skipped_p2p,
     )
 
 

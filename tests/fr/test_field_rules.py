@@ -25,8 +25,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from sentinel.fr.analysis import analyze
-from sentinel.fr.dumpset import COERCE_FROM, _decode_one
+from sentinel.fr.dumpset import COERCE_FROM, _decode_one, analyze_dir
 from sentinel.fr.errors import FrFormatError, brief
 from sentinel.fr.loader import load_dump, parse_dump
 from sentinel.fr.summary import summarize
@@ -397,9 +396,9 @@ def _send_at(top: dict[str, Any], index: int, done: bool) -> None:
 
 
 def _analysis_or_line(folder: Path, recent: int | None) -> Any:
+    """The analysis of the set (as ``sentinel fr analyze`` reads it, in-process), or its error line."""
     try:
-        summaries = [summarize(load_dump(f, recent=recent)) for f in sorted(folder.iterdir())]
-        return analyze(summaries).to_json()
+        return analyze_dir(folder, workers=0, recent=recent).to_json()
     except FrFormatError as exc:
         return str(exc)
 
@@ -411,8 +410,9 @@ def test_a_send_behind_later_collectives_is_seen_from_the_newest_entries(
 ) -> None:
     """An ``isend`` to rank 1 still pending while rank 0 ran 1,500 more collectives of its group:
     pg_status says the group is done, only the send's entry says rank 0 is blocked in it. From the newest
-    128 entries that was "healthy" where the full decode says "hang" — now any group whose newest entries
-    count a send/recv before them is decoded in full (NCCL; gloo records none)."""
+    128 entries that was "healthy" where the full decode says "hang" — now a group whose newest entries
+    count a send/recv before them keeps the newest entries only when no skipped entry is pending (NCCL;
+    gloo records none): the pending send is decoded in full, the completed one is not."""
     for r in range(2):
         top = copy.deepcopy(_BIG)
         if r == 0:
@@ -422,7 +422,9 @@ def test_a_send_behind_later_collectives_is_seen_from_the_newest_entries(
     assert tail == full
     if not done:
         assert full["verdict"] == "hang" and full["collective"]["op"] == "send", full
-    assert (load_dump(tmp_path / "nccl_trace_rank_0", recent=128).total_entries < 0) == (at == 500)
+    fast = load_dump(tmp_path / "nccl_trace_rank_0", recent=128)
+    assert (fast.total_entries < 0) == (at == 500 and not done)
+    assert len(fast.entries) == (2000 if at == 500 and not done else 128)
     assert load_dump(tmp_path / "nccl_trace_rank_1", recent=128).total_entries == 2000  # no p2p: the tail
 
 
@@ -451,17 +453,55 @@ def _write_pair(folder: Path, tops: list[dict[str, Any]]) -> None:
         (folder / f"nccl_trace_rank_{r}").write_bytes(pickle.dumps(top, protocol=2))
 
 
+def test_a_healthy_pipeline_keeps_the_newest_entries_only(tmp_path: Path) -> None:
+    """Every step of a pipeline-parallel NCCL job sends and receives, so every group counts send/recv
+    before its newest entries: when every skipped entry is retired (a bytes scan of the middle, never
+    decoded), the newest 128 entries are still all that is decoded — the same analysis as a full decode."""
+    _write_pair(tmp_path, _pp_pair())
+    tail, full = _analysis_or_line(tmp_path, 128), _analysis_or_line(tmp_path, None)
+    assert tail == full and full["verdict"] == "healthy", full
+    for r in range(2):
+        dump = load_dump(tmp_path / f"nccl_trace_rank_{r}", recent=128)
+        assert dump.total_entries == 2000 and len(dump.entries) == 128
+
+
 @pytest.mark.parametrize(("rank", "send"), [(1, False), (0, True)], ids=["recv", "send"])
 def test_a_pending_send_or_recv_in_the_skipped_middle_is_read(tmp_path: Path, rank: int, send: bool) -> None:
-    """One op of a pipeline pair still pending 1,300 entries before the newest (its peer never posted
-    the counterpart): the verdict names the rank blocked in it, as a full decode of every dump does; the
-    dumps that count a send/recv before their newest entries are decoded in full."""
+    """One op of the pipeline pair still pending 1,300 entries before the newest (its peer never posted
+    the counterpart): the scan finds it, that dump is decoded in full, and the verdict names the rank
+    blocked in it, as a full decode of every dump does."""
     _write_pair(tmp_path, _pp_pair((rank, 700, send)))
     tail, full = _analysis_or_line(tmp_path, 128), _analysis_or_line(tmp_path, None)
     assert tail == full
     assert full["verdict"] == "hang", full
     assert full["collective"]["op"] == ("send" if send else "recv") and full["collective"]["p2p"], full
     assert len(load_dump(tmp_path / f"nccl_trace_rank_{rank}", recent=128).entries) == 2000
+    assert len(load_dump(tmp_path / f"nccl_trace_rank_{1 - rank}", recent=128).entries) == 128
+
+
+def _retired_ref(blob: bytes) -> bytes:
+    """The BINGET by which CPython's pickler refers to the key ``retired`` after its first entry."""
+    at = blob.index(b"X\x07\x00\x00\x00retired") + 12
+    assert blob[at] == ord("q") and blob[at + 1] < 0x80  # BINPUT of a one-byte (ASCII) index
+    return b"h" + blob[at + 1 : at + 2]
+
+
+@pytest.mark.parametrize("name", ["key", "pattern"])
+def test_the_key_or_its_pattern_inside_a_frame_string_only_costs_a_full_decode(
+    tmp_path: Path, name: str
+) -> None:
+    """The scan reads bytes, not opcodes: a stack frame in the middle whose function name holds the text
+    ``retired``, or the bytes of "retired: None" (the key's BINGET then ``N``), makes it decode the dump
+    in full — slower, the same analysis."""
+    tops = _pp_pair()
+    ref = _retired_ref(pickle.dumps(tops[0], protocol=2))
+    text = "on_retired_work" if name == "key" else (ref + b"N").decode()
+    tops[0]["entries"][1000]["frames"] = [{"name": text, "filename": "train.py", "line": 7}]
+    _write_pair(tmp_path, tops)
+    assert text.encode() in (tmp_path / "nccl_trace_rank_0").read_bytes()
+    assert _analysis_or_line(tmp_path, 128) == _analysis_or_line(tmp_path, None)
+    assert len(load_dump(tmp_path / "nccl_trace_rank_0", recent=128).entries) == 2000
+    assert len(load_dump(tmp_path / "nccl_trace_rank_1", recent=128).entries) == 128
 
 
 def test_a_newest_entry_with_an_unhashable_id_is_the_full_decodes_line(tmp_path: Path) -> None:
