@@ -504,6 +504,22 @@ def test_the_key_or_its_pattern_inside_a_frame_string_only_costs_a_full_decode(
     assert len(load_dump(tmp_path / "nccl_trace_rank_1", recent=128).entries) == 128
 
 
+@pytest.mark.parametrize("case", ["healthy", "pending", "spaced"])
+def test_json_pipeline_dumps_answer_the_same_question(tmp_path: Path, case: str) -> None:
+    """``_dump_fr_trace_json`` output (sorted keys, compact): the skipped text must hold as many
+    ``"retired":true`` as skipped entries and no other ``"retired"``; a pending recv there, or the key
+    written another way (spaced), decodes the whole file — the same analysis either way."""
+    tops = _pp_pair((1, 700, False) if case == "pending" else None)
+    for r, top in enumerate(tops):
+        text = json.dumps(top, sort_keys=True, separators=(",", ":"))
+        if case == "spaced" and r == 0:
+            text = text.replace('"retired":true', '"retired": true', 1000)
+        (tmp_path / f"nccl_trace_rank_{r}.json").write_text(text)
+    assert _analysis_or_line(tmp_path, 128) == _analysis_or_line(tmp_path, None)
+    sizes = [len(load_dump(tmp_path / f"nccl_trace_rank_{r}.json", recent=128).entries) for r in range(2)]
+    assert sizes == {"healthy": [128, 128], "pending": [128, 2000], "spaced": [2000, 128]}[case]
+
+
 def test_a_newest_entry_with_an_unhashable_id_is_the_full_decodes_line(tmp_path: Path) -> None:
     """Deciding whether the newest entries are enough looked their (pg_id, seq) up in a set: a list there
     raised TypeError (a traceback in-process) where the full decode names the field."""
