@@ -176,3 +176,45 @@ def test_a_file_is_read_at_both_ends_in_small_steps(tmp_path: Path, monkeypatch:
     middle = len(raw) // 2
     path.write_bytes(raw[:middle] + b"\xff" * 64 + raw[middle + 64 :])
     assert load_dump(path, recent=256).entries == full[-256:]
+
+
+_SKIP_CHANGES = st.sampled_from(["false", "none", "false_completed", "key_text", "key_copy", "pattern"])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 1199), _SKIP_CHANGES), max_size=4))
+def test_fuzz_the_skipped_entries_are_shown_retired_only_when_they_are(
+    changes: list[tuple[int, str]],
+) -> None:
+    """The bytes search of the skipped entries (never decoded) against a full decode: whatever entries
+    anywhere in the buffer hold — retired False or None (pending), False but state completed, a stack
+    frame named with the key's text, a second (non-interned) copy of the key string, the bytes of the
+    key's reference followed by NONE inside a frame name — when it says every skipped entry is retired,
+    the full decode agrees (it may say "not shown" for entries that are: a full decode then)."""
+    dump = loads_plain(_base_dump())
+    ref = None
+    blob = _base_dump()
+    at = blob.index(b"X\x07\x00\x00\x00retired") + 12
+    if blob[at] == ord("q") and blob[at + 1] < 0x80:
+        ref = "h" + chr(blob[at + 1])
+    for index, change in changes:
+        e = dump["entries"][index]
+        if change == "false":
+            e.update(retired=False, state="started")
+        elif change == "none":
+            e.update(retired=None, state="scheduled")
+        elif change == "false_completed":
+            e.update(retired=False, state="completed")
+        elif change == "key_copy":  # a key string equal to "retired" but another object: memoized again
+            del e["retired"]
+            e["".join(["ret", "ired"])] = False
+            e["state"] = "started"
+        else:
+            name = "on_retired_work" if change == "key_text" or ref is None else ref + "N"
+            e["frames"] = [{"name": name, "filename": "train.py", "line": 1}]
+    blob = pickle.dumps(dump, protocol=2)
+    found = decode_recent(blob, 128)
+    if found is None or not found[3]():
+        return
+    skipped = loads_plain(blob)["entries"][:-128]
+    assert all(e.get("retired") is True or e.get("state") == "completed" for e in skipped)
