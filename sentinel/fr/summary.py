@@ -430,7 +430,8 @@ def _summarize(
     check_pg = fast or not coerced
     inexact = fast or not coerced  # every error is retried through coerce_entries
     key_info: dict[int, KeyInfo] = {}
-    p2p_names: dict[str, tuple[bool, str]] = {}  # profiling name -> (a send/recv, its backend)
+    # profiling name -> (a send/recv, its backend, the closing entry of a coalesced batch)
+    p2p_names: dict[str, tuple[bool, str, bool]] = {}
     keyed_from = len(entries) - KEY_WINDOW
     first_t = 0
     last_t = 0
@@ -548,8 +549,9 @@ def _summarize(
             completed = retired is True or state == "completed"
             named = p2p_names.get(profiling)
             if named is None:
-                named = p2p_names[profiling] = (op_name(profiling) in P2P, backend(profiling))
-            is_p2p, bk = named
+                op = op_name(profiling)
+                named = p2p_names[profiling] = (op in P2P, backend(profiling), op == "coalesced")
+            is_p2p, bk, closes = named
             if bk != b.backend:
                 b.backend = bk if b.backend is None else MIXED_BACKENDS
             key = 0
@@ -588,12 +590,18 @@ def _summarize(
                         del b.p2p_log[: -2 * P2P_LOG]
                 else:
                     local_peer = -1
+                    if closes and b.pending:
+                        _close_batch(
+                            b.pending, p2p_seq, True, completed, state, arrived if started_ns else None
+                        )
                 if not completed:  # (arrival, as the log and the collectives' time column measure it)
                     b.pending.append(Pending(p2p_seq, key, profiling, arrived, state, True, local_peer))
                 continue
             if seq is None:
                 seq = seq_id if seq_id is not None else -1
             if seq == b.last_seq:
+                if closes and b.pending:
+                    _close_batch(b.pending, seq, False, completed, state, None)
                 # ops of one coalesced collective share its seq: fold their keys together
                 if key and b.keys[-1]:
                     b.keys[-1] = zlib.crc32(key.to_bytes(4, "little"), b.keys[-1]) or 1
@@ -646,6 +654,34 @@ def _summarize(
         median_duration_ms=sorted(durations)[len(durations) // 2] if durations else -1.0,
         skipped_p2p=dump.skipped_p2p,
     )
+
+
+def _close_batch(  # noqa: PLR0917 - called per batch from the hot loop: positional is cheaper
+    pending: list[Pending], seq: int, p2p: bool, completed: bool, state: str, t_ns: int | None
+) -> None:
+    """The ``nccl:coalesced`` entry that closes a batch speaks for its members.
+
+    ProcessGroupNCCL::pointToPoint (torch 2.5+), while coalescing (``batch_isend_irecv``,
+    ``_coalescing_manager``), records each op of the batch with no start/end events: the watchdog never
+    updates those entries (``state`` scheduled, ``retired`` False, no times, forever); the ``nccl:coalesced``
+    entry ``endCoalescing`` records after them (same group, same ``p2p_seq_id`` for send/recv; since 2.7
+    also for slow-path coalesced collectives, same ``collective_seq_id``) carries the batch's work. So the
+    members still pending at the tail of the group's list (the batch's own ops, recorded just before) take
+    its state: dropped when it completed, else its state and ``t_ns`` (for send/recv the batch's device start,
+    when it has one; None keeps the member's own time, as a pending collective keeps its enqueue time).
+    Members with no closing entry after them (a dump taken mid-batch) are left as they are. Only the tail
+    is scanned: the work is the batch's size."""
+    n = len(pending)
+    while n and pending[n - 1].p2p is p2p and pending[n - 1].seq == seq:
+        n -= 1
+    if n == len(pending):
+        return
+    if completed:
+        del pending[n:]
+        return
+    for i in range(n, len(pending)):
+        member = pending[i]
+        pending[i] = member._replace(state=state, t_ns=member.t_ns if t_ns is None else t_ns)
 
 
 def _entry_at(dump: RawDump, entries: list[Any], index: int) -> str:

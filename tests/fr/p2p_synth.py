@@ -8,9 +8,14 @@ entries into what ProcessGroupNCCL would have written (documented fields of form
 * collectives: the gloo entry, ``profiling_name`` ``nccl:<op>``, ``state`` completed/started with
   start/completion times, ``op_id`` renumbered over collectives and p2p ops of the group;
 * p2p ops: ``profiling_name`` ``nccl:send <me>-><peer>`` / ``nccl:recv <me><-<peer>`` with group-local
-  ranks, ``is_p2p`` true, ``p2p_seq_id`` counting the group's p2p ops (the ops of one
-  ``batch_isend_irecv`` share one, end with a ``nccl:coalesced`` entry and complete together), ``collective_seq_id`` the
+  ranks, ``is_p2p`` true, ``p2p_seq_id`` counting the group's p2p ops, ``collective_seq_id`` the
   group's last collective, input/output sizes the tensor shape;
+* a ``batch_isend_irecv`` batch as ProcessGroupNCCL writes it (``ProcessGroupNCCL::pointToPoint`` and
+  ``endCoalescing``, torch 2.5+, unchanged by the FlightRecorder refactor of 2.7): its ops share one
+  ``p2p_seq_id`` and are recorded with no start/end events — no work of their own, so the watchdog never
+  updates them: ``state`` scheduled, ``retired`` False, no times, forever — followed by one
+  ``nccl:coalesced`` entry (same group and ``p2p_seq_id``, ``is_p2p`` true) that carries the batch's
+  state, times and ``retired``; a lone op is a work of its own and carries its own;
 * ``pg_config`` the true members, ``pg_status`` counting collectives (NCCL's ``seqCollective_``).
 
 Nothing here was written by NCCL itself; the docs say so.
@@ -93,7 +98,10 @@ def p2p_nccl_set(src: Path, dst: Path) -> Path:
                     "timeout_ms": 60000,
                     "is_p2p": True,
                 }
-                _timing(e, batch_done)
+                if len(batch) > 1:
+                    _member(e)  # the batch's work is the nccl:coalesced entry below
+                else:
+                    _timing(e, batch_done)
                 entries.append(e)
             if len(batch) > 1:
                 e = dict(entries[-1])
@@ -125,6 +133,18 @@ def p2p_nccl_set(src: Path, dst: Path) -> Path:
         top = {"version": "2.10", "pg_config": pg_config, "pg_status": status, "entries": entries}
         (dst / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(top, protocol=2))
     return dst
+
+
+def _member(e: dict[str, Any]) -> None:
+    """An op of a coalesced batch as ProcessGroupNCCL::pointToPoint records it: with no start/end events
+    (no work of its own), so the watchdog never updates it: scheduled, not retired, no times, forever."""
+    e.update(
+        retired=False,
+        state="scheduled",
+        time_discovered_started_ns=None,
+        time_discovered_completed_ns=None,
+        duration_ms=None,
+    )
 
 
 def _timing(e: dict[str, Any], done: bool) -> None:

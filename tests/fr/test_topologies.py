@@ -720,3 +720,109 @@ def test_live_heads_of_the_same_gloo_job_carry_no_send_recv_and_give_no_verdict(
     the dump analysis of these dumps is inconclusive for the same reason."""
     tops = _tops(DATA / "pp_only_hang_n4" / "pickle")
     assert _live_stuck(tops, [0.5 + 2.0 * i for i in range(6)]) == []
+
+
+# ---------------------------------------------------------------- coalesced batches as ProcessGroupNCCL writes them
+
+
+def _batched_upto(tmp_path: Path, last: int) -> dict[int, dict[str, Any]]:
+    """ring_hang_n4 in NCCL format cut after collective ``last`` on every rank (each step: one
+    ``batch_isend_irecv`` of a send and a recv, then an all_reduce): a job where every op up to there
+    completed. The batches' member ops read as p2p_synth writes them — scheduled, not retired, no times —
+    and each closing ``nccl:coalesced`` entry completed and retired."""
+    tops = _tops(p2p_nccl_set(DATA / "ring_hang_n4", tmp_path))
+    for top in tops.values():
+        top["entries"] = [
+            e
+            for e in top["entries"]
+            if (e["p2p_seq_id"] <= last if e.get("is_p2p") else e["collective_seq_id"] <= last)
+        ]
+        for status in top["pg_status"].values():
+            status.update(
+                last_enqueued_collective=last, last_started_collective=last, last_completed_collective=last
+            )
+    return tops
+
+
+def test_a_healthy_job_of_coalesced_batches_reads_healthy(tmp_path: Path) -> None:
+    """Every member op of a completed batch stays 'scheduled' and unretired in a real dump (no work of its
+    own); its nccl:coalesced entry speaks for it. Read per op, this job was blocked in send/recv."""
+    tops = _batched_upto(tmp_path, 7)
+    members = [
+        e for top in tops.values() for e in top["entries"] if e["profiling_name"].startswith("nccl:send")
+    ]
+    assert members and all(e["state"] == "scheduled" and e["retired"] is False for e in members)
+    result = _analyze_tops(tops)
+    assert result.verdict == "healthy", result.summary
+    assert result.culprit_ranks == []
+    for top in tops.values():  # the msgspec reading agrees with the direct one
+        dump = parse_dump(top, rank=0, source="r", is_json=False)
+        assert summarize(dump).to_plain() == summarize(dump, coerce=True).to_plain()
+
+
+@pytest.mark.parametrize("culprit", [0, 2, 3])
+def test_a_rank_that_never_posts_its_batch_is_named(culprit: int, tmp_path: Path) -> None:
+    """The same job where one rank never posts batch #7: its neighbours' batches started and never
+    completed (the closing entry says so for its members), so the rank that posted nothing is the culprit."""
+    tops = _batched_upto(tmp_path, 7)
+    for rank, top in tops.items():
+        entries = [
+            e
+            for e in top["entries"]
+            if e["collective_seq_id"] < 7 or (e.get("is_p2p") and e["p2p_seq_id"] < 7)
+        ]
+        if rank != culprit:
+            batch = [dict(e) for e in top["entries"] if e.get("is_p2p") and e["p2p_seq_id"] == 7]
+            batch[-1].update(
+                retired=False, state="started", time_discovered_completed_ns=None, duration_ms=None
+            )
+            entries += batch
+        top["entries"] = entries
+        for status in top["pg_status"].values():
+            status.update(last_enqueued_collective=6, last_started_collective=6, last_completed_collective=6)
+    result = _analyze_tops(tops)
+    assert result.verdict == "hang", result.summary
+    assert result.culprit_ranks[:1] == [culprit], result.summary
+
+
+def test_members_without_their_closing_entry_stay_pending(tmp_path: Path) -> None:
+    """A dump taken mid-batch (members recorded, endCoalescing not yet): the members are all there is."""
+    tops = _batched_upto(tmp_path, 7)
+    top = tops[0]
+    top["entries"] = top["entries"][:-2]  # the all_reduce #7 and batch #7's nccl:coalesced entry
+    assert top["entries"][-1]["profiling_name"].startswith("nccl:recv")
+    track = next(g for g in summarize(parse_dump(top, rank=0, source="r", is_json=False)).groups)
+    assert [(p.seq, p.state, p.p2p) for p in track.pending] == [(7, "scheduled", True)] * 2
+
+
+@pytest.mark.parametrize("closing", ["completed", "started", None])
+def test_a_coalesced_collective_reads_as_its_closing_entry(closing: str | None, tmp_path: Path) -> None:
+    """Slow-path coalesced collectives (torch 2.7+): per-op entries share the closing entry's
+    ``collective_seq_id``, carry no state of their own, and take the closing entry's."""
+    top = _batched_upto(tmp_path, 7)[0]
+    last = next(e for e in reversed(top["entries"]) if e["profiling_name"] == "nccl:all_reduce")
+    seq = last["collective_seq_id"] + 1
+    ops = [
+        dict(last, collective_seq_id=seq, state="scheduled", retired=False, duration_ms=None)
+        for _ in range(2)
+    ]
+    for e in ops:
+        e.update(time_discovered_started_ns=None, time_discovered_completed_ns=None)
+    if closing is not None:
+        done = closing == "completed"
+        ops.append(
+            dict(last, collective_seq_id=seq, profiling_name="nccl:coalesced", state=closing, retired=done)
+        )
+    top["entries"] = top["entries"] + ops
+    for n, e in enumerate(top["entries"]):
+        e["record_id"] = n
+    for dump_coerce in (False, True):
+        summary = summarize(parse_dump(top, rank=0, source="r", is_json=False), coerce=dump_coerce)
+        track = next(g for g in summary.groups if g.enq == seq)
+        states = [p.state for p in track.pending if p.seq == seq and not p.p2p]
+        if closing == "completed":
+            assert states == [] and track.done == seq
+        elif closing == "started":
+            assert states == ["started"] * 3 and track.done < seq
+        else:
+            assert states == ["scheduled"] * 2 and track.done < seq
