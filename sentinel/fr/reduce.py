@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
+import msgspec
+
 from sentinel.fr.errors import FrFormatError
 from sentinel.fr.heads import FrHeads, InFlight, PgHead
 from sentinel.fr.ops import P2P, op_name
@@ -62,6 +64,8 @@ def reduce_snapshot(
     in_flight: dict[str, list[InFlight]] = {}
     enq_from_entries: dict[str, int] = {}
     pairs: dict[int, list[tuple[int, int]]] = {}  # pg_id -> (op_id, collective seq) of its collectives
+    closers: dict[tuple[str, int], str] = {}  # (group, p2p seq) -> state of its nccl:coalesced entry
+    members: dict[tuple[str, int], int] = {}  # (group, p2p seq) -> its send/recv entries in the snapshot
     for e in entries:
         if not isinstance(e, dict):
             raise FrFormatError("live flight recorder: an entry is not an object")
@@ -75,10 +79,18 @@ def reduce_snapshot(
                 pairs.setdefault(pg_id, []).append(
                     (_as_int(e["op_id"], "op_id"), _as_int(e["collective_seq_id"], "collective_seq_id"))
                 )
-        if e.get("retired") is True or e.get("state") == "completed":
-            continue
+        finished = e.get("retired") is True or e.get("state") == "completed"
         profiling = str(e.get("profiling_name", "?"))
-        p2p = e.get("is_p2p") is True or op_name(profiling) in P2P
+        op = op_name(profiling)
+        p2p = e.get("is_p2p") is True or op in P2P
+        if p2p and (op == "coalesced" or op in P2P):  # (the ops of a batch: see _close_batches)
+            batch = (name, _as_int(e.get("p2p_seq_id", -1), "p2p_seq_id"))
+            if op == "coalesced":
+                closers[batch] = "completed" if finished else str(e.get("state"))
+            else:
+                members[batch] = members.get(batch, 0) + 1
+        if finished:
+            continue
         seq = _as_int(e.get("p2p_seq_id" if p2p else "collective_seq_id", -1), "collective_seq_id")
         created = _as_int(e.get("time_created_ns", now_ns), "time_created_ns")
         age = max(0.0, (now_ns - created) / 1e9)
@@ -88,6 +100,8 @@ def reduce_snapshot(
         )
         if not p2p:
             enq_from_entries[name] = max(enq_from_entries.get(name, -1), seq)
+    if members:
+        _close_batches(in_flight, closers, members)
     heads: dict[str, PgHead] = {}
     status = snapshot.get("pg_status") or {}
     if not isinstance(status, dict):
@@ -133,6 +147,38 @@ def reduce_snapshot(
         pid=pid,
         pgs=sorted(heads.values(), key=lambda h: h.pg_name),
     )
+
+
+def _close_batches(
+    in_flight: dict[str, list[InFlight]],
+    closers: dict[tuple[str, int], str],
+    members: dict[tuple[str, int], int],
+) -> None:
+    """Send/recv of a coalesced batch read as the batch (in place).
+
+    ProcessGroupNCCL records each op of a ``batch_isend_irecv`` batch with no start/end events (no work of
+    its own: ``state`` scheduled, no completion time, forever) and the batch's work as the ``nccl:coalesced``
+    entry that follows (same group and ``p2p_seq_id``). ``onlyActive`` snapshots skip entries with a
+    completion time, so every member of every batch still in the ring buffer shows as in flight, its age
+    growing, while the batch's completed closing entry is gone: read per op, a healthy pipeline that pauses
+    (checkpoint, eval) reads as a job blocked in send/recv. So members take their closing entry's state —
+    dropped when it completed or is absent (skipped as completed) while two or more ops share its seq; a
+    lone op without one is an op of its own (or a batch of one, which cannot be told apart) and stays."""
+    for name, flights in in_flight.items():
+        kept = []
+        for f in flights:
+            key = (name, f.seq)
+            if not f.p2p or op_name(f.op) not in P2P or key not in members:
+                kept.append(f)
+                continue
+            state = closers.get(key, "completed" if members[key] > 1 else None)
+            if state is None:
+                kept.append(f)
+            elif state != "completed":
+                kept.append(
+                    msgspec.structs.replace(f, state="started" if state == "started" else "scheduled")
+                )
+        flights[:] = kept
 
 
 #: Groups whose op-id -> seq pair is remembered (one per process group; jobs have a handful).

@@ -138,13 +138,7 @@ def p2p_nccl_set(src: Path, dst: Path) -> Path:
 def _member(e: dict[str, Any]) -> None:
     """An op of a coalesced batch as ProcessGroupNCCL::pointToPoint records it: with no start/end events
     (no work of its own), so the watchdog never updates it: scheduled, not retired, no times, forever."""
-    e.update(
-        retired=False,
-        state="scheduled",
-        time_discovered_started_ns=None,
-        time_discovered_completed_ns=None,
-        duration_ms=None,
-    )
+    _pending(e, None)
 
 
 def _timing(e: dict[str, Any], done: bool) -> None:
@@ -158,10 +152,15 @@ def _timing(e: dict[str, Any], done: bool) -> None:
             duration_ms=0.8,
         )
     else:
-        e.update(
-            retired=False,
-            state="started",
-            time_discovered_started_ns=started,
-            time_discovered_completed_ns=None,
-            duration_ms=None,
-        )
+        _pending(e, started)
+
+
+def _pending(e: dict[str, Any], started: int | None) -> None:
+    """Not completed: started on the device at ``started``, or (None) merely scheduled."""
+    e.update(
+        retired=False,
+        state="scheduled" if started is None else "started",
+        time_discovered_started_ns=started,
+        time_discovered_completed_ns=None,
+        duration_ms=None,
+    )

@@ -826,3 +826,18 @@ def test_a_coalesced_collective_reads_as_its_closing_entry(closing: str | None, 
             assert states == ["started"] * 3 and track.done < seq
         else:
             assert states == ["scheduled"] * 2 and track.done < seq
+
+
+@pytest.mark.parametrize("only_active", [False, True])
+def test_live_heads_of_a_paused_batched_job_hold_no_send_recv(only_active: bool, tmp_path: Path) -> None:
+    """The healthy batched job standing still for 30 min (a checkpoint, an eval): its batches' member ops
+    never complete in the recorder, and an ``onlyActive`` snapshot (what the probe takes) skips only
+    entries with a completion time — so it lists every member and none of their completed closing
+    entries. Read per op, that was 'all 4 ranks blocked in send/recv' (p2p_stalled); as batches, nothing
+    is in flight."""
+    tops = _batched_upto(tmp_path, 7)
+    if only_active:
+        for top in tops.values():
+            top["entries"] = [e for e in top["entries"] if e.get("time_discovered_completed_ns") is None]
+        assert all(any(e.get("is_p2p") for e in top["entries"]) for top in tops.values())
+    assert _live_stuck(tops, [0.5 + 60.0 * i for i in range(30)]) == []
