@@ -15,7 +15,9 @@ entries into what ProcessGroupNCCL would have written (documented fields of form
   ``p2p_seq_id`` and are recorded with no start/end events — no work of their own, so the watchdog never
   updates them: ``state`` scheduled, ``retired`` False, no times, forever — followed by one
   ``nccl:coalesced`` entry (same group and ``p2p_seq_id``, ``is_p2p`` true) that carries the batch's
-  state, times and ``retired``; a lone op is a work of its own and carries its own;
+  state, times and ``retired``; a lone op is a work of its own and carries its own. A batch of ONE op
+  is written as a lone op (the ops log does not say which API posted it), where ProcessGroupNCCL writes
+  a member and a ``nccl:coalesced`` entry (mixed_hang_n4's ranks 1-3 post one recv per batch);
 * ``pg_config`` the true members, ``pg_status`` counting collectives (NCCL's ``seqCollective_``).
 
 Nothing here was written by NCCL itself; the docs say so.
