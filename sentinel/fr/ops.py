@@ -80,6 +80,13 @@ def backend(profiling_name: str) -> str:
     return head if sep and _BACKEND.fullmatch(head) else ""
 
 
+def entry_completed(entry: dict[str, Any]) -> bool:
+    """Whether a decoded entry's op is over: retired, or state "completed" (the rule the dump reduction in
+    :mod:`sentinel.fr.summary` applies inline in its hot loop; the live heads and the newest-entries
+    check read it here)."""
+    return entry.get("retired") is True or entry.get("state") == "completed"
+
+
 def is_send(op: str) -> bool:
     """Whether a p2p op (``nccl:send 0->1``, or its name ``send``/``isend``) sends; else it receives."""
     return op_name(op) in ("send", "isend")

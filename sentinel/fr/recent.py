@@ -26,6 +26,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from sentinel.fr.ops import entry_completed
 from sentinel.fr.safepickle import plain_unpickler
 
 #: Entries decoded from the start of the buffer: they define the memo (keys, op names, stack frames) that
@@ -229,11 +230,6 @@ def _decode_recent(view: ByteView, keep: int) -> Recent | None:
     return top, total, names, skipped_done
 
 
-def _completed(e: Any) -> bool:
-    """What :mod:`sentinel.fr.summary` counts as completed: retired, or state "completed"."""
-    return type(e) is dict and (e.get("retired") is True or e.get("state") == "completed")
-
-
 @functools.cache
 def _not_retired(ref: bytes) -> re.Pattern[bytes]:
     """The key ``retired`` (memo reference ``ref``) followed by NEWFALSE or NONE."""
@@ -256,7 +252,7 @@ def _skipped_done(view: ByteView, memo: Any, head: list[Any], lo: int, hi: int) 
     POP, a LONG_BINGET of an index below 256) and entries without the key (PyTorch writes it in every
     entry), which a hand-made file could hold — as it could simply state anything in a dump that reads
     well."""
-    if not all(_completed(e) for e in head):
+    if not all(type(e) is dict and entry_completed(e) for e in head):
         return False
     indices = [i for i, v in memo.copy().items() if type(v) is str and v == "retired"]
     if len(indices) != 1:

@@ -25,7 +25,7 @@ import msgspec
 
 from sentinel.fr.errors import FrFormatError
 from sentinel.fr.heads import FrHeads, InFlight, PgHead
-from sentinel.fr.ops import P2P, op_name
+from sentinel.fr.ops import P2P, entry_completed, op_name
 
 #: Most in-flight entries kept per group (oldest first); the datagram cap trims further.
 MAX_IN_FLIGHT = 64
@@ -79,7 +79,7 @@ def reduce_snapshot(
                 pairs.setdefault(pg_id, []).append(
                     (_as_int(e["op_id"], "op_id"), _as_int(e["collective_seq_id"], "collective_seq_id"))
                 )
-        finished = e.get("retired") is True or e.get("state") == "completed"
+        finished = entry_completed(e)
         profiling = str(e.get("profiling_name", "?"))
         op = op_name(profiling)
         p2p = e.get("is_p2p") is True or op in P2P
