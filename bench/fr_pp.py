@@ -33,9 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.fr import DEFAULT_SOURCE, _load_source, build_set  # noqa: E402
-
-LAUNCH_NS = 40_000
-DURATION_MS = 0.8
+from tests.fr.nccl_synth import mark_completed  # noqa: E402
 
 
 def pipeline_source(source: dict[int, dict[str, Any]], every: int) -> dict[int, dict[str, Any]]:
@@ -74,14 +72,7 @@ def pipeline_source(source: dict[int, dict[str, Any]], every: int) -> dict[int, 
 
 
 def _completed(e: dict[str, Any]) -> dict[str, Any]:
-    started = e["time_created_ns"] + LAUNCH_NS
-    e.update(
-        retired=True,
-        state="completed",
-        time_discovered_started_ns=started,
-        time_discovered_completed_ns=started + int(DURATION_MS * 1e6),
-        duration_ms=DURATION_MS,
-    )
+    mark_completed(e)
     return e
 
 

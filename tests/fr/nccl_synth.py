@@ -57,24 +57,13 @@ def nccl_set(
         for raw in d.entries:
             e = dict(raw)
             e["profiling_name"] = "nccl:" + e["profiling_name"].split(":", 1)[-1]
-            started = e["time_created_ns"] + LAUNCH_NS
             name, seq = e["process_group"][0], e["collective_seq_id"]
             stalled = stall_last and e["process_group"][1] == "default_pg" and seq == world_last
             if e["retired"] and not stalled:
                 wait_ns = max(0, arrive[(name, seq)] - e["time_created_ns"])
-                duration = BASE_MS + wait_ns / 1e6
-                e.update(
-                    state="completed",
-                    time_discovered_started_ns=started,
-                    time_discovered_completed_ns=started + int(duration * 1e6),
-                    duration_ms=duration,
-                )
+                mark_completed(e, BASE_MS + wait_ns / 1e6)
             else:
-                e.update(retired=False, time_discovered_completed_ns=None, duration_ms=None)
-                if started_pending:
-                    e.update(state="started", time_discovered_started_ns=started)
-                else:
-                    e.update(state="scheduled", time_discovered_started_ns=None)
+                mark_pending(e, started_at(e) if started_pending else None)
                 if stalled:
                     st = status[str(e["pg_id"])]
                     st["last_completed_collective"] = min(st["last_completed_collective"], seq - 1)
@@ -88,6 +77,35 @@ def nccl_set(
         top = {"version": "2.10", "pg_config": pg_config, "pg_status": status, "entries": entries}
         (dst / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(top, protocol=2))
     return dst
+
+
+def started_at(e: dict[str, Any]) -> int:
+    """When the device started an entry's op: its host-side enqueue plus the launch delay."""
+    return int(e["time_created_ns"]) + LAUNCH_NS
+
+
+def mark_completed(e: dict[str, Any], duration_ms: float = BASE_MS) -> None:
+    """NCCL's fields of a completed op: retired, started at :func:`started_at`, done ``duration_ms`` later."""
+    started = started_at(e)
+    e.update(
+        retired=True,
+        state="completed",
+        time_discovered_started_ns=started,
+        time_discovered_completed_ns=started + int(duration_ms * 1e6),
+        duration_ms=duration_ms,
+    )
+
+
+def mark_pending(e: dict[str, Any], started: int | None) -> None:
+    """NCCL's fields of an op not completed: started on the device at ``started``, or (None) merely
+    scheduled."""
+    e.update(
+        retired=False,
+        state="scheduled" if started is None else "started",
+        time_discovered_started_ns=started,
+        time_discovered_completed_ns=None,
+        duration_ms=None,
+    )
 
 
 def _members(truth: dict[str, Any]) -> dict[int, dict[str, tuple[str, list[int]]]]:

@@ -31,8 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from sentinel.fr.loader import discover, load_dump
-
-LAUNCH_NS = 40_000
+from tests.fr.nccl_synth import mark_completed, mark_pending, started_at
 
 
 def p2p_nccl_set(src: Path, dst: Path) -> Path:
@@ -140,29 +139,11 @@ def p2p_nccl_set(src: Path, dst: Path) -> Path:
 def _member(e: dict[str, Any]) -> None:
     """An op of a coalesced batch as ProcessGroupNCCL::pointToPoint records it: with no start/end events
     (no work of its own), so the watchdog never updates it: scheduled, not retired, no times, forever."""
-    _pending(e, None)
+    mark_pending(e, None)
 
 
 def _timing(e: dict[str, Any], done: bool) -> None:
-    started = e["time_created_ns"] + LAUNCH_NS
     if done:
-        e.update(
-            retired=True,
-            state="completed",
-            time_discovered_started_ns=started,
-            time_discovered_completed_ns=started + 800_000,
-            duration_ms=0.8,
-        )
+        mark_completed(e)
     else:
-        _pending(e, started)
-
-
-def _pending(e: dict[str, Any], started: int | None) -> None:
-    """Not completed: started on the device at ``started``, or (None) merely scheduled."""
-    e.update(
-        retired=False,
-        state="scheduled" if started is None else "started",
-        time_discovered_started_ns=started,
-        time_discovered_completed_ns=None,
-        duration_ms=None,
-    )
+        mark_pending(e, started_at(e))
