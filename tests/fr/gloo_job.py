@@ -3,14 +3,16 @@
 Run as ``python -m tests.fr.gloo_job SCENARIO WORLD OUTDIR [STEPS]``. Every rank records its flight recorder
 (TORCH_FR_BUFFER_SIZE) and a helper thread dumps it (``_dump_fr_trace`` into OUTDIR/pickle, the JSON variant
 into OUTDIR/json) when OUTDIR/DUMP appears. The trigger comes, like PyTorch's watchdog, from any rank that
-sees no progress for STALL_S, or on demand from rank 0 (straggler), or after the last step (healthy).
+sees no progress for STALL_S, or on demand from rank 0 (ondemand), or after the last step (healthy); the
+straggler scenario dumps at a synchronised moment instead (:func:`_straggler_dump`).
 OUTDIR/expected.json records, counted by this script independently of any analyzer, what was injected.
 
 Scenarios: healthy, hang (rank 3 never enters its tp all_reduce: a cascade through dp), straggler (rank 1
-enters every collective late; on-demand dump mid-run), op_mismatch (rank 3 calls broadcast where the others
-call the world all_reduce), ondemand (a healthy job dumped on demand by rank 0 while it runs: ranks are
-caught up to a collective apart), bcast_size (rank 2 broadcasts twice the elements its peers expect: gloo's
-transport aborts a receiving rank, which leaves no dump). With STEPS above ~500 every rank's 2,000-entry ring buffer wraps (the fault
+enters every collective late; dumped on demand mid-run, while its peers wait for it in a collective),
+op_mismatch (rank 3 calls broadcast where the others call the world all_reduce), ondemand (a healthy job
+dumped on demand by rank 0 while it runs: ranks are caught up to a collective apart), bcast_size (rank 2
+broadcasts twice the elements its peers expect: gloo's transport aborts a receiving rank, which leaves no
+dump). With STEPS above ~500 every rank's 2,000-entry ring buffer wraps (the fault
 comes 8 steps before the end): full-buffer dumps with stack frames, as a long job leaves them.
 """
 
@@ -38,9 +40,6 @@ CULPRIT = {"hang": 3, "straggler": 1, "op_mismatch": 3, "healthy": -1, "ondemand
 
 
 def _dumper(rank: int, out: Path, state: dict[str, float]) -> None:
-    import torch
-
-    c10d = torch._C._distributed_c10d
     trigger = out / "DUMP"
     injected = out / "expected.json"
     while True:
@@ -53,10 +52,43 @@ def _dumper(rank: int, out: Path, state: dict[str, float]) -> None:
             if state["armed_at"] and state["watch"] and time.monotonic() - since > STALL_S:
                 trigger.write_text(f"watchdog on rank {rank}")
             continue
-        (out / "pickle" / f"nccl_trace_rank_{rank}").write_bytes(c10d._dump_fr_trace())
-        (out / "json" / f"nccl_trace_rank_{rank}.json").write_bytes(c10d._dump_fr_trace_json())
-        (out / f"dumped_{rank}").write_text("1")
+        dump(rank, out)
         return
+
+
+def dump(rank: int, out: Path) -> None:
+    """Write this rank's flight recorder, pickle and JSON, and mark it dumped."""
+    import torch
+
+    c10d = torch._C._distributed_c10d
+    (out / "pickle" / f"nccl_trace_rank_{rank}").write_bytes(c10d._dump_fr_trace())
+    (out / "json" / f"nccl_trace_rank_{rank}.json").write_bytes(c10d._dump_fr_trace_json())
+    (out / f"dumped_{rank}").write_text("1")
+
+
+def _straggler_dump(rank: int, world: int, out: Path, culprit: int) -> None:
+    """The straggler scenario's on-demand dump, taken where a straggler's dumps are unambiguous whatever the
+    machine's load: every other rank has entered the world all_reduce (recorded, async) and dumps inside
+    it; the straggler, late as before every collective, dumps only once they all have, and then enters.
+
+    Dumps triggered by a file and taken by each rank's polling thread whenever it ran left the moment to the
+    scheduler: on a loaded machine a fast rank's dump could predate its entering a collective that the
+    straggler's (late) dump was already inside — dumps that show the fast rank missing from a collective its
+    peer waits in, which no analysis can tell from a hang (it happened once in a test run).
+    """
+    import torch
+    import torch.distributed as dist
+
+    if rank == culprit:
+        others = [r for r in range(world) if r != rank]
+        while not all((out / f"dumped_{r}").exists() for r in others):
+            time.sleep(0.01)
+        dump(rank, out)
+        dist.all_reduce(torch.ones(1024))
+        return
+    work = dist.all_reduce(torch.ones(1024), async_op=True)
+    dump(rank, out)
+    work.wait()
 
 
 def worker(rank: int, world: int, scenario: str, out: str, port: int, steps: int = STEPS) -> None:
@@ -107,7 +139,7 @@ def worker(rank: int, world: int, scenario: str, out: str, port: int, steps: int
         time.sleep(30)
 
     for step in range(steps):
-        if scenario in ("straggler", "ondemand") and rank == 0 and step == steps - 4:
+        if scenario == "ondemand" and rank == 0 and step == steps - 4:
             (outdir / "DUMP").write_text("on demand")
         if scenario == "hang" and rank == culprit and step == fault_step:
             expected = {"pg_name": names["tp"], "seq": seq["tp"] + 1, "op": "all_reduce"}
@@ -130,7 +162,10 @@ def worker(rank: int, world: int, scenario: str, out: str, port: int, steps: int
             with contextlib.suppress(Exception):
                 coll("world", lambda n=n: dist.broadcast(torch.ones(n), src=culprit))
             hang_forever()
-        coll("world", lambda: dist.all_reduce(torch.ones(1024)))
+        if scenario == "straggler" and step == steps - 4:
+            coll("world", lambda: _straggler_dump(rank, world, outdir, culprit))
+        else:
+            coll("world", lambda: dist.all_reduce(torch.ones(1024)))
         coll("world", lambda step=step: dist.broadcast(torch.ones(128), src=step % world))
     state["watch"] = 0.0
     dist.barrier()
