@@ -33,6 +33,9 @@ MAX_DATAGRAM = 60 * 1024
 #: everything; they are taken only to learn group names or detail a wait, at most this often.
 FULL_DUMP_MIN_INTERVAL_S = 30.0
 
+#: lone send/recv remembered as checked against a dump of every entry (see Probe._unsettled)
+MAX_LONE_CHECKED = 4096
+
 #: how often the per-group counters are sampled between snapshots, to time each step's compute (the
 #: status dump without entries costs microseconds; 50 ms keeps the step timing within ~1/20 of a second)
 SAMPLE_S = 0.05
@@ -61,8 +64,10 @@ class Probe:
         dump_fn: DumpFn | None = None,
         *,
         status_fn: DumpFn | None = None,
+        all_fn: DumpFn | None = None,
         sample_s: float = SAMPLE_S,
     ) -> None:
+        from sentinel.fr.reduce import BatchMemory
         from sentinel.fr.steps import StepClock
 
         self.interval_s = interval_s
@@ -77,6 +82,13 @@ class Probe:
         self._op_map: dict[int, tuple[int, int]] = {}
         self._sock: socket.socket | None = None
         self._status_fn: DumpFn | None = status_fn
+        # every entry, completed ones too (settles one-op batches); torch's only where the probe dumps torch's
+        self._all_fn: DumpFn | None = all_fn
+        self._torch_all = dump_fn is None and all_fn is None
+        self._batches = BatchMemory()
+        # lone scheduled send/recv a dump of every entry showed without a closing entry, when: checked again
+        # only after FULL_DUMP_MIN_INTERVAL_S (a dump taken mid-batch, before its endCoalescing)
+        self._lone_checked: dict[tuple[str, int], float] = {}
         self._last_full = 0.0
         self._waiting_since: dict[int, tuple[tuple[int, int], float]] = {}
         self._detailed: set[tuple[int, tuple[int, int]]] = set()  # waits already seen in a full dump
@@ -131,13 +143,12 @@ class Probe:
         finally:
             self.stats.last_cpu_s = time.thread_time() - start
 
-    def snapshot(self) -> bytes | None:
-        """The encoded heads of this rank now, or None when no flight recorder is available yet."""
+    def snapshot(self, now: float | None = None) -> bytes | None:
+        """The encoded heads of this rank at ``now`` (default the time), or None when no flight recorder is
+        available yet."""
         import msgspec
 
-        from sentinel.fr.reduce import reduce_snapshot
-
-        now = time.time()
+        now = time.time() if now is None else now
         if self._dump_fn is None and self._status_fn is None:
             self._status_fn = _torch_status_fn()
         status = self._light_status() if self._status_fn is not None else None
@@ -151,8 +162,22 @@ class Probe:
             self._dump_fn = dump_fn
             data = _decode(dump_fn())
             self._last_full = now
+        heads = self._reduce(data, now)
+        if self._unsettled(now):
+            all_fn = self._all_fn or (_torch_dump_fn(only_active=False) if self._torch_all else None)
+            if all_fn is not None:
+                self._all_fn = all_fn
+                heads = self._reduce(_decode(all_fn()), now)
+                for batch in self._batches.unsettled:  # no closing entry even there: an op of its own
+                    self._lone_checked[batch] = now
+        heads = msgspec.structs.replace(heads, steps=self.steps.recent())
+        return encode_capped(self._with_observed_waits(heads, now))
+
+    def _reduce(self, data: dict[str, Any], now: float) -> Any:
+        from sentinel.fr.reduce import reduce_snapshot
+
         ident = self._identity
-        heads = reduce_snapshot(
+        return reduce_snapshot(
             data,
             rank=ident["rank"],
             now=now,
@@ -162,9 +187,24 @@ class Probe:
             world_size=ident["world_size"],
             local_rank=ident["local_rank"],
             pid=ident["pid"],
+            batches=self._batches,
         )
-        heads = msgspec.structs.replace(heads, steps=self.steps.recent())
-        return encode_capped(self._with_observed_waits(heads, now))
+
+    def _unsettled(self, now: float) -> bool:
+        """Whether the last reduction left a lone scheduled send/recv not checked in the last
+        FULL_DUMP_MIN_INTERVAL_S: the member of a completed batch of one reads exactly like a lone op still
+        pending in an ``onlyActive`` snapshot (:class:`sentinel.fr.reduce.BatchMemory`), and a dump of every
+        entry holds its closing entry. One such dump per new op; MAX_LONE_CHECKED remembered."""
+        if len(self._lone_checked) >= MAX_LONE_CHECKED:
+            self._lone_checked = {
+                b: t for b, t in self._lone_checked.items() if now - t < FULL_DUMP_MIN_INTERVAL_S
+            }
+            if len(self._lone_checked) >= MAX_LONE_CHECKED:
+                self._lone_checked.clear()
+        checked = self._lone_checked
+        return any(
+            b not in checked or now - checked[b] >= FULL_DUMP_MIN_INTERVAL_S for b in self._batches.unsettled
+        )
 
     def _light_status(self) -> dict[str, Any] | None:
         """pg_status only (no entries): microseconds even with a full ring buffer."""
@@ -283,8 +323,8 @@ def _decode(raw: bytes) -> dict[str, Any]:
     return obj if isinstance(obj, dict) else {}
 
 
-def _torch_dump_fn() -> DumpFn | None:
-    """The build's live FR dump with only active entries, when torch is already in use.
+def _torch_dump_fn(only_active: bool = True) -> DumpFn | None:
+    """The build's live FR dump with only active entries (or every entry), when torch is already in use.
 
     The pickle variant without stack traces is the cheapest (no symbolization, no JSON text); builds
     without it fall back to ``_dump_fr_trace_json`` / ``_dump_nccl_trace_json``.
@@ -298,11 +338,11 @@ def _torch_dump_fn() -> DumpFn | None:
     c10d = getattr(torch._C, "_distributed_c10d", None)
     pickled: Callable[..., bytes] | None = getattr(c10d, "_dump_fr_trace", None)
     if pickled is not None:
-        return _bind_active(pickled, includeStackTraces=False)
+        return _bind_active(pickled, only_active, includeStackTraces=False)
     for name in ("_dump_fr_trace_json", "_dump_nccl_trace_json"):
         fn: Callable[..., bytes] | None = getattr(c10d, name, None)
         if fn is not None:
-            return _bind_active(fn)
+            return _bind_active(fn, only_active)
     return None
 
 
@@ -324,9 +364,9 @@ def _torch_status_fn() -> DumpFn | None:
     return status
 
 
-def _bind_active(fn: Callable[..., bytes], **extra: bool) -> DumpFn:
+def _bind_active(fn: Callable[..., bytes], only_active: bool, **extra: bool) -> DumpFn:
     def dump() -> bytes:
-        return bytes(fn(includeCollectives=True, onlyActive=True, **extra))
+        return bytes(fn(includeCollectives=True, onlyActive=only_active, **extra))
 
     return dump
 

@@ -14,6 +14,9 @@ the entries; the newest (op id, seq) pair per group is kept in ``op_map`` so tha
 snapshots are mapped too: exactly while the counter still stands there (a rank idle or stuck since), and as
 "at least one collective further" once it moved (the probe takes a full snapshot when a moved counter then
 stands still: :meth:`sentinel.probe.Probe._needs_full`).
+
+The send/recv of a coalesced batch are read as the batch (:func:`_close_batches`); the batches seen closed
+are remembered across snapshots in :class:`BatchMemory` (see there for the one-op batch it settles).
 """
 
 from __future__ import annotations
@@ -29,6 +32,39 @@ from sentinel.fr.ops import P2P, entry_completed, op_name
 
 #: Most in-flight entries kept per group (oldest first); the datagram cap trims further.
 MAX_IN_FLIGHT = 64
+#: Batches remembered as closed per rank (the newest; a pipeline posts a few per step, and a member older
+#: than this many batches has long left a real ring buffer's onlyActive view or been settled again)
+MAX_CLOSED_BATCHES = 4096
+
+Batch = tuple[str, int]  # (group name, p2p_seq_id)
+
+
+class BatchMemory:
+    """One rank's coalesced p2p batches across live snapshots: the ones seen closed, and what the latest
+    snapshot could not settle.
+
+    ``batch_isend_irecv`` coalesces even a single op on NCCL (``_coalescing_manager`` whenever the backend
+    supports coalescing), and the member of a batch of one has no work of its own: it stays ``scheduled``,
+    without times, forever, while its completed ``nccl:coalesced`` entry is skipped by ``onlyActive``. In
+    such a snapshot the member reads exactly like a lone ``isend``/``irecv`` still pending (its own work,
+    scheduled, without times unless ``TORCH_NCCL_ENABLE_TIMING``). A snapshot with every entry holds the
+    closing entry when there is one (it is newer than its member, so still in the ring buffer): the probe
+    takes one when a reduction leaves such an op ``unsettled``, and every completed closing entry a
+    reduction sees is remembered in ``closed`` (bounded: the newest ``MAX_CLOSED_BATCHES``), so later
+    ``onlyActive`` snapshots drop its members without another full one.
+    """
+
+    __slots__ = ("closed", "unsettled")
+
+    def __init__(self) -> None:
+        self.closed: dict[Batch, None] = {}  # insertion-ordered: the oldest is evicted first
+        self.unsettled: set[Batch] = set()  # of the latest reduction
+
+    def close(self, batch: Batch) -> None:
+        if batch not in self.closed:
+            if len(self.closed) >= MAX_CLOSED_BATCHES:
+                del self.closed[next(iter(self.closed))]
+            self.closed[batch] = None
 
 
 def _as_int(value: Any, what: str) -> int:
@@ -53,10 +89,14 @@ def reduce_snapshot(
     world_size: int | None = None,
     local_rank: int | None = None,
     pid: int | None = None,
+    batches: BatchMemory | None = None,
 ) -> FrHeads:
-    """Heads of one rank from a decoded FR JSON snapshot taken at unix time ``now``."""
+    """Heads of one rank from a decoded FR JSON snapshot taken at unix time ``now``; ``batches`` (kept by
+    the caller across snapshots) learns the closed batches and says which lone ops it could not settle."""
     names = known_groups if known_groups is not None else {}
     ops = op_map if op_map is not None else {}
+    memory = batches if batches is not None else BatchMemory()
+    memory.unsettled = set()
     entries = snapshot.get("entries") or []
     if not isinstance(entries, list):
         raise FrFormatError("live flight recorder: 'entries' is not a list")
@@ -87,6 +127,8 @@ def reduce_snapshot(
             batch = (name, _as_int(e.get("p2p_seq_id", -1), "p2p_seq_id"))
             if op == "coalesced":
                 closers[batch] = "completed" if finished else str(e.get("state"))
+                if finished:
+                    memory.close(batch)
             else:
                 members[batch] = members.get(batch, 0) + 1
         if finished:
@@ -101,7 +143,7 @@ def reduce_snapshot(
         if not p2p:
             enq_from_entries[name] = max(enq_from_entries.get(name, -1), seq)
     if members:
-        _close_batches(in_flight, closers, members)
+        _close_batches(in_flight, closers, members, memory)
     heads: dict[str, PgHead] = {}
     status = snapshot.get("pg_status") or {}
     if not isinstance(status, dict):
@@ -151,8 +193,9 @@ def reduce_snapshot(
 
 def _close_batches(
     in_flight: dict[str, list[InFlight]],
-    closers: dict[tuple[str, int], str],
-    members: dict[tuple[str, int], int],
+    closers: dict[Batch, str],
+    members: dict[Batch, int],
+    memory: BatchMemory,
 ) -> None:
     """Send/recv of a coalesced batch read as the batch (in place).
 
@@ -162,8 +205,10 @@ def _close_batches(
     completion time, so every member of every batch still in the ring buffer shows as in flight, its age
     growing, while the batch's completed closing entry is gone: read per op, a healthy pipeline that pauses
     (checkpoint, eval) reads as a job blocked in send/recv. So members take their closing entry's state —
-    dropped when it completed or is absent (skipped as completed) while two or more ops share its seq; a
-    lone op without one is an op of its own (or a batch of one, which cannot be told apart) and stays."""
+    dropped when it completed (in this snapshot or, remembered in ``memory``, an earlier one) or is absent
+    while two or more ops share its seq. A lone scheduled op without one is an op of its own or the member
+    of a batch of one, which this snapshot cannot tell apart: it stays, and goes to ``memory.unsettled``
+    (the probe settles it from a snapshot with every entry); a lone op that started is its own work."""
     for name, flights in in_flight.items():
         kept = []
         for f in flights:
@@ -171,9 +216,13 @@ def _close_batches(
             if not f.p2p or op_name(f.op) not in P2P or key not in members:
                 kept.append(f)
                 continue
-            state = closers.get(key, "completed" if members[key] > 1 else None)
+            state = closers.get(key)
+            if state is None and (members[key] > 1 or key in memory.closed):
+                state = "completed"
             if state is None:
                 kept.append(f)
+                if f.state == "scheduled":
+                    memory.unsettled.add(key)
             elif state != "completed":
                 kept.append(
                     msgspec.structs.replace(f, state="started" if state == "started" else "scheduled")
