@@ -106,6 +106,7 @@ def reduce_snapshot(
     pairs: dict[int, list[tuple[int, int]]] = {}  # pg_id -> (op_id, collective seq) of its collectives
     closers: dict[tuple[str, int], str] = {}  # (group, p2p seq) -> state of its nccl:coalesced entry
     members: dict[tuple[str, int], int] = {}  # (group, p2p seq) -> its send/recv entries in the snapshot
+    last_p2p: dict[str, int] = {}  # group -> p2p seq of its previous entry when that was a send/recv
     for e in entries:
         if not isinstance(e, dict):
             raise FrFormatError("live flight recorder: an entry is not an object")
@@ -122,9 +123,16 @@ def reduce_snapshot(
         finished = entry_completed(e)
         profiling = str(e.get("profiling_name", "?"))
         op = op_name(profiling)
-        p2p = e.get("is_p2p") is True or op in P2P
+        p2p_seq = _as_int(e.get("p2p_seq_id", -1), "p2p_seq_id")
+        # a batch's closing entry by its place (it follows the batch's send/recv, same p2p_seq_id), whatever
+        # its is_p2p says: torch 2.5 records it False (isP2POp(COALESCED)), older dumps have no flag
+        p2p = e.get("is_p2p") is True or op in P2P or (op == "coalesced" and last_p2p.get(name) == p2p_seq)
+        if op in P2P:
+            last_p2p[name] = p2p_seq
+        else:
+            last_p2p.pop(name, None)
         if p2p and (op == "coalesced" or op in P2P):  # (the ops of a batch: see _close_batches)
-            batch = (name, _as_int(e.get("p2p_seq_id", -1), "p2p_seq_id"))
+            batch = (name, p2p_seq)
             if op == "coalesced":
                 closers[batch] = "completed" if finished else str(e.get("state"))
                 if finished:

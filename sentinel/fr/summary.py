@@ -577,7 +577,14 @@ def _summarize(
                 key, hint = cached
                 if hint:
                     b.hints.add(hint)
-            if is_p2p or is_p2p_flag is True:
+            # a batch's closing entry is read by its place, not its flag: it follows the batch's send/recv
+            # (pending: they never complete) with their p2p_seq_id, whether it says is_p2p (2.7+), says
+            # False (2.5's initWork records it as isP2POp(COALESCED)) or says nothing
+            if (
+                is_p2p
+                or is_p2p_flag is True
+                or (closes and b.pending and b.pending[-1].p2p and b.pending[-1].seq == p2p_seq)
+            ):
                 peers = p2p_peer(profiling)
                 if peers is not None:
                     send = is_send(profiling)

@@ -147,3 +147,21 @@ def _timing(e: dict[str, Any], done: bool) -> None:
         mark_completed(e)
     else:
         mark_pending(e, started_at(e))
+
+
+def closers_flagged(tops: dict[int, dict[str, Any]], flag: bool | None) -> dict[int, dict[str, Any]]:
+    """The same dumps in an older layout of the batch's closing entry (in place; returns ``tops``).
+
+    ``flag`` False: torch 2.5's ``ProcessGroupNCCL::initWork`` records the ``nccl:coalesced`` entry with
+    ``isP2P = isP2POp(opType)``, and ``isP2POp(COALESCED)`` is false — the closer of a send/recv batch says
+    ``is_p2p`` False, with its group's last ``collective_seq_id`` and the batch's ``p2p_seq_id`` (what
+    this module already writes). ``flag`` None: no entry carries ``is_p2p`` at all (the key is dropped
+    everywhere: what a reader must do when a dump predates or omits the field). SYNTHETIC: derived from the
+    2.10-layout dumps above, nothing written by NCCL."""
+    for top in tops.values():
+        for e in top["entries"]:
+            if flag is None:
+                e.pop("is_p2p", None)
+            elif e["profiling_name"] == "nccl:coalesced":
+                e["is_p2p"] = flag
+    return tops

@@ -27,7 +27,7 @@ from sentinel.fr.errors import FrFormatError
 from sentinel.fr.loader import discover, load_dump, parse_dump
 from sentinel.fr.ops import op_name
 from sentinel.fr.summary import summarize
-from tests.fr.p2p_synth import p2p_nccl_set
+from tests.fr.p2p_synth import closers_flagged, p2p_nccl_set
 from tests.support import REPO, need_module
 
 DATA = REPO / "tests" / "data" / "fr"
@@ -783,6 +783,49 @@ def test_a_rank_that_never_posts_its_batch_is_named(culprit: int, tmp_path: Path
     result = _analyze_tops(tops)
     assert result.verdict == "hang", result.summary
     assert result.culprit_ranks[:1] == [culprit], result.summary
+
+
+@pytest.mark.parametrize("flag", [False, None])
+def test_a_closing_entry_is_read_by_its_place_whatever_its_is_p2p_says(
+    flag: bool | None, tmp_path: Path
+) -> None:
+    """torch 2.5 records a send/recv batch's nccl:coalesced entry with is_p2p False (initWork's
+    isP2POp(COALESCED)), and a dump may carry no is_p2p at all: the closer still follows its batch's ops
+    with their p2p_seq_id. Read as a collective (what its flag alone says), the healthy job was blocked in
+    every batch (inconclusive) and a batch never posted was not named; by its place, as in the 2.10 layout.
+    The live reduction reads it the same way: the rank that never posts is named from the heads too."""
+    healthy = closers_flagged(_batched_upto(tmp_path / "ok", 7), flag)
+    result = _analyze_tops(healthy)
+    assert result.verdict == "healthy", result.summary
+    for top in healthy.values():  # the msgspec reading agrees with the direct one
+        dump = parse_dump(top, rank=0, source="r", is_json=False)
+        assert summarize(dump).to_plain() == summarize(dump, coerce=True).to_plain()
+    tops = closers_flagged(_batched_upto(tmp_path / "hang", 7), flag)
+    culprit = 2
+    for rank, top in tops.items():
+        entries = [
+            e
+            for e in top["entries"]
+            if (e["collective_seq_id"] if e["profiling_name"] == "nccl:all_reduce" else e["p2p_seq_id"]) < 7
+        ]
+        if rank != culprit:
+            batch = [
+                dict(e)
+                for e in top["entries"]
+                if e["profiling_name"] != "nccl:all_reduce" and e["p2p_seq_id"] == 7
+            ]
+            batch[-1].update(
+                retired=False, state="started", time_discovered_completed_ns=None, duration_ms=None
+            )
+            entries += batch
+        top["entries"] = entries
+        for status in top["pg_status"].values():
+            status.update(last_enqueued_collective=6, last_started_collective=6, last_completed_collective=6)
+    result = _analyze_tops(tops)
+    assert result.verdict == "hang", result.summary
+    assert result.culprit_ranks[:1] == [culprit], result.summary
+    found = _live_stuck(tops, [0.5 + 2.0 * i for i in range(6)])
+    assert [r for r, _, _ in found] == [culprit], found
 
 
 def test_members_without_their_closing_entry_stay_pending(tmp_path: Path) -> None:
