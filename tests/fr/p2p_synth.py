@@ -15,9 +15,11 @@ entries into what ProcessGroupNCCL would have written (documented fields of form
   ``p2p_seq_id`` and are recorded with no start/end events — no work of their own, so the watchdog never
   updates them: ``state`` scheduled, ``retired`` False, no times, forever — followed by one
   ``nccl:coalesced`` entry (same group and ``p2p_seq_id``, ``is_p2p`` true) that carries the batch's
-  state, times and ``retired``; a lone op is a work of its own and carries its own. A batch of ONE op
-  is written as a lone op (the ops log does not say which API posted it), where ProcessGroupNCCL writes
-  a member and a ``nccl:coalesced`` entry (mixed_hang_n4's ranks 1-3 post one recv per batch);
+  state, times and ``retired``; a lone op (``isend``/``irecv``) is a work of its own and carries its own.
+  A batch of ONE op is a batch too (``batch_isend_irecv`` goes through ``_coalescing_manager`` whenever
+  the backend supports coalescing): a member and a ``nccl:coalesced`` entry (mixed_hang_n4's ranks 1-3
+  post one recv per batch). The ops log says which API posted each op (``coalesced``); a log without
+  the field (older recordings) is read by the batch's size;
 * ``pg_config`` the true members, ``pg_status`` counting collectives (NCCL's ``seqCollective_``).
 
 Nothing here was written by NCCL itself; the docs say so.
@@ -78,6 +80,7 @@ def p2p_nccl_set(src: Path, dst: Path) -> Path:
             members = sorted(groups[group][1])
             me = members.index(rank)
             batch_done = all(op["done"] for op in batch)  # a coalesced batch completes as one work
+            coalesced = bool(rec.get("coalesced", len(batch) > 1))
             for n, op in enumerate(batch):
                 op_id[group] = op_id.get(group, 0) + 1
                 peer = members.index(op["peer"])
@@ -99,12 +102,12 @@ def p2p_nccl_set(src: Path, dst: Path) -> Path:
                     "timeout_ms": 60000,
                     "is_p2p": True,
                 }
-                if len(batch) > 1:
+                if coalesced:
                     _member(e)  # the batch's work is the nccl:coalesced entry below
                 else:
                     _timing(e, batch_done)
                 entries.append(e)
-            if len(batch) > 1:
+            if coalesced:
                 e = dict(entries[-1])
                 e.update(profiling_name="nccl:coalesced", input_sizes=[], output_sizes=[])
                 e.update(input_dtypes=[], output_dtypes=[])

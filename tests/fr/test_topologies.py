@@ -828,6 +828,30 @@ def test_a_closing_entry_is_read_by_its_place_whatever_its_is_p2p_says(
     assert [r for r, _, _ in found] == [culprit], found
 
 
+def test_a_batch_of_one_is_written_as_nccl_writes_it_and_a_lone_op_as_its_own_work(tmp_path: Path) -> None:
+    """mixed_hang_n4's ranks 1-3 post one irecv per batch_isend_irecv call: on NCCL a batch, so each recv is
+    a member (scheduled, unretired, no times) followed by its nccl:coalesced entry (same p2p_seq_id). The
+    pipeline's lone isend/irecv are works of their own: no closing entry, their own state."""
+    mixed = _tops(p2p_nccl_set(DATA / "mixed_hang_n4", tmp_path / "mixed"))
+    for rank in (1, 2, 3):
+        entries = mixed[rank]["entries"]
+        recvs = [i for i, e in enumerate(entries) if e["profiling_name"].startswith("nccl:recv")]
+        assert recvs
+        for i in recvs:
+            member, closer = entries[i], entries[i + 1]
+            assert (member["state"], member["retired"], member["time_discovered_started_ns"]) == (
+                "scheduled",
+                False,
+                None,
+            )
+            assert closer["profiling_name"] == "nccl:coalesced"
+            assert closer["p2p_seq_id"] == member["p2p_seq_id"]
+    pipeline = _tops(p2p_nccl_set(DATA / "pp_healthy_n4", tmp_path / "pp"))
+    for top in pipeline.values():
+        assert not any(e["profiling_name"] == "nccl:coalesced" for e in top["entries"])
+        assert all(e["retired"] for e in top["entries"] if e.get("is_p2p"))
+
+
 def test_members_without_their_closing_entry_stay_pending(tmp_path: Path) -> None:
     """A dump taken mid-batch (members recorded, endCoalescing not yet): the members are all there is."""
     tops = _batched_upto(tmp_path, 7)

@@ -7,8 +7,8 @@ PyTorch's watchdog, from any rank that makes no progress for ``STALL_S`` (a rank
 counts), or from a rank whose collective failed (a peer that exited closed the connection).
 
 Every rank also writes OUTDIR/meta/ops_rank_<r>.json: its own program order as it ran it — every
-collective (group name, seq) and every point-to-point op (group, peer, shape, whether it completed before
-the dump) — because gloo does not record send/recv in the flight recorder. :mod:`tests.fr.p2p_synth` uses
+collective (group name, seq) and every point-to-point op (group, peer, shape, whether it was posted through
+``batch_isend_irecv``, whether it completed before the dump) — because gloo does not record send/recv in the flight recorder. :mod:`tests.fr.p2p_synth` uses
 it to write the NCCL-format version (where ProcessGroupNCCL does record them). OUTDIR/expected.json holds
 what was injected, written by the job itself (no analyzer involved).
 
@@ -118,9 +118,15 @@ class _Job:
         self.progress = time.monotonic()
 
     def p2p(
-        self, group: str, works: list[tuple[str, int, list[int]]], start: Callable[[], list[Any]]
+        self,
+        group: str,
+        works: list[tuple[str, int, list[int]]],
+        start: Callable[[], list[Any]],
+        coalesced: bool,
     ) -> None:
-        """``works``: (send|recv, global peer, shape) of each op, in the order ``start`` issues them."""
+        """``works``: (send|recv, global peer, shape) of each op, in the order ``start`` issues them;
+        ``coalesced``: ``start`` posts them through ``batch_isend_irecv`` (one coalesced batch on NCCL, even
+        of one op), else as lone ``isend``/``irecv``."""
         t_ns, batch = time.time_ns(), len(self.ops)  # the ops of one call form one batch
         recs = [
             {
@@ -130,6 +136,7 @@ class _Job:
                 "shape": shape,
                 "t_ns": t_ns,
                 "batch": batch,
+                "coalesced": coalesced,
                 "done": False,
             }
             for kind, peer, shape in works
@@ -250,7 +257,10 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
                     (outdir / "expected.json").write_text(json.dumps(fact))
                     hang_forever()
                 job.p2p(
-                    p2p_n, [(kind, peer, [64])], lambda k=kind, q=peer: [post[k](torch.ones(64), q, **p2p_kw)]
+                    p2p_n,
+                    [(kind, peer, [64])],
+                    lambda k=kind, q=peer: [post[k](torch.ones(64), q, **p2p_kw)],
+                    coalesced=False,
                 )
             if width > 1:
                 job.coll(stage_n, "all_reduce", lambda: dist.all_reduce(torch.ones(256), group=stage_g))
@@ -270,6 +280,7 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
                 lambda o=out_t, i=in_t: dist.batch_isend_irecv(
                     [dist.P2POp(dist.isend, o, nxt), dist.P2POp(dist.irecv, i, prv)]
                 ),
+                coalesced=True,
             )
             job.coll(wname, "all_reduce", lambda: dist.all_reduce(torch.ones(128)))
     elif scenario == "mixed_hang":
@@ -286,6 +297,7 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
                     lambda bufs=bufs: dist.batch_isend_irecv(
                         [dist.P2POp(dist.isend, b, p) for p, b in zip(range(1, world), bufs, strict=True)]
                     ),
+                    coalesced=True,
                 )
             else:
                 buf = torch.empty(32)
@@ -293,6 +305,7 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
                     wname,
                     [("recv", 0, [32])],
                     lambda buf=buf: dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf, 0)]),
+                    coalesced=True,
                 )
             if rank == culprit and step == FAULT_STEP:
                 expect(tp_n, "all_reduce")
