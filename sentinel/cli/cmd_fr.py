@@ -7,12 +7,12 @@ import json
 import signal
 import sys
 import threading
-from pathlib import Path
 from typing import Any
 
 from sentinel.fr.analysis import FrAnalysis
 from sentinel.fr.dumpset import RECENT_ENTRIES, analyze_dir
 from sentinel.fr.errors import FrFormatError
+from sentinel.fr.loader import as_pathlib_text
 from sentinel.fr.workers import TerminalProgress, reap_workers
 
 EXIT_OK = 0
@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "straggler, inconclusive), the culprit ranks root cause first, and the evidence. Exit 0 when the "
         "analysis ran, 2 when the input is unusable.",
     )
-    a.add_argument("dir", metavar="DIR", type=Path, help="directory holding the dumps of one job")
+    a.add_argument("dir", metavar="DIR", type=as_pathlib_text, help="directory holding the dumps of one job")
     a.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     a.add_argument(
         "--workers",

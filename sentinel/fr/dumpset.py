@@ -15,10 +15,9 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 from sentinel.fr.analysis import FrAnalysis, analyze
-from sentinel.fr.loader import DumpFile, discover, load_dump
+from sentinel.fr.loader import DumpFile, PathLike, discover, load_dump
 from sentinel.fr.summary import RankSummary, summarize
 from sentinel.fr.workers import Cancelled, _cap_memory, run_pool
 
@@ -59,7 +58,7 @@ def summarize_file(
 
 
 def _decode_one(recent: int | None, coerce: bool, path: str, rank: int, prefix: str) -> RankSummary:
-    return summarize_file(DumpFile(Path(path), rank, prefix), recent, coerce=coerce)
+    return summarize_file(DumpFile(path, rank, prefix), recent, coerce=coerce)
 
 
 def _coerce_for(files: int) -> bool:
@@ -85,7 +84,7 @@ def limited_address_space(extra: int = 3 << 30) -> Iterator[None]:
 
 
 def summarize_dir(
-    root: Path,
+    root: PathLike,
     workers: int | None = None,
     start_method: str | None = None,
     recent: int | None = RECENT_ENTRIES,
@@ -157,7 +156,7 @@ def _summarize(
 
 
 def analyze_dir(
-    root: Path,
+    root: PathLike,
     workers: int | None = None,
     start_method: str | None = None,
     recent: int | None = RECENT_ENTRIES,

@@ -19,7 +19,6 @@ import re
 import stat
 import zlib
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from sentinel.fr.errors import FrFormatError, brief
@@ -36,14 +35,18 @@ MAX_ENTRIES = 1 << 20
 #: Deepest folder level searched below the dump directory (per-host subfolders and a little more).
 MAX_DEPTH = 4
 
+#: A path as this module takes it: text or a path object (:mod:`pathlib` is never imported here: with what it
+#: imports, urllib.parse, fnmatch, ipaddress, it cost a small ``fr analyze`` ~16M instructions, 3% of its time).
+PathLike = str | os.PathLike[str]
+
 _NAME_RE = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)(?P<json>\.json)?(?P<gz>\.gz)?$")
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
 class DumpFile(NamedTuple):
-    """A file whose name says it is rank ``rank``'s dump."""
+    """A file whose name says it is rank ``rank``'s dump (``path``: as :func:`discover` spells it)."""
 
-    path: Path
+    path: str
     rank: int
     prefix: str
 
@@ -97,7 +100,44 @@ class RawDump:
         return self.total_entries if self.total_entries >= 0 else len(self.entries)
 
 
-def discover(root: Path) -> list[DumpFile]:
+def as_pathlib_text(text: str) -> str:
+    """``text`` spelled as ``str(pathlib.PurePosixPath(text))`` spells it (every message names files so):
+    no empty or ``.`` components, no trailing slash, a leading ``//`` kept (POSIX leaves its meaning open)."""
+    root = ""
+    if text.startswith("/"):
+        rest = text.lstrip("/")
+        root = "//" if len(text) - len(rest) == 2 else "/"
+        text = rest
+    parts = [part for part in text.split("/") if part and part != "."]
+    return root + "/".join(parts) if root or parts else "."
+
+
+def _fspath(path: PathLike) -> str:
+    """The text of a path object (already in its own spelling), or text spelled as a path object's."""
+    return as_pathlib_text(path) if isinstance(path, str) else os.fspath(path)
+
+
+def _join(folder: str, name: str) -> str:
+    """``folder / name`` as pathlib spells it (``os.scandir(".")`` says ``./name``)."""
+    if folder == ".":
+        return name
+    return folder + name if folder.endswith("/") else f"{folder}/{name}"
+
+
+def _is_dir(path: str) -> bool:
+    """:meth:`pathlib.Path.is_dir`: False where the path does not lead to a directory, an error for any
+    other reason it cannot be looked at (permission denied)."""
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP):
+            raise
+        return False
+    except ValueError:
+        return False
+
+
+def discover(root: PathLike) -> list[DumpFile]:
     """Every file under ``root`` named like a dump, sorted by rank; FrFormatError when there is none.
 
     Files are grouped by name prefix (``nccl_trace_rank_``, ``comm_lib_trace_rank_``, ...); the prefix
@@ -105,12 +145,13 @@ def discover(root: Path) -> list[DumpFile]:
     appears twice in that set (pickle and JSON side by side, two copies of a job) is an error: the caller
     must pick one folder.
     """
-    if not root.is_dir():
+    root = _fspath(root)
+    if not _is_dir(root):
         raise FrFormatError(f"{root}: not a directory")
     by_prefix: dict[str, list[DumpFile]] = {}
     count = 0
     for path in _walk(root):
-        match = _NAME_RE.match(path.name)
+        match = _NAME_RE.match(path.rpartition("/")[2])
         if match is None:
             continue
         rank = int(match["rank"])
@@ -130,14 +171,19 @@ def discover(root: Path) -> list[DumpFile]:
         other = found.get(dump.rank)
         if other is not None:
             raise FrFormatError(
-                f"{root}: rank {dump.rank} has two dumps ({other.path.relative_to(root)} and "
-                f"{dump.path.relative_to(root)}); point at one folder per dump set"
+                f"{root}: rank {dump.rank} has two dumps ({_relative(other.path, root)} and "
+                f"{_relative(dump.path, root)}); point at one folder per dump set"
             )
         found[dump.rank] = dump
     return [found[r] for r in sorted(found)]
 
 
-def _walk(root: Path) -> Iterator[Path]:
+def _relative(path: str, root: str) -> str:
+    """``path`` (found under ``root`` by :func:`_walk`) relative to ``root``."""
+    return path if root == "." else path[len(root) if root.endswith("/") else len(root) + 1 :]
+
+
+def _walk(root: str) -> Iterator[str]:
     """Regular files under ``root`` (sorted, hidden names skipped). A symlink (file or folder), FIFO,
     socket or device named like a dump — or a symlinked folder — is refused with FrFormatError: a link
     to ``/etc/shadow`` must not be read by a root daemon, and a FIFO must not be silently skipped and
@@ -155,7 +201,7 @@ def _walk(root: Path) -> Iterator[Path]:
         for item in items:
             if item.name.startswith("."):
                 continue
-            path = Path(item.path)
+            path = _join(folder, item.name)
             # the kind from the directory entry itself (d_type): no lstat per file, which was a third of
             # listing 16,384 dumps (DirEntry falls back to lstat where the file system gives no type)
             try:
@@ -187,7 +233,7 @@ def _walk(root: Path) -> Iterator[Path]:
         stack.extend(reversed(subdirs))
 
 
-def open_regular(path: Path, limit: int = MAX_DUMP_BYTES) -> tuple[int, int]:
+def open_regular(path: PathLike, limit: int = MAX_DUMP_BYTES) -> tuple[int, int]:
     """(file descriptor, size) of a regular file of at most ``limit`` bytes; the caller closes it.
 
     Opened without following a symlink and without blocking (a FIFO swapped in after the listing must
@@ -210,7 +256,7 @@ def open_regular(path: Path, limit: int = MAX_DUMP_BYTES) -> tuple[int, int]:
     return fd, st.st_size
 
 
-def read_bytes(path: Path, limit: int = MAX_DUMP_BYTES) -> bytes:
+def read_bytes(path: PathLike, limit: int = MAX_DUMP_BYTES) -> bytes:
     """The file's bytes, gunzipped when gzip, refusing anything larger than ``limit`` once expanded."""
     fd, size = open_regular(path, limit)
     try:
@@ -219,7 +265,7 @@ def read_bytes(path: Path, limit: int = MAX_DUMP_BYTES) -> bytes:
         os.close(fd)
 
 
-def _read_open(fd: int, size: int, path: Path, limit: int) -> bytes:
+def _read_open(fd: int, size: int, path: PathLike, limit: int) -> bytes:
     try:
         with os.fdopen(fd, "rb", closefd=False) as fh:
             fh.seek(0)
@@ -299,14 +345,15 @@ def parse_dump(obj: Any, *, rank: int, source: str, is_json: bool) -> RawDump:
     )
 
 
-def load_dump(path: Path, rank: int | None = None, recent: int | None = None) -> RawDump:
+def load_dump(path: PathLike, rank: int | None = None, recent: int | None = None) -> RawDump:
     """Read, decode and shape-check one dump file. ``rank`` defaults to the number ending its name.
 
     With ``recent``, a large pickle may be decoded only for its newest ``recent`` entries (see
     :mod:`sentinel.fr.recent`), when they contain every collective a group still waits in.
     """
+    path = _fspath(path)
     if rank is None:
-        match = _NAME_RE.match(path.name)
+        match = _NAME_RE.match(path.rpartition("/")[2])
         if match is None:
             raise FrFormatError(f"{path}: file name does not end in a rank number")
         rank = int(match["rank"])
@@ -348,7 +395,7 @@ def _no_read_ahead(fd: int) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
 
 
-def _recent_dump(found: Recent | None, path: Path, rank: int, is_json: bool) -> RawDump | None:
+def _recent_dump(found: Recent | None, path: str, rank: int, is_json: bool) -> RawDump | None:
     """The dump of the newest entries, when :func:`decode_recent` found them and they are enough."""
     if found is None:
         return None

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import pickle
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sentinel.fr.dumpset import analyze_dir
 from sentinel.fr.errors import FrFormatError
-from sentinel.fr.loader import discover, load_dump, read_bytes
+from sentinel.fr.loader import as_pathlib_text, discover, load_dump, read_bytes
 from sentinel.fr.summary import summarize
 from tests.fr.synth import entry, write
 
@@ -23,6 +26,31 @@ def test_stray_numbered_files_are_ignored_and_subfolders_read(tmp_path: Path) ->
     files = discover(tmp_path)
     assert [f.rank for f in files] == [0, 1, 2, 3]
     assert analyze_dir(tmp_path, workers=1).verdict == "healthy"
+
+
+@given(st.lists(st.sampled_from(["/", "//", ".", "..", "a", "b.c", " ", "x\\y"]), max_size=8).map("".join))
+def test_paths_are_spelled_as_pathlib_spells_them(text: str) -> None:
+    """Messages name files as ``pathlib`` did before the loader stopped importing it."""
+    assert as_pathlib_text(text) == str(PurePosixPath(text))
+
+
+def test_files_are_named_from_the_folder_as_given(tmp_path: Path) -> None:
+    write(tmp_path / "host0", 0, [entry("0", 1)])
+    write(tmp_path / "host1", 0, [entry("0", 1)])
+    cwd = os.getcwd()
+    try:
+        os.chdir(tmp_path)
+        for spelled in (".", "./", ".//"):
+            with pytest.raises(FrFormatError, match=r"^\.: rank 0 has two dumps \(host0/\S+ and host1/"):
+                discover(spelled)
+    finally:
+        os.chdir(cwd)
+    for spelled in (str(tmp_path) + "/", "/" + str(tmp_path) + "//", tmp_path):
+        name = str(PurePosixPath(spelled))
+        with pytest.raises(FrFormatError) as info:
+            discover(spelled)
+        assert str(info.value).startswith(f"{name}: rank 0 has two dumps (host0/")
+    assert [f.path for f in discover(tmp_path / "host0")] == [str(tmp_path / "host0" / "nccl_trace_rank_0")]
 
 
 def test_same_rank_twice_is_unusable(tmp_path: Path) -> None:
