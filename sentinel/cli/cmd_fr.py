@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import signal
 import sys
 import threading
-from typing import Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
 from sentinel.fr.analysis import FrAnalysis
 from sentinel.fr.dumpset import RECENT_ENTRIES, analyze_dir
@@ -15,8 +15,18 @@ from sentinel.fr.errors import FrFormatError
 from sentinel.fr.loader import as_pathlib_text
 from sentinel.fr.workers import TerminalProgress, reap_workers
 
+if TYPE_CHECKING:
+    import argparse
+
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
+#: ``fr analyze``'s options as :func:`parse_fast` reads them: option -> (attribute, conversion); None: a flag.
+_ANALYZE_OPTIONS: dict[str, tuple[str, Any]] = {
+    "--json": ("json", None),
+    "--all-entries": ("all_entries", None),
+    "--workers": ("workers", int),
+    "--progress-after": ("progress_after", float),
+}
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -62,6 +72,59 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=_usage(p))
 
 
+def parse_fast(args: list[str]) -> SimpleNamespace | None:
+    """``fr analyze DIR [--json] [--all-entries] [--workers N] [--progress-after SECONDS]`` read without
+    argparse (see :mod:`sentinel.cli`): the options of :func:`register` spelled out in full, alone or as
+    ``--option=value``, in any order, repeated (the last counts), one DIR. None for anything else — help, an
+    abbreviation, ``--``, a value or a DIR that starts with ``-``, a value the conversion refuses, no DIR
+    or two — which argparse then reads and answers as it always did. The same conversions give the same
+    values argparse would."""
+    if args[:1] != ["analyze"]:
+        return None
+    values: dict[str, Any] = {
+        "json": False,
+        "all_entries": False,
+        "workers": None,
+        "progress_after": 1.0,
+    }
+    folder: str | None = None
+    rest = iter(args[1:])
+    for token in rest:
+        if not token.startswith("-"):
+            if folder is not None:
+                return None
+            folder = token
+            continue
+        option, eq, value = token.partition("=")
+        known = _ANALYZE_OPTIONS.get(option)
+        if known is None:
+            return None
+        attr, convert = known
+        if convert is None:
+            if eq:
+                return None
+            values[attr] = True
+            continue
+        if not eq:
+            value = next(rest, "-")
+        if value.startswith("-"):
+            return None
+        try:
+            values[attr] = convert(value)
+        except (TypeError, ValueError):
+            return None
+    if folder is None:
+        return None
+    return SimpleNamespace(
+        command="fr",
+        fr_command="analyze",
+        dir=as_pathlib_text(folder),
+        **values,
+        func=run_analyze,
+        exit_at_once=True,
+    )
+
+
 def _usage(parser: argparse.ArgumentParser) -> Any:
     def run(_: argparse.Namespace) -> int:
         parser.print_help(sys.stderr)
@@ -70,7 +133,7 @@ def _usage(parser: argparse.ArgumentParser) -> Any:
     return run
 
 
-def run_analyze(args: argparse.Namespace) -> int:
+def run_analyze(args: argparse.Namespace | SimpleNamespace) -> int:
     """Analyze, never with a traceback: the analysis (exit 0) or one escaped line naming what is wrong
     (exit 2). SIGTERM stops the decoding workers at once (exit 143)."""
     progress = TerminalProgress(sys.stderr, after_s=args.progress_after) if sys.stderr.isatty() else None

@@ -6,8 +6,11 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sentinel.cli import COMMANDS, _load_registrar, build_parser, main
+from sentinel.cli.cmd_fr import parse_fast
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -82,3 +85,40 @@ def test_help_texts_have_no_rest_markup_and_name_only_documents_in_the_repositor
             r"\b(?:docs|examples|rules|systemd)/[\w./-]+\.(?:md|toml|yml|service)", text
         ):
             assert (REPO / document).is_file(), f"'{where} --help' names {document}, not in the repository"
+
+
+_FR_TOKENS = st.sampled_from(
+    ["d", "a/b/", "./x//", "", " ", "-", "--", "-x", " -x", "--json", "--json=1", "--js", "--all-entries",
+     "--all", "--workers", "--workers=2", "--workers=", "--workers=-1", "2", "-1", "0", "x", "1.5", "٣",
+     "--progress-after", "--progress-after=0.5", "0.25", "nan", "-h", "--help", "analyze"]
+)  # fmt: skip
+
+
+@given(st.lists(_FR_TOKENS, max_size=7))
+def test_fr_analyze_reads_its_plain_arguments_as_argparse_does(tokens: list[str]) -> None:
+    """``parse_fast`` answers only what argparse answers the same way (the same values), else None."""
+    fast = parse_fast(["analyze", *tokens])
+    if fast is None:
+        return
+    args = build_parser(only="fr").parse_args(["fr", "analyze", *tokens])
+    assert vars(fast) == vars(args)
+
+
+def test_fr_analyze_plain_arguments_are_read_without_argparse() -> None:
+    fast = parse_fast(["analyze", "--workers", "3", "d//", "--json", "--progress-after=2"])
+    assert fast is not None
+    assert (fast.dir, fast.workers, fast.json, fast.all_entries, fast.progress_after) == (
+        "d",
+        3,
+        True,
+        False,
+        2.0,
+    )
+    for other in (
+        ["analyze"],
+        ["analyze", "d", "e"],
+        ["analyze", "d", "--js"],
+        ["analyze", "d", "-h"],
+        ["x", "d"],
+    ):
+        assert parse_fast(other) is None
