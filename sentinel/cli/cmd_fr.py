@@ -150,6 +150,7 @@ def run_analyze(args: argparse.Namespace | SimpleNamespace) -> int:
             workers=args.workers,
             recent=None if args.all_entries else RECENT_ENTRIES,
             progress=progress,
+            aside=args.workers != 0,  # the straggler lags on the other core (--workers 0: one process)
         )
     except FrFormatError as exc:
         _finish(progress)

@@ -16,6 +16,7 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import functools
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from collections.abc import Set as AbstractSet
 from struct import Struct
 from typing import Any, NamedTuple
 
+from sentinel.fr.aside import Aside, run_aside
 from sentinel.fr.ops import UNRECORDED_P2P_BACKENDS, is_send, op_name
 from sentinel.fr.summary import P2P_LOG, GroupTrack, KeyInfo, Pending, RankSummary
 from sentinel.fr.waitgraph import Culprit, Wait, find_culprits
@@ -165,8 +167,12 @@ class FrAnalysis:
         }
 
 
-def analyze(summaries: Sequence[RankSummary]) -> FrAnalysis:
-    """Analyze every rank's reduced dump (at least one) and return the verdict with its evidence."""
+def analyze(summaries: Sequence[RankSummary], *, aside: bool = False) -> FrAnalysis:
+    """Analyze every rank's reduced dump (at least one) and return the verdict with its evidence.
+
+    ``aside``: the straggler lags (half the analysis of a large set) are worked out in a forked child on
+    another core while this process does the rest (:mod:`sentinel.fr.aside`; single-threaded callers only:
+    the CLI). The result is the same either way."""
     if not summaries:
         raise ValueError("analyze needs at least one rank's dump")
     by_rank = {s.rank: s for s in summaries}
@@ -175,6 +181,27 @@ def analyze(summaries: Sequence[RankSummary]) -> FrAnalysis:
     world_size = _world_size(present, groups, summaries)
     missing = sorted(set(range(world_size)) - present)
     _complete_members(groups, present, missing, world_size)
+    # groups are final from here on: the stragglers can be worked out aside
+    lags = run_aside(functools.partial(_straggler_rows, groups)) if aside else None
+    try:
+        return _analyze(summaries, groups, present, world_size, missing, lags)
+    finally:
+        if lags is not None:
+            lags.close()
+
+
+def _straggler_rows(groups: dict[str, Group]) -> list[tuple[int, float, float, int]]:
+    return [(s.rank, s.lag_ms_median, s.late_fraction, s.n_collectives) for s in _stragglers(groups)]
+
+
+def _analyze(  # noqa: PLR0917 - one caller
+    summaries: Sequence[RankSummary],
+    groups: dict[str, Group],
+    present: set[int],
+    world_size: int,
+    missing: list[int],
+    lags: Aside | None,
+) -> FrAnalysis:
     keys: dict[int, KeyInfo] = {}
     for s in summaries:
         keys.update(s.keys)
@@ -182,7 +209,7 @@ def analyze(summaries: Sequence[RankSummary]) -> FrAnalysis:
     waits = _waits(groups, keys)
     culprits = find_culprits(waits)
     order_notes = _program_order(culprits, waits, groups)
-    stragglers = _stragglers(groups)
+    stragglers = _stragglers(groups) if lags is None else [Straggler(*row) for row in lags.result()]
     frontier_mm = _frontier_mismatch(groups, waits, keys) or _p2p_mismatch(groups, keys)
     history_mm = _history_mismatch(groups, keys)
 

@@ -163,11 +163,14 @@ def analyze_dir(
     *,
     cancel: threading.Event | None = None,
     progress: Callable[[int, int], None] | None = None,
+    aside: bool = False,
 ) -> FrAnalysis:
     """Read every dump under ``root`` and analyze them (see :func:`sentinel.fr.analysis.analyze`).
 
     ``recent``: analyze only the newest entries of large pickle dumps (when they hold every collective
-    still waited in); ``None`` decodes every entry.
+    still waited in); ``None`` decodes every entry. ``aside``: part of the analysis runs in a forked
+    child on another core (single-threaded callers: see :mod:`sentinel.fr.aside`).
     """
     with _gc_paused(only_if_alone=True):
-        return analyze(summarize_dir(root, workers, start_method, recent, cancel=cancel, progress=progress))
+        summaries = summarize_dir(root, workers, start_method, recent, cancel=cancel, progress=progress)
+        return analyze(summaries, aside=aside)
