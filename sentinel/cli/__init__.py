@@ -20,10 +20,12 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+
+from sentinel.fr.records import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import argparse
+    from typing import Any
 
 #: (command, one-line help) in the order ``--help`` shows them; see ../shared/CONTRACTS.md.
 COMMANDS: tuple[tuple[str, str], ...] = (

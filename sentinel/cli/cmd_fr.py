@@ -7,16 +7,17 @@ import signal
 import sys
 import threading
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
 
 from sentinel.fr.analysis import FrAnalysis
 from sentinel.fr.dumpset import RECENT_ENTRIES, analyze_dir
 from sentinel.fr.errors import FrFormatError
 from sentinel.fr.loader import as_pathlib_text
+from sentinel.fr.records import TYPE_CHECKING
 from sentinel.fr.workers import TerminalProgress, reap_workers
 
 if TYPE_CHECKING:
     import argparse
+    from typing import Any
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2

@@ -22,12 +22,15 @@ from collections import Counter
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from struct import Struct
-from typing import Any, NamedTuple
 
 from sentinel.fr.aside import Aside, run_aside
 from sentinel.fr.ops import UNRECORDED_P2P_BACKENDS, is_send, op_name
+from sentinel.fr.records import TYPE_CHECKING, NamedTuple
 from sentinel.fr.summary import P2P_LOG, GroupTrack, KeyInfo, Pending, RankSummary
 from sentinel.fr.waitgraph import Culprit, Wait, find_culprits
+
+if TYPE_CHECKING:
+    from typing import Any
 
 VERDICTS = ("healthy", "hang", "mismatch", "crash", "straggler", "inconclusive")
 

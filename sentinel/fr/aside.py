@@ -20,7 +20,11 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any
+
+from sentinel.fr.records import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class Aside:

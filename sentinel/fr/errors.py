@@ -7,7 +7,10 @@ print it and exit 2 and daemons can log and count it — never a traceback.
 
 from __future__ import annotations
 
-from typing import Any
+from sentinel.fr.records import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class FrFormatError(ValueError):

@@ -19,12 +19,15 @@ import re
 import stat
 import zlib
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
 
 from sentinel.fr.errors import FrFormatError, brief
 from sentinel.fr.ops import P2P, UNRECORDED_P2P_BACKENDS, backend, op_name
 from sentinel.fr.recent import ByteView, Recent, decode_recent, decode_recent_json
+from sentinel.fr.records import TYPE_CHECKING, NamedTuple
 from sentinel.fr.safepickle import PICKLE_PROTO, loads_plain
+
+if TYPE_CHECKING:
+    from typing import Any
 
 #: Largest dump file accepted, after decompression. A 2,000-entry dump with stack frames is ~0.3 MB.
 MAX_DUMP_BYTES = 256 * 1024 * 1024

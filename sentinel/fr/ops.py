@@ -10,9 +10,12 @@ all_to_all may legitimately differ (uneven splits).
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from sentinel.fr.errors import FrFormatError
+from sentinel.fr.records import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 SAME_INPUT_AND_OUTPUT = frozenset(
     {

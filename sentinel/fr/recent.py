@@ -24,10 +24,13 @@ import os
 import pickle
 import re
 from collections.abc import Callable
-from typing import Any
 
 from sentinel.fr.ops import entry_completed
+from sentinel.fr.records import TYPE_CHECKING
 from sentinel.fr.safepickle import plain_unpickler
+
+if TYPE_CHECKING:
+    from typing import Any
 
 #: Entries decoded from the start of the buffer: they define the memo (keys, op names, stack frames) that
 #: later entries refer to; one pass of a training loop, periodic collectives included, usually fits.
@@ -41,8 +44,9 @@ _SUFFIX = re.compile(rb"eu(?:q[\s\S]|r[\s\S]{4})?\.\Z")
 _FIRST_KEY = re.compile(rb"\}(?:q[\s\S]|r[\s\S]{4})?\(X([\s\S]{4})")
 
 #: (top-level dict whose ``entries`` are the newest entries, total entry count, pg_id -> [name, desc] of
-#: the groups in the first entries, "every skipped entry completed": a check run only when asked)
-Recent = tuple[dict[str, Any], int, dict[int, list[str]], Callable[[], bool]]
+#: the groups in the first entries, "every skipped entry completed": a check run only when asked; "Any"
+#: quoted: typing is not imported at run time, see sentinel.fr.records)
+Recent = tuple[dict[str, "Any"], int, dict[int, list[str]], Callable[[], bool]]
 
 
 class ByteView:

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import copyreg
 import pickle
-from typing import Any, NoReturn
 
 from sentinel.fr.errors import FrFormatError
+from sentinel.fr.records import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 #: First byte of every pickle of protocol >= 2 (PyTorch writes protocol 2).
 PICKLE_PROTO = 0x80

@@ -23,7 +23,6 @@ from bisect import bisect_right
 from collections.abc import Callable
 from itertools import pairwise
 from operator import attrgetter, itemgetter
-from typing import Any, NamedTuple
 
 from sentinel.fr.errors import FrFormatError, brief, entry_at
 from sentinel.fr.loader import RawDump
@@ -38,6 +37,10 @@ from sentinel.fr.ops import (
     op_name,
     p2p_peer,
 )
+from sentinel.fr.records import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from typing import Any
 
 #: Newest entries per dump whose match key is computed (see :func:`summarize`).
 KEY_WINDOW = 128

@@ -28,7 +28,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Literal, NamedTuple
+
+from sentinel.fr.records import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from typing import Literal
 
 
 class Wait(NamedTuple):
@@ -46,7 +50,8 @@ class Wait(NamedTuple):
     p2p: bool = False
 
 
-CulpritKind = Literal["missing", "cycle", "all_in"]
+if TYPE_CHECKING:
+    CulpritKind = Literal["missing", "cycle", "all_in"]
 
 
 class Culprit:

@@ -40,15 +40,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import TYPE_CHECKING, Any
 
 from sentinel.fr.errors import FrFormatError
+from sentinel.fr.records import TYPE_CHECKING
 from sentinel.fr.safepickle import loads_plain
 from sentinel.fr.summary import RankSummary, summary_from_plain
 
 if TYPE_CHECKING:  # multiprocessing (and ctypes under it) costs a small set's whole decode to import
     from multiprocessing.connection import Connection
     from multiprocessing.process import BaseProcess
+    from typing import Any
 
 #: Address space all decoding workers together may add to what they had when they started.
 MEMORY_BUDGET = 2 << 30
