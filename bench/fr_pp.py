@@ -7,13 +7,18 @@ wrapped_hang_n8``: torch 2.13, 2,000-entry ring buffers with their stack frames)
 with NCCL's timing fields (as ``tests/fr/nccl_synth.py`` fills them), ``nccl:`` names, and after every
 ``--every`` entries (at the next world-group entry) a completed send to / recv from the rank's pipeline neighbour (even ranks send to the
 next rank, odd ranks receive from the previous one, in the world group: group-local ranks, ``p2p_seq_id``
-counted, ``is_p2p``), with that entry's frames; ``pg_status`` done. Then ``bench/fr.py``'s
-``build_set`` replicates it to R ranks in PyTorch's pickle layout. Nothing here was written by NCCL.
+counted, ``is_p2p``), with that entry's frames; ``pg_status`` done. With ``--batched`` each send/recv
+goes through ``batch_isend_irecv`` as ProcessGroupNCCL writes it (as ``tests/fr/p2p_synth.py`` lays it
+out; torch's pipelining schedules post their ops so): the op is a batch member, ``scheduled``, not
+retired, no times, forever, and a completed ``nccl:coalesced`` entry (same group and ``p2p_seq_id``)
+closes the batch. Then ``bench/fr.py``'s ``build_set`` replicates it to R ranks in PyTorch's pickle
+layout. Nothing here was written by NCCL.
 
 Each checkout given with ``--tree`` (default: this one) analyzes the same set as a command-line process
 (its own ``sentinel`` package, this interpreter), interleaved, best of ``--repeat``:
 
     flock /tmp/sentinel-bench.lock .venv/bin/python bench/fr_pp.py --sets 4096x2000 --tree /work/main .
+    flock /tmp/sentinel-bench.lock .venv/bin/python bench/fr_pp.py --batched --sets 4096x2000
 """
 
 from __future__ import annotations
@@ -33,10 +38,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.fr import DEFAULT_SOURCE, _load_source, build_set  # noqa: E402
-from tests.fr.nccl_synth import mark_completed  # noqa: E402
+from tests.fr.nccl_synth import mark_completed, mark_pending  # noqa: E402
 
 
-def pipeline_source(source: dict[int, dict[str, Any]], every: int) -> dict[int, dict[str, Any]]:
+def pipeline_source(
+    source: dict[int, dict[str, Any]], every: int, *, batched: bool = False
+) -> dict[int, dict[str, Any]]:
     """The healthy NCCL-format pipeline version of each template rank (see the module docstring)."""
     out = {}
     world = len(source)
@@ -60,7 +67,17 @@ def pipeline_source(source: dict[int, dict[str, Any]], every: int) -> dict[int, 
                 s.update(
                     input_sizes=[[1024]], output_sizes=[[1024]], time_created_ns=e["time_created_ns"] + 1
                 )
-                entries.append(_completed(s))
+                if not batched:
+                    entries.append(_completed(s))
+                    continue
+                # each entry its own lists (frames: of the shared frame dicts), as PyTorch's dump builds
+                # them: a list shared with the entry before would be memoized there
+                s.update(frames=list(e.get("frames", [])), input_dtypes=["Float"], output_dtypes=["Float"])
+                mark_pending(s, None)  # a batch member: no work of its own (tests/fr/p2p_synth.py)
+                closer = dict(s, profiling_name="nccl:coalesced", input_sizes=[], output_sizes=[])
+                closer.update(input_dtypes=[], output_dtypes=[], time_created_ns=s["time_created_ns"] + 1)
+                closer["frames"] = list(s["frames"])
+                entries += [s, _completed(closer)]
         for n, e in enumerate(entries):
             e["record_id"] = n
         status = {
@@ -99,12 +116,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sets", nargs="+", default=["4096x2000"], help="RANKSxENTRIES per set")
     ap.add_argument("--every", type=int, default=16, help="a send/recv after every this many entries")
+    ap.add_argument("--batched", action="store_true", help="each send/recv a batch_isend_irecv batch")
     ap.add_argument("--tree", nargs="+", type=Path, default=[REPO], help="checkouts to compare")
     ap.add_argument("--repeat", type=int, default=2, help="interleaved runs per checkout; the best counts")
     args = ap.parse_args()
     for tree in args.tree:
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "sentinel")], check=True)
-    source = pipeline_source(_load_source(DEFAULT_SOURCE), args.every)
+    source = pipeline_source(_load_source(DEFAULT_SOURCE), args.every, batched=args.batched)
     root = Path(tempfile.mkdtemp(prefix="frbench-pp-"))
     try:
         for spec in args.sets:
