@@ -14,6 +14,22 @@ Both decodes use the same no-globals unpickler as a full decode (:mod:`sentinel.
 is checked (record ids consecutive from the first entry to the last, count matching the entry starts
 found); on any doubt — a memo reference into the skipped middle, an odd layout, protocol 4 memoization —
 :func:`decode_recent` returns None and the caller decodes the whole file.
+
+Where a group counted send/recv before the newest entries, the caller also needs to know that no skipped
+entry is still pending (``Recent``'s last item, :func:`_skipped_done`). The skipped middle is searched as
+bytes for the key ``retired`` followed by False or None, which every entry not retired holds (the layout
+argument is in :func:`_skipped_done`). A coalesced batch's members (``batch_isend_irecv``: ProcessGroupNCCL
+writes them unretired, forever) are such entries in every healthy NCCL pipeline dump, so a hit is not a
+verdict: each hit's entry and the one after it are decoded, and the skipped entries not completed must
+all be members of batches that a completed ``nccl:coalesced`` entry of their group and ``p2p_seq_id``
+closes where the full decode's reduction drops them (:class:`_Batches`, mirroring
+:func:`sentinel.fr.summary._close_batch`). It cannot miss a pending op: an entry not retired holds the
+pattern, so it lies in a decoded span (the spans must cover every hit and decode to consecutive record
+ids); an entry between spans is retired, neither pending nor able to close or open a batch that matters
+(no batch may be open at a span's end, except at the newest entries, whose closer must then be completed
+with nothing else of its group pending before it); and anything the reduction could leave pending that is
+not such a member — a closer not completed, missing, of another batch or group, an op between members
+and closer — is a doubt, and a doubt is a full decode.
 """
 
 from __future__ import annotations
@@ -25,7 +41,7 @@ import pickle
 import re
 from collections.abc import Callable
 
-from sentinel.fr.ops import entry_completed
+from sentinel.fr.ops import P2P, entry_completed, op_name, p2p_peer
 from sentinel.fr.records import TYPE_CHECKING
 from sentinel.fr.safepickle import plain_unpickler
 
@@ -227,7 +243,9 @@ def _decode_recent(view: ByteView, keep: int) -> Recent | None:
 
     def skipped_done() -> bool:
         try:
-            return _skipped_done(view, memo, head, head_end, tail_start)
+            return _skipped_done(
+                view, memo, head=head, tail=tail, needle=marks.needle, lo=head_end, hi=tail_start
+            )
         except Exception:  # any doubt: not shown completed
             return False
 
@@ -240,23 +258,53 @@ def _not_retired(ref: bytes) -> re.Pattern[bytes]:
     return re.compile(re.escape(ref) + b"[\x89N]")
 
 
-def _skipped_done(view: ByteView, memo: Any, head: list[Any], lo: int, hi: int) -> bool:
-    """Whether every entry the decode skipped — the first :data:`HEAD` (decoded: checked as the summary
-    reads them) and those in bytes ``[lo, hi)`` (never decoded) — is retired, so none is still pending.
+#: The parts of the skipped middle decoded around its unretired entries (bytes) may be at most this share
+#: of it: past that (a job of little else than send/recv), the full decode costs about as much.
+MAX_DECODED_SHARE = 0.5
 
-    Without decoding the middle: PyTorch's pickler writes ``retired`` in every entry, as a bool
+
+def _skipped_done(
+    view: ByteView, memo: Any, *, head: list[Any], tail: list[Any], needle: bytes, lo: int, hi: int
+) -> bool:
+    """Whether no entry the decode skipped — the first :data:`HEAD` (decoded) and those in bytes ``[lo,
+    hi)`` (the middle, never decoded in full) — leaves an op pending in the full decode's reduction.
+
+    An entry is done when it is retired, or when it is a member of a coalesced batch whose completed
+    closing entry the reduction lets close it (:class:`_Batches`: ProcessGroupNCCL writes every
+    ``batch_isend_irecv`` member ``retired`` False forever, and only the ``nccl:coalesced`` entry that
+    follows carries the batch's state; see :func:`sentinel.fr.summary._close_batch`).
+
+    The middle is searched as bytes: PyTorch's pickler writes ``retired`` in every entry, as a bool
     (NEWTRUE / NEWFALSE), after the key string memoized once (by value) and referenced by BINGET (index
     below 256) or LONG_BINGET after its first use in the first entry; CPython's pickler (the same
     layout for plain data) memoizes a key string once per object. So an entry not retired holds the key's
     reference followed by NEWFALSE (or NONE, as CPython writes None), which one C-level regex search over
-    the middle finds; the same bytes inside a string or a number only cost a full decode. Any other way
+    the middle finds; the same bytes inside a string or a number only cost more decoding. Any other way
     the middle could name the key — a second memoized copy, its text (BINUNICODE or any other string
     opcode), a head memo holding it under several indices or none — means "not shown": the caller
-    decodes the whole file. Not seen, by design: opcode sequences neither pickler writes (a bool behind
-    POP, a LONG_BINGET of an index below 256) and entries without the key (PyTorch writes it in every
-    entry), which a hand-made file could hold — as it could simply state anything in a dump that reads
-    well."""
-    if not all(type(e) is dict and entry_completed(e) for e in head):
+    decodes the whole file.
+
+    Every hit is then decoded, not read from bytes: the entry that holds it (from the entry start before
+    it, found as :class:`_Marks` finds them) and the one after it (where ProcessGroupNCCL writes the closing
+    entry of a batch's last member), all such spans in one decode with the first entries' memo (a
+    reference to a value first pickled elsewhere in the middle fails the decode: a full decode). The
+    spans must decode to entries with consecutive record ids between the first and the newest entries
+    (adjacent to them where a span touches them) and must cover every hit. :class:`_Batches` then follows
+    the first entries and the spans in file order: an entry not completed must be a send/recv (a batch
+    member) whose group has no other batch open; a batch closes at a completed ``nccl:coalesced`` entry
+    of the same group and ``p2p_seq_id``, exactly where the reduction drops its members; a batch still
+    open at the end of a span is a doubt, unless the span ends at the newest entries, where the batch's
+    closer must follow among them, completed, with nothing else of its group pending before it (the
+    newest entries are reduced as decoded: a closer there that is not completed, or none, leaves the
+    skipped members pending in the full decode only). Entries between spans hold no hit: retired, so
+    neither pending nor able to leave a batch open (no batch is open at a span's end).
+
+    Not seen, by design: opcode sequences neither pickler writes (a bool behind POP, a LONG_BINGET of an
+    index below 256) and entries without the key (PyTorch writes it in every entry), which a hand-made
+    file could hold — as it could simply state anything in a dump that reads well."""
+    batches = _Batches()
+    # (the first entries all completed, the common case, in one C-level pass)
+    if not all(type(e) is dict and entry_completed(e) for e in head) and not all(map(batches.step, head)):
         return False
     indices = [i for i, v in memo.copy().items() if type(v) is str and v == "retired"]
     if len(indices) != 1:
@@ -266,7 +314,151 @@ def _skipped_done(view: ByteView, memo: Any, head: list[Any], lo: int, hi: int) 
     data = view.through(hi)
     if data.find(b"retired", lo, hi) >= 0:
         return False
-    return _not_retired(ref).search(data, lo, hi) is None
+    pattern = _not_retired(ref)
+    hits = [m.start() for m in pattern.finditer(data, lo, hi)] if pattern.search(data, lo, hi) else []
+    if hits or batches.open:
+        spans = _spans(data, needle, hits, lo, hi, from_lo=bool(batches.open))
+        if spans is None or sum(b - a for a, b in spans) > MAX_DECODED_SHARE * (hi - lo):
+            return False
+        reader = plain_unpickler(
+            b"".join([b"\x80\x02]("] + [b"](" + data[a:b] + b"e" for a, b in spans] + [b"e."])
+        )
+        reader.memo = memo
+        parts = reader.load()
+        if type(parts) is not list or len(parts) != len(spans):
+            return False
+        last = head[-1]["record_id"]
+        for (a, b), part in zip(spans, parts, strict=True):
+            ids = [e["record_id"] for e in part]
+            if not ids or type(ids[0]) is not int or ids != list(range(ids[0], ids[0] + len(ids))):
+                return False
+            if ids[0] <= last or (a == lo and ids[0] != last + 1) or (a > lo and ids[0] == last + 1):
+                return False
+            last = ids[-1]
+            if not all(batches.step(e) for e in part) or (batches.open and b != hi):
+                return False
+        if last >= tail[0]["record_id"] or (last == tail[0]["record_id"] - 1) != (spans[-1][1] == hi):
+            return False
+    return batches.closed_by(tail)
+
+
+def _spans(
+    data: bytes, needle: bytes, hits: list[int], lo: int, hi: int, *, from_lo: bool
+) -> list[tuple[int, int]] | None:
+    """Byte spans ``[a, b)`` of whole entries in ``[lo, hi)`` that cover each hit's entry and the entry
+    after it (``from_lo``: also the first entry at ``lo`` and the one after it), merged where they touch;
+    None when an entry start is not where it must be."""
+    anchors: list[tuple[int, int]] = []  # (needle offset of the entry holding the hit, the hit)
+    if from_lo:
+        pos = data.find(needle, lo, hi)
+        if pos < 0 or _dict_start(data[pos - 6 : pos], pos) != lo:
+            return None
+        anchors.append((pos, lo))
+    anchors += [(data.rfind(needle, lo, hit), hit) for hit in hits]
+    spans: list[tuple[int, int]] = []
+    for pos, hit in anchors:
+        if pos < 0:
+            return None
+        start = _dict_start(data[pos - 6 : pos], pos)
+        following = data.find(needle, pos + 1, hi)
+        after = data.find(needle, following + 1, hi) if following >= 0 else -1
+        end = _dict_start(data[after - 6 : after], after) if after >= 0 else hi
+        if start < lo or end <= hit:
+            return None
+        if spans and start <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], end))
+        else:
+            spans.append((start, end))
+    return spans
+
+
+class _Batches:
+    """What the reduction (:func:`sentinel.fr.summary._close_batch`) leaves pending of the entries it is
+    shown in file order, followed without it: per group (the reduction's key: ``process_group[0]``, or the
+    ``pg_id`` of an entry without one) the ``p2p_seq_id`` of the coalesced batch whose members are
+    pending. Anything the reduction could leave pending otherwise — an entry not completed that is not a
+    send/recv, a pending ``nccl:coalesced`` entry, a member of a second batch while one is open, a field
+    of another type than the reduction reads — is a doubt (``False``)."""
+
+    __slots__ = ("open",)
+
+    def __init__(self) -> None:
+        self.open: dict[str, int] = {}
+
+    def step(self, e: Any) -> bool:
+        """Follow one entry; False when it may stay pending in the reduction."""
+        if type(e) is not dict:
+            return False
+        if entry_completed(e):
+            if self.open:  # a completed closer of an open batch drops its members
+                read = _batch_fields(e)
+                if read is None:
+                    return False
+                group, seq, _, is_closer = read
+                if is_closer and self.open.get(group) == seq:
+                    del self.open[group]
+            return True
+        read = _batch_fields(e)
+        if read is None or not read[2]:
+            return False
+        group, seq = read[0], read[1]
+        return self.open.setdefault(group, seq) == seq
+
+    def closed_by(self, tail: list[Any]) -> bool:
+        """Whether the newest entries close every batch still open, as the reduction of the full buffer
+        would: each at a completed closer, with only more members of that batch pending in its group
+        before it."""
+        for e in tail:
+            if not self.open:
+                break
+            read = _batch_fields(e) if type(e) is dict else None
+            if read is None:
+                return False
+            group, seq, is_member, is_closer = read
+            if group not in self.open:
+                continue
+            if not entry_completed(e):
+                if not (is_member and seq == self.open[group]):
+                    return False
+            elif is_closer and seq == self.open[group]:
+                del self.open[group]
+        return not self.open
+
+
+def _batch_fields(e: dict[str, Any]) -> tuple[str, int, bool, bool] | None:
+    """(group, ``p2p_seq_id``, a send/recv the reduction keeps as a p2p op, a ``nccl:coalesced`` entry
+    that closes a batch) of one entry, read as the reduction reads them; None when a field is not of the
+    type it reads (a doubt)."""
+    pg, name, seq = e.get("process_group"), e.get("profiling_name"), e.get("p2p_seq_id", -1)
+    if type(name) is not str or type(seq) is not int:
+        return None
+    if type(pg) is tuple and len(pg) == 2 and type(pg[0]) is str and type(pg[1]) is str:
+        group = pg[0]
+    elif pg is None and type(e.get("pg_id")) is int:
+        group = str(e["pg_id"])
+    elif type(pg) is list and len(pg) == 2 and type(pg[0]) is str and type(pg[1]) is str:
+        group = pg[0]
+    else:
+        return None
+    kind = _NAME_KINDS.get(name)
+    if kind is None:
+        kind = _name_kind(name)
+        if len(_NAME_KINDS) < MAX_NAME_KINDS:
+            _NAME_KINDS[name] = kind
+    p2p = kind[0] or e.get("is_p2p") is True
+    closer = p2p and kind[1]
+    return group, seq, p2p and not closer, closer
+
+
+#: Profiling names whose kind is remembered (per process; a job has a few dozen).
+MAX_NAME_KINDS = 4096
+_NAME_KINDS: dict[str, tuple[bool, bool]] = {}
+
+
+def _name_kind(name: str) -> tuple[bool, bool]:
+    """(a send/recv by its name, ``coalesced`` without peers: a batch's closing entry when it is p2p)."""
+    op = op_name(name)
+    return op in P2P, op == "coalesced" and p2p_peer(name) is None
 
 
 class _Marks:
@@ -303,15 +495,19 @@ class _Marks:
             view._grow_back(2 * len(back))
 
     def _dict_start(self, pos: int) -> int:
-        before = bytes(self.view.get(pos - 6, pos))
-        # the dict opcode sits before the MARK: directly (PyTorch), or behind a BINPUT / LONG_BINPUT
-        if before[5] == 0x7D:
-            return pos - 1
-        if before[3] == 0x7D and before[4] == 0x71:
-            return pos - 3
-        if before[0] == 0x7D and before[1] == 0x72:
-            return pos - 6
-        raise ValueError("entry start without a dict opcode")
+        return _dict_start(bytes(self.view.get(pos - 6, pos)), pos)
+
+
+def _dict_start(before: bytes, pos: int) -> int:
+    """Offset of the dict opcode of the entry whose MARK is at ``pos`` (``before``: the 6 bytes before it)."""
+    # the dict opcode sits before the MARK: directly (PyTorch), or behind a BINPUT / LONG_BINPUT
+    if before[5] == 0x7D:
+        return pos - 1
+    if before[3] == 0x7D and before[4] == 0x71:
+        return pos - 3
+    if before[0] == 0x7D and before[1] == 0x72:
+        return pos - 6
+    raise ValueError("entry start without a dict opcode")
 
 
 _JSON_ENTRY = b'{"collective_seq_id":'

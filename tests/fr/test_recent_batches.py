@@ -1,0 +1,316 @@
+"""The newest-entries decode of NCCL pipeline dumps whose send/recv go through ``batch_isend_irecv``.
+
+ProcessGroupNCCL writes every member of a coalesced batch ``scheduled``, not retired, without times,
+forever, and closes the batch with a ``nccl:coalesced`` entry (same group and ``p2p_seq_id``) that
+carries its state (``tests/fr/p2p_synth.py``). The skipped middle of such a dump is done only where every
+unretired member is closed by a later completed closer (``sentinel.fr.recent._skipped_done``): these
+tests hold the newest-entries reading against the full decode, with pending members and closers placed
+in the first entries, the middle, across either boundary and among the newest entries.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sentinel.fr.dumpset import analyze_dir
+from sentinel.fr.loader import load_dump
+from sentinel.fr.recent import HEAD
+from sentinel.fr.summary import summarize
+from tests.fr.nccl_synth import mark_completed, mark_pending, started_at
+from tests.fr.synth import T0
+
+KEEP = 128  # the newest entries the analysis keeps (sentinel.fr.dumpset.RECENT_ENTRIES)
+ENTRIES = 1200
+COLLECTIVES = 4  # world all_reduces per training step, before its batch
+STEP = COLLECTIVES + 2  # entries of one unchanged step: its collectives, a batch's member and its closer
+STEPS = ENTRIES // STEP + 20  # steps written (the dump keeps the newest ENTRIES entries of them)
+WORLD = ("0", "default_pg")
+FRAMES = [{"name": f"f{i}", "filename": "pipeline.py", "line": i} for i in range(6)]
+
+#: What a change does to one batch.
+CHANGES = (
+    "closer_started",  # the closer is not completed (started): the batch still runs
+    "closer_scheduled",  # the closer is not completed, merely scheduled
+    "no_closer",  # the dump was taken mid-batch: no closer after the members
+    "closer_other_seq",  # the entry after the members closes another batch
+    "closer_other_group",  # the closer is another group's
+    "pending_between",  # an op of the group still pending between the members and the closer
+    "other_group_between",  # a completed entry of another group between the members and the closer
+    "member_done",  # a member completed on its own (harmless)
+    "two_members",  # a second member of the same batch (harmless)
+    "lone_pending",  # a lone send/recv (not a batch) still pending behind later collectives
+    "late_frame",  # the member refers to a stack frame first pickled in the entry before it
+)
+
+
+def _base(e: dict[str, Any], name: str, pg: tuple[str, str] = WORLD) -> dict[str, Any]:
+    out = {
+        "record_id": 0,
+        "frames": list(FRAMES[:3]),
+        "pg_id": int(pg[0]),
+        "process_group": pg,
+        "profiling_name": name,
+        "input_dtypes": ["Float"],
+        "output_dtypes": ["Float"],
+        "timeout_ms": 600000,
+    }
+    out.update(e)
+    return out
+
+
+def _rank_entries(
+    rank: int, steps: int, changes: dict[int, list[str]]
+) -> tuple[list[dict[str, Any]], dict[int, int]]:
+    """A 2-stage pipeline rank's buffer: per step :data:`COLLECTIVES` world all_reduces and one batch (rank 0 sends to 1,
+    rank 1 receives from 0) closed by a completed ``nccl:coalesced``; ``changes``: step -> what to change
+    in that step's batch (:data:`CHANGES`). Also: step -> the index of its (first) member."""
+    entries: list[dict[str, Any]] = []
+    member_at: dict[int, int] = {}
+    coll = p2p = 0
+    t = T0
+    for step in range(steps):
+        for _ in range(COLLECTIVES):
+            coll += 1
+            t += 1000
+            e = _base({"collective_seq_id": coll, "p2p_seq_id": p2p, "op_id": coll + p2p}, "nccl:all_reduce")
+            e.update(time_created_ns=t, input_sizes=[[64]], output_sizes=[[64]], is_p2p=False)
+            mark_completed(e)
+            entries.append(e)
+        todo = changes.get(step, [])
+        p2p += 1
+        arrow, op = ("0->1", "send") if rank == 0 else ("1<-0", "recv")
+        members = [f"nccl:{op} {arrow}"]
+        if "two_members" in todo:
+            members.append("nccl:recv 0<-1" if rank == 0 else "nccl:send 1->0")
+        batch: list[dict[str, Any]] = []
+        member_at[step] = len(entries)
+        for name in members:
+            t += 1000
+            e = _base({"collective_seq_id": coll, "p2p_seq_id": p2p, "op_id": coll + p2p}, name)
+            e.update(time_created_ns=t, input_sizes=[[1024]], output_sizes=[[1024]], is_p2p=True)
+            if "late_frame" in todo:  # one dict shared by both entries: memoized in the first
+                frame = {"name": f"late{step}", "filename": "pipeline.py", "line": step}
+                entries[-1]["frames"].append(frame)
+                e["frames"].append(frame)
+            if "member_done" in todo:
+                mark_completed(e)
+            else:
+                mark_pending(e, None)
+            batch.append(e)
+        if "lone_pending" in todo:
+            mark_pending(batch[0], started_at(batch[0]))
+            entries += batch
+            continue
+        t += 1000
+        closer = _base({"collective_seq_id": coll, "p2p_seq_id": p2p, "op_id": coll + p2p}, "nccl:coalesced")
+        closer.update(time_created_ns=t, input_sizes=[], output_sizes=[], is_p2p=True)
+        closer.update(input_dtypes=[], output_dtypes=[])
+        mark_completed(closer)
+        if "closer_started" in todo:
+            mark_pending(closer, started_at(closer))
+        if "closer_scheduled" in todo:
+            mark_pending(closer, None)
+        if "closer_other_seq" in todo:
+            closer["p2p_seq_id"] = p2p + 1000
+        if "closer_other_group" in todo:
+            closer.update(pg_id=1, process_group=("1", "pp"))
+        if "pending_between" in todo:
+            e = _base({"collective_seq_id": coll, "p2p_seq_id": p2p + 500, "op_id": 0}, members[0])
+            e.update(time_created_ns=t, input_sizes=[[8]], output_sizes=[[8]], is_p2p=True)
+            mark_pending(e, None)
+            batch.append(e)
+        if "other_group_between" in todo:
+            e = _base(
+                {"collective_seq_id": step, "p2p_seq_id": 0, "op_id": step}, "nccl:barrier", ("1", "pp")
+            )
+            e.update(time_created_ns=t, input_sizes=[[1]], output_sizes=[[1]], is_p2p=False)
+            mark_completed(e)
+            batch.append(e)
+        if "no_closer" not in todo:
+            batch.append(closer)
+        entries += batch
+    return entries, member_at
+
+
+def _write_set(
+    root: Path,
+    shift: int,
+    changes: dict[int, dict[int, list[str]]],
+    anchor: tuple[int, int, int] | None = None,
+) -> list[Path]:
+    """Two ranks' dumps of the newest :data:`ENTRIES` entries, ``shift`` more dropped from the end (moves
+    every batch relative to the boundaries); ``changes``: rank -> step -> changes. ``anchor`` (rank, step,
+    index) sets the shift instead: that rank's member of that step is entry ``index`` of its dump (a batch
+    across a boundary), when the buffer holds enough entries on both sides."""
+    root.mkdir(parents=True, exist_ok=True)
+    written = {rank: _rank_entries(rank, STEPS, changes.get(rank, {})) for rank in (0, 1)}
+    if anchor is not None:
+        entries, member_at = written[anchor[0]]
+        start = member_at[anchor[1]] - anchor[2]
+        if 0 <= start <= len(entries) - ENTRIES - 1:
+            shift = len(entries) - ENTRIES - start
+    paths = []
+    for rank, (all_entries, _) in written.items():
+        entries = all_entries[: len(all_entries) - shift][-ENTRIES:]
+        for n, e in enumerate(entries):
+            e["record_id"] = n
+        seqs = [e["collective_seq_id"] for e in entries if e["pg_id"] == 0 and not e["is_p2p"]]
+        status = {
+            "0": {
+                "last_enqueued_collective": max(seqs),
+                "last_started_collective": max(seqs),
+                "last_completed_collective": max(seqs),
+            }
+        }
+        config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}}
+        top = {"version": "2.10", "pg_config": config, "pg_status": status, "entries": entries}
+        path = root / f"nccl_trace_rank_{rank}"
+        path.write_bytes(pickle.dumps(top, protocol=2))
+        paths.append(path)
+    return paths
+
+
+def _pending(path: Path, recent: int | None) -> tuple[int, dict[str, list[Any]]]:
+    """(entries decoded, group -> its pending ops after the reduction) of one dump."""
+    dump = load_dump(path, recent=recent)
+    summary = summarize(dump)
+    return len(dump.entries), {g.name: list(g.pending) for g in summary.groups if g.pending}
+
+
+def _check_against_full(paths: list[Path]) -> list[bool]:
+    """Per dump: when the newest entries are enough (newest-entries decode accepted), the pending ops
+    after the reduction equal the full decode's. Returns which dumps were read from their newest entries."""
+    read_recent = []
+    for path in paths:
+        n, pending = _pending(path, KEEP)
+        full_n, full_pending = _pending(path, None)
+        assert full_n == ENTRIES
+        if n == KEEP:
+            assert pending == full_pending, path.name
+        read_recent.append(n == KEEP)
+    return read_recent
+
+
+def _verdict(result: Any) -> tuple[Any, ...]:
+    j = result.to_json()
+    return j["verdict"], j["culprit_ranks"], j["collective"], j["summary"]
+
+
+_BATCH_CHANGES = st.lists(st.sampled_from(CHANGES), min_size=1, max_size=2)
+#: Steps of the buffer (with no shift): the front (first entries), the newest entries' front, the end.
+FRONT = STEPS - ENTRIES // STEP
+NEWEST = STEPS - KEEP // STEP
+
+
+@st.composite
+def _changed_sets(
+    draw: st.DrawFn,
+) -> tuple[int, dict[int, dict[int, list[str]]], tuple[int, int, int] | None]:
+    """Changes to batches anywhere (a step drawn near the first entries' end, near the newest entries'
+    start, among the newest, or anywhere), a shift, and maybe a changed batch placed across a boundary:
+    its member a few entries before or after the end of the first entries or the start of the newest."""
+    shift = draw(st.integers(0, 2 * STEP))
+    near = [FRONT + HEAD // STEP + d for d in (-1, 0, 1)] + [NEWEST + d for d in (-2, -1, 0, 1)]
+    where = st.one_of(st.sampled_from(near), st.integers(FRONT, STEPS - 1))
+    changes: dict[int, dict[int, list[str]]] = {}
+    for _ in range(draw(st.integers(0, 3))):
+        rank = draw(st.sampled_from([0, 1]))
+        changes.setdefault(rank, {})[draw(where)] = draw(_BATCH_CHANGES)
+    anchor = None
+    if draw(st.booleans()):
+        rank = draw(st.sampled_from([0, 1]))
+        at_front = draw(st.booleans())
+        step = FRONT + 3 if at_front else NEWEST - 3
+        changes.setdefault(rank, {})[step] = draw(_BATCH_CHANGES)
+        index = (HEAD if at_front else ENTRIES - KEEP) + draw(st.integers(-3, 1))
+        anchor = (rank, step, index)
+    return shift, changes, anchor
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_changed_sets())
+def test_fuzz_batched_pipeline_dumps_read_from_their_newest_entries_as_in_full(
+    tmp_path_factory: Any,
+    case: tuple[int, dict[int, dict[int, list[str]]], tuple[int, int, int] | None],
+) -> None:
+    """Pending members and closers anywhere — first entries, middle, either boundary (a batch split
+    between skipped and decoded entries), newest entries — with closers not completed, missing, of
+    another batch or group, blocked by a pending op: the newest-entries reading gives the same pending
+    ops per dump and the same verdict for the set as the full decode."""
+    shift, changes, anchor = case
+    root = tmp_path_factory.mktemp("set")
+    paths = _write_set(root, shift, changes, anchor)
+    _check_against_full(paths)
+    assert _verdict(analyze_dir(root, workers=0)) == _verdict(analyze_dir(root, workers=0, recent=None))
+
+
+def test_a_healthy_batched_pipeline_is_read_from_its_newest_entries(tmp_path: Path) -> None:
+    paths = _write_set(tmp_path, 0, {})
+    assert _check_against_full(paths) == [True, True]
+    assert all(load_dump(p, recent=KEEP).skipped_p2p for p in paths)
+    assert analyze_dir(tmp_path, workers=0).to_json()["verdict"] == "healthy"
+
+
+MIDDLE = FRONT + ENTRIES // STEP // 2  # a step in the middle of the buffer (none of its entries decoded)
+
+
+def _rank0_read_recent(tmp_path: Path, changes: list[str], step: int, index: int | None = None) -> bool:
+    """Whether rank 0's dump, with ``changes`` to the batch of ``step`` (its member at entry ``index``),
+    is read from its newest entries; either way the pending ops equal the full decode's."""
+    anchor = None if index is None else (0, step, index)
+    paths = _write_set(tmp_path, 0, {0: {step: changes}}, anchor)
+    if index is not None:
+        entries = load_dump(paths[0]).entries
+        member = entries[index]
+        assert member["profiling_name"].startswith("nccl:send") and member["retired"] is False
+    read = _check_against_full(paths)
+    assert read[1], "rank 1 is unchanged"
+    return read[0]
+
+
+def test_batches_in_the_middle_closed_or_not(tmp_path: Path) -> None:
+    """In the skipped middle: a batch whose members are closed by a completed closer of their group and
+    ``p2p_seq_id`` is done; one whose closer is not completed, absent, of another batch or group, or
+    behind a pending op or another entry (not proven: a full decode), or a lone op still pending, is
+    not shown done; a member that refers to a frame pickled in a skipped entry is decoded in full."""
+    done = {"member_done", "two_members"}
+    for change in CHANGES:
+        got = _rank0_read_recent(tmp_path / change, [change], MIDDLE)
+        assert got == (change in done), change
+
+
+def test_a_batch_across_the_newest_entries_boundary(tmp_path: Path) -> None:
+    """The last skipped entry is a member: its closer, the first of the newest entries, must be
+    completed (the newest entries are reduced as decoded: a pending closer there would speak for the
+    skipped member in the full decode only)."""
+    last_skipped = ENTRIES - KEEP - 1
+    assert _rank0_read_recent(tmp_path / "a", [], NEWEST - 3, last_skipped)
+    assert not _rank0_read_recent(tmp_path / "b", ["closer_started"], NEWEST - 3, last_skipped)
+    assert not _rank0_read_recent(tmp_path / "c", ["closer_scheduled"], NEWEST - 3, last_skipped)
+    assert not _rank0_read_recent(tmp_path / "d", ["no_closer"], NEWEST - 3, last_skipped)
+    assert not _rank0_read_recent(tmp_path / "e", ["pending_between"], NEWEST - 3, last_skipped)
+    # two members on either side of the boundary, the closer among the newest entries
+    assert _rank0_read_recent(tmp_path / "f", ["two_members"], NEWEST - 3, last_skipped)
+    assert not _rank0_read_recent(tmp_path / "g", ["two_members", "closer_started"], NEWEST - 3, last_skipped)
+
+
+def test_a_batch_across_the_first_entries_boundary(tmp_path: Path) -> None:
+    """The last of the first (decoded) entries is a member, its closer the first skipped entry."""
+    assert _rank0_read_recent(tmp_path / "a", [], FRONT + 3, HEAD - 1)
+    assert not _rank0_read_recent(tmp_path / "b", ["closer_started"], FRONT + 3, HEAD - 1)
+    assert not _rank0_read_recent(tmp_path / "c", ["no_closer"], FRONT + 3, HEAD - 1)
+    assert _rank0_read_recent(tmp_path / "d", ["two_members"], FRONT + 3, HEAD - 2)
+
+
+def test_a_pending_batch_among_the_newest_entries_is_read_from_them(tmp_path: Path) -> None:
+    """Nothing skipped is pending: the newest entries hold the batch (and the set, where a rank waits,
+    is read again in full: the verdicts agree)."""
+    assert _rank0_read_recent(tmp_path / "a", ["closer_started"], STEPS - 3)
+    assert _verdict(analyze_dir(tmp_path / "a", workers=0)) == _verdict(
+        analyze_dir(tmp_path / "a", workers=0, recent=None)
+    )
