@@ -329,6 +329,8 @@ def _skipped_done(
             return False
         last = head[-1]["record_id"]
         for (a, b), part in zip(spans, parts, strict=True):
+            if type(part) is not list:
+                return False
             ids = [e["record_id"] for e in part]
             if not ids or type(ids[0]) is not int or ids != list(range(ids[0], ids[0] + len(ids))):
                 return False
