@@ -27,9 +27,10 @@ closes where the full decode's reduction drops them (:class:`_Batches`, mirrorin
 pattern, so it lies in a decoded span (the spans must cover every hit and decode to consecutive record
 ids); an entry between spans is retired, neither pending nor able to close or open a batch that matters
 (no batch may be open at a span's end, except at the newest entries, whose closer must then be completed
-with nothing else of its group pending before it); and anything the reduction could leave pending that is
-not such a member — a closer not completed, missing, of another batch or group, an op between members
-and closer — is a doubt, and a doubt is a full decode.
+with nothing else of its group pending before it, and read as a batch's closer by the newest entries
+alone too: flagged ``is_p2p`` or behind a member of its batch there); and anything the reduction could
+leave pending that is not such a member — a closer not completed, missing, of another batch or group, an
+op between members and closer — is a doubt, and a doubt is a full decode.
 """
 
 from __future__ import annotations
@@ -296,7 +297,8 @@ def _skipped_done(
     open at the end of a span is a doubt, unless the span ends at the newest entries, where the batch's
     closer must follow among them, completed, with nothing else of its group pending before it (the
     newest entries are reduced as decoded: a closer there that is not completed, or none, leaves the
-    skipped members pending in the full decode only). Entries between spans hold no hit: retired, so
+    skipped members pending in the full decode only), and read as a closer without the skipped members
+    (:meth:`_Batches.closed_by`). Entries between spans hold no hit: retired, so
     neither pending nor able to leave a batch open (no batch is open at a span's end).
 
     Not seen, by design: opcode sequences neither pickler writes (a bool behind POP, a LONG_BINGET of an
@@ -408,8 +410,12 @@ class _Batches:
 
     def closed_by(self, tail: list[Any]) -> bool:
         """Whether the newest entries close every batch still open, as the reduction of the full buffer
-        would: each at a completed closer, with only more members of that batch pending in its group
-        before it."""
+        would, and are read the same without the skipped members: each batch at a completed closer, with
+        only more members of that batch pending in its group before it, and a closer that the newest
+        entries alone read as a send/recv's too — flagged ``is_p2p``, or behind a member of its batch
+        among them (a closer that says False or nothing is known by the member before it: as the first
+        of its batch's entries among the newest it would be read as a collective there)."""
+        member_seen: set[str] = set()
         for e in tail:
             if not self.open:
                 break
@@ -422,15 +428,18 @@ class _Batches:
             if not entry_completed(e):
                 if not (is_member and seq == self.open[group]):
                     return False
+                member_seen.add(group)
             elif is_closer and seq == self.open[group]:
+                if e.get("is_p2p") is not True and group not in member_seen:
+                    return False
                 del self.open[group]
         return not self.open
 
 
 def _batch_fields(e: dict[str, Any]) -> tuple[str, int, bool, bool] | None:
     """(group, ``p2p_seq_id``, a send/recv the reduction keeps as a p2p op, a ``nccl:coalesced`` entry
-    that closes a batch) of one entry, read as the reduction reads them; None when a field is not of the
-    type it reads (a doubt)."""
+    that closes a batch of that ``p2p_seq_id`` when one is open) of one entry, read as the reduction reads
+    them; None when a field is not of the type it reads (a doubt)."""
     pg, name, seq = e.get("process_group"), e.get("profiling_name"), e.get("p2p_seq_id", -1)
     if type(name) is not str or type(seq) is not int:
         return None
@@ -447,9 +456,11 @@ def _batch_fields(e: dict[str, Any]) -> tuple[str, int, bool, bool] | None:
         kind = _name_kind(name)
         if len(_NAME_KINDS) < MAX_NAME_KINDS:
             _NAME_KINDS[name] = kind
-    p2p = kind[0] or e.get("is_p2p") is True
-    closer = p2p and kind[1]
-    return group, seq, p2p and not closer, closer
+    # a closer is known by its name and place, whatever its is_p2p says (2.5 writes False): while a batch
+    # of its group is open, the reduction's last pending op there is that batch's member (nothing else is
+    # pending), so a closer of the same p2p_seq_id closes it
+    closer = kind[1]
+    return group, seq, (kind[0] or e.get("is_p2p") is True) and not closer, closer
 
 
 #: Profiling names whose kind is remembered (per process; a job has a few dozen).
@@ -458,7 +469,7 @@ _NAME_KINDS: dict[str, tuple[bool, bool]] = {}
 
 
 def _name_kind(name: str) -> tuple[bool, bool]:
-    """(a send/recv by its name, ``coalesced`` without peers: a batch's closing entry when it is p2p)."""
+    """(a send/recv by its name, ``coalesced`` without peers: a batch's closing entry)."""
     op = op_name(name)
     return op in P2P, op == "coalesced" and p2p_peer(name) is None
 
