@@ -763,16 +763,22 @@ def test_a_healthy_job_of_coalesced_batches_reads_healthy(tmp_path: Path) -> Non
 @pytest.mark.parametrize("culprit", [0, 2, 3])
 def test_a_rank_that_never_posts_its_batch_is_named(culprit: int, tmp_path: Path) -> None:
     """The same job where one rank never posts batch #7: its neighbours' batches started and never
-    completed (the closing entry says so for its members), so the rank that posted nothing is the culprit."""
+    completed (the closing entry says so for its members), so the rank that posted nothing is the culprit.
+    Each entry is cut by its own counter (a send/recv or closer by its p2p_seq_id, a collective by its
+    collective_seq_id): the culprit's list ends at all_reduce #6, the others' at their open batch #7."""
     tops = _batched_upto(tmp_path, 7)
     for rank, top in tops.items():
-        entries = [
-            e
-            for e in top["entries"]
-            if e["collective_seq_id"] < 7 or (e.get("is_p2p") and e["p2p_seq_id"] < 7)
+        batch = [dict(e) for e in top["entries"] if e.get("is_p2p") and e["p2p_seq_id"] == 7]
+        assert [e["profiling_name"].split(" ")[0] for e in batch] == [
+            "nccl:send",
+            "nccl:recv",
+            "nccl:coalesced",
         ]
+        entries = [
+            e for e in top["entries"] if (e["p2p_seq_id"] if e.get("is_p2p") else e["collective_seq_id"]) < 7
+        ]
+        assert entries[-1]["profiling_name"] == "nccl:all_reduce" and entries[-1]["collective_seq_id"] == 6
         if rank != culprit:
-            batch = [dict(e) for e in top["entries"] if e.get("is_p2p") and e["p2p_seq_id"] == 7]
             batch[-1].update(
                 retired=False, state="started", time_discovered_completed_ns=None, duration_ms=None
             )
