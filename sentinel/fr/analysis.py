@@ -170,12 +170,18 @@ class FrAnalysis:
         }
 
 
+#: Ranks' timing columns (one per rank and group) from which the straggler lags are worth a forked child:
+#: a fork, the child's copy-on-write faults and its exit cost ~2-4 ms, the lags ~10 us per column (64 x 200:
+#: 192 columns, 1.9 ms, slower aside; 512 x 220: 1,536 columns, 14.5 ms).
+ASIDE_FROM_TRACKS = 1024
+
+
 def analyze(summaries: Sequence[RankSummary], *, aside: bool = False) -> FrAnalysis:
     """Analyze every rank's reduced dump (at least one) and return the verdict with its evidence.
 
     ``aside``: the straggler lags (half the analysis of a large set) are worked out in a forked child on
     another core while this process does the rest (:mod:`sentinel.fr.aside`; single-threaded callers only:
-    the CLI). The result is the same either way."""
+    the CLI), when there are at least :data:`ASIDE_FROM_TRACKS` of them. The result is the same either way."""
     if not summaries:
         raise ValueError("analyze needs at least one rank's dump")
     by_rank = {s.rank: s for s in summaries}
@@ -184,8 +190,9 @@ def analyze(summaries: Sequence[RankSummary], *, aside: bool = False) -> FrAnaly
     world_size = _world_size(present, groups, summaries)
     missing = sorted(set(range(world_size)) - present)
     _complete_members(groups, present, missing, world_size)
-    # groups are final from here on: the stragglers can be worked out aside
-    lags = run_aside(functools.partial(_straggler_rows, groups)) if aside else None
+    # groups are final from here on: the stragglers can be worked out aside, where that is worth a fork
+    worth = aside and sum(len(g.tracks) for g in groups.values() if len(g.tracks) > 1) >= ASIDE_FROM_TRACKS
+    lags = run_aside(functools.partial(_straggler_rows, groups)) if worth else None
     try:
         return _analyze(summaries, groups, present, world_size, missing, lags)
     finally:
