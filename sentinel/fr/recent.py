@@ -36,11 +36,12 @@ op between members and closer — is a doubt, and a doubt is a full decode.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import pickle
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from sentinel.fr.ops import P2P, entry_completed, op_name, p2p_peer
 from sentinel.fr.records import TYPE_CHECKING
@@ -317,10 +318,12 @@ def _skipped_done(
     if data.find(b"retired", lo, hi) >= 0:
         return False
     pattern = _not_retired(ref)
-    hits = [m.start() for m in pattern.finditer(data, lo, hi)] if pattern.search(data, lo, hi) else []
-    if hits or batches.open:
+    hit = pattern.search(data, lo, hi)
+    if hit is not None or batches.open:
+        # (an iterator: a middle of nothing but hits holds millions of them)
+        hits = (m.start() for m in pattern.finditer(data, hit.start() if hit else hi, hi))
         spans = _spans(data, needle, hits, lo, hi, from_lo=bool(batches.open))
-        if spans is None or sum(b - a for a, b in spans) > MAX_DECODED_SHARE * (hi - lo):
+        if spans is None:
             return False
         reader = plain_unpickler(
             b"".join([b"\x80\x02]("] + [b"](" + data[a:b] + b"e" for a, b in spans] + [b"e."])
@@ -347,32 +350,48 @@ def _skipped_done(
 
 
 def _spans(
-    data: bytes, needle: bytes, hits: list[int], lo: int, hi: int, *, from_lo: bool
+    data: bytes, needle: bytes, hits: Iterator[int], lo: int, hi: int, *, from_lo: bool
 ) -> list[tuple[int, int]] | None:
     """Byte spans ``[a, b)`` of whole entries in ``[lo, hi)`` that cover each hit's entry and the entry
     after it (``from_lo``: also the first entry at ``lo`` and the one after it), merged where they touch;
-    None when an entry start is not where it must be."""
-    anchors: list[tuple[int, int]] = []  # (needle offset of the entry holding the hit, the hit)
-    if from_lo:
-        pos = data.find(needle, lo, hi)
-        if pos < 0 or _dict_start(data[pos - 6 : pos], pos) != lo:
-            return None
-        anchors.append((pos, lo))
-    anchors += [(data.rfind(needle, lo, hit), hit) for hit in hits]
+    None when an entry start is not where it must be, or past :data:`MAX_DECODED_SHARE` of the middle.
+    Linear in the middle's size however many hits it holds (a string of a million of them in one entry
+    included): a hit inside the last span but its final entry is covered as it is, one in its final
+    entry extends it by the entry after, and the entry start before any other hit is searched no further
+    back than the last span's end (an entry boundary)."""
+    budget = MAX_DECODED_SHARE * (hi - lo)
     spans: list[tuple[int, int]] = []
-    for pos, hit in anchors:
-        if pos < 0:
-            return None
+    final = -1  # offset of the dict opcode of the last span's final entry
+    final_pos = -1  # and of its needle
+    for n, hit in enumerate(itertools.chain((lo,), hits) if from_lo else hits):
+        if from_lo and n == 0:
+            pos = data.find(needle, lo, hi)
+            if pos < 0 or _dict_start(data[pos - 6 : pos], pos) != lo:
+                return None
+        elif spans and hit < spans[-1][1]:
+            if spans[-1][1] == hi or hit < final:
+                continue  # its entry and the one after it are in the span
+            pos = final_pos
+        else:
+            pos = data.rfind(needle, spans[-1][1] if spans else lo, hit)
+            if pos < 0:
+                return None
         start = _dict_start(data[pos - 6 : pos], pos)
         following = data.find(needle, pos + 1, hi)
         after = data.find(needle, following + 1, hi) if following >= 0 else -1
         end = _dict_start(data[after - 6 : after], after) if after >= 0 else hi
-        if start < lo or end <= hit:
+        if start < (spans[-1][0] if spans else lo) or end <= hit:
             return None
+        final_pos = following if following >= 0 else pos
+        final = _dict_start(data[final_pos - 6 : final_pos], final_pos)
         if spans and start <= spans[-1][1]:
-            spans[-1] = (spans[-1][0], max(spans[-1][1], end))
+            budget -= end - spans[-1][1]
+            spans[-1] = (spans[-1][0], end)
         else:
+            budget -= end - start
             spans.append((start, end))
+        if budget < 0:
+            return None
     return spans
 
 

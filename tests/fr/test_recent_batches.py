@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from sentinel.fr.dumpset import analyze_dir
 from sentinel.fr.loader import load_dump
 from sentinel.fr.recent import HEAD
+from sentinel.fr.safepickle import loads_plain
 from sentinel.fr.summary import summarize
 from tests.fr.nccl_synth import mark_completed, mark_pending, started_at
 from tests.fr.p2p_synth import closers_flagged
@@ -360,3 +361,18 @@ def test_a_pending_batch_among_the_newest_entries_is_read_from_them(tmp_path: Pa
     assert _verdict(analyze_dir(tmp_path / "a", workers=0)) == _verdict(
         analyze_dir(tmp_path / "a", workers=0, recent=None)
     )
+
+
+def test_many_hits_in_one_entry_are_one_span(tmp_path: Path) -> None:
+    """A stack frame in the middle whose name holds the bytes of "retired: False" thousands of times (the
+    key's BINGET then NEWFALSE): every hit lies in that entry's span, searched once, not once a hit; the
+    entry is completed, so the newest entries are enough, and read as the full decode reads them."""
+    paths = _write_set(tmp_path, 0, {})
+    top = loads_plain(paths[0].read_bytes())
+    blob = paths[0].read_bytes()
+    at = blob.index(b"X\x07\x00\x00\x00retired") + 12
+    assert blob[at] == ord("q") and blob[at + 1] < 0x80  # BINPUT of a one-byte (ASCII) index
+    text = (b"h" + blob[at + 1 : at + 2] + b"\x89").decode("latin-1") * 5000
+    top["entries"][ENTRIES // 2]["frames"] = [{"name": text, "filename": "pipeline.py", "line": 1}]
+    paths[0].write_bytes(pickle.dumps(top, protocol=2))
+    assert _check_against_full(paths) == [True, True]
