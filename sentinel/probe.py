@@ -80,6 +80,9 @@ class Probe:
         self._known_groups: dict[int, tuple[str, str]] = {}
         # gloo: pg_id -> (op id, seq) of the newest collective seen (its pg_status counts ops; see reduce)
         self._op_map: dict[int, tuple[int, int]] = {}
+        # NCCL: pg_id -> newest collective seq of groups seen to post send/recv (their pg_status mixes the
+        # send/recv and collective counters; see sentinel.fr.reduce)
+        self._p2p_groups: dict[int, int] = {}
         self._sock: socket.socket | None = None
         self._status_fn: DumpFn | None = status_fn
         # every entry, completed ones too (settles one-op batches); torch's only where the probe dumps torch's
@@ -188,6 +191,7 @@ class Probe:
             local_rank=ident["local_rank"],
             pid=ident["pid"],
             batches=self._batches,
+            p2p_groups=self._p2p_groups,
         )
 
     def _unsettled(self, now: float) -> bool:
@@ -216,7 +220,13 @@ class Probe:
         return status if isinstance(status, dict) else None
 
     def _needs_full(self, status: dict[str, Any], now: float) -> bool:
-        """A full (costly) dump only to learn group names, or for details of a wait that persists."""
+        """A full (costly) dump only to learn group names, or for details of a wait that persists.
+
+        A group that posts send/recv (known from its entries, or a last enqueued value below the last
+        completed one, which only mixed counters give) gets an ``onlyActive`` dump every tick: NCCL's status
+        there counts send/recv work and collectives alike (:mod:`sentinel.fr.reduce`), so it can neither say
+        that the group waits (an all_reduce #7 enqueued after send/recv #14 completed reads 7 < 14, no wait)
+        nor which collective it is at; the active entries can, and on NCCL they are only the pending ones."""
         for pg_id, st in status.items():
             try:
                 key = int(pg_id)
@@ -225,6 +235,8 @@ class Probe:
                 return True
             if key not in self._known_groups:
                 return now - self._last_full >= FULL_DUMP_MIN_INTERVAL_S or self._last_full == 0.0
+            if key in self._p2p_groups or progress[0] < progress[1]:
+                return True
             since = self._waiting_since.get(key)
             if progress[0] > progress[1]:
                 if since is None or since[0] != progress:

@@ -15,6 +15,20 @@ snapshots are mapped too: exactly while the counter still stands there (a rank i
 "at least one collective further" once it moved (the probe takes a full snapshot when a moved counter then
 stands still: :meth:`sentinel.probe.Probe._needs_full`).
 
+ProcessGroupNCCL's ``pg_status`` values are the seq of the last enqueued / started / completed *work*, of either
+counter: a collective's work carries ``seqCollective_``, a lone send/recv's and a send/recv batch's
+(``endCoalescing``) ``seqP2P_`` (torch 2.5 ``initWork``: ``isP2P ? seqP2P_ : seqCollective_``; ``workEnqueue``
+and the watchdog copy ``work.seq_``; 2.13's FlightRecorder dumps those three fields as they are). In a group
+that posts send/recv they mix: after send/recv #57 the status says 57 while the group's collectives are at 6,
+and an all_reduce #7 enqueued after it says 7 against a completed 57. Read as collective seqs, a rank that
+never entered #7 reads as inside it, and one inside it as idle. Every NCCL entry records both counters
+(``collective_seq_id``, ``p2p_seq_id``), so a group with a send/recv entry or an entry whose ``p2p_seq_id`` is
+above 0 is known to mix (remembered in ``p2p_groups``; gloo records no send/recv and its ``p2p_seq_id`` stays
+0): its heads come from the entries, never the status — the newest ``collective_seq_id`` any of them carries
+(a send/recv records the group's last collective), its pending collectives, and otherwise the newest value
+remembered (at most the truth: an idle rank whose collectives moved on between snapshots reads behind until
+the next entry; none can read as inside a collective it did not enter).
+
 The send/recv of a coalesced batch are read as the batch (:func:`_close_batches`); the batches seen closed
 are remembered across snapshots in :class:`BatchMemory` (see there for the one-op batch it settles).
 """
@@ -90,12 +104,17 @@ def reduce_snapshot(
     local_rank: int | None = None,
     pid: int | None = None,
     batches: BatchMemory | None = None,
+    p2p_groups: MutableMapping[int, int] | None = None,
 ) -> FrHeads:
     """Heads of one rank from a decoded FR JSON snapshot taken at unix time ``now``; ``batches`` (kept by
-    the caller across snapshots) learns the closed batches and says which lone ops it could not settle."""
+    the caller across snapshots) learns the closed batches and says which lone ops it could not settle;
+    ``p2p_groups`` (kept too) maps each group seen to post send/recv to its newest collective seq (see the
+    module docstring)."""
     names = known_groups if known_groups is not None else {}
     ops = op_map if op_map is not None else {}
     memory = batches if batches is not None else BatchMemory()
+    mixed = p2p_groups if p2p_groups is not None else {}
+    coll_seen: dict[int, int] = {}  # pg_id -> newest collective_seq_id of its entries in this snapshot
     memory.unsettled = set()
     entries = snapshot.get("entries") or []
     if not isinstance(entries, list):
@@ -127,6 +146,13 @@ def reduce_snapshot(
         # a batch's closing entry by its place (it follows the batch's send/recv, same p2p_seq_id), whatever
         # its is_p2p says: torch 2.5 records it False (isP2POp(COALESCED)), older dumps have no flag
         p2p = e.get("is_p2p") is True or op in P2P or (op == "coalesced" and last_p2p.get(name) == p2p_seq)
+        if pg_id is not None:
+            if (p2p or p2p_seq > 0) and (len(mixed) < MAX_OP_MAP or pg_id in mixed):
+                mixed.setdefault(pg_id, -1)  # its pg_status counts send/recv work too
+            if "collective_seq_id" in e:
+                cs = _as_int(e["collective_seq_id"], "collective_seq_id")
+                if cs > coll_seen.get(pg_id, -1):
+                    coll_seen[pg_id] = cs
         if op in P2P:
             last_p2p[name] = p2p_seq
         else:
@@ -167,14 +193,19 @@ def reduce_snapshot(
         name, desc = known
         enq = _as_int(st.get("last_enqueued_collective", -1), "last_enqueued_collective")
         done = _as_int(st.get("last_completed_collective", -1), "last_completed_collective")
-        enq, done = _collective_seqs(enq, done, sorted(pairs.get(key, ())), key, ops)
+        started = _as_int(st.get("last_started_collective", -1), "last_started_collective")
         flights = sorted(in_flight.get(name, []), key=lambda f: (f.p2p, f.seq))[:MAX_IN_FLIGHT]
+        if key in mixed:  # the status mixes send/recv and collective work: the entries say
+            enq, started, done = _seqs_from_entries(flights, max(coll_seen.get(key, -1), mixed[key]))
+            mixed[key] = enq
+        else:
+            enq, done = _collective_seqs(enq, done, sorted(pairs.get(key, ())), key, ops)
         heads[name] = PgHead(
             pg_name=name,
             pg_desc=desc,
             ranks=config.get(name),
             last_enqueued_seq=max(enq, enq_from_entries.get(name, -1)),
-            last_started_seq=_as_int(st.get("last_started_collective", -1), "last_started_collective"),
+            last_started_seq=started,
             last_completed_seq=done,
             in_flight=flights,
         )
@@ -264,6 +295,18 @@ def _collective_seqs(
         return seq, seq if done >= op else seq - 1
     # moved on by at least one collective (how many is unknown until the next snapshot with entries)
     return seq + 1, seq + 1 if done >= enq else seq
+
+
+def _seqs_from_entries(flights: list[InFlight], newest: int) -> tuple[int, int, int]:
+    """(enqueued, started, completed) collective seqs of a group whose status mixes counters, from its
+    in-flight entries and ``newest``, the newest collective seq its entries showed (this snapshot or an
+    earlier one): collectives complete in order on a group's stream, so the oldest pending one bounds the
+    completed; none pending, the group is idle at its newest."""
+    pending = [f.seq for f in flights if not f.p2p]
+    enq = max(newest, max(pending, default=-1))
+    done = min(pending) - 1 if pending else enq
+    started = max((f.seq for f in flights if not f.p2p and f.state == "started"), default=done)
+    return enq, started, done
 
 
 def _config_ranks(config: Any) -> dict[str, list[int]]:
