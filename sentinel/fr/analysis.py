@@ -433,10 +433,13 @@ def _program_order(culprits: list[Culprit], waits: list[Wait], groups: dict[str,
     order (:func:`_own_next`) instead of the one that holds the most ranks; rank -> the evidence line."""
     notes: dict[int, str] = {}
     # waits of one collective share one waiting_for set: thousands of ranks waiting for thousands of
-    # others are a few sets, never their product
-    by_set: dict[tuple[frozenset[int], str, int, bool], Wait] = {}
+    # others are a few sets, never their product. The send/recv waits of one p2p seq are one per waiting
+    # rank, each released by a different op of the culprit (the recv matching rank 0's send, the send
+    # matching rank 2's recv): kept apart, or the one posted first (timing) stood for both and the
+    # culprit's program order never chose between them
+    by_set: dict[tuple[frozenset[int], str, int, bool, int], Wait] = {}
     for w in sorted(waits, key=lambda w: (w.t_ns, w.rank)):
-        by_set.setdefault((w.waiting_for, w.group, w.seq, w.p2p), w)
+        by_set.setdefault((w.waiting_for, w.group, w.seq, w.p2p, w.rank if w.p2p else -1), w)
     for c in culprits[:MAX_ORDERED_CULPRITS]:
         if c.kind != "missing" or len(c.ranks) != 1:
             continue

@@ -791,6 +791,64 @@ def test_a_rank_that_never_posts_its_batch_is_named(culprit: int, tmp_path: Path
     assert result.culprit_ranks[:1] == [culprit], result.summary
 
 
+def _never_posts_batch(tmp_path: Path, culprit: int) -> dict[int, dict[str, Any]]:
+    """ring_hang_n4 in NCCL format where ``culprit`` never posts batch #7 (each entry cut by its own
+    counter); the others' batch #7 stays open (its closer started, never completed)."""
+    tops = _batched_upto(tmp_path, 7)
+    for rank, top in tops.items():
+        batch = [dict(e) for e in top["entries"] if e.get("is_p2p") and e["p2p_seq_id"] == 7]
+        entries = [
+            e for e in top["entries"] if (e["p2p_seq_id"] if e.get("is_p2p") else e["collective_seq_id"]) < 7
+        ]
+        if rank != culprit:
+            batch[-1].update(
+                retired=False, state="started", time_discovered_completed_ns=None, duration_ms=None
+            )
+            entries += batch
+        top["entries"] = entries
+        for status in top["pg_status"].values():
+            status.update(last_enqueued_collective=6, last_started_collective=6, last_completed_collective=6)
+    return tops
+
+
+def _shift(entries: list[dict[str, Any]], delta_ns: int) -> None:
+    for e in entries:
+        for k in ("time_created_ns", "time_discovered_started_ns"):
+            if e.get(k):
+                e[k] += delta_ns
+
+
+@pytest.mark.parametrize("first_waiter", [0, 2])
+@pytest.mark.parametrize("culprit_sends_first", [True, False])
+def test_the_op_a_never_posted_batch_is_named_by_comes_from_the_culprits_program_order(
+    first_waiter: int, culprit_sends_first: bool, tmp_path: Path
+) -> None:
+    """Rank 1 never posts batch #7: rank 0 waits in its send to 1, rank 2 in its recv from 1, one group and
+    one p2p seq each (equally held). Which of them posted first is timing; the verdict must not follow it.
+    It follows rank 1's own program order (docs: "The op a culprit never ran comes from its own program
+    order"): its batches post the send to 2 before the recv from 0 (as topo_job's ring does), so it names
+    the send rank 2 waits for; the same job with rank 1's batches in the other order names the recv rank 0
+    waits for. Either way, whichever victim posted first."""
+    tops = _never_posts_batch(tmp_path, culprit=1)
+    later = 2 if first_waiter == 0 else 0
+    _shift([e for e in tops[later]["entries"] if e.get("is_p2p") and e["p2p_seq_id"] == 7], 10**9)
+    if not culprit_sends_first:  # rank 1 posts each batch's recv first: swap its members, times and places
+        entries = tops[1]["entries"]
+        for i, e in enumerate(entries[:-1]):
+            nxt = entries[i + 1]
+            if e["profiling_name"].startswith("nccl:send") and nxt["profiling_name"].startswith("nccl:recv"):
+                e["time_created_ns"], nxt["time_created_ns"] = nxt["time_created_ns"], e["time_created_ns"]
+                entries[i], entries[i + 1] = nxt, e
+    result = _analyze_tops(tops)
+    assert result.verdict == "hang", result.summary
+    assert result.culprit_ranks == [1], result.summary
+    want = ("recv", 2) if culprit_sends_first else ("send", 0)
+    assert result.collective is not None
+    assert (result.collective["op"], result.collective["p2p"]) == (want[0], True), result.collective
+    assert f"that rank {want[1]} waits for" in result.summary, result.summary
+    assert any("own program order" in f for f in result.findings), result.findings
+
+
 @pytest.mark.parametrize("flag", [False, None])
 def test_a_closing_entry_is_read_by_its_place_whatever_its_is_p2p_says(
     flag: bool | None, tmp_path: Path
