@@ -791,6 +791,12 @@ def _apply_status(
         done = _int(status.get("last_completed_collective", -1), f"{at} last_completed_collective", source)
         started = _int(status.get("last_started_collective", -1), f"{at} last_started_collective", source)
         b = builders.get(key)
+        if b is not None and b.p2p_log:
+            # a group with send/recv entries: ProcessGroupNCCL's values are the last *work*'s seq, a
+            # send/recv's (or its batch's) from the p2p counter (torch 2.5 initWork: isP2P ? seqP2P_ :
+            # seqCollective_): a completed recv #8 read as collective #8 marked a pending all_reduce #7
+            # completed. Its entries say where its collectives are (they complete in order on its stream)
+            continue
         if b is not None and _counts_ops(b, enq):
             ascending = _ascending(b.ops)  # once per group, not per value mapped
             enq, done, started = (_seq_of_op(b, v, ascending) for v in (enq, done, started))

@@ -168,3 +168,44 @@ def closers_flagged(tops: dict[int, dict[str, Any]], flag: bool | None) -> dict[
             elif e["profiling_name"] == "nccl:coalesced":
                 e["is_p2p"] = flag
     return tops
+
+
+def status_as_works(tops: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The same dumps with ``pg_status`` as ProcessGroupNCCL really keeps it (in place; returns ``tops``).
+
+    Each value is the seq of the last enqueued / started / completed *work* of the group, of either counter
+    (torch 2.5 ``initWork``: ``isP2P ? seqP2P_ : seqCollective_``; ``workEnqueue`` sets the enqueued value,
+    the watchdog the started one when higher and the completed one per completed work, in list order). A
+    collective is a work with its ``collective_seq_id``; a lone send/recv and a batch's ``nccl:coalesced``
+    closer one with their ``p2p_seq_id``; a batch's members have no work. A pg_id that two groups share here
+    (a group used only for send/recv got pg_id 0 above: gloo left no entry of it) keeps its status. SYNTHETIC: derived from the
+    dumps above (whose status counts collectives only), nothing written by NCCL."""
+    for top in tops.values():
+        works: dict[int, list[tuple[int, dict[str, Any]]]] = {}
+        entries = top["entries"]
+        for i, e in enumerate(entries):
+            name = e["profiling_name"]
+            member = name.startswith(("nccl:send", "nccl:recv")) and (
+                i + 1 < len(entries)
+                and entries[i + 1]["p2p_seq_id"] == e["p2p_seq_id"]
+                and entries[i + 1]["process_group"] == e["process_group"]
+                and entries[i + 1]["profiling_name"].startswith(("nccl:send", "nccl:recv", "nccl:coalesced"))
+            )
+            if member:
+                continue
+            p2p = name.startswith(("nccl:send", "nccl:recv", "nccl:coalesced"))
+            works.setdefault(e["pg_id"], []).append((e["p2p_seq_id"] if p2p else e["collective_seq_id"], e))
+        names: dict[int, set[str]] = {}
+        for e in entries:
+            names.setdefault(e["pg_id"], set()).add(e["process_group"][0])
+        for pg_id, ws in works.items():
+            if len(names[pg_id]) > 1:
+                continue  # a group with send/recv only has no gloo entry to take its pg_id from: kept as is
+            done = [seq for seq, e in ws if e["retired"]]
+            started = [seq for seq, e in ws if e["state"] in {"started", "completed"}]
+            top["pg_status"][str(pg_id)] = {
+                "last_enqueued_collective": ws[-1][0],
+                "last_started_collective": max(started, default=-1),
+                "last_completed_collective": done[-1] if done else -1,
+            }
+    return tops

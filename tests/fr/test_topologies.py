@@ -27,7 +27,7 @@ from sentinel.fr.errors import FrFormatError
 from sentinel.fr.loader import discover, load_dump, parse_dump
 from sentinel.fr.ops import op_name
 from sentinel.fr.summary import summarize
-from tests.fr.p2p_synth import closers_flagged, p2p_nccl_set
+from tests.fr.p2p_synth import closers_flagged, p2p_nccl_set, status_as_works
 from tests.support import REPO, need_module
 
 DATA = REPO / "tests" / "data" / "fr"
@@ -83,6 +83,18 @@ def test_gloo_dumps_as_pytorch_wrote_them(name: str, fmt: str) -> None:
 def test_nccl_format_with_p2p_entries_names_the_one_culprit(name: str, tmp_path: Path) -> None:
     want = _verdict(name)
     result = analyze_dir(p2p_nccl_set(DATA / name, tmp_path / "nccl"), workers=0)
+    _check(result, want["nccl"])
+    assert result.culprit_ranks[:1] == ([want["culprit"]] if want["culprit"] >= 0 else [])
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_nccl_status_counting_send_recv_work_too_gives_the_same_verdicts(name: str, tmp_path: Path) -> None:
+    """The same NCCL-format dumps with pg_status as ProcessGroupNCCL keeps it (p2p_synth.status_as_works:
+    the last work's seq, a send/recv's from the p2p counter): read as collective seqs, a completed recv #8
+    marked a pending all_reduce #7 completed. A group with send/recv entries is read from its entries."""
+    want = _verdict(name)
+    tops = status_as_works(_tops(p2p_nccl_set(DATA / name, tmp_path / "nccl")))
+    result = _analyze_tops(tops)
     _check(result, want["nccl"])
     assert result.culprit_ranks[:1] == ([want["culprit"]] if want["culprit"] >= 0 else [])
 
