@@ -19,13 +19,22 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any
 
+
+def non_negative_int(text: str) -> int:
+    """``--workers N``: an integer, 0 (decode in this process) or more; argparse names a refused value."""
+    n = int(text)
+    if n < 0:
+        raise ValueError(text)
+    return n
+
+
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 #: ``fr analyze``'s options as :func:`parse_fast` reads them: option -> (attribute, conversion); None: a flag.
 _ANALYZE_OPTIONS: dict[str, tuple[str, Any]] = {
     "--json": ("json", None),
     "--all-entries": ("all_entries", None),
-    "--workers": ("workers", int),
+    "--workers": ("workers", non_negative_int),
     "--progress-after": ("progress_after", float),
 }
 
@@ -49,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     a.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     a.add_argument(
         "--workers",
-        type=int,
+        type=non_negative_int,
         default=None,
         metavar="N",
         help="worker processes for decoding large dump sets (default: number of CPUs, at most 32)",

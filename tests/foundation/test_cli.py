@@ -122,3 +122,12 @@ def test_fr_analyze_plain_arguments_are_read_without_argparse() -> None:
         ["x", "d"],
     ):
         assert parse_fast(other) is None
+
+
+@pytest.mark.parametrize("spelling", [["--workers", "-1"], ["--workers=-1"], ["--workers", "x"]])
+def test_fr_analyze_refuses_a_negative_worker_count(spelling: list[str], tmp_path: object) -> None:
+    """``--workers`` is 0 (decode in this process) or more; -1 used to run with one worker unasked."""
+    proc = _run("fr", "analyze", str(tmp_path), *spelling)
+    assert proc.returncode == 2
+    assert "argument --workers: invalid" in proc.stderr
+    assert parse_fast(["analyze", str(tmp_path), *spelling]) is None
