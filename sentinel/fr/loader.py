@@ -18,10 +18,10 @@ import os
 import re
 import stat
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from sentinel.fr.errors import FrFormatError, brief
-from sentinel.fr.ops import P2P, UNRECORDED_P2P_BACKENDS, backend, op_name
+from sentinel.fr.ops import P2P, UNRECORDED_P2P_BACKENDS, backend, entry_completed, op_name
 from sentinel.fr.recent import ByteView, Recent, decode_recent, decode_recent_json
 from sentinel.fr.records import TYPE_CHECKING, NamedTuple
 from sentinel.fr.safepickle import PICKLE_PROTO, loads_plain
@@ -414,9 +414,14 @@ def _recent_is_enough(dump: RawDump, skipped_done: Callable[[], bool]) -> bool:
     waits in, and no send/recv can be pending before them (:func:`_p2p_before`, and where a group counts
     one there, ``skipped_done``: every skipped entry is retired — the dump is then marked
     ``skipped_p2p``); else the analysis needs the whole buffer. Any doubt (a value the full decode would
-    refuse) means the whole buffer: the full decode names what is wrong."""
-    before = _p2p_before(dump.entries)
-    if before is None or not _waits_in_newest(dump):
+    refuse) means the whole buffer: the full decode names what is wrong. Nor may a group's first
+    collective here continue one begun before them (:func:`_column_split`)."""
+    try:  # each group's oldest entry (filled newest first, the oldest stays): ~5 us for 128 entries
+        oldest = {e.get("pg_id"): e for e in reversed(dump.entries)}
+    except (AttributeError, TypeError):  # an entry that is not a dict, or an unhashable pg_id
+        return False
+    before = _p2p_before(oldest.values())
+    if before is None or _column_split(dump.entries, oldest) is not False or not _waits_in_newest(dump):
         return False
     if not before:
         return True
@@ -448,9 +453,64 @@ def _waits_in_newest(dump: RawDump) -> bool:
         return False
 
 
-def _p2p_before(entries: list[Any]) -> bool | None:
-    """Whether a send/recv may be pending among the entries before these, where pg_status does not show
-    it (None: in doubt).
+def _column_split(entries: list[Any], oldest: dict[Any, Any]) -> bool | None:
+    """Whether a group's first collective among these entries may continue one begun before them
+    (None: in doubt, as for True).
+
+    The reduction folds the entries of one coalesced op into one column (same ``collective_seq_id``:
+    a ``nccl:coalesced`` closer, and the members of a slow-path coalesced collective, which never
+    complete) — the full decode with the members before, the newest entries without them: a column of
+    the closer alone, a false mismatch against a peer whose newest entries hold the whole op. torch 2.5
+    writes a send/recv batch's closer with ``is_p2p`` False and the last collective's seq, and a dump may
+    carry no ``is_p2p``: behind no pending member of its batch it is read as a collective, folded by the
+    full decode into the collective before it. So a group whose first entry read as a collective here
+    is a ``coalesced`` entry, or one not completed, is decoded in full. Read as the reduction reads it
+    (:func:`sentinel.fr.summary._summarize`): a send/recv by name or by ``is_p2p`` True, or a closer of
+    the ``p2p_seq_id`` of the group's last pending op when that is a send/recv, is not a collective.
+    ``oldest``: each group's oldest entry here (by ``pg_id``), which decides alone unless it is a
+    send/recv (then that group's entries are followed to its first collective)."""
+    p2p_groups = set()
+    for pg_id, e in oldest.items():
+        name = e.get("profiling_name")
+        if type(name) is not str:
+            return None
+        op = op_name(name)
+        if op in P2P or e.get("is_p2p") is True:
+            p2p_groups.add(pg_id)
+        elif op == "coalesced" or not entry_completed(e):
+            return True
+    # group -> p2p_seq_id of its pending send/recv, as the reduction's pending list holds them
+    pending: dict[Any, list[int]] = {}
+    for e in entries:
+        pg_id = e.get("pg_id")
+        if pg_id not in p2p_groups:
+            continue
+        name = e.get("profiling_name")
+        seq = e.get("p2p_seq_id", -1)
+        if type(name) is not str or type(seq) is not int:
+            return None
+        op = op_name(name)
+        done = entry_completed(e)
+        mine = pending.setdefault(pg_id, [])
+        closes = op == "coalesced"
+        if not (op in P2P or e.get("is_p2p") is True or (closes and mine and mine[-1] == seq)):
+            if closes or not done:
+                return True
+            p2p_groups.discard(pg_id)
+            if not p2p_groups:
+                return False
+            continue
+        if closes and done:  # a completed closer drops its members (summary._close_batch)
+            while mine and mine[-1] == seq:
+                mine.pop()
+        if not done:
+            mine.append(seq)
+    return False
+
+
+def _p2p_before(oldest: Iterable[Any]) -> bool | None:
+    """Whether a send/recv may be pending among the entries before the newest ones, where pg_status does
+    not show it (None: in doubt); ``oldest``: each group's oldest entry among the newest.
 
     ProcessGroupNCCL's pg_status holds the seq of what it enqueued and completed last — a collective's or a
     send/recv's, whichever came last — so an ``isend`` still pending behind later collectives of its group
@@ -459,10 +519,6 @@ def _p2p_before(entries: list[Any]) -> bool | None:
     counts one before it may have one pending further back. Backends that record no send/recv (gloo:
     :data:`~sentinel.fr.ops.UNRECORDED_P2P_BACKENDS`) cannot; an entry that is not a dict, or a count that
     is not an integer, is a doubt. One look per group (its oldest entry)."""
-    try:  # each group's oldest entry (filled newest first, the oldest stays): ~5 us for 128 entries
-        oldest = {e.get("pg_id"): e for e in reversed(entries)}.values()
-    except (AttributeError, TypeError):  # an entry that is not a dict, or an unhashable pg_id
-        return None
     before = False
     for e in oldest:
         name = e.get("profiling_name")

@@ -146,13 +146,15 @@ def _write_set(
     changes: dict[int, dict[int, list[str]]],
     anchor: tuple[int, int, int] | None = None,
     flag: bool | None = True,
+    skew: int = 0,
 ) -> list[Path]:
     """Two ranks' dumps of the newest :data:`ENTRIES` entries, ``shift`` more dropped from the end (moves
     every batch relative to the boundaries); ``changes``: rank -> step -> changes. ``anchor`` (rank, step,
     index) sets the shift instead: that rank's member of that step is entry ``index`` of its dump (a batch
     across a boundary), when the buffer holds enough entries on both sides. ``flag``: what the closers'
     ``is_p2p`` says (:func:`tests.fr.p2p_synth.closers_flagged`: False as torch 2.5 writes it, None: no
-    entry has the key)."""
+    entry has the key). ``skew``: the other rank (rank 1 without ``anchor``) drops that many more (its
+    boundaries fall elsewhere in its steps)."""
     root.mkdir(parents=True, exist_ok=True)
     written = {rank: _rank_entries(rank, STEPS, changes.get(rank, {})) for rank in (0, 1)}
     if anchor is not None:
@@ -162,7 +164,8 @@ def _write_set(
             shift = len(entries) - ENTRIES - start
     paths = []
     for rank, (all_entries, _) in written.items():
-        entries = all_entries[: len(all_entries) - shift][-ENTRIES:]
+        skewed = rank != (anchor[0] if anchor is not None else 0)
+        entries = all_entries[: len(all_entries) - shift - skew * skewed][-ENTRIES:]
         for n, e in enumerate(entries):
             e["record_id"] = n
         seqs = [e["collective_seq_id"] for e in entries if e["pg_id"] == 0 and not e["is_p2p"]]
@@ -231,14 +234,18 @@ FRONT = STEPS - ENTRIES // STEP
 NEWEST = STEPS - KEEP // STEP
 
 
+Case = tuple[int, dict[int, dict[int, list[str]]], tuple[int, int, int] | None, bool | None, int]
+
+
 @st.composite
-def _changed_sets(
-    draw: st.DrawFn,
-) -> tuple[int, dict[int, dict[int, list[str]]], tuple[int, int, int] | None, bool | None]:
+def _changed_sets(draw: st.DrawFn) -> Case:
     """Changes to batches anywhere (a step drawn near the first entries' end, near the newest entries'
     start, among the newest, or anywhere), a shift, and maybe a changed batch placed across a boundary:
-    its member a few entries before or after the end of the first entries or the start of the newest."""
+    its member a few entries before or after the end of the first entries or the start of the newest;
+    the other rank's boundaries skewed against it by up to a step (a closer first among one rank's newest
+    entries, its collective among the other's)."""
     shift = draw(st.integers(0, 2 * STEP))
+    skew = draw(st.integers(0, STEP))
     near = [FRONT + HEAD // STEP + d for d in (-1, 0, 1)] + [NEWEST + d for d in (-2, -1, 0, 1)]
     where = st.one_of(st.sampled_from(near), st.integers(FRONT, STEPS - 1))
     changes: dict[int, dict[int, list[str]]] = {}
@@ -250,37 +257,28 @@ def _changed_sets(
         rank = draw(st.sampled_from([0, 1]))
         at_front = draw(st.booleans())
         step = FRONT + 3 if at_front else NEWEST - 3
-        changes.setdefault(rank, {})[step] = draw(_BATCH_CHANGES)
+        # a member completed on its own leaves its closer behind no pending member: one that does not
+        # say is_p2p, first among the newest entries, is read as a collective there (drawn more often)
+        changes.setdefault(rank, {})[step] = draw(st.one_of(st.just(["member_done"]), _BATCH_CHANGES))
         index = (HEAD if at_front else ENTRIES - KEEP) + draw(st.integers(-3, 1))
         anchor = (rank, step, index)
     flag = draw(st.sampled_from([True, False, None]))
-    if flag is not True:
-        # a closer that does not say is_p2p is known by the pending member of its batch before it; where
-        # there is none (a member completed on its own, a closer of another batch or group, another op
-        # pending in between) both readings take it for a collective: the full one folds it into the
-        # column of the collective before it, the newest-entries one makes it a column of its own when
-        # that collective was skipped — the boundary of any newest-entries reading, not of the skipped
-        # members (with nothing skipped pending, the code before the batch check read it so too)
-        unflagged_fold = {"member_done", "closer_other_seq", "closer_other_group", "pending_between"}
-        for steps in changes.values():
-            for todo in steps.values():
-                todo[:] = [c for c in todo if c not in unflagged_fold]
-    return shift, changes, anchor, flag
+    return shift, changes, anchor, flag, skew
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_changed_sets())
 def test_fuzz_batched_pipeline_dumps_read_from_their_newest_entries_as_in_full(
-    tmp_path_factory: Any,
-    case: tuple[int, dict[int, dict[int, list[str]]], tuple[int, int, int] | None, bool | None],
+    tmp_path_factory: Any, case: Case
 ) -> None:
     """Pending members and closers anywhere — first entries, middle, either boundary (a batch split
     between skipped and decoded entries), newest entries — with closers not completed, missing, of
-    another batch or group, blocked by a pending op, flagged ``is_p2p`` or not: the newest-entries reading
-    gives the same pending ops per dump and the same verdict for the set as the full decode."""
-    shift, changes, anchor, flag = case
+    another batch or group, blocked by a pending op, flagged ``is_p2p`` True, False or not at all, each
+    rank's newest entries starting anywhere in its steps: the newest-entries reading gives the same
+    pending ops and columns per dump and the same verdict for the set as the full decode."""
+    shift, changes, anchor, flag, skew = case
     root = tmp_path_factory.mktemp("set")
-    paths = _write_set(root, shift, changes, anchor, flag)
+    paths = _write_set(root, shift, changes, anchor, flag, skew)
     _check_against_full(paths)
     assert _verdict(analyze_dir(root, workers=0)) == _verdict(analyze_dir(root, workers=0, recent=None))
 
@@ -376,3 +374,27 @@ def test_many_hits_in_one_entry_are_one_span(tmp_path: Path) -> None:
     top["entries"][ENTRIES // 2]["frames"] = [{"name": text, "filename": "pipeline.py", "line": 1}]
     paths[0].write_bytes(pickle.dumps(top, protocol=2))
     assert _check_against_full(paths) == [True, True]
+
+
+def test_an_unflagged_closer_first_among_the_newest_entries(tmp_path: Path) -> None:
+    """A closer that says ``is_p2p`` False (torch 2.5) or nothing, with no pending member before it (its
+    member completed on its own), the first of rank 0's newest entries read as a collective (it or its
+    member first), while rank 1's newest entries start two entries earlier (at the all_reduce of that
+    closer's ``collective_seq_id``): the newest entries alone make the closer a column of its own, the
+    full decode folds it into the collective before it (a key unknown there, older than the key window).
+    Read so, rank 0 "called coalesced where the others call all_reduce" in a healthy set; it is decoded
+    in full instead."""
+    step = NEWEST - 3
+    changes = {0: {step: ["member_done"]}}
+    for flag in (True, False, None):
+        for first in ("closer", "member"):
+            root = tmp_path / f"{flag}_{first}"
+            index = ENTRIES - KEEP - (first == "closer")  # the member's
+            paths = _write_set(root, 0, changes, (0, step, index), flag, skew=2)
+            closer = load_dump(paths[0]).entries[index + 1]
+            assert closer["profiling_name"] == "nccl:coalesced" and closer.get("is_p2p") is flag
+            assert _check_against_full(paths) == [flag is True, True]
+            recent, full = analyze_dir(root, workers=0), analyze_dir(root, workers=0, recent=None)
+            assert recent.to_json() == full.to_json()
+            # (closer first, rank 1's buffer ends mid-batch: its recv not yet closed)
+            assert full.to_json()["verdict"] == ("healthy" if first == "member" else "inconclusive")
