@@ -18,7 +18,7 @@ import os
 import re
 import stat
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 
 from sentinel.fr.errors import FrFormatError, brief
 from sentinel.fr.ops import P2P, UNRECORDED_P2P_BACKENDS, backend, entry_completed, op_name
@@ -411,46 +411,78 @@ def _recent_dump(found: Recent | None, path: str, rank: int, is_json: bool) -> R
 
 def _recent_is_enough(dump: RawDump, skipped_done: Callable[[], bool]) -> bool:
     """Whether the newest entries hold, for every group still waiting per pg_status, the collective it
-    waits in, and no send/recv can be pending before them (:func:`_p2p_before`, and where a group counts
-    one there, ``skipped_done``: every skipped entry is retired — the dump is then marked
-    ``skipped_p2p``); else the analysis needs the whole buffer. Any doubt (a value the full decode would
-    refuse) means the whole buffer: the full decode names what is wrong. Nor may a group's first
-    collective here continue one begun before them (:func:`_column_split`)."""
-    try:  # each group's oldest entry (filled newest first, the oldest stays): ~5 us for 128 entries
+    waits in, and nothing can be pending before them: no send/recv (:func:`_p2p_before`) and nothing of a
+    group whose pg_status may count send/recv too (:func:`_counts_p2p`: its waits are read from its
+    entries, :func:`sentinel.fr.summary._apply_status`); where either may be, ``skipped_done`` must show
+    every skipped entry retired (the dump is then marked ``skipped_p2p``); else the analysis needs the
+    whole buffer. Any doubt (a value the full decode would refuse) means the whole buffer: the full decode
+    names what is wrong. Nor may a group's first collective here continue one begun before them
+    (:func:`_column_split`)."""
+    try:  # each group's oldest and newest entry (filled newest first, the oldest stays): ~5 us each
         oldest = {e.get("pg_id"): e for e in reversed(dump.entries)}
+        newest = {e.get("pg_id"): e for e in dump.entries}
     except (AttributeError, TypeError):  # an entry that is not a dict, or an unhashable pg_id
         return False
     before = _p2p_before(oldest.values())
-    if before is None or _column_split(dump.entries, oldest) is not False or not _waits_in_newest(dump):
+    mixed = _counts_p2p(newest.values())
+    if before is None or mixed is None or _column_split(dump.entries, oldest) is not False:
         return False
-    if not before:
+    waits = _waits_in_newest(dump, mixed, newest.keys())
+    if waits is None:
+        return False
+    if not before and not waits:
         return True
     dump.skipped_p2p = skipped_done()  # (the scan last: it reads the middle of the file)
     return dump.skipped_p2p
 
 
-def _waits_in_newest(dump: RawDump) -> bool:
-    """Whether every collective a group still waits in per pg_status is among the newest entries."""
+def _counts_p2p(newest: Iterable[Any]) -> set[Any] | None:
+    """The pg_ids of the groups whose newest entry counts a send/recv so far (``p2p_seq_id`` above 0, the
+    entry itself included; None: in doubt): ProcessGroupNCCL's pg_status of such a group holds the seq of
+    its last *work*, of either counter (torch 2.5 initWork: ``isP2P ? seqP2P_ : seqCollective_``), so it
+    says nothing about its collectives (backends that record no send/recv: theirs counts ops, mapped)."""
+    mixed = set()
+    for e in newest:
+        name, count = e.get("profiling_name"), e.get("p2p_seq_id", 0)
+        if type(name) is not str or type(count) is not int:
+            return None
+        if count > 0 and backend(name) not in UNRECORDED_P2P_BACKENDS:
+            mixed.add(e.get("pg_id"))
+    return mixed
+
+
+def _waits_in_newest(dump: RawDump, mixed: set[Any], seen: Container[Any]) -> bool | None:
+    """Whether the newest entries are enough only if no skipped entry is pending (True), are enough
+    (False), or are not (None), by pg_status: every collective a group still waits in per pg_status must
+    be among them. A group of ``mixed`` (its status may count send/recv: :func:`_counts_p2p`) or one with
+    no entry among them (not in ``seen``, the newest entries' pg_ids: what its status counts is unknown,
+    and a completed recv #120 after a pending all_reduce #7 reads "done") may wait in any skipped entry
+    its status does not show: True."""
     wanted: set[tuple[int, int]] = set()
+    unread = False
     for pg_id, status in dump.pg_status.items():
         if not isinstance(status, dict):
-            return False
+            return None
         try:
             enq = int(status.get("last_enqueued_collective", -1))
             done = int(status.get("last_completed_collective", -1))
             key = (int(pg_id), done + 1)
         except (TypeError, ValueError, OverflowError):  # (int() of an infinite float overflows)
-            return False  # the full decode names what is wrong
+            return None  # the full decode names what is wrong
+        if key[0] in mixed:
+            unread = True
+            continue
+        if key[0] not in seen:
+            unread = True
         if enq > done:
             wanted.add(key)
     if not wanted:  # a dump where no group waits needs none of its entries' ids
-        return True
+        return unread
     try:
-        return wanted <= {
-            (e.get("pg_id"), e.get("collective_seq_id")) for e in dump.entries if type(e) is dict
-        }
+        found = {(e.get("pg_id"), e.get("collective_seq_id")) for e in dump.entries if type(e) is dict}
     except TypeError:  # an unhashable pg_id or seq
-        return False
+        return None
+    return unread if wanted <= found else None
 
 
 def _column_split(entries: list[Any], oldest: dict[Any, Any]) -> bool | None:

@@ -278,6 +278,7 @@ class _Builder:
         "last_seq",
         "name",
         "ops",
+        "p2p_count",
         "p2p_log",
         "pending",
         "pg_id",
@@ -301,6 +302,9 @@ class _Builder:
         self.last_seq = INT_MIN - 1  # no seq: an entry without one (-1) is not a coalesced op of the last
         self.hints: set[int] = set()
         self.p2p_log: list[int] = []
+        # p2p_seq_id of the newest collective: the group's send/recv so far, whether or not their entries
+        # are still in the buffer (a counter that only grows: the newest entry's is the group's largest)
+        self.p2p_count = 0
         self.backend: str | None = None  # None until the first entry names one
 
 
@@ -622,6 +626,7 @@ def _summarize(
                 b.keys.append(key)
                 b.times.append(arrived)
                 b.last_seq = seq
+                b.p2p_count = p2p_seq
             if seq > b.enq:  # noqa: PLR1730 - a call per entry costs more than the comparison
                 b.enq = seq
             if not completed:
@@ -791,11 +796,14 @@ def _apply_status(
         done = _int(status.get("last_completed_collective", -1), f"{at} last_completed_collective", source)
         started = _int(status.get("last_started_collective", -1), f"{at} last_started_collective", source)
         b = builders.get(key)
-        if b is not None and b.p2p_log:
-            # a group with send/recv entries: ProcessGroupNCCL's values are the last *work*'s seq, a
+        if b is not None and (b.p2p_log or (b.p2p_count > 0 and b.backend not in UNRECORDED_P2P_BACKENDS)):
+            # a group that ran send/recv (entries of them, or a count of them on its collectives' entries
+            # when theirs left the ring buffer): ProcessGroupNCCL's values are the last *work*'s seq, a
             # send/recv's (or its batch's) from the p2p counter (torch 2.5 initWork: isP2P ? seqP2P_ :
             # seqCollective_): a completed recv #8 read as collective #8 marked a pending all_reduce #7
-            # completed. Its entries say where its collectives are (they complete in order on its stream)
+            # completed, and recv #120 completed before all_reduce #7-#50 (all pending) marked every one of
+            # them completed. Its entries say where its collectives are (they complete in order on its
+            # stream); the count agrees with the newest entries' (sentinel.fr.loader._counts_p2p)
             continue
         if b is not None and _counts_ops(b, enq):
             ascending = _ascending(b.ops)  # once per group, not per value mapped

@@ -25,11 +25,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from sentinel.fr.analysis import analyze
 from sentinel.fr.dumpset import COERCE_FROM, _decode_one, analyze_dir
 from sentinel.fr.errors import FrFormatError, brief
 from sentinel.fr.loader import load_dump, parse_dump
 from sentinel.fr.summary import summarize
 from sentinel.fr.workers import run_pool
+from tests.fr.p2p_synth import status_as_works
 from tests.fr.synth import entry
 from tests.fr.test_hostile import _cli, _field_values, _keys, _op_names, _status_fields
 
@@ -536,6 +538,111 @@ def test_a_newest_entry_with_an_unhashable_id_is_the_full_decodes_line(tmp_path:
     )
 
 
+def _works_pair(stall_from: int, p2p_at: int, p2p_done: bool) -> list[dict[str, Any]]:
+    """Rank 0 enqueues on past a collective rank 1 never entered (every collective of its group from entry
+    ``stall_from`` on never completes), then ``isend``s at entry ``p2p_at``; pg_status as ProcessGroupNCCL
+    keeps it (p2p_synth.status_as_works: the last work's seq, the send's from the p2p counter)."""
+    tops = [copy.deepcopy(_BIG) for _ in range(2)]
+    for e in tops[0]["entries"][stall_from:]:
+        e.update(retired=False, state="started")
+    del tops[1]["entries"][stall_from:]
+    _p2p_at(tops[0], p2p_at, p2p_done)
+    status_as_works(dict(enumerate(tops)))
+    return tops
+
+
+@pytest.mark.parametrize("done", [True, False], ids=["completed", "pending"])
+def test_a_status_counting_the_newest_send_hides_no_older_wait(tmp_path: Path, done: bool) -> None:
+    """Rank 0's all_reduce #501 waits 1,500 entries before its newest, and its newest entry is its group's
+    first send: pg_status says enqueued 1 (the send's p2p seq) and completed 1 or 500, no wait. Read as
+    collective seqs, the newest entries were enough: "healthy" (or a hang in the send) where the full
+    decode says rank 0 waits in all_reduce #501. A group whose newest entries count a send/recv is read
+    from its entries, so the newest entries are enough only when no skipped entry is pending: here the
+    dump is decoded in full."""
+    tops = _works_pair(500, 1999, done)
+    assert int(tops[0]["pg_status"]["0"]["last_enqueued_collective"]) <= int(
+        tops[0]["pg_status"]["0"]["last_completed_collective"]
+    )
+    _write_pair(tmp_path, tops)
+    tail, full = _analysis_or_line(tmp_path, 128), _analysis_or_line(tmp_path, None)
+    assert tail == full
+    assert full["verdict"] == "hang" and full["collective"]["seq"] == 501, full
+    assert len(load_dump(tmp_path / "nccl_trace_rank_0", recent=128).entries) == 2000
+
+
+@pytest.mark.parametrize("pending", ["all_reduce", "send"])
+def test_a_mixed_status_of_a_group_with_no_newest_entry_hides_no_wait(tmp_path: Path, pending: str) -> None:
+    """Group 1's all_reduce #1 (or send #1) is pending 1,700 entries before rank 0's newest, a recv of the
+    same group completed after it: pg_status says enqueued and completed the recv's p2p seq, no wait, and
+    none of the group's entries is among the newest to say it counts send/recv. Its status may hide a wait
+    in any skipped entry: the newest entries are enough only when none is pending, and here one is."""
+    tops = [copy.deepcopy(_BIG) for _ in range(2)]
+    for top in tops:
+        first, recv = top["entries"][300:302]
+        for e in (first, recv):
+            e.update(pg_id=1, process_group=("1", "pp"), collective_seq_id=1, op_id=1)
+        if pending == "send":
+            first.update(profiling_name="nccl:send 0->1", is_p2p=True, p2p_seq_id=1, collective_seq_id=0)
+        for later in top["entries"][302:]:
+            later["collective_seq_id"] -= 2
+            later["op_id"] -= 2
+        seq = first["p2p_seq_id"] + 1
+        recv.update(profiling_name="nccl:recv 0<-1", is_p2p=True, p2p_seq_id=seq, op_id=2)
+        recv["collective_seq_id"] = first["collective_seq_id"]
+        top["pg_status"]["0"].update(last_enqueued_collective=1998, last_completed_collective=1998)
+    tops[0]["entries"][300].update(retired=False, state="started")
+    status_as_works(dict(enumerate(tops)))
+    assert tops[0]["pg_status"]["1"]["last_enqueued_collective"] == seq
+    assert tops[0]["pg_status"]["1"]["last_completed_collective"] == seq
+    _write_pair(tmp_path, tops)
+    tail, full = _analysis_or_line(tmp_path, 128), _analysis_or_line(tmp_path, None)
+    assert tail == full
+    assert len(load_dump(tmp_path / "nccl_trace_rank_0", recent=128).entries) == 2000
+    assert len(load_dump(tmp_path / "nccl_trace_rank_1", recent=128).entries) == 128  # all retired
+
+
+def _counted_dump(rank: int, pending_from: int) -> Any:
+    """All_reduce #1-#50 of a group whose send/recv entries left the ring buffer (each entry counts 120 of
+    them), #``pending_from`` on not completed; pg_status as ProcessGroupNCCL keeps it: enqueued #50, and
+    completed the last completed *work*'s seq: recv #120 (p2p counter) when no collective here completed."""
+    es = []
+    for seq in range(1, 51):
+        e = entry("0", seq, desc="default_pg", done=seq < pending_from, t_ms=seq, record=seq)
+        e["p2p_seq_id"] = 120
+        es.append(e)
+    done = pending_from - 1 if pending_from > 1 else 120
+    status = {
+        "last_enqueued_collective": 50,
+        "last_started_collective": 120,
+        "last_completed_collective": done,
+    }
+    top = {"version": "2.10", "pg_status": {"0": status}, "entries": es}
+    return parse_dump(top, rank=rank, source=f"nccl_trace_rank_{rank}", is_json=False)
+
+
+def test_a_status_counting_send_recv_whose_entries_left_is_not_read_as_collectives() -> None:
+    """pg_status said completed 120 (the recv's p2p seq) of a group whose collectives #1-#50 all wait: read
+    as a collective seq, every one of them "completed", and the analysis said every collective in the
+    dumps completed on all members. No send/recv entry is left to show the status mixes counters, but
+    every entry's ``p2p_seq_id`` counts them: the group is read from its entries."""
+    track = summarize(_counted_dump(0, 1)).groups[0]
+    assert (track.enq, track.done, len(track.pending)) == (50, -1, 50)
+    result = analyze([summarize(_counted_dump(0, 1)), summarize(_counted_dump(1, 51))])
+    assert "every collective in the dumps completed" not in result.summary, result.summary
+    assert "in progress when dumped" in result.summary, result.summary
+
+
+def test_a_group_that_never_ran_send_recv_still_reads_its_status() -> None:
+    """The same group with a ``p2p_seq_id`` of 0 (no send/recv so far): its pg_status counts collectives
+    only and is read (completed #50: the entries' pending states are older than the status)."""
+    dump = _counted_dump(0, 1)
+    for e in dump.entries:
+        e["p2p_seq_id"] = 0
+    dump.pg_status["0"]["last_completed_collective"] = 50
+    track = summarize(dump).groups[0]
+    assert (track.enq, track.done, track.pending) == (50, 50, [])
+
+
 @settings(
     max_examples=40,
     deadline=None,
@@ -547,12 +654,16 @@ def test_a_newest_entry_with_an_unhashable_id_is_the_full_decodes_line(tmp_path:
     st.sampled_from([None, 0, 1]),
     st.lists(st.tuples(st.integers(0, 1), st.integers(0, 1999), st.booleans(), st.booleans()), max_size=4),
     st.booleans(),
+    st.sampled_from([None, 500, 1900]),
+    st.booleans(),
 )
-@example([(1872, "collective_seq_id", None)], None, None, [], False)  # found: "malformed (IndexError)"
-@example([], None, 1, [(1, 700, False, False), (0, 1990, True, True)], True)  # a pending recv, a pipeline
+@example([(1872, "collective_seq_id", None)], None, None, [], False, None, False)  # "malformed (IndexError)"
+@example([], None, 1, [(1, 700, False, False), (0, 1990, True, True)], True, None, False)  # a pending recv
 # rank 1 completed the recv that rank 0 still waits in: its newest entries alone lack it (a per-dump scan
 # of the skipped entries for pending ones read 'hang: rank 1 never posted the recv' from them)
-@example([], None, None, [(0, 1, False, True), (1, 1, True, False)], False)
+@example([], None, None, [(0, 1, False, True), (1, 1, True, False)], False, None, False)
+# rank 0 waits in all_reduce #501, its newest entry is its first send: a status counting works said 1, 1
+@example([], None, None, [(0, 1999, True, True)], False, 500, True)
 def test_fuzz_the_newest_entries_give_the_analysis_of_a_full_decode(
     tmp_path: Path,
     changes: list[tuple[int, Any, Any]],
@@ -560,13 +671,17 @@ def test_fuzz_the_newest_entries_give_the_analysis_of_a_full_decode(
     stuck: int | None,
     p2p: list[tuple[int, int, bool, bool]],
     pipeline: bool,
+    stall_from: int | None,
+    works: bool,
 ) -> None:
     """Only the newest 128 entries of a large pickle are decoded (when pg_status says they hold every
     collective still waited in and no send/recv can be pending before them): sends and recvs anywhere in
     the buffer of either rank, pending or completed (on a healthy pipeline pair or alone), changed fields
     among the newest entries, or in pg_status, give the same error line as a full decode of the same
     files, or the same analysis. (A bad field in the skipped middle is refused only by
-    a full decode: the analysis reads nothing of it, see docs/flight-recorder.md.)"""
+    a full decode: the analysis reads nothing of it, see docs/flight-recorder.md.) ``stall_from``: rank 0's
+    collectives from that entry on never complete; ``works``: pg_status as ProcessGroupNCCL keeps it, the
+    last work's seq of either counter (p2p_synth.status_as_works), not collectives only."""
     folder = tmp_path / str(time.monotonic_ns())
     folder.mkdir()
     tops = _pp_pair() if pipeline else [copy.deepcopy(_BIG) for _ in range(2)]
@@ -576,6 +691,13 @@ def test_fuzz_the_newest_entries_give_the_analysis_of_a_full_decode(
         if stuck == r:  # this rank still runs its newest collective
             top["entries"][-1].update(retired=False, state="started")
             top["pg_status"]["0"]["last_completed_collective"] = top["entries"][-1]["collective_seq_id"] - 1
+    if stall_from is not None:
+        for e in tops[0]["entries"][stall_from:]:
+            if not e.get("is_p2p"):
+                e.update(retired=False, state="started")
+    if works:
+        status_as_works(dict(enumerate(tops)))
+    for r, top in enumerate(tops):
         for index, key, value in changes if r == 0 else ():
             top["entries"][index][key] = value
         if status is not None and r == 0:
