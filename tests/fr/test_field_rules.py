@@ -538,36 +538,37 @@ def test_a_newest_entry_with_an_unhashable_id_is_the_full_decodes_line(tmp_path:
     )
 
 
-def _works_pair(stall_from: int, p2p_at: int, p2p_done: bool) -> list[dict[str, Any]]:
-    """Rank 0 enqueues on past a collective rank 1 never entered (every collective of its group from entry
-    ``stall_from`` on never completes), then ``isend``s at entry ``p2p_at``; pg_status as ProcessGroupNCCL
-    keeps it (p2p_synth.status_as_works: the last work's seq, the send's from the p2p counter)."""
-    tops = [copy.deepcopy(_BIG) for _ in range(2)]
-    for e in tops[0]["entries"][stall_from:]:
-        e.update(retired=False, state="started")
-    del tops[1]["entries"][stall_from:]
-    _p2p_at(tops[0], p2p_at, p2p_done)
-    status_as_works(dict(enumerate(tops)))
-    return tops
-
-
 @pytest.mark.parametrize("done", [True, False], ids=["completed", "pending"])
 def test_a_status_counting_the_newest_send_hides_no_older_wait(tmp_path: Path, done: bool) -> None:
-    """Rank 0's all_reduce #501 waits 1,500 entries before its newest, and its newest entry is its group's
-    first send: pg_status says enqueued 1 (the send's p2p seq) and completed 1 or 500, no wait. Read as
-    collective seqs, the newest entries were enough: "healthy" (or a hang in the send) where the full
-    decode says rank 0 waits in all_reduce #501. A group whose newest entries count a send/recv is read
-    from its entries, so the newest entries are enough only when no skipped entry is pending: here the
-    dump is decoded in full."""
-    tops = _works_pair(500, 1999, done)
-    assert int(tops[0]["pg_status"]["0"]["last_enqueued_collective"]) <= int(
-        tops[0]["pg_status"]["0"]["last_completed_collective"]
-    )
+    """Rank 0's all_reduce #1 of group 1 waits 1,500 entries before its newest, and its newest entry is
+    that group's first send (rank 1's the matching recv): pg_status, as ProcessGroupNCCL keeps it
+    (p2p_synth.status_as_works), says enqueued 1 (the send's p2p seq), completed 1 (or none), no wait.
+    Read as collective seqs the newest entries were enough, and gave another analysis than the full
+    decode. A group whose newest entry counts a send/recv is read from its entries, so the newest entries
+    are enough only when no skipped entry is pending: rank 0's dump is decoded in full."""
+    tops = [copy.deepcopy(_BIG) for _ in range(2)]
+    for r, top in enumerate(tops):
+        coll, p2p = top["entries"][500], top["entries"][-1]
+        for e in (coll, p2p):
+            e.update(pg_id=1, process_group=("1", "pp"), collective_seq_id=1, op_id=1)
+        for later in top["entries"][501:-1]:
+            later["collective_seq_id"] -= 1
+            later["op_id"] -= 1
+        name = "nccl:send 0->1" if r == 0 else "nccl:recv 1<-0"
+        p2p.update(profiling_name=name, is_p2p=True, p2p_seq_id=1, op_id=2)
+        if r == 0 and not done:
+            p2p.update(retired=False, state="started")
+        top["pg_status"]["0"].update(last_enqueued_collective=1998, last_completed_collective=1998)
+    tops[0]["entries"][500].update(retired=False, state="started")
+    status_as_works(dict(enumerate(tops)))
+    status = tops[0]["pg_status"]["1"]
+    assert status["last_enqueued_collective"] == 1
+    assert status["last_completed_collective"] == (1 if done else -1)
     _write_pair(tmp_path, tops)
     tail, full = _analysis_or_line(tmp_path, 128), _analysis_or_line(tmp_path, None)
     assert tail == full
-    assert full["verdict"] == "hang" and full["collective"]["seq"] == 501, full
     assert len(load_dump(tmp_path / "nccl_trace_rank_0", recent=128).entries) == 2000
+    assert len(load_dump(tmp_path / "nccl_trace_rank_1", recent=128).entries) == 128  # all retired
 
 
 @pytest.mark.parametrize("pending", ["all_reduce", "send"])
@@ -662,7 +663,8 @@ def test_a_group_that_never_ran_send_recv_still_reads_its_status() -> None:
 # rank 1 completed the recv that rank 0 still waits in: its newest entries alone lack it (a per-dump scan
 # of the skipped entries for pending ones read 'hang: rank 1 never posted the recv' from them)
 @example([], None, None, [(0, 1, False, True), (1, 1, True, False)], False, None, False)
-# rank 0 waits in all_reduce #501, its newest entry is its first send: a status counting works said 1, 1
+# rank 0 waits in all_reduce #501, its newest entry its first send: a status counting works said 1, 1 (now
+# also read in full by the column-split rule: its first collective among the newest entries is pending)
 @example([], None, None, [(0, 1999, True, True)], False, 500, True)
 def test_fuzz_the_newest_entries_give_the_analysis_of_a_full_decode(
     tmp_path: Path,
