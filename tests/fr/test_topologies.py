@@ -778,40 +778,37 @@ def test_a_rank_that_never_posts_its_batch_is_named(culprit: int, tmp_path: Path
     completed (the closing entry says so for its members), so the rank that posted nothing is the culprit.
     Each entry is cut by its own counter (a send/recv or closer by its p2p_seq_id, a collective by its
     collective_seq_id): the culprit's list ends at all_reduce #6, the others' at their open batch #7."""
-    tops = _batched_upto(tmp_path, 7)
+    tops = _never_posts_batch(_batched_upto(tmp_path, 7), culprit)
     for rank, top in tops.items():
-        batch = [dict(e) for e in top["entries"] if e.get("is_p2p") and e["p2p_seq_id"] == 7]
-        assert [e["profiling_name"].split(" ")[0] for e in batch] == [
-            "nccl:send",
-            "nccl:recv",
-            "nccl:coalesced",
-        ]
-        entries = [
-            e for e in top["entries"] if (e["p2p_seq_id"] if e.get("is_p2p") else e["collective_seq_id"]) < 7
-        ]
-        assert entries[-1]["profiling_name"] == "nccl:all_reduce" and entries[-1]["collective_seq_id"] == 6
-        if rank != culprit:
-            batch[-1].update(
-                retired=False, state="started", time_discovered_completed_ns=None, duration_ms=None
-            )
-            entries += batch
-        top["entries"] = entries
-        for status in top["pg_status"].values():
-            status.update(last_enqueued_collective=6, last_started_collective=6, last_completed_collective=6)
+        if rank == culprit:
+            last = top["entries"][-1]
+            assert (last["profiling_name"], last["collective_seq_id"]) == ("nccl:all_reduce", 6)
+        else:
+            assert [e["profiling_name"].split(" ")[0] for e in top["entries"][-3:]] == [
+                "nccl:send",
+                "nccl:recv",
+                "nccl:coalesced",
+            ]
     result = _analyze_tops(tops)
     assert result.verdict == "hang", result.summary
     assert result.culprit_ranks[:1] == [culprit], result.summary
 
 
-def _never_posts_batch(tmp_path: Path, culprit: int) -> dict[int, dict[str, Any]]:
-    """ring_hang_n4 in NCCL format where ``culprit`` never posts batch #7 (each entry cut by its own
-    counter); the others' batch #7 stays open (its closer started, never completed)."""
-    tops = _batched_upto(tmp_path, 7)
+def _counter(e: dict[str, Any]) -> int:
+    """An entry's own counter in ring_hang_n4: an all_reduce's collective_seq_id, else its p2p_seq_id."""
+    return int(e["collective_seq_id"] if e["profiling_name"] == "nccl:all_reduce" else e["p2p_seq_id"])
+
+
+def _never_posts_batch(tops: dict[int, dict[str, Any]], culprit: int) -> dict[int, dict[str, Any]]:
+    """``tops`` (ring_hang_n4 in NCCL format, batches up to #7) where ``culprit`` never posts batch #7: each
+    entry cut by its own counter (a send/recv or closer by its p2p_seq_id, known by name whatever its is_p2p
+    says; an all_reduce by its collective_seq_id), so the culprit's list ends at all_reduce #6 and the
+    others' batch #7 stays open (its closer started, never completed)."""
     for rank, top in tops.items():
-        batch = [dict(e) for e in top["entries"] if e.get("is_p2p") and e["p2p_seq_id"] == 7]
-        entries = [
-            e for e in top["entries"] if (e["p2p_seq_id"] if e.get("is_p2p") else e["collective_seq_id"]) < 7
+        batch = [
+            dict(e) for e in top["entries"] if e["profiling_name"] != "nccl:all_reduce" and _counter(e) == 7
         ]
+        entries = [e for e in top["entries"] if _counter(e) < 7]
         if rank != culprit:
             batch[-1].update(
                 retired=False, state="started", time_discovered_completed_ns=None, duration_ms=None
@@ -841,7 +838,7 @@ def test_the_op_a_never_posted_batch_is_named_by_comes_from_the_culprits_program
     order"): its batches post the send to 2 before the recv from 0 (as topo_job's ring does), so it names
     the send rank 2 waits for; the same job with rank 1's batches in the other order names the recv rank 0
     waits for. Either way, whichever victim posted first."""
-    tops = _never_posts_batch(tmp_path, culprit=1)
+    tops = _never_posts_batch(_batched_upto(tmp_path, 7), culprit=1)
     later = 2 if first_waiter == 0 else 0
     _shift([e for e in tops[later]["entries"] if e.get("is_p2p") and e["p2p_seq_id"] == 7], 10**9)
     if not culprit_sends_first:  # rank 1 posts each batch's recv first: swap its members, times and places
@@ -876,27 +873,8 @@ def test_a_closing_entry_is_read_by_its_place_whatever_its_is_p2p_says(
     for top in healthy.values():  # the msgspec reading agrees with the direct one
         dump = parse_dump(top, rank=0, source="r", is_json=False)
         assert summarize(dump).to_plain() == summarize(dump, coerce=True).to_plain()
-    tops = closers_flagged(_batched_upto(tmp_path / "hang", 7), flag)
     culprit = 2
-    for rank, top in tops.items():
-        entries = [
-            e
-            for e in top["entries"]
-            if (e["collective_seq_id"] if e["profiling_name"] == "nccl:all_reduce" else e["p2p_seq_id"]) < 7
-        ]
-        if rank != culprit:
-            batch = [
-                dict(e)
-                for e in top["entries"]
-                if e["profiling_name"] != "nccl:all_reduce" and e["p2p_seq_id"] == 7
-            ]
-            batch[-1].update(
-                retired=False, state="started", time_discovered_completed_ns=None, duration_ms=None
-            )
-            entries += batch
-        top["entries"] = entries
-        for status in top["pg_status"].values():
-            status.update(last_enqueued_collective=6, last_started_collective=6, last_completed_collective=6)
+    tops = _never_posts_batch(closers_flagged(_batched_upto(tmp_path / "hang", 7), flag), culprit)
     result = _analyze_tops(tops)
     assert result.verdict == "hang", result.summary
     assert result.culprit_ranks[:1] == [culprit], result.summary
