@@ -21,7 +21,15 @@ import zlib
 from collections.abc import Callable, Container, Iterable, Iterator
 
 from sentinel.fr.errors import FrFormatError, brief
-from sentinel.fr.ops import P2P, UNRECORDED_P2P_BACKENDS, backend, entry_completed, op_name
+from sentinel.fr.ops import (
+    COALESCED,
+    P2P,
+    UNRECORDED_P2P_BACKENDS,
+    backend,
+    closes_p2p_batch,
+    entry_completed,
+    op_name,
+)
 from sentinel.fr.recent import ByteView, Recent, decode_recent, decode_recent_json
 from sentinel.fr.records import TYPE_CHECKING, NamedTuple
 from sentinel.fr.safepickle import PICKLE_PROTO, loads_plain
@@ -513,7 +521,7 @@ def _column_split(entries: list[Any], oldest: dict[Any, Any]) -> bool | None:
         op = op_name(name)
         if op in P2P or e.get("is_p2p") is True:
             p2p_groups.add(pg_id)
-        elif op == "coalesced" or not entry_completed(e):
+        elif op == COALESCED or not entry_completed(e):
             return True
     # group -> p2p_seq_id of its pending send/recv, as the reduction's pending list holds them
     pending: dict[Any, list[int]] = {}
@@ -528,8 +536,13 @@ def _column_split(entries: list[Any], oldest: dict[Any, Any]) -> bool | None:
         op = op_name(name)
         done = entry_completed(e)
         mine = pending.setdefault(pg_id, [])
-        closes = op == "coalesced"
-        if not (op in P2P or e.get("is_p2p") is True or (closes and mine and mine[-1] == seq)):
+        # the send/recv a closer follows (sentinel.fr.ops.closes_p2p_batch): the group's last pending one
+        closes = op == COALESCED
+        if not (
+            op in P2P
+            or e.get("is_p2p") is True
+            or (closes and closes_p2p_batch(e.get("is_p2p"), seq, mine[-1] if mine else None))
+        ):
             if closes or not done:
                 return True
             p2p_groups.discard(pg_id)

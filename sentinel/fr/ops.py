@@ -90,6 +90,35 @@ def entry_completed(entry: dict[str, Any]) -> bool:
     return entry.get("retired") is True or entry.get("state") == "completed"
 
 
+#: :func:`op_name` of the entry that closes a coalesced batch (``nccl:coalesced``)
+COALESCED = "coalesced"
+
+
+def closes_p2p_batch(is_p2p: Any, p2p_seq: int, member_seq: int | None) -> bool:
+    """Whether a ``coalesced`` entry (:data:`COALESCED`) closes a batch of send/recv rather than being a
+    collective: the rule every reader of entries applies (the dump reduction
+    :func:`sentinel.fr.summary._summarize`, the live one :func:`sentinel.fr.reduce.reduce_snapshot`, the
+    newest-entries checks :class:`sentinel.fr.recent._Batches` and :func:`sentinel.fr.loader._column_split`).
+
+    **A batch's closer is known by its place, not its is_p2p flag**: it follows its batch's send/recv in
+    its group, with their ``p2p_seq_id``. ProcessGroupNCCL::pointToPoint, while coalescing
+    (``batch_isend_irecv``, ``_coalescing_manager``), records each op of the batch with no work of its own,
+    and ``endCoalescing`` records the batch's work right after them as one ``nccl:coalesced`` entry of the
+    same group and ``p2p_seq_id``. Its ``is_p2p`` cannot be trusted: torch 2.5's ``initWork`` records it as
+    ``isP2POp(COALESCED)``, which is false (its ``collective_seq_id`` is then the group's last collective's,
+    so read as a collective it folds into that one's column: a false mismatch, or a batch whose members
+    never close); the FlightRecorder of 2.7+ records it true; an older or hand-made dump may carry no flag
+    at all. Since 2.7 ``endCoalescing`` also closes slow-path coalesced *collectives* with such an entry
+    (their members are collectives of its ``collective_seq_id``): one that follows no send/recv of its
+    ``p2p_seq_id`` and does not say ``is_p2p`` True is a collective.
+
+    ``is_p2p``: the entry's flag as decoded; ``member_seq``: the ``p2p_seq_id`` of the send/recv the entry
+    follows in its group (its batch's last member; which one each reader can see is said where it is
+    called), None when it follows none. Called for ``coalesced`` entries only (the reduction's hot loop
+    pays nothing for the others)."""
+    return is_p2p is True or (member_seq is not None and member_seq == p2p_seq)
+
+
 def is_send(op: str) -> bool:
     """Whether a p2p op (``nccl:send 0->1``, or its name ``send``/``isend``) sends; else it receives."""
     return op_name(op) in ("send", "isend")

@@ -43,7 +43,7 @@ import pickle
 import re
 from collections.abc import Callable, Iterator
 
-from sentinel.fr.ops import P2P, entry_completed, op_name, p2p_peer
+from sentinel.fr.ops import COALESCED, P2P, closes_p2p_batch, entry_completed, op_name, p2p_peer
 from sentinel.fr.records import TYPE_CHECKING
 from sentinel.fr.safepickle import plain_unpickler
 
@@ -418,7 +418,10 @@ class _Batches:
                 if read is None:
                     return False
                 group, seq, _, is_closer = read
-                if is_closer and self.open.get(group) == seq:
+                # the send/recv a closer follows is the open batch's member (nothing else of its group is
+                # pending): a closer of its seq (sentinel.fr.ops.closes_p2p_batch) drops the batch
+                member = self.open.get(group)
+                if is_closer and member == seq and closes_p2p_batch(e.get("is_p2p"), seq, member):
                     del self.open[group]
             return True
         read = _batch_fields(e)
@@ -434,7 +437,7 @@ class _Batches:
         entries alone read as a send/recv's too — flagged ``is_p2p``, or behind a member of its batch
         among them (a closer that says False or nothing is known by the member before it: as the first
         of its batch's entries among the newest it would be read as a collective there)."""
-        member_seen: set[str] = set()
+        member_seen: dict[str, int] = {}  # group -> p2p_seq_id of its batch's member among the newest
         for e in tail:
             if not self.open:
                 break
@@ -447,9 +450,10 @@ class _Batches:
             if not entry_completed(e):
                 if not (is_member and seq == self.open[group]):
                     return False
-                member_seen.add(group)
+                member_seen[group] = seq
             elif is_closer and seq == self.open[group]:
-                if e.get("is_p2p") is not True and group not in member_seen:
+                # read alone, the newest entries must know it as a closer too (the skipped members aside)
+                if not closes_p2p_batch(e.get("is_p2p"), seq, member_seen.get(group)):
                     return False
                 del self.open[group]
         return not self.open
@@ -490,7 +494,7 @@ _NAME_KINDS: dict[str, tuple[bool, bool]] = {}
 def _name_kind(name: str) -> tuple[bool, bool]:
     """(a send/recv by its name, ``coalesced`` without peers: a batch's closing entry)."""
     op = op_name(name)
-    return op in P2P, op == "coalesced" and p2p_peer(name) is None
+    return op in P2P, op == COALESCED and p2p_peer(name) is None
 
 
 class _Marks:

@@ -42,7 +42,7 @@ import msgspec
 
 from sentinel.fr.errors import FrFormatError
 from sentinel.fr.heads import FrHeads, InFlight, PgHead
-from sentinel.fr.ops import P2P, entry_completed, op_name
+from sentinel.fr.ops import COALESCED, P2P, closes_p2p_batch, entry_completed, op_name
 
 #: Most in-flight entries kept per group (oldest first); the datagram cap trims further.
 MAX_IN_FLIGHT = 64
@@ -143,9 +143,13 @@ def reduce_snapshot(
         profiling = str(e.get("profiling_name", "?"))
         op = op_name(profiling)
         p2p_seq = _as_int(e.get("p2p_seq_id", -1), "p2p_seq_id")
-        # a batch's closing entry by its place (it follows the batch's send/recv, same p2p_seq_id), whatever
-        # its is_p2p says: torch 2.5 records it False (isP2POp(COALESCED)), older dumps have no flag
-        p2p = e.get("is_p2p") is True or op in P2P or (op == "coalesced" and last_p2p.get(name) == p2p_seq)
+        # a batch's closing entry by its place (sentinel.fr.ops.closes_p2p_batch): the send/recv it follows
+        # is the group's previous entry in the snapshot
+        p2p = (
+            e.get("is_p2p") is True
+            or op in P2P
+            or (op == COALESCED and closes_p2p_batch(e.get("is_p2p"), p2p_seq, last_p2p.get(name)))
+        )
         if pg_id is not None:
             if (p2p or p2p_seq > 0) and (len(mixed) < MAX_OP_MAP or pg_id in mixed):
                 mixed.setdefault(pg_id, -1)  # its pg_status counts send/recv work too
@@ -157,9 +161,9 @@ def reduce_snapshot(
             last_p2p[name] = p2p_seq
         else:
             last_p2p.pop(name, None)
-        if p2p and (op == "coalesced" or op in P2P):  # (the ops of a batch: see _close_batches)
+        if p2p and (op == COALESCED or op in P2P):  # (the ops of a batch: see _close_batches)
             batch = (name, p2p_seq)
-            if op == "coalesced":
+            if op == COALESCED:
                 closers[batch] = "completed" if finished else str(e.get("state"))
                 if finished:
                     memory.close(batch)

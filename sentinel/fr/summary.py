@@ -27,10 +27,12 @@ from operator import attrgetter, itemgetter
 from sentinel.fr.errors import FrFormatError, brief, entry_at
 from sentinel.fr.loader import RawDump
 from sentinel.fr.ops import (
+    COALESCED,
     MIXED_BACKENDS,
     P2P,
     UNRECORDED_P2P_BACKENDS,
     backend,
+    closes_p2p_batch,
     group_size_hint,
     is_send,
     match_key,
@@ -557,7 +559,7 @@ def _summarize(
             named = p2p_names.get(profiling)
             if named is None:
                 op = op_name(profiling)
-                named = p2p_names[profiling] = (op in P2P, backend(profiling), op == "coalesced")
+                named = p2p_names[profiling] = (op in P2P, backend(profiling), op == COALESCED)
             is_p2p, bk, closes = named
             if bk != b.backend:
                 b.backend = bk if b.backend is None else MIXED_BACKENDS
@@ -584,13 +586,17 @@ def _summarize(
                 key, hint = cached
                 if hint:
                     b.hints.add(hint)
-            # a batch's closing entry is read by its place, not its flag: it follows the batch's send/recv
-            # (pending: they never complete) with their p2p_seq_id, whether it says is_p2p (2.7+), says
-            # False (2.5's initWork records it as isP2POp(COALESCED)) or says nothing
+            # a batch's closing entry by its place (sentinel.fr.ops.closes_p2p_batch): the send/recv it
+            # follows is the group's last pending op (a batch's members never complete)
             if (
                 is_p2p
                 or is_p2p_flag is True
-                or (closes and b.pending and b.pending[-1].p2p and b.pending[-1].seq == p2p_seq)
+                or (
+                    closes
+                    and closes_p2p_batch(
+                        is_p2p_flag, p2p_seq, b.pending[-1].seq if b.pending and b.pending[-1].p2p else None
+                    )
+                )
             ):
                 peers = p2p_peer(profiling)
                 if peers is not None:
