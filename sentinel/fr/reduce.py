@@ -66,19 +66,34 @@ class BatchMemory:
     takes one when a reduction leaves such an op ``unsettled``, and every completed closing entry a
     reduction sees is remembered in ``closed`` (bounded: the newest ``MAX_CLOSED_BATCHES``), so later
     ``onlyActive`` snapshots drop its members without another full one.
+
+
+    A batch whose closing entry a snapshot showed *not* completed is remembered in ``open``: when a later
+    snapshot lists its member without the closing entry, that entry completed (``onlyActive`` skipped it; it
+    cannot have left the ring buffer before its older member), so the batch closes without a full snapshot
+    — the case of a batch that waits longer than a tick (a recv through a pipeline bubble).
     """
 
-    __slots__ = ("closed", "unsettled")
+    __slots__ = ("closed", "open", "unsettled")
 
     def __init__(self) -> None:
         self.closed: dict[Batch, None] = {}  # insertion-ordered: the oldest is evicted first
-        self.unsettled: set[Batch] = set()  # of the latest reduction
+        self.open: dict[Batch, None] = {}  # closing entry seen pending (the newest MAX_CLOSED_BATCHES)
+        #: of the latest reduction: each lone scheduled op it could not settle, with its age then (s)
+        self.unsettled: dict[Batch, float] = {}
 
     def close(self, batch: Batch) -> None:
+        self.open.pop(batch, None)
         if batch not in self.closed:
             if len(self.closed) >= MAX_CLOSED_BATCHES:
                 del self.closed[next(iter(self.closed))]
             self.closed[batch] = None
+
+    def saw_open(self, batch: Batch) -> None:
+        if batch not in self.open and batch not in self.closed:
+            if len(self.open) >= MAX_CLOSED_BATCHES:
+                del self.open[next(iter(self.open))]
+            self.open[batch] = None
 
 
 def _as_int(value: Any, what: str) -> int:
@@ -115,7 +130,7 @@ def reduce_snapshot(
     memory = batches if batches is not None else BatchMemory()
     mixed = p2p_groups if p2p_groups is not None else {}
     coll_seen: dict[int, int] = {}  # pg_id -> newest collective_seq_id of its entries in this snapshot
-    memory.unsettled = set()
+    memory.unsettled = {}
     entries = snapshot.get("entries") or []
     if not isinstance(entries, list):
         raise FrFormatError("live flight recorder: 'entries' is not a list")
@@ -167,6 +182,8 @@ def reduce_snapshot(
                 closers[batch] = "completed" if finished else str(e.get("state"))
                 if finished:
                     memory.close(batch)
+                else:
+                    memory.saw_open(batch)
             else:
                 members[batch] = members.get(batch, 0) + 1
         if finished:
@@ -249,9 +266,11 @@ def _close_batches(
     growing, while the batch's completed closing entry is gone: read per op, a healthy pipeline that pauses
     (checkpoint, eval) reads as a job blocked in send/recv. So members take their closing entry's state —
     dropped when it completed (in this snapshot or, remembered in ``memory``, an earlier one) or is absent
-    while two or more ops share its seq. A lone scheduled op without one is an op of its own or the member
+    while two or more ops share its seq, or absent after an earlier snapshot showed it pending
+    (``memory.open``). A lone scheduled op without one is an op of its own or the member
     of a batch of one, which this snapshot cannot tell apart: it stays, and goes to ``memory.unsettled``
-    (the probe settles it from a snapshot with every entry); a lone op that started is its own work."""
+    with its age (the probe settles it from a snapshot with every entry); a lone op that started is its own
+    work."""
     for name, flights in in_flight.items():
         kept = []
         for f in flights:
@@ -260,12 +279,13 @@ def _close_batches(
                 kept.append(f)
                 continue
             state = closers.get(key)
-            if state is None and (members[key] > 1 or key in memory.closed):
+            if state is None and (members[key] > 1 or key in memory.closed or key in memory.open):
                 state = "completed"
+                memory.close(key)
             if state is None:
                 kept.append(f)
                 if f.state == "scheduled":
-                    memory.unsettled.add(key)
+                    memory.unsettled[key] = f.age_s
             elif state != "completed":
                 kept.append(
                     msgspec.structs.replace(f, state="started" if state == "started" else "scheduled")

@@ -165,6 +165,22 @@ def test_a_really_pending_lone_send_is_still_named() -> None:
     assert dumps[1].full_calls == 1  # rank 1's one-op batches, settled once
 
 
+def test_a_batch_seen_open_is_closed_by_its_closers_absence() -> None:
+    """A one-op batch whose closing entry an onlyActive snapshot showed pending (a recv through a bubble)
+    and a later one no longer lists, while its member is still there, completed: the closer cannot have
+    left the ring buffer before its older member. It closes without a dump of every entry."""
+    entries = _job(lone_pending=False)[0]
+    member, closer = entries[-2], entries[-1]
+    mark_pending(closer, None)
+    memory = BatchMemory()
+    reduce_snapshot(_top(_active(entries)), rank=0, now=T0_NS / 1e9 + 60, batches=memory)
+    assert ("0", STEPS) in memory.open and ("0", STEPS) not in memory.unsettled
+    heads = reduce_snapshot(_top(_active(entries[:-1])), rank=0, now=T0_NS / 1e9 + 62, batches=memory)
+    assert ("0", STEPS) in memory.closed and ("0", STEPS) not in memory.unsettled
+    assert all(f.seq != STEPS for pg in heads.pgs for f in pg.in_flight if f.p2p)
+    assert member["p2p_seq_id"] == STEPS
+
+
 def test_the_reduction_remembers_closed_batches_within_a_bound() -> None:
     """reduce_snapshot learns every completed closing entry it sees and leaves a lone scheduled op it cannot
     settle in ``unsettled``; the memory keeps the newest MAX_CLOSED_BATCHES."""
@@ -172,9 +188,9 @@ def test_the_reduction_remembers_closed_batches_within_a_bound() -> None:
     memory = BatchMemory()
     active = _top(_active(entries))
     reduce_snapshot(active, rank=0, now=T0_NS / 1e9 + 60, batches=memory)
-    assert memory.unsettled == {("0", s) for s in range(1, STEPS + 2)}
+    assert set(memory.unsettled) == {("0", s) for s in range(1, STEPS + 2)}
     heads = reduce_snapshot(_top(entries), rank=0, now=T0_NS / 1e9 + 60, batches=memory)
-    assert memory.unsettled == {("0", STEPS + 1)}
+    assert set(memory.unsettled) == {("0", STEPS + 1)}
     assert [f.seq for pg in heads.pgs for f in pg.in_flight] == [STEPS + 1]
     again = reduce_snapshot(active, rank=0, now=T0_NS / 1e9 + 60, batches=memory)
     assert [f.seq for pg in again.pgs for f in pg.in_flight] == [STEPS + 1]
