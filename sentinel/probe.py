@@ -18,6 +18,7 @@ imported by the thread, and only if the process already uses it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import sys
@@ -33,8 +34,32 @@ MAX_DATAGRAM = 60 * 1024
 #: everything; they are taken only to learn group names or detail a wait, at most this often.
 FULL_DUMP_MIN_INTERVAL_S = 30.0
 
-#: lone send/recv remembered as checked against a dump of every entry (see Probe._unsettled)
+#: lone send/recv remembered as confirmed by a dump of every entry to be ops of their own (Probe._settle)
 MAX_LONE_CHECKED = 4096
+
+# The dump policy for the send/recv the probe cannot settle from active entries alone (Probe._settle_due).
+# The aggregator's stuck detector counts a rank's send/recv wait only once that rank has itself reported it
+# aged at least OBSERVED_WAIT_FRACTION x min_wait_s (sentinel.aggregator.detectors.stuck, defaults 0.5 x 4 s
+# = 2 s: tests/fr/test_live_policy.py checks these copies against it), and then only once it is min_wait_s
+# (4 s) old with the aggregator's extrapolation, or, for a stall of send/recv alone, max(min_wait_s, 2
+# steps). So a lone op that may be the member of a completed one-op batch is harmless while it is
+# reported younger than 2 s, whatever the aggregator adds to its age between heads.
+#: the age (s) below which every unconfirmed lone send/recv is reported (DETECTOR_OWN_WAIT_S less a margin
+#: for float rounding): the detector can never count one, so none is named stuck before it is settled
+DETECTOR_OWN_WAIT_S = 2.0
+UNCONFIRMED_AGE_CAP_S = 0.95 * DETECTOR_OWN_WAIT_S
+#: one dump of every entry settles all unconfirmed lone ops at once, when the oldest is DETECTOR_OWN_WAIT_S
+#: old (its next report would be counted) and at most once per SETTLE_MIN_GAP_S (1.5 ticks of 2 s: every
+#: other tick in a pipeline that posts one-op batches all the time, <= 20 a minute however late the ticks;
+#: see Probe._settle_due for what that does to a really stuck op)
+SETTLE_MIN_GAP_S = 3.0
+#: an op that dump shows without a closing entry is confirmed as one of its own only when it is this old
+#: (a dump taken between a batch's member and its endCoalescing, microseconds apart, confirms nothing)
+CONFIRM_LONE_AFTER_S = 0.25
+#: a group whose pg_status mixes counters and stands still is read from its last entries (re-aged) and
+#: re-read at most this often: the status of such a group can stand still across a new op (collective #k,
+#: then send #k: the same three values), and this bounds how long that op is unseen
+MIXED_STILL_REFRESH_S = 10.0
 
 #: how often the per-group counters are sampled between snapshots, to time each step's compute (the
 #: status dump without entries costs microseconds; 50 ms keeps the step timing within ~1/20 of a second)
@@ -52,6 +77,8 @@ class ProbeStats:
     errors: dict[str, int] = field(default_factory=dict)
     last_cpu_s: float = 0.0  # thread CPU time of the last snapshot (dump + reduce + encode + send)
     last_bytes: int = 0
+    active_dumps: int = 0  # dumps of the active entries taken
+    every_dumps: int = 0  # dumps of every entry taken (to settle lone send/recv)
 
 
 class Probe:
@@ -89,9 +116,14 @@ class Probe:
         self._all_fn: DumpFn | None = all_fn
         self._torch_all = dump_fn is None and all_fn is None
         self._batches = BatchMemory()
-        # lone scheduled send/recv a dump of every entry showed without a closing entry, when: checked again
-        # only after FULL_DUMP_MIN_INTERVAL_S (a dump taken mid-batch, before its endCoalescing)
-        self._lone_checked: dict[tuple[str, int], float] = {}
+        # lone scheduled send/recv a dump of every entry showed without a closing entry: ops of their own
+        self._confirmed_lone: dict[tuple[str, int], None] = {}
+        # the others the latest reduction left unsettled -> when they were created (unix s)
+        self._unconfirmed: dict[tuple[str, int], float] = {}
+        self._last_settle = -math.inf
+        # mixed-counter groups: pg_id -> (enqueued, started, completed) of the last dump with entries, when
+        self._mixed_seen: dict[int, tuple[tuple[int, int, int], float]] = {}
+        self._mixed_heads: dict[str, tuple[Any, float]] = {}  # their heads from it (name -> PgHead, when)
         self._last_full = 0.0
         self._waiting_since: dict[int, tuple[tuple[int, int], float]] = {}
         self._detailed: set[tuple[int, tuple[int, int]]] = set()  # waits already seen in a full dump
@@ -148,31 +180,42 @@ class Probe:
 
     def snapshot(self, now: float | None = None) -> bytes | None:
         """The encoded heads of this rank at ``now`` (default the time), or None when no flight recorder is
-        available yet."""
+        available yet.
+
+        At most one dump with entries per tick: of every entry when lone send/recv are due to be settled
+        (:meth:`_settle_due`; it serves as the active one too), else of the active entries when
+        :meth:`_needs_full` asks, else none (the status alone, and the last entries of groups whose mixed
+        counters stand still)."""
         import msgspec
 
         now = time.time() if now is None else now
         if self._dump_fn is None and self._status_fn is None:
             self._status_fn = _torch_status_fn()
         status = self._light_status() if self._status_fn is not None else None
-        if status is not None and not self._needs_full(status, now):
-            data: dict[str, Any] = {"pg_status": status, "entries": []}
+        wants_entries = status is None or self._needs_full(status, now)  # (its bookkeeping runs each tick)
+        every_fn = self._every_fn() if self._settle_due(now) else None
+        if every_fn is None and status is not None and not wants_entries:
+            unsettled = self._batches.unsettled
+            heads = self._reduce({"pg_status": status, "entries": []}, now)
+            self._batches.unsettled = unsettled  # nothing new seen: what the last entries left stands
+            heads = self._with_still_mixed(heads, status, now)
         else:
-            dump_fn = self._dump_fn or _torch_dump_fn()
-            if dump_fn is None:
-                self._count("no_flight_recorder")
-                return None
-            self._dump_fn = dump_fn
-            data = _decode(dump_fn())
+            if every_fn is not None:
+                data = _decode(every_fn())
+                self.stats.every_dumps += 1
+            else:
+                dump_fn = self._dump_fn or _torch_dump_fn()
+                if dump_fn is None:
+                    self._count("no_flight_recorder")
+                    return None
+                self._dump_fn = dump_fn
+                data = _decode(dump_fn())
+                self.stats.active_dumps += 1
             self._last_full = now
-        heads = self._reduce(data, now)
-        if self._unsettled(now):
-            all_fn = self._all_fn or (_torch_dump_fn(only_active=False) if self._torch_all else None)
-            if all_fn is not None:
-                self._all_fn = all_fn
-                heads = self._reduce(_decode(all_fn()), now)
-                for batch in self._batches.unsettled:  # no closing entry even there: an op of its own
-                    self._lone_checked[batch] = now
+            heads = self._reduce(data, now)
+            self._settle(now, every=every_fn is not None)
+            self._remember_mixed(data.get("pg_status"), heads, now)
+        heads = self._with_unconfirmed_capped(heads)
         heads = msgspec.structs.replace(heads, steps=self.steps.recent())
         return encode_capped(self._with_observed_waits(heads, now))
 
@@ -194,21 +237,120 @@ class Probe:
             p2p_groups=self._p2p_groups,
         )
 
-    def _unsettled(self, now: float) -> bool:
-        """Whether the last reduction left a lone scheduled send/recv not checked in the last
-        FULL_DUMP_MIN_INTERVAL_S: the member of a completed batch of one reads exactly like a lone op still
-        pending in an ``onlyActive`` snapshot (:class:`sentinel.fr.reduce.BatchMemory`), and a dump of every
-        entry holds its closing entry. One such dump per new op; MAX_LONE_CHECKED remembered."""
-        if len(self._lone_checked) >= MAX_LONE_CHECKED:
-            self._lone_checked = {
-                b: t for b, t in self._lone_checked.items() if now - t < FULL_DUMP_MIN_INTERVAL_S
-            }
-            if len(self._lone_checked) >= MAX_LONE_CHECKED:
-                self._lone_checked.clear()
-        checked = self._lone_checked
-        return any(
-            b not in checked or now - checked[b] >= FULL_DUMP_MIN_INTERVAL_S for b in self._batches.unsettled
-        )
+    def _every_fn(self) -> DumpFn | None:
+        """The dump of every entry (completed ones too), where there is one."""
+        if self._all_fn is None and self._torch_all:
+            self._all_fn = _torch_dump_fn(only_active=False)
+        return self._all_fn
+
+    def _settle_due(self, now: float) -> bool:
+        """Whether this tick takes the dump of every entry that settles the lone send/recv left unconfirmed.
+
+        The member of a completed batch of one reads exactly like a lone op still pending in an
+        ``onlyActive`` snapshot (:class:`sentinel.fr.reduce.BatchMemory`); a dump of every entry holds its
+        closing entry. Until then such an op is reported at most UNCONFIRMED_AGE_CAP_S old
+        (:meth:`_with_unconfirmed_capped`), below the DETECTOR_OWN_WAIT_S the stuck detector needs a rank to
+        report, so it can never be named stuck. The dump is taken when the oldest unconfirmed op is
+        DETECTOR_OWN_WAIT_S old — its next report would be counted — and no dump of every entry was taken in
+        the last SETTLE_MIN_GAP_S; it settles them all (one dump, not one per op).
+
+        What it costs in time. A really pending lone op is reported at its true age at every tick from the
+        one where it is DETECTOR_OWN_WAIT_S old, as when every tick settled it, except when that tick comes
+        less than SETTLE_MIN_GAP_S after the last such dump: the op was then created in the first (tick
+        jitter) moments after that dump, since ticks are 2 s apart, and is capped for one tick; the detector
+        would have counted it only once it reached min_wait_s (4 s) with the aggregator's extrapolation, so
+        it is counted at the next tick instead, later by at most that jitter. An op first listed at
+        DETECTOR_OWN_WAIT_S or older (its group's dumps skipped while its status stood still) is capped until
+        the next tick. Bound: one dump of every entry per SETTLE_MIN_GAP_S (<= 20 a minute; 15 on time)."""
+        if not self._unconfirmed or now - self._last_settle < SETTLE_MIN_GAP_S:
+            return False
+        return now - min(self._unconfirmed.values()) >= DETECTOR_OWN_WAIT_S
+
+    def _settle(self, now: float, *, every: bool) -> None:
+        """After a reduction with entries: the lone ops it left unsettled are confirmed as ops of their own
+        when a dump of every entry shows them without a closing entry (CONFIRM_LONE_AFTER_S old at least),
+        and the rest are unconfirmed, with the time each was created."""
+        unsettled = self._batches.unsettled
+        confirmed = self._confirmed_lone
+        if every:
+            self._last_settle = now
+            for batch, age in unsettled.items():
+                if age >= CONFIRM_LONE_AFTER_S and batch not in confirmed:
+                    if len(confirmed) >= MAX_LONE_CHECKED:
+                        del confirmed[next(iter(confirmed))]
+                    confirmed[batch] = None
+        before = self._unconfirmed
+        self._unconfirmed = {
+            batch: min(before.get(batch, math.inf), now - age)
+            for batch, age in unsettled.items()
+            if batch not in confirmed
+        }
+
+    def _with_unconfirmed_capped(self, heads: Any) -> Any:
+        """Unconfirmed lone send/recv reported at most UNCONFIRMED_AGE_CAP_S old (see :meth:`_settle_due`);
+        where no dump of every entry exists they stay at their age (nothing could settle them)."""
+        import msgspec
+
+        if not self._unconfirmed or (self._all_fn is None and not self._torch_all):
+            return heads
+        cap = UNCONFIRMED_AGE_CAP_S
+        unconfirmed = self._unconfirmed
+        pgs = []
+        for pg in heads.pgs:
+            if any(f.p2p and f.age_s > cap and (pg.pg_name, f.seq) in unconfirmed for f in pg.in_flight):
+                flights = [
+                    msgspec.structs.replace(f, age_s=cap)
+                    if f.p2p and f.age_s > cap and (pg.pg_name, f.seq) in unconfirmed
+                    else f
+                    for f in pg.in_flight
+                ]
+                pgs.append(msgspec.structs.replace(pg, in_flight=flights))
+            else:
+                pgs.append(pg)
+        return msgspec.structs.replace(heads, pgs=pgs)
+
+    def _remember_mixed(self, status: Any, heads: Any, now: float) -> None:
+        """The status and heads of each group whose counters mix, as a dump with entries showed them."""
+        self._mixed_seen = {}
+        self._mixed_heads = {}
+        if not self._p2p_groups or not isinstance(status, dict):
+            return
+        by_name = {pg.pg_name: pg for pg in heads.pgs}
+        for pg_id, st in status.items():
+            try:
+                key = int(pg_id)
+            except (TypeError, ValueError):
+                continue
+            progress = _progress(st)
+            name = self._known_groups.get(key, ("", ""))[0]
+            if key in self._p2p_groups and progress is not None and name in by_name:
+                self._mixed_seen[key] = (progress, now)
+                self._mixed_heads[name] = (by_name[name], now)
+
+    def _with_still_mixed(self, heads: Any, status: dict[str, Any] | None, now: float) -> Any:
+        """A tick without entries: each group whose counters mix and whose status stands where the last
+        dump with entries saw it keeps the heads those entries gave, aged (any other keeps what its status
+        alone says: idle at the newest collective remembered, which can only read behind)."""
+        import msgspec
+
+        if not self._mixed_heads or status is None:
+            return heads
+        still = {
+            self._known_groups[key][0]
+            for key, (progress, _) in self._mixed_seen.items()
+            if key in self._known_groups and _progress(status.get(str(key))) == progress
+        }
+        pgs = []
+        for pg in heads.pgs:
+            kept = self._mixed_heads.get(pg.pg_name) if pg.pg_name in still else None
+            if kept is None:
+                pgs.append(pg)
+                continue
+            old, at = kept
+            later = now - at
+            flights = [msgspec.structs.replace(f, age_s=f.age_s + later) for f in old.in_flight]
+            pgs.append(msgspec.structs.replace(old, in_flight=flights))
+        return msgspec.structs.replace(heads, pgs=pgs)
 
     def _light_status(self) -> dict[str, Any] | None:
         """pg_status only (no entries): microseconds even with a full ring buffer."""
@@ -220,13 +362,17 @@ class Probe:
         return status if isinstance(status, dict) else None
 
     def _needs_full(self, status: dict[str, Any], now: float) -> bool:
-        """A full (costly) dump only to learn group names, or for details of a wait that persists.
+        """A dump of the active entries only to learn group names, for details of a wait that persists, or
+        for a group whose counters mix when its status moved.
 
         A group that posts send/recv (known from its entries, or a last enqueued value below the last
-        completed one, which only mixed counters give) gets an ``onlyActive`` dump every tick: NCCL's status
-        there counts send/recv work and collectives alike (:mod:`sentinel.fr.reduce`), so it can neither say
-        that the group waits (an all_reduce #7 enqueued after send/recv #14 completed reads 7 < 14, no wait)
-        nor which collective it is at; the active entries can, and on NCCL they are only the pending ones."""
+        completed one, which only mixed counters give) has a status that counts send/recv work and
+        collectives alike (:mod:`sentinel.fr.reduce`), so it can neither say that the group waits (an
+        all_reduce #7 enqueued after send/recv #14 completed reads 7 < 14, no wait) nor which collective it
+        is at; its active entries can (on NCCL only the pending ones). They are read when its status differs
+        from the one the last dump with entries showed: a status that stands still (every op the entries
+        listed is where it was; their ages grow) keeps those entries (:meth:`_with_still_mixed`) and is read
+        again after MIXED_STILL_REFRESH_S."""
         for pg_id, st in status.items():
             try:
                 key = int(pg_id)
@@ -234,8 +380,15 @@ class Probe:
             except (KeyError, TypeError, ValueError):
                 return True
             if key not in self._known_groups:
-                return now - self._last_full >= FULL_DUMP_MIN_INTERVAL_S or self._last_full == 0.0
-            if key in self._p2p_groups or progress[0] < progress[1]:
+                if now - self._last_full >= FULL_DUMP_MIN_INTERVAL_S or self._last_full == 0.0:
+                    return True
+                continue  # (the groups after it still have their say)
+            if key in self._p2p_groups:
+                seen = self._mixed_seen.get(key)
+                if seen is None or seen[0] != _progress(st) or now - seen[1] >= MIXED_STILL_REFRESH_S:
+                    return True
+                continue
+            if progress[0] < progress[1]:
                 return True
             since = self._waiting_since.get(key)
             if progress[0] > progress[1]:
@@ -323,6 +476,18 @@ def encode_capped(heads: Any, limit: int = MAX_DATAGRAM) -> bytes:
         if len(data) <= limit:
             return data
     raise ValueError("heads do not fit in one datagram even without in-flight entries")
+
+
+def _progress(st: Any) -> tuple[int, int, int] | None:
+    """(last enqueued, started, completed) of one group's pg_status value, or None when unreadable."""
+    try:
+        return (
+            int(st["last_enqueued_collective"]),
+            int(st.get("last_started_collective", -1)),
+            int(st["last_completed_collective"]),
+        )
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
 
 
 def _decode(raw: bytes) -> dict[str, Any]:

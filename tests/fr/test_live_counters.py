@@ -22,7 +22,7 @@ import msgspec
 
 from sentinel.fr.heads import FrHeads
 from sentinel.fr.reduce import reduce_snapshot
-from sentinel.probe import Probe
+from sentinel.probe import MIXED_STILL_REFRESH_S, Probe
 from tests.fr.nccl_synth import mark_pending, started_at
 from tests.fr.test_live_batches import T0_NS, _entry
 
@@ -163,8 +163,10 @@ def test_the_rank_that_never_enters_the_collective_is_named_whatever_its_counter
     ranks = {0: _Rank(0, _rank0), 1: _Rank(1, _rank1)}
     found = _run(ranks, 8)
     assert found == [(0, "not_entered_collective")], found
-    # each tick reads the active entries of a group whose counters mix (the status cannot say it waits)
-    assert ranks[1].dumps == 8 and ranks[0].dumps == 8
+    # a group whose counters mix has its active entries read when its status moves (rank 0: tick 1) and
+    # again after MIXED_STILL_REFRESH_S of standing still (ticks 2 s apart, 8 of them)
+    assert ranks[1].dumps == 1 + int(14.0 // MIXED_STILL_REFRESH_S)
+    assert ranks[0].dumps == 2 + int(12.0 // MIXED_STILL_REFRESH_S)
 
 
 def test_a_collectives_only_group_takes_no_dump_while_its_status_stands_still_idle() -> None:
