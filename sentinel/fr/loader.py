@@ -506,11 +506,12 @@ def _column_split(entries: list[Any], oldest: dict[Any, Any]) -> bool | None:
     complete) — the full decode with the members before, the newest entries without them: a column of
     the closer alone, a false mismatch against a peer whose newest entries hold the whole op. torch 2.5
     writes a send/recv batch's closer with ``is_p2p`` False and the last collective's seq, and a dump may
-    carry no ``is_p2p``: behind no pending member of its batch it is read as a collective, folded by the
-    full decode into the collective before it. So a group whose first entry read as a collective here
-    is a ``coalesced`` entry, or one not completed, is decoded in full. Read as the reduction reads it
-    (:func:`sentinel.fr.summary._summarize`): a send/recv by name or by ``is_p2p`` True, or a closer of
-    the ``p2p_seq_id`` of the group's last pending op when that is a send/recv, is not a collective.
+    carry no ``is_p2p``: behind no member of its batch (first among the newest entries) it is read as a
+    collective, folded by the full decode into the collective before it. So a group whose first entry
+    read as a collective here is a ``coalesced`` entry, or one not completed, is decoded in full. Read
+    as the reduction reads it (:func:`sentinel.fr.summary._summarize`): a send/recv by name or by
+    ``is_p2p`` True, or a closer of the ``p2p_seq_id`` of the send/recv right before it in its group
+    (:func:`~sentinel.fr.ops.closes_p2p_batch`), is not a collective.
     ``oldest``: each group's oldest entry here (by ``pg_id``), which decides alone unless it is a
     send/recv (then that group's entries are followed to its first collective)."""
     p2p_groups = set()
@@ -523,8 +524,8 @@ def _column_split(entries: list[Any], oldest: dict[Any, Any]) -> bool | None:
             p2p_groups.add(pg_id)
         elif op == COALESCED or not entry_completed(e):
             return True
-    # group -> p2p_seq_id of its pending send/recv, as the reduction's pending list holds them
-    pending: dict[Any, list[int]] = {}
+    # group -> p2p_seq_id of its previous entry when that is a send/recv (the member a closer follows)
+    follows: dict[Any, int | None] = {}
     for e in entries:
         pg_id = e.get("pg_id")
         if pg_id not in p2p_groups:
@@ -534,26 +535,19 @@ def _column_split(entries: list[Any], oldest: dict[Any, Any]) -> bool | None:
         if type(name) is not str or type(seq) is not int:
             return None
         op = op_name(name)
-        done = entry_completed(e)
-        mine = pending.setdefault(pg_id, [])
-        # the send/recv a closer follows (sentinel.fr.ops.closes_p2p_batch): the group's last pending one
         closes = op == COALESCED
         if not (
             op in P2P
             or e.get("is_p2p") is True
-            or (closes and closes_p2p_batch(e.get("is_p2p"), seq, mine[-1] if mine else None))
+            or (closes and closes_p2p_batch(e.get("is_p2p"), seq, follows.get(pg_id)))
         ):
-            if closes or not done:
+            if closes or not entry_completed(e):
                 return True
             p2p_groups.discard(pg_id)
             if not p2p_groups:
                 return False
             continue
-        if closes and done:  # a completed closer drops its members (summary._close_batch)
-            while mine and mine[-1] == seq:
-                mine.pop()
-        if not done:
-            mine.append(seq)
+        follows[pg_id] = None if closes else seq
     return False
 
 

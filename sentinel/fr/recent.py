@@ -399,14 +399,18 @@ class _Batches:
     """What the reduction (:func:`sentinel.fr.summary._close_batch`) leaves pending of the entries it is
     shown in file order, followed without it: per group (the reduction's key: ``process_group[0]``, or the
     ``pg_id`` of an entry without one) the ``p2p_seq_id`` of the coalesced batch whose members are
-    pending. Anything the reduction could leave pending otherwise — an entry not completed that is not a
-    send/recv, a pending ``nccl:coalesced`` entry, a member of a second batch while one is open, a field
-    of another type than the reduction reads — is a doubt (``False``)."""
+    pending, and whether the group's previous entry is a send/recv of it (a closer right behind one
+    closes the batch: :func:`sentinel.fr.ops.closes_p2p_batch`). Anything the reduction could leave
+    pending otherwise — an entry not completed that is not a send/recv, a pending ``nccl:coalesced``
+    entry, a member of a second batch while one is open, a field of another type than the reduction
+    reads — is a doubt (``False``)."""
 
-    __slots__ = ("open",)
+    __slots__ = ("follows", "open")
 
     def __init__(self) -> None:
         self.open: dict[str, int] = {}
+        #: per open group, the ``p2p_seq_id`` of its previous entry when that is a send/recv, else None
+        self.follows: dict[str, int | None] = {}
 
     def step(self, e: Any) -> bool:
         """Follow one entry; False when it may stay pending in the reduction."""
@@ -417,27 +421,33 @@ class _Batches:
                 read = _batch_fields(e)
                 if read is None:
                     return False
-                group, seq, _, is_closer = read
-                # the send/recv a closer follows is the open batch's member (nothing else of its group is
-                # pending): a closer of its seq (sentinel.fr.ops.closes_p2p_batch) drops the batch
-                member = self.open.get(group)
-                if is_closer and member == seq and closes_p2p_batch(e.get("is_p2p"), seq, member):
-                    del self.open[group]
+                group, seq, is_member, is_closer = read
+                if group in self.open:
+                    if (
+                        is_closer
+                        and seq == self.open[group]
+                        and closes_p2p_batch(e.get("is_p2p"), seq, self.follows[group])
+                    ):
+                        del self.open[group], self.follows[group]
+                    else:  # (a member completed on its own is followed as a pending one is)
+                        self.follows[group] = seq if is_member else None
             return True
         read = _batch_fields(e)
         if read is None or not read[2]:
             return False
         group, seq = read[0], read[1]
+        self.follows[group] = seq
         return self.open.setdefault(group, seq) == seq
 
     def closed_by(self, tail: list[Any]) -> bool:
         """Whether the newest entries close every batch still open, as the reduction of the full buffer
         would, and are read the same without the skipped members: each batch at a completed closer, with
         only more members of that batch pending in its group before it, and a closer that the newest
-        entries alone read as a send/recv's too — flagged ``is_p2p``, or behind a member of its batch
-        among them (a closer that says False or nothing is known by the member before it: as the first
-        of its batch's entries among the newest it would be read as a collective there)."""
-        member_seen: dict[str, int] = {}  # group -> p2p_seq_id of its batch's member among the newest
+        entries alone read as a send/recv's too — flagged ``is_p2p``, or right behind a member of its
+        batch among them, completed or not (a closer that says False or nothing is known by the member
+        before it: as the first of its group's entries among the newest it would be read as a collective
+        there)."""
+        follows: dict[str, int | None] = {}  # group -> as self.follows, among the newest entries
         for e in tail:
             if not self.open:
                 break
@@ -450,12 +460,13 @@ class _Batches:
             if not entry_completed(e):
                 if not (is_member and seq == self.open[group]):
                     return False
-                member_seen[group] = seq
             elif is_closer and seq == self.open[group]:
                 # read alone, the newest entries must know it as a closer too (the skipped members aside)
-                if not closes_p2p_batch(e.get("is_p2p"), seq, member_seen.get(group)):
+                if not closes_p2p_batch(e.get("is_p2p"), seq, follows.get(group)):
                     return False
                 del self.open[group]
+                continue
+            follows[group] = seq if is_member else None
         return not self.open
 
 

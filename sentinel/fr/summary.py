@@ -278,6 +278,7 @@ class _Builder:
         "hints",
         "keys",
         "last_seq",
+        "member",
         "name",
         "ops",
         "p2p_count",
@@ -308,6 +309,10 @@ class _Builder:
         # are still in the buffer (a counter that only grows: the newest entry's is the group's largest)
         self.p2p_count = 0
         self.backend: str | None = None  # None until the first entry names one
+        # (p2p_seq_id, len(seqs) then) of the group's newest send/recv while no collective came after it:
+        # the member a closing entry right behind it follows. A collective entry either adds a column
+        # (len(seqs) moves on) or folds into the last one (which clears this), so no entry pays for it
+        self.member: tuple[int, int] | None = None
 
 
 def _int(value: Any, what: str, source: str) -> int:
@@ -587,14 +592,15 @@ def _summarize(
                 if hint:
                     b.hints.add(hint)
             # a batch's closing entry by its place (sentinel.fr.ops.closes_p2p_batch): the send/recv it
-            # follows is the group's last pending op (a batch's members never complete)
+            # follows is the group's previous entry, completed or not
             if (
                 is_p2p
                 or is_p2p_flag is True
                 or (
                     closes
+                    and (member := b.member) is not None
                     and closes_p2p_batch(
-                        is_p2p_flag, p2p_seq, b.pending[-1].seq if b.pending and b.pending[-1].p2p else None
+                        is_p2p_flag, p2p_seq, member[0] if member[1] == len(b.seqs) else None
                     )
                 )
             ):
@@ -608,18 +614,24 @@ def _summarize(
                     b.p2p_log.extend((arrived, code))
                     if len(b.p2p_log) > 4 * P2P_LOG:
                         del b.p2p_log[: -2 * P2P_LOG]
+                    b.member = (p2p_seq, len(b.seqs))
                 else:
                     local_peer = -1
-                    if closes and b.pending:
-                        _close_batch(
-                            b.pending, p2p_seq, True, completed, state, arrived if started_ns else None
-                        )
+                    if closes:
+                        if b.pending:
+                            _close_batch(
+                                b.pending, p2p_seq, True, completed, state, arrived if started_ns else None
+                            )
+                        b.member = None  # the batch is closed: another closer behind it follows no member
+                    else:
+                        b.member = (p2p_seq, len(b.seqs))
                 if not completed:  # (arrival, as the log and the collectives' time column measure it)
                     b.pending.append(Pending(p2p_seq, key, profiling, arrived, state, True, local_peer))
                 continue
             if seq is None:
                 seq = seq_id if seq_id is not None else -1
             if seq == b.last_seq:
+                b.member = None  # a collective after the send/recv
                 if closes and b.pending:
                     _close_batch(b.pending, seq, False, completed, state, None)
                 # ops of one coalesced collective share its seq: fold their keys together
@@ -690,8 +702,10 @@ def _close_batch(  # noqa: PLR0917 - called per batch from the hot loop: positio
     members still pending at the tail of the group's list (the batch's own ops, recorded just before) take
     its state: dropped when it completed, else its state and ``t_ns`` (for send/recv the batch's device start,
     when it has one; None keeps the member's own time, as a pending collective keeps its enqueue time).
-    Members with no closing entry after them (a dump taken mid-batch) are left as they are. Only the tail
-    is scanned: the work is the batch's size."""
+    Members with no closing entry after them (a dump taken mid-batch) are left as they are. A member that
+    completed on its own had a work of its own: nothing to settle, but the closer right behind it is still
+    its batch's (:func:`sentinel.fr.ops.closes_p2p_batch`), not a collective. Only the tail is scanned:
+    the work is the batch's size."""
     n = len(pending)
     while n and pending[n - 1].p2p is p2p and pending[n - 1].seq == seq:
         n -= 1

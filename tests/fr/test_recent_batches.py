@@ -45,6 +45,8 @@ CHANGES = (
     "pending_between",  # an op of the group still pending between the members and the closer
     "other_group_between",  # a completed entry of another group between the members and the closer
     "member_done",  # a member completed on its own (harmless)
+    "last_done",  # the last of two members completed on its own: the closer follows it
+    "collective_between",  # a completed collective of the group between the members and the closer
     "two_members",  # a second member of the same batch (harmless)
     "lone_pending",  # a lone send/recv (not a batch) still pending behind later collectives
     "late_frame",  # the member refers to a stack frame first pickled in the entry before it
@@ -88,7 +90,7 @@ def _rank_entries(
         p2p += 1
         arrow, op = ("0->1", "send") if rank == 0 else ("1<-0", "recv")
         members = [f"nccl:{op} {arrow}"]
-        if "two_members" in todo:
+        if "two_members" in todo or "last_done" in todo:
             members.append("nccl:recv 0<-1" if rank == 0 else "nccl:send 1->0")
         batch: list[dict[str, Any]] = []
         member_at[step] = len(entries)
@@ -100,7 +102,7 @@ def _rank_entries(
                 frame = {"name": f"late{step}", "filename": "pipeline.py", "line": step}
                 entries[-1]["frames"].append(frame)
                 e["frames"].append(frame)
-            if "member_done" in todo:
+            if "member_done" in todo or ("last_done" in todo and len(batch) == len(members) - 1):
                 mark_completed(e)
             else:
                 mark_pending(e, None)
@@ -127,6 +129,13 @@ def _rank_entries(
             e.update(time_created_ns=t, input_sizes=[[8]], output_sizes=[[8]], is_p2p=True)
             mark_pending(e, None)
             batch.append(e)
+        if "collective_between" in todo:  # (this rank's later collectives count one more)
+            coll += 1
+            e = _base({"collective_seq_id": coll, "p2p_seq_id": p2p, "op_id": coll + p2p}, "nccl:barrier")
+            e.update(time_created_ns=t, input_sizes=[[1]], output_sizes=[[1]], is_p2p=False)
+            mark_completed(e)
+            batch.append(e)
+            closer["collective_seq_id"] = coll
         if "other_group_between" in todo:
             e = _base(
                 {"collective_seq_id": step, "p2p_seq_id": 0, "op_id": step}, "nccl:barrier", ("1", "pp")
@@ -317,7 +326,7 @@ def test_batches_in_the_middle_closed_or_not(tmp_path: Path) -> None:
     ``p2p_seq_id`` is done; one whose closer is not completed, absent, of another batch or group, or
     behind a pending op or another entry (not proven: a full decode), or a lone op still pending, is
     not shown done; a member that refers to a frame pickled in a skipped entry is decoded in full."""
-    done = {"member_done", "two_members"}
+    done = {"member_done", "two_members"}  # (last_done: its closer is two entries past the hit: a doubt)
     for change in CHANGES:
         got = _rank0_read_recent(tmp_path / change, [change], MIDDLE)
         assert got == (change in done), change
@@ -342,6 +351,13 @@ def test_a_batch_across_the_newest_entries_boundary(tmp_path: Path) -> None:
     for flag in (False, None):
         assert not _rank0_read_recent(tmp_path / f"h{flag}", [], NEWEST - 3, last_skipped, flag)
         assert _rank0_read_recent(tmp_path / f"i{flag}", ["two_members"], NEWEST - 3, last_skipped, flag)
+        # a completed collective between the members and that closer: it follows no member, a collective
+        # to both readings, and the skipped member stays pending in the full decode only
+        changes = ["two_members", "collective_between"]
+        assert not _rank0_read_recent(tmp_path / f"j{flag}", changes, NEWEST - 3, last_skipped, flag)
+    # flagged, the closer closes the batch in both readings, whatever came between
+    changes = ["two_members", "collective_between"]
+    assert _rank0_read_recent(tmp_path / "k", changes, NEWEST - 3, last_skipped, True)
 
 
 def test_a_batch_across_the_first_entries_boundary(tmp_path: Path) -> None:
@@ -350,6 +366,13 @@ def test_a_batch_across_the_first_entries_boundary(tmp_path: Path) -> None:
     assert not _rank0_read_recent(tmp_path / "b", ["closer_started"], FRONT + 3, HEAD - 1)
     assert not _rank0_read_recent(tmp_path / "c", ["no_closer"], FRONT + 3, HEAD - 1)
     assert _rank0_read_recent(tmp_path / "d", ["two_members"], FRONT + 3, HEAD - 2)
+    # a completed collective between the member and its closer: an unflagged closer follows no member
+    # (the member stays pending in the full decode), a flagged one closes the batch
+    for flag in (False, None):
+        assert not _rank0_read_recent(
+            tmp_path / f"e{flag}", ["collective_between"], FRONT + 3, HEAD - 1, flag
+        )
+    assert _rank0_read_recent(tmp_path / "f", ["collective_between"], FRONT + 3, HEAD - 1, True)
 
 
 def test_a_pending_batch_among_the_newest_entries_is_read_from_them(tmp_path: Path) -> None:
@@ -378,12 +401,12 @@ def test_many_hits_in_one_entry_are_one_span(tmp_path: Path) -> None:
 
 def test_an_unflagged_closer_first_among_the_newest_entries(tmp_path: Path) -> None:
     """A closer that says ``is_p2p`` False (torch 2.5) or nothing, with no pending member before it (its
-    member completed on its own), the first of rank 0's newest entries read as a collective (it or its
-    member first), while rank 1's newest entries start two entries earlier (at the all_reduce of that
-    closer's ``collective_seq_id``): the newest entries alone make the closer a column of its own, the
-    full decode folds it into the collective before it (a key unknown there, older than the key window).
-    Read so, rank 0 "called coalesced where the others call all_reduce" in a healthy set; it is decoded
-    in full instead."""
+    member completed on its own), the first of rank 0's newest entries, while rank 1's newest entries
+    start two entries earlier (at the all_reduce of that closer's ``collective_seq_id``): the newest
+    entries alone read it as a collective, a column of its own, where the full decode knows it by the
+    member right before it. Read so, rank 0 "called coalesced where the others call all_reduce" in a
+    healthy set; it is decoded in full instead. With its member first among the newest entries, both
+    readings know the closer by it: the newest entries are enough."""
     step = NEWEST - 3
     changes = {0: {step: ["member_done"]}}
     for flag in (True, False, None):
@@ -393,7 +416,7 @@ def test_an_unflagged_closer_first_among_the_newest_entries(tmp_path: Path) -> N
             paths = _write_set(root, 0, changes, (0, step, index), flag, skew=2)
             closer = load_dump(paths[0]).entries[index + 1]
             assert closer["profiling_name"] == "nccl:coalesced" and closer.get("is_p2p") is flag
-            assert _check_against_full(paths) == [flag is True, True]
+            assert _check_against_full(paths) == [flag is True or first == "member", True]
             recent, full = analyze_dir(root, workers=0), analyze_dir(root, workers=0, recent=None)
             assert recent.to_json() == full.to_json()
             # (closer first, rank 1's buffer ends mid-batch: its recv not yet closed)

@@ -27,6 +27,7 @@ from sentinel.fr.errors import FrFormatError
 from sentinel.fr.loader import discover, load_dump, parse_dump
 from sentinel.fr.ops import op_name
 from sentinel.fr.summary import summarize
+from tests.fr.nccl_synth import mark_completed
 from tests.fr.p2p_synth import closers_flagged, p2p_nccl_set, status_as_works
 from tests.support import REPO, need_module
 
@@ -880,6 +881,42 @@ def test_a_closing_entry_is_read_by_its_place_whatever_its_is_p2p_says(
     assert result.culprit_ranks[:1] == [culprit], result.summary
     found = _live_stuck(tops, [0.5 + 2.0 * i for i in range(6)])
     assert [r for r, _, _ in found] == [culprit], found
+
+
+@pytest.mark.parametrize("flag", [True, False, None])
+@pytest.mark.parametrize("done", ["every", "last"])
+def test_a_closer_behind_a_member_that_completed_on_its_own_still_closes_its_batch(
+    flag: bool | None, done: str, tmp_path: Path
+) -> None:
+    """ProcessGroupNCCL::pointToPoint records a batch's ops with no work of their own (they never
+    complete); an op that completed had one: it is not part of what the closer speaks for (nothing to
+    settle), but the ``nccl:coalesced`` entry right behind it, same group and ``p2p_seq_id``, is still
+    its batch's work, not a collective (sentinel.fr.ops.closes_p2p_batch). Known by the last *pending*
+    send/recv alone, a closer that says ``is_p2p`` False (torch 2.5) or nothing, behind no pending member
+    (``done`` every: the send and the recv of rank 0's batch #6 completed), was folded into all_reduce #5
+    before it: "rank 0 called ? where the others call all_reduce", a false mismatch in a healthy job.
+    With only the last member completed (``done`` last) the closer still settles the pending send."""
+    tops = closers_flagged(_batched_upto(tmp_path / "done", 7), flag)
+    unchanged = closers_flagged(_batched_upto(tmp_path / "ok", 7), flag)
+    entries = tops[0]["entries"]
+    closer = next(
+        i for i, e in enumerate(entries) if e["profiling_name"] == "nccl:coalesced" and e["p2p_seq_id"] == 6
+    )
+    members = [
+        i
+        for i in range(closer)
+        if op_name(entries[i]["profiling_name"]) in ("send", "recv") and entries[i]["p2p_seq_id"] == 6
+    ]
+    assert members == [closer - 2, closer - 1], "a send and a recv right before their closer"
+    for i in members if done == "every" else members[-1:]:
+        mark_completed(entries[i])
+    result = _analyze_tops(tops)
+    assert (result.verdict, result.mismatch) == ("healthy", None), result.summary
+    dump = parse_dump(tops[0], rank=0, source="r", is_json=False)
+    (track,) = summarize(dump).groups
+    (as_recorded,) = summarize(parse_dump(unchanged[0], rank=0, source="r", is_json=False)).groups
+    assert track.pending == [] and (track.keys, track.times) == (as_recorded.keys, as_recorded.times)
+    assert summarize(dump).to_plain() == summarize(dump, coerce=True).to_plain()
 
 
 def test_a_batch_of_one_is_written_as_nccl_writes_it_and_a_lone_op_as_its_own_work(tmp_path: Path) -> None:
