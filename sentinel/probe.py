@@ -159,7 +159,9 @@ class Probe:
                     return
             status = self._light_status()
             if status is not None:
-                self.steps.observe(time.time() if now is None else now, status)
+                # groups whose counters mix send/recv and collective work (learnt from the entries)
+                mixed = {str(pg_id) for pg_id in self._p2p_groups} if self._p2p_groups else ()
+                self.steps.observe(time.time() if now is None else now, status, mixed)
         except Exception as exc:  # the probe must never break training
             self._count(type(exc).__name__)
 

@@ -159,3 +159,97 @@ def test_a_new_wait_that_persists_gets_one_detailed_dump_whatever_the_spacing() 
     later = {"0": {"last_enqueued_collective": "6", "last_completed_collective": "5"}}
     assert not probe._needs_full(later, 106.0)
     assert probe._needs_full(later, 108.5)  # a new wait: detailed again
+
+
+def _mixed_job_probe(
+    tmp_path: Path, p2p_group: str
+) -> tuple[Probe, socket.socket, list[dict[str, dict[str, str]]]]:
+    """A probe behind fakes of torch's two dumps (``_dump_fr_trace`` with the status only, and the JSON one
+    of the active entries), whose first dump shows group ``p2p_group`` post a send (NCCL: its pg_status
+    then mixes send/recv and collective work). Returns the probe, the agent's socket and the status cell."""
+    path = str(tmp_path / "probe.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(path)
+    names = {"0": ("0", "default_pg"), "1": ("1", "pp")}
+    send = {
+        "pg_id": int(p2p_group),
+        "process_group": list(names[p2p_group]),
+        "profiling_name": "nccl:send 0->1",
+        "collective_seq_id": 0,
+        "p2p_seq_id": 100,
+        "op_id": 1,
+        "is_p2p": True,
+        "state": "scheduled",
+        "time_created_ns": int(1.7e18),
+    }
+    other = "1" if p2p_group == "0" else "0"
+    collective = dict(send, pg_id=int(other), process_group=list(names[other]), is_p2p=False)
+    collective.update(profiling_name="nccl:all_reduce", collective_seq_id=1, p2p_seq_id=0)
+    entries = [send, collective]
+    current = [{pg: _status((0, 0))["0"] for pg in ("0", "1")}]
+    raw = msgspec.json.encode({"version": "2.10", "entries": entries, "pg_status": current[0]})
+    probe = Probe(2.0, path, dump_fn=lambda: raw, status_fn=lambda: pickle.dumps({"pg_status": current[0]}))
+    assert probe.tick()
+    server.recv(1 << 16)
+    assert set(probe._p2p_groups) == {int(p2p_group)}
+    return probe, server, current
+
+
+def _counts(enqueued: int, completed: int) -> dict[str, str]:
+    return {
+        "last_enqueued_collective": str(enqueued),
+        "last_started_collective": "-1",
+        "last_completed_collective": str(completed),
+    }
+
+
+def test_a_group_whose_counters_mix_send_recv_ends_compute_when_its_value_drops(tmp_path: Path) -> None:
+    """Group 1 (pp) posts send/recv on NCCL: its pg_status values are the last work's seq of either counter.
+    Each step: compute 0.5 s, an all_reduce of group 1 (collective #k, entered after send #100+k-1, so the
+    enqueued value drops from 99+k to k) in which the rank waits 0.3 s for a slow peer, send #100+k, then
+    the world all_reduce #k (the step). Read as collective seqs only a rise ends the compute gap: the
+    drop was missed and the wait counted as compute (0.8 s), so a waiting peer looked slow."""
+    probe, server, current = _mixed_job_probe(tmp_path, "1")
+    base, t = 1.7e9, 0.0
+
+    def run(phase_s: float, world: tuple[int, int], pp: tuple[int, int]) -> None:
+        nonlocal t
+        current[0] = {"0": _counts(*world), "1": _counts(*pp)}
+        end = t + phase_s
+        while t < end - 1e-9:
+            probe.sample(now=base + t)
+            t += 0.05
+
+    for k in range(1, 7):
+        run(0.5, (k - 1, k - 1), (99 + k, 99 + k))  # computing (send #99+k of the last step completed)
+        run(0.3, (k - 1, k - 1), (k, 99 + k))  # inside all_reduce #k of group 1
+        run(0.1, (k - 1, k - 1), (100 + k, 100 + k))  # send #100+k
+        run(0.1, (k, k - 1), (100 + k, 100 + k))  # inside the world all_reduce #k
+    run(0.05, (6, 6), (106, 106))
+    steps = probe.steps.recent()
+    assert [s.seq for s in steps] == [2, 3, 4, 5, 6]
+    assert all(s.compute_s == pytest.approx(0.5, abs=0.06) for s in steps), steps
+    server.close()
+
+
+def test_a_step_group_whose_counters_mix_reads_no_step_from_a_completed_send_recv(tmp_path: Path) -> None:
+    """The world group (the step group) posts send/recv too: a completed send #100+k reads 100+k against
+    the step's all_reduce #k, which says nothing of a step. Read as a collective seq it ended "step
+    101+k"; the counters cannot tell a send/recv from the step's all_reduce, so they end none."""
+    probe, server, current = _mixed_job_probe(tmp_path, "0")
+    base, t = 1.7e9, 0.0
+    for k in range(1, 5):
+        for phase_s, world in (
+            (0.5, (99 + k, 99 + k)),  # computing after send #99+k
+            (0.1, (k, 99 + k)),  # inside the step's all_reduce #k
+            (0.1, (k, k)),  # it completed
+            (0.1, (100 + k, k)),  # send #100+k
+            (0.1, (100 + k, 100 + k)),  # completed
+        ):
+            current[0] = {"0": _counts(*world), "1": _counts(0, 0)}
+            end = t + phase_s
+            while t < end - 1e-9:
+                probe.sample(now=base + t)
+                t += 0.05
+    assert probe.steps.recent() == []
+    server.close()
