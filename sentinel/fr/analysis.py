@@ -357,13 +357,11 @@ ORDER_CONTEXT = 8
 _Sig = tuple[str, str, int]  # (group, "c" collective | "send" | "recv", match key | group-local peer)
 
 
-def _timeline(rank: int, groups: dict[str, Group]) -> list[tuple[int, _Sig]]:
-    """The rank's recent ops across all its groups in its own program order (its own creation times)."""
+def _timeline(tracks: list[tuple[Group, GroupTrack]]) -> list[tuple[int, _Sig]]:
+    """A rank's recent ops across all its groups (``tracks``: its track of each, in the order of the
+    groups) in its own program order (its own creation times)."""
     out: list[tuple[int, _Sig]] = []
-    for g in groups.values():
-        t = g.tracks.get(rank)
-        if t is None:
-            continue
+    for g, t in tracks:
         times = memoryview(t.times).cast("q")
         keys = memoryview(t.keys).cast("I")
         for i in range(max(0, len(times) - ORDER_HISTORY), len(times)):
@@ -387,7 +385,7 @@ def _candidate_sig(w: Wait, groups: dict[str, Group]) -> tuple[str, str, int]:
 
 
 def _own_next(
-    rank: int, candidates: dict[tuple[str, str, int], Wait], groups: dict[str, Group]
+    tracks: list[tuple[Group, GroupTrack]], candidates: dict[tuple[str, str, int], Wait]
 ) -> Wait | None:
     """Which of the ops others wait for ``rank`` to run comes next in the rank's *own* program.
 
@@ -397,8 +395,8 @@ def _own_next(
     :data:`ORDER_CONTEXT`), the first op that is one of the candidates is the one the rank would reach
     first. Ranks of one job may run different programs (pipeline
     stages, subgroups of different shapes): only the rank's own history is used. None when the history
-    holds no earlier L or no candidate after it."""
-    line = _timeline(rank, groups)
+    holds no earlier L or no candidate after it. ``tracks``: the rank's track of each of its groups."""
+    line = _timeline(tracks)
     if len(line) < 2:
         return None
     last = line[-1][1]
@@ -437,26 +435,45 @@ def _program_order(culprits: list[Culprit], waits: list[Wait], groups: dict[str,
     # rank, each released by a different op of the culprit (the recv matching rank 0's send, the send
     # matching rank 2's recv): kept apart, or the one posted first (timing) stood for both and the
     # culprit's program order never chose between them
+    ordered = [c for c in culprits[:MAX_ORDERED_CULPRITS] if c.kind == "missing" and len(c.ranks) == 1]
+    if not ordered:
+        return notes
     by_set: dict[tuple[frozenset[int], str, int, bool, int], Wait] = {}
     for w in sorted(waits, key=lambda w: (w.t_ns, w.rank)):
         by_set.setdefault((w.waiting_for, w.group, w.seq, w.p2p, w.rank if w.p2p else -1), w)
-    for c in culprits[:MAX_ORDERED_CULPRITS]:
-        if c.kind != "missing" or len(c.ranks) != 1:
-            continue
-        rank = c.ranks[0]
+    # each culprit's waits of by_set (in its order), in one pass over it: a pass per culprit was 32 passes
+    # over the ~4,000 sets of a 16,384-rank hang
+    awaited: dict[int, list[Wait]] = {c.ranks[0]: [] for c in ordered}
+    for key, cand in by_set.items():
+        fs = key[0]
+        for r in fs if len(fs) < len(awaited) else awaited:
+            if r in fs and r in awaited:
+                awaited[r].append(cand)
+    chosen: list[tuple[Culprit, dict[tuple[str, str, int], Wait]]] = []
+    for c in ordered:
         candidates: dict[tuple[str, str, int], Wait] = {}
-        for (fs, *_), cand in by_set.items():
-            if rank in fs:
-                sig = _candidate_sig(cand, groups)
-                if sig not in candidates or (cand.t_ns, cand.rank) < (
-                    candidates[sig].t_ns,
-                    candidates[sig].rank,
-                ):
-                    candidates[sig] = cand
-        if len(candidates) < 2:
-            continue
-        if any(rank in g.tracks for g in groups.values()):
-            nxt = _own_next(rank, candidates, groups)
+        for cand in awaited[c.ranks[0]]:
+            sig = _candidate_sig(cand, groups)
+            if sig not in candidates or (cand.t_ns, cand.rank) < (
+                candidates[sig].t_ns,
+                candidates[sig].rank,
+            ):
+                candidates[sig] = cand
+        if len(candidates) >= 2:
+            chosen.append((c, candidates))
+    # the tracks of the ranks whose program order is read, in the order of the groups: one pass over the
+    # groups (12,289 of them at 16,384 ranks), not one per culprit
+    own: dict[int, list[tuple[Group, GroupTrack]]] = {c.ranks[0]: [] for c, _ in chosen}
+    for g in groups.values():
+        tracks = g.tracks
+        for r in tracks if len(tracks) < len(own) else own:
+            t = tracks.get(r)
+            if t is not None and r in own:
+                own[r].append((g, t))
+    for c, candidates in chosen:
+        rank = c.ranks[0]
+        if own[rank]:
+            nxt = _own_next(own[rank], candidates)
             note = (
                 f"rank {rank}'s own program order (its earlier steps in its dump): after its last op it runs "
                 f"{_what_releases(nxt, groups)} next, which it never did"
