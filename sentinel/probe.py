@@ -56,9 +56,9 @@ SETTLE_MIN_GAP_S = 3.0
 #: an op that dump shows without a closing entry is confirmed as one of its own only when it is this old
 #: (a dump taken between a batch's member and its endCoalescing, microseconds apart, confirms nothing)
 CONFIRM_LONE_AFTER_S = 0.25
-#: a group whose pg_status mixes counters and stands still is read from its last entries (re-aged) and
-#: re-read at most this often: the status of such a group can stand still across a new op (collective #k,
-#: then send #k: the same three values), and this bounds how long that op is unseen
+#: a group whose pg_status mixes counters, idle at its last dump with entries and whose status stands still
+#: since, keeps those heads and is re-read this often: the status of such a group can stand still across a
+#: new op (collective #k, then send #k: the same three values), and this bounds how long that op is unseen
 MIXED_STILL_REFRESH_S = 10.0
 
 #: how often the per-group counters are sampled between snapshots, to time each step's compute (the
@@ -312,7 +312,14 @@ class Probe:
         return msgspec.structs.replace(heads, pgs=pgs)
 
     def _remember_mixed(self, status: Any, heads: Any, now: float) -> None:
-        """The status and heads of each group whose counters mix, as a dump with entries showed them."""
+        """The status and heads of each group whose counters mix and that had nothing in flight, as a dump
+        with entries showed them.
+
+        Only an idle group: a status that stands still does not show that an op listed in flight completed
+        when its seq is the status's last completed value already (collective #k pending after send #k
+        completed: #k's completion leaves 'completed k' as it was), so kept heads with an op in flight
+        could show a completed op waiting, its age growing (a false stall). A group waiting is read every
+        tick, as before: its job is stalled or about to be, not training."""
         self._mixed_seen = {}
         self._mixed_heads = {}
         if not self._p2p_groups or not isinstance(status, dict):
@@ -325,14 +332,19 @@ class Probe:
                 continue
             progress = _progress(st)
             name = self._known_groups.get(key, ("", ""))[0]
-            if key in self._p2p_groups and progress is not None and name in by_name:
+            if (
+                key in self._p2p_groups
+                and progress is not None
+                and name in by_name
+                and not by_name[name].in_flight
+            ):
                 self._mixed_seen[key] = (progress, now)
                 self._mixed_heads[name] = (by_name[name], now)
 
     def _with_still_mixed(self, heads: Any, status: dict[str, Any] | None, now: float) -> Any:
         """A tick without entries: each group whose counters mix and whose status stands where the last
-        dump with entries saw it keeps the heads those entries gave, aged (any other keeps what its status
-        alone says: idle at the newest collective remembered, which can only read behind)."""
+        dump with entries saw it, idle, keeps the heads those entries gave (its group ranks too); any other
+        keeps what its status alone says (idle at the newest collective remembered: only behind)."""
         import msgspec
 
         if not self._mixed_heads or status is None:
@@ -345,13 +357,7 @@ class Probe:
         pgs = []
         for pg in heads.pgs:
             kept = self._mixed_heads.get(pg.pg_name) if pg.pg_name in still else None
-            if kept is None:
-                pgs.append(pg)
-                continue
-            old, at = kept
-            later = now - at
-            flights = [msgspec.structs.replace(f, age_s=f.age_s + later) for f in old.in_flight]
-            pgs.append(msgspec.structs.replace(old, in_flight=flights))
+            pgs.append(pg if kept is None else kept[0])
         return msgspec.structs.replace(heads, pgs=pgs)
 
     def _light_status(self) -> dict[str, Any] | None:
@@ -371,10 +377,10 @@ class Probe:
         completed one, which only mixed counters give) has a status that counts send/recv work and
         collectives alike (:mod:`sentinel.fr.reduce`), so it can neither say that the group waits (an
         all_reduce #7 enqueued after send/recv #14 completed reads 7 < 14, no wait) nor which collective it
-        is at; its active entries can (on NCCL only the pending ones). They are read when its status differs
-        from the one the last dump with entries showed: a status that stands still (every op the entries
-        listed is where it was; their ages grow) keeps those entries (:meth:`_with_still_mixed`) and is read
-        again after MIXED_STILL_REFRESH_S."""
+        is at; its active entries can (on NCCL only the pending ones). They are read at every tick, except
+        while the group is idle (nothing in flight at the last dump with entries) and its status stands
+        where that dump saw it: then it keeps those heads (:meth:`_with_still_mixed`) and is read again
+        after MIXED_STILL_REFRESH_S (see :meth:`_remember_mixed` for why only an idle group)."""
         for pg_id, st in status.items():
             try:
                 key = int(pg_id)
