@@ -293,7 +293,7 @@ class Probe:
         where no dump of every entry exists they stay at their age (nothing could settle them)."""
         import msgspec
 
-        if not self._unconfirmed or (self._all_fn is None and not self._torch_all):
+        if not self._unconfirmed or self._every_fn() is None:
             return heads
         cap = UNCONFIRMED_AGE_CAP_S
         unconfirmed = self._unconfirmed

@@ -285,3 +285,20 @@ def test_a_mixed_group_standing_still_takes_no_dump_per_tick_after_the_first() -
     span = ticks[-1] - ticks[still_from]
     assert len(still) <= 1 + span / MIXED_STILL_REFRESH_S, dumps_at
     assert len(still) < (len(ticks) - still_from) / 4
+
+
+def test_without_a_dump_of_every_entry_nothing_is_capped() -> None:
+    """A probe that can take no dump of every entry (none given, not torch's) cannot settle lone ops: it
+    reports them at their age, as before the policy, rather than hide a really pending one for good."""
+    rec = _Recorder(_pipeline(0, 30, hang_at=20))  # the lone send at 5 s, behind 19 unsettled members
+    probe = Probe(2.0, "/nonexistent/probe.sock", dump_fn=rec.active, status_fn=rec.status)
+    probe._identity = {"rank": 0, "local_rank": 0, "world_size": 2, "job_id": "j", "pid": 1}
+    ages = []
+    for tick in (5.5, 7.5, 9.5):
+        rec.at = T0_NS + int(tick * 1e9)
+        raw = probe.snapshot(now=T0_NS / 1e9 + tick)
+        assert raw is not None
+        [pg] = msgspec.msgpack.decode(raw, type=FrHeads).pgs
+        ages += [round(f.age_s, 3) for f in pg.in_flight if f.p2p and f.seq == 20]
+    assert ages == [0.5, 2.5, 4.5]
+    assert rec.every_calls == 0
