@@ -118,6 +118,16 @@ class ByteView:
             return self.front[lo:hi]
         return self._pread(hi - lo, lo)
 
+    def span(self, lo: int, hi: int) -> tuple[bytes, int, int]:
+        """Bytes ``[lo, hi)`` as ``(data, start, end)``: a range of what was read when it holds them (no
+        copy: :class:`~sentinel.fr.safepickle.PartsReader` frames it for the unpickler), else read now."""
+        if hi <= len(self.front):
+            return self.front, lo, hi
+        start_back = self.size - len(self.back)
+        if lo >= start_back:
+            return self.back, lo - start_back, hi - start_back
+        return bytes(self.get(lo, hi)), 0, hi - lo
+
     def through(self, hi: int) -> bytes:
         """The first ``hi`` bytes, and maybe more (read once: a search over them runs in place)."""
         have = len(self.front)
@@ -191,7 +201,7 @@ def _decode_recent(view: ByteView, keep: int) -> Recent | None:
     tail_start = marks.from_back(keep)
     if head_end is None or tail_start is None or tail_start - head_end < end - tail_start:
         return None  # the skipped middle would be smaller than the tail: a full decode costs as much
-    head_reader = plain_unpickler(b"".join((view.get(0, head_end), b"eu.")))
+    head_reader = plain_unpickler([view.span(0, head_end), (b"eu.", 0, 3)])
     top = head_reader.load()
     head = top.get("entries") if isinstance(top, dict) else None
     if not isinstance(head, list) or len(head) != HEAD:
@@ -199,9 +209,9 @@ def _decode_recent(view: ByteView, keep: int) -> Recent | None:
     memo_source = head_reader
     decoded_end = head_end
     step = HEAD
-    tail_bytes = view.get(tail_start, end)
+    tail_bytes = view.span(tail_start, end)
     while True:
-        tail_reader = plain_unpickler(b"".join((b"\x80\x02](", tail_bytes, b"e.")))
+        tail_reader = plain_unpickler([(b"\x80\x02](", 0, 4), tail_bytes, (b"e.", 0, 2)])
         # hand over the memo as the proxy: CPython 3.11 drops the values when a plain dict is assigned
         tail_reader.memo = memo_source.memo
         try:

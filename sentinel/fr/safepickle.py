@@ -82,9 +82,78 @@ class MemoryReader:
         return self.read(-1 if newline < 0 else newline + 1 - self._pos)
 
 
-def plain_unpickler(data: bytes) -> _PlainUnpickler:
-    """A no-globals unpickler reading ``data`` through a :class:`MemoryReader`."""
-    reader: Any = MemoryReader(data)  # the C unpickler takes any buffer; typeshed only says bytes
+class PartsReader:
+    """:class:`MemoryReader` over several byte ranges read in a row, as if joined, without the copy that
+    would join them: the newest-entries decode (:mod:`sentinel.fr.recent`) frames ~110 KiB of a
+    16,384-rank dump's front, and ~20 KiB of its back, with a few opcodes of its own, which a
+    ``b"".join`` copied (and allocated) per dump. Each part is ``(data, start, end)``.
+
+    ``peek`` hands the unpickler what is left of the current part (a view, no copy); it asks again, or
+    reads, when that is not enough. A read across parts joins only the bytes it returns. Every method
+    stays within the ranges given.
+    """
+
+    __slots__ = ("_i", "_parts", "_pos")
+
+    def __init__(self, parts: list[tuple[bytes, int, int]]) -> None:
+        self._parts = [(data, start, end) for data, start, end in parts if end > start]
+        self._i = 0
+        self._pos = self._parts[0][1] if self._parts else 0
+
+    def _current(self) -> tuple[bytes, int, int] | None:
+        """The part being read, with the read position moved past parts already read; None at the end."""
+        while self._i < len(self._parts):
+            data, _, end = self._parts[self._i]
+            if self._pos < end:
+                return data, self._pos, end
+            self._i += 1
+            if self._i < len(self._parts):
+                self._pos = self._parts[self._i][1]
+        return None
+
+    def peek(self, _size: int = 0) -> memoryview:
+        cur = self._current()
+        return memoryview(cur[0])[cur[1] : cur[2]] if cur is not None else memoryview(b"")
+
+    def read(self, size: int = -1) -> memoryview:
+        cur = self._current()
+        if cur is not None and 0 <= size <= cur[2] - cur[1]:  # within one part (the usual case)
+            self._pos += size
+            return memoryview(cur[0])[cur[1] : cur[1] + size]
+        pieces = []
+        left = size
+        while (size < 0 or left > 0) and (cur := self._current()) is not None:
+            data, pos, end = cur
+            take = end - pos if size < 0 else min(left, end - pos)
+            pieces.append(memoryview(data)[pos : pos + take])
+            self._pos += take
+            left -= take
+        return memoryview(b"".join(pieces))
+
+    def readinto(self, buffer: Any) -> int:
+        target = memoryview(buffer).cast("B")
+        chunk = self.read(len(target))
+        target[: len(chunk)] = chunk
+        return len(chunk)
+
+    def readline(self) -> memoryview:
+        pieces = []
+        while (cur := self._current()) is not None:
+            data, pos, end = cur
+            newline = data.find(b"\n", pos, end)
+            stop = end if newline < 0 else newline + 1
+            pieces.append(memoryview(data)[pos:stop])
+            self._pos = stop
+            if newline >= 0:
+                break
+        return pieces[0] if len(pieces) == 1 else memoryview(b"".join(pieces))
+
+
+def plain_unpickler(data: bytes | list[tuple[bytes, int, int]]) -> _PlainUnpickler:
+    """A no-globals unpickler reading ``data`` through a :class:`MemoryReader`, or the byte ranges of a
+    list through a :class:`PartsReader`."""
+    # the C unpickler takes any buffer; typeshed only says bytes
+    reader: Any = PartsReader(data) if isinstance(data, list) else MemoryReader(data)
     return _PlainUnpickler(reader)
 
 

@@ -8,6 +8,7 @@ import io
 import os
 import pickle
 import random
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 from sentinel.fr.dumpset import analyze_dir, limited_address_space
 from sentinel.fr.errors import FrFormatError
 from sentinel.fr.loader import decode, gunzip_bounded, load_dump, parse_dump
-from sentinel.fr.safepickle import MemoryReader, loads_plain
+from sentinel.fr.safepickle import MemoryReader, PartsReader, loads_plain, plain_unpickler
 from sentinel.fr.summary import summarize
 from tests.fr.conftest import corpus_folders
 
@@ -175,6 +176,71 @@ def test_memory_reader_reads_as_a_file_does(data: bytes, calls: list[tuple[str, 
             a, b = bytearray(max(n, 0)), bytearray(max(n, 0))
             assert ours.readinto(a) == ref.readinto(b)
             assert a == b
+
+
+def _cut(data: bytes, cuts: list[int], pad: int) -> list[tuple[bytes, int, int]]:
+    """``data`` as ranges of padded copies (each range within bytes that hold more on both sides)."""
+    bounds = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
+    return [(b"#" * pad + data[a:b] + b"#" * pad, pad, pad + b - a) for a, b in pairwise(bounds)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.binary(max_size=300),
+    st.lists(st.integers(0, 300), max_size=6),
+    st.integers(0, 3),
+    st.lists(st.tuples(st.sampled_from("prli"), st.integers(-1, 64)), max_size=20),
+)
+def test_parts_reader_reads_as_a_file_over_the_joined_bytes_does(
+    data: bytes, cuts: list[int], pad: int, calls: list[tuple[str, int]]
+) -> None:
+    """read/readline/readinto give what a file over the joined ranges gives, never a byte outside them;
+    peek gives what follows (at least a byte, unless all was read)."""
+    ours, ref = PartsReader(_cut(data, cuts, pad)), io.BytesIO(data)
+    for call, n in calls:
+        if call == "p":
+            got = bytes(ours.peek(n))
+            rest = data[ref.tell() :]
+            assert rest.startswith(got) and (got or not rest)
+        elif call == "r":
+            assert bytes(ours.read(n)) == ref.read(n)
+        elif call == "l":
+            assert bytes(ours.readline()) == ref.readline()
+        else:
+            a, b = bytearray(max(n, 0)), bytearray(max(n, 0))
+            assert ours.readinto(a) == ref.readinto(b)
+            assert a == b
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=8) | st.binary(max_size=8),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=6),
+        max_leaves=30,
+    ),
+    st.sampled_from([0, 2, 4, 5]),
+    st.lists(st.integers(0, 400), max_size=6),
+    st.integers(0, 400),
+)
+def test_the_unpickler_reads_parts_as_the_joined_bytes(
+    obj: object, protocol: int, cuts: list[int], cut: int
+) -> None:
+    """Through :class:`PartsReader`, the no-globals unpickler decodes ranges cut anywhere (text opcodes
+    and protocol 4-5 frames included) as it decodes the joined bytes, and a truncated pickle fails in
+    both the same way."""
+    raw = pickle.dumps(obj, protocol=protocol)
+    data = raw if protocol >= 2 else b"\x80\x02" + raw
+    for whole in (data, data[:cut]):
+        try:
+            want: object = plain_unpickler(whole).load()
+        except Exception as exc:
+            want = type(exc)
+        try:
+            got: object = plain_unpickler(_cut(whole, cuts, 2)).load()
+        except Exception as exc:
+            got = type(exc)
+        assert got == want
 
 
 def test_real_pickle_and_gzip_load(tmp_path: Path) -> None:
