@@ -620,11 +620,12 @@ def _p2p_waits(groups: dict[str, Group]) -> list[Wait]:
     logs: dict[tuple[int, str], list[tuple[int, int]]] = {}
     member_of: dict[int, list[Group]] = {}  # rank -> the groups its dump has a track in, in groups' order
     for g in groups.values():
-        pend = {
-            r: sorted((p for p in t.pending if p.p2p and p.peer >= 0), key=lambda p: (p.seq, p.t_ns))
-            for r, t in g.tracks.items()
-        }
-        pend = {r: ps for r, ps in pend.items() if ps}
+        pend: dict[int, list[Pending]] = {}
+        for r, t in g.tracks.items():
+            if t.pending:  # (most tracks hold nothing pending: no sort, no generator for them)
+                ps = sorted((p for p in t.pending if p.p2p and p.peer >= 0), key=lambda p: (p.seq, p.t_ns))
+                if ps:
+                    pend[r] = ps
         if not pend:
             continue
         if not member_of:  # once, and only for dumps with pending p2p ops
