@@ -38,20 +38,15 @@ FULL_DUMP_MIN_INTERVAL_S = 30.0
 MAX_LONE_CHECKED = 4096
 
 # The dump policy for the send/recv the probe cannot settle from active entries alone (Probe._settle_due).
-# The aggregator's stuck detector counts a rank's send/recv wait only once that rank has itself reported it
-# aged at least OBSERVED_WAIT_FRACTION x min_wait_s (sentinel.aggregator.detectors.stuck, defaults 0.5 x 4 s
-# = 2 s: tests/fr/test_live_policy.py checks these copies against it), and then only once it is min_wait_s
-# (4 s) old with the aggregator's extrapolation, or, for a stall of send/recv alone, max(min_wait_s, 2
-# steps). So a lone op that may be the member of a completed one-op batch is harmless while it is
-# reported younger than 2 s, whatever the aggregator adds to its age between heads.
-#: the age (s) below which every unconfirmed lone send/recv is reported (DETECTOR_OWN_WAIT_S less a margin
-#: for float rounding): the detector can never count one, so none is named stuck before it is settled
-DETECTOR_OWN_WAIT_S = 2.0
-UNCONFIRMED_AGE_CAP_S = 0.95 * DETECTOR_OWN_WAIT_S
-#: one dump of every entry settles all unconfirmed lone ops at once, when the oldest is DETECTOR_OWN_WAIT_S
-#: old (its next report would be counted) and at most once per SETTLE_MIN_GAP_S (1.5 ticks of 2 s: every
-#: other tick in a pipeline that posts one-op batches all the time, <= 20 a minute however late the ticks;
-#: see Probe._settle_due for what that does to a really stuck op)
+# The probe says what it knows: such an op is reported at its true age with ``unconfirmed=True`` until a
+# dump of every entry confirms it, and the aggregator's stuck detector (which owns its thresholds) counts no
+# wait from it before then. When to take that dump is the probe's own latency choice:
+#: a dump of every entry settles all unconfirmed lone ops at once when the oldest is this old (s): lone ops
+#: of their own that complete sooner never cost one, and a really stuck op is confirmed by the first tick
+#: where it is this old or the next one (Probe._settle_due says what that costs it)
+SETTLE_AFTER_S = 2.0
+#: and at most once per SETTLE_MIN_GAP_S (1.5 ticks of 2 s: every other tick in a pipeline that posts
+#: one-op batches all the time, <= 20 a minute however late the ticks)
 SETTLE_MIN_GAP_S = 3.0
 #: an op that dump shows without a closing entry is confirmed as one of its own only when it is this old
 #: (a dump taken between a batch's member and its endCoalescing, microseconds apart, confirms nothing)
@@ -217,7 +212,7 @@ class Probe:
             heads = self._reduce(data, now)
             self._settle(now, every=every_fn is not None)
             self._remember_mixed(data.get("pg_status"), heads, now)
-        heads = self._with_unconfirmed_capped(heads)
+        heads = self._with_unconfirmed_marked(heads)
         heads = msgspec.structs.replace(heads, steps=self.steps.recent())
         return encode_capped(self._with_observed_waits(heads, now))
 
@@ -250,23 +245,29 @@ class Probe:
 
         The member of a completed batch of one reads exactly like a lone op still pending in an
         ``onlyActive`` snapshot (:class:`sentinel.fr.reduce.BatchMemory`); a dump of every entry holds its
-        closing entry. Until then such an op is reported at most UNCONFIRMED_AGE_CAP_S old
-        (:meth:`_with_unconfirmed_capped`), below the DETECTOR_OWN_WAIT_S the stuck detector needs a rank to
-        report, so it can never be named stuck. The dump is taken when the oldest unconfirmed op is
-        DETECTOR_OWN_WAIT_S old — its next report would be counted — and no dump of every entry was taken in
-        the last SETTLE_MIN_GAP_S; it settles them all (one dump, not one per op).
+        closing entry. Until then such an op is reported at its age marked ``unconfirmed``
+        (:meth:`_with_unconfirmed_marked`), and the stuck detector counts no wait from it, whatever its
+        config. The dump is taken when the oldest unconfirmed op is SETTLE_AFTER_S old and no dump of every
+        entry was taken in the last SETTLE_MIN_GAP_S; it settles them all (one dump, not one per op).
 
-        What it costs in time. A really pending lone op is reported at its true age at every tick from the
-        one where it is DETECTOR_OWN_WAIT_S old, as when every tick settled it, except when that tick comes
-        less than SETTLE_MIN_GAP_S after the last such dump: the op was then created in the first (tick
-        jitter) moments after that dump, since ticks are 2 s apart, and is capped for one tick; the detector
-        would have counted it only once it reached min_wait_s (4 s) with the aggregator's extrapolation, so
-        it is counted at the next tick instead, later by at most that jitter. An op first listed at
-        DETECTOR_OWN_WAIT_S or older (its group's dumps skipped while its status stood still) is capped until
-        the next tick. Bound: one dump of every entry per SETTLE_MIN_GAP_S (<= 20 a minute; 15 on time)."""
+        Why SETTLE_AFTER_S = 2 s. Lone ops of their own that complete sooner (p2p that is merely busy)
+        leave the active entries before it and never cost a dump; in a pipeline that posts one-op batches
+        all the time a lower value would not take more dumps (SETTLE_MIN_GAP_S bounds them) but a higher one
+        would take fewer. At the detector's defaults a rank's own report of a wait counts from 2 s
+        (OBSERVED_WAIT_FRACTION x min_wait_s = 0.5 x 4 s): an op confirmed by the tick where it is first
+        2 s old is counted exactly when it would be if every tick read every entry.
+
+        What it costs a really stuck op. It is confirmed at the tick where it is first SETTLE_AFTER_S old
+        (2-4 s with ticks every 2 s), except when that tick comes less than SETTLE_MIN_GAP_S after the last
+        such dump (it was created in the first, tick-jitter, moments after that dump): then at the next
+        tick. A detector configured to count it sooner (min_wait_s below 4 s) counts it from that heads:
+        at most one settle gap later than if every tick read every entry; at the defaults, not later. An op
+        first listed at SETTLE_AFTER_S or older (its group's dumps skipped while its status stood still) is
+        confirmed at that tick or the next. Bound: one dump of every entry per SETTLE_MIN_GAP_S (<= 20 a
+        minute; 15 on time)."""
         if not self._unconfirmed or now - self._last_settle < SETTLE_MIN_GAP_S:
             return False
-        return now - min(self._unconfirmed.values()) >= DETECTOR_OWN_WAIT_S
+        return now - min(self._unconfirmed.values()) >= SETTLE_AFTER_S
 
     def _settle(self, now: float, *, every: bool) -> None:
         """After a reduction with entries: the lone ops it left unsettled are confirmed as ops of their own
@@ -288,21 +289,21 @@ class Probe:
             if batch not in confirmed
         }
 
-    def _with_unconfirmed_capped(self, heads: Any) -> Any:
-        """Unconfirmed lone send/recv reported at most UNCONFIRMED_AGE_CAP_S old (see :meth:`_settle_due`);
-        where no dump of every entry exists they stay at their age (nothing could settle them)."""
+    def _with_unconfirmed_marked(self, heads: Any) -> Any:
+        """Unconfirmed lone send/recv marked ``unconfirmed`` at their age (see :meth:`_settle_due`); where no
+        dump of every entry exists they are not marked (nothing could confirm them: marked, a really pending
+        op would never be counted)."""
         import msgspec
 
         if not self._unconfirmed or self._every_fn() is None:
             return heads
-        cap = UNCONFIRMED_AGE_CAP_S
         unconfirmed = self._unconfirmed
         pgs = []
         for pg in heads.pgs:
-            if any(f.p2p and f.age_s > cap and (pg.pg_name, f.seq) in unconfirmed for f in pg.in_flight):
+            if any(f.p2p and (pg.pg_name, f.seq) in unconfirmed for f in pg.in_flight):
                 flights = [
-                    msgspec.structs.replace(f, age_s=cap)
-                    if f.p2p and f.age_s > cap and (pg.pg_name, f.seq) in unconfirmed
+                    msgspec.structs.replace(f, unconfirmed=True)
+                    if f.p2p and (pg.pg_name, f.seq) in unconfirmed
                     else f
                     for f in pg.in_flight
                 ]

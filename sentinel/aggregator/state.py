@@ -736,7 +736,13 @@ def same_progress(old: FrHeads, new: FrHeads) -> bool:
         ):
             return False
         for x, y in zip(a.in_flight, b.in_flight, strict=True):
-            if x.seq != y.seq or x.op != y.op or x.state != y.state or x.p2p != y.p2p:
+            if (
+                x.seq != y.seq
+                or x.op != y.op
+                or x.state != y.state
+                or x.p2p != y.p2p
+                or x.unconfirmed != y.unconfirmed  # confirmed: it may count as a wait now
+            ):
                 return False
     return True
 

@@ -156,7 +156,9 @@ def job_detail(engine: Engine, job: JobView, now: float) -> dict[str, Any]:
                         "enqueued": pg.last_enqueued_seq,
                         "completed": pg.last_completed_seq,
                         "in_flight": [
-                            {"seq": f.seq, "op": f.op, "age_s": round(f.age_s, 2)} for f in pg.in_flight
+                            {"seq": f.seq, "op": f.op, "age_s": round(f.age_s, 2)}
+                            | ({"unconfirmed": True} if f.unconfirmed else {})  # not yet known pending
+                            for f in pg.in_flight
                         ],
                     }
                 )

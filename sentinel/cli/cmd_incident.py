@@ -134,9 +134,11 @@ def _describe(entry: dict[str, Any]) -> str:
         )
     if kind == "heads":
         pgs = data.get("pgs") or []
-        flights = sum(len(pg.get("in_flight") or []) for pg in pgs if isinstance(pg, dict))
+        listed = [f for pg in pgs if isinstance(pg, dict) for f in pg.get("in_flight") or []]
+        unconfirmed = sum(1 for f in listed if isinstance(f, dict) and f.get("unconfirmed"))
         done = [pg.get("last_completed_seq") for pg in pgs if isinstance(pg, dict)]
-        return f"heads rank {data.get('rank')} completed {done} in flight {flights}"
+        tail = f" ({unconfirmed} unconfirmed)" if unconfirmed else ""
+        return f"heads rank {data.get('rank')} completed {done} in flight {len(listed)}{tail}"
     if kind == "procs":
         return f"procs {json.dumps(data)[:160]}"
     return json.dumps(data)[:160]

@@ -33,13 +33,19 @@ Name = Annotated[str, msgspec.Meta(max_length=512)]
 
 
 class InFlight(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """One collective (or p2p op) this rank has enqueued but not completed."""
+    """One collective (or p2p op) this rank has enqueued but not completed.
+
+    ``unconfirmed``: a lone scheduled send/recv that may instead be the member of a one-op batch that
+    already completed (an ``onlyActive`` snapshot lists both alike; ``sentinel.probe`` says which once a
+    dump of every entry confirmed it). Its age is its true age; the stuck detector counts no wait from it
+    until a later heads reports it confirmed (its thresholds are the aggregator's, not the probe's)."""
 
     seq: int
     op: Name
     age_s: float
     state: Name = "scheduled"  # scheduled | started
     p2p: bool = False
+    unconfirmed: bool = False
 
 
 class PgHead(msgspec.Struct, frozen=True, kw_only=True, gc=False):

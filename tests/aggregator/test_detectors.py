@@ -910,11 +910,16 @@ def test_a_recv_entered_mid_stall_moves_the_blame_once_it_is_old_enough() -> Non
 
 
 def _feed_p2p(
-    f: Fleet, t: float, ops: dict[int, tuple[str, float]], completed: int = 12, silent: Collection[int] = ()
+    f: Fleet,
+    t: float,
+    ops: dict[int, tuple[str, float]],
+    completed: int = 12,
+    silent: Collection[int] = (),
+    unconfirmed: Collection[int] = (),
 ) -> None:
     """16 ranks in the world group; rank r has the pending p2p op ``ops[r]`` = (profiling name, age) or none;
-    ``silent`` ranks send no heads. The world group holds every rank, so the group-local peers in the names
-    are the global ranks."""
+    ``silent`` ranks send no heads; ``unconfirmed`` ranks' ops are reported unconfirmed. The world group
+    holds every rank, so the group-local peers in the names are the global ranks."""
     out: dict[str, list[FrHeads]] = {"h0": [], "h1": []}
     for r in range(16):
         if r in silent:
@@ -922,7 +927,9 @@ def _feed_p2p(
         world = pg("world", completed)
         if r in ops:
             name, age = ops[r]
-            flight = InFlight(seq=30 + r, op=name, age_s=age, state="started", p2p=True)
+            flight = InFlight(
+                seq=30 + r, op=name, age_s=age, state="started", p2p=True, unconfirmed=r in unconfirmed
+            )
             world = msgspec.structs.replace(world, in_flight=[flight])
         host = "h0" if r < 8 else "h1"
         out[host].append(heads(r, t, [world], host, r % 8))
@@ -937,6 +944,44 @@ def _pipeline_stall(f: Fleet, t: float, age: float) -> None:
     ops = {r: (f"nccl:recv {r}<-{r - 1}", age) for r in range(10, 16)}
     ops.update({r: (f"nccl:recv {r}<-{r + 1}", age) for r in range(9)})
     _feed_p2p(f, t, ops)
+
+
+def test_unconfirmed_send_recv_are_no_waits_until_confirmed() -> None:
+    """The pipeline stall below with every op reported unconfirmed (each may be a completed one-op batch's
+    member): no verdict however old, at no min_wait_s; the first heads that report them confirmed are
+    counted at once. The probe's ages carry no capping for the detector's thresholds any more."""
+    f = Fleet()
+    for t in (0.0, 2.0):
+        _feed_p2p(f, t, {}, completed=10 + int(t))
+        f.engine.tick(t)
+    everyone = range(16)
+    for t in (4.0, 6.0, 8.0, 10.0, 30.0):
+        ops = {r: (f"nccl:recv {r}<-{r - 1}", t - 3.0) for r in range(10, 16)}
+        ops.update({r: (f"nccl:recv {r}<-{r + 1}", t - 3.0) for r in range(9)})
+        _feed_p2p(f, t, ops, unconfirmed=everyone)
+        f.engine.tick(t)
+        assert _stuck(f) == []
+    _pipeline_stall(f, 32.0, 29.0)
+    f.engine.tick(32.0)
+    assert [(r, why) for r, why, _ in _stuck(f)] == [(9, "not_entered_collective")]
+
+
+def test_an_unconfirmed_counterpart_is_not_blamed_as_never_posted() -> None:
+    """Rank 10 is blocked in its recv from rank 9, whose send to it is reported unconfirmed: it may be
+    pending (a transfer that does not complete), so rank 9 is not named for never posting it; confirmed, the
+    stall is judged as a posted pair (no culprit among the ranks either)."""
+    f = Fleet()
+    for t in (0.0, 2.0):
+        _feed_p2p(f, t, {}, completed=10 + int(t))
+        f.engine.tick(t)
+    for t in (4.0, 6.0, 8.0, 10.0, 12.0):
+        ops = {10: ("nccl:recv 10<-9", t - 3.0), 9: ("nccl:send 9->10", t - 3.5)}
+        _feed_p2p(f, t, ops, unconfirmed={9})
+        f.engine.tick(t)
+        assert _stuck(f) == []
+        _feed_p2p(f, t, ops)  # the same confirmed
+        f.engine.tick(t)
+        assert _stuck(f) == []
 
 
 def test_every_rank_blocked_in_send_recv_names_the_stage_that_never_sent() -> None:

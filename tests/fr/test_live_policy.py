@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,10 +23,9 @@ import pytest
 
 from sentinel.fr.heads import FrHeads
 from sentinel.probe import (
-    DETECTOR_OWN_WAIT_S,
+    CONFIRM_LONE_AFTER_S,
     MIXED_STILL_REFRESH_S,
     SETTLE_MIN_GAP_S,
-    UNCONFIRMED_AGE_CAP_S,
     Probe,
 )
 from tests.fr.test_live_batches import T0_NS, _entry
@@ -146,28 +146,47 @@ class _Run:
 
 
 def _run(
-    ticks: list[float], *, hang_at: int | None = None, reference: bool = False, engine_every: float = 0.0
+    ticks: list[float],
+    *,
+    hang_at: int | None = None,
+    reference: bool = False,
+    engine_every: float = 0.0,
+    min_wait_s: float | None = None,
+    steps: int | None = None,
+    phase: float = 0.0,
 ) -> _Run:
-    """Both ranks' probes at ``ticks`` (s after T0) over a job of enough steps to outlast them; with
-    ``engine_every``, the engine also ticks that often between them (it extrapolates the heads' ages)."""
+    """Both ranks' probes at ``ticks`` (s after T0; rank 1's ``phase`` s later) over a job of ``steps``
+    steps (default: enough to outlast them); with ``engine_every``, the engine also ticks that often
+    between them (it extrapolates the heads' ages); ``min_wait_s``: the aggregator's
+    ``detect.stuck.min_wait_s`` (default its default)."""
     from sentinel.aggregator.engine import Engine
+    from sentinel.config.aggregator import AggregatorConfig, DetectConfig, StuckConfig
     from sentinel.wire import Batch
     from tests.aggregator.helpers import hello, sample
 
-    steps = int(ticks[-1] / STEP_S) + 2
+    if steps is None:
+        steps = int((ticks[-1] + phase) / STEP_S) + 2
     recorders = {r: _Recorder(_pipeline(r, steps, hang_at=hang_at)) for r in (0, 1)}
     probes = {r: _probe(r, rec, reference=reference) for r, rec in recorders.items()}
-    engine = Engine()
+    config = None
+    if min_wait_s is not None:
+        config = AggregatorConfig(detect=DetectConfig(stuck=StuckConfig(min_wait_s=min_wait_s)))
+    engine = Engine(config)
     t0 = T0_NS / 1e9
     host = engine.hello(hello("h0", 2), t0)
     run = _Run(recorders, [], {}, {}, [])
-    for i, tick in enumerate(ticks):
+    moments: dict[float, list[int]] = {}  # when -> the ranks whose probes tick then
+    for tick in ticks:
+        for r in (0, 1):
+            moments.setdefault(tick + (phase if r else 0.0), []).append(r)
+    times = sorted(moments)
+    for i, tick in enumerate(times):
         t = t0 + tick
         before = sum(rec.active_calls + rec.every_calls for rec in recorders.values())
         heads = []
-        for r, probe in sorted(probes.items()):
+        for r in moments[tick]:
             recorders[r].at = T0_NS + int(tick * 1e9)
-            raw = probe.snapshot(now=t)
+            raw = probes[r].snapshot(now=t)
             assert raw is not None
             heads.append(msgspec.structs.replace(msgspec.msgpack.decode(raw, type=FrHeads), gpu=r))
         run.heads.append(heads)
@@ -175,7 +194,7 @@ def _run(
             sum(rec.active_calls + rec.every_calls for rec in recorders.values()) - before
         )
         engine.ingest(host, Batch(seq=i, t=t, samples=[sample(g, t) for g in range(2)], heads=heads), t)
-        later = ticks[i + 1] if i + 1 < len(ticks) else tick + 2.0
+        later = times[i + 1] if i + 1 < len(times) else tick + 2.0
         at = tick
         while True:
             engine.tick(t0 + at)
@@ -196,22 +215,12 @@ def _grid(seconds: float, jitter: list[float] | None = None) -> list[float]:
     return [1.0 + 2.0 * i + late[i % len(late)] for i in range(n)]
 
 
-def test_the_probe_copies_the_stuck_detectors_thresholds() -> None:
-    """The probe's settle rule rests on the detector's defaults (the wait a rank must report itself)."""
-    from sentinel.aggregator.detectors.stuck import OBSERVED_WAIT_FRACTION
-    from sentinel.config.aggregator import StuckConfig
-
-    assert OBSERVED_WAIT_FRACTION * StuckConfig().min_wait_s == DETECTOR_OWN_WAIT_S
-    assert UNCONFIRMED_AGE_CAP_S < DETECTOR_OWN_WAIT_S
-    assert 2.0 < SETTLE_MIN_GAP_S < 4.0  # between one and two ticks: every other tick when on time
-
-
 @pytest.mark.parametrize("jitter", [[0.0], [0.0, 0.004, 0.3, 0.001, 0.15], [0.2, 0.0]])
 def test_a_pipeline_of_one_op_batches_takes_a_bounded_number_of_dumps(jitter: list[float]) -> None:
     """Two minutes of a running pipeline (every tick sees new one-op batches completed since the last, and
     their members left behind): at most one dump with entries per rank and tick, at most one of every entry
-    per SETTLE_MIN_GAP_S, no stuck verdict, and no lone op reported DETECTOR_OWN_WAIT_S old before a dump
-    of every entry settled it. Main took both dumps at every tick (120 s: 60 + 60 per rank)."""
+    per SETTLE_MIN_GAP_S, no stuck verdict, and every member left behind reported unconfirmed until a dump
+    of every entry settles it. Main took both dumps at every tick (120 s: 60 + 60 per rank)."""
     ticks = _grid(120.0, jitter)
     run = _run(ticks)
     assert run.opened == {}
@@ -226,7 +235,7 @@ def test_a_pipeline_of_one_op_batches_takes_a_bounded_number_of_dumps(jitter: li
         for h in heads:
             for pg in h.pgs:
                 for f in pg.in_flight:
-                    assert not f.p2p or f.age_s < DETECTOR_OWN_WAIT_S, (h.rank, f)
+                    assert not f.p2p or f.unconfirmed or f.age_s < CONFIRM_LONE_AFTER_S, (h.rank, f)
                 # the all_reduce of each step is seen: the group's collectives read where they are
                 assert pg.last_completed_seq >= int((h.t - T0_NS / 1e9) / STEP_S) - 9
 
@@ -257,6 +266,55 @@ def test_a_really_stuck_send_is_named_at_the_same_time_with_the_same_details(
     assert every <= 1 + math.floor((ticks[-1] - ticks[0]) / SETTLE_MIN_GAP_S)
 
 
+@pytest.mark.parametrize("min_wait_s", [2.0, 1.0])
+@pytest.mark.parametrize("phase", [0.0, 0.3, 1.0, 1.7])
+@pytest.mark.parametrize("paused", [False, True])
+@pytest.mark.parametrize("jitter", [[0.0], [0.0, 0.004, 0.3, 0.001, 0.15]])
+def test_completed_one_op_batches_are_named_stuck_at_no_min_wait(
+    min_wait_s: float, phase: float, paused: bool, jitter: list[float]
+) -> None:
+    """A site that sets ``detect.stuck.min_wait_s`` below the default: the pipeline of one-op batches runs
+    60 s (or pauses for a checkpoint at 20 s), rank 1's probe ticking ``phase`` s after rank 0's, the
+    engine every 0.25 s. The members left behind are reported at their age, unconfirmed, and the detector
+    counts none: no stuck verdict. Main capped them to 1.9 s for the default 4 s, so the detector with
+    2 s (own report >= 1 s) or 1 s counted them: rank 0's unsettled send whose counterpart rank 1 had
+    settled named rank 1 (or 0) ``not_entered_collective``, at 1 s also while the pipeline ran."""
+    ticks = _grid(60.0, jitter)
+    run = _run(ticks, engine_every=0.25, min_wait_s=min_wait_s, phase=phase, steps=80 if paused else None)
+    assert run.opened == {}
+    marked = [f for heads in run.heads for h in heads for pg in h.pgs for f in pg.in_flight if f.unconfirmed]
+    assert marked  # (the members were there, reported unconfirmed)
+    assert max(f.age_s for f in marked) > 1.9  # at their age: main capped them to 1.9 s
+
+
+@pytest.mark.parametrize("min_wait_s", [2.0, 1.0])
+@pytest.mark.parametrize("phase", [0.0, 1.0])
+@pytest.mark.parametrize("jitter", [[0.0], [0.0, 0.004, 0.3, 0.001, 0.15]])
+@pytest.mark.parametrize("hang_tick", [0.01, 1.0, 1.99, 2.2])
+def test_a_really_stuck_send_is_named_at_a_lower_min_wait_within_a_settle_gap(
+    min_wait_s: float, phase: float, jitter: list[float], hang_tick: float
+) -> None:
+    """The stuck send of the test above with ``detect.stuck.min_wait_s`` below the default and rank 1's
+    probe ``phase`` s behind: it is named (rank 1, with the same evidence as by a probe that reads every
+    entry at every tick), at most SETTLE_MIN_GAP_S later than by that probe (its wait counts only once a
+    dump of every entry confirmed it), and never later than at the default config."""
+    hang_step = int((21.0 + hang_tick) / STEP_S) + 1
+    ticks = _grid(60.0, jitter)
+    kw: dict[str, Any] = {"hang_at": hang_step, "engine_every": 0.25, "phase": phase}
+    ref = _run(ticks, reference=True, min_wait_s=min_wait_s, **kw)
+    run = _run(ticks, min_wait_s=min_wait_s, **kw)
+    default = _run(ticks, **kw)
+    key = (1, "not_entered_collective")
+    assert list(ref.opened) == list(run.opened) == list(default.opened) == [key], (ref.opened, run.opened)
+    assert ref.opened[key] <= run.opened[key] <= ref.opened[key] + SETTLE_MIN_GAP_S
+    assert run.opened[key] <= default.opened[key]
+
+    def text(lines: list[str]) -> list[str]:  # (the lines say how long it had waited when it opened)
+        return [re.sub(r"\d+\.\ds", "_s", line) for line in lines]
+
+    assert text(run.evidence[key]) == text(ref.evidence[key])
+
+
 def test_a_mixed_group_standing_still_takes_no_dump_per_tick_after_the_first() -> None:
     """The pipeline stops (a checkpoint) at 10 s with nothing pending: each rank's status stands still.
     Once a dump shows it idle (its one-op batches settled), the probe keeps those heads and reads the status
@@ -278,7 +336,7 @@ def test_a_mixed_group_standing_still_takes_no_dump_per_tick_after_the_first() -
             [pg] = heads.pgs
             if i >= still_from:
                 assert (pg.last_enqueued_seq, pg.last_completed_seq) == (steps_until, steps_until)
-                assert all(f.age_s < DETECTOR_OWN_WAIT_S for f in pg.in_flight if f.p2p)
+                assert all(f.unconfirmed for f in pg.in_flight if f.p2p)
         if recorders[0].active_calls + recorders[0].every_calls > before:
             dumps_at.append(i)
     still = [i for i in dumps_at if i > still_from]
@@ -287,9 +345,10 @@ def test_a_mixed_group_standing_still_takes_no_dump_per_tick_after_the_first() -
     assert len(still) < (len(ticks) - still_from) / 4
 
 
-def test_without_a_dump_of_every_entry_nothing_is_capped() -> None:
+def test_without_a_dump_of_every_entry_nothing_is_unconfirmed() -> None:
     """A probe that can take no dump of every entry (none given, not torch's) cannot settle lone ops: it
-    reports them at their age, as before the policy, rather than hide a really pending one for good."""
+    reports them at their age and confirmed, as before the policy, rather than hide a really pending one
+    from the detector for good."""
     rec = _Recorder(_pipeline(0, 30, hang_at=20))  # the lone send at 5 s, behind 19 unsettled members
     probe = Probe(2.0, "/nonexistent/probe.sock", dump_fn=rec.active, status_fn=rec.status)
     probe._identity = {"rank": 0, "local_rank": 0, "world_size": 2, "job_id": "j", "pid": 1}
@@ -300,5 +359,6 @@ def test_without_a_dump_of_every_entry_nothing_is_capped() -> None:
         assert raw is not None
         [pg] = msgspec.msgpack.decode(raw, type=FrHeads).pgs
         ages += [round(f.age_s, 3) for f in pg.in_flight if f.p2p and f.seq == 20]
+        assert not any(f.unconfirmed for f in pg.in_flight)
     assert ages == [0.5, 2.5, 4.5]
     assert rec.every_calls == 0

@@ -151,6 +151,9 @@ class _Rank:
     waits: list[tuple[str, int, str, float]]  # (pg, seq, op, age now)
     p2p: list[tuple[str, int, str, float, int, bool]] = field(default_factory=list)
     # (pg, p2p seq, op, age now, global peer, is a send) of each pending send/recv with a known peer
+    unconfirmed: list[tuple[str, int, str, float, int, bool]] = field(default_factory=list)
+    # the same of each one the probe reported unconfirmed (maybe a completed one-op batch's member): never
+    # a wait; only counted as a counterpart its peer may have been sent (_p2p_edges)
 
 
 class StuckDetector(Detector):
@@ -459,19 +462,24 @@ def examine_steps(job: JobView, cfg: StuckConfig, now: float) -> Steps[Examinati
         pgs: dict[str, PgHead] = {}
         waits: list[tuple[str, int, str, float]] = []
         p2p: list[tuple[str, int, str, float, int, bool]] = []
+        unconfirmed: list[tuple[str, int, str, float, int, bool]] = []
         for pg in heads.pgs:
             pgs[pg.pg_name] = pg
             for flight in pg.in_flight:
                 if flight.p2p:
                     # a send/recv's seq is its p2p_seq_id, not a collective's: read as a collective wait
                     # it made every rank "missing" from a collective nobody reached; it is an edge to its
-                    # peer instead (below)
+                    # peer instead (below). One the probe could not yet confirm as pending (the member of a
+                    # completed one-op batch reads alike) is no wait at all, whatever its age: counted, a
+                    # site's lower min_wait_s named a completed batch stuck
                     peer = _p2p_peer(pg, flight.op, ordered)
                     if peer is not None:
-                        p2p.append((pg.pg_name, flight.seq, flight.op, flight.age_s + offset, *peer))
+                        flights = unconfirmed if flight.unconfirmed else p2p
+                        flights.append((pg.pg_name, flight.seq, flight.op, flight.age_s + offset, *peer))
                     continue
-                waits.append((pg.pg_name, flight.seq, flight.op, flight.age_s + offset))
-        ranks[view.rank] = _Rank(view, fresh, offset, pgs, waits, p2p)
+                if not flight.unconfirmed:  # (the probe marks only send/recv)
+                    waits.append((pg.pg_name, flight.seq, flight.op, flight.age_s + offset))
+        ranks[view.rank] = _Rank(view, fresh, offset, pgs, waits, p2p, unconfirmed)
     if not ranks:
         return None
     # (the first wait of each rank suffices: one job, one backend; stops at the first gloo one)
@@ -730,6 +738,10 @@ def _blame(
             text += "; it is itself inside a send/recv its peer did post (a transfer that does not complete)"
         elif known.waits:
             text += "; it is itself inside a collective"
+        elif known.unconfirmed:
+            text += (
+                "; it is itself in no collective, nor in a send/recv confirmed pending (idle or computing)"
+            )
         else:
             text += "; it is itself in no send/recv nor collective (idle or computing)"
     return "not_entered_collective", _fixed(text)
@@ -760,7 +772,9 @@ def _p2p_edges(ranks: Mapping[int, _Rank], cfg: StuckConfig, now: float) -> list
     posted no counterpart toward it (matched by count over the pending ops, as in the dump analysis) and is
     not itself blocked in a collective: an idle or gone peer (it never sent), or one blocked in a send/recv
     (a pipeline chain). A peer inside a collective gets no edge: heads hold no history to tell its
-    counterpart from a transfer its batch still holds open, and its own wait carries the chain."""
+    counterpart from a transfer its batch still holds open, and its own wait carries the chain. The peer's
+    unconfirmed send/recv count as counterparts posted: one may be pending (blamed for never posting it, the
+    peer would be named falsely), and while it is unconfirmed it only withholds this edge."""
     edges: list[Wait] = []
     for rank, info in ranks.items():
         if not info.fresh:
@@ -772,7 +786,12 @@ def _p2p_edges(ranks: Mapping[int, _Rank], cfg: StuckConfig, now: float) -> list
             k = seen[(pg_name, peer, send)] = seen.get((pg_name, peer, send), 0) + 1
             other = ranks.get(peer)
             if other is not None and other.fresh:
-                posted = sum(1 for f in other.p2p if f[0] == pg_name and f[4] == rank and f[5] != send)
+                posted = sum(
+                    1
+                    for flights in (other.p2p, other.unconfirmed)
+                    for f in flights
+                    if f[0] == pg_name and f[4] == rank and f[5] != send
+                )
                 if posted >= k or other.waits:
                     continue
             edges.append(

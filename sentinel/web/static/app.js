@@ -535,7 +535,8 @@ function describeEntry(e) {
       num(d.power_w, " W"), num(d.sm_clock_mhz, " MHz"), (d.throttle ?? []).join(",")].filter(Boolean).join(" ");
   } else if (type === "heads") {
     const pgs = (d.pgs ?? []).map((pg) => {
-      const inflight = (pg.in_flight ?? []).map((f) => `${f.op}#${f.seq}`).join(",");
+      // "?": an unconfirmed send/recv (maybe a completed one-op batch's member; never counted as a wait)
+      const inflight = (pg.in_flight ?? []).map((f) => `${f.op}#${f.seq}${f.unconfirmed ? "?" : ""}`).join(",");
       return `${pg.pg_name} done ${pg.last_completed_seq}` + (inflight ? ` in ${inflight}` : "");
     });
     what = `rank ${d.rank}: ${pgs.join("; ")}`;
