@@ -961,9 +961,37 @@ def test_unconfirmed_send_recv_are_no_waits_until_confirmed() -> None:
         _feed_p2p(f, t, ops, unconfirmed=everyone)
         f.engine.tick(t)
         assert _stuck(f) == []
+    assert _shown_flights(f, 30.0) == [
+        {"seq": 30 + r, "op": ops[r][0], "age_s": 27.0, "unconfirmed": True} for r in sorted(ops)
+    ]
     _pipeline_stall(f, 32.0, 29.0)
     f.engine.tick(32.0)
     assert [(r, why) for r, why, _ in _stuck(f)] == [(9, "not_entered_collective")]
+    assert _shown_flights(f, 32.0)[0] == {"seq": 30, "op": "nccl:recv 0<-1", "age_s": 29.0}
+
+
+def _shown_flights(f: Fleet, now: float) -> list[dict[str, object]]:
+    """The in-flight ops the job view (API, status page) shows, every rank's in order."""
+    from sentinel.aggregator.views import job_detail
+
+    detail = job_detail(f.engine, f.engine.fleet.jobs["j"], now)
+    return [flight for rank in detail["rank_list"] for pg in rank["pgs"] for flight in pg["in_flight"]]
+
+
+def test_the_incident_cli_counts_unconfirmed_flights() -> None:
+    """An incident's heads line says how many of the flights are unconfirmed (nothing when none is)."""
+    from sentinel.cli.cmd_incident import _describe
+
+    send = {"seq": 7, "op": "nccl:send 0->1", "age_s": 2.5, "p2p": True}
+    pgs = [{"last_completed_seq": 4, "in_flight": [send, send | {"unconfirmed": True}]}]
+    assert _describe({"type": "heads", "data": {"rank": 0, "pgs": pgs}}) == (
+        "heads rank 0 completed [4] in flight 2 (1 unconfirmed)"
+    )
+    pgs[0]["in_flight"] = [send]
+    assert (
+        _describe({"type": "heads", "data": {"rank": 0, "pgs": pgs}})
+        == "heads rank 0 completed [4] in flight 1"
+    )
 
 
 def test_an_unconfirmed_counterpart_is_not_blamed_as_never_posted() -> None:

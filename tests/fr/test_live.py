@@ -98,6 +98,40 @@ def test_encode_capped_trims_in_flight() -> None:
     assert len(encode_capped(heads)) <= MAX_DATAGRAM
 
 
+def test_heads_from_before_the_unconfirmed_field_decode_unchanged() -> None:
+    """A probe older than ``InFlight.unconfirmed`` sends flights without it: they decode confirmed (its
+    ages were capped, or true where nothing could confirm them); the new field round-trips."""
+    old = {
+        "rank": 3,
+        "t": NOW,
+        "pgs": [
+            {"pg_name": "0", "in_flight": [{"seq": 7, "op": "nccl:send 0->1", "age_s": 1.9, "p2p": True}]}
+        ],
+    }
+    [flight] = msgspec.msgpack.decode(msgspec.msgpack.encode(old), type=FrHeads).pgs[0].in_flight
+    assert flight == InFlight(seq=7, op="nccl:send 0->1", age_s=1.9, p2p=True)
+    assert flight.unconfirmed is False
+    marked = msgspec.structs.replace(flight, unconfirmed=True)
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(marked), type=InFlight) == marked
+
+
+def test_a_confirmation_is_progress_to_the_stuck_detector() -> None:
+    """The same heads with a flight confirmed are not the same progress: the stall is examined again at
+    once instead of being kept as examined while the op counted as no wait."""
+    from sentinel.aggregator.state import same_progress
+
+    flight = InFlight(seq=7, op="nccl:send 0->1", age_s=2.5, p2p=True, unconfirmed=True)
+    before = FrHeads(rank=0, t=NOW, pgs=[PgHead(pg_name="0", in_flight=[flight])])
+    older = msgspec.structs.replace(before, t=NOW - 2.0)
+    confirmed = FrHeads(
+        rank=0,
+        t=NOW,
+        pgs=[PgHead(pg_name="0", in_flight=[msgspec.structs.replace(flight, unconfirmed=False)])],
+    )
+    assert same_progress(older, before)
+    assert not same_progress(before, confirmed)
+
+
 def test_trigger_writes_into_fifos(tmp_path: Path) -> None:
     prefix = str(tmp_path / "dump_pipe_")
     os.mkfifo(f"{prefix}0.pipe")
