@@ -259,12 +259,13 @@ class Probe:
 
         What it costs a really stuck op. It is confirmed at the tick where it is first SETTLE_AFTER_S old
         (2-4 s with ticks every 2 s), except when that tick comes less than SETTLE_MIN_GAP_S after the last
-        such dump (it was created in the first, tick-jitter, moments after that dump): then at the next
-        tick. A detector configured to count it sooner (min_wait_s below 4 s) counts it from that heads:
-        at most one settle gap later than if every tick read every entry; at the defaults, not later. An op
-        first listed at SETTLE_AFTER_S or older (its group's dumps skipped while its status stood still) is
-        confirmed at that tick or the next. Bound: one dump of every entry per SETTLE_MIN_GAP_S (<= 20 a
-        minute; 15 on time)."""
+        such dump (the op was created around that dump: too young for it to confirm, or just after it):
+        then at the next tick. A detector configured to count it sooner (min_wait_s below 4 s) counts it
+        from that heads: at most one tick later than if every tick read every entry, whose first countable
+        report of it comes at the tick before at the earliest (within SETTLE_MIN_GAP_S while ticks are late
+        by under a second); at the defaults, not later. An op first listed at SETTLE_AFTER_S or older (its
+        group's dumps skipped while its status stood still) is confirmed at that tick or the next. Bound:
+        one dump of every entry per SETTLE_MIN_GAP_S (<= 20 a minute; 15 on time)."""
         if not self._unconfirmed or now - self._last_settle < SETTLE_MIN_GAP_S:
             return False
         return now - min(self._unconfirmed.values()) >= SETTLE_AFTER_S
@@ -298,19 +299,17 @@ class Probe:
         if not self._unconfirmed or self._every_fn() is None:
             return heads
         unconfirmed = self._unconfirmed
+        replace = msgspec.structs.replace
         pgs = []
         for pg in heads.pgs:
-            if any(f.p2p and (pg.pg_name, f.seq) in unconfirmed for f in pg.in_flight):
-                flights = [
-                    msgspec.structs.replace(f, unconfirmed=True)
-                    if f.p2p and (pg.pg_name, f.seq) in unconfirmed
-                    else f
-                    for f in pg.in_flight
-                ]
-                pgs.append(msgspec.structs.replace(pg, in_flight=flights))
-            else:
-                pgs.append(pg)
-        return msgspec.structs.replace(heads, pgs=pgs)
+            name = pg.pg_name
+            flights = [
+                replace(f, unconfirmed=True) if f.p2p and (name, f.seq) in unconfirmed else f
+                for f in pg.in_flight
+            ]
+            changed = any(a is not b for a, b in zip(flights, pg.in_flight, strict=True))
+            pgs.append(replace(pg, in_flight=flights) if changed else pg)
+        return replace(heads, pgs=pgs)
 
     def _remember_mixed(self, status: Any, heads: Any, now: float) -> None:
         """The status and heads of each group whose counters mix and that had nothing in flight, as a dump

@@ -124,7 +124,15 @@ pg_heads = st.builds(
     last_enqueued_seq=seqs,
     last_completed_seq=seqs,
     in_flight=st.lists(
-        st.builds(InFlight, seq=seqs, op=st.text(max_size=5), age_s=floats, p2p=st.booleans()), max_size=2
+        st.builds(
+            InFlight,
+            seq=seqs,
+            op=st.text(max_size=5),
+            age_s=floats,
+            p2p=st.booleans(),
+            unconfirmed=st.booleans(),
+        ),
+        max_size=2,
     ),
 )
 heads = st.builds(
