@@ -164,10 +164,20 @@ def test_strings_longer_than_the_unpickler_prefetch_decode_whole() -> None:
 )
 def test_memory_reader_reads_as_a_file_does(data: bytes, calls: list[tuple[str, int]]) -> None:
     """peek/read/readline/readinto give what a file over the same bytes gives (peek may give more)."""
-    ours, ref = MemoryReader(data), io.BytesIO(data)
+    _reads_as_a_file(MemoryReader(data), data, calls, whole_peek=True)
+
+
+def _reads_as_a_file(
+    ours: MemoryReader | PartsReader, data: bytes, calls: list[tuple[str, int]], *, whole_peek: bool
+) -> None:
+    """Each call on ``ours`` gives what the same call on a file over ``data`` gives; ``peek`` gives all that
+    follows (``whole_peek``) or a start of it (at least a byte, unless all was read)."""
+    ref = io.BytesIO(data)
     for call, n in calls:
         if call == "p":
-            assert bytes(ours.peek(n)) == data[ref.tell() :]
+            got = bytes(ours.peek(n))
+            rest = data[ref.tell() :]
+            assert got == rest if whole_peek else rest.startswith(got) and (got or not rest)
         elif call == "r":
             assert bytes(ours.read(n)) == ref.read(n)
         elif call == "l":
@@ -196,20 +206,7 @@ def test_parts_reader_reads_as_a_file_over_the_joined_bytes_does(
 ) -> None:
     """read/readline/readinto give what a file over the joined ranges gives, never a byte outside them;
     peek gives what follows (at least a byte, unless all was read)."""
-    ours, ref = PartsReader(_cut(data, cuts, pad)), io.BytesIO(data)
-    for call, n in calls:
-        if call == "p":
-            got = bytes(ours.peek(n))
-            rest = data[ref.tell() :]
-            assert rest.startswith(got) and (got or not rest)
-        elif call == "r":
-            assert bytes(ours.read(n)) == ref.read(n)
-        elif call == "l":
-            assert bytes(ours.readline()) == ref.readline()
-        else:
-            a, b = bytearray(max(n, 0)), bytearray(max(n, 0))
-            assert ours.readinto(a) == ref.readinto(b)
-            assert a == b
+    _reads_as_a_file(PartsReader(_cut(data, cuts, pad)), data, calls, whole_peek=False)
 
 
 @settings(max_examples=150, deadline=None)
