@@ -18,6 +18,7 @@ from sentinel.aggregator.state import HostView, JobView
 from sentinel.aggregator.store import BuiltinsHolder, StateStore
 from sentinel.aggregator.verdicts import Finding, VerdictBook
 from sentinel.components.clocks.record import ClockViolations
+from sentinel.components.vocab import Action, VerdictKind
 from sentinel.components.xid.parse import xid_record
 from sentinel.fr.heads import FrHeads, InFlight, PgHead
 from sentinel.fr.ops import is_send, p2p_peer
@@ -192,17 +193,18 @@ def test_xid_79_names_a_lost_gpus_verdict_whatever_the_arrival_order(order: str)
     def lost(t: float) -> GpuStateChanged:
         return GpuStateChanged(t=t, gpu=5, state="lost", previous="ok")
 
-    arrivals: dict[float, tuple[list[XidOccurred | GpuStateChanged], bool]] = {
+    # order -> {time: (events arriving then, whether the GPU reads lost from then on)}
+    schedules: dict[str, dict[float, tuple[list[XidOccurred | GpuStateChanged], bool]]] = {
         "lost_first": {1.0: ([lost(1.0)], True), 3.0: ([xid], True)},
         "xid_first": {1.0: ([xid], False), 2.0: ([lost(2.0)], True)},
         "same_batch": {1.0: ([lost(1.0), xid], True)},
-    }[order]
-    lost = False
+    }
+    arrivals = schedules[order]
+    is_lost = False
     for step in range(1, 9):
         t = float(step)
-        events, now_lost = arrivals.get(t, ([], lost))
-        lost = now_lost
-        f.send("h0", t, samples=_lost(t, 5) if lost else None, events=events)
+        events, is_lost = arrivals.get(t, ([], is_lost))
+        f.send("h0", t, samples=_lost(t, 5) if is_lost else None, events=events)
         f.engine.tick(t)
         assert all(v.reason == "xid_79" for v in f.engine.book.by_id.values()), (t, f.open())
     assert f.open() == [("faulty", "h0", 5, "xid_79")]
@@ -614,7 +616,9 @@ def test_host_silent_opens_after_the_threshold_and_closes_when_heard_again() -> 
 # -- the book -------------------------------------------------------------------------------------------
 
 
-def finding(kind: str, reason: str, action: str = "none", evidence: tuple[str, ...] = ("e",)) -> Finding:
+def finding(
+    kind: VerdictKind, reason: str, action: Action = "none", evidence: tuple[str, ...] = ("e",)
+) -> Finding:
     return Finding(
         key=("k",), detector="d", kind=kind, reason=reason, action=action, evidence=evidence, evidence_t=0.0
     )
