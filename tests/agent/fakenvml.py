@@ -429,6 +429,7 @@ class FakeNvml:
                 if isinstance(answer, int) and not isinstance(answer, bool) and answer < 0:
                     value.nvmlReturn = -answer  # an error code for this value only
                     continue
+                assert isinstance(answer, tuple)  # a non-negative bare int is no answer
                 kind, number = answer
                 value.nvmlReturn, value.valueType = SUCCESS, kind
                 if kind == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG:

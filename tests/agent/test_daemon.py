@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from tests.support import REPO
 
@@ -65,7 +66,7 @@ token_file = ""
                 "3,1,1,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus.\n"
             )
         deadline = time.monotonic() + 20
-        entries: list[dict[str, object]] = []
+        entries: list[dict[str, Any]] = []  # the snapshot's JSON
         while time.monotonic() < deadline:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/snapshot", timeout=5) as r:
                 entries = json.loads(r.read())["entries"]

@@ -11,7 +11,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sentinel.agent import jobs
 from sentinel.agent.jobs import JobMapper, job_from_environ
 
 
@@ -73,7 +72,7 @@ def test_a_process_in_disk_sleep_is_reported_blocked_in_io(
     def status(self: psutil.Process) -> str:
         return psutil.STATUS_DISK_SLEEP if self.pid == ranks[1].pid else real_status(self)
 
-    monkeypatch.setattr(jobs.psutil.Process, "status", status)
+    monkeypatch.setattr(psutil.Process, "status", status)
     by_pid = {p.pid: p for p in JobMapper().map({0: [ranks[0].pid], 1: [ranks[1].pid]})}
     assert by_pid[ranks[1].pid].blocked_io and not by_pid[ranks[0].pid].blocked_io
 
@@ -121,7 +120,7 @@ def test_vanished_and_denied_processes_are_counted_not_fatal(
             raise psutil.AccessDenied(self.pid)
         return real_environ(self)
 
-    monkeypatch.setattr(jobs.psutil.Process, "environ", denied)
+    monkeypatch.setattr(psutil.Process, "environ", denied)
     result = mapper.map({0: [dead.pid, ranks[0].pid], 1: [ranks[1].pid]})
     by_pid = {p.pid: p for p in result}
     assert by_pid[dead.pid].job_id is None
@@ -158,7 +157,7 @@ def test_denied_environ_falls_back_to_the_slurm_cgroup_and_listpids(
             raise psutil.AccessDenied(self.pid)
         return real_environ(self)
 
-    monkeypatch.setattr(jobs.psutil.Process, "environ", denied)
+    monkeypatch.setattr(psutil.Process, "environ", denied)
     by_pid = {p.pid: p for p in JobMapper(proc_root=tmp_path, listpids=lambda: listing).map({1: [pid]})}
     # not a child of slurmstepd: listpids' task ids are its launcher's, so only the job is taken from it
     # (tests/slurm/test_slurm_e2e.py checks a real task's global rank from a real scontrol listpids)

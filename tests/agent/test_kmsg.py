@@ -69,7 +69,7 @@ def test_reader_survives_overrun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
             raise BrokenPipeError(errno.EPIPE, "Broken pipe")
         return real_read(fd, n)
 
-    monkeypatch.setattr(kmsg.os, "read", flaky_read)
+    monkeypatch.setattr(os, "read", flaky_read)
     assert [r.message for r in reader.poll(1.0)] == ["after the overrun"]
     assert reader.overruns == 1
     reader.close()
@@ -86,7 +86,7 @@ def test_reader_survives_permission_denied(tmp_path: Path, monkeypatch: pytest.M
             raise PermissionError(errno.EACCES, "Permission denied", p)
         return real_open(p, flags, *args)
 
-    monkeypatch.setattr(kmsg.os, "open", guarded_open)
+    monkeypatch.setattr(os, "open", guarded_open)
     reader = KmsgReader(str(path))
     assert reader.poll(0.0) == []
     assert reader.poll(1.0) == []  # no retry storm: it waits before opening again

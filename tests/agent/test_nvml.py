@@ -164,7 +164,7 @@ async def test_xid_events_through_the_event_set(fake_nvml: FakeNvml, tmp_path: P
     await agent.step(1.0)
     fake_nvml.push_xid(1, 79)
     fake_nvml.push_xid(0, 13)
-    events = []
+    events: list[XidOccurred] = []
     deadline = time.monotonic() + 5
     while len(events) < 2 and time.monotonic() < deadline:
         batch = await agent.step()

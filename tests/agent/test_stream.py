@@ -106,7 +106,7 @@ def stream_config(tmp_path: Path, port: int, **extra: object) -> object:
         "backoff_max_s": 0.2,
         **extra,
     }
-    collect = {"tick_s": 0.05, "slow_tick_s": 0.2, "xid_merge_wait_s": 0.1}
+    collect: dict[str, object] = {"tick_s": 0.05, "slow_tick_s": 0.2, "xid_merge_wait_s": 0.1}
     return make_config(tmp_path, stream=stream, collect=collect)
 
 

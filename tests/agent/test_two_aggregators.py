@@ -96,16 +96,17 @@ async def test_two_aggregators_reach_the_same_verdicts_and_the_spool_serves_the_
         await wait_until(lambda: a.open() == second)
         await wait_until(lambda: agent.counters.aggregators.get(b.url) is False)
         assert agent.counters.connected  # the host's data still reaches an aggregator
-        assert agent.spool is not None
-        missed = agent.spool.seqs(b.url)
-        await wait_until(lambda: len(agent.spool.seqs(b.url)) >= len(missed) + 5)  # type: ignore[union-attr]
-        assert len(agent.spool.seqs(a.url)) <= config.stream.max_inflight  # A acks as it goes
-        assert agent.spool.seqs(b.url)[0] == missed[0]  # nothing B has not acked was dropped
+        spool = agent.spool  # set once, in Agent.__init__
+        assert spool is not None
+        missed = spool.seqs(b.url)
+        await wait_until(lambda: len(spool.seqs(b.url)) >= len(missed) + 5)
+        assert len(spool.seqs(a.url)) <= config.stream.max_inflight  # A acks as it goes
+        assert spool.seqs(b.url)[0] == missed[0]  # nothing B has not acked was dropped
 
         await b.start()  # same port, same state directory: restored, then sent its backlog
         assert b.open() == first  # restored from its state store before any agent spoke
         await wait_until(lambda: b.open() == second)
-        await wait_until(lambda: len(agent.spool.seqs(b.url)) <= config.stream.max_inflight)
+        await wait_until(lambda: len(spool.seqs(b.url)) <= config.stream.max_inflight)
         backlog = b.aggregator.engine.fleet.hosts["host-test"]
         assert backlog.batches >= len(missed)
         assert backlog.duplicates == 0  # the backlog was what B missed, nothing it already had

@@ -22,9 +22,10 @@ from tests.aggregator.helpers import TOKEN, agent, batch, hello, running_aggrega
 
 def reported_drops(running: object, host: str, what: str) -> float | None:
     registry = running.aggregator.metrics.registry  # type: ignore[attr-defined]
-    return registry.get_sample_value(
+    value: float | None = registry.get_sample_value(
         "sentinel_agent_reported_drops_total", {"cluster": "default", "host": host, "what": what}
     )
+    return value
 
 
 async def test_batch_drops_are_counted_per_host_and_logged(tmp_path: Path) -> None:

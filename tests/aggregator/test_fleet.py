@@ -12,7 +12,7 @@ from aiohttp import web
 from sentinel.components.xid.parse import xid_record
 from sentinel.config.aggregator import AggregatorConfig
 from sentinel.fleet import create_fleet_app, merge_verdicts
-from sentinel.wire import XidOccurred
+from sentinel.wire import Event, XidOccurred
 from tests.aggregator.helpers import agent, batch, running_aggregator, wait_until
 from tests.aggregator.procs import free_port
 
@@ -28,7 +28,7 @@ async def test_fleet_api_merges_clusters_folds_ha_copies_and_names_the_missing(t
         a = await stack.enter_async_context(running_aggregator(tmp_path / "a", _config("c1")))
         b = await stack.enter_async_context(running_aggregator(tmp_path / "b", _config("c1")))
         c = await stack.enter_async_context(running_aggregator(tmp_path / "c", _config("c2")))
-        xid = [XidOccurred(t=1.0, gpu=2, record=xid_record(79))]
+        xid: list[Event] = [XidOccurred(t=1.0, gpu=2, record=xid_record(79))]
         for running in (a, b):  # an agent streaming to both of c1's aggregators
             async with agent(running, "c1-node-1") as conn:
                 await conn.send(batch(1, 1.0, events=xid))

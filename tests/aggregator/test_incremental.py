@@ -9,6 +9,7 @@ tick, the long-lived detector with a fresh one that has nothing cached.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 from unittest.mock import patch
 
 from hypothesis import HealthCheck, event, given, settings
@@ -248,7 +249,10 @@ def test_kept_host_facts_give_the_findings_of_facts_rebuilt(
         got = kept.evaluate(seen)
         fresh = InventoryDetector(AggregatorConfig()).evaluate(seen)
         assert got is not None and fresh is not None
-        strip = lambda fs: sorted((f.key, f.kind, f.reason, f.action, f.evidence, f.host, f.gpu) for f in fs)  # noqa: E731
+
+        def strip(fs: list[Finding]) -> list[tuple[Any, ...]]:
+            return sorted((f.key, f.kind, f.reason, f.action, f.evidence, f.host, f.gpu) for f in fs)
+
         assert strip(got.findings) == strip(fresh.findings), tick
 
 

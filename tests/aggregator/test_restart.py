@@ -111,7 +111,7 @@ async def test_kill_9_in_the_middle_of_a_stream_of_faults_loses_at_most_the_last
             await ws.send_bytes(encode(hello("h0", gpus=8)))
             for seq in range(1, 60):
                 t = t0 + seq * 0.05
-                events = (
+                events: list[Event] = (
                     [XidOccurred(t=t, gpu=seq % 8, record=xid_record(79))] if seq % 8 == 0 or seq < 8 else []
                 )
                 if seq % 8 == 7:

@@ -32,7 +32,11 @@ JOB = "big"
 def _heads(rank: int, t: float, stalled_since: float | None) -> FrHeads:
     """Rank ``rank`` at ``t``: 10 steps done; from ``stalled_since`` every rank but HUNG waits in seq 11."""
     waiting = stalled_since is not None and rank != HUNG
-    flight = [InFlight(seq=11, op="allreduce", age_s=t - stalled_since, state="started")] if waiting else []
+    flight = (
+        [InFlight(seq=11, op="allreduce", age_s=t - stalled_since, state="started")]
+        if stalled_since is not None and waiting
+        else []
+    )
     assert stalled_since is None or t >= stalled_since
     return FrHeads(
         rank=rank,

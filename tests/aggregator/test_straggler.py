@@ -227,10 +227,10 @@ def test_the_clock_skew_is_exported_per_host() -> None:
     rate = registry.get_sample_value("sentinel_host_clock_rate", {"cluster": "default", "host": "h3"})
     assert rate == pytest.approx(2.0, abs=0.01)
     assert registry.get_sample_value("sentinel_host_clock_rate", {"cluster": "default", "host": "h0"}) == 1.0
-    assert (
-        registry.get_sample_value("sentinel_host_clock_offset_seconds", {"cluster": "default", "host": "h3"})
-        > 0
+    offset = registry.get_sample_value(
+        "sentinel_host_clock_offset_seconds", {"cluster": "default", "host": "h3"}
     )
+    assert offset is not None and offset > 0
 
 
 def _restart(job: Job, state_dir: Path | None, now: float) -> None:

@@ -305,7 +305,8 @@ async def test_a_ping_flood_is_answered_once_per_read_and_does_not_hold_off_the_
             pings = [f"ping {i}".encode() for i in range(2000)]
             writer.write(b"".join(client_frame(OP_PING, p) for p in pings))  # 26 kB in one write
             writer.write(client_frame(OP_BINARY, encode(batch(0, time.time()))))
-            pongs, acks = [], []
+            pongs: list[bytes] = []
+            acks: list[object] = []
             while not (acks and pongs and pongs[-1] == pings[-1]):
                 opcode, got = await _server_frame(reader)
                 if opcode == OP_PONG:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from aiohttp import web
-from aiohttp.test_utils import TestClient
+from pytest_aiohttp import AiohttpClient
 
 from sentinel.components.vocab import VERDICT_KINDS
 from sentinel.config.aggregator import AggregatorConfig
@@ -13,10 +13,10 @@ from sentinel.web import ASSETS, DEFAULT_RUNBOOK_BASE, add_status_page
 from sentinel.web.runbooks import GENERAL_RUNBOOK, RUNBOOK_OF_KIND, RUNBOOK_OF_REASON_PREFIX, runbook_for
 
 
-async def test_status_page_routes(aiohttp_client: object) -> None:
+async def test_status_page_routes(aiohttp_client: AiohttpClient) -> None:
     app = web.Application()
     add_status_page(app)
-    client: TestClient = await aiohttp_client(app)  # type: ignore[operator]
+    client = await aiohttp_client(app)
     index = await client.get("/")
     assert index.status == 200
     assert index.content_type == "text/html"
@@ -59,12 +59,12 @@ def test_a_verdict_links_the_runbook_of_its_signal() -> None:
     assert runbook_for("nonsense", "never_heard_of_it") == GENERAL_RUNBOOK
 
 
-async def test_the_page_gets_the_configured_runbook_base(aiohttp_client: object) -> None:
+async def test_the_page_gets_the_configured_runbook_base(aiohttp_client: AiohttpClient) -> None:
     assert AggregatorConfig().server.runbook_base_url == DEFAULT_RUNBOOK_BASE
     base = 'https://docs.example/runbooks/"<x>/'
     app = web.Application()
     add_status_page(app, runbook_base=base)
-    client: TestClient = await aiohttp_client(app)  # type: ignore[operator]
+    client = await aiohttp_client(app)
     resp = await client.get("/ui/runbooks.json")
     assert resp.status == 200 and resp.content_type == "application/json"
     table = await resp.json()

@@ -61,8 +61,9 @@ def dump(rank: int, out: Path) -> None:
     import torch
 
     c10d = torch._C._distributed_c10d
-    (out / "pickle" / f"nccl_trace_rank_{rank}").write_bytes(c10d._dump_fr_trace())
-    (out / "json" / f"nccl_trace_rank_{rank}.json").write_bytes(c10d._dump_fr_trace_json())
+    # torch's _C stubs lack the recorder's dump bindings (they exist at run time)
+    (out / "pickle" / f"nccl_trace_rank_{rank}").write_bytes(c10d._dump_fr_trace())  # type: ignore[attr-defined]
+    (out / "json" / f"nccl_trace_rank_{rank}.json").write_bytes(c10d._dump_fr_trace_json())  # type: ignore[attr-defined]
     (out / f"dumped_{rank}").write_text("1")
 
 
@@ -118,6 +119,7 @@ def worker(rank: int, world: int, scenario: str, out: str, port: int, steps: int
     thread.start()
     mark_started(outdir, rank)
     seq = {"world": 0, "tp": 0, "dp": 0}
+    assert dist.group.WORLD is not None  # init_process_group ran
     names = {
         "world": dist.distributed_c10d._get_process_group_name(dist.group.WORLD),
         "tp": dist.distributed_c10d._get_process_group_name(tp),

@@ -125,7 +125,7 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], None], bool, str]] = [
 
 
 def _both(dump: Any) -> tuple[Any, Any]:
-    out = []
+    out: list[Any] = []
     for coerce in (False, True):
         try:
             out.append(summarize(dump, coerce=coerce).to_plain())

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +130,7 @@ def test_shared_references_are_read_once_each(tmp_path: Path) -> None:
 
 def test_symlinks_fifos_and_devices_are_refused_with_a_line(tmp_path: Path) -> None:
     write(tmp_path, 0, _steps("0", range(1, 4)))
-    cases = {
+    cases: dict[str, Callable[[Path], None]] = {
         "nccl_trace_rank_1": lambda p: p.symlink_to("/etc/hostname"),
         "nccl_trace_rank_2": lambda p: os.mkfifo(p),
         "nccl_trace_rank_3": lambda p: p.symlink_to("/dev/zero"),
@@ -341,7 +342,9 @@ def _dump_sets(draw: st.DrawFn) -> list[dict[str, Any]]:
                 break
             i = draw(st.integers(0, len(es) - 1))
             es[i][draw(_keys)] = draw(_field_values)
-        if es and draw(st.booleans()):  # another op: point-to-point ones, with peers or without, coalesced
+        if bool(es) and draw(
+            st.booleans()
+        ):  # another op: point-to-point ones, with peers or without, coalesced
             i = draw(st.integers(0, len(es) - 1))
             es[i]["profiling_name"] = draw(_op_names)
             es[i]["is_p2p"] = draw(st.sampled_from([None, True, False]))

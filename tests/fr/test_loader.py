@@ -45,10 +45,10 @@ def test_files_are_named_from_the_folder_as_given(tmp_path: Path) -> None:
                 discover(spelled)
     finally:
         os.chdir(cwd)
-    for spelled in (str(tmp_path) + "/", "/" + str(tmp_path) + "//", tmp_path):
-        name = str(PurePosixPath(spelled))
+    for spelling in (str(tmp_path) + "/", "/" + str(tmp_path) + "//", tmp_path):
+        name = str(PurePosixPath(spelling))
         with pytest.raises(FrFormatError) as info:
-            discover(spelled)
+            discover(spelling)
         assert str(info.value).startswith(f"{name}: rank 0 has two dumps (host0/")
     assert [f.path for f in discover(tmp_path / "host0")] == [str(tmp_path / "host0" / "nccl_trace_rank_0")]
 

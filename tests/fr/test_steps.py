@@ -68,7 +68,7 @@ def test_compute_is_measured_to_a_sample_and_a_waiting_peer_is_not_slow() -> Non
 
 def test_garbage_status_is_ignored() -> None:
     clock = StepClock()
-    clock.observe(0.0, {"0": {"last_completed_collective": "x"}, "1": "nonsense"})  # type: ignore[dict-item]
+    clock.observe(0.0, {"0": {"last_completed_collective": "x"}, "1": "nonsense"})
     clock.observe(0.1, {})
     assert clock.recent() == []
 

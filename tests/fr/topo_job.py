@@ -166,7 +166,9 @@ def _dumper(job: _Job) -> None:
             elif job.watch and time.monotonic() - job.progress > STALL_S:
                 trigger.write_text(f"watchdog on rank {job.rank}")
             continue
-        pickled, as_json = c10d._dump_fr_trace(), c10d._dump_fr_trace_json()
+        # torch's _C stubs lack the recorder's dump bindings (they exist at run time)
+        pickled = c10d._dump_fr_trace()  # type: ignore[attr-defined]
+        as_json = c10d._dump_fr_trace_json()  # type: ignore[attr-defined]
         job.write_log()  # the same instant as the dump: what completed before it
         (out / "pickle" / f"nccl_trace_rank_{job.rank}").write_bytes(pickled)
         (out / "json" / f"nccl_trace_rank_{job.rank}.json").write_bytes(as_json)
@@ -212,6 +214,7 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
             time.sleep(0.02)
         time.sleep(30)
 
+    assert dist.group.WORLD is not None  # init_process_group ran
     wname = name(dist.group.WORLD)
     meta = job.meta
     meta.update(world=world, groups={wname: ["default_pg", list(range(world))]})
@@ -256,12 +259,11 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
                     fact = {"culprit": culprit, "kind": never, "op": kind, "peer": peer}
                     (outdir / "expected.json").write_text(json.dumps(fact))
                     hang_forever()
-                job.p2p(
-                    p2p_n,
-                    [(kind, peer, [64])],
-                    lambda k=kind, q=peer: [post[k](torch.ones(64), q, **p2p_kw)],
-                    coalesced=False,
-                )
+
+                def post_one(k: str = kind, q: int = peer) -> list[Any]:
+                    return [post[k](torch.ones(64), q, **p2p_kw)]
+
+                job.p2p(p2p_n, [(kind, peer, [64])], post_one, coalesced=False)
             if width > 1:
                 job.coll(stage_n, "all_reduce", lambda: dist.all_reduce(torch.ones(256), group=stage_g))
             job.coll(wname, "all_reduce", lambda: dist.all_reduce(torch.ones(128)))
@@ -274,14 +276,13 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
                 (outdir / "expected.json").write_text(json.dumps(fact))
                 hang_forever()
             out_t, in_t = torch.ones(48), torch.empty(48)
-            job.p2p(
-                wname,
-                [("send", nxt, [48]), ("recv", prv, [48])],
-                lambda o=out_t, i=in_t: dist.batch_isend_irecv(
+
+            def ring(o: torch.Tensor = out_t, i: torch.Tensor = in_t) -> list[Any]:
+                return dist.batch_isend_irecv(
                     [dist.P2POp(dist.isend, o, nxt), dist.P2POp(dist.irecv, i, prv)]
-                ),
-                coalesced=True,
-            )
+                )
+
+            job.p2p(wname, [("send", nxt, [48]), ("recv", prv, [48])], ring, coalesced=True)
             job.coll(wname, "all_reduce", lambda: dist.all_reduce(torch.ones(128)))
     elif scenario == "mixed_hang":
         tp_g, tp_n = new_groups([[0, 1], [2, 3]], "tp")
@@ -291,22 +292,19 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
             job.coll(wname, "all_reduce", lambda: dist.all_reduce(torch.ones(512)))
             if rank == 0:
                 bufs = [torch.full((32,), float(p)) for p in range(1, world)]
-                job.p2p(
-                    wname,
-                    [("send", p, [32]) for p in range(1, world)],
-                    lambda bufs=bufs: dist.batch_isend_irecv(
-                        [dist.P2POp(dist.isend, b, p) for p, b in zip(range(1, world), bufs, strict=True)]
-                    ),
-                    coalesced=True,
-                )
+
+                def send_all(bufs: list[torch.Tensor] = bufs) -> list[Any]:
+                    ops = [dist.P2POp(dist.isend, b, p) for p, b in zip(range(1, world), bufs, strict=True)]
+                    return dist.batch_isend_irecv(ops)
+
+                job.p2p(wname, [("send", p, [32]) for p in range(1, world)], send_all, coalesced=True)
             else:
                 buf = torch.empty(32)
-                job.p2p(
-                    wname,
-                    [("recv", 0, [32])],
-                    lambda buf=buf: dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf, 0)]),
-                    coalesced=True,
-                )
+
+                def recv_one(buf: torch.Tensor = buf) -> list[Any]:
+                    return dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf, 0)])
+
+                job.p2p(wname, [("recv", 0, [32])], recv_one, coalesced=True)
             if rank == culprit and step == FAULT_STEP:
                 expect(tp_n, "all_reduce")
                 hang_forever()
@@ -334,9 +332,11 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
                 os._exit(0)  # leaves the loop and the process: no dump, connections close
             try:
                 job.coll(wname, "all_reduce", lambda: dist.all_reduce(torch.ones(256)))
-                job.coll(
-                    wname, "broadcast", lambda step=step: dist.broadcast(torch.ones(64), src=step % world)
-                )
+
+                def broadcast(step: int = step) -> object:
+                    return dist.broadcast(torch.ones(64), src=step % world)
+
+                job.coll(wname, "broadcast", broadcast)
             except RuntimeError:
                 hang_forever()
     elif scenario == "compute_stall_dp":

@@ -67,7 +67,8 @@ def _dump_pipe_watcher(rank: int) -> None:
         if not data:
             continue
         # without stack traces: symbolizing them takes seconds of CPU per rank (and holds the GIL)
-        blob = torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False)
+        # torch's _C stubs lack the recorder's dump binding (it exists at run time)
+        blob = torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False)  # type: ignore[attr-defined]
         tmp = out.with_name(f".{out.name}.tmp")
         tmp.write_bytes(blob)
         os.replace(tmp, out)

@@ -91,7 +91,7 @@ async def eventually(
 ) -> T:
     """Await ``probe()`` until it returns something truthy; fail with the last value after ``timeout``."""
     deadline = time.monotonic() + timeout
-    last: Any = None
+    last: T | None = None
     while True:
         last = await probe()
         if last:

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from sentinel.config.aggregator import AggregatorConfig
+from sentinel.wire import Event
 from tests.aggregator.helpers import agent, batch, kernel_xid, running_aggregator
 from tests.ops.rulefiles import RULE_FILES
 from tests.ops.stack import (
@@ -125,7 +126,7 @@ async def test_one_faulty_gpu_seen_by_two_aggregators_is_one_notification(tmp_pa
             stack.callback(process.stop)
         await asyncio.gather(*(p.start(session) for p in (*ams, *proms)))
 
-        xid = [kernel_xid(1.0, 3, 79)]
+        xid: list[Event] = [kernel_xid(1.0, 3, 79)]
         for running in (a, b):  # one agent, streaming to both aggregators of the pair
             async with agent(running, "node-17") as conn:
                 await conn.send(batch(1, 1.0, events=xid))

@@ -16,14 +16,13 @@ import pytest
 import yaml
 
 from tests.ops.rulefiles import (
-    REPO,
     RULE_FILES,
     RULE_TEST_FILES,
     RUNBOOKS_DIR,
     alerting_rules,
     load_yaml,
 )
-from tests.support import need_binary
+from tests.support import REPO, need_binary
 
 SEVERITIES = {"critical", "warning", "info"}
 RUNBOOK_SECTIONS = ("## What it means", "## How to confirm", "## What to do")

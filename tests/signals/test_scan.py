@@ -41,7 +41,7 @@ def _mixed_log(seed: int) -> list[str]:
 
 
 def _expected(lines: list[str]) -> list[tuple[int, str, str, int | None]]:
-    out = []
+    out: list[tuple[int, str, str, int | None]] = []
     for number, line in enumerate(lines, start=1):
         event = classify_line(line)
         if event is not None:

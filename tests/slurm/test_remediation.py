@@ -13,6 +13,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -20,6 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from sentinel.aggregator.remediation import Remediator, check_breaker, wants_drain
 from sentinel.aggregator.verdicts import Finding, Verdict, VerdictBook
+from sentinel.components.vocab import VerdictKind
 from sentinel.config.aggregator import BreakerConfig, RemediationConfig, RemediationRule, ResumeConfig
 from sentinel.slurm import SlurmNode
 from tests.slurm.cluster import SlurmCluster
@@ -93,7 +95,7 @@ def test_breaker_limits() -> None:
 
 
 def verdict(
-    book: VerdictBook, host: str, *, kind: str = "faulty", reason: str = "xid_79", gpu: int = 3
+    book: VerdictBook, host: str, *, kind: VerdictKind = "faulty", reason: str = "xid_79", gpu: int = 3
 ) -> Verdict:
     finding = Finding(
         key=("hw", host, str(gpu)),
@@ -349,7 +351,7 @@ async def test_two_aggregators_with_a_lease_act_once_and_the_follower_takes_over
     one follows; a clean stop hands the lease back at once."""
     clock = Clock()
     lease = tmp_path / "lease.json"
-    ha = {"lease_file": str(lease), "lease_s": 15.0, "command_timeout_s": 10.0}
+    ha: dict[str, Any] = {"lease_file": str(lease), "lease_s": 15.0, "command_timeout_s": 10.0}
     book_a, book_b = VerdictBook(), VerdictBook(id_prefix="w")
     a = remediator(idle_slurm, tmp_path / "a", book_a, clock=clock, lease_holder="agg-a", **ha)
     b = remediator(idle_slurm, tmp_path / "b", book_b, clock=clock, lease_holder="agg-b", **ha)

@@ -33,7 +33,7 @@ def _once(capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
 
 def test_same_host_same_values(fake_nvml: FakeNvml, capsys: pytest.CaptureFixture[str]) -> None:
     _like_the_xml(fake_nvml)
-    rows = compare(_once(capsys), XML)  # type: ignore[arg-type]
+    rows = compare(_once(capsys), XML)
     fields = {r.field for r in rows}
     assert {"uuid", "pci_bus", "vbios", "driver", "pcie_width", "temp_c", "mem_temp_c", "power_w"} <= fields
     assert {"clock_event.sw_power_cap", "clock_event.gpu_idle", "clock_violation_s.power"} <= fields
@@ -46,7 +46,7 @@ def test_a_wrong_reading_is_flagged(fake_nvml: FakeNvml, capsys: pytest.CaptureF
     fake_nvml.gpus[1].vbios = "96.00.74.00.01"
     fake_nvml.gpus[1].pcie_width = (8, 16)
     fake_nvml.gpus[0].power_mw = 300_000
-    rows = compare(_once(capsys), XML)  # type: ignore[arg-type]
+    rows = compare(_once(capsys), XML)
     flagged = {(r.gpu, r.field) for r in rows if r.differs}
     assert flagged == {(1, "vbios"), (1, "pcie_width"), (0, "power_w")}
     assert "DIFFERS" in render(rows)
@@ -59,7 +59,7 @@ def test_clock_event_reasons_and_violation_time_against_nvidia_smi(
     fake_nvml.gpus[0].reasons |= pynvml.nvmlClocksEventReasonHwThermalSlowdown  # sentinel says so, smi not
     fake_nvml.gpus[0].violations[0] = 200_000_000_000  # 200 s vs nvidia-smi's 91.4 s
     fake_nvml.gpus[0].violations[2] = 3_000_000_000  # 3 s vs 0: within what moves between the two reads
-    rows = {(r.gpu, r.field): r for r in compare(_once(capsys), XML)}  # type: ignore[arg-type]
+    rows = {(r.gpu, r.field): r for r in compare(_once(capsys), XML)}
     assert rows[(0, "clock_event.hw_thermal_slowdown")].differs
     assert (
         rows[(0, "clock_event.hw_thermal_slowdown")].sentinel,

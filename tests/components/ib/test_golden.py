@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,9 +26,9 @@ GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("SENTINEL_UPDATE_GOLDEN", "") == "1"
 
 
-def _once(root: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, object]]:
+def _once(root: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
     code = main(["agent", "once", "--json", "--sysfs-root", str(root)])
-    out = json.loads(capsys.readouterr().out)
+    out: dict[str, Any] = json.loads(capsys.readouterr().out)
     return code, out
 
 
@@ -51,7 +52,7 @@ def four_gpus(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
 def test_dgx_like_tree_matches_golden(four_gpus: FakeNvml, capsys: pytest.CaptureFixture[str]) -> None:
     code, out = _once(TREES / "dgx_like", capsys)
     assert code == 0
-    assert len(out["inventory"]) == 4  # type: ignore[arg-type]
+    assert len(out["inventory"]) == 4
     _check("dgx_like", {"ib_ports": out["ib_ports"], "errors": out["errors"]})
 
 
@@ -76,18 +77,18 @@ def test_changed_tree_and_damaged_files(
     dgx.set("mlx5_2", "counters/port_rcv_errors", "garbage")
     code, out = _once(dgx.root, capsys)
     assert code == 0
-    by = {p["device"]: p for p in out["ib_ports"]}  # type: ignore[union-attr]
+    by = {p["device"]: p for p in out["ib_ports"]}
     assert (by["mlx5_0"]["state"], by["mlx5_0"]["phys_state"]) == ("down", "disabled")
     assert by["mlx5_0"]["counters"]["link_downed"] == 2
     assert by["mlx5_1"]["rate_gbps"] == 200.0
     assert "port_rcv_errors" not in by["mlx5_2"]["counters"]
-    assert [e for e in out["errors"] if "port_rcv_errors" in e]  # type: ignore[union-attr]
+    assert [e for e in out["errors"] if "port_rcv_errors" in e]
 
 
 def test_no_source_readable_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out = _once(tmp_path, capsys)  # no NVML library here (nor in CI), no class/infiniband
-    if any(e.startswith("nvml: cannot initialise") for e in out["errors"]):  # type: ignore[union-attr]
+    if any(e.startswith("nvml: cannot initialise") for e in out["errors"]):
         assert code == 2
-        assert any("class/infiniband: not found" in e for e in out["errors"])  # type: ignore[union-attr]
+        assert any("class/infiniband: not found" in e for e in out["errors"])
     else:
         assert code == 0  # a host with a real GPU driver

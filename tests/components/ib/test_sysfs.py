@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -66,7 +67,7 @@ def test_damaged_files_are_named_and_the_rest_is_read(dgx: SysfsTree) -> None:
     assert any("mlx5_1/ports/1/state" in e for e in scan.errors)
 
 
-def test_no_infiniband_is_not_an_error(tmp_path: os.PathLike[str]) -> None:
+def test_no_infiniband_is_not_an_error(tmp_path: Path) -> None:
     scan = SysfsPorts(tmp_path).read()
     assert not scan.present and scan.ports == [] and scan.errors == []
 

@@ -109,24 +109,32 @@ def test_blackwell_symbol_and_effective_errors_with_their_bit_error_rates(fake_n
     assert ber[("1", "symbol")] == pytest.approx(3e-9)
 
 
-def test_a_value_answering_gpu_is_lost_marks_the_gpu_lost(fake_nvml: FakeNvml) -> None:
+def test_a_value_answering_gpu_is_lost_marks_the_gpu_lost(
+    fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
     source = NvmlSource()
     source.open()
     original = fake_nvml._field
-    fake_nvml._field = lambda gpu, field, scope: -15 if field == DL_CRC else original(gpu, field, scope)  # type: ignore[method-assign]
+    monkeypatch.setattr(
+        fake_nvml, "_field", lambda gpu, field, scope: -15 if field == DL_CRC else original(gpu, field, scope)
+    )
     with pytest.raises(GpuLostError):
         source.read_slow(0, 1.0)
 
 
-def test_a_per_value_error_is_counted_and_the_rest_still_read(fake_nvml: FakeNvml) -> None:
+def test_a_per_value_error_is_counted_and_the_rest_still_read(
+    fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
     errors: list[tuple[str, str]] = []
     source = NvmlSource(on_error=lambda fn, err: errors.append((fn, err)))
     source.open()
     fake_nvml.gpus[0].nvlink_errors = {(1, pynvml.NVML_NVLINK_ERROR_DL_REPLAY): 4}
     original = fake_nvml._field
-    fake_nvml._field = lambda gpu, field, scope: (
-        -999 if (field, scope) == (DL_CRC, 1) else original(gpu, field, scope)
-    )  # type: ignore[method-assign]
+    monkeypatch.setattr(
+        fake_nvml,
+        "_field",
+        lambda gpu, field, scope: -999 if (field, scope) == (DL_CRC, 1) else original(gpu, field, scope),
+    )
     sample = source.read_slow(0, 1.0)
     assert sample.nvlink is not None
     assert sample.nvlink[1].crc_errors is None and sample.nvlink[1].replay_errors == 4
