@@ -118,7 +118,7 @@ class Probe:
         self._last_settle = -math.inf
         # mixed-counter groups: pg_id -> (enqueued, started, completed) of the last dump with entries, when
         self._mixed_seen: dict[int, tuple[tuple[int, int, int], float]] = {}
-        self._mixed_heads: dict[str, tuple[Any, float]] = {}  # their heads from it (name -> PgHead, when)
+        self._mixed_heads: dict[str, Any] = {}  # their heads from it (name -> PgHead)
         self._last_full = 0.0
         self._waiting_since: dict[int, tuple[tuple[int, int], float]] = {}
         self._detailed: set[tuple[int, tuple[int, int]]] = set()  # waits already seen in a full dump
@@ -339,7 +339,7 @@ class Probe:
                 and not by_name[name].in_flight
             ):
                 self._mixed_seen[key] = (progress, now)
-                self._mixed_heads[name] = (by_name[name], now)
+                self._mixed_heads[name] = by_name[name]
 
     def _with_still_mixed(self, heads: Any, status: dict[str, Any] | None, now: float) -> Any:
         """A tick without entries: each group whose counters mix and whose status stands where the last
@@ -357,7 +357,7 @@ class Probe:
         pgs = []
         for pg in heads.pgs:
             kept = self._mixed_heads.get(pg.pg_name) if pg.pg_name in still else None
-            pgs.append(pg if kept is None else kept[0])
+            pgs.append(pg if kept is None else kept)
         return msgspec.structs.replace(heads, pgs=pgs)
 
     def _light_status(self) -> dict[str, Any] | None:
