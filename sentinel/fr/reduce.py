@@ -67,7 +67,6 @@ class BatchMemory:
     reduction sees is remembered in ``closed`` (bounded: the newest ``MAX_CLOSED_BATCHES``), so later
     ``onlyActive`` snapshots drop its members without another full one.
 
-
     A batch whose closing entry a snapshot showed *not* completed is remembered in ``open``: when a later
     snapshot lists its member without the closing entry, that entry completed (``onlyActive`` skipped it; it
     cannot have left the ring buffer before its older member), so the batch closes without a full snapshot
@@ -84,16 +83,19 @@ class BatchMemory:
 
     def close(self, batch: Batch) -> None:
         self.open.pop(batch, None)
-        if batch not in self.closed:
-            if len(self.closed) >= MAX_CLOSED_BATCHES:
-                del self.closed[next(iter(self.closed))]
-            self.closed[batch] = None
+        _remember(self.closed, batch)
 
     def saw_open(self, batch: Batch) -> None:
-        if batch not in self.open and batch not in self.closed:
-            if len(self.open) >= MAX_CLOSED_BATCHES:
-                del self.open[next(iter(self.open))]
-            self.open[batch] = None
+        if batch not in self.closed:
+            _remember(self.open, batch)
+
+
+def _remember(batches: dict[Batch, None], batch: Batch) -> None:
+    """Add ``batch`` to an insertion-ordered set of at most MAX_CLOSED_BATCHES, the oldest evicted first."""
+    if batch not in batches:
+        if len(batches) >= MAX_CLOSED_BATCHES:
+            del batches[next(iter(batches))]
+        batches[batch] = None
 
 
 def _as_int(value: Any, what: str) -> int:
