@@ -26,9 +26,9 @@ from sentinel.fr.ops import (
     P2P,
     UNRECORDED_P2P_BACKENDS,
     backend,
-    closes_p2p_batch,
     entry_completed,
     op_name,
+    reads_as_p2p,
 )
 from sentinel.fr.recent import ByteView, Recent, decode_recent, decode_recent_json
 from sentinel.fr.records import TYPE_CHECKING, NamedTuple
@@ -511,7 +511,7 @@ def _column_split(entries: list[Any], oldest: dict[Any, Any]) -> bool | None:
     read as a collective here is a ``coalesced`` entry, or one not completed, is decoded in full. Read
     as the reduction reads it (:func:`sentinel.fr.summary._summarize`): a send/recv by name or by
     ``is_p2p`` True, or a closer of the ``p2p_seq_id`` of the send/recv right before it in its group
-    (:func:`~sentinel.fr.ops.closes_p2p_batch`), is not a collective.
+    (:func:`~sentinel.fr.ops.reads_as_p2p`), is not a collective.
     ``oldest``: each group's oldest entry here (by ``pg_id``), which decides alone unless it is a
     send/recv (then that group's entries are followed to its first collective)."""
     p2p_groups = set()
@@ -538,11 +538,7 @@ def _column_split(entries: list[Any], oldest: dict[Any, Any]) -> bool | None:
             return None
         op = op_name(name)
         closes = op == COALESCED
-        if not (
-            op in P2P
-            or e.get("is_p2p") is True
-            or (closes and closes_p2p_batch(e.get("is_p2p"), seq, follows.get(pg_id)))
-        ):
+        if not reads_as_p2p(op, e.get("is_p2p"), seq, follows.get(pg_id)):
             if closes or not entry_completed(e):
                 return True
             p2p_groups.discard(pg_id)

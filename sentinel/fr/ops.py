@@ -119,6 +119,12 @@ def closes_p2p_batch(is_p2p: Any, p2p_seq: int, member_seq: int | None) -> bool:
     return is_p2p is True or (member_seq is not None and member_seq == p2p_seq)
 
 
+def reads_as_p2p(op: str, is_p2p: Any, p2p_seq: int, member_seq: int | None) -> bool:
+    """Whether an entry of :func:`op_name` ``op`` is a send/recv or a batch's closer, not a collective: by
+    name, by ``is_p2p`` True, or as a ``coalesced`` entry by its place (:func:`closes_p2p_batch`)."""
+    return op in P2P or is_p2p is True or (op == COALESCED and closes_p2p_batch(is_p2p, p2p_seq, member_seq))
+
+
 def is_send(op: str) -> bool:
     """Whether a p2p op (``nccl:send 0->1``, or its name ``send``/``isend``) sends; else it receives."""
     return op_name(op) in ("send", "isend")

@@ -42,7 +42,7 @@ import msgspec
 
 from sentinel.fr.errors import FrFormatError
 from sentinel.fr.heads import FrHeads, InFlight, PgHead
-from sentinel.fr.ops import COALESCED, P2P, closes_p2p_batch, entry_completed, op_name
+from sentinel.fr.ops import COALESCED, P2P, entry_completed, op_name, reads_as_p2p
 
 #: Most in-flight entries kept per group (oldest first); the datagram cap trims further.
 MAX_IN_FLIGHT = 64
@@ -160,13 +160,9 @@ def reduce_snapshot(
         profiling = str(e.get("profiling_name", "?"))
         op = op_name(profiling)
         p2p_seq = _as_int(e.get("p2p_seq_id", -1), "p2p_seq_id")
-        # a batch's closing entry by its place (sentinel.fr.ops.closes_p2p_batch): the send/recv it follows
+        # a batch's closing entry by its place (sentinel.fr.ops.reads_as_p2p): the send/recv it follows
         # is the group's previous entry in the snapshot
-        p2p = (
-            e.get("is_p2p") is True
-            or op in P2P
-            or (op == COALESCED and closes_p2p_batch(e.get("is_p2p"), p2p_seq, last_p2p.get(name)))
-        )
+        p2p = reads_as_p2p(op, e.get("is_p2p"), p2p_seq, last_p2p.get(name))
         if pg_id is not None:
             if (p2p or p2p_seq > 0) and (len(mixed) < MAX_OP_MAP or pg_id in mixed):
                 mixed.setdefault(pg_id, -1)  # its pg_status counts send/recv work too
