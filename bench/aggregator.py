@@ -364,6 +364,7 @@ def generate(
     )
 
     parsed = urllib.parse.urlparse(url)
+    host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
     stats: dict[str, Any] = {
         "sent": 0,
         "acked": 0,
@@ -409,9 +410,7 @@ def generate(
         loop = asyncio.get_running_loop()
         key = base64.b64encode(os.urandom(16)).decode()
         try:
-            _, client = await loop.create_connection(
-                lambda: _Client(name, key, on_ack), parsed.hostname, parsed.port
-            )
+            _, client = await loop.create_connection(lambda: _Client(name, key, on_ack), host, port)
             request = (
                 f"GET {parsed.path} HTTP/1.1\r\nHost: {parsed.hostname}:{parsed.port}\r\nUpgrade: websocket\r\n"
                 f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
@@ -711,8 +710,8 @@ def _histogram_quantile(text: str, name: str, q: float, label: str = "") -> floa
     buckets: list[tuple[float, float]] = []
     for line in text.splitlines():
         if line.startswith(name + "_bucket") and label in line:
-            le = line.split('le="')[1].split('"')[0]
-            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
+            bound = line.split('le="')[1].split('"')[0]
+            buckets.append((float("inf") if bound == "+Inf" else float(bound), float(line.rsplit(" ", 1)[1])))
     if not buckets or buckets[-1][1] == 0:
         return float("nan")
     total = buckets[-1][1]
@@ -725,7 +724,7 @@ def _histogram_quantile(text: str, name: str, q: float, label: str = "") -> floa
 def engine_only(hosts: int, seconds: int) -> None:
     """The detection path without sockets: engine ingest and ticks for ``hosts`` x 8 GPUs at 1 Hz."""
     from sentinel.aggregator.engine import Engine
-    from sentinel.wire import Batch, GpuInfo, GpuSample, Hello, decode_agent_frame, encode
+    from sentinel.wire import Batch, Event, GpuInfo, GpuSample, Hello, decode_agent_frame, encode
 
     engine = Engine()
     gpus = [
@@ -742,7 +741,7 @@ def engine_only(hosts: int, seconds: int) -> None:
     for second in range(seconds):
         frames = []
         for i in range(hosts):
-            events = (
+            events: list[Event] = (
                 [XidOccurred(t=float(second), gpu=1, record=xid_record(79))] if i == second % hosts else []
             )
             frames.append(encode(Batch(seq=second, t=float(second), samples=template, events=events)))

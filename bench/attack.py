@@ -60,6 +60,11 @@ level = "warning"
 """
 
 
+def _sorted_codes(codes: list[int | None]) -> list[int | None]:
+    """The distinct close codes seen, None (the stream ended without a close frame) first."""
+    return sorted(set(codes), key=lambda c: -1 if c is None else c)
+
+
 class Row:
     def __init__(self, name: str, tried: str) -> None:
         self.name, self.tried = name, tried
@@ -191,7 +196,7 @@ class Attacker:
                                      pgs=[PgHead(pg_name="0", ranks=list(range(MAX_PG_RANKS)))]) for r in range(16)]  # fmt: skip
                     await ws.send_bytes(encode(Batch(seq=round_ + 1, t=time.time(), heads=heads)))
                     codes.append(await self.close_code(ws))
-                return f"ranks list over the cap: close {over}; {len(codes)} batches of 16 x 32768-rank lists: closes {sorted(set(codes))}"
+                return f"ranks list over the cap: close {over}; {len(codes)} batches of 16 x 32768-rank lists: closes {_sorted_codes(codes)}"
 
             async def procs_flood() -> str:
                 ws = await self.ws(TOKEN_A, "rack-a-02")
@@ -333,7 +338,7 @@ class Attacker:
             async def no_hello() -> str:
                 sockets = [await self.ws(TOKEN_A, None) for _ in range(int(100 * scale))]
                 codes = [await self.close_code(ws) for ws in sockets]
-                return f"{len(sockets)} upgraded streams without a Hello: closes {sorted(set(codes))}"
+                return f"{len(sockets)} upgraded streams without a Hello: closes {_sorted_codes(codes)}"
 
             async def per_peer() -> str:
                 sockets, refused = [], 0

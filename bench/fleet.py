@@ -35,18 +35,17 @@ from pathlib import Path
 from typing import Any
 
 from sentinel.components.xid.parse import xid_record
-from sentinel.wire import XidOccurred
+from sentinel.wire import Event, XidOccurred
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
 GPUS = 8
 TOKEN = "bench-fleet-token-0123456789"
 
 
 def cluster_load(hosts: int, seconds: int) -> dict[str, Any]:
-    import aggregator as single  # bench/aggregator.py
+    from bench import aggregator as single
 
     return single.engine_jobs(hosts, seconds, 24576, 1.5, min(5.0, seconds / 4))
 
@@ -61,7 +60,7 @@ def populate(engine: Any, cluster: int, hosts: int, verdicts: int) -> None:
     now = time.time()
     for i in range(hosts):
         view = engine.hello(Hello(host=f"c{cluster:02d}-n{i:05d}", gpus=gpus, boot_id="b"), now)
-        events = (
+        events: list[Event] = (
             [XidOccurred(t=1.0, gpu=i % GPUS, record=xid_record(79))]
             if i % max(1, hosts // verdicts) == 0
             else []

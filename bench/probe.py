@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -64,7 +65,7 @@ class _Pipeline:
     """One rank of a running NCCL pipeline of one-op batches, as its recorder stands at ``at_ns``."""
 
     def __init__(self, horizon_s: float) -> None:
-        self.ops: list[tuple[dict[str, object], int | None, int]] = []  # (entry, completed at, work seq)
+        self.ops: list[tuple[dict[str, Any], int | None, int]] = []  # (entry, completed at, work seq)
         t0 = 1_700_000_000_000_000_000
         self.t0 = t0
         for step in range(1, int(horizon_s / PIPELINE_STEP_S) + 2):
@@ -164,13 +165,13 @@ def pipeline() -> None:
     if not ms:
         return
     minutes = ticks * 2.0 / 60.0
-    active = len(pickle_active(rec))
+    n_active = len(pickle_active(rec))
     mean = statistics.mean(ms)
     print(
         f"{'pipeline of one-op batches (mixed)':38s} median {statistics.median(ms):6.3f} ms  mean {mean:6.3f} ms"
         f"  p90 {sorted(ms)[int(0.9 * len(ms))]:6.3f} ms per tick  -> {mean / 2000:.2%} of a core;  dumps/min:"
         f" active {calls['active'] / minutes:.0f}, every entry {calls['every'] / minutes:.0f}"
-        f"  ({active} active entries of {PIPELINE_BUFFER})"
+        f"  ({n_active} active entries of {PIPELINE_BUFFER})"
     )
 
 
@@ -212,7 +213,7 @@ def main() -> int:
         print("torch not installed: real snapshot skipped")
         return 0
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0", TORCH_FR_BUFFER_SIZE="2000")
-    store = dist.HashStore()
+    store = dist.HashStore()  # type: ignore[attr-defined]  # torch exports it untyped (torch._C)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     t = torch.ones(16)
     for _ in range(2100):

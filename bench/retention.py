@@ -27,7 +27,7 @@ from sentinel.aggregator.server import Aggregator
 from sentinel.components.xid.parse import xid_record
 from sentinel.config.aggregator import AggregatorConfig, FleetConfig, IncidentsConfig, StateConfig
 from sentinel.log import setup_logging
-from sentinel.wire import Batch, Drops, GpuInfo, GpuSample, Hello, XidOccurred, encode
+from sentinel.wire import Batch, Drops, Event, GpuInfo, GpuSample, Hello, XidOccurred, encode
 
 FORGET_S = 3600.0
 _hello = msgspec.msgpack.Decoder(Hello)
@@ -48,7 +48,7 @@ def batch(seq: int, t: float, slow: bool, xid: bool) -> Batch:
                   sm_clock_mhz=1200.0 if slow and i == 0 else 1980.0, sm_clock_max_mhz=1980.0)
         for i in range(8)
     ]  # fmt: skip
-    events = (
+    events: list[Event] = (
         [
             XidOccurred(
                 t=t,
@@ -107,15 +107,15 @@ def main() -> None:
         open_fake = sum(1 for v in engine.book.open.values() if v.host and v.host.startswith("fake-"))
         for name in fakes:
             engine.disconnected(name)
-        t = 60.0 + FORGET_S
+        now = 60.0 + FORGET_S
         while any(h.startswith("fake-") for h in engine.fleet.hosts):  # at most 100 forgotten per tick
-            feed(aggregator, real, t, fake=False)
-            engine.tick(t)
-            t += 2.0
+            feed(aggregator, real, now, fake=False)
+            engine.tick(now)
+            now += 2.0
         for _ in range(5):  # a few more evaluations (straggler streaks of real GPUs settle)
-            feed(aggregator, real, t, fake=False)
-            engine.tick(t)
-            t += 2.0
+            feed(aggregator, real, now, fake=False)
+            engine.tick(now)
+            now += 2.0
         after = held_mb()
         history = len(engine.book.closed)
         engine.book.closed.clear()
