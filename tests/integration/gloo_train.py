@@ -10,7 +10,12 @@ touches torch.distributed: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_POR
 Each step: all_reduce of a gradient, then all_reduce of a stop flag (rank 0 raises it when CONTROL/stop
 exists, so every rank leaves at the same step and the run ends cleanly). A rank named in CONTROL/hang stops
 before its next gradient all_reduce (it writes CONTROL/hung_<rank> with the time) and sleeps forever, while
-its probe thread keeps reporting and its peers block inside the all_reduce.
+its probe thread keeps reporting and its peers block inside the all_reduce. CONTROL/slow holding ``RANK
+SECONDS`` makes that rank a straggler: each of its steps computes SECONDS longer (a sleep in its compute
+phase, between its flag all_reduce and its next gradient all_reduce, where a slow GPU, input pipeline or host
+spends its time; a sleep rather than busy work, which on a 2-core machine would slow every rank alike). The
+file is read each step, so the slow rank can change or stop (an empty file, or CONTROL/slow removed) while the
+job runs.
 
 Dumps on request: ProcessGroupNCCL polls the FIFO ``$TORCH_NCCL_DEBUG_INFO_PIPE_FILE<rank>.pipe`` and
 dumps its flight recorder when something is written into it; the CPU build of torch (gloo only) has no such
@@ -74,6 +79,21 @@ def _dump_pipe_watcher(rank: int) -> None:
         os.replace(tmp, out)
 
 
+def _extra_compute_s(control: Path, rank: int) -> float:
+    """Seconds this rank's step computes longer (CONTROL/slow names ``RANK SECONDS``; 0 when it names
+    another rank, is empty or absent: the test writes it while the ranks read it)."""
+    try:
+        fields = (control / "slow").read_text().split()
+    except FileNotFoundError:
+        return 0.0
+    if len(fields) != 2 or fields[0] != str(rank):
+        return 0.0
+    try:
+        return max(0.0, float(fields[1]))
+    except ValueError:
+        return 0.0
+
+
 def run_rank(spec: dict[str, Any], job: dict[str, Any]) -> int:
     rank = int(spec["rank"])
     os.environ.update(
@@ -112,7 +132,7 @@ def run_rank(spec: dict[str, Any], job: dict[str, Any]) -> int:
         if flag.item() > 0:
             break
         step += 1
-        time.sleep(step_s)
+        time.sleep(step_s + _extra_compute_s(control, rank))
     (control / f"done_{rank}").write_text(str(step))
     dist.destroy_process_group()
     return 0
