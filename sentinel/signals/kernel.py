@@ -37,6 +37,34 @@ _NVRM_BAD_WORDS: Final = (
     "mismatch",
     "corrupt",
 )
+#: Of the NVRM failures, those that leave the GPU unable to go on (the README's "GPU initialisation,
+#: firmware ... failures"): its init or probe, a client/kernel-module version mismatch, an assertion, the
+#: GSP/PMU firmware halting or missing its heartbeat, a reset being required, the GPU lost, its memory. Any other NVRM failure (a register read,
+#: an NVLink peer query that failed) is something wrong the GPU works on with: a warning.
+_NVRM_FATAL_WORDS: Final = (
+    "initadapter",
+    "init_adapter",
+    "initializ",
+    "probe",
+    "attach",
+    "mismatch",
+    "assert",
+    "halt",
+    "reset",
+    "gsp",
+    "firmware",
+    "heartbeat",
+    "lost",
+    "fallen",
+    "hang",
+    "timeout",
+    "timed out",
+    "not responding",
+    "unresponsive",
+    "corrupt",
+    "memory",
+    "fatal",
+)
 _PCIE_BW_RE: Final = re.compile(
     r"(?P<dev>\S{1,40}) (?P<bdf>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]): [\d.]{1,10} Gb/s available PCIe "
     r"bandwidth, limited by [\d.]{1,8} GT/s PCIe x(?P<width>\d{1,2}) link.{0,80}?capable of [\d.]{1,10} Gb/s with "
@@ -66,14 +94,30 @@ _HOST_TROUBLE: Final[tuple[tuple[str, Severity, str], ...]] = (
     (": nobody cared", "warning", "irq_disabled"),
 )
 _HW_ERROR_FATAL_RE: Final = re.compile(r"[Uu]ncorrected|[Ff]atal")
+#: A machine-check record the hardware already corrected (``Error Status: Corrected error, no action
+#: required.``): counted, nothing to do.
+_HW_ERROR_CORRECTED_RE: Final = re.compile(r"(?<![Uu]n)[Cc]orrected error|no action required")
+#: The kernel's EDAC memory-controller count of host DRAM errors: ``EDAC MC3: 1 UE memory read error``
+#: (uncorrected) or ``... 3 CE memory read error`` (corrected). Host memory, not a GPU's.
+_EDAC_COUNT_RE: Final = re.compile(r"\bEDAC\b[^:\n]{0,40}: \d{1,9} (?P<kind>UE|CE) ")
 _IB_ERROR_RE: Final = re.compile(r"WC error|CQE error|syndrome 0x|transport retry counter exceeded")
 _GPU_DEVICES: Final = ("pci", "nvidia")
+#: An AER error message, in the kernel's older (``Corrected error received: 0000:3b:00.0``) and newer
+#: (``Correctable error message received from 0000:00:00.0``) spellings.
 _AER_RE: Final = re.compile(
-    r"AER: (?P<what>Multiple |)(?P<kind>Corrected|Uncorrected \((?:Non-)?Fatal\)) error(?:s)? received: (?P<src>\S{7,20})"
+    r"AER: (?P<what>Multiple |)(?P<kind>Correct(?:ed|able)|Uncorrect(?:ed|able) \((?:Non-)?Fatal\)) error(?:s)? "
+    r"(?:message )?received(?:: | from )(?P<src>\S{7,20})"
 )
 _AER_SEVERITY_RE: Final = re.compile(
-    r"severity=(?P<kind>Corrected|Uncorrected \((?:Non-)?Fatal\)|Uncorrectable)"
+    r"severity=(?P<kind>Correct(?:ed|able)|Uncorrect(?:ed|able) \((?:Non-)?Fatal\)|Uncorrectable)"
 )
+#: The AER driver giving up on a device: no driver callback, or recovery of the link below a port failed.
+_AER_UNRECOVERED_RE: Final = re.compile(r"AER: (?:can't recover|device recovery failed)")
+#: The AER driver resetting a link to recover: a link re-initialising.
+_AER_LINK_RESET_RE: Final = re.compile(r"AER: [\w ]{0,40}link has been reset")
+#: One status bit of an AER error's detail lines (``pcieport 0000:00:03.0:    [14] CmpltTO  (First)``): the
+#: error itself, and its severity, are on the line before.
+_AER_BIT_RE: Final = re.compile(r"\.[0-7]: {2,12}\[ ?\d{1,2}\] [A-Za-z]")
 _DEVICE_PREFIX_RE: Final = re.compile(
     r"(?:^|[\s\]])(?P<dev>nvidia|pci|pcieport) (?P<bdf>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]): "
 )
@@ -84,24 +128,50 @@ _FABRIC_RE: Final = re.compile(
 
 
 def _aer_events(text: str) -> list[Classified]:
-    """PCIe Advanced Error Reporting: fatal uncorrected errors take a GPU off the bus."""
+    """PCIe Advanced Error Reporting: fatal uncorrected errors take a GPU off the bus.
+
+    Only a GPU's address is recorded: the device an error message names as its source when it is
+    downstream of the reporting port (a port's own address, or one on its bus or before it, is the root
+    complex side, not a GPU), or the device that reports a severity or a failed recovery itself when it is
+    not a port (a root port or a bridge is not a GPU; a USB or audio function is not in the prefixes).
+    """
+    device = _DEVICE_PREFIX_RE.search(text)
+    own = (
+        normalize_pci(device.group("bdf"))
+        if device is not None and device.group("dev") != "pcieport"
+        else None
+    )
+    if _AER_UNRECOVERED_RE.search(text) is not None:
+        return [
+            make_event("other", "critical", pci_bus=own, reason="pcie_aer_unrecovered", message=clip(text))
+        ]
+    if _AER_LINK_RESET_RE.search(text) is not None:
+        return [make_event("other", "warning", pci_bus=own, reason="pcie_aer_link_reset", message=clip(text))]
     aer = _AER_RE.search(text)
     if aer is not None:
         kind, pci = aer.group("kind"), normalize_pci(aer.group("src"))
+        if device is not None and device.group("dev") == "pcieport" and pci is not None:
+            port = normalize_pci(device.group("bdf")) or ""
+            if pci[:4] == port[:4] and pci[5:7] <= port[5:7]:
+                pci = None
     else:
         level = _AER_SEVERITY_RE.search(text)
         if level is None:
             return []
-        kind = level.group("kind")
-        device = _DEVICE_PREFIX_RE.search(text)
-        # A root port's (bridge's) own address is not a GPU's: only a GPU reporting is recorded.
-        pci = (
-            normalize_pci(device.group("bdf"))
-            if device is not None and device.group("dev") != "pcieport"
-            else None
-        )
-    severity: Severity = "info" if kind == "Corrected" else "warning" if "Non-Fatal" in kind else "critical"
+        kind, pci = level.group("kind"), own
+    severity: Severity = (
+        "info" if kind.startswith("Correct") else "warning" if "Non-Fatal" in kind else "critical"
+    )
     return [make_event("other", severity, pci_bus=pci, reason="pcie_aer", message=clip(text))]
+
+
+def _aer_detail_events(text: str) -> list[Classified]:
+    """One status bit of an AER error's detail block: the error is on the line before, so a warning."""
+    device = _DEVICE_PREFIX_RE.search(text)
+    if device is None or _AER_BIT_RE.match(text, device.end() - 4) is None:
+        return []
+    pci = normalize_pci(device.group("bdf")) if device.group("dev") != "pcieport" else None
+    return [make_event("other", "warning", pci_bus=pci, reason="pcie_aer_detail", message=clip(text))]
 
 
 def _maybe_crash(text: str) -> bool:
@@ -136,13 +206,20 @@ def kernel_events(text: str) -> list[Classified]:
             dump = "crash dump" in lowered
             # "A GPU crash dump has been created": the driver saved the state of a failure it reported
             # on another line (an Xid), so this line is the follow-up, not the failure.
-            nvrm_severity: Severity = "critical" if bad else "warning" if dump else "info"
+            fatal = bad and any(word in lowered for word in _NVRM_FATAL_WORDS)
+            nvrm_severity: Severity = "critical" if fatal else "warning" if bad or dump else "info"
             events.append(
                 make_event(
                     "other",
                     nvrm_severity,
                     pci_bus=normalize_pci(msg),
-                    reason="nvrm_error" if bad else "nvrm_crash_dump" if dump else "nvrm_info",
+                    reason="nvrm_error"
+                    if fatal
+                    else "nvrm_failure"
+                    if bad
+                    else "nvrm_crash_dump"
+                    if dump
+                    else "nvrm_info",
                     message=clip(msg),
                 )
             )
@@ -168,8 +245,10 @@ def kernel_events(text: str) -> list[Classified]:
             events.append(make_event("other", "warning", reason="ib_link_down", message=clip(text)))
         else:
             events.append(make_event("other", "info", reason="ib_port_info"))
-    if "AER" in text:
+    if "AER" in text or "Bus Error: severity=" in text:
         events.extend(_aer_events(text))
+    elif "] " in text and ("pcieport " in text or "nvidia " in text or "pci " in text):
+        events.extend(_aer_detail_events(text))
     if "NVSwitch" in text and "rror" in text:
         fabric = _FABRIC_RE.search(text)
         if fabric is not None:
@@ -211,8 +290,26 @@ def kernel_events(text: str) -> list[Classified]:
             events.append(make_event("other", severity, reason=reason, message=clip(text)))
             break
     if "[Hardware Error]" in text:
-        hw_severity: Severity = "critical" if _HW_ERROR_FATAL_RE.search(text) else "warning"
+        hw_severity: Severity = (
+            "critical"
+            if _HW_ERROR_FATAL_RE.search(text)
+            else "info"
+            if _HW_ERROR_CORRECTED_RE.search(text)
+            else "warning"
+        )
         events.append(make_event("other", hw_severity, reason="machine_check", message=clip(text)))
+    if "EDAC" in text:
+        edac = _EDAC_COUNT_RE.search(text)
+        if edac is not None:
+            uncorrected = edac.group("kind") == "UE"
+            events.append(
+                make_event(
+                    "other",
+                    "critical" if uncorrected else "info",
+                    reason="host_memory_uncorrected" if uncorrected else "host_memory_corrected",
+                    message=clip(text),
+                )
+            )
     if ("mlx5" in text or "infiniband" in text) and _IB_ERROR_RE.search(text) is not None:
         events.append(make_event("other", "critical", reason="ib_completion_error", message=clip(text)))
     if "peer" in text and _PEERMEM_RE.search(text) is not None:
