@@ -149,7 +149,9 @@ GATE_LITERALS: Final[tuple[bytes, ...]] = (
     b"got async event",
     b"async fatal",
     b"call to ",
-    b"socket creation",
+    # NCCL's socket layer and bootstrap quoted as a last error ("ncclSocketInit: ...", "Bootstrap : no
+    # socket interface found"), "Socket creation failed"
+    b"socket",
     b"incomplete",
     # PyTorch (nccl_log.torch_events, the scanner's hard-wrap heads)
     b"worknccl",

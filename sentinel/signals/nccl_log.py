@@ -18,7 +18,8 @@ import re
 from typing import Final
 
 from sentinel.components.vocab import Severity
-from sentinel.signals.record import Classified, make_event
+from sentinel.signals.record import Classified, Kind, make_event
+from sentinel.signals.rules import producer
 from sentinel.text import bounded, clip, parse_int, pci_from_nccl_busid
 
 # --- NCCL ---------------------------------------------------------------------------------------------
@@ -63,12 +64,17 @@ _NET_FILE_RE: Final = re.compile(
 _NET_BENIGN_RE: Final = re.compile(
     r"status=5\b|with error 5\b|async event ?: ?(?:port error|port active|GID|LID|client reregister|SM change)"
 )
-# Network payloads quoted without the NCCL prefix ("Last error: NET/IB : Got completion ...").
+# Network payloads quoted without the NCCL prefix ("Last error: NET/IB : Got completion ..."). NCCL's
+# transports name themselves NET/<plugin>[/<sub>] (NET/IB, NET/IBP, NET/IB/GIN, NET/OFI); its socket layer
+# and bootstrap prefix their warnings with the function or subsystem ("ncclSocketInit: ...",
+# "socketProgress: ...", "Bootstrap : no socket interface found"). NCCL's own INFO lines always carry
+# its prefix, so such a text without one is the quoted last error: a warning.
 _BARE_NET_RE: Final = re.compile(
-    r"NET/IB ?: ?(?:\S{1,40} )?(?:Got completion from peer|Got async event|async fatal event)|"
+    r"NET/\w{1,20}(?:/\w{1,20})? ?: ?(?:\S{1,40} )?(?:Got completion from peer|Got async event|async fatal event)|"
     r"NET/OFI Request \S{1,40} completed with error|NET/\w{1,20} ?: ?\w{0,40} ?failed|"
     r"socket\w{0,30}: Call to \w{1,12} (?:from|to) \S{1,80} failed|\bNet : Call to \w{1,12}|"
-    r"Call to connect failed|Socket creation failed|\bNet : Connection (?:closed|reset|refused|timed out)"
+    r"Call to connect failed|Socket creation failed|\bNet : Connection (?:closed|reset|refused|timed out)|"
+    r"\b(?:nccl)?[Ss]ocket[A-Z]\w{0,30}: \S|\bBootstrap ?: ?no (?:\w{1,30} ){0,2}interface found"
 )
 # Configuration complaints (deprecated variables, ignored settings) are worth a look, not a page.
 _CONFIG_WARN_RE: Final = re.compile(
@@ -80,6 +86,33 @@ _ENV_CONFIG_RE: Final = re.compile(
     r"\bNCCL_[A-Z0-9_]{2,60}\b[^\n]{0,60}?\b(?:is out of range|out of range|is invalid|invalid value|"
     r"ignored|ignoring|deprecated|not supported|unknown value)"
 )
+#: NCCL's result string (ncclGetErrorString) after "NCCL error: ", as vLLM's pynccl raises it
+#: (``RuntimeError(f"NCCL error: {error_str}")``) and PyTorch's watchdog prints it (with ", NCCL version").
+_RELAYED_RESULT_RE: Final = re.compile(
+    r"\bNCCL error: (?P<what>unhandled cuda error|unhandled system error|internal error|invalid argument|"
+    r"invalid usage|remote process exited or there was a network error)"
+)
+
+
+def relayed_nccl_result(text: str) -> re.Match[str] | None:
+    """NCCL's result string relayed by a program that is neither NCCL nor PyTorch (vLLM, a Ray worker).
+
+    The README's producer rule: PyTorch's distributed stack gets ``torch_*`` (its ``NCCL error: ...``
+    carries ``, NCCL version`` or a PyTorch marker); another program reporting NCCL's failure is, like a
+    test program, reporting an NCCL failure: ``nccl_*``, kind by the result (CUDA, network, other).
+    """
+    if "NCCL error: " not in text:
+        return None
+    match = _RELAYED_RESULT_RE.search(text)
+    if (
+        match is None
+        or ", NCCL version" in text[match.end() : match.end() + 300]
+        or producer(text) == "torch"
+    ):
+        return None
+    return match
+
+
 _RAS_MISMATCH_RE: Final = re.compile(
     r"MISMATCH\b[\s\S]{0,400}?Communicator ranks have different (?P<op>\w{1,40}) operation counts"
 )
@@ -153,6 +186,9 @@ _TORCH_RULES: Final[tuple[tuple[tuple[str, ...], re.Pattern[str], Severity, str]
         "communicator_aborted",
     ),
     (
+        # PyTorch's spellings: "NCCL error in: file:line, ...", c10d 1.x "NCCL Error 2: ...", and the
+        # watchdog's "NCCL error: <result>[, NCCL version 2.20.5]". A bare "NCCL error: <result>" in a line
+        # that is not PyTorch's is another program relaying NCCL's result string (relayed_nccl_result).
         ("DistBackendError", "NCCL error", "NCCL Error"),
         re.compile(r"DistBackendError|NCCL error in:|NCCL [Ee]rror(?: \d{1,4})?:"),
         "critical",
@@ -217,6 +253,13 @@ _TORCH_RULES: Final[tuple[tuple[tuple[str, ...], re.Pattern[str], Severity, str]
         "flight_recorder_dump_wait",
     ),
     (("dump debug info",), re.compile(r"preparing to dump debug info"), "warning", "flight_recorder_dump"),
+    (
+        # torch 2.3's monitor thread announcing the dump a timeout (reported on the line before) triggers.
+        ("debug info",),
+        re.compile(r"(?:will start|try our best)\s{1,8}to\s{1,8}dump\s{1,8}the\s{1,8}debug\s{1,8}info"),
+        "warning",
+        "flight_recorder_dump",
+    ),
 )
 _DUMP_SIGNAL_RE: Final = re.compile(
     r"Received a dump signal due to a collective timeout from\s+rank (\d{1,7})"
@@ -300,7 +343,9 @@ def nccl_events(text: str) -> list[Classified]:
     elif level_name is not None:
         before = text[:level_start].rsplit(None, 1)
         events.append(_warn_event(payload, before[-1] if before else "", ids))
-    if level_name is None and ("NET/" in text or "ocket" in text or "Net :" in text or "Call to" in text):
+    if level_name is None and (
+        "NET/" in text or "ocket" in text or "Net :" in text or "Call to" in text or "Bootstrap" in text
+    ):
         bare = _BARE_NET_RE.search(text)
         if bare is not None:
             events.append(_net_event(text[bare.start() :], ids))
@@ -313,6 +358,26 @@ def nccl_events(text: str) -> list[Classified]:
                     "critical",
                     reason="nccl_cuda_failure",
                     message=clip(text[bare_cuda.start() :]),
+                    **ids,
+                )
+            )
+    if level_name is None and "NCCL error: " in text:
+        relayed = relayed_nccl_result(text)
+        if relayed is not None:
+            what = relayed.group("what")
+            kind: Kind = (
+                "nccl_warn_cuda"
+                if "cuda" in what
+                else "nccl_warn_net"
+                if "network" in what
+                else "nccl_warn_other"
+            )
+            events.append(
+                make_event(
+                    kind,
+                    "critical",
+                    reason="nccl_result_relayed",
+                    message=clip(text[relayed.start() :]),
                     **ids,
                 )
             )
@@ -475,6 +540,8 @@ def torch_events(text: str) -> list[Classified]:
     for index in _torch_rules_for(text):
         _, pattern, severity, reason = _TORCH_RULES[index]
         match = pattern.search(text)
+        if match is not None and reason == "nccl_error" and relayed_nccl_result(text) is not None:
+            match = None
         if match is not None:
             seq = parse_int(match.group("seq")) if "seq" in pattern.groupindex else None
             op = match.group("op") if "op" in pattern.groupindex else None

@@ -25,6 +25,8 @@ from __future__ import annotations
 import re
 from typing import Final, Literal
 
+import msgspec
+
 from sentinel.components.vocab import Severity
 from sentinel.components.xid.parse import parse_xid
 from sentinel.signals.record import Classified, Kind, make_event
@@ -77,7 +79,7 @@ _WARNING_WORDS_RE: Final = re.compile(
     r"not responding|unresponsive|unhealthy|degraded|down|unplugged|lost|retry(?:ing)?|refused|"
     r"reset by peer|unreachable|mismatch|invalid|denied|stuck|throttl\w{0,6}|limited by|insufficient|"
     r"dead|missing|cancel+ed|unavailable|violation|overflow|exceeded|stall(?:s|ed|ing)?|no progress|"
-    r"preempt(?:ed|ion)|(?:force )?terminated)\b",
+    r"preempt(?:ed|ion)|(?:force )?terminat(?:ed|ing))\b",
     re.IGNORECASE,
 )
 #: Words that name no failure although they contain one: counts of zero, "no errors", configuration.
@@ -261,6 +263,11 @@ _SCHEDULER_RE: Final = re.compile(
     r"(?<![\w./-])(?:srun|sbatch|salloc|slurmd|slurmctld|slurmstepd(?:-[\w.-]{1,64})?|submitit)(?=:|[ \t])"
 )
 
+#: A GPU named with its PCI address by a health tool (DCGM / NVSentinel ``GPU:0 PCI:0000:0f:00.0``): the
+#: address is that GPU's, so a rule event about the line records it.
+_GPU_PCI_RE: Final = re.compile(
+    r"\bGPU[ :#]?\d{0,3}[ \t,;]{1,3}(?:PCI|[Bb]us[ -]?[Ii]d)[ \t]?[:=][ \t]?(?P<bdf>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})"
+)
 _WEAK_REASONS: Final = frozenset({"pci_device", "ib_port_info", "nvrm_info"})
 
 
@@ -537,9 +544,14 @@ def rule_events(text: str, found: list[Classified]) -> list[Classified]:
         and _HEALTH_VERDICT_RE.search(text) is not None
     ):
         specific = [make_event("other", "warning", reason="health_verdict", message=clip(text))]
-    if specific:
-        return specific
-    return _failure_word_events(text, prod)
+    events = specific or _failure_word_events(text, prod)
+    if events and "GPU" in text and events[0].pci_bus is None and prod not in ("kernel", "lookalike"):
+        named = _GPU_PCI_RE.search(text)
+        if named is not None:
+            events = [
+                msgspec.structs.replace(event, pci_bus=normalize_pci(named.group("bdf"))) for event in events
+            ]
+    return events
 
 
 def _failure_word_events(text: str, prod: Producer) -> list[Classified]:

@@ -213,3 +213,137 @@ def test_nvrm_read_failures_are_warnings(function: str, chip: str, what: str, re
     line = f"NVRM: GPU0 {function}{chip}: {what} {register}"
     event = classify_text(line)
     assert (event.kind, event.severity) == ("other", "warning"), line
+
+
+# --- NCCL's warnings quoted without its prefix (PyTorch's "Last error:") --------------------------------
+
+ip = st.tuples(st.integers(1, 254), st.integers(0, 255), st.integers(0, 255), st.integers(1, 254)).map(
+    lambda t: ".".join(map(str, t))
+)
+
+
+@given(
+    st.sampled_from(["IB", "IBP", "IB/GIN", "OFI", "GDR"]),
+    st.sampled_from(["", " "]),
+    ip,
+    st.integers(1, 65535),
+    st.sampled_from([4, 5, 10, 12, 13]),
+)
+def test_bare_net_plugin_completion_error(plugin: str, space: str, peer: str, port: int, status: int) -> None:
+    line = f"NET/{plugin}{space}:{space}Got completion from peer {peer}<{port}> with status={status} opcode=0 len=0 vendor err 129 (Send)"
+    event = classify_text(line)
+    # status 5 is a flushed request (IBV_WC_WR_FLUSH_ERR): the follow-up of an earlier one
+    assert (event.kind, event.severity) == ("nccl_warn_net", "warning" if status == 5 else "critical"), line
+
+
+@given(
+    st.sampled_from(
+        ["ncclSocketInit", "ncclSocketConnect", "socketProgress", "socketTryAccept", "socketFinalizeAccept"]
+    ),
+    st.sampled_from(["", "[trainer0|0]:", "Last error: "]),
+    st.integers(0, 65535),
+)
+def test_bare_nccl_socket_warning(function: str, prefix: str, family: int) -> None:
+    line = f"{prefix}{function}: connecting to address with family {family} is neither AF_INET(2) nor AF_INET6(10)"
+    for read in (classify_text(line), classify_line(line)):
+        assert read is not None
+        assert (read.kind, read.severity) == ("nccl_warn_net", "critical"), line
+
+
+@pytest.mark.parametrize(
+    "line", ["Bootstrap : no socket interface found", "Bootstrap : no NCCL_SOCKET_IFNAME interface found"]
+)
+def test_bare_bootstrap_interface_warning(line: str) -> None:
+    for read in (classify_text(line), classify_line(line)):
+        assert read is not None
+        assert (read.kind, read.severity) == ("nccl_warn_net", "critical")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "host-2:38610:38610 [0] NCCL INFO socketStartConnect: Connect to 198.18.2.2<54298> failed : Connection refused",
+        "node08:6561:6561 [0] NCCL INFO Bootstrap : Using ib0:10.252.0.211<0>",
+        "[W socket.cpp:663] [c10d] The client socket has failed to connect to [localhost]:29500 (errno: 99).",
+    ],
+)
+def test_prefixed_or_torch_socket_lines_keep_their_reading(line: str) -> None:
+    assert classify_text(line).reason not in ("nccl_socket_error", "nccl_net_error")
+
+
+# --- NCCL's result string relayed by a program that is not PyTorch --------------------------------------
+
+#: ncclGetErrorString texts and the NCCL kind the README gives a failure naming them.
+RESULTS = {
+    "unhandled cuda error (run with NCCL_DEBUG=INFO for details)": "nccl_warn_cuda",
+    "unhandled system error (run with NCCL_DEBUG=INFO for details)": "nccl_warn_other",
+    "internal error - please report this issue to the NCCL developers": "nccl_warn_other",
+    "remote process exited or there was a network error": "nccl_warn_net",
+    "invalid usage (run with NCCL_DEBUG=WARN for details)": "nccl_warn_other",
+}
+#: Wrappers of programs that are neither NCCL nor PyTorch (vLLM workers, Ray actors).
+RELAY_WRAPPERS = (
+    "(VllmWorkerProcess pid={n}) ERROR 07-24 08:26:01 multiproc_worker_utils.py:226] Exception in worker VllmWorkerProcess while processing method init_device: ",
+    "(RayWorkerWrapper pid={n}) ERROR 08-27 05:12:18 worker_base.py:382] RuntimeError: ",
+    "RuntimeError: ",
+)
+
+
+@given(st.sampled_from(RELAY_WRAPPERS), st.integers(1, 10**6), st.sampled_from(sorted(RESULTS)))
+def test_relayed_nccl_result_is_an_nccl_failure(wrapper: str, pid: int, result: str) -> None:
+    line = wrapper.format(n=pid) + f"NCCL error: {result}"
+    event = classify_text(line)
+    assert (event.kind, event.severity) == (RESULTS[result], "critical"), line
+
+
+@given(st.sampled_from(sorted(RESULTS)), st.integers(0, 512))
+def test_pytorch_printing_the_same_result_stays_pytorch(result: str, rank: int) -> None:
+    short = result.split(" (", maxsplit=1)[0]
+    lines = [
+        f"[rank{rank}]:[E ProcessGroupNCCL.cpp:1575] [PG 0 Rank {rank}] Process group watchdog thread terminated with exception: NCCL error: {short}",
+        f"RuntimeError: NCCL error: {short}, NCCL version 2.20.5",
+    ]
+    for line in lines:
+        assert classify_text(line).kind == "torch_other_error", line
+
+
+# --- PyTorch announcing the dump a timeout triggered; schedulers ending a step; GPUs named by health tools
+
+
+@given(st.integers(0, 4095), st.sampled_from(["this local rank", " rank 3"]), st.booleans())
+def test_dump_announcement_is_a_follow_up(rank: int, source: str, wrapped: bool) -> None:
+    text = (
+        f"[rank{rank}]:[E327 17:04:16.182548526 ProcessGroupNCCL.cpp:1346] [PG 0 Rank {rank}] Received a timeout "
+        f"signal from {source} and will start to dump the debug info. Last enqueued NCCL work: 2, last completed NCCL work: 1."
+    )
+    if wrapped:
+        text = text.replace(" will start to ", " will start\n   to ")
+    event = classify_text(text)
+    assert (event.kind, event.severity, event.rank) == ("torch_other_error", "warning", rank)
+
+
+@given(st.integers(1, 10**9), st.integers(0, 9))
+def test_scheduler_terminating_a_step_is_a_warning(job: int, step: int) -> None:
+    line = f"srun: Terminating job step {job}.{step}"
+    event = classify_line(line)
+    assert event is not None and (event.kind, event.severity) == ("other", "warning")
+
+
+@given(
+    st.sampled_from(["GpuPowerWatchIsNotHealthy", "GpuThermalWatchIsNotHealthy", "GpuPcieWatch"]),
+    st.integers(0, 7),
+    bus,
+    slot,
+)
+def test_health_tool_names_the_gpu_address(check: str, gpu: int, b: int, d: int) -> None:
+    line = (
+        f"{check} Message=ErrorCode:DCGM_FR_CLOCK_THROTTLE_POWER GPU:{gpu} PCI:{_bdf(b, d, 0)} "
+        f"Detected clocks event due to power violation in GPU {gpu}. Recommended Action=NONE;"
+    )
+    event = classify_text(line)
+    assert (event.kind, event.severity, event.pci_bus) == ("other", "warning", _bdf(b, d, 0)[:10])
+
+
+def test_an_address_not_named_as_a_gpus_is_not_recorded() -> None:
+    line = "NIC mlx5_0 PCI:0000:3b:00.0 reported a failure; GPU work continues"
+    assert classify_text(line).pci_bus is None
