@@ -149,9 +149,13 @@ GATE_LITERALS: Final[tuple[bytes, ...]] = (
     b"got async event",
     b"async fatal",
     b"call to ",
-    # NCCL's socket layer and bootstrap quoted as a last error ("ncclSocketInit: ...", "Bootstrap : no
-    # socket interface found"), "Socket creation failed"
-    b"socket",
+    b"socket creation",
+    # NCCL's socket layer and bootstrap quoted as a last error ("ncclSocketInit: ...", "socketFinalizeAccept:
+    # wrong type 4 != 3", "Bootstrap : no socket interface found"); not plain "socket", which every
+    # "via NET/Socket" channel line of NCCL's INFO chatter holds
+    b"ncclsocket",
+    b"wrong type",
+    b"interface found",
     b"incomplete",
     # PyTorch (nccl_log.torch_events, the scanner's hard-wrap heads)
     b"worknccl",

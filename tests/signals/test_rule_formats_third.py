@@ -237,14 +237,28 @@ def test_bare_net_plugin_completion_error(plugin: str, space: str, peer: str, po
 
 
 @given(
-    st.sampled_from(
-        ["ncclSocketInit", "ncclSocketConnect", "socketProgress", "socketTryAccept", "socketFinalizeAccept"]
-    ),
+    st.sampled_from(["ncclSocketInit", "ncclSocketConnect", "ncclSocketAccept"]),
     st.sampled_from(["", "[trainer0|0]:", "Last error: "]),
     st.integers(0, 65535),
 )
 def test_bare_nccl_socket_warning(function: str, prefix: str, family: int) -> None:
     line = f"{prefix}{function}: connecting to address with family {family} is neither AF_INET(2) nor AF_INET6(10)"
+    for read in (classify_text(line), classify_line(line)):
+        assert read is not None
+        assert (read.kind, read.severity) == ("nccl_warn_net", "critical"), line
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "socketProgress: Connection closed by remote peer node1<57557>",
+        "socketFinalizeAccept: wrong type 4 != 3",
+        "socketStartConnect: Connect to 10.0.0.2<45763> failed : Software caused connection abort",
+        "socketTryAccept: Accept failed: Interrupted system call",
+    ],
+)
+def test_bare_socket_layer_warnings(line: str) -> None:
+    """NCCL's socket.cc warnings (src/misc/socket.cc WARN("<function>: ...")) as PyTorch quotes them."""
     for read in (classify_text(line), classify_line(line)):
         assert read is not None
         assert (read.kind, read.severity) == ("nccl_warn_net", "critical"), line
