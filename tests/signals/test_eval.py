@@ -9,7 +9,9 @@ are decided"). It prints per-field and per-family accuracy and holds each field 
 
 ``extra_real_lines.jsonl`` is a second set of the same kind, collected later from other public sources
 (NCCL's own format strings, PyTorch issues of many versions, NVIDIA documentation, kernel logs quoted in
-bug reports, Slurm and DCGM output, k8s/journald wrappers); it is held to the same goal.
+bug reports, Slurm and DCGM output, k8s/journald wrappers); ``third_real_lines.jsonl`` a third (PCIe AER
+blocks, host EDAC/MCE, NVRM firmware lines, NCCL last-error quotes, vLLM/Ray relays, wrapped torch 2.x
+watchdog lines). Both are held to the same goal.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from tests.support import corpus_path
 GOAL = 0.97
 EVAL = Path(__file__).resolve().parent.parent / "data" / "logs_eval" / "eval_lines.jsonl"
 EXTRA = EVAL.with_name("extra_real_lines.jsonl")
-SETS = {"eval": EVAL, "extra": EXTRA}
+THIRD = EVAL.with_name("third_real_lines.jsonl")
+SETS = {"eval": EVAL, "extra": EXTRA, "third": THIRD}
 
 
 def _records(path: Path = EVAL) -> list[dict[str, Any]]:
@@ -74,16 +77,18 @@ def test_eval_set_covers_every_family_of_the_issue(name: str) -> None:
     assert len(families) >= 12, families
 
 
-def test_extra_set_records_are_well_formed() -> None:
-    """Every extra record names where it was found, labels all eight contract fields, and is new: its text
-    is in neither the shared corpus nor the first evaluation set."""
-    eval_texts = {
-        record["text"] for record in _records(EVAL) + _records(corpus_path("logs", "real_lines.jsonl"))
-    }
-    for record in _records(EXTRA):
+@pytest.mark.parametrize("later", [EXTRA, THIRD], ids=["extra", "third"])
+def test_later_set_records_are_well_formed(later: Path) -> None:
+    """Every record of a later set names where it was found, labels all eight contract fields, and is new:
+    its text is in neither the shared corpus nor any set collected before it, nor twice in its own set."""
+    earlier = [corpus_path("logs", "real_lines.jsonl"), EVAL, EXTRA, THIRD]
+    seen = {record["text"] for path in earlier[: earlier.index(later)] for record in _records(path)}
+    records = _records(later)
+    assert len({record["text"] for record in records}) == len(records)
+    for record in records:
         assert record["source"].strip(), record
         assert set(record["expect"]) == set(FIELDS), record
-        assert record["text"] not in eval_texts, record["text"]
+        assert record["text"] not in seen, record["text"]
 
 
 @pytest.mark.parametrize("name", sorted(SETS))

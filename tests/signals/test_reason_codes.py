@@ -14,13 +14,14 @@ from hypothesis import strategies as st
 
 from sentinel.components.vocab import ReasonCode
 from sentinel.signals import classify_text
-from tests.signals.test_eval import EVAL
+from tests.signals.test_eval import EVAL, THIRD
 from tests.support import CORPUS
 
 
 def _texts() -> list[str]:
     lines = (CORPUS / "logs" / "real_lines.jsonl").read_text(encoding="utf-8").splitlines()
     lines += EVAL.read_text(encoding="utf-8").splitlines()
+    lines += THIRD.read_text(encoding="utf-8").splitlines()
     return [json.loads(line)["text"] for line in lines if line.strip()]
 
 
