@@ -9,8 +9,8 @@ A daemon thread takes the live Flight Recorder with only the active entries
 (``torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=True)``, or
 ``_dump_nccl_trace_json`` on builds that only have that), reduces it to :class:`sentinel.fr.heads.FrHeads`
 with this rank's identity and its latest steps' compute times (:mod:`sentinel.fr.steps`, from the
-per-group counters sampled every 50 ms), and sends it as one unix datagram (msgpack, at most 60 KiB: in-flight entries
-are trimmed to fit). It never blocks or breaks training: a missing socket or a full queue drops the
+per-group counters sampled at random instants 50 ms apart on average), and sends it as one unix datagram
+(msgpack, at most 60 KiB: in-flight entries are trimmed to fit). It never blocks or breaks training: a missing socket or a full queue drops the
 snapshot and counts it, the next tick tries again. Importing this module imports nothing heavy; torch is
 imported by the thread, and only if the process already uses it.
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import socket
 import sys
 import threading
@@ -59,6 +60,14 @@ MIXED_STILL_REFRESH_S = 10.0
 #: how often the per-group counters are sampled between snapshots, to time each step's compute (the
 #: status dump without entries costs microseconds; 50 ms keeps the step timing within ~1/20 of a second)
 SAMPLE_S = 0.05
+#: the sample instants are random: each wait is uniform within SAMPLE_S x (1 +- SAMPLE_JITTER), SAMPLE_S on
+#: average. A sampler of fixed period reads every step as a whole number of periods (the completion and the
+#: next entry are each placed at the middle of the period they fell in), so a median over steps is a whole
+#: number of periods too: a rank computing 120 ms a step read 100 ms like its 100 ms peers (a 1.2x straggler
+#: unseen), and peers computing 276 ms read 252 or 301 ms each (a 1.2x spread between identical ranks, from
+#: which rank they happened to round). At random instants each step's error is continuous and symmetric
+#: about zero, so a median over steps converges to the compute time itself (tests/fr/test_steps.py).
+SAMPLE_JITTER = 0.5
 
 DumpFn = Callable[[], bytes]
 
@@ -88,12 +97,14 @@ class Probe:
         status_fn: DumpFn | None = None,
         all_fn: DumpFn | None = None,
         sample_s: float = SAMPLE_S,
+        sample_rng: random.Random | None = None,
     ) -> None:
         from sentinel.fr.reduce import BatchMemory
         from sentinel.fr.steps import StepClock
 
         self.interval_s = interval_s
         self.sample_s = min(sample_s, interval_s)
+        self._sample_rng = sample_rng or random.Random()
         self.steps = StepClock()
         self.socket_path = socket_path
         self.stats = ProbeStats()
@@ -136,9 +147,13 @@ class Probe:
         if self._sock is not None:
             self._sock.close()
 
+    def next_sample_wait(self) -> float:
+        """Seconds until the next step-clock sample: random around ``sample_s`` (see SAMPLE_JITTER)."""
+        return self.sample_s * self._sample_rng.uniform(1.0 - SAMPLE_JITTER, 1.0 + SAMPLE_JITTER)
+
     def _run(self) -> None:
         next_send = time.monotonic() + self.interval_s
-        while not self._stop.wait(self.sample_s):
+        while not self._stop.wait(self.next_sample_wait()):
             self.sample()
             if time.monotonic() >= next_send:
                 next_send += self.interval_s

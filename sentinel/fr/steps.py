@@ -1,10 +1,14 @@
 """A rank's compute time per step, from frequent samples of its Flight Recorder's per-group counters.
 
 The probe samples ``pg_status`` (last enqueued / started / completed collective per process group, no
-entries: microseconds) every ``sample_s``. A *step* ends when the step group (the default group, pg 0: the
-world's gradient allreduce) completes a collective; the rank then computes until it starts its next
-collective in any group. That gap — measured on the rank's own clock, to about one sample interval — is
-what :class:`~sentinel.fr.heads.StepTime` carries. A rank slowed by its own GPU, input or host computes
+entries: microseconds) at random instants ``sample_s`` apart on average. A *step* ends when the step group
+(the default group, pg 0: the world's gradient allreduce) completes a collective; the rank then computes
+until it starts its next collective in any group. That gap — measured on the rank's own clock, each end
+placed at the middle of the sample interval it fell in, so to about one sample interval per step — is what
+:class:`~sentinel.fr.heads.StepTime` carries. (At a fixed sample period every gap would read as a whole
+number of periods, and so would a median over steps: the instants are random so that each step's error is
+continuous and symmetric, and a median over steps converges to the compute time; see
+``sentinel.probe.SAMPLE_JITTER``.) A rank slowed by its own GPU, input or host computes
 longer; a peer that waits for it waits *inside* a collective, so its gap is unchanged.
 
 ProcessGroupNCCL's counters in a group that posts send/recv (torch 2.5+) mix two sequences: each value is

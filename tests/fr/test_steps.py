@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import pickle
+import random
 import socket
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -253,3 +256,44 @@ def test_a_step_group_whose_counters_mix_reads_no_step_from_a_completed_send_rec
                 t += 0.05
     assert probe.steps.recent() == []
     server.close()
+
+
+def _median_read(probe: Probe, compute_s: float, wait: Callable[[], float], steps: int = 40) -> float:
+    """A rank computing ``compute_s`` per step, then a 3 ms world all_reduce, its counters sampled by
+    ``probe`` at the instants ``wait`` spaces (from a random phase): the median of the compute times of its
+    last 32 steps (the aggregator's window) as the probe read them."""
+    entered, completed = [], []  # when world all_reduce #k was entered / completed (k = index + 1)
+    t = 0.05 * probe._sample_rng.random()
+    for _ in range(steps):
+        t += compute_s
+        entered.append(t)
+        t += 0.003
+        completed.append(t)
+    status = [_status((0, 0))]
+    probe._status_fn = lambda: pickle.dumps({"pg_status": status[0]})
+    read: dict[int, float] = {}
+    now = 0.0
+    while now < completed[-1] + 0.1:
+        status[0] = _status((bisect.bisect_right(entered, now), bisect.bisect_right(completed, now)))
+        probe.sample(now=1.7e9 + now)
+        read.update((s.seq, s.compute_s) for s in probe.steps.recent())
+        now += wait()
+    last = [read[seq] for seq in sorted(read)][-32:]
+    assert len(last) == 32
+    return statistics.median(last)
+
+
+@pytest.mark.parametrize("compute_s", [0.06, 0.12, 0.275, 0.575])
+def test_the_median_step_read_at_the_probes_random_instants_is_the_compute_time(compute_s: float) -> None:
+    """Each step is read to about one sample interval (50 ms); what the straggler detector compares is the
+    median over 32 steps, which must be the compute time itself. At a fixed 50 ms period it was a whole
+    number of periods: 120 ms read 100 ms (a 1.2x straggler of 100 ms peers unseen), 275 ms read 250 or
+    300 ms depending on the phase (identical ranks 1.2x apart). At the probe's random instants every phase
+    reads within a quarter of a sample interval."""
+    for seed in range(4):
+        probe = Probe(2.0, "/nonexistent", sample_rng=random.Random(seed))
+        waits = [probe.next_sample_wait() for _ in range(2000)]
+        assert 0.5 * probe.sample_s <= min(waits) and max(waits) <= 1.5 * probe.sample_s
+        assert statistics.fmean(waits) == pytest.approx(probe.sample_s, rel=0.02)  # the same rate
+        read = _median_read(probe, compute_s, probe.next_sample_wait)
+        assert read == pytest.approx(compute_s, abs=0.25 * probe.sample_s), (seed, read)
