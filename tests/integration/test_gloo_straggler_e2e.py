@@ -50,8 +50,8 @@ from tests.support import need_module
 STRAGGLER = StragglerConfig(eval_interval_s=1.0)
 #: the ranks slowed in turn: both ends of the rank order (the middle one is the hang test's)
 SLOWED = (0, WORLD - 1)
-#: each step's compute is the job's 50 ms sleep; a straggler computes this much longer (3x)
-SLOW_EXTRA_S = 0.1
+#: each step's compute is the job's 50 ms sleep; a straggler computes this much longer (2x)
+SLOW_EXTRA_S = 0.05
 #: every rank judged: the hosts' clock rates gate the judging for 20-30 s after the agents are first heard
 #: (sentinel/aggregator/clock.py), and each rank needs ``min_steps`` steps
 JUDGED_WITHIN_S = 60.0
