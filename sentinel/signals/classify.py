@@ -270,8 +270,9 @@ def classify_text(text: str) -> Classified:
 
 
 def _fallback_rank(text: str) -> int | None:
-    """The rank of a PyTorch line that carries no event (``[rank3]:`` or a default-group PG tag)."""
+    """The rank of a PyTorch line that carries no event (``[rank3]:``, a default-group PG tag, or the
+    ``[Rank N]`` that PyTorch's default group and DeepSpeed's ``log_dist`` print)."""
     head = bounded(text)
-    if "[rank" in head or "ProcessGroup" in head or "[PG " in head:
+    if "[rank" in head or "ProcessGroup" in head or "[PG " in head or "[Rank " in head:
         return torch_rank(head)
     return None

@@ -137,6 +137,9 @@ GATE_LITERALS: Final[tuple[bytes, ...]] = (
     b"nv_peer_mem",
     b"general protection",
     b"nobody cared",
+    # nvidia-smi's GPU table row (its volatile uncorrected-ECC cell), read by kernel._gpu_tool_events
+    b" off | ",
+    b" on | ",
     # NCCL (nccl_log.py; init and version lines are info events that are not noise; error-return traces)
     b"nccl version",
     b"nranks",

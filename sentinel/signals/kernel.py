@@ -14,7 +14,7 @@ from typing import Final
 from sentinel.components.vocab import Severity
 from sentinel.components.xid.parse import parse_sxid
 from sentinel.signals.record import Classified, make_event
-from sentinel.text import bounded, clip, normalize_pci
+from sentinel.text import bounded, clip, normalize_pci, parse_int
 
 _NVRM_RE: Final = re.compile(r"\bNVRM: ?(?P<msg>.*)")
 _NVRM_BAD_WORDS: Final = (
@@ -83,6 +83,17 @@ _SIGNAL_RE: Final = re.compile(
 _SMI_ERROR_RE: Final = re.compile(
     r"Unable to (?:determine|detect) the device handle for GPU ?(?P<bdf>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})?|"
     r"Failed to initialize NVML|NVIDIA-SMI has failed|GPU is lost|GPU_IS_LOST\b|No devices were found"
+)
+#: nvidia-smi's default table, a GPU's first row as its cells read (``0  NVIDIA A100 ...  Off |
+#: 00000000:01:00.0  On | N/A``): index, name, persistence | bus id, display | volatile uncorrected ECC.
+_SMI_GPU_ROW_RE: Final = re.compile(
+    r"^\s{0,4}\d{1,3}\s{1,8}\S[^|\n]{0,80}?\s(?:On|Off) \| (?P<bdf>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])"
+    r"\s{1,8}(?:On|Off) \| (?P<ecc>N/A|\d{1,10})\s{0,4}$"
+)
+#: nvidia-persistenced naming the GPU it (un)registers: ``nvidia-persistenced[19176]: device 0000:3d:00.0 -
+#: registered``.
+_PERSISTENCED_DEVICE_RE: Final = re.compile(
+    r"nvidia-persistenced(?:\[\d{1,10}\])?: device (?P<bdf>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]) - "
 )
 _HOST_TROUBLE: Final[tuple[tuple[str, Severity, str], ...]] = (
     ("Out of memory: Killed process", "critical", "host_oom_kill"),
@@ -172,6 +183,36 @@ def _aer_detail_events(text: str) -> list[Classified]:
         return []
     pci = normalize_pci(device.group("bdf")) if device.group("dev") != "pcieport" else None
     return [make_event("other", "warning", pci_bus=pci, reason="pcie_aer_detail", message=clip(text))]
+
+
+def _gpu_tool_events(text: str) -> list[Classified]:
+    """GPU daemons and nvidia-smi naming a GPU by its address: nvidia-smi's table row (whose volatile
+    uncorrected-ECC cell counts uncorrectable memory errors since the driver loaded) and
+    nvidia-persistenced registering a device."""
+    row = _SMI_GPU_ROW_RE.search(text) if "On | " in text or "Off | " in text else None
+    if row is not None:
+        pci = normalize_pci(row.group("bdf"))
+        ecc = parse_int(row.group("ecc")) if row.group("ecc") != "N/A" else None
+        if ecc:
+            return [
+                make_event(
+                    "ecc",
+                    "critical",
+                    pci_bus=pci,
+                    action="reset_gpu",
+                    reason="ecc_uncorrectable",
+                    message=clip(text),
+                )
+            ]
+        return [make_event("other", "info", pci_bus=pci, reason="nvsmi_gpu_row")]
+    device = _PERSISTENCED_DEVICE_RE.search(text) if "persistenced" in text else None
+    if device is not None:
+        return [
+            make_event(
+                "other", "info", pci_bus=normalize_pci(device.group("bdf")), reason="persistenced_device"
+            )
+        ]
+    return []
 
 
 def _maybe_crash(text: str) -> bool:
@@ -268,6 +309,8 @@ def kernel_events(text: str) -> list[Classified]:
             events.append(
                 make_event("other", "info", pci_bus=normalize_pci(device.group("bdf")), reason="pci_device")
             )
+    if not events and (" | " in text or "persistenced" in text):
+        events.extend(_gpu_tool_events(text))
     if "blocked for more than" in text and _HUNG_TASK_RE.search(text) is not None:
         events.append(make_event("other", "warning", reason="hung_task", message=clip(text)))
     if (

@@ -270,6 +270,13 @@ _BENIGN_TORCH_RE: Final = re.compile(
 )
 _C10D_BAD_RE: Final = re.compile(r"\[c10d\].{0,400}?(?:failed|timed out|[Ee]rror|refused|reset by peer)")
 _GLOG_ERROR_RE: Final = re.compile(r"\[E\d{0,4}[ \]]|\[E ")
+#: glog's warning level in PyTorch's header (``[W503 01:52:07.59 socket.cpp:204]``, ``[W socket.cpp:663]``).
+_GLOG_WARNING_RE: Final = re.compile(r"\[W\d{0,4}[ \]]")
+#: ProcessGroupWrapper's per-collective debug line (TORCH_DISTRIBUTED_DEBUG=DETAIL): no failure, but it
+#: names the collective and its sequence number.
+_FINGERPRINT_RUN_RE: Final = re.compile(
+    r"Running collective: CollectiveFingerPrint\((?:SequenceNumber=(?P<seq>\d{1,22}),?[ \t]?)?OpType=(?P<op>\w{1,40})"
+)
 _PG_GLOBAL_RANK_RE: Final = re.compile(r"global rank: (\d{1,7})")
 _PG_OPTIONS_TIMEOUT_RE: Final = re.compile(r"TIMEOUT\(ms\): (\d{1,22})")
 _ROOT_CAUSE_RE: Final = re.compile(r"Root Cause \(first observed failure\)")
@@ -608,6 +615,27 @@ def torch_events(text: str) -> list[Classified]:
                     rank=get_rank(),
                     reason="c10d_error",
                     message=clip(text[c10d.start() :]),
+                )
+            )
+        elif _GLOG_WARNING_RE.search(text, 0, text.find("[c10d]")) is not None:
+            # No failure word, but c10d logged it at warning level ("The hostname of the client socket
+            # cannot be retrieved"): PyTorch's own verdict that something is wrong.
+            events.append(
+                make_event(
+                    "torch_other_error", "warning", rank=get_rank(), reason="c10d_warning", message=clip(text)
+                )
+            )
+    if not events and "Running collective" in text:
+        fingerprint = _FINGERPRINT_RUN_RE.search(text)
+        if fingerprint is not None:
+            events.append(
+                make_event(
+                    "other",
+                    "info",
+                    rank=get_rank(),
+                    seq=parse_int(fingerprint.group("seq")),
+                    op=fingerprint.group("op"),
+                    reason="collective_fingerprint",
                 )
             )
     if not events and "TIMEOUT(ms)" in text:

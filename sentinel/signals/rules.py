@@ -86,7 +86,7 @@ _WARNING_WORDS_RE: Final = re.compile(
 _BENIGN_RE: Final = re.compile(
     r"\b(?:no|0|zero|without|ignor\w{1,4})[ \t]+(?:\w{1,20}[ \t]+)?(?:errors?|failures?|faults?)\b|"
     r"\b(?:errors?|failures?|faults?)[ \t]*[:=][ \t]*(?:0|none|no|ok|n/a)\b|error_file|errorfile|"
-    r"\b[A-Z]{1,20}_\w{0,40}?(?:TIMEOUT|ERROR|RETRY)|\b(?:timeout|retry)[ \t]*[:=(][ \t]*\d|"
+    r"\b[A-Z]{1,20}_\w{0,40}?(?:TIMEOUT|ERROR|RETRY)|\b(?:timeout|retry)['\"]?[ \t]*[:=(][ \t]*\d|"
     r"\bDEBUG\b|\bdown(?:load|sampl|stream)|\bshut(?:ting)?[ \t]+down\b|"
     r"\b[a-z_.]{0,30}(?:panic|timeout|retry|error|fail|abort|oom)[a-z_.]{0,20}=[\w.,:-]{0,40}|"
     # Hedged advice ("this can potentially cause a hang if ...") names a risk, not a failure.
@@ -207,10 +207,12 @@ _CHILD_FAILED_RE: Final = re.compile(r"\bChildFailedError\b")
 _ELASTIC_FAILED_RE: Final = re.compile(
     r"[Ww]orker group (?:FAILED|failed)|[Ww]orkers? (?:failed|exited)|[Rr]estarting worker group|"
     r"Process \d{1,9} exited with (?:exit )?code|exited with (?:exit )?code -?\d{1,5}|[Ee]xit(?:ed)? (?:with )?(?:exit )?code[ :]+-?\d{1,5}|"
-    r"\bexit status -?\d{1,5}|non-zero exit"
+    r"\bexit status -?\d{1,5}|non-zero exit|"
+    # DeepSpeed's launcher: "[...] exits with return code = -9", and its teardown "Killing subprocess 13266"
+    r"\bexits with return code ?= ?-?\d{1,5}|[Kk]illing (?:sub)?process(?:es)? \d{1,9}"
 )
 _EXIT_CODE_RE: Final = re.compile(
-    r"(?:exit(?:ed)?(?: with)?(?: exit)? (?:code|status)|exitcode)[ :=]{0,3}(?P<code>-?\d{1,5})"
+    r"(?:exit(?:s|ed)?(?: with)?(?: exit| return)? (?:code|status)|exitcode)[ :=]{0,3}(?P<code>-?\d{1,5})"
 )
 _HEALTH_VERDICT_RE: Final = re.compile(
     r"marked unhealthy|will go unhealthy|\bunhealthy\b|[Hh]ealth[ \w]{0,20}: ?(?:Fail|Warn|Unhealthy|Critical)|"
@@ -268,7 +270,9 @@ _SCHEDULER_RE: Final = re.compile(
 _GPU_PCI_RE: Final = re.compile(
     r"\bGPU[ :#]?\d{0,3}[ \t,;]{1,3}(?:PCI|[Bb]us[ -]?[Ii]d)[ \t]?[:=][ \t]?(?P<bdf>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})"
 )
-_WEAK_REASONS: Final = frozenset({"pci_device", "ib_port_info", "nvrm_info"})
+_WEAK_REASONS: Final = frozenset(
+    {"pci_device", "ib_port_info", "nvrm_info", "nvsmi_gpu_row", "persistenced_device"}
+)
 
 
 def _xid_events(text: str) -> list[Classified]:
@@ -498,7 +502,16 @@ _CRASH_HINTS: Final = (
 )
 _CUDA_HINTS: Final = ("cuda", "cublas", "cudnn", "illegal", "launch", "assert", "misaligned", "peer access")
 _LINK_HINTS: Final = ("link", "cable", "power", "gt/s", "downgraded", "carrier", "port")
-_LAUNCHER_HINTS: Final = ("exitcode", "traceback", "rank", "failed", "childfailederror", "exit", "orker")
+_LAUNCHER_HINTS: Final = (
+    "exitcode",
+    "traceback",
+    "rank",
+    "failed",
+    "childfailederror",
+    "exit",
+    "orker",
+    "killing",
+)
 _MEMORY_HINTS: Final = ("correct", "ecc", "dbe", "sbe", "remap", "retire", "double", "single", "pending page")
 
 

@@ -87,6 +87,12 @@ FRAGMENTS = [
     "will start\n   to dump the debug info",
     "srun: Terminating job step ",
     "GPU:0 PCI:0000:0f:00.0 ",
+    "exits with return code = -9",
+    "Killing subprocess ",
+    "[W503 01:52:07.5 socket.cpp:204] [c10d] ",
+    "Running collective: CollectiveFingerPrint(SequenceNumber=",
+    "|   0  NVIDIA A100  Off |   00000000:01:00.0  On |   2 |",
+    "nvidia-persistenced[1]: device 0000:3d:00.0 - ",
     ":",
     "[",
     "]",
@@ -184,6 +190,9 @@ PATHOLOGICAL = [
     "will start" + " " * 100_000 + "to dump the debug info",
     "GPU" + ":" * 100_000 + "PCI:0000:00:00",
     "NVRM: " + "fail " * 40_000,
+    "0  " + "x" * 100_000 + " Off | 00000000:01:00.0 On | 1",
+    "Running collective: CollectiveFingerPrint(" + "SequenceNumber=1," * 10_000,
+    "[W" + " " * 100_000 + "[c10d]",
 ]
 
 

@@ -361,3 +361,88 @@ def test_health_tool_names_the_gpu_address(check: str, gpu: int, b: int, d: int)
 def test_an_address_not_named_as_a_gpus_is_not_recorded() -> None:
     line = "NIC mlx5_0 PCI:0000:3b:00.0 reported a failure; GPU work continues"
     assert classify_text(line).pci_bus is None
+
+
+# --- batch 2 of the third set: launchers, c10d levels, debug fingerprints, GPU tools naming a GPU --------
+
+
+@given(st.integers(-64, 255), st.sampled_from(["", "[2024-03-20 20:31:29,269] "]), st.integers(1, 10**6))
+def test_deepspeed_launcher_exit_code_decides(code: int, stamp: str, pid: int) -> None:
+    """A negative return code is a worker killed by a signal (critical); a positive one an exit whose cause
+    is elsewhere (warning); the launcher killing its other workers is its teardown (warning)."""
+    line = f"{stamp}[ERROR] [launch.py:321:sigkill_handler] ['/usr/bin/python3', '-u', 'main.py'] exits with return code = {code}"
+    event = classify_text(line)
+    if code != 0:
+        assert (event.kind, event.severity) == ("other", "critical" if code < 0 else "warning"), line
+    teardown = classify_text(f"{stamp}[INFO] [launch.py:428:sigkill_handler] Killing subprocess {pid}")
+    assert (teardown.kind, teardown.severity) == ("other", "warning")
+
+
+@given(
+    st.sampled_from(["[W503 01:52:07.597517393 socket.cpp:204] ", "[W socket.cpp:204] "]), st.integers(-9, -1)
+)
+def test_c10d_warning_level_without_failure_words(header: str, err: int) -> None:
+    line = f"{header}[c10d] The hostname of the client socket cannot be retrieved. err={err}"
+    event = classify_text(line)
+    assert (event.kind, event.severity) == ("torch_other_error", "warning")
+
+
+def test_c10d_info_level_line_stays_info() -> None:
+    line = "[I socket.cpp:480] [c10d] The server socket has started to listen on [::]:29500."
+    assert classify_text(line).severity == "info"
+
+
+@given(
+    st.integers(0, 4095),
+    st.integers(0, 10**7),
+    st.sampled_from(["ALLREDUCE", "BROADCAST", "_ALLGATHER_BASE"]),
+)
+def test_fingerprint_debug_line_names_the_collective(rank: int, seq: int, op: str) -> None:
+    line = (
+        f"[I ProcessGroupWrapper.cpp:562] [Rank {rank}] Running collective: CollectiveFingerPrint("
+        f"SequenceNumber={seq}, OpType={op}, TensorShape=[], TensorDtypes=Float)"
+    )
+    event = classify_text(line)
+    assert (event.kind, event.severity, event.rank, event.seq, event.op) == ("other", "info", rank, seq, op)
+
+
+@given(st.integers(0, 4095))
+def test_deepspeed_log_dist_rank(rank: int) -> None:
+    line = f"[2025-03-07 23:55:15,357] [INFO] [logging.py:128:log_dist] [Rank {rank}] DeepSpeed info: version=0.16.3"
+    assert classify_text(line).rank == rank
+
+
+@given(st.sampled_from(["'timeout': 900", '"timeout": 900', "timeout=900", "'retry': 3"]))
+def test_configuration_values_name_no_failure(field: str) -> None:
+    assert classify_text(f"  rdzv_configs     : {{{field}}}").severity == "info"
+
+
+@given(
+    st.integers(0, 7),
+    st.sampled_from(["NVIDIA A100-SXM4-80GB", "NVIDIA RTX A2000 Laptop GPU", "NVIDIA GeForce ..."]),
+    st.sampled_from(["On", "Off"]),
+    bus,
+    st.sampled_from(["N/A", "0", "2", "117"]),
+)
+def test_nvidia_smi_gpu_row(index: int, name: str, persistence: str, b: int, ecc: str) -> None:
+    """The row names the GPU's address; a non-zero volatile uncorrected-ECC cell is an uncorrectable memory
+    error (critical), through the raw (gated) reading too."""
+    line = f"|   {index}  {name:<24}  {persistence:>3}  |   00000000:{b:02X}:00.0 Off |{ecc:>22} |"
+    event = classify_text(line)
+    failing = ecc not in ("N/A", "0")
+    expected = ("ecc", "critical") if failing else ("other", "info")
+    assert (event.kind, event.severity, event.pci_bus) == (*expected, f"0000:{b:02x}:00"), line
+    gated = classify_line(line)
+    assert (gated is not None) == failing
+
+
+@given(bus, slot, st.sampled_from(["registered", "unregistered"]))
+def test_persistenced_names_the_gpu(b: int, d: int, what: str) -> None:
+    line = f"May 31 05:33:40 kino1 nvidia-persistenced[19176]: device {_bdf(b, d, 0)} - {what}"
+    event = classify_text(line)
+    assert (event.kind, event.severity, event.pci_bus) == ("other", "info", _bdf(b, d, 0)[:10])
+
+
+def test_persistenced_failure_keeps_its_failure_words() -> None:
+    line = "May 31 05:33:40 kino1 nvidia-persistenced[19176]: device 0000:3d:00.0 - failed to open"
+    assert classify_text(line).severity == "warning"
