@@ -168,7 +168,7 @@ _CRASH_RE: Final = re.compile(
     r"terminate called (?:after throwing|without an active exception|recursively)|Segmentation fault|"
     r"\bSIG(?:SEGV|ABRT|BUS|ILL|FPE)\b|Signal \d{1,2} \(SIG\w{2,6}\) received|core dumped|Fatal Python error|"
     r"[Kk]illed by signal|terminated with signal|exited with signal|exited on signal|Aborted \(core|"
-    r"Kernel panic|oom[-_ ]kill|OutOfMemoryError|CUDA out of memory|\bKilled$|: Killed\b|"
+    r"Kernel panic|oom[-_ ]kill|\bOOMKilled\b|OutOfMemoryError|CUDA out of memory|\bKilled$|: Killed\b|"
     r"(?:task|process) \d{1,9}(?:: | )(?:Killed|Aborted|Segmentation)"
 )
 _BENIGN_SIGNAL_RE: Final = re.compile(r"closing signal|death signal|Received SIG(?:TERM|INT|HUP)|SIGTERM")
@@ -192,6 +192,15 @@ _TEST_FAILURE_RE: Final = re.compile(
     r"\bTest failure \S{1,120}?\.cu:\d{1,6}"
 )
 _NCCL_ERROR_KIND_RE: Final = re.compile(r"cuda", re.IGNORECASE)
+#: nccl-tests' verdict on the collective's results (``# Out of bounds values : 248 FAILED``): values that
+#: came back wrong are an NCCL failure the test program reports; ``0 OK`` is the passing verdict.
+_TEST_VERDICT_RE: Final = re.compile(r"Out of bounds values ?: ?(?P<count>\d{1,12}) (?P<verdict>OK|FAILED)\b")
+#: nccl-tests' device banner: ``#  Rank  0 Group  0 Pid 895544 on h100-2 device  0 [0002:00:01] NVIDIA H100``;
+#: newer versions print the GPU's domain:bus:device, older ones its bus alone (``[0x61]``, no address).
+_TEST_DEVICE_RE: Final = re.compile(
+    r"#\s{1,4}Rank\s{1,6}\d{1,7}\s{1,4}Group\s{1,4}\d{1,7}\s{1,4}Pid\s{1,8}\d{1,10}\s{1,4}on\s{1,40}\S{1,255}\s{1,4}"
+    r"device\s{1,4}\d{1,4}\s{1,4}\[(?P<bus>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})\]"
+)
 _NCCL_NET_RE: Final = re.compile(r"network|remote process|socket|connection|\bIB\b|peer", re.IGNORECASE)
 
 # torchrun failure-summary field lines, behind whatever wrapper: ``  exitcode  : -6 (pid: 2385923)``.
@@ -383,6 +392,27 @@ def _cuda_events(text: str, prod: Producer) -> list[Classified]:
     return [make_event(kind, "critical", reason="cuda_error", message=clip(text[match.start() :]))]
 
 
+def _test_verdict_events(text: str) -> list[Classified]:
+    """nccl-tests' result verdict and device banner (see _TEST_VERDICT_RE, _TEST_DEVICE_RE)."""
+    verdict = _TEST_VERDICT_RE.search(text) if "Out of bounds" in text else None
+    if verdict is not None:
+        if verdict.group("verdict") == "FAILED" and verdict.group("count").strip("0"):
+            return [
+                make_event(
+                    "nccl_warn_other", "critical", reason="nccl_tests_wrong_results", message=clip(text)
+                )
+            ]
+        return [make_event("other", "info", reason="nccl_tests_verdict")]
+    device = _TEST_DEVICE_RE.search(text) if "Rank" in text and "device" in text else None
+    if device is not None:
+        return [
+            make_event(
+                "other", "info", pci_bus=normalize_pci(device.group("bus")), reason="nccl_tests_device"
+            )
+        ]
+    return []
+
+
 def _test_program_events(text: str) -> list[Classified]:
     """nccl-tests: ``Test NCCL failure common.cu:777 'unhandled system error'`` and its ``Test failure``
     follow-up (the cause is on the line before)."""
@@ -537,6 +567,8 @@ def rule_events(text: str, found: list[Classified]) -> list[Classified]:
     specific: list[Classified] = []
     if "failure" in lower:
         specific = _test_program_events(text)
+    if not specific and ("out of bounds" in lower or "# " in text):
+        specific = _test_verdict_events(text)
     if not specific and (
         text.rstrip()[-1:].isupper() or "#" in text or "dead" in lower or "communicator" in lower
     ):

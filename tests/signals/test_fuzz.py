@@ -93,6 +93,9 @@ FRAGMENTS = [
     "Running collective: CollectiveFingerPrint(SequenceNumber=",
     "|   0  NVIDIA A100  Off |   00000000:01:00.0  On |   2 |",
     "nvidia-persistenced[1]: device 0000:3d:00.0 - ",
+    "# Out of bounds values : 248 FAILED",
+    "#  Rank  0 Group  0 Pid 1 on h device  0 [0002:00:01] ",
+    "Reason:       OOMKilled",
     ":",
     "[",
     "]",
@@ -193,6 +196,8 @@ PATHOLOGICAL = [
     "0  " + "x" * 100_000 + " Off | 00000000:01:00.0 On | 1",
     "Running collective: CollectiveFingerPrint(" + "SequenceNumber=1," * 10_000,
     "[W" + " " * 100_000 + "[c10d]",
+    "#  Rank " + "  " * 50_000 + "Group 0 Pid 1 on x device 0 [0000:00:00]",
+    "Out of bounds values : " + "9" * 100_000 + " FAILED",
 ]
 
 

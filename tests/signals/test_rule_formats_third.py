@@ -446,3 +446,41 @@ def test_persistenced_names_the_gpu(b: int, d: int, what: str) -> None:
 def test_persistenced_failure_keeps_its_failure_words() -> None:
     line = "May 31 05:33:40 kino1 nvidia-persistenced[19176]: device 0000:3d:00.0 - failed to open"
     assert classify_text(line).severity == "warning"
+
+
+# --- batch 3: nccl-tests verdicts and banners, Kubernetes' OOMKilled -----------------------------------
+
+
+@given(st.integers(0, 10**6), st.sampled_from(["", "[1,0]<stdout>:", "# "]))
+def test_nccl_tests_wrong_values_verdict(count: int, prefix: str) -> None:
+    failed = count > 0
+    line = f"{prefix}# Out of bounds values : {count} {'FAILED' if failed else 'OK'}"
+    event = classify_text(line)
+    expected = ("nccl_warn_other", "critical") if failed else ("other", "info")
+    assert (event.kind, event.severity) == expected, line
+
+
+@given(st.integers(0, 4095), st.integers(1, 10**6), st.integers(0, 0xFFFF), bus, slot, st.integers(0, 7))
+def test_nccl_tests_device_banner_names_the_gpu(
+    rank: int, pid: int, domain: int, b: int, d: int, dev: int
+) -> None:
+    address = f"{domain:04x}:{b:02x}:{d:02x}"
+    line = f"#  Rank {rank:2d} Group  0 Pid {pid:6d} on     h100-2 device  {dev} [{address}] NVIDIA H100 80GB HBM3"
+    event = classify_text(line)
+    assert (event.kind, event.severity, event.pci_bus, event.rank) == ("other", "info", address, None)
+
+
+def test_nccl_tests_banner_with_a_bare_bus_records_no_address() -> None:
+    line = "#  Rank  1 Group  0 Pid   4940 on ai-worker03 device  0 [0x61] NVIDIA L40"
+    assert classify_text(line).pci_bus is None
+
+
+@given(
+    st.sampled_from(
+        ["      Reason:       OOMKilled", "Last State: Terminated (OOMKilled)", "reason: OOMKilled"]
+    )
+)
+def test_kubernetes_oom_killed_is_a_crash(line: str) -> None:
+    for read in (classify_text(line), classify_line(line)):
+        assert read is not None
+        assert (read.kind, read.severity) == ("other", "critical"), line
