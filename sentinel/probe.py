@@ -68,6 +68,11 @@ SAMPLE_S = 0.05
 #: which rank they happened to round). At random instants each step's error is continuous and symmetric
 #: about zero, so a median over steps converges to the compute time itself (tests/fr/test_steps.py).
 SAMPLE_JITTER = 0.5
+#: while the step group's counters mix send/recv and collective work (NCCL, a pipeline that sends over the
+#: default group), its step times come from a dump of every entry (sentinel.fr.steps.steps_from_entries),
+#: taken at most this often: one dump gives every step its ring buffer holds (the latest MAX_STEPS travel),
+#: and costs 15-40 ms at 2,000 entries (< 0.4% of a core at one per 10 s)
+STEP_ENTRIES_EVERY_S = 10.0
 
 DumpFn = Callable[[], bytes]
 
@@ -127,6 +132,9 @@ class Probe:
         # the others the latest reduction left unsettled -> when they were created (unix s)
         self._unconfirmed: dict[tuple[str, int], float] = {}
         self._last_settle = -math.inf
+        # the step group's status at the last dump of every entry that gave its steps (its counters mix)
+        self._step_progress: tuple[int, int, int] | None = None
+        self._step_seen: tuple[int, int, int] | None = None  # and as last read
         # mixed-counter groups: pg_id -> (enqueued, started, completed) of the last dump with entries, when
         self._mixed_seen: dict[int, tuple[tuple[int, int, int], float]] = {}
         self._mixed_heads: dict[str, Any] = {}  # their heads from it (name -> PgHead)
@@ -205,7 +213,10 @@ class Probe:
             self._status_fn = _torch_status_fn()
         status = self._light_status() if self._status_fn is not None else None
         wants_entries = status is None or self._needs_full(status, now)  # (its bookkeeping runs each tick)
-        every_fn = self._every_fn() if self._settle_due(now) else None
+        if status is not None:
+            self._step_seen = self._step_group_progress(status)
+        step_due = self._step_entries_due(now)
+        every_fn = self._every_fn() if self._settle_due(now) or step_due else None
         if every_fn is None and status is not None and not wants_entries:
             unsettled = self._batches.unsettled
             heads = self._reduce({"pg_status": status, "entries": []}, now)
@@ -225,6 +236,12 @@ class Probe:
                 self.stats.active_dumps += 1
             self._last_full = now
             heads = self._reduce(data, now)
+            self._step_seen = self._step_group_progress(data.get("pg_status")) or self._step_seen
+            if every_fn is not None and int(self.steps.step_group) in self._p2p_groups:
+                from sentinel.fr.steps import steps_from_entries
+
+                self.steps.add(steps_from_entries(data.get("entries"), int(self.steps.step_group)))
+                self._step_progress = self._step_seen
             self._settle(now, every=every_fn is not None)
             self._remember_mixed(data.get("pg_status"), heads, now)
         heads = self._with_unconfirmed_marked(heads)
@@ -284,6 +301,23 @@ class Probe:
         if not self._unconfirmed or now - self._last_settle < SETTLE_MIN_GAP_S:
             return False
         return now - min(self._unconfirmed.values()) >= SETTLE_AFTER_S
+
+    def _step_entries_due(self, now: float) -> bool:
+        """Whether this tick takes a dump of every entry for the step times of a step group whose counters
+        mix (its counters give none: sentinel.fr.steps): at most every STEP_ENTRIES_EVERY_S, counting the
+        dumps of every entry taken to settle lone send/recv (they serve as well), and only when the step
+        group's status as last read (this tick's, else the last dump's) moved since the last one that gave
+        steps (a paused or stalled job completes no step: 30 min of a checkpoint pause would otherwise cost
+        180 dumps of the whole buffer); unreadable, the time bound alone holds."""
+        if (
+            int(self.steps.step_group) not in self._p2p_groups
+            or now - self._last_settle < STEP_ENTRIES_EVERY_S
+        ):
+            return False
+        return self._step_seen is None or self._step_seen != self._step_progress
+
+    def _step_group_progress(self, status: Any) -> tuple[int, int, int] | None:
+        return _progress(status.get(self.steps.step_group)) if isinstance(status, dict) else None
 
     def _settle(self, now: float, *, every: bool) -> None:
         """After a reduction with entries: the lone ops it left unsettled are confirmed as ops of their own

@@ -21,16 +21,31 @@ caller says which groups mix (the probe learns them from its dumps with entries,
 communication, where a peer that waits for it waits), and the completed value never ends a step — a step
 group that mixes gives no step times from its counters (none rather than a send/recv read as a step).
 
-Pure: samples (time, counters) in, step times out; no torch, no clock of its own.
+Such a step group's step times come from entries instead (:func:`steps_from_entries`, from the probe's
+dumps of every entry, completed ones too): each entry names its op, so the step collectives are known by
+name, and each carries its own times — the same gap, measured from the step collective's
+``time_discovered_completed_ns`` to the first ``time_discovered_started_ns`` (``time_created_ns`` in a dump
+that records no start times) after it of any entry of any group. A dump covers the ring buffer's last
+entries, so it gives every step it holds at once; the probe takes one at most every
+``STEP_ENTRIES_EVERY_S`` while its step group mixes and its status moves. (ProcessGroupNCCL's watchdog
+discovers starts and completions at its polls, about every 100 ms: NCCL step times are read to about that
+from either source.)
+
+Pure: samples (time, counters) or entries in, step times out; no torch, no clock of its own.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from sentinel.fr.heads import MAX_STEPS, StepTime
+from sentinel.fr.ops import P2P, entry_completed, op_name, reads_as_p2p
+
+#: the longest compute gap a StepTime carries (its schema's bound)
+_MAX_COMPUTE_S = 86400.0
 
 STEP_GROUP = "0"  # torch's default process group id
 
@@ -100,3 +115,68 @@ class StepClock:
 
     def recent(self) -> list[StepTime]:
         return list(self.steps)
+
+    def add(self, steps: Iterable[StepTime]) -> None:
+        """Step times measured elsewhere (:func:`steps_from_entries`, for a step group whose counters mix):
+        those after the newest kept, in seq order (a dump repeats the steps the previous one held)."""
+        newest = self.steps[-1].seq if self.steps else -1
+        for step in sorted(steps, key=lambda s: s.seq):
+            if step.seq > newest:
+                self.steps.append(step)
+                newest = step.seq
+
+
+def _ns(value: Any) -> int | None:
+    """A timestamp field as integer nanoseconds (None when absent, null or not an integer)."""
+    if type(value) is int:
+        return value if value > 0 else None
+    if isinstance(value, str) and value.isdigit():
+        return int(value) or None
+    return None
+
+
+def steps_from_entries(entries: Any, step_pg: int = int(STEP_GROUP)) -> list[StepTime]:
+    """The compute gaps of the step collectives in a dump of every entry (oldest first): for each completed
+    collective of group ``step_pg`` (seq k), the time from its ``time_discovered_completed_ns`` to the
+    first time after it that the rank entered any op of any group — step k+1's compute, as
+    :class:`StepClock` measures it from counters.
+
+    *Entered* is ``time_discovered_started_ns`` (the device reached the op) when the dump records start
+    times (``TORCH_NCCL_ENABLE_TIMING``), else ``time_created_ns`` (the CPU enqueued it): the started and
+    enqueued counts of :func:`_counters`. With start times recorded, an entry without one has not started
+    (scheduled) or has no work of its own (a batch's member: its closer carries the time). Send/recv and a
+    batch's closer (:func:`sentinel.fr.ops.reads_as_p2p`) end a compute gap but never end a step; an
+    entry of another shape, or without the times, is passed over."""
+    if not isinstance(entries, list):
+        return []
+    timed = any(isinstance(e, dict) and _ns(e.get("time_discovered_started_ns")) for e in entries)
+    entered: list[int] = []
+    done: list[tuple[int, int]] = []  # (completed ns, collective seq) of the step group's collectives
+    last_p2p: dict[Any, int] = {}  # group -> p2p seq of its previous entry when that was a send/recv
+    for e in entries:
+        if not isinstance(e, dict):
+            continue
+        start = _ns(e.get("time_discovered_started_ns" if timed else "time_created_ns"))
+        if start is not None:
+            entered.append(start)
+        pg_id, seq, p2p_seq = e.get("pg_id"), e.get("collective_seq_id"), e.get("p2p_seq_id", -1)
+        if type(pg_id) is not int or type(seq) is not int or type(p2p_seq) is not int:
+            continue
+        op = op_name(str(e.get("profiling_name", "")))
+        p2p = reads_as_p2p(op, e.get("is_p2p"), p2p_seq, last_p2p.get(pg_id))
+        if op in P2P:
+            last_p2p[pg_id] = p2p_seq
+        else:
+            last_p2p.pop(pg_id, None)
+        completed = _ns(e.get("time_discovered_completed_ns"))
+        if pg_id == step_pg and not p2p and completed is not None and entry_completed(e):
+            done.append((completed, seq))
+    entered.sort()
+    out: dict[int, StepTime] = {}
+    for completed, seq in done:
+        at = bisect.bisect_right(entered, completed)
+        if at < len(entered):
+            compute = (entered[at] - completed) / 1e9
+            if compute <= _MAX_COMPUTE_S:
+                out[seq + 1] = StepTime(seq=seq + 1, compute_s=compute)
+    return [out[k] for k in sorted(out)]

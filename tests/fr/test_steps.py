@@ -13,12 +13,15 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
-from sentinel.fr.heads import FrHeads
-from sentinel.fr.steps import StepClock
+from sentinel.fr.heads import FrHeads, StepTime
+from sentinel.fr.steps import StepClock, steps_from_entries
 from sentinel.probe import Probe
 from tests.support import REPO, TORCH_PROCESS_TIMEOUT_S
 
@@ -297,3 +300,208 @@ def test_the_median_step_read_at_the_probes_random_instants_is_the_compute_time(
         assert statistics.fmean(waits) == pytest.approx(probe.sample_s, rel=0.02)  # the same rate
         read = _median_read(probe, compute_s, probe.next_sample_wait)
         assert read == pytest.approx(compute_s, abs=0.25 * probe.sample_s), (seed, read)
+
+
+# -- a step group whose counters mix: step times from entries -------------------------------------------
+
+BASE_NS = 1_700_000_000_000_000_000
+LAUNCH_NS = 40_000  # the CPU enqueues an op this long before the device starts it
+
+
+def _pipeline_entries(
+    computes: list[float], *, wait_s: float = 0.05, timed: bool = True, batched: bool = False
+) -> list[dict[str, Any]]:
+    """SYNTHETIC NCCL-format entries (flight recorder 2.x fields; torch 2.5+ ProcessGroupNCCL, whose
+    default group here carries both the pipeline's send/recv and the step's all_reduce) of one rank,
+    oldest first. Step k (from 1): compute ``computes[k - 1]`` s, send #k to the next stage (20 ms; or,
+    ``batched``, a batch_isend_irecv of a send and a recv: members without work, then their
+    ``nccl:coalesced`` closer, is_p2p False as torch 2.5 records it), compute 0.3 s more, all_reduce #k
+    (it waits ``wait_s`` inside for its peers, then 10 ms). ``timed``: start times recorded
+    (TORCH_NCCL_ENABLE_TIMING), else null. Nothing here was written by NCCL itself."""
+    out: list[dict[str, Any]] = []
+    t = BASE_NS
+
+    def op(name: str, seq: int, p2p_seq: int, is_p2p: bool, start: int | None, end: int | None) -> None:
+        out.append(
+            {
+                "record_id": len(out),
+                "pg_id": 0,
+                "process_group": ["0", "default_pg"],
+                "collective_seq_id": seq,
+                "p2p_seq_id": p2p_seq,
+                "is_p2p": is_p2p,
+                "profiling_name": f"nccl:{name}",
+                "state": "completed" if end is not None else "scheduled",
+                "retired": end is not None,
+                "time_created_ns": (start if start is not None else t) - LAUNCH_NS,
+                "time_discovered_started_ns": start if timed else None,
+                "time_discovered_completed_ns": end,
+                "duration_ms": None if end is None or start is None else (end - start) / 1e6,
+            }
+        )
+
+    for k, compute in enumerate(computes, start=1):
+        t += int(compute * 1e9)
+        if batched:
+            op("send 0->1", k - 1, k, True, None, None)
+            op("recv 0<-1", k - 1, k, True, None, None)
+            op("coalesced", k - 1, k, False, t, t + 20_000_000)
+        else:
+            op("send 0->1", k - 1, k, True, t, t + 20_000_000)
+        t += 20_000_000 + 300_000_000
+        op("all_reduce", k, k, False, t, t + int((wait_s + 0.01) * 1e9))
+        t += int((wait_s + 0.01) * 1e9)
+    return out
+
+
+def test_a_step_group_whose_counters_mix_gets_its_step_times_from_entries() -> None:
+    """Step k+1's compute is the gap from all_reduce #k's completion to the next op entered (send
+    #k+1): read from the entries' own times, the step collectives known by name; a send's completion ends
+    no step, and a peer waiting 0.4 s inside the all_reduce computes as long as the others."""
+    computes = [0.5, 0.7, 0.6, 0.9, 0.5]
+    for wait_s in (0.05, 0.4):
+        steps = steps_from_entries(_pipeline_entries(computes, wait_s=wait_s))
+        assert [s.seq for s in steps] == [2, 3, 4, 5]  # the last all_reduce has no next op yet
+        assert [s.compute_s for s in steps] == pytest.approx(computes[1:], abs=1e-6)
+
+
+def test_without_start_times_the_enqueue_times_are_read() -> None:
+    computes = [0.5, 0.7, 0.6]
+    steps = steps_from_entries(_pipeline_entries(computes, timed=False))
+    assert [s.seq for s in steps] == [2, 3]
+    # the next send is enqueued LAUNCH_NS before it starts: its enqueue ends the gap (the enqueued count)
+    assert [s.compute_s for s in steps] == pytest.approx([c - LAUNCH_NS / 1e9 for c in computes[1:]])
+
+
+def test_a_batch_closer_is_not_read_as_a_step() -> None:
+    """torch 2.5 records a send/recv batch's nccl:coalesced closer with is_p2p False and the group's last
+    collective seq: read as a collective it ended a step "k" after every batch."""
+    computes = [0.5, 0.7, 0.6]
+    steps = steps_from_entries(_pipeline_entries(computes, batched=True))
+    assert [s.seq for s in steps] == [2, 3]
+    assert [s.compute_s for s in steps] == pytest.approx(computes[1:], abs=1e-6)
+
+
+def test_another_groups_entry_ends_the_gap_and_other_groups_never_end_a_step() -> None:
+    entries = _pipeline_entries([0.5, 0.7])
+    done = entries[1]["time_discovered_completed_ns"]  # all_reduce #1
+    tp = dict(entries[1], pg_id=1, process_group=["1", "tp"], record_id=99)
+    tp.update(time_discovered_started_ns=done + 100_000_000, time_discovered_completed_ns=done + 110_000_000)
+    steps = steps_from_entries([*entries[:2], tp, *entries[2:]])
+    assert [s.seq for s in steps] == [2]  # tp's all_reduce ends no step of the default group
+    assert steps[0].compute_s == pytest.approx(0.1)  # but it ends the compute: the rank communicates
+
+
+_FIELD_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True),
+    st.text(max_size=12),
+    st.lists(st.integers(), max_size=2),
+)
+_TIME = st.integers(BASE_NS, BASE_NS + 10**11)
+#: an entry of the right shape (its fields' types as torch writes them), from which the others are bent
+_WELL_FORMED = st.fixed_dictionaries(
+    {
+        "pg_id": st.integers(0, 2),
+        "collective_seq_id": st.integers(0, 50),
+        "p2p_seq_id": st.integers(-1, 50),
+        "is_p2p": st.booleans(),
+        "profiling_name": st.sampled_from(
+            ["nccl:all_reduce", "nccl:send 0->1", "nccl:recv 0<-1", "nccl:coalesced", "gloo:barrier"]
+        ),
+        "state": st.sampled_from(["scheduled", "started", "completed"]),
+        "retired": st.booleans(),
+        "time_created_ns": _TIME,
+        "time_discovered_started_ns": st.one_of(st.none(), _TIME),
+        "time_discovered_completed_ns": st.one_of(st.none(), _TIME),
+    }
+)
+_FIELDS = [
+    "pg_id",
+    "collective_seq_id",
+    "p2p_seq_id",
+    "is_p2p",
+    "profiling_name",
+    "state",
+    "retired",
+    "time_created_ns",
+    "time_discovered_started_ns",
+    "time_discovered_completed_ns",
+]
+
+
+def _bent(entry: dict[str, Any], fields: dict[str, Any], drop: bool) -> dict[str, Any]:
+    """``entry`` with ``fields`` given other values, or (``drop``) left out."""
+    if drop:
+        return {k: v for k, v in entry.items() if k not in fields}
+    return {**entry, **fields}
+
+
+_ENTRY = st.one_of(
+    _WELL_FORMED,
+    st.builds(
+        _bent,
+        _WELL_FORMED,
+        st.dictionaries(st.sampled_from(_FIELDS), _FIELD_VALUES, min_size=1, max_size=4),
+        st.booleans(),
+    ),
+    _FIELD_VALUES,  # not an object at all
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(st.lists(_ENTRY, min_size=1, max_size=40), _FIELD_VALUES))
+@example([{"pg_id": [0], "collective_seq_id": 1, "p2p_seq_id": 1, "profiling_name": "nccl:send 0->1"}])
+def test_entries_of_any_shape_give_valid_step_times_or_none(entries: Any) -> None:
+    steps = steps_from_entries(entries)
+    assert [s.seq for s in steps] == sorted({s.seq for s in steps})
+    assert all(0.0 <= s.compute_s <= 86400.0 for s in steps)
+    msgspec.msgpack.decode(msgspec.msgpack.encode(steps), type=list[StepTime])  # within the schema
+
+
+def test_the_probe_reads_a_mixed_step_groups_steps_from_a_dump_of_every_entry(tmp_path: Path) -> None:
+    """The probe's first dump shows the default group post a send (its counters mix: no step times from
+    them); from then on a dump of every entry gives them, at most every STEP_ENTRIES_EVERY_S and only
+    when the group's status moved since."""
+    from sentinel.probe import STEP_ENTRIES_EVERY_S
+
+    path = str(tmp_path / "probe.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(path)
+    computes = [0.5, 0.7, 0.6, 0.9, 0.5, 0.8]
+    entries = _pipeline_entries(computes)
+    status = {"0": _counts(6, 6)}
+    active = msgspec.json.encode({"version": "2.10", "entries": [], "pg_status": status})
+    first = msgspec.json.encode({"version": "2.10", "entries": entries[-2:-1], "pg_status": status})
+    every = msgspec.json.encode({"version": "2.10", "entries": entries, "pg_status": status})
+    dumps = [first]
+    taken: list[int] = []
+
+    def every_fn() -> bytes:
+        taken.append(1)
+        return every
+
+    probe = Probe(
+        2.0,
+        path,
+        dump_fn=lambda: dumps.pop() if dumps else active,
+        status_fn=lambda: pickle.dumps({"pg_status": status}),
+        all_fn=every_fn,
+    )
+    now = BASE_NS / 1e9 + 10.0
+    assert probe.snapshot(now) is not None  # learns that the default group mixes
+    assert 0 in probe._p2p_groups and probe.steps.recent() == [] and taken == []
+    probe.snapshot(now + 2.0)
+    assert len(taken) == 1
+    assert [s.seq for s in probe.steps.recent()] == [2, 3, 4, 5, 6]
+    assert [s.compute_s for s in probe.steps.recent()] == pytest.approx(computes[1:], abs=1e-6)
+    heads = msgspec.msgpack.decode(probe.snapshot(now + 4.0) or b"", type=FrHeads)
+    assert [s.seq for s in heads.steps] == [2, 3, 4, 5, 6] and len(taken) == 1  # not due again yet
+    probe.snapshot(now + 2.0 + STEP_ENTRIES_EVERY_S)
+    assert len(taken) == 1  # the status stood still: no step completed, no dump
+    status["0"] = _counts(7, 7)  # the group moved: there may be new steps
+    probe.snapshot(now + 4.0 + STEP_ENTRIES_EVERY_S)
+    assert len(taken) == 2 and [s.seq for s in probe.steps.recent()] == [2, 3, 4, 5, 6]  # no step twice
+    server.close()
