@@ -10,7 +10,9 @@ compares them. One job runs throughout:
 2. rank 0, then the last rank, computes ``SLOW_EXTRA_S`` longer each step (CONTROL/slow: the fault
    injected in the rank's compute phase): a straggler verdict names that rank, its host and GPU, and the job,
    with the compute evidence, within ``NAME_WITHIN_S``; the first verdict closes once its rank recovers;
-3. the job stops cleanly; no verdict ever named a rank that was not slowed.
+3. rank 0 stops before a gradient all_reduce its peers enter (CONTROL/hang): a stuck verdict names it, its
+   host and GPU within ``DETECT_WITHIN_S`` (the hang test's culprit is a middle rank; this is the first);
+   no verdict ever named a rank that was neither slowed nor hung, nor a straggler as stuck.
 
 The detectors run at their defaults but for the evaluation interval (1 s instead of 5 s, so a straggler is
 named after ``persistence`` = 4 evaluations in ~5 s instead of ~20 s): a verdict still needs the same four
@@ -57,8 +59,11 @@ SLOW_EXTRA_S = 0.05
 JUDGED_WITHIN_S = 60.0
 #: persistence evaluations in a row, the step history turning over, and margin for a loaded machine
 NAME_WITHIN_S = STRAGGLER.eval_interval_s * (STRAGGLER.persistence + 1) + 10.0
+#: the rank stopped at the end, and how soon the stuck detector must name it (as in test_gloo_e2e.py)
+HUNG = 0
+DETECT_WITHIN_S = 10.0
 
-pytestmark = pytest.mark.timeout(START_WITHIN_S + JUDGED_WITHIN_S + 4 * NAME_WITHIN_S + 60)
+pytestmark = pytest.mark.timeout(START_WITHIN_S + JUDGED_WITHIN_S + 4 * NAME_WITHIN_S + DETECT_WITHIN_S + 60)
 
 
 def _slow(job: Job, rank: int | None, extra_s: float = SLOW_EXTRA_S) -> None:
@@ -68,7 +73,7 @@ def _slow(job: Job, rank: int | None, extra_s: float = SLOW_EXTRA_S) -> None:
     os.replace(tmp, job.control / "slow")
 
 
-async def test_a_slow_rank_at_either_end_is_named_a_straggler_and_a_healthy_job_is_not(
+async def test_a_slow_rank_at_either_end_is_named_a_straggler_a_healthy_job_is_not_and_rank_0_hung_is_stuck(
     tmp_path: Path,
 ) -> None:
     need_module("torch")
@@ -159,12 +164,28 @@ async def test_a_slow_rank_at_either_end_is_named_a_straggler_and_a_healthy_job_
 
             await until(f"rank {first}'s verdict closes", first_closed, NAME_WITHIN_S, job)
 
-            # 3. a clean end; only the slowed ranks were ever named, and only as stragglers
+            # 3. rank 0 stops before a gradient all_reduce: named stuck, never a waiting peer
             _slow(job, None)
-            (job.control / "stop").write_text("1")
-            assert await asyncio.to_thread(job.proc.wait, 30) == 0, job.output()
+            (job.control / "hang").write_text(str(HUNG))
+            hung_file = job.control / f"hung_{HUNG}"
+
+            async def hung() -> bool:
+                return hung_file.exists() and bool(hung_file.read_text())
+
+            await until("rank stops", hung, 10, job)
+            stopped_at = float(hung_file.read_text())
+
+            async def stuck_verdict() -> dict[str, Any] | None:
+                return next((v for v in await verdicts() if v["kind"] == "stuck"), None)
+
+            stuck = await until("stuck verdict", stuck_verdict, DETECT_WITHIN_S + 5, job)
+            timings["stuck_named_s"] = stuck["opened_at"] - stopped_at
+            assert stuck["job"] == job.id and stuck["reason"] == "not_entered_collective", stuck
+            assert (stuck["rank"], stuck["host"], stuck["gpu"]) == (HUNG, host_of(HUNG), HUNG % GPUS_PER_HOST)
+            assert stuck["opened_at"] - stopped_at <= DETECT_WITHIN_S, timings
             for v in await verdicts():
-                assert v["kind"] == "straggler" and v["rank"] in SLOWED and v["job"] == job.id, v
+                slowed = v["kind"] == "straggler" and v["rank"] in SLOWED
+                assert v["job"] == job.id and (slowed or (v["kind"], v["rank"]) == ("stuck", HUNG)), v
     finally:
         if job is not None:
             job.kill()
