@@ -1,4 +1,5 @@
-"""Step compute times from sampled per-group counters (the probe's StepClock), and through the probe."""
+"""Step compute times from sampled per-group counters (the probe's StepClock) and, for a step group whose
+counters mix, from entries (steps_from_entries); and through the probe."""
 
 from __future__ import annotations
 
