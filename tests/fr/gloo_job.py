@@ -1,23 +1,33 @@
 """A small real torch.distributed gloo job that writes Flight Recorder dumps, with an injected fault.
 
-Run as ``python -m tests.fr.gloo_job SCENARIO WORLD OUTDIR [STEPS]``. Every rank records its flight recorder
+Run as ``python -m tests.fr.gloo_job SCENARIO WORLD OUTDIR [STEPS] [--culprit RANK]``. Every rank records its flight recorder
 (TORCH_FR_BUFFER_SIZE) and a helper thread dumps it (``_dump_fr_trace`` into OUTDIR/pickle, the JSON variant
 into OUTDIR/json) when OUTDIR/DUMP appears. The trigger comes, like PyTorch's watchdog, from any rank that
 sees no progress for STALL_S, or on demand from rank 0 (ondemand), or after the last step (healthy); the
 straggler scenario dumps at a synchronised moment instead (:func:`_straggler_dump`).
-OUTDIR/expected.json records, counted by this script independently of any analyzer, what was injected.
+OUTDIR/meta/rank_<r>.json holds each rank's process groups (name -> [desc, member ranks], as
+:mod:`tests.fr.topo_job` writes them), from which :mod:`tests.fr.nccl_synth` gives the NCCL-format version.
+OUTDIR/expected.json records, counted by this script independently of any analyzer, what was injected:
+``culprit`` (-1 in a healthy run), ``kind``, and the collective (``pg_name``, ``seq``, ``op``) where the
+fault sits in one.
 
-Scenarios: healthy, hang (rank 3 never enters its tp all_reduce: a cascade through dp), straggler (rank 1
-enters every collective late; dumped on demand mid-run, while its peers wait for it in a collective),
-op_mismatch (rank 3 calls broadcast where the others call the world all_reduce), ondemand (a healthy job
-dumped on demand by rank 0 while it runs: ranks are caught up to a collective apart), bcast_size (rank 2
-broadcasts twice the elements its peers expect: gloo's transport aborts a receiving rank, which leaves no
-dump). With STEPS above ~500 every rank's 2,000-entry ring buffer wraps (the fault
+WORLD is any even size (tp = the two halves of the world, dp = the pairs ``{j, j + WORLD/2}``); the culprit
+is any rank (``--culprit``, default :data:`CULPRIT`: the values the recorded sets were made with).
+Scenarios (default culprits): healthy, hang (rank 3 never enters its tp all_reduce: a cascade through dp),
+straggler (rank 1 enters every collective late; dumped on demand mid-run, while its peers wait for it in a
+collective), op_mismatch (rank 3 calls broadcast where the others call the world all_reduce), ondemand (a
+healthy job dumped on demand by rank 0 while it runs: ranks are caught up to a collective apart),
+bcast_size (rank 2 broadcasts twice the elements its peers expect: gloo's transport aborts a receiving
+rank, which leaves no dump), hang_world (rank 3 never enters a world all_reduce: every peer waits in
+that one), size_crash (rank 3 passes half the elements to a world all_reduce: gloo's transport aborts the
+culprit itself, whose dump is missing; its peers' all_reduce fails and they dump on the exception). With
+STEPS above ~500 every rank's 2,000-entry ring buffer wraps (the fault
 comes 8 steps before the end): full-buffer dumps with stack frames, as a long job leaves them.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -36,7 +46,18 @@ STALL_S = 1.0
 #: job's own timeout counts from when every rank has joined
 STARTUP_S = 300.0
 STRAGGLE_S = 0.03
-CULPRIT = {"hang": 3, "straggler": 1, "op_mismatch": 3, "healthy": -1, "ondemand": -1, "bcast_size": 2}
+CULPRIT = {
+    "hang": 3,
+    "straggler": 1,
+    "op_mismatch": 3,
+    "healthy": -1,
+    "ondemand": -1,
+    "bcast_size": 2,
+    "hang_world": 3,
+    "size_crash": 3,
+}
+#: scenarios in which a rank is meant to die (gloo's transport aborts it): no failure of the job
+ABORTS = ("bcast_size", "size_crash")
 
 
 def _dumper(rank: int, out: Path, state: dict[str, float]) -> None:
@@ -92,7 +113,9 @@ def _straggler_dump(rank: int, world: int, out: Path, culprit: int) -> None:
     work.wait()
 
 
-def worker(rank: int, world: int, scenario: str, out: str, port: int, steps: int = STEPS) -> None:
+def worker(
+    rank: int, world: int, scenario: str, out: str, port: int, steps: int = STEPS, culprit: int | None = None
+) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCH_FR_BUFFER_SIZE="2000")
     from datetime import timedelta
 
@@ -102,17 +125,19 @@ def worker(rank: int, world: int, scenario: str, out: str, port: int, steps: int
     outdir = Path(out)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     half = world // 2
-    tp_groups = [dist.new_group(list(range(i * half, (i + 1) * half)), group_desc="tp") for i in range(2)]
-    dp_groups = [dist.new_group([j, j + half], group_desc="dp") for j in range(half)]
+    tp_ranks = [list(range(i * half, (i + 1) * half)) for i in range(2)]
+    dp_ranks = [[j, j + half] for j in range(half)]
+    tp_groups = [dist.new_group(ranks, group_desc="tp") for ranks in tp_ranks]
+    dp_groups = [dist.new_group(ranks, group_desc="dp") for ranks in dp_ranks]
     tp = tp_groups[rank // half]
     dp = dp_groups[rank % half]
-    culprit = CULPRIT[scenario]
+    culprit = CULPRIT[scenario] if culprit is None else culprit
     fault_step = FAULT_STEP if steps == STEPS else steps - 8
     # only faulty runs watch for a stall, and only once the fault is injected (its expected.json written): a
     # loaded CI machine must not turn a slow step into a watchdog dump
     state = {
         "progress": time.monotonic(),
-        "watch": 1.0 if scenario in ("hang", "op_mismatch", "bcast_size") else 0.0,
+        "watch": 1.0 if scenario in ("hang", "op_mismatch", "hang_world", *ABORTS) else 0.0,
         "armed_at": 0.0,
     }
     thread = threading.Thread(target=_dumper, args=(rank, outdir, state), daemon=True)
@@ -125,7 +150,15 @@ def worker(rank: int, world: int, scenario: str, out: str, port: int, steps: int
         "tp": dist.distributed_c10d._get_process_group_name(tp),
         "dp": dist.distributed_c10d._get_process_group_name(dp),
     }
+    members = {"world": list(range(world)), "tp": tp_ranks[rank // half], "dp": dp_ranks[rank % half]}
+    desc = {"world": "default_pg", "tp": "tp", "dp": "dp"}
+    groups = {names[k]: [desc[k], members[k]] for k in names}
+    (outdir / "meta" / f"rank_{rank}.json").write_text(json.dumps({"rank": rank, "groups": groups}))
     expected: dict[str, object] = {}
+
+    def record(fact: dict[str, object]) -> None:
+        # written once the fault is injected: its existence also arms the peers' stall watchdog
+        (outdir / "expected.json").write_text(json.dumps({"culprit": culprit, "kind": scenario, **fact}))
 
     def coll(group: str, fn: object) -> None:
         if scenario == "straggler" and rank == culprit:
@@ -134,36 +167,56 @@ def worker(rank: int, world: int, scenario: str, out: str, port: int, steps: int
         fn()  # type: ignore[operator]
         state["progress"] = time.monotonic()
 
-    def hang_forever() -> None:
-        state["watch"] = 0.0
+    def hang_forever(watch: bool = False) -> None:
+        """Stop here until the dump. ``watch``: as a rank that ran on into its next collective, whose peers
+        are gone, would: its stall watchdog stays armed (a rank that hangs on purpose disarms it)."""
+        if not watch:
+            state["watch"] = 0.0
         while not (outdir / f"dumped_{rank}").exists():
             time.sleep(0.02)
         time.sleep(30)
 
+    if scenario == "straggler" and rank == culprit:
+        record({"straggle_ms": STRAGGLE_S * 1e3})  # (no watchdog in this scenario to arm)
     for step in range(steps):
         if scenario == "ondemand" and rank == 0 and step == steps - 4:
+            record({"culprit": -1})
             (outdir / "DUMP").write_text("on demand")
         if scenario == "hang" and rank == culprit and step == fault_step:
             expected = {"pg_name": names["tp"], "seq": seq["tp"] + 1, "op": "all_reduce"}
-            (outdir / "expected.json").write_text(json.dumps(expected))
+            record(expected)
             hang_forever()
         coll("tp", lambda: dist.all_reduce(torch.ones(256), group=tp))
         g = torch.ones(64)
         coll("dp", lambda g=g: dist.all_gather_into_tensor(torch.empty(128), g, group=dp))
         if scenario == "op_mismatch" and rank == culprit and step == fault_step:
             expected = {"pg_name": names["world"], "seq": seq["world"] + 1, "op": "broadcast"}
-            (outdir / "expected.json").write_text(json.dumps(expected))
+            record(expected)
             with contextlib.suppress(Exception):
                 coll("world", lambda: dist.broadcast(torch.ones(1024), src=0))
             hang_forever()
         if scenario == "bcast_size" and step == fault_step:
             if rank == culprit:
                 expected = {"pg_name": names["world"], "seq": seq["world"] + 1, "op": "broadcast"}
-                (outdir / "expected.json").write_text(json.dumps(expected))
+                record(expected)
             n = 2048 if rank == culprit else 1024
-            with contextlib.suppress(Exception):
+            try:
                 coll("world", lambda n=n: dist.broadcast(torch.ones(n), src=culprit))
-            hang_forever()
+            except RuntimeError:  # gloo failed it (a peer aborted): PyTorch dumps on the exception
+                (outdir / "DUMP").write_text(f"collective failed on rank {rank}")
+            # every receiver may abort (a small world, the culprit at the root): the sender then stalls
+            hang_forever(watch=True)
+        if scenario in ("hang_world", "size_crash") and rank == culprit and step == fault_step:
+            record({"pg_name": names["world"], "seq": seq["world"] + 1, "op": "all_reduce"})
+            if scenario == "hang_world":
+                hang_forever()
+        if scenario == "size_crash" and step == fault_step:
+            n = 512 if rank == culprit else 1024
+            try:
+                coll("world", lambda n=n: dist.all_reduce(torch.ones(n)))
+            except RuntimeError:  # the culprit aborted: PyTorch dumps on the exception
+                (outdir / "DUMP").write_text(f"collective failed on rank {rank}")
+            hang_forever(watch=True)
         if scenario == "straggler" and step == steps - 4:
             coll("world", lambda: _straggler_dump(rank, world, outdir, culprit))
         else:
@@ -172,6 +225,7 @@ def worker(rank: int, world: int, scenario: str, out: str, port: int, steps: int
     state["watch"] = 0.0
     dist.barrier()
     if scenario == "healthy" and rank == 0:
+        record({"culprit": -1})
         (outdir / "DUMP").write_text("end of run")
     while not (outdir / f"dumped_{rank}").exists():
         time.sleep(0.02)
@@ -216,17 +270,30 @@ def reap(procs: list[Any]) -> None:
 
 
 def run(
-    scenario: str, world: int, out: Path, timeout_s: float = 40.0, steps: int = STEPS
+    scenario: str,
+    world: int,
+    out: Path,
+    timeout_s: float = 40.0,
+    steps: int = STEPS,
+    culprit: int | None = None,
 ) -> dict[str, object]:
-    """Run the job; returns expected.json's content (empty for healthy/straggler) once every rank dumped."""
+    """Run the job; returns expected.json's content once every rank dumped.
+
+    ``culprit``: the rank the fault is injected into (default :data:`CULPRIT`'s for the scenario).
+    """
     import multiprocessing as mp
 
-    (out / "pickle").mkdir(parents=True, exist_ok=True)
-    (out / "json").mkdir(parents=True, exist_ok=True)
+    if world < 4 or world % 2:
+        raise ValueError(f"world {world}: the job's tp halves and dp pairs need an even world of 4 or more")
+    if culprit is not None and not 0 <= culprit < world:
+        raise ValueError(f"culprit {culprit} is no rank of a world of {world}")
+
+    for sub in ("pickle", "json", "meta"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("spawn")
     port = free_port()
     procs = [
-        ctx.Process(target=worker, args=(r, world, scenario, str(out), port, steps), daemon=True)
+        ctx.Process(target=worker, args=(r, world, scenario, str(out), port, steps, culprit), daemon=True)
         for r in range(world)
     ]
     for p in procs:
@@ -238,7 +305,7 @@ def run(
             dumped = [(out / f"dumped_{r}").exists() for r in range(world)]
             if any(dumped) and all(d or p.exitcode is not None for d, p in zip(dumped, procs, strict=True)):
                 break
-            if scenario != "bcast_size" and any(p.exitcode not in (None, 0) for p in procs):
+            if scenario not in ABORTS and any(p.exitcode not in (None, 0) for p in procs):
                 raise RuntimeError(f"a rank failed: exit codes {[p.exitcode for p in procs]}")
             time.sleep(0.05)
         else:
@@ -252,6 +319,18 @@ def run(
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.fr.gloo_job")
+    parser.add_argument("scenario", choices=sorted(CULPRIT))
+    parser.add_argument("world", type=int)
+    parser.add_argument("outdir", type=Path)
+    parser.add_argument("steps", type=int, nargs="?", default=STEPS)
+    parser.add_argument("--culprit", type=int, default=None)
+    args = parser.parse_args(argv)
+    steps = args.steps
+    timeout_s = 60 + steps * 0.5
+    print(run(args.scenario, args.world, args.outdir, timeout_s=timeout_s, steps=steps, culprit=args.culprit))
+
+
 if __name__ == "__main__":
-    steps = int(sys.argv[4]) if len(sys.argv) > 4 else STEPS
-    print(run(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), timeout_s=60 + steps * 0.5, steps=steps))
+    main(sys.argv[1:])

@@ -30,14 +30,24 @@ BASE_MS = 0.8  # a collective's device time when nobody waits
 
 
 def nccl_set(
-    src: Path, dst: Path, truth: dict[str, Any], *, started_pending: bool = True, stall_last: bool = False
+    src: Path,
+    dst: Path,
+    truth: dict[str, Any] | None,
+    *,
+    started_pending: bool = True,
+    stall_last: bool = False,
+    members: dict[int, dict[str, tuple[str, list[int]]]] | None = None,
 ) -> Path:
     """Write an NCCL-format version of the gloo set in ``src`` under ``dst``; returns ``dst``.
 
-    ``stall_last``: the last collective of the world group becomes started on every rank and completed
-    on none (a network/transport stall)."""
+    The true members (``pg_config``) come from the corpus ground truth ``truth``, or for a job's own set
+    from ``members`` (:func:`members_from_meta`). ``stall_last``: the last collective of the world group
+    becomes started on every rank and completed on none (a network/transport stall)."""
     dumps = {f.rank: load_dump(f.path) for f in discover(src)}
-    members = _members(truth)
+    if members is None:
+        if truth is None:
+            raise ValueError("nccl_set needs the members: a ground truth or members_from_meta")
+        members = _members(truth)
     dst.mkdir(parents=True, exist_ok=True)
     # per (group, seq): the latest arrival over the members, to give each rank its wait as duration
     arrive: dict[tuple[str, int], int] = {}
@@ -121,4 +131,14 @@ def _members(truth: dict[str, Any]) -> dict[int, dict[str, tuple[str, list[int]]
             else:
                 group = next(g for g in pgs[key]["groups"] if rank in g)
                 table[name] = (pgs[key]["desc"], group)
+    return out
+
+
+def members_from_meta(meta: Path) -> dict[int, dict[str, tuple[str, list[int]]]]:
+    """rank -> {group name: (desc, member ranks)} from a job's ``meta/rank_<r>.json`` files (gloo_job and
+    topo_job write each rank's groups there)."""
+    out: dict[int, dict[str, tuple[str, list[int]]]] = {}
+    for path in sorted(meta.glob("rank_*.json")):
+        data = json.loads(path.read_text())
+        out[int(data["rank"])] = {name: (g[0], list(g[1])) for name, g in data["groups"].items()}
     return out

@@ -1,6 +1,6 @@
 """Real torch.distributed gloo jobs whose ranks run different programs per group, with point-to-point ops.
 
-Run as ``python -m tests.fr.topo_job SCENARIO OUTDIR``. Like :mod:`tests.fr.gloo_job`, every rank records
+Run as ``python -m tests.fr.topo_job SCENARIO OUTDIR [--world N] [--culprit RANK]``. Like :mod:`tests.fr.gloo_job`, every rank records
 its flight recorder (``TORCH_FR_BUFFER_SIZE``) and a helper thread dumps it (``_dump_fr_trace`` into
 OUTDIR/pickle, the JSON variant into OUTDIR/json) when OUTDIR/DUMP appears; the trigger comes, like
 PyTorch's watchdog, from any rank that makes no progress for ``STALL_S`` (a rank blocked in a send/recv
@@ -11,6 +11,11 @@ collective (group name, seq) and every point-to-point op (group, peer, shape, wh
 ``batch_isend_irecv``, whether it completed before the dump) — because gloo does not record send/recv in the flight recorder. :mod:`tests.fr.p2p_synth` uses
 it to write the NCCL-format version (where ProcessGroupNCCL does record them). OUTDIR/expected.json holds
 what was injected, written by the job itself (no analyzer involved).
+
+Every scenario takes the culprit as a parameter (any rank; the default, :data:`CULPRIT`, is the one its
+recorded set was made with) and the world size where its topology allows (:data:`SIZES`: any even size for
+the 2-wide layouts below — stages of 2 dp ranks, pairs, two parity groups —, any size from 2 for the
+1-wide pipeline, the ring and early_exit). What follows describes the defaults (:data:`WORLD`).
 
 Scenarios (each a few ranks, a dozen steps):
 
@@ -34,13 +39,14 @@ Scenarios (each a few ranks, a dozen steps):
 * ``ring_hang`` (4 ranks): every step a ring exchange through ``batch_isend_irecv`` (isend to r+1,
   irecv from r-1: coalesced p2p), then a world all_reduce. Rank 1 never posts its batch at the fault step.
 * ``mixed_hang`` (4 ranks): a world all_reduce, then rank 0 feeds ranks 1..3 through batch_isend_irecv
-  (p2p counts differ per rank), then tp all_reduce in {0,1},{2,3}. At the fault step rank 2 never enters
+  (p2p counts differ per rank), then tp all_reduce in the pairs {0,1},{2,3}. At the fault step rank 2 never enters
   the tp all_reduce.
-* ``subgroup_hang`` (6 ranks): expert groups {0,2,4},{1,3,5} all_gather, pair groups {0,1},{2,3},{4,5}
-  all_reduce, world all_reduce. Rank 4 never enters its expert all_gather: a cascade through the pairs.
+* ``subgroup_hang`` (6 ranks): expert groups {0,2,4},{1,3,5} (the parities) all_gather, pair groups
+  {0,1},{2,3},{4,5} all_reduce, world all_reduce. Rank 4 never enters its expert all_gather: a cascade through the pairs.
 * ``early_exit`` (4 ranks): rank 0 leaves the training loop early and its process exits (no dump); its
   peers' next world all_reduce fails when the connection closes.
-* ``compute_stall_dp`` (4 ranks): tp {0,1},{2,3} all_reduce, dp {0,2},{1,3} all_gather, world all_reduce.
+* ``compute_stall_dp`` (4 ranks): tp pairs {0,1},{2,3} all_reduce, dp parities {0,2},{1,3} all_gather,
+  world all_reduce.
   Rank 2 completes its tp all_reduce and then computes forever before its dp all_gather: rank 0 waits in
   dp, ranks 1 and 3 (done with dp) wait in the world all_reduce for 0 and 2 — the world all_reduce holds
   the most ranks, but rank 2's next collective in its own program order is the dp all_gather.
@@ -48,6 +54,7 @@ Scenarios (each a few ranks, a dozen steps):
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -75,6 +82,21 @@ WORLD = {
     "subgroup_hang": 6,
     "early_exit": 4,
     "compute_stall_dp": 4,
+}
+#: which world sizes a scenario's topology allows: "even" (2-wide layouts) or "any" (from 2)
+SIZES = {
+    "pp_hang": "even",
+    "pp_recv_hang": "even",
+    "pp_healthy": "even",
+    "pp_ondemand": "even",
+    "pp4_hang": "even",
+    "pp_group_hang": "even",
+    "pp_only_hang": "any",
+    "ring_hang": "any",
+    "mixed_hang": "even",
+    "subgroup_hang": "even",
+    "early_exit": "any",
+    "compute_stall_dp": "even",
 }
 CULPRIT = {
     "pp_hang": 3,
@@ -176,8 +198,17 @@ def _dumper(job: _Job) -> None:
         return
 
 
-def worker(rank: int, scenario: str, out: str, port: int) -> None:
-    world = WORLD[scenario]
+def pairs(world: int) -> list[list[int]]:
+    """{0, 1}, {2, 3}, ...: the 2-rank groups of the tp/pair layouts."""
+    return [[r, r + 1] for r in range(0, world, 2)]
+
+
+def parities(world: int) -> list[list[int]]:
+    """The even and the odd ranks: the dp/expert groups across the pairs."""
+    return [list(range(k, world, 2)) for k in (0, 1)]
+
+
+def worker(rank: int, scenario: str, out: str, port: int, world: int, culprit: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCH_FR_BUFFER_SIZE="2000")
     from datetime import timedelta
 
@@ -189,7 +220,6 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
     mark_started(outdir, rank)
     name = dist.distributed_c10d._get_process_group_name
     job = _Job(rank, outdir)
-    culprit = CULPRIT[scenario]
 
     def new_groups(parts: list[list[int]], desc: str) -> Any:
         groups = [dist.new_group(p, group_desc=desc) for p in parts]  # every rank creates every group
@@ -219,7 +249,7 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
     meta = job.meta
     meta.update(world=world, groups={wname: ["default_pg", list(range(world))]})
     threading.Thread(target=_dumper, args=(job,), daemon=True).start()
-    healthy = CULPRIT[scenario] < 0
+    healthy = culprit < 0
     # the stall watchdog is armed from the fault step on, and never in healthy runs: a loaded machine must
     # not turn a slow early step into a watchdog dump
     job.watch = False
@@ -285,8 +315,8 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
             job.p2p(wname, [("send", nxt, [48]), ("recv", prv, [48])], ring, coalesced=True)
             job.coll(wname, "all_reduce", lambda: dist.all_reduce(torch.ones(128)))
     elif scenario == "mixed_hang":
-        tp_g, tp_n = new_groups([[0, 1], [2, 3]], "tp")
-        meta["groups"][tp_n] = ["tp", [0, 1] if rank < 2 else [2, 3]]
+        tp_g, tp_n = new_groups(pairs(world), "tp")
+        meta["groups"][tp_n] = ["tp", pairs(world)[rank // 2]]
         for step in range(STEPS):
             at(step)
             job.coll(wname, "all_reduce", lambda: dist.all_reduce(torch.ones(512)))
@@ -310,10 +340,10 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
                 hang_forever()
             job.coll(tp_n, "all_reduce", lambda: dist.all_reduce(torch.ones(256), group=tp_g))
     elif scenario == "subgroup_hang":
-        ex_g, ex_n = new_groups([[0, 2, 4], [1, 3, 5]], "expert")
-        pair_g, pair_n = new_groups([[0, 1], [2, 3], [4, 5]], "pair")
-        meta["groups"][ex_n] = ["expert", [r for r in range(world) if r % 2 == rank % 2]]
-        meta["groups"][pair_n] = ["pair", [rank - rank % 2, rank - rank % 2 + 1]]
+        ex_g, ex_n = new_groups(parities(world), "expert")
+        pair_g, pair_n = new_groups(pairs(world), "pair")
+        meta["groups"][ex_n] = ["expert", parities(world)[rank % 2]]
+        meta["groups"][pair_n] = ["pair", pairs(world)[rank // 2]]
         for step in range(STEPS):
             at(step)
             if rank == culprit and step == FAULT_STEP:
@@ -340,10 +370,10 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
             except RuntimeError:
                 hang_forever()
     elif scenario == "compute_stall_dp":
-        tp_g, tp_n = new_groups([[0, 1], [2, 3]], "tp")
-        dp_g, dp_n = new_groups([[0, 2], [1, 3]], "dp")
-        meta["groups"][tp_n] = ["tp", [0, 1] if rank < 2 else [2, 3]]
-        meta["groups"][dp_n] = ["dp", [rank % 2, rank % 2 + 2]]
+        tp_g, tp_n = new_groups(pairs(world), "tp")
+        dp_g, dp_n = new_groups(parities(world), "dp")
+        meta["groups"][tp_n] = ["tp", pairs(world)[rank // 2]]
+        meta["groups"][dp_n] = ["dp", parities(world)[rank % 2]]
         for step in range(STEPS):
             at(step)
             job.coll(tp_n, "all_reduce", lambda: dist.all_reduce(torch.ones(256), group=tp_g))
@@ -366,17 +396,35 @@ def worker(rank: int, scenario: str, out: str, port: int) -> None:
     dist.destroy_process_group()
 
 
-def run(scenario: str, out: Path, timeout_s: float = 60.0) -> dict[str, Any]:
-    """Run the job until every rank dumped (or exited); returns expected.json's content."""
+def run(
+    scenario: str,
+    out: Path,
+    timeout_s: float = 60.0,
+    world: int | None = None,
+    culprit: int | None = None,
+) -> dict[str, Any]:
+    """Run the job until every rank dumped (or exited); returns expected.json's content.
+
+    ``world`` / ``culprit`` default to the scenario's :data:`WORLD` / :data:`CULPRIT` (the recorded sets);
+    a world its topology does not allow (:data:`SIZES`) or a culprit outside it is refused.
+    """
     import multiprocessing as mp
 
-    world = WORLD[scenario]
+    world = WORLD[scenario] if world is None else world
+    culprit = CULPRIT[scenario] if culprit is None else culprit
+    if world < 2 or (SIZES[scenario] == "even" and (world < 4 or world % 2)):
+        raise ValueError(f"{scenario}: world {world} (its layout needs {SIZES[scenario]} sizes)")
+    if CULPRIT[scenario] >= 0 and not 0 <= culprit < world:
+        raise ValueError(f"{scenario}: culprit {culprit} is no rank of a world of {world}")
+    if CULPRIT[scenario] < 0:
+        culprit = -1  # a healthy scenario injects nothing
     for sub in ("pickle", "json", "meta"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("spawn")
     port = free_port()
     procs = [
-        ctx.Process(target=worker, args=(r, scenario, str(out), port), daemon=True) for r in range(world)
+        ctx.Process(target=worker, args=(r, scenario, str(out), port, world, culprit), daemon=True)
+        for r in range(world)
     ]
     for p in procs:
         p.start()
@@ -395,5 +443,15 @@ def run(scenario: str, out: Path, timeout_s: float = 60.0) -> dict[str, Any]:
     return dict(json.loads((out / "expected.json").read_text()))
 
 
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.fr.topo_job")
+    parser.add_argument("scenario", choices=sorted(WORLD))
+    parser.add_argument("outdir", type=Path)
+    parser.add_argument("--world", type=int, default=None)
+    parser.add_argument("--culprit", type=int, default=None)
+    args = parser.parse_args(argv)
+    print(run(args.scenario, args.outdir, world=args.world, culprit=args.culprit))
+
+
 if __name__ == "__main__":
-    print(run(sys.argv[1], Path(sys.argv[2])))
+    main(sys.argv[1:])
