@@ -21,6 +21,7 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
+from itertools import pairwise
 from struct import Struct
 
 from sentinel.fr.aside import Aside, run_aside
@@ -234,10 +235,12 @@ def _analyze(  # noqa: PLR0917 - one caller
         entries=sum(s.n_entries for s in summaries),
         groups=[_group_json(g) for g in sorted(groups.values(), key=lambda g: _name_order(g.name))],
     )
-    stale = _stale_ranks(groups, {s.rank: s.last_t_ns for s in summaries})
+    last_t = {s.rank: s.last_t_ns for s in summaries}
+    stale = _stale_ranks(groups, last_t)
     _decide(
         result,
         stale=stale,
+        last_t=last_t,
         groups=groups,
         waits=waits,
         culprits=culprits,
@@ -1017,6 +1020,7 @@ def _decide(
     stragglers: list[Straggler],
     missing: list[int],
     stale: dict[int, tuple[str, int, int]],
+    last_t: dict[int, int],
     keys: dict[int, KeyInfo],
 ) -> None:
     """The verdict, strongest evidence first.
@@ -1027,7 +1031,8 @@ def _decide(
     2. Ranks missing from a collective others wait in (``missing``/``cycle`` sinks of the wait graph):
        crash when they left no dump, straggler when they are the stragglers, else hang — unless the
        dumps themselves prove that rank moved on (``stale``: a peer completed and left a collective the
-       rank's dump never entered, so its dump was taken earlier: on-demand dumps of a running job).
+       rank's dump never entered, so its dump was taken earlier: on-demand dumps of a running job) or
+       that its absence is within the skew they prove (:func:`_within_skew`).
     3. Ranks only inside collectives every member entered (``all_in``): in progress when some member
        completed it or the dumps are skewed snapshots; a network/transport stall when every member started
        it (NCCL) and none completed; else inconclusive (gloo records neither start nor completion).
@@ -1055,6 +1060,9 @@ def _decide(
         return
     real = [c for c in culprits if c.kind != "all_in" and not all(r in stale for r in c.ranks)]
     disproved = [c for c in culprits if c.kind == "missing" and all(r in stale for r in c.ranks)]
+    skewed = _within_skew(real, groups, stale, last_t, missing)
+    if real and len(skewed) == len(real):
+        disproved, real = disproved + real, []
     if real:
         _set_culprits(
             res,
@@ -1078,6 +1086,9 @@ def _decide(
             )
         for c in disproved[:5]:
             r = c.ranks[0]
+            if r in skewed:
+                res.findings.append(skewed[r])
+                continue
             gname, seq, witness = stale[r]
             res.findings.append(
                 f"rank {r}'s dump predates {groups[gname].label()} #{seq}, which rank {witness} completed and "
@@ -1157,6 +1168,68 @@ def _loop_position(groups: dict[str, Group], keys: dict[int, KeyInfo]) -> list[s
             out.append(
                 f"{lead}, which occurs nowhere earlier in {'its' if one else 'their'} "
                 f"dump{'' if one else 's'}: a one-off, such as the closing barrier of a finished run"
+            )
+    return out
+
+
+def _rank_times(groups: dict[str, Group], rank: int) -> list[int]:
+    """When ``rank`` created each collective its dump holds, over all its groups, oldest first."""
+    out: list[int] = []
+    for g in groups.values():
+        t = g.tracks.get(rank)
+        if t is not None and t.times:
+            out.extend(Struct(f"<{len(t.times) // 8}q").unpack_from(t.times))
+    return sorted(x for x in out if x)
+
+
+def _within_skew(
+    culprits: list[Culprit],
+    groups: dict[str, Group],
+    stale: dict[int, tuple[str, int, int]],
+    last_t: dict[int, int],
+    missing: list[int],
+) -> dict[int, str]:
+    """Culprits whose absence the dumps' own skew explains: rank -> the finding that says why.
+
+    A stale rank A (:func:`_stale_ranks`) proves more than its own innocence: its dump was taken before
+    it entered (group, s), which its witness W completed, so before W's next entry after s — call that
+    moment X. Every dump follows the trigger, so the trigger came before X. A dump set triggered by a
+    stall behind a culprit C comes at least the stall threshold after C's last entry t_C: X - t_C
+    exceeds it. When X - t_C is no longer than the longest pause between two of C's own collectives in
+    its dump — a pause its peers sat through without any watchdog firing — no stall threshold fits: C
+    was running when the dumps were taken, one collective short of its peers like any rank of a running
+    job dumped at slightly different moments (an on-demand dump). Only one-rank culprits that left a
+    dump, whose every wait is for the collective right after their last one, are judged.
+    """
+    if not stale or not culprits:
+        return {}
+    bound, by = 0, -1
+    for a, (gname, seq, witness) in sorted(stale.items()):
+        at = _time_at(groups[gname].tracks[witness], seq)
+        after = [x for x in _rank_times(groups, witness) if x > at]
+        if at and after and (not bound or after[0] < bound):
+            bound, by = after[0], a
+    if not bound:
+        return {}
+    out: dict[int, str] = {}
+    for c in culprits:
+        if c.kind != "missing" or len(c.ranks) != 1 or c.ranks[0] in missing:
+            continue
+        r = c.ranks[0]
+        w = c.first_wait
+        track = groups[w.group].tracks.get(r)
+        times = _rank_times(groups, r)
+        if w.p2p or track is None or track.enq != w.seq - 1 or len(times) < 2:
+            continue
+        pause = max(b - a for a, b in pairwise(times))
+        silent = bound - last_t.get(r, times[-1])
+        if silent <= pause:
+            out[r] = (
+                f"rank {r} is one collective short of its peers in {w.op} #{w.seq} of group "
+                f"{groups[w.group].label()}, but the dumps were taken at most {max(silent, 0) / 1e6:.1f} ms "
+                f"after its last entry (rank {by}'s dump predates a collective its peer "
+                f"completed), no longer than its own longest pause between collectives "
+                f"({pause / 1e6:.1f} ms): no stall threshold fits, it was running (skewed snapshots, not a hang)"
             )
     return out
 

@@ -26,12 +26,15 @@ What a row must say is derived from the injection, never from an analyzer:
   the NCCL-format version of either must name the culprit first (``healthy`` for a healthy run).
 
 ``--reuse`` keeps job folders already recorded under ``--out`` (re-analysing them after a fix); the
-results go to ``OUT/sweep.json`` too.
+results go to ``OUT/sweep.json`` too. ``--save CASE NAME`` copies a recorded case into ``tests/data/fr/NAME``
+as the regression sets are kept (dumps gzipped as PyTorch wrote them, the job's ``meta/`` and its
+``expected.json``).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import shutil
@@ -229,13 +232,31 @@ def sweep_case(case: Case, folder: Path, reuse: bool) -> tuple[list[Row], str]:
     return rows, ""
 
 
+def save_set(folder: Path, dest: Path) -> None:
+    """Copy a recorded job folder as a regression set: pickle/ and json/ gzipped, meta/, expected.json."""
+    for sub in ("pickle", "json"):
+        (dest / sub).mkdir(parents=True, exist_ok=True)
+        for f in sorted((folder / sub).iterdir()):
+            (dest / sub / f"{f.name}.gz").write_bytes(gzip.compress(f.read_bytes(), mtime=0))
+    if (folder / "meta").is_dir():
+        (dest / "meta").mkdir(exist_ok=True)
+        for f in sorted((folder / "meta").iterdir()):
+            shutil.copyfile(f, dest / "meta" / f.name)
+    shutil.copyfile(folder / "expected.json", dest / "expected.json")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.fr.sweep")
     parser.add_argument("--out", type=Path, default=Path("/tmp/sentinel-fr-sweep"))
     parser.add_argument("--worlds", default="4,6,8,12", help="gloo_job world sizes (even)")
     parser.add_argument("--only", nargs="*", default=[], help="cases whose name contains one of these")
     parser.add_argument("--reuse", action="store_true", help="re-analyse job folders already recorded")
+    parser.add_argument("--save", nargs=2, metavar=("CASE", "NAME"), help="keep a case as tests/data/fr/NAME")
     args = parser.parse_args(argv)
+    if args.save:
+        case, name = args.save
+        save_set(args.out / case, Path(__file__).resolve().parent.parent / "data" / "fr" / name)
+        return 0
     # every rank warns (numpy absent from the CPU wheel, a deprecated all_gather name): noise in the table
     os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning,ignore::FutureWarning")
     cases = all_cases([int(w) for w in args.worlds.split(",") if w])

@@ -3,6 +3,10 @@
 ``bcast_size_n8``: rank 2 broadcasts 2,048 elements where its peers expect 1,024; gloo's transport aborts
 the receiving ranks 3, 4 and 6 (no dump). ``ondemand_n8``: a healthy job dumped on demand by rank 0 while it
 ran (ranks a collective apart). Both recorded with ``python -m tests.fr.gloo_job SCENARIO 8 OUT``.
+``ondemand_skew_n4``: the same on-demand dump of 4 ranks (``python -m tests.fr.sweep`` case
+gloo-ondemand-n4-healthy, kept with ``--save``): its pickle dumps caught rank 2 right after a world
+broadcast, one collective short of its tp peer, while rank 0's dump provably predates a tp all_reduce
+its peer completed.
 Variants are derived the way gloo itself would have written them (a failed collective is retired).
 """
 
@@ -69,6 +73,37 @@ def test_on_demand_dumps_of_a_running_job_are_not_a_hang(fmt: str) -> None:
     text = " ".join(result.findings)
     # no self-contradicting evidence: a rank named missing from a collective is never one that entered it
     assert "is missing from" not in text
+
+
+@pytest.mark.parametrize("fmt", ["pickle", "json"])
+def test_a_rank_one_short_within_the_skew_the_dumps_prove_is_not_a_hang(fmt: str) -> None:
+    """Rank 2 is not provably stale (no peer completed a collective it lacks), but rank 0 is: the dumps
+    were taken within 7 ms of rank 2's last entry, less than its own pauses between collectives."""
+    expected = json.loads((DATA / "ondemand_skew_n4" / "expected.json").read_text())
+    assert expected["culprit"] == -1  # what the job injected: nothing
+    result = analyze_dir(DATA / "ondemand_skew_n4" / fmt, workers=0)
+    assert result.verdict == "healthy", result.summary
+    assert result.culprit_ranks == []
+    if fmt == "pickle":  # (the JSON dumps were taken later, the ranks caught up)
+        assert any(
+            "rank 2 is one collective short" in f and "no stall threshold fits" in f for f in result.findings
+        )
+
+
+def test_a_rank_silent_longer_than_its_pauses_is_still_the_culprit(tmp_path: Path) -> None:
+    """The same dumps with rank 2's entries a second earlier (it stopped a second before the others'
+    last entries, its pauses unchanged): no skew explains that silence, rank 2 hangs the tp group."""
+
+    def earlier(rank: int, top: dict[str, Any]) -> None:
+        if rank == 2:
+            for e in top["entries"]:
+                e["time_created_ns"] -= 1_000_000_000
+
+    _rewrite(DATA / "ondemand_skew_n4" / "pickle", tmp_path, earlier)
+    result = analyze_dir(tmp_path, workers=0)
+    assert result.verdict == "hang", result.summary
+    assert result.culprit_ranks == [2]
+    assert result.collective is not None and result.collective["pg_desc"] == "tp"
 
 
 def test_skewed_snapshot_of_rank_0_is_not_blamed(tmp_path: Path) -> None:
