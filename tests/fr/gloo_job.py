@@ -20,7 +20,10 @@ healthy job dumped on demand by rank 0 while it runs: ranks are caught up to a c
 bcast_size (rank 2 broadcasts twice the elements its peers expect: gloo's transport aborts a receiving
 rank, which leaves no dump), hang_world (rank 3 never enters a world all_reduce: every peer waits in
 that one), size_crash (rank 3 passes half the elements to a world all_reduce: gloo's transport aborts the
-culprit itself, whose dump is missing; its peers' all_reduce fails and they dump on the exception). With
+culprit itself, whose dump is missing; its peers' all_reduce fails and they dump on the exception),
+straggler_async (the straggler, dumped on demand by rank 0 four steps before the end while the job runs,
+each rank whenever its thread sees the request: the way the shared corpus's straggler set was taken,
+with the skew that brings — see :func:`_straggler_dump`). With
 STEPS above ~500 every rank's 2,000-entry ring buffer wraps (the fault
 comes 8 steps before the end): full-buffer dumps with stack frames, as a long job leaves them.
 """
@@ -49,6 +52,7 @@ STRAGGLE_S = 0.03
 CULPRIT = {
     "hang": 3,
     "straggler": 1,
+    "straggler_async": 1,
     "op_mismatch": 3,
     "healthy": -1,
     "ondemand": -1,
@@ -56,6 +60,7 @@ CULPRIT = {
     "hang_world": 3,
     "size_crash": 3,
 }
+STRAGGLERS = ("straggler", "straggler_async")
 #: scenarios in which a rank is meant to die (gloo's transport aborts it): no failure of the job
 ABORTS = ("bcast_size", "size_crash")
 
@@ -161,7 +166,7 @@ def worker(
         (outdir / "expected.json").write_text(json.dumps({"culprit": culprit, "kind": scenario, **fact}))
 
     def coll(group: str, fn: object) -> None:
-        if scenario == "straggler" and rank == culprit:
+        if scenario in STRAGGLERS and rank == culprit:
             time.sleep(STRAGGLE_S)
         seq[group] += 1
         fn()  # type: ignore[operator]
@@ -176,11 +181,12 @@ def worker(
             time.sleep(0.02)
         time.sleep(30)
 
-    if scenario == "straggler" and rank == culprit:
+    if scenario in STRAGGLERS and rank == culprit:
         record({"straggle_ms": STRAGGLE_S * 1e3})  # (no watchdog in this scenario to arm)
     for step in range(steps):
-        if scenario == "ondemand" and rank == 0 and step == steps - 4:
-            record({"culprit": -1})
+        if scenario in ("ondemand", "straggler_async") and rank == 0 and step == steps - 4:
+            if scenario == "ondemand":
+                record({"culprit": -1})
             (outdir / "DUMP").write_text("on demand")
         if scenario == "hang" and rank == culprit and step == fault_step:
             expected = {"pg_name": names["tp"], "seq": seq["tp"] + 1, "op": "all_reduce"}
@@ -310,7 +316,7 @@ def run(
             time.sleep(0.05)
         else:
             raise TimeoutError(f"{scenario}: not every rank dumped within {timeout_s} s of starting")
-        if scenario in ("healthy", "straggler", "ondemand"):
+        if scenario in ("healthy", "ondemand", *STRAGGLERS):
             for p in procs:
                 p.join(max(0.1, deadline - time.monotonic()))
     finally:

@@ -19,11 +19,15 @@ What a row must say is derived from the injection, never from an analyzer:
   ``hang``, the culprit first, that collective; a rank that exited or aborted (``early_exit``,
   ``size_crash``): ``crash``, the culprit first, that collective;
 * ``op_mismatch`` / ``bcast_size``: ``mismatch``, exactly the culprit, that collective;
-* ``straggler``: ``straggler``, exactly the culprit; healthy runs: ``healthy``, nobody;
+* ``straggler``, ``straggler_async``: ``straggler``, exactly the culprit; healthy runs: ``healthy``, nobody;
 * a send/recv never posted, under gloo (which does not record send/recv): ``hang`` with the culprit among
-  the ranks named when some rank is blocked in a recorded collective (the job's ops log says so), else
-  ``inconclusive``; a healthy pipeline under gloo may be ``inconclusive`` (its ranks run unrecorded ops);
-  the NCCL-format version of either must name the culprit first (``healthy`` for a healthy run).
+  the ranks named when some rank is blocked in a recorded collective (the job's ops log says so); the
+  NCCL-format version must name the culprit first.
+
+An ``inconclusive`` verdict that blames nobody where the truth is healthy, or where gloo cannot see the
+fault (a send/recv never posted while no rank waits in a recorded collective), is scored ``weak``: no
+false blame, no hit either (gloo's documented ambiguities: a pipeline after its run, ranks all inside one
+collective when dumped on demand).
 
 ``--reuse`` keeps job folders already recorded under ``--out`` (re-analysing them after a fix); the
 results go to ``OUT/sweep.json`` too. ``--save CASE NAME`` copies a recorded case into ``tests/data/fr/NAME``
@@ -49,7 +53,15 @@ from tests.fr import gloo_job, topo_job
 from tests.fr.nccl_synth import members_from_meta, nccl_set
 from tests.fr.p2p_synth import p2p_nccl_set
 
-GLOO_FAULTS = ("hang", "hang_world", "op_mismatch", "bcast_size", "size_crash", "straggler")
+GLOO_FAULTS = (
+    "hang",
+    "hang_world",
+    "op_mismatch",
+    "bcast_size",
+    "size_crash",
+    "straggler",
+    "straggler_async",
+)
 GLOO_HEALTHY = ("healthy", "ondemand")
 #: topo scenarios swept, with their world sizes; pp_recv_hang and pp4_hang are pp_hang's program with
 #: another culprit / size, which the sweep covers through pp_hang
@@ -91,6 +103,12 @@ class Row:
     @property
     def ok(self) -> bool:
         return not self.misses
+
+    @property
+    def status(self) -> str:
+        if self.ok:
+            return "ok"
+        return "weak" if all(m.startswith("weak") for m in self.misses) else "MISS"
 
 
 def culprits_for(world: int) -> list[int]:
@@ -169,8 +187,10 @@ def judge(case: Case, fmt: str, fact: dict[str, Any], got: dict[str, Any], folde
                 misses.append(f"collective {key} {coll.get(key)!r} (want {fact[key]!r})")
 
     if culprit < 0:
-        healthy = ("healthy", "inconclusive") if case.job == "topo" and fmt != "nccl" else ("healthy",)
-        want_verdict(*healthy)
+        if verdict == "inconclusive" and not named:
+            misses.append("weak: inconclusive where the run was healthy")
+        else:
+            want_verdict("healthy")
         if named:
             misses.append(f"culprits {named} (want none)")
         return misses
@@ -183,9 +203,11 @@ def judge(case: Case, fmt: str, fact: dict[str, Any], got: dict[str, Any], folde
             want_verdict("hang")
             if culprit not in named:
                 misses.append(f"culprits {named} (want {culprit} among them)")
+        elif verdict == "inconclusive" and not named:
+            misses.append("weak: inconclusive (no rank waits in a recorded collective)")
         else:
-            want_verdict("inconclusive", "hang")
-            if verdict == "hang" and culprit not in named:
+            want_verdict("hang")
+            if culprit not in named:
                 misses.append(f"culprits {named} (want {culprit} among them)")
         return misses
     if kind in ("op_mismatch", "bcast_size"):
@@ -194,7 +216,7 @@ def judge(case: Case, fmt: str, fact: dict[str, Any], got: dict[str, Any], folde
             misses.append(f"culprits {named} (want [{culprit}])")
         want_collective("pg_name", "seq", "op")
         return misses
-    if kind == "straggler":
+    if kind in gloo_job.STRAGGLERS:
         want_verdict("straggler")
         if named != [culprit]:
             misses.append(f"culprits {named} (want [{culprit}])")
@@ -270,7 +292,7 @@ def main(argv: list[str]) -> int:
         rows += got
         if why:
             failed.append((case, why))
-        marks = " ".join(f"{r.fmt}:{'ok' if r.ok else 'MISS'}" for r in got) or f"job failed ({why})"
+        marks = " ".join(f"{r.fmt}:{r.status}" for r in got) or f"job failed ({why})"
         print(f"{case.name:42} {time.monotonic() - started:6.1f}s  {marks}", flush=True)
     print()
     print(f"{'case':42} {'fmt':6} {'verdict':12} {'culprits':14} {'collective':22} result")
@@ -278,18 +300,25 @@ def main(argv: list[str]) -> int:
         c = r.got.get("collective") or {}
         what = f"{c.get('pg_name')}#{c.get('seq')} {c.get('op')}" if c else "-"
         culprits = str(r.got.get("culprit_ranks"))
-        result = "ok" if r.ok else "MISS: " + "; ".join(r.misses)
+        result = "ok" if r.ok else f"{r.status}: " + "; ".join(r.misses)
         print(f"{r.case.name:42} {r.fmt:6} {r.got.get('verdict')!s:12} {culprits:14} {what:22} {result}")
     for case, why in failed:
         print(f"{case.name:42} job failed: {why}")
     hits = sum(r.ok for r in rows)
-    print(f"\nscore: {hits}/{len(rows)} rows match the injection ({len(failed)} job(s) failed to run)")
+    weak = sum(r.status == "weak" for r in rows)
+    print(
+        f"\nscore: {hits}/{len(rows)} rows match the injection, {weak} weak (inconclusive, nobody blamed), "
+        f"{len(rows) - hits - weak} miss(es); {len(failed)} job(s) failed to run"
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sweep.json").write_text(
         json.dumps(
             {
-                "score": [hits, len(rows)],
-                "rows": [{"case": r.case.name, "fmt": r.fmt, "misses": r.misses, "got": r.got} for r in rows],
+                "score": {"ok": hits, "weak": weak, "rows": len(rows)},
+                "rows": [
+                    {"case": r.case.name, "fmt": r.fmt, "status": r.status, "misses": r.misses, "got": r.got}
+                    for r in rows
+                ],
                 "failed": [[c.name, why] for c, why in failed],
             },
             indent=1,
