@@ -264,7 +264,9 @@ def save_set(folder: Path, dest: Path) -> None:
         (dest / "meta").mkdir(exist_ok=True)
         for f in sorted((folder / "meta").iterdir()):
             shutil.copyfile(f, dest / "meta" / f.name)
-    shutil.copyfile(folder / "expected.json", dest / "expected.json")
+    # (the topo sets name the job's record injected.json, beside the verdict.json written for them)
+    fact = "injected.json" if (folder / "meta" / "ops_rank_0.json").exists() else "expected.json"
+    shutil.copyfile(folder / "expected.json", dest / fact)
 
 
 def main(argv: list[str]) -> int:
@@ -273,6 +275,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--worlds", default="4,6,8,12", help="gloo_job world sizes (even)")
     parser.add_argument("--only", nargs="*", default=[], help="cases whose name contains one of these")
     parser.add_argument("--reuse", action="store_true", help="re-analyse job folders already recorded")
+    parser.add_argument(
+        "--recorded-only", action="store_true", help="with --reuse: run no job, skip the rest"
+    )
     parser.add_argument("--save", nargs=2, metavar=("CASE", "NAME"), help="keep a case as tests/data/fr/NAME")
     args = parser.parse_args(argv)
     if args.save:
@@ -284,6 +289,8 @@ def main(argv: list[str]) -> int:
     cases = all_cases([int(w) for w in args.worlds.split(",") if w])
     if args.only:
         cases = [c for c in cases if any(s in c.name for s in args.only)]
+    if args.reuse and args.recorded_only:
+        cases = [c for c in cases if (args.out / c.name / "recorded").exists()]
     rows: list[Row] = []
     failed: list[tuple[Case, str]] = []
     for case in cases:
@@ -300,7 +307,7 @@ def main(argv: list[str]) -> int:
         c = r.got.get("collective") or {}
         what = f"{c.get('pg_name')}#{c.get('seq')} {c.get('op')}" if c else "-"
         culprits = str(r.got.get("culprit_ranks"))
-        result = "ok" if r.ok else f"{r.status}: " + "; ".join(r.misses)
+        result = "ok" if r.ok else ("MISS: " if r.status == "MISS" else "") + "; ".join(r.misses)
         print(f"{r.case.name:42} {r.fmt:6} {r.got.get('verdict')!s:12} {culprits:14} {what:22} {result}")
     for case, why in failed:
         print(f"{case.name:42} job failed: {why}")
