@@ -300,6 +300,9 @@ def _world_size(present: set[int], groups: dict[str, Group], summaries: Sequence
     seen = max(present) + 1
     cap = max(2 * seen, 2 * len(present))
     size = seen
+    for s in summaries:
+        if s.config_world > size:  # ranks a pg_config lists, in a named group or not (gloo's unnamed one)
+            size = min(s.config_world, cap)
     for g in groups.values():
         if g.members:
             size = max(size, min(max(g.members) + 1, cap))

@@ -192,6 +192,7 @@ class RankSummary:
     """Everything the analysis keeps of one rank's dump."""
 
     __slots__ = (
+        "config_world",
         "first_t_ns",
         "groups",
         "keys",
@@ -217,6 +218,7 @@ class RankSummary:
         last_t_ns: int = 0,
         median_duration_ms: float = -1.0,
         skipped_p2p: bool = False,
+        config_world: int = 0,
     ) -> None:
         self.rank = rank
         self.source = source
@@ -229,6 +231,9 @@ class RankSummary:
         self.median_duration_ms = median_duration_ms  # NCCL duration_ms of completed collectives; -1: none
         #: completed send/recv entries were skipped (:attr:`sentinel.fr.loader.RawDump.skipped_p2p`)
         self.skipped_p2p = skipped_p2p
+        #: one more than the highest rank any pg_config entry lists, named group or not (0: none): every
+        #: rank listed is a rank of the job (:func:`_apply_config`)
+        self.config_world = config_world
 
     def waits(self) -> bool:
         """Whether a group of this rank still waits (pg_status) or holds an op not completed."""
@@ -247,6 +252,7 @@ class RankSummary:
             self.last_t_ns,
             self.median_duration_ms,
             self.skipped_p2p,
+            self.config_world,
         )
 
 
@@ -254,7 +260,7 @@ def summary_from_plain(plain: Any) -> RankSummary:
     """The :class:`RankSummary` of :meth:`RankSummary.to_plain`'s tuple. A worker's message is decoded
     with the no-globals unpickler, so it can hold builtins only; a malformed one raises TypeError or
     ValueError."""
-    rank, source, version, n_entries, groups, keys, first_t, last_t, median, skipped_p2p = plain
+    rank, source, version, n_entries, groups, keys, first_t, last_t, median, skipped_p2p, config_world = plain
     return RankSummary(
         rank,
         source,
@@ -266,6 +272,7 @@ def summary_from_plain(plain: Any) -> RankSummary:
         last_t_ns=last_t,
         median_duration_ms=median,
         skipped_p2p=skipped_p2p is True,
+        config_world=int(config_world),
     )
 
 
@@ -674,7 +681,7 @@ def _summarize(
         raise FrFormatError(f"{_entry_at(dump, entries, index)}: malformed ({type(exc).__name__})") from None
     groups = [_finish(b) for b in builders.values()]
     _apply_status(dump, groups, source, {b.pg_id: b for b in builders.values() if b.pg_id >= 0})
-    _apply_config(dump, groups)
+    config_world = _apply_config(dump, groups)
     return RankSummary(
         rank=dump.rank,
         source=source,
@@ -686,6 +693,7 @@ def _summarize(
         last_t_ns=last_t,
         median_duration_ms=sorted(durations)[len(durations) // 2] if durations else -1.0,
         skipped_p2p=dump.skipped_p2p,
+        config_world=config_world,
     )
 
 
@@ -904,23 +912,32 @@ def _ascending(values: list[int]) -> bool:
     return all(a <= c for a, c in pairwise(values))
 
 
-def _apply_config(dump: RawDump, groups: list[GroupTrack]) -> None:
-    """Use pg_config when it is sound (NCCL); gloo in torch 2.13 writes an empty/unnamed one."""
+def _apply_config(dump: RawDump, groups: list[GroupTrack]) -> int:
+    """Use pg_config when it is sound (NCCL); gloo in torch 2.13 writes one unnamed entry (key, name and
+    desc empty) whose ranks are empty once the job made sub-groups and the world's ranks when it made none.
+
+    Returns one more than the highest rank any entry lists (0: none): an unnamed entry belongs to no group
+    the entries name, but the ranks it lists are ranks of the job, so the world is at least that large —
+    the only trace in gloo dumps of a world-only job's highest rank when that rank left no dump."""
     by_name = {g.name: g for g in groups}
+    listed = 0
     for key, cfg in dump.pg_config.items():
         if not isinstance(cfg, dict):
-            continue
-        name = cfg.get("name", key)
-        group = by_name.get(name) if isinstance(name, str) and name else None
-        if group is None:
             continue
         value = cfg.get("ranks")
         # cached by text (bounded: at most 256 texts of at most 256 KiB)
         runs = _runs_of_text(value) if isinstance(value, str) and len(value) <= 1 << 18 else _runs_of(value)
         if runs:
+            listed = max(listed, runs[-1][1])
+        name = cfg.get("name", key)
+        group = by_name.get(name) if isinstance(name, str) and name else None
+        if group is None:
+            continue
+        if runs:
             group.config_ranks = list(runs)
         if not group.desc and isinstance(cfg.get("desc"), str):
             group.desc = cfg["desc"]
+    return listed
 
 
 def rank_runs(ranks: list[int]) -> list[tuple[int, int]]:

@@ -355,6 +355,30 @@ def test_renumbered_ranks_move_the_verdict_with_them(name: str, shift: int, tmp_
     )
 
 
+def test_gloos_unnamed_pg_config_entry_lists_ranks_of_the_job() -> None:
+    """early_exit_last_n4: the last rank of a world-only job exited without a dump. No entry, shape or file
+    of the survivors names a rank 3; gloo's one pg_config entry, unnamed (no group to attach it to), lists
+    ranks [0, 1, 2, 3]: the world is 4 and rank 3 is missing. Without that entry the same dumps show a world
+    of 3 whose last all_reduce is merely in progress; a list beyond twice the ranks seen is not believed."""
+    tops = _tops(DATA / "early_exit_last_n4" / "pickle")
+    assert sorted(tops) == [0, 1, 2]
+    assert all(set(t["pg_config"]) == {""} and t["pg_config"][""]["name"] == "" for t in tops.values())
+    listed = _analyze_tops(tops)
+    assert (listed.verdict, listed.culprit_ranks, listed.world_size, listed.missing_dumps) == (
+        "crash",
+        [3],
+        4,
+        [3],
+    )
+    for t in tops.values():
+        t["pg_config"] = {"": {"name": "", "desc": "", "ranks": "[]"}}
+    unlisted = _analyze_tops(tops)
+    assert (unlisted.world_size, unlisted.missing_dumps, unlisted.culprit_ranks) == (3, [], [])
+    for t in tops.values():
+        t["pg_config"] = {"": {"name": "", "desc": "", "ranks": json.dumps(list(range(1000)))}}
+    assert _analyze_tops(tops).world_size == 6  # capped at twice the ranks seen (a hostile list)
+
+
 def test_a_posted_counterpart_clears_the_peer(tmp_path: Path) -> None:
     """Once rank 3 posts the send rank 1 waits for, nobody 'never posted' anything: both sides of every
     pending p2p op are posted and started, so it is a transfer that does not complete (transport)."""
