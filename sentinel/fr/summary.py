@@ -924,13 +924,15 @@ def _apply_config(dump: RawDump, groups: list[GroupTrack]) -> int:
     for key, cfg in dump.pg_config.items():
         if not isinstance(cfg, dict):
             continue
+        name = cfg.get("name", key)
+        if not isinstance(name, str):  # a malformed entry: nothing of it is used
+            continue
         value = cfg.get("ranks")
         # cached by text (bounded: at most 256 texts of at most 256 KiB)
         runs = _runs_of_text(value) if isinstance(value, str) and len(value) <= 1 << 18 else _runs_of(value)
         if runs:
             listed = max(listed, runs[-1][1])
-        name = cfg.get("name", key)
-        group = by_name.get(name) if isinstance(name, str) and name else None
+        group = by_name.get(name) if name else None
         if group is None:
             continue
         if runs:
