@@ -723,14 +723,34 @@ def _posted(
     return sum(1 for t, c in _p2p_ops(peer, g, cache) if c == back and t > anchor_peer) >= n
 
 
-def _majority(votes: dict[int, int], group_keys: Counter[int]) -> tuple[int, list[int]]:
+def _majority(
+    votes: dict[int, int], group_keys: Counter[int], fewer: dict[int, int] | None = None
+) -> tuple[int, list[int]]:
     """(expected key, ranks that differ): the most common key wins; a tie goes to the key this group uses
-    more often elsewhere."""
+    more often elsewhere, then — when members of the group left no dump (``fewer``: key -> minus its
+    elements) — to the smaller tensors: a transport that refuses an oversized message aborts the ranks
+    that held less than they were sent, so the ranks gone held the smaller size (a broadcast root that
+    sends twice the elements to a world of 4 aborts two receivers; the survivors tie one to one)."""
     count = Counter(votes.values())
-    expected = max(
-        count, key=lambda k: (count[k], group_keys[k], -min(r for r, v in votes.items() if v == k))
-    )
+    rank_of = {}
+    for r, v in sorted(votes.items(), reverse=True):
+        rank_of[v] = r
+    by = fewer or {}
+    expected = max(count, key=lambda k: (count[k], group_keys[k], by.get(k, 0), -rank_of[k]))
     return expected, sorted(r for r, v in votes.items() if v != expected)
+
+
+def _elements(sizes: str) -> int:
+    """Elements of every tensor in a key's sizes text (``[[1024], [4, 8]]``); 0 when unreadable."""
+    total = 0
+    for shape in sizes.replace(" ", "").strip("[]").split("],["):
+        n = 1
+        for dim in shape.split(","):
+            if not dim.isdigit():
+                return 0
+            n *= int(dim)
+        total += n
+    return total
 
 
 def _mismatch_kind(a: KeyInfo, b: KeyInfo) -> str:
@@ -800,7 +820,10 @@ def _p2p_mismatch(groups: dict[str, Group], keys: dict[int, KeyInfo]) -> Mismatc
 def _mismatch(
     g: Group, seq: int, votes: dict[int, int], keys: dict[int, KeyInfo], pending: bool
 ) -> MismatchFinding:
-    expected, odd = _majority(votes, _group_key_counts(g))
+    fewer = None
+    if len(g.members) > len(g.tracks) and len(set(votes.values())) > 1:  # members left no dump
+        fewer = {k: -_elements(keys[k].in_sizes) for k in set(votes.values()) if k in keys}
+    expected, odd = _majority(votes, _group_key_counts(g), fewer)
     found = votes[odd[0]]
     exp_info = keys.get(expected, KeyInfo("?", "?", "?", "?"))
     found_info = keys.get(found, KeyInfo("?", "?", "?", "?"))

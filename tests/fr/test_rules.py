@@ -6,7 +6,8 @@ ran (ranks a collective apart). Both recorded with ``python -m tests.fr.gloo_job
 ``ondemand_skew_n4``: the same on-demand dump of 4 ranks (``python -m tests.fr.sweep`` case
 gloo-ondemand-n4-healthy, kept with ``--save``): its pickle dumps caught rank 2 right after a world
 broadcast, one collective short of its tp peer, while rank 0's dump provably predates a tp all_reduce
-its peer completed.
+its peer completed. ``bcast_size_root_n4``: rank 0, the root, broadcasts 2,048 elements to a world of 4
+(sweep case gloo-bcast_size-n4-c0): gloo aborts receivers 1 and 2, and the two dumps left tie.
 Variants are derived the way gloo itself would have written them (a failed collective is retired).
 """
 
@@ -48,6 +49,23 @@ def test_broadcast_size_mismatch_names_the_sender_not_the_aborted_receivers(fmt:
     assert result.collective is not None
     assert (result.collective["pg_name"], result.collective["seq"]) == (expected["pg_name"], expected["seq"])
     assert result.missing_dumps == [3, 4, 6]
+
+
+@pytest.mark.parametrize("fmt", ["pickle", "json"])
+def test_a_size_tie_among_survivors_goes_against_the_larger_tensor_the_aborted_ranks_refused(
+    fmt: str,
+) -> None:
+    """Rank 0 (2,048 elements) and rank 3 (1,024) are all that is left: a one-to-one tie, and the group
+    used neither key elsewhere. Ranks 1 and 2 left no dump — gloo aborted them on an oversized message, so
+    they held the smaller tensor: rank 0 passed the odd size (the lowest rank no longer wins the tie)."""
+    expected = json.loads((DATA / "bcast_size_root_n4" / "expected.json").read_text())
+    result = analyze_dir(DATA / "bcast_size_root_n4" / fmt, workers=0)
+    assert result.verdict == "mismatch", result.summary
+    assert result.culprit_ranks == [expected["culprit"]] == [0]
+    assert result.mismatch is not None and result.mismatch["kind"] == "size"
+    assert result.collective is not None
+    assert (result.collective["pg_name"], result.collective["seq"]) == (expected["pg_name"], expected["seq"])
+    assert result.missing_dumps == [1, 2]
 
 
 def test_mismatch_outranks_the_abort_when_every_survivor_completed_it(tmp_path: Path) -> None:
