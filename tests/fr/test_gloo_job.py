@@ -77,3 +77,24 @@ def test_op_mismatch(jobs: dict[str, tuple[Path, dict[str, Any]]], fmt: str) -> 
         expected["seq"],
         expected["op"],
     )
+
+
+@pytest.mark.e2e
+def test_the_culprit_and_the_world_size_are_parameters(tmp_path: Path) -> None:
+    """The job injects into the rank it is given, in a world of the size it is given (the sweep's knobs),
+    and records that itself: the last rank of 6 never enters a world all_reduce, and is named."""
+    need_module("torch")
+    from tests.fr import gloo_job
+
+    expected = gloo_job.run("hang_world", 6, tmp_path, timeout_s=90, culprit=5)
+    assert (expected["culprit"], expected["kind"], expected["op"]) == (5, "hang_world", "all_reduce")
+    for fmt in ("pickle", "json"):
+        result = analyze_dir(tmp_path / fmt, workers=1)
+        assert result.verdict == "hang", result.summary
+        assert result.world_size == 6
+        assert result.culprit_ranks[:1] == [5]
+        assert result.collective is not None
+        assert (result.collective["pg_name"], result.collective["seq"]) == (
+            expected["pg_name"],
+            expected["seq"],
+        )
