@@ -86,11 +86,12 @@ class Case:
     scenario: str
     world: int
     culprit: int  # -1: a healthy run
+    steps: int = 0  # gloo_job's steps; 0: the job's default
 
     @property
     def name(self) -> str:
         who = "healthy" if self.culprit < 0 else f"c{self.culprit}"
-        return f"{self.job}-{self.scenario}-n{self.world}-{who}"
+        return f"{self.job}-{self.scenario}-n{self.world}-{who}" + (f"-s{self.steps}" if self.steps else "")
 
 
 @dataclass
@@ -116,11 +117,11 @@ def culprits_for(world: int) -> list[int]:
     return sorted({0, world // 2, world - 1})
 
 
-def all_cases(worlds: list[int]) -> list[Case]:
+def all_cases(worlds: list[int], steps: int = 0) -> list[Case]:
     out: list[Case] = []
     for world in worlds:
-        out += [Case("gloo", s, world, c) for s in GLOO_FAULTS for c in culprits_for(world)]
-        out += [Case("gloo", s, world, -1) for s in GLOO_HEALTHY]
+        out += [Case("gloo", s, world, c, steps) for s in GLOO_FAULTS for c in culprits_for(world)]
+        out += [Case("gloo", s, world, -1, steps) for s in GLOO_HEALTHY]
     for scenario, sizes in TOPO_WORLDS.items():
         for world in sizes:
             if topo_job.CULPRIT[scenario] < 0:
@@ -137,7 +138,8 @@ def record(case: Case, folder: Path) -> dict[str, Any]:
     folder.mkdir(parents=True)
     culprit = None if case.culprit < 0 else case.culprit
     if case.job == "gloo":
-        fact = gloo_job.run(case.scenario, case.world, folder, timeout_s=90, culprit=culprit)
+        steps = case.steps or gloo_job.STEPS
+        fact = gloo_job.run(case.scenario, case.world, folder, timeout_s=90, steps=steps, culprit=culprit)
     else:
         fact = topo_job.run(case.scenario, folder, timeout_s=90, world=case.world, culprit=culprit)
     (folder / "recorded").write_text("1")
@@ -273,6 +275,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.fr.sweep")
     parser.add_argument("--out", type=Path, default=Path("/tmp/sentinel-fr-sweep"))
     parser.add_argument("--worlds", default="4,6,8,12", help="gloo_job world sizes (even)")
+    parser.add_argument("--steps", type=int, default=0, help="gloo_job steps (default: the job's)")
     parser.add_argument("--only", nargs="*", default=[], help="cases whose name contains one of these")
     parser.add_argument("--reuse", action="store_true", help="re-analyse job folders already recorded")
     parser.add_argument(
@@ -286,7 +289,7 @@ def main(argv: list[str]) -> int:
         return 0
     # every rank warns (numpy absent from the CPU wheel, a deprecated all_gather name): noise in the table
     os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning,ignore::FutureWarning")
-    cases = all_cases([int(w) for w in args.worlds.split(",") if w])
+    cases = all_cases([int(w) for w in args.worlds.split(",") if w], args.steps)
     if args.only:
         cases = [c for c in cases if any(s in c.name for s in args.only)]
     if args.reuse and args.recorded_only:
