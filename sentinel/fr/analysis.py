@@ -17,7 +17,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import functools
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
@@ -1198,14 +1198,17 @@ def _loop_position(groups: dict[str, Group], keys: dict[int, KeyInfo]) -> list[s
     return out
 
 
-def _rank_times(groups: dict[str, Group], rank: int) -> list[int]:
-    """When ``rank`` created each collective its dump holds, over all its groups, oldest first."""
-    out: list[int] = []
+def _times_by_rank(groups: dict[str, Group], ranks: set[int]) -> dict[int, list[int]]:
+    """When each of ``ranks`` created each collective its dump holds, over all its groups, oldest first:
+    one pass over the groups (a set intersection with each group's tracks costs the smaller of the two),
+    so the work stays linear in the tracks however many ranks are asked for."""
+    out: dict[int, list[int]] = {r: [] for r in ranks}
     for g in groups.values():
-        t = g.tracks.get(rank)
-        if t is not None and t.times:
-            out.extend(Struct(f"<{len(t.times) // 8}q").unpack_from(t.times))
-    return sorted(x for x in out if x)
+        for r in ranks.intersection(g.tracks):
+            t = g.tracks[r]
+            if t.times:
+                out[r].extend(Struct(f"<{len(t.times) // 8}q").unpack_from(t.times))
+    return {r: sorted(x for x in times if x) for r, times in out.items()}
 
 
 def _within_skew(
@@ -1229,22 +1232,25 @@ def _within_skew(
     """
     if not stale or not culprits:
         return {}
+    judged = [c for c in culprits if c.kind == "missing" and len(c.ranks) == 1 and c.ranks[0] not in missing]
+    if not judged:
+        return {}
+    times_of = _times_by_rank(groups, {w for _, _, w in stale.values()} | {c.ranks[0] for c in judged})
     bound, by = 0, -1
     for a, (gname, seq, witness) in sorted(stale.items()):
         at = _time_at(groups[gname].tracks[witness], seq)
-        after = [x for x in _rank_times(groups, witness) if x > at]
-        if at and after and (not bound or after[0] < bound):
-            bound, by = after[0], a
+        witness_times = times_of[witness]
+        i = bisect_right(witness_times, at)
+        if at and i < len(witness_times) and (not bound or witness_times[i] < bound):
+            bound, by = witness_times[i], a
     if not bound:
         return {}
     out: dict[int, str] = {}
-    for c in culprits:
-        if c.kind != "missing" or len(c.ranks) != 1 or c.ranks[0] in missing:
-            continue
+    for c in judged:
         r = c.ranks[0]
         w = c.first_wait
         track = groups[w.group].tracks.get(r)
-        times = _rank_times(groups, r)
+        times = times_of[r]
         if w.p2p or track is None or track.enq != w.seq - 1 or len(times) < 2:
             continue
         pause = max(b - a for a, b in pairwise(times))
