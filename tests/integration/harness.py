@@ -206,3 +206,28 @@ async def all_ranks_report(session: aiohttp.ClientSession, url: str, job: Job) -
         detail = await response.json()
     ranks = detail.get("rank_list") or []
     return len(ranks) == WORLD and all(r.get("host") and r.get("gpu") is not None for r in ranks)
+
+
+async def verdicts(session: aiohttp.ClientSession, url: str) -> list[dict[str, Any]]:
+    """Every verdict the aggregator at ``url`` holds, open and closed."""
+    return list((await get_json(session, f"{url}/api/v1/verdicts"))["verdicts"])
+
+
+async def hang_until_stuck(
+    session: aiohttp.ClientSession, url: str, job: Job, rank: int, within_s: float
+) -> tuple[dict[str, Any], float]:
+    """Stop ``rank`` before its next gradient all_reduce (CONTROL/hang: its peers enter it and wait) and
+    wait for the aggregator's stuck verdict: (the verdict, when the rank stopped by its own clock)."""
+    (job.control / "hang").write_text(str(rank))
+    hung_file = job.control / f"hung_{rank}"
+
+    async def stopped() -> bool:
+        return hung_file.exists() and bool(hung_file.read_text())
+
+    await until(f"rank {rank} stops", stopped, 10, job)
+    stopped_at = float(hung_file.read_text())
+
+    async def stuck_verdict() -> dict[str, Any] | None:
+        return next((v for v in await verdicts(session, url) if v["kind"] == "stuck"), None)
+
+    return await until("stuck verdict", stuck_verdict, within_s + 5, job), stopped_at

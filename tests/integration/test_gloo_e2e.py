@@ -35,9 +35,11 @@ from tests.integration.harness import (
     agents,
     all_ranks_report,
     get_json,
+    hang_until_stuck,
     host_of,
     until,
 )
+from tests.integration.harness import verdicts as harness_verdicts
 from tests.support import REPO, need_module
 
 CULPRIT = 5  # node-b, LOCAL_RANK 1
@@ -66,7 +68,7 @@ async def test_gloo_job_hang_is_named_with_host_and_gpu_and_fr_dump_analyzed(tmp
             url = running.url
 
             async def verdicts() -> list[dict[str, Any]]:
-                return list((await get_json(session, f"{url}/api/v1/verdicts"))["verdicts"])
+                return await harness_verdicts(session, url)
 
             # 1. healthy run: every rank reports, the job progresses, no verdict opens
             healthy = Job(cluster, "train-healthy")
@@ -103,19 +105,7 @@ async def test_gloo_job_hang_is_named_with_host_and_gpu_and_fr_dump_analyzed(tmp
             await asyncio.sleep(2.0)  # a few healthy steps first
             early = await verdicts()
             assert early == [], json.dumps(early, indent=1)
-            (hang.control / "hang").write_text(str(CULPRIT))
-            hung_file = hang.control / f"hung_{CULPRIT}"
-
-            async def culprit_stopped() -> bool:
-                return hung_file.exists() and bool(hung_file.read_text())
-
-            await until("culprit stops", culprit_stopped, 10, hang)
-            stopped_at = float(hung_file.read_text())
-
-            async def stuck_verdict() -> dict[str, Any] | None:
-                return next((v for v in await verdicts() if v["kind"] == "stuck"), None)
-
-            verdict = await until("stuck verdict", stuck_verdict, DETECT_WITHIN_S + 5, hang)
+            verdict, stopped_at = await hang_until_stuck(session, url, hang, CULPRIT, DETECT_WITHIN_S)
             timings["detect_s"] = verdict["opened_at"] - stopped_at
             assert verdict["job"] == hang.id
             where = (CULPRIT, host_of(CULPRIT), CULPRIT % GPUS_PER_HOST)

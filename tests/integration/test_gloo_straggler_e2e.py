@@ -44,9 +44,11 @@ from tests.integration.harness import (
     agents,
     all_ranks_report,
     get_json,
+    hang_until_stuck,
     host_of,
     until,
 )
+from tests.integration.harness import verdicts as harness_verdicts
 from tests.support import need_module
 
 STRAGGLER = StragglerConfig(eval_interval_s=1.0)
@@ -93,7 +95,7 @@ async def test_a_slow_rank_at_either_end_is_named_a_straggler_a_healthy_job_is_n
             job = Job(cluster, "train-straggler")
 
             async def verdicts() -> list[dict[str, Any]]:
-                return list((await get_json(session, f"{url}/api/v1/verdicts"))["verdicts"])
+                return await harness_verdicts(session, url)
 
             async def ranks() -> list[dict[str, Any]]:
                 assert job is not None
@@ -166,19 +168,7 @@ async def test_a_slow_rank_at_either_end_is_named_a_straggler_a_healthy_job_is_n
 
             # 3. rank 0 stops before a gradient all_reduce: named stuck, never a waiting peer
             _slow(job, None)
-            (job.control / "hang").write_text(str(HUNG))
-            hung_file = job.control / f"hung_{HUNG}"
-
-            async def hung() -> bool:
-                return hung_file.exists() and bool(hung_file.read_text())
-
-            await until("rank stops", hung, 10, job)
-            stopped_at = float(hung_file.read_text())
-
-            async def stuck_verdict() -> dict[str, Any] | None:
-                return next((v for v in await verdicts() if v["kind"] == "stuck"), None)
-
-            stuck = await until("stuck verdict", stuck_verdict, DETECT_WITHIN_S + 5, job)
+            stuck, stopped_at = await hang_until_stuck(session, url, job, HUNG, DETECT_WITHIN_S)
             timings["stuck_named_s"] = stuck["opened_at"] - stopped_at
             assert stuck["job"] == job.id and stuck["reason"] == "not_entered_collective", stuck
             assert (stuck["rank"], stuck["host"], stuck["gpu"]) == (HUNG, host_of(HUNG), HUNG % GPUS_PER_HOST)
