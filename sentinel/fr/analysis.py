@@ -17,6 +17,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import functools
+import math
 from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Sequence
@@ -728,7 +729,7 @@ def _majority(
 ) -> tuple[int, list[int]]:
     """(expected key, ranks that differ): the most common key wins; a tie goes to the key this group uses
     more often elsewhere, then — when members of the group left no dump (``fewer``: key -> minus its
-    elements) — to the smaller tensors: a transport that refuses an oversized message aborts the ranks
+    elements, for the keys whose sizes are readable) — to the smaller tensors: a transport that refuses an oversized message aborts the ranks
     that held less than they were sent, so the ranks gone held the smaller size (a broadcast root that
     sends twice the elements to a world of 4 aborts two receivers; the survivors tie one to one)."""
     count = Counter(votes.values())
@@ -736,18 +737,26 @@ def _majority(
     for r, v in sorted(votes.items(), reverse=True):
         rank_of[v] = r
     by = fewer or {}
-    expected = max(count, key=lambda k: (count[k], group_keys[k], by.get(k, 0), -rank_of[k]))
+    # a key whose size is unknown is never the smaller one
+    expected = max(count, key=lambda k: (count[k], group_keys[k], by.get(k, -math.inf), -rank_of[k]))
     return expected, sorted(r for r, v in votes.items() if v != expected)
 
 
-def _elements(sizes: str) -> int:
-    """Elements of every tensor in a key's sizes text (``[[1024], [4, 8]]``); 0 when unreadable."""
+def _elements(sizes: str) -> int | None:
+    """Elements of every tensor in a key's sizes text (``[[1024], [4, 8]]``; a scalar's shape ``[]`` holds
+    one); None when a dimension is not a plain count (nothing is known of its size then)."""
+    text = sizes.replace(" ", "")
+    body = text[1:-1]  # within the outer brackets: "[1024],[4,8]"
+    if text[:1] != "[" or text[-1:] != "]" or (body and (body[0] != "[" or body[-1] != "]")):
+        return None
+    if not body:
+        return 0  # no tensors
     total = 0
-    for shape in sizes.replace(" ", "").strip("[]").split("],["):
+    for shape in body[1:-1].split("],["):
         n = 1
-        for dim in shape.split(","):
+        for dim in shape.split(",") if shape else ():
             if not dim.isdigit():
-                return 0
+                return None
             n *= int(dim)
         total += n
     return total
@@ -822,7 +831,9 @@ def _mismatch(
 ) -> MismatchFinding:
     fewer = None
     if len(g.members) > len(g.tracks) and len(set(votes.values())) > 1:  # members left no dump
-        fewer = {k: -_elements(keys[k].in_sizes) for k in set(votes.values()) if k in keys}
+        fewer = {
+            k: -n for k in set(votes.values()) if k in keys and (n := _elements(keys[k].in_sizes)) is not None
+        }
     expected, odd = _majority(votes, _group_key_counts(g), fewer)
     found = votes[odd[0]]
     exp_info = keys.get(expected, KeyInfo("?", "?", "?", "?"))

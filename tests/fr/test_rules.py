@@ -14,14 +14,20 @@ Variants are derived the way gloo itself would have written them (a failed colle
 from __future__ import annotations
 
 import json
+import math
 import pickle
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from sentinel.fr.analysis import _elements, _majority
 from sentinel.fr.dumpset import analyze_dir
 from sentinel.fr.loader import discover, load_dump
+from sentinel.fr.summary import _sizes
 from sentinel.fr.waitgraph import Wait, find_culprits
 from tests.fr.conftest import corpus_folders
 from tests.support import REPO
@@ -73,8 +79,8 @@ def test_mismatch_outranks_the_abort_when_every_survivor_completed_it(tmp_path: 
     def fail_it(rank: int, top: dict[str, Any]) -> None:
         for e in top["entries"]:
             e["retired"] = True
-        for st in top["pg_status"].values():
-            st["last_completed_collective"] = st["last_enqueued_collective"]
+        for status in top["pg_status"].values():
+            status["last_completed_collective"] = status["last_enqueued_collective"]
 
     _rewrite(DATA / "bcast_size_n8" / "pickle", tmp_path, fail_it)
     result = analyze_dir(tmp_path, workers=0)
@@ -196,3 +202,25 @@ def test_a_cascade_names_the_collective_that_holds_most_ranks_for_the_absent_one
     assert culprit.ranks == (3,)
     assert (culprit.first_wait.group, culprit.first_wait.op) == ("tp", "all_reduce")
     assert culprit.victims >= {0, 1, 2, 7}
+
+
+@given(st.lists(st.lists(st.integers(0, 1 << 20), max_size=4), max_size=6))
+def test_a_keys_element_count_is_read_back_from_its_sizes_text(shapes: list[list[int]]) -> None:
+    """What the reduction writes for a key's sizes (``_sizes``, inside the key's brackets) reads back as
+    the elements of every tensor: a scalar (shape ``[]``) holds one, no tensors none."""
+    text = f"[{_sizes(shapes, 'input_sizes')}]"
+    assert _elements(text) == sum(math.prod(s) for s in shapes)
+
+
+def test_a_key_of_unreadable_size_is_never_the_smaller_one_in_a_tie() -> None:
+    # a negative dimension passes the int64 check but says nothing of the tensor's size
+    unknown, small, large = 1, 2, 3
+    sizes = {unknown: f"[{_sizes([[-1]], 'x')}]", small: "[[1024]]", large: "[[2048]]"}
+    assert _elements(sizes[unknown]) is None
+    fewer = {k: -n for k, text in sizes.items() if (n := _elements(text)) is not None}
+    # one rank each, no group history: the smaller readable size wins, whatever the rank order
+    for votes in ({0: unknown, 3: small}, {0: small, 3: unknown}):
+        expected, odd = _majority(votes, Counter(), fewer)
+        assert expected == small and odd == [r for r, k in votes.items() if k == unknown]
+    expected, _ = _majority({0: large, 3: unknown}, Counter(), fewer)
+    assert expected == large
