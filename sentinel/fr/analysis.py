@@ -72,6 +72,9 @@ class Straggler(NamedTuple):
     lag_ms_median: float
     late_fraction: float
     n_collectives: int
+    #: (straggler, group label, ms ahead of it there) when this rank's lateness is another straggler's:
+    #: where the two meet it arrives on time and waits (see :func:`_inherited`); None for a straggler
+    behind: tuple[int, str, float] | None = None
 
 
 class MismatchFinding(NamedTuple):
@@ -202,8 +205,12 @@ def analyze(summaries: Sequence[RankSummary], *, aside: bool = False) -> FrAnaly
             lags.close()
 
 
-def _straggler_rows(groups: dict[str, Group]) -> list[tuple[int, float, float, int]]:
-    return [(s.rank, s.lag_ms_median, s.late_fraction, s.n_collectives) for s in _stragglers(groups)]
+def _straggler_rows(
+    groups: dict[str, Group],
+) -> list[tuple[int, float, float, int, tuple[int, str, float] | None]]:
+    return [
+        (s.rank, s.lag_ms_median, s.late_fraction, s.n_collectives, s.behind) for s in _stragglers(groups)
+    ]
 
 
 def _analyze(  # noqa: PLR0917 - one caller
@@ -221,7 +228,9 @@ def _analyze(  # noqa: PLR0917 - one caller
     waits = _waits(groups, keys)
     culprits = find_culprits(waits)
     order_notes = _program_order(culprits, waits, groups)
-    stragglers = _stragglers(groups) if lags is None else [Straggler(*row) for row in lags.result()]
+    late = _stragglers(groups) if lags is None else [Straggler(*row) for row in lags.result()]
+    stragglers = [s for s in late if s.behind is None]
+    inherited = [s for s in late if s.behind is not None]
     frontier_mm = _frontier_mismatch(groups, waits, keys) or _p2p_mismatch(groups, keys)
     history_mm = _history_mismatch(groups, keys)
 
@@ -254,7 +263,7 @@ def _analyze(  # noqa: PLR0917 - one caller
     if result.verdict in ("hang", "crash"):
         result.findings.extend(n for r, n in order_notes.items() if r in result.culprit_ranks)
         _note_unrecorded_p2p(result, groups)
-    _add_context(result, groups, waits, missing, stragglers)
+    _add_context(result, groups, waits, missing, stragglers, inherited=inherited)
     _add_durations(
         result, {s.rank: s.median_duration_ms for s in summaries if s.median_duration_ms >= 0}, stragglers
     )
@@ -952,7 +961,62 @@ def _stragglers(groups: dict[str, Group]) -> list[Straggler]:
         if late >= STRAGGLER_LATE_FRACTION:
             out.append(Straggler(r, m, late, len(lags[r])))
     out.sort(key=lambda s: -s.lag_ms_median)
+    return _inherited(out, groups) if len(out) > 1 else out
+
+
+def _inherited(found: list[Straggler], groups: dict[str, Group]) -> list[Straggler]:
+    """Mark the ranks whose lateness is a stronger straggler's (``behind``), most late first.
+
+    A rank that waits for a straggler inside a collective leaves it late and enters its next collectives
+    — in its other groups, where the straggler is not — as late as the wait was: a straggler's data-parallel
+    partner looks like a lesser straggler to its own tensor-parallel peers. Where the two meet, though, the
+    partner arrives on time: as far ahead of the straggler as the on-time ranks are, the straggler's whole
+    lag, where a rank slow of its own arrives only its own lag less ahead. So a rank B is another's (A's,
+    more late) when in some group they share B is typically ahead of A by at least A's lag less half of
+    B's — halfway between "on time" (ahead by A's lag) and "slow by its own apparent lag" (ahead by A's lag
+    less B's) — and by at least :data:`MIN_STRAGGLER_LAG_MS`. Two ranks slow of their own meet about as late
+    as each other and both stay stragglers."""
+    out: list[Straggler] = []
+    real: list[Straggler] = []
+    for b in found:
+        behind = None
+        for a in real:
+            best = max(
+                (
+                    (ahead, g.label())
+                    for g in groups.values()
+                    if a.rank in g.tracks
+                    and b.rank in g.tracks
+                    and (ahead := _ahead_ms(g, a.rank, b.rank)) is not None
+                ),
+                default=None,
+            )
+            if best is not None and best[0] >= max(
+                MIN_STRAGGLER_LAG_MS, a.lag_ms_median - b.lag_ms_median / 2
+            ):
+                behind = (a.rank, best[1], best[0])
+                break
+        if behind is None:
+            real.append(b)
+            out.append(b)
+        else:
+            out.append(b._replace(behind=behind))
     return out
+
+
+def _ahead_ms(g: Group, slow: int, other: int) -> float | None:
+    """The median of how far ahead of rank ``slow`` rank ``other`` created the collectives of ``g`` both
+    have a time for, over the newest :data:`TIMING_WINDOW` (ms); None without one."""
+    ts, to = g.tracks[slow], g.tracks[other]
+    lo = max(ts.first_seq, to.first_seq)
+    hi = min(ts.first_seq + len(ts.times) // 8, to.first_seq + len(to.times) // 8)
+    lo = max(lo, hi - TIMING_WINDOW)
+    if hi <= lo:
+        return None
+    unpack = Struct(f"{hi - lo}q").unpack_from
+    mine, theirs = unpack(ts.times, 8 * (lo - ts.first_seq)), unpack(to.times, 8 * (lo - to.first_seq))
+    diffs = [(x - y) / 1e6 for x, y in zip(mine, theirs, strict=True) if x and y]
+    return _median(diffs) if diffs else None
 
 
 def _group_lags(cols: Sequence[Sequence[int]]) -> list[list[float]]:
@@ -1538,6 +1602,8 @@ def _add_context(
     waits: list[Wait],
     missing: list[int],
     stragglers: list[Straggler],
+    *,
+    inherited: Sequence[Straggler] = (),
 ) -> None:
     if missing:
         res.findings.append(f"no dump from rank(s) {_ranks(missing)} of world size {res.world_size}")
@@ -1545,6 +1611,14 @@ def _add_context(
         res.findings.append(
             f"rank {s.rank} creates its collectives {s.lag_ms_median:.1f} ms after its peers' median "
             f"(late on {s.late_fraction:.0%} of {s.n_collectives})"
+        )
+    for s in inherited[:10]:
+        assert s.behind is not None
+        slow, where, ahead = s.behind
+        res.findings.append(
+            f"rank {s.rank} is late {s.lag_ms_median:.1f} ms in its other collectives only behind rank {slow}: "
+            f"in group {where} it arrives {ahead:.1f} ms ahead of rank {slow}, on time, and waits for it "
+            f"(not a straggler)"
         )
     by_coll: dict[tuple[str, int], list[Wait]] = {}
     for w in waits:

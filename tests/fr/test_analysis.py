@@ -101,6 +101,48 @@ def test_healthy_has_no_straggler_under_jitter(tmp_path: Path) -> None:
     assert result.verdict == "healthy", result.summary
 
 
+def _tp_dp_job(folder: Path, slow: dict[int, float], steps: int = 40) -> None:
+    """8 ranks in lockstep: a tensor-parallel all_reduce (groups 0-3 and 4-7), then a data-parallel one
+    (pairs r, r + 4), each step. A rank arrives 1 ms after its previous collective completed, plus its
+    own slowness; a collective completes when its last member arrives (so its other members wait)."""
+    clock = dict.fromkeys(range(8), 0.0)
+    entries: dict[int, list[dict[str, object]]] = {r: [] for r in range(8)}
+    tp = [("1", "tp", [0, 1, 2, 3]), ("2", "tp", [4, 5, 6, 7])]
+    dp = [(str(10 + i), "dp", [i, i + 4]) for i in range(4)]
+    for step in range(1, steps + 1):
+        for name, desc, members in (*tp, *dp):
+            arrive = {r: clock[r] + 1.0 + slow.get(r, 0.0) + 0.01 * r for r in members}
+            for r in members:
+                entries[r].append(entry(name, step, desc=desc, t_ms=arrive[r]))
+                clock[r] = max(arrive.values())
+    for r, es in entries.items():
+        write(folder, r, es)
+
+
+def test_ranks_that_wait_for_a_straggler_are_not_stragglers(tmp_path: Path) -> None:
+    """Rank 5 is slow: its tensor-parallel peers wait for it, then enter their data-parallel collectives
+    late — to their dp partners, rank 5's lateness looks like theirs. Where they meet rank 5 they arrive
+    on time, its whole lag ahead of it: named as waiting behind it, not as stragglers."""
+    _tp_dp_job(tmp_path, {5: 30.0})
+    result = analyze_dir(tmp_path, workers=0)
+    assert result.verdict == "straggler", result.summary
+    assert result.culprit_ranks == [5]
+    behind = [f for f in result.findings if "only behind rank 5" in f]
+    assert sorted(int(f.split()[1]) for f in behind) == [4, 6, 7]
+
+
+def test_independent_stragglers_stay_named_whether_or_not_they_meet(tmp_path: Path) -> None:
+    _tp_dp_job(tmp_path / "apart", {0: 30.0, 5: 20.0})  # in different groups
+    result = analyze_dir(tmp_path / "apart", workers=0)
+    assert result.verdict == "straggler", result.summary
+    assert result.culprit_ranks == [0, 5]
+    _tp_dp_job(tmp_path / "partners", {0: 30.0, 4: 30.0})  # data-parallel partners, equally slow
+    result = analyze_dir(tmp_path / "partners", workers=0)
+    assert result.verdict == "straggler", result.summary
+    assert sorted(result.culprit_ranks) == [0, 4]
+    assert not [f for f in result.findings if "only behind" in f]
+
+
 def test_highest_rank_without_dump_is_found_from_a_short_subgroup(tmp_path: Path) -> None:
     # 8 ranks, tp groups of 4 ("1": 0-3, "2": 4-7); rank 7 crashed and left no dump; world has no all_gather
     for r in range(7):

@@ -8,6 +8,9 @@ gloo-ondemand-n4-healthy, kept with ``--save``): its pickle dumps caught rank 2 
 broadcast, one collective short of its tp peer, while rank 0's dump provably predates a tp all_reduce
 its peer completed. ``bcast_size_root_n4``: rank 0, the root, broadcasts 2,048 elements to a world of 4
 (sweep case gloo-bcast_size-n4-c0): gloo aborts receivers 1 and 2, and the two dumps left tie.
+``straggler_async_partner_n16``: rank 15 of 16 enters every collective 30 ms late, dumped on demand by
+rank 0 while the job runs (sweep case gloo-straggler_async-n16-c15): its data-parallel partner, rank 7,
+waits for it and so enters its tensor-parallel collectives late too.
 Variants are derived the way gloo itself would have written them (a failed collective is retired).
 """
 
@@ -72,6 +75,15 @@ def test_a_size_tie_among_survivors_goes_against_the_larger_tensor_the_aborted_r
     assert result.collective is not None
     assert (result.collective["pg_name"], result.collective["seq"]) == (expected["pg_name"], expected["seq"])
     assert result.missing_dumps == [1, 2]
+
+
+@pytest.mark.parametrize("fmt", ["pickle", "json"])
+def test_the_partner_that_waits_for_a_straggler_is_not_one(fmt: str) -> None:
+    expected = json.loads((DATA / "straggler_async_partner_n16" / "expected.json").read_text())
+    result = analyze_dir(DATA / "straggler_async_partner_n16" / fmt, workers=0)
+    assert result.verdict == "straggler", result.summary
+    assert result.culprit_ranks == [expected["culprit"]] == [15]
+    assert any(f.startswith("rank 7 is late") and "only behind rank 15" in f for f in result.findings)
 
 
 def test_mismatch_outranks_the_abort_when_every_survivor_completed_it(tmp_path: Path) -> None:
