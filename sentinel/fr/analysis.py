@@ -1161,7 +1161,8 @@ def _decide(
         return
     real = [c for c in culprits if c.kind != "all_in" and not all(r in stale for r in c.ranks)]
     disproved = [c for c in culprits if c.kind == "missing" and all(r in stale for r in c.ranks)]
-    skewed = _within_skew(real, groups, stale, last_t, missing)
+    in_progress = [c.first_wait for c in culprits if c.kind == "all_in"]
+    skewed = _within_skew(real, groups, stale, last_t, missing, in_progress)
     if real and len(skewed) == len(real):
         disproved, real = disproved + real, []
     if real:
@@ -1286,12 +1287,18 @@ def _times_by_rank(groups: dict[str, Group], ranks: set[int]) -> dict[int, list[
     return {r: sorted(x for x in times if x) for r, times in out.items()}
 
 
-def _within_skew(
+#: Groups of more members than this do not serve as the in-progress witness of :func:`_within_skew` (the
+#: check reads every member's entries for each of its collectives).
+MAX_SETTLE_MEMBERS = 1024
+
+
+def _within_skew(  # noqa: PLR0917 - one caller
     culprits: list[Culprit],
     groups: dict[str, Group],
     stale: dict[int, tuple[str, int, int]],
     last_t: dict[int, int],
     missing: list[int],
+    in_progress: Sequence[Wait] = (),
 ) -> dict[int, str]:
     """Culprits whose absence the dumps' own skew explains: rank -> the finding that says why.
 
@@ -1304,20 +1311,53 @@ def _within_skew(
     was running when the dumps were taken, one collective short of its peers like any rank of a running
     job dumped at slightly different moments (an on-demand dump). Only one-rank culprits that left a
     dump, whose every wait is for the collective right after their last one, are judged.
+
+    A collective that every member of its group entered and none completed (``in_progress``: the waits of
+    ``all_in`` culprits) bounds the moment too, when it is not stalled itself: its members were dumped
+    before it completed, at most its last arrival plus the longest its group's earlier collectives took
+    from their last arrival to a member's next entry (:func:`_longest_settle`) — so the trigger came
+    before that. Without it, a running 32-rank job dumped on demand read as a hang:
+    its second tensor-parallel group was inside an all_reduce that all 16 members had entered within
+    12 ms of the "culprit"'s last entry, and no dump was provably stale.
     """
-    if not stale or not culprits:
+    if (not stale and not in_progress) or not culprits:
         return {}
     judged = [c for c in culprits if c.kind == "missing" and len(c.ranks) == 1 and c.ranks[0] not in missing]
     if not judged:
         return {}
-    times_of = _times_by_rank(groups, {w for _, _, w in stale.values()} | {c.ranks[0] for c in judged})
-    bound, by = 0, -1
+    culprit_ranks = {c.ranks[0] for c in judged}
+    # distinct in-progress collectives of groups no judged culprit is in (one wait per member was given)
+    witnesses = {
+        (w.group, w.seq): w
+        for w in in_progress
+        if not culprit_ranks & groups[w.group].members and len(groups[w.group].tracks) <= MAX_SETTLE_MEMBERS
+    }
+    needed = {w for _, _, w in stale.values()} | culprit_ranks
+    for name, _ in witnesses:
+        needed |= set(groups[name].tracks)
+    times_of = _times_by_rank(groups, needed)
+    bound, by = 0, ""
     for a, (gname, seq, witness) in sorted(stale.items()):
         at = _time_at(groups[gname].tracks[witness], seq)
         witness_times = times_of[witness]
         i = bisect_right(witness_times, at)
         if at and i < len(witness_times) and (not bound or witness_times[i] < bound):
-            bound, by = witness_times[i], a
+            bound, by = witness_times[i], f"rank {a}'s dump predates a collective its peer completed"
+    for w in witnesses.values():
+        g = groups[w.group]
+        arrivals = [_time_at(t, w.seq) for t in g.tracks.values()]
+        settle = _longest_settle(g, w.seq, times_of)
+        if arrivals and all(arrivals) and settle is not None:
+            at = max(arrivals) + settle
+            if not bound or at < bound:
+                bound, by = (
+                    at,
+                    (
+                        f"{w.op} #{w.seq} of group {g.label()}, which all its members entered, was in progress "
+                        f"in their dumps: taken at most {settle / 1e6:.1f} ms after its last arrival, the longest "
+                        "its earlier collectives took to their next"
+                    ),
+                )
     if not bound:
         return {}
     out: dict[int, str] = {}
@@ -1334,11 +1374,45 @@ def _within_skew(
             out[r] = (
                 f"rank {r} is one collective short of its peers in {w.op} #{w.seq} of group "
                 f"{groups[w.group].label()}, but the dumps were taken at most {max(silent, 0) / 1e6:.1f} ms "
-                f"after its last entry (rank {by}'s dump predates a collective its peer "
-                f"completed), no longer than its own longest pause between collectives "
+                f"after its last entry ({by}), no longer than its own longest pause between collectives "
                 f"({pause / 1e6:.1f} ms): no stall threshold fits, it was running (skewed snapshots, not a hang)"
             )
     return out
+
+
+def _longest_settle(g: Group, seq: int, times_of: dict[int, list[int]]) -> int | None:
+    """The longest any collective of ``g`` before ``seq`` (the newest :data:`TIMING_WINDOW` every member
+    recorded) took from its last member's arrival to the first entry, in any group, that one of its
+    members made after that arrival (ns): a member enters nothing before the collective it is inside
+    completes, so this is at least as long as any of them took to complete. ``times_of``: every
+    member's entry times, sorted (:func:`_times_by_rank`). None without one such collective."""
+    tracks = list(g.tracks.values())
+    if len(tracks) < len(g.members) or not tracks:
+        return None
+    lo = max(t.first_seq for t in tracks)
+    hi = min(seq, *(t.first_seq + len(t.times) // 8 for t in tracks))  # collectives lo..hi-1 are recorded
+    lo = max(lo, hi - TIMING_WINDOW)
+    if hi <= lo:
+        return None
+    unpack = Struct(f"{hi - lo}q").unpack_from
+    members = list(g.tracks)
+    rows = zip(*(unpack(g.tracks[m].times, 8 * (lo - g.tracks[m].first_seq)) for m in members), strict=True)
+    longest = None
+    for row in rows:
+        if not all(row):
+            continue
+        last = max(row)
+        after = []
+        for m in members:
+            times = times_of.get(m, [])
+            i = bisect_right(times, last)
+            if i == len(times):
+                break
+            after.append(times[i])
+        else:
+            gap = min(after) - last
+            longest = gap if longest is None else max(longest, gap)
+    return longest
 
 
 def _unfinished(g: Group, seq: int, missing: list[int]) -> bool:

@@ -10,7 +10,9 @@ its peer completed. ``bcast_size_root_n4``: rank 0, the root, broadcasts 2,048 e
 (sweep case gloo-bcast_size-n4-c0): gloo aborts receivers 1 and 2, and the two dumps left tie.
 ``straggler_async_partner_n16``: rank 15 of 16 enters every collective 30 ms late, dumped on demand by
 rank 0 while the job runs (sweep case gloo-straggler_async-n16-c15): its data-parallel partner, rank 7,
-waits for it and so enters its tensor-parallel collectives late too.
+waits for it and so enters its tensor-parallel collectives late too. ``ondemand_in_progress_n32``: a
+healthy 32-rank job dumped on demand (sweep case gloo-ondemand-n32-healthy): rank 4 one collective short
+of its tp peers, no dump provably stale, the other tp group inside an all_reduce all 16 members entered.
 Variants are derived the way gloo itself would have written them (a failed collective is retired).
 """
 
@@ -84,6 +86,32 @@ def test_the_partner_that_waits_for_a_straggler_is_not_one(fmt: str) -> None:
     assert result.verdict == "straggler", result.summary
     assert result.culprit_ranks == [expected["culprit"]] == [15]
     assert any(f.startswith("rank 7 is late") and "only behind rank 15" in f for f in result.findings)
+
+
+def test_a_collective_every_member_entered_bounds_when_the_dumps_were_taken() -> None:
+    """No dump predates a collective its peer completed, but group 2's all_reduce #11 was in progress in
+    every member's dump, entered by all: they were taken before it completed, soon after rank 4's last
+    entry — sooner than rank 4's own pauses between collectives. A running job, not a hang of rank 4."""
+    result = analyze_dir(DATA / "ondemand_in_progress_n32" / "pickle", workers=0)
+    assert result.verdict == "healthy", result.summary
+    assert result.culprit_ranks == []
+    assert any(f.startswith("rank 4 is one collective short") and "in progress" in f for f in result.findings)
+
+
+def test_an_in_progress_collective_does_not_vouch_for_a_long_silence(tmp_path: Path) -> None:
+    """The same dumps with rank 4's entries moved a second earlier: its peers then waited for it far
+    longer than any collective of the in-progress group took, so the bound no longer fits: a hang."""
+    shift = 1_000_000_000
+
+    def earlier(rank: int, top: dict[str, Any]) -> None:
+        if rank == 4:
+            for e in top["entries"]:
+                e["time_created_ns"] -= shift
+
+    _rewrite(DATA / "ondemand_in_progress_n32" / "pickle", tmp_path, earlier)
+    result = analyze_dir(tmp_path, workers=0)
+    assert result.verdict == "hang", result.summary
+    assert result.culprit_ranks == [4]
 
 
 def test_mismatch_outranks_the_abort_when_every_survivor_completed_it(tmp_path: Path) -> None:
