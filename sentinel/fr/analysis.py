@@ -929,17 +929,13 @@ def _stragglers(groups: dict[str, Group]) -> list[Straggler]:
         tracks = [(r, t) for r, t in g.tracks.items() if t.times]
         if len(tracks) < 2 or len(tracks) < len(g.members):
             continue
-        lo = max(t.first_seq for _, t in tracks)
-        hi = min(t.first_seq + len(t.times) // 8 for _, t in tracks)
         # big groups give every member many samples per collective: fewer collectives suffice
         window = max(TIMING_WINDOW // 4, min(TIMING_WINDOW, TIMING_WINDOW * 256 // len(tracks)))
-        lo = max(lo, hi - window)
-        if hi <= lo:  # the members' ring buffers do not overlap: no collective to compare
+        # column form: every step a C-level operation (a Python loop per sample cost 0.2 s at 512 ranks
+        # and would cost seconds at 16,384)
+        cols = _time_columns([t for _, t in tracks], window)
+        if cols is None:  # the members' ring buffers do not overlap: no collective to compare
             continue
-        # column form: one tuple per member over the window (one C call each), every step a C-level
-        # operation (a Python loop per sample cost 0.2 s at 512 ranks and would cost seconds at 16,384)
-        unpack = Struct(f"{hi - lo}q").unpack_from
-        cols = [unpack(t.times, 8 * (lo - t.first_seq)) for _, t in tracks]
         for (r, _), lag in zip(tracks, _group_lags(cols), strict=True):
             if lag:
                 lags.setdefault(r, []).extend(lag)
@@ -964,6 +960,10 @@ def _stragglers(groups: dict[str, Group]) -> list[Straggler]:
     return _inherited(out, groups) if len(out) > 1 else out
 
 
+#: Only the most late stragglers are checked as the one another waits behind (the check is per pair).
+MAX_INHERITED_FROM = 64
+
+
 def _inherited(found: list[Straggler], groups: dict[str, Group]) -> list[Straggler]:
     """Mark the ranks whose lateness is a stronger straggler's (``behind``), most late first.
 
@@ -976,18 +976,22 @@ def _inherited(found: list[Straggler], groups: dict[str, Group]) -> list[Straggl
     B's — halfway between "on time" (ahead by A's lag) and "slow by its own apparent lag" (ahead by A's lag
     less B's) — and by at least :data:`MIN_STRAGGLER_LAG_MS`. Two ranks slow of their own meet about as late
     as each other and both stay stragglers."""
+    # each candidate's groups, found in one pass (a pair is compared only where both are members)
+    ranks = {s.rank for s in found}
+    groups_of: dict[int, list[Group]] = {r: [] for r in ranks}
+    for g in groups.values():
+        for r in ranks.intersection(g.tracks):
+            groups_of[r].append(g)
     out: list[Straggler] = []
     real: list[Straggler] = []
     for b in found:
         behind = None
-        for a in real:
+        for a in real[:MAX_INHERITED_FROM]:
             best = max(
                 (
                     (ahead, g.label())
-                    for g in groups.values()
-                    if a.rank in g.tracks
-                    and b.rank in g.tracks
-                    and (ahead := _ahead_ms(g, a.rank, b.rank)) is not None
+                    for g in groups_of[b.rank]
+                    if a.rank in g.tracks and (ahead := _ahead_ms(g, a.rank, b.rank)) is not None
                 ),
                 default=None,
             )
@@ -1007,16 +1011,28 @@ def _inherited(found: list[Straggler], groups: dict[str, Group]) -> list[Straggl
 def _ahead_ms(g: Group, slow: int, other: int) -> float | None:
     """The median of how far ahead of rank ``slow`` rank ``other`` created the collectives of ``g`` both
     have a time for, over the newest :data:`TIMING_WINDOW` (ms); None without one."""
-    ts, to = g.tracks[slow], g.tracks[other]
-    lo = max(ts.first_seq, to.first_seq)
-    hi = min(ts.first_seq + len(ts.times) // 8, to.first_seq + len(to.times) // 8)
-    lo = max(lo, hi - TIMING_WINDOW)
+    cols = _time_columns([g.tracks[slow], g.tracks[other]], TIMING_WINDOW)
+    if cols is None:
+        return None
+    diffs = [(x - y) / 1e6 for x, y in zip(*cols, strict=True) if x and y]
+    return _median(diffs) if diffs else None
+
+
+def _time_columns(
+    tracks: Sequence[GroupTrack], window: int, before: int | None = None
+) -> list[tuple[int, ...]] | None:
+    """Each track's creation times (ns, 0: none) over the newest ``window`` collectives of the group that
+    every one of them recorded (only those before seq ``before``, when given), one tuple per track, each
+    read in one C call; None when they share none."""
+    lo = max(t.first_seq for t in tracks)
+    hi = min(t.first_seq + len(t.times) // 8 for t in tracks)
+    if before is not None:
+        hi = min(hi, before)
+    lo = max(lo, hi - window)
     if hi <= lo:
         return None
     unpack = Struct(f"{hi - lo}q").unpack_from
-    mine, theirs = unpack(ts.times, 8 * (lo - ts.first_seq)), unpack(to.times, 8 * (lo - to.first_seq))
-    diffs = [(x - y) / 1e6 for x, y in zip(mine, theirs, strict=True) if x and y]
-    return _median(diffs) if diffs else None
+    return [unpack(t.times, 8 * (lo - t.first_seq)) for t in tracks]
 
 
 def _group_lags(cols: Sequence[Sequence[int]]) -> list[list[float]]:
@@ -1339,10 +1355,9 @@ def _within_skew(  # noqa: PLR0917 - one caller
     bound, by = 0, ""
     for a, (gname, seq, witness) in sorted(stale.items()):
         at = _time_at(groups[gname].tracks[witness], seq)
-        witness_times = times_of[witness]
-        i = bisect_right(witness_times, at)
-        if at and i < len(witness_times) and (not bound or witness_times[i] < bound):
-            bound, by = witness_times[i], f"rank {a}'s dump predates a collective its peer completed"
+        after = _first_after(times_of[witness], at)
+        if at and after and (not bound or after < bound):
+            bound, by = after, f"rank {a}'s dump predates a collective its peer completed"
     for w in witnesses.values():
         g = groups[w.group]
         arrivals = [_time_at(t, w.seq) for t in g.tracks.values()]
@@ -1386,33 +1401,28 @@ def _longest_settle(g: Group, seq: int, times_of: dict[int, list[int]]) -> int |
     members made after that arrival (ns): a member enters nothing before the collective it is inside
     completes, so this is at least as long as any of them took to complete. ``times_of``: every
     member's entry times, sorted (:func:`_times_by_rank`). None without one such collective."""
-    tracks = list(g.tracks.values())
-    if len(tracks) < len(g.members) or not tracks:
+    if not g.tracks or len(g.tracks) < len(g.members):
         return None
-    lo = max(t.first_seq for t in tracks)
-    hi = min(seq, *(t.first_seq + len(t.times) // 8 for t in tracks))  # collectives lo..hi-1 are recorded
-    lo = max(lo, hi - TIMING_WINDOW)
-    if hi <= lo:
-        return None
-    unpack = Struct(f"{hi - lo}q").unpack_from
     members = list(g.tracks)
-    rows = zip(*(unpack(g.tracks[m].times, 8 * (lo - g.tracks[m].first_seq)) for m in members), strict=True)
+    cols = _time_columns([g.tracks[m] for m in members], TIMING_WINDOW, before=seq)
+    if cols is None:
+        return None
     longest = None
-    for row in rows:
+    for row in zip(*cols, strict=True):
         if not all(row):
             continue
         last = max(row)
-        after = []
-        for m in members:
-            times = times_of.get(m, [])
-            i = bisect_right(times, last)
-            if i == len(times):
-                break
-            after.append(times[i])
-        else:
+        after = [_first_after(times_of.get(m, []), last) for m in members]
+        if all(after):  # every member entered something after it (0: nothing)
             gap = min(after) - last
             longest = gap if longest is None else max(longest, gap)
     return longest
+
+
+def _first_after(times: list[int], t: int) -> int:
+    """The first of the sorted ``times`` after ``t``; 0 when none is."""
+    i = bisect_right(times, t)
+    return times[i] if i < len(times) else 0
 
 
 def _unfinished(g: Group, seq: int, missing: list[int]) -> bool:
