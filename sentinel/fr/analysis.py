@@ -72,9 +72,10 @@ class Straggler(NamedTuple):
     lag_ms_median: float
     late_fraction: float
     n_collectives: int
-    #: (straggler, group label, ms ahead of it there) when this rank's lateness is another straggler's:
-    #: where the two meet it arrives on time and waits (see :func:`_inherited`); None for a straggler
-    behind: tuple[int, str, float] | None = None
+    #: (the rank it waited for, on how many of its collectives, its own lag median in ms) when this rank's
+    #: lateness is carried out of collectives another rank arrived in last (see :func:`_carried`); None
+    #: for a straggler
+    behind: tuple[int, int, float] | None = None
 
 
 class MismatchFinding(NamedTuple):
@@ -207,7 +208,7 @@ def analyze(summaries: Sequence[RankSummary], *, aside: bool = False) -> FrAnaly
 
 def _straggler_rows(
     groups: dict[str, Group],
-) -> list[tuple[int, float, float, int, tuple[int, str, float] | None]]:
+) -> list[tuple[int, float, float, int, tuple[int, int, float] | None]]:
     return [
         (s.rank, s.lag_ms_median, s.late_fraction, s.n_collectives, s.behind) for s in _stragglers(groups)
     ]
@@ -957,65 +958,117 @@ def _stragglers(groups: dict[str, Group]) -> list[Straggler]:
         if late >= STRAGGLER_LATE_FRACTION:
             out.append(Straggler(r, m, late, len(lags[r])))
     out.sort(key=lambda s: -s.lag_ms_median)
-    return _inherited(out, groups) if len(out) > 1 else out
+    return _carried(out, groups) if len(out) > 1 else out
 
 
-#: Only the most late stragglers are checked as the one another waits behind (the check is per pair).
-MAX_INHERITED_FROM = 64
+#: At most this many straggler candidates after the most late are checked for lateness carried out of
+#: another rank's collective (each check reads the candidate's entries and its previous collectives').
+MAX_CARRIED_CHECKS = 64
 
 
-def _inherited(found: list[Straggler], groups: dict[str, Group]) -> list[Straggler]:
-    """Mark the ranks whose lateness is a stronger straggler's (``behind``), most late first.
+def _carried(found: list[Straggler], groups: dict[str, Group]) -> list[Straggler]:
+    """Mark the ranks whose lateness is another rank's (``behind``); ``found`` is most late first.
 
-    A rank that waits for a straggler inside a collective leaves it late and enters its next collectives
-    — in its other groups, where the straggler is not — as late as the wait was: a straggler's data-parallel
-    partner looks like a lesser straggler to its own tensor-parallel peers. Where the two meet, though, the
-    partner arrives on time: as far ahead of the straggler as the on-time ranks are, the straggler's whole
-    lag, where a rank slow of its own arrives only its own lag less ahead. So a rank B is another's (A's,
-    more late) when in some group they share B is typically ahead of A by at least A's lag less half of
-    B's — halfway between "on time" (ahead by A's lag) and "slow by its own apparent lag" (ahead by A's lag
-    less B's) — and by at least :data:`MIN_STRAGGLER_LAG_MS`. Two ranks slow of their own meet about as late
-    as each other and both stay stragglers."""
-    # each candidate's groups, found in one pass (a pair is compared only where both are members)
-    ranks = {s.rank for s in found}
-    groups_of: dict[int, list[Group]] = {r: [] for r in ranks}
-    for g in groups.values():
-        for r in ranks.intersection(g.tracks):
-            groups_of[r].append(g)
-    out: list[Straggler] = []
-    real: list[Straggler] = []
-    for b in found:
-        behind = None
-        for a in real[:MAX_INHERITED_FROM]:
-            best = max(
-                (
-                    (ahead, g.label())
-                    for g in groups_of[b.rank]
-                    if a.rank in g.tracks and (ahead := _ahead_ms(g, a.rank, b.rank)) is not None
-                ),
-                default=None,
-            )
-            if best is not None and best[0] >= max(
-                MIN_STRAGGLER_LAG_MS, a.lag_ms_median - b.lag_ms_median / 2
-            ):
-                behind = (a.rank, best[1], best[0])
-                break
-        if behind is None:
-            real.append(b)
+    A collective completes only once its last member arrives, and a rank enters its next collective after
+    the previous one returns: a rank that waited for a late member leaves late, and enters its next
+    collectives — in its other groups, where that member may not be — as late as it waited. A straggler's
+    data-parallel partner looks like a lesser straggler to its own tensor-parallel peers, and so does a
+    rank that a broadcast reaches through the straggler. What a rank cannot have lost of its own is the
+    time before its previous collective's last member arrived: of each lag, only the part after that
+    arrival — when it came after it — is the rank's (:func:`_own_lags`). A rank no longer late by the
+    straggler rule on what is its own is named as waiting behind the rank it waited for most often. A rank
+    slow of its own loses its slowness after every arrival and stays a straggler, whoever arrived last;
+    the most late rank is never marked (someone is the reason the others wait)."""
+    out = [found[0]]
+    arrivals: dict[str, dict[int, tuple[int, int]]] = {}
+    for b in found[1 : MAX_CARRIED_CHECKS + 1]:
+        own, waited_for = _own_lags(b.rank, groups, arrivals)
+        if not own or not waited_for:
             out.append(b)
-        else:
-            out.append(b._replace(behind=behind))
+            continue
+        median = _median(own)
+        late = sum(1 for x in own if x >= MIN_STRAGGLER_LAG_MS / 2) / len(own)
+        if median >= MIN_STRAGGLER_LAG_MS and late >= STRAGGLER_LATE_FRACTION:
+            out.append(b)
+            continue
+        slow, n = waited_for.most_common(1)[0]
+        out.append(b._replace(behind=(slow, n, median)))
+    out.extend(found[MAX_CARRIED_CHECKS + 1 :])
     return out
 
 
-def _ahead_ms(g: Group, slow: int, other: int) -> float | None:
-    """The median of how far ahead of rank ``slow`` rank ``other`` created the collectives of ``g`` both
-    have a time for, over the newest :data:`TIMING_WINDOW` (ms); None without one."""
-    cols = _time_columns([g.tracks[slow], g.tracks[other]], TIMING_WINDOW)
-    if cols is None:
-        return None
-    diffs = [(x - y) / 1e6 for x, y in zip(*cols, strict=True) if x and y]
-    return _median(diffs) if diffs else None
+def _own_lags(
+    rank: int, groups: dict[str, Group], arrivals: dict[str, dict[int, tuple[int, int]]]
+) -> tuple[list[float], Counter[int]]:
+    """``rank``'s lags (ms) over the collectives :func:`_stragglers` measured, each less the part it spent
+    waiting in its previous collective (in any group) for that one's last member, another rank: at most
+    the time from that arrival to its own entry. And how many lags each such last member cut.
+    ``arrivals`` caches :func:`_last_arrivals` (by group) across calls."""
+    mine = [g for g in groups.values() if rank in g.tracks and g.tracks[rank].times]
+    entries: list[tuple[int, str, int]] = []  # its program order: (time, group, seq), oldest first
+    for g in mine:
+        t = g.tracks[rank]
+        entries.extend(
+            (ts, g.name, t.first_seq + i)
+            for i, ts in enumerate(Struct(f"<{len(t.times) // 8}q").unpack_from(t.times))
+            if ts
+        )
+    entries.sort()
+    previous = {(e[1], e[2]): p for p, e in pairwise(entries)}
+    own: list[float] = []
+    waited_for: Counter[int] = Counter()
+    for g in mine:
+        tracks = [(r, t) for r, t in g.tracks.items() if t.times]
+        if len(tracks) < 2 or len(tracks) < len(g.members):
+            continue
+        window = max(TIMING_WINDOW // 4, min(TIMING_WINDOW, TIMING_WINDOW * 256 // len(tracks)))
+        span = _window([t for _, t in tracks], window)
+        if span is None:
+            continue
+        cols = _time_columns([t for _, t in tracks], window)
+        assert cols is not None  # the same span
+        i = next(k for k, (r, _) in enumerate(tracks) if r == rank)
+        mine_col = cols[i]
+        seqs = [span[0] + k for k, row in enumerate(zip(*cols, strict=True)) if all(row)]
+        for seq, lag in zip(seqs, _group_lags(cols)[i], strict=True):
+            p = previous.get((g.name, seq))
+            last = None
+            if p is not None:
+                if p[1] not in arrivals:
+                    arrivals[p[1]] = _last_arrivals(groups[p[1]])
+                last = arrivals[p[1]].get(p[2])
+            at = mine_col[seq - span[0]]
+            if last is not None and last[1] != rank and last[0] <= at and (at - last[0]) / 1e6 < lag:
+                waited_for[last[1]] += 1
+                own.append((at - last[0]) / 1e6)
+            else:
+                own.append(lag)
+    return own, waited_for
+
+
+#: :func:`_last_arrivals` reads at most about this many creation times per group (a row per collective).
+MAX_ARRIVAL_CELLS = 1 << 18
+
+
+def _last_arrivals(g: Group) -> dict[int, tuple[int, int]]:
+    """seq -> (time, rank) of the last member to create it, over the group's newest collectives that every
+    member recorded: four timing windows of them, fewer in groups so large that would read more than
+    :data:`MAX_ARRIVAL_CELLS` times (one C-level max per collective)."""
+    members = list(g.tracks)
+    if len(members) < 2 or len(members) < len(g.members):
+        return {}
+    rows = min(4 * TIMING_WINDOW, max(TIMING_WINDOW // 4, MAX_ARRIVAL_CELLS // len(members)))
+    tracks = [g.tracks[m] for m in members]
+    span = _window(tracks, rows)
+    cols = _time_columns(tracks, rows)
+    if span is None or cols is None:
+        return {}
+    out = {}
+    for k, row in enumerate(zip(*cols, strict=True)):
+        if all(row):
+            last = max(row)
+            out[span[0] + k] = (last, members[row.index(last)])
+    return out
 
 
 def _time_columns(
@@ -1024,15 +1077,22 @@ def _time_columns(
     """Each track's creation times (ns, 0: none) over the newest ``window`` collectives of the group that
     every one of them recorded (only those before seq ``before``, when given), one tuple per track, each
     read in one C call; None when they share none."""
+    span = _window(tracks, window, before)
+    if span is None:
+        return None
+    lo, hi = span
+    unpack = Struct(f"{hi - lo}q").unpack_from
+    return [unpack(t.times, 8 * (lo - t.first_seq)) for t in tracks]
+
+
+def _window(tracks: Sequence[GroupTrack], window: int, before: int | None = None) -> tuple[int, int] | None:
+    """The seqs ``[lo, hi)`` :func:`_time_columns` reads; None when the tracks share none."""
     lo = max(t.first_seq for t in tracks)
     hi = min(t.first_seq + len(t.times) // 8 for t in tracks)
     if before is not None:
         hi = min(hi, before)
     lo = max(lo, hi - window)
-    if hi <= lo:
-        return None
-    unpack = Struct(f"{hi - lo}q").unpack_from
-    return [unpack(t.times, 8 * (lo - t.first_seq)) for t in tracks]
+    return None if hi <= lo else (lo, hi)
 
 
 def _group_lags(cols: Sequence[Sequence[int]]) -> list[list[float]]:
@@ -1698,11 +1758,13 @@ def _add_context(
         )
     for s in inherited[:10]:
         assert s.behind is not None
-        slow, where, ahead = s.behind
+        slow, n, own = s.behind
         res.findings.append(
-            f"rank {s.rank} is late {s.lag_ms_median:.1f} ms in its other collectives only behind rank {slow}: "
-            f"in group {where} it arrives {ahead:.1f} ms ahead of rank {slow}, on time, and waits for it "
-            f"(not a straggler)"
+            f"rank {s.rank} is late {s.lag_ms_median:.1f} ms only behind rank {slow}: on {n} of its "
+            f"{s.n_collectives} collectives it waited in the one before for rank {slow} to arrive, and "
+            f"entered soon after; "
+            + (f"of its own it is {own:.1f} ms late" if own > 0 else "of its own it is on time")
+            + " (not a straggler)"
         )
     by_coll: dict[tuple[str, int], list[Wait]] = {}
     for w in waits:

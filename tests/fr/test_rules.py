@@ -88,6 +88,20 @@ def test_the_partner_that_waits_for_a_straggler_is_not_one(fmt: str) -> None:
     assert any(f.startswith("rank 7 is late") and "only behind rank 15" in f for f in result.findings)
 
 
+@pytest.mark.parametrize("fmt", ["pickle", "json"])
+def test_a_rank_that_leaves_a_collective_late_only_behind_the_straggler_is_not_one(fmt: str) -> None:
+    """24 ranks (tp groups of 12, dp pairs); rank 0 sleeps before every collective. Rank 8, in rank 0's tp
+    group, is late to its tp peers after each world broadcast: it leaves the broadcast only once rank 0
+    arrives in it (its peers left before), and to its dp partner after each tp all_reduce rank 0 arrived
+    in last. Within rank 0's own groups, so the partner rule alone never saw it: 5 ms late on 64% of its
+    collectives, it read as a second straggler. Of its own it is late less than 5 ms."""
+    expected = json.loads((DATA / "straggler_relay_n24" / "expected.json").read_text())
+    result = analyze_dir(DATA / "straggler_relay_n24" / fmt, workers=0)
+    assert result.verdict == "straggler", result.summary
+    assert result.culprit_ranks == [expected["culprit"]] == [0]
+    assert any(f.startswith("rank 8 is late") and "only behind rank 0" in f for f in result.findings)
+
+
 def test_a_collective_every_member_entered_bounds_when_the_dumps_were_taken() -> None:
     """No dump predates a collective its peer completed, but group 2's all_reduce #11 was in progress in
     every member's dump, entered by all: they were taken before it completed, soon after rank 4's last
