@@ -305,7 +305,7 @@ def _is_world(g: Group, present: set[int]) -> bool:
 
 
 def _world_size(present: set[int], groups: dict[str, Group], summaries: Sequence[RankSummary]) -> int:
-    """The job's world size: at least max rank + 1, more when pg_config, the default group's all_gather
+    """The job's world size: at least max rank + 1, more when pg_config, any group's all_gather
     shapes or a short sub-group family say ranks left no dump. Hints are believed up to twice the ranks
     seen: a hostile shape must not make the analysis enumerate millions of absent ranks."""
     seen = max(present) + 1
@@ -317,8 +317,9 @@ def _world_size(present: set[int], groups: dict[str, Group], summaries: Sequence
     for g in groups.values():
         if g.members:
             size = max(size, min(max(g.members) + 1, cap))
-        if _is_world(g, present):
-            size = max(size, min(g.size_hint, cap))
+        # an all_gather's shapes give its group's size, and no group is larger than the world: a 2-rank
+        # job whose peer died before dumping shows its size only in a sub-group's gather
+        size = max(size, min(g.size_hint, cap))
     # a family of sub-groups (same description) that partitions the ranks with one group short of the
     # family's size says the world is larger than the ranks seen (the highest rank left no dump)
     families: dict[str, list[Group]] = {}

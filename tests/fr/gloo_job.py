@@ -289,8 +289,8 @@ def run(
     """
     import multiprocessing as mp
 
-    if world < 4 or world % 2:
-        raise ValueError(f"world {world}: the job's tp halves and dp pairs need an even world of 4 or more")
+    if world < 2 or world % 2:
+        raise ValueError(f"world {world}: the job's tp halves and dp pairs need an even world")
     if culprit is not None and not 0 <= culprit < world:
         raise ValueError(f"culprit {culprit} is no rank of a world of {world}")
 

@@ -102,6 +102,19 @@ def test_a_rank_that_leaves_a_collective_late_only_behind_the_straggler_is_not_o
     assert any(f.startswith("rank 8 is late") and "only behind rank 0" in f for f in result.findings)
 
 
+@pytest.mark.parametrize("fmt", ["pickle", "json"])
+def test_a_two_rank_job_whose_peer_died_before_dumping_is_a_crash_not_healthy(fmt: str) -> None:
+    """Rank 1 all_reduces 512 elements where rank 0 sends 1,024: gloo kills rank 1's process, which leaves
+    no dump. gloo writes no pg_config, and rank 0 completed every collective it entered: only its dp
+    all_gather's shapes (64 in, 128 out) say the world has a second rank. Read as one rank's world, it
+    was "healthy"."""
+    expected = json.loads((DATA / "size_crash_n2" / "expected.json").read_text())
+    result = analyze_dir(DATA / "size_crash_n2" / fmt, workers=0)
+    assert result.world_size == 2
+    assert result.verdict == "crash", result.summary
+    assert result.culprit_ranks == [expected["culprit"]] == [1]
+
+
 def test_a_collective_every_member_entered_bounds_when_the_dumps_were_taken() -> None:
     """No dump predates a collective its peer completed, but group 2's all_reduce #11 was in progress in
     every member's dump, entered by all: they were taken before it completed, soon after rank 4's last
