@@ -40,8 +40,9 @@ VERDICTS = ("healthy", "hang", "mismatch", "crash", "straggler", "inconclusive")
 MIN_STRAGGLER_LAG_MS = 5.0
 #: ... and by this factor more than the other ranks' median lateness ...
 STRAGGLER_FACTOR = 3.0
-#: ... on at least this fraction of its collectives.
-STRAGGLER_LATE_FRACTION = 0.5
+#: ... on more of its collectives than a rank on time would be by chance: a one-sided sign test at this
+#: level (see :func:`_late_evidence`).
+STRAGGLER_SIGNIFICANCE = 0.01
 #: ... measured on at least this many collectives (one late collective is noise, not a straggler).
 MIN_STRAGGLER_SAMPLES = 8
 #: Collectives per group used for the timing analysis (the most recent ones).
@@ -926,7 +927,8 @@ def _stale_ranks(groups: dict[str, Group], last_t: dict[int, int]) -> dict[int, 
 
 
 def _stragglers(groups: dict[str, Group]) -> list[Straggler]:
-    lags: dict[int, list[float]] = {}
+    lags: dict[int, list[float]] = {}  # each rank's lags over all its groups
+    by_group: dict[int, list[list[float]]] = {}  # ... and group by group
     for g in groups.values():
         tracks = [(r, t) for r, t in g.tracks.items() if t.times]
         if len(tracks) < 2 or len(tracks) < len(g.members):
@@ -941,6 +943,7 @@ def _stragglers(groups: dict[str, Group]) -> list[Straggler]:
         for (r, _), lag in zip(tracks, _group_lags(cols), strict=True):
             if lag:
                 lags.setdefault(r, []).extend(lag)
+                by_group.setdefault(r, []).append(lag)
     lags = {r: v for r, v in lags.items() if v}
     if len(lags) < 2:
         return []
@@ -950,16 +953,69 @@ def _stragglers(groups: dict[str, Group]) -> list[Straggler]:
     lateness = sorted(max(m, 0.0) for m in medians.values())
     out = []
     for r, m in medians.items():
-        if m < MIN_STRAGGLER_LAG_MS or len(lags[r]) < MIN_STRAGGLER_SAMPLES:
+        late = _late_evidence(lags[r], by_group[r])
+        if late is None:
             continue
         others = _median_without(lateness, bisect_left(lateness, max(m, 0.0)))
-        if m <= STRAGGLER_FACTOR * others:
-            continue
-        late = sum(1 for x in lags[r] if x >= MIN_STRAGGLER_LAG_MS / 2) / len(lags[r])
-        if late >= STRAGGLER_LATE_FRACTION:
-            out.append(Straggler(r, m, late, len(lags[r])))
+        if late.lag_ms_median > STRAGGLER_FACTOR * others:
+            out.append(late._replace(rank=r))
     out.sort(key=lambda s: -s.lag_ms_median)
     return _carried(out, groups) if len(out) > 1 else out
+
+
+#: Above this many collectives the sign test's binomial tail is taken from the normal approximation.
+EXACT_SIGN_TEST_MAX = 4096
+
+
+@functools.lru_cache(maxsize=1024)
+def _min_late(n: int, tests: int = 1) -> int:
+    """The fewest late collectives of ``n`` that a rank on time reaches with a chance of at most
+    :data:`STRAGGLER_SIGNIFICANCE` / ``tests``. On time, a rank's lag against its peers' median is as
+    likely below zero as above, so the count of its lags at or above any positive threshold is at most
+    Binomial(n, 1/2)."""
+    if n > EXACT_SIGN_TEST_MAX:
+        from statistics import NormalDist  # only here: 20 ms of import that small sets never need
+
+        z = NormalDist().inv_cdf(1 - STRAGGLER_SIGNIFICANCE / tests)
+        return math.ceil(n / 2 + z * math.sqrt(n) / 2 + 0.5)
+    budget = (2**n * round(STRAGGLER_SIGNIFICANCE * 10**6)) // (10**6 * tests)  # exact: integers throughout
+    tail = term = 1  # C(n, n)
+    for k in range(n - 1, -1, -1):
+        if tail > budget:
+            return k + 2
+        term = term * (k + 1) // (n - k)  # C(n, k) from C(n, k + 1)
+        tail += term
+    return 0 if tail <= budget else 1
+
+
+def _late_evidence(pooled: list[float], by_group: list[list[float]]) -> Straggler | None:
+    """A rank's lateness as a straggler's (its ``rank`` left 0 for the caller), or None: over all its
+    collectives, or else over those of one of its groups, it is late by at least
+    :data:`MIN_STRAGGLER_LAG_MS` in the median, on at least :data:`MIN_STRAGGLER_SAMPLES` collectives,
+    and by half that on more of them than chance gives a rank on time (a one-sided sign test).
+
+    Half or more late is not enough: jitter makes about half of any rank's lags positive, and a machine
+    whose collectives take tens of milliseconds to return (48 gloo ranks on two cores: 100-400 ms) gives
+    every rank 5-10 ms lag medians on 55-65% of 42 collectives — noise a fixed fraction would call
+    stragglers. A straggler is late on nearly all of them (93-100% in every recorded set). One group
+    suffices because a group whose peers arrive later still, carrying a worse straggler's lateness out of
+    their other groups, hides a lesser straggler there: late in its tensor-parallel group on every step, it
+    is early to its data-parallel partner who waited for the worst one, and late on only half of all its
+    collectives. The tests share the significance level (Bonferroni), so more groups add no false alarms.
+    """
+    candidates = [pooled, *by_group] if len(by_group) > 1 else [pooled]
+    best: Straggler | None = None
+    for lag in candidates:
+        n = len(lag)
+        if n < MIN_STRAGGLER_SAMPLES:
+            continue
+        late = sum(1 for x in lag if x >= MIN_STRAGGLER_LAG_MS / 2)
+        if late < _min_late(n, len(candidates)):
+            continue
+        median = _median(lag)
+        if median >= MIN_STRAGGLER_LAG_MS and (best is None or median > best.lag_ms_median):
+            best = Straggler(0, median, late / n, n)
+    return best
 
 
 #: At most this many straggler candidates after the most late are checked for lateness carried out of
@@ -975,36 +1031,101 @@ def _carried(found: list[Straggler], groups: dict[str, Group]) -> list[Straggler
     collectives — in its other groups, where that member may not be — as late as it waited. A straggler's
     data-parallel partner looks like a lesser straggler to its own tensor-parallel peers, and so does a
     rank that a broadcast reaches through the straggler. What a rank cannot have lost of its own is the
-    time before its previous collective's last member arrived: of each lag, only the part after that
-    arrival — when it came after it — is the rank's (:func:`_own_lags`). A rank no longer late by the
+    time before its previous collective released it — after its last member arrived, and no later than
+    the first entry any of its members made after that: of each lag, only the part after that release —
+    when it came after it — is the rank's (:func:`_own_lags`). Lateness in one group alone must come from
+    collectives the rank did not wait into: what is left of a cut lag is the collective's relay and the
+    machine's scheduling as much as the rank (a receiver far down a broadcast's tree leaves it later than
+    the member first out, and 48 ranks on two cores wait 10-40 ms for a core), systematic enough over one
+    group's dozen collectives to pass for a straggler there. A rank no longer late by the
     straggler rule on what is its own is named as waiting behind the rank it waited for most often. A rank
     slow of its own loses its slowness after every arrival and stays a straggler, whoever arrived last;
     the most late rank is never marked (someone is the reason the others wait)."""
     out = [found[0]]
-    arrivals: dict[str, dict[int, tuple[int, int]]] = {}
+    before = _Before(groups)
     for b in found[1 : MAX_CARRIED_CHECKS + 1]:
-        own, waited_for = _own_lags(b.rank, groups, arrivals)
+        own, uncarried, waited_for = _own_lags(b.rank, groups, before)
         if not own or not waited_for:
             out.append(b)
             continue
-        median = _median(own)
-        late = sum(1 for x in own if x >= MIN_STRAGGLER_LAG_MS / 2) / len(own)
-        if median >= MIN_STRAGGLER_LAG_MS and late >= STRAGGLER_LATE_FRACTION:
+        pooled = [x for lag in own for x in lag]
+        if _late_evidence(pooled, uncarried) is not None:
             out.append(b)
             continue
         slow, n = waited_for.most_common(1)[0]
-        out.append(b._replace(behind=(slow, n, median)))
+        out.append(b._replace(n_collectives=len(pooled), behind=(slow, n, _median(pooled))))
     out.extend(found[MAX_CARRIED_CHECKS + 1 :])
     return out
 
 
+#: Collectives of groups larger than this are not read for when they released their members (that reads
+#: each member's entries): the lateness carried out of them is measured from their last arrival.
+MAX_RELEASE_MEMBERS = 64
+
+
+class _Before:
+    """When the collectives before a straggler candidate's had their last member arrive, and when they
+    released their members; read on demand and kept across the candidates :func:`_carried` checks."""
+
+    __slots__ = ("arrivals", "groups", "of_rank", "releases", "times")
+
+    def __init__(self, groups: dict[str, Group]) -> None:
+        self.groups = groups
+        self.arrivals: dict[str, dict[int, tuple[int, int]]] = {}
+        self.releases: dict[str, dict[int, int]] = {}
+        self.times: dict[int, list[int]] = {}
+        self.of_rank: dict[int, list[GroupTrack]] | None = None
+
+    def last_arrival(self, group: str, seq: int) -> tuple[int, int] | None:
+        """(time, rank) of the last member to create ``group``'s ``seq``, if every member recorded it."""
+        return self._arrivals(group).get(seq)
+
+    def _arrivals(self, group: str) -> dict[int, tuple[int, int]]:
+        if group not in self.arrivals:
+            self.arrivals[group] = _last_arrivals(self.groups[group])
+        return self.arrivals[group]
+
+    def release(self, group: str, seq: int) -> int:
+        """The first entry, in any group, that a member of ``group`` made after the last member arrived
+        in its ``seq``: no member leaves a collective before it completes, so it completed by then (ns; 0
+        when unknown, or the group has more than :data:`MAX_RELEASE_MEMBERS` members)."""
+        if group not in self.releases:
+            g = self.groups[group]
+            out: dict[int, int] = {}
+            if len(g.tracks) <= MAX_RELEASE_MEMBERS:
+                for k, (last, _) in self._arrivals(group).items():
+                    after = [t for m in g.tracks if (t := _first_after(self._times(m), last))]
+                    if after:
+                        out[k] = min(after)
+            self.releases[group] = out
+        return self.releases[group].get(seq, 0)
+
+    def _times(self, rank: int) -> list[int]:
+        """``rank``'s newest entry times in all its groups, sorted (as many per group as
+        :func:`_last_arrivals` reads)."""
+        if rank not in self.times:
+            if self.of_rank is None:
+                self.of_rank = {}
+                for g in self.groups.values():
+                    for r, t in g.tracks.items():
+                        self.of_rank.setdefault(r, []).append(t)
+            times: list[int] = []
+            for t in self.of_rank.get(rank, []):
+                n = len(t.times) // 8
+                keep = min(n, 4 * TIMING_WINDOW)
+                times.extend(Struct(f"<{keep}q").unpack_from(t.times, 8 * (n - keep)))
+            self.times[rank] = sorted(x for x in times if x)
+        return self.times[rank]
+
+
 def _own_lags(
-    rank: int, groups: dict[str, Group], arrivals: dict[str, dict[int, tuple[int, int]]]
-) -> tuple[list[float], Counter[int]]:
-    """``rank``'s lags (ms) over the collectives :func:`_stragglers` measured, each less the part it spent
-    waiting in its previous collective (in any group) for that one's last member, another rank: at most
-    the time from that arrival to its own entry. And how many lags each such last member cut.
-    ``arrivals`` caches :func:`_last_arrivals` (by group) across calls."""
+    rank: int, groups: dict[str, Group], before: _Before
+) -> tuple[list[list[float]], list[list[float]], Counter[int]]:
+    """``rank``'s lags (ms) over the collectives :func:`_stragglers` measured, group by group, each less
+    the part it spent in its previous collective (in any group) waiting for that one's last member, another
+    rank: at most the time from that collective's release (:meth:`_Before.release`; else its last arrival)
+    to its own entry. The same lags with each one so cut counted as on time (0: for the tests of one group
+    alone, see :func:`_carried`), and how many lags each such last member cut."""
     mine = [g for g in groups.values() if rank in g.tracks and g.tracks[rank].times]
     entries: list[tuple[int, str, int]] = []  # its program order: (time, group, seq), oldest first
     for g in mine:
@@ -1016,7 +1137,8 @@ def _own_lags(
         )
     entries.sort()
     previous = {(e[1], e[2]): p for p, e in pairwise(entries)}
-    own: list[float] = []
+    own: list[list[float]] = []
+    uncarried: list[list[float]] = []
     waited_for: Counter[int] = Counter()
     for g in mine:
         tracks = [(r, t) for r, t in g.tracks.items() if t.times]
@@ -1031,20 +1153,25 @@ def _own_lags(
         i = next(k for k, (r, _) in enumerate(tracks) if r == rank)
         mine_col = cols[i]
         seqs = [span[0] + k for k, row in enumerate(zip(*cols, strict=True)) if all(row)]
+        here: list[float] = []
+        kept: list[float] = []
         for seq, lag in zip(seqs, _group_lags(cols)[i], strict=True):
             p = previous.get((g.name, seq))
-            last = None
-            if p is not None:
-                if p[1] not in arrivals:
-                    arrivals[p[1]] = _last_arrivals(groups[p[1]])
-                last = arrivals[p[1]].get(p[2])
+            last = None if p is None else before.last_arrival(p[1], p[2])
             at = mine_col[seq - span[0]]
-            if last is not None and last[1] != rank and last[0] <= at and (at - last[0]) / 1e6 < lag:
-                waited_for[last[1]] += 1
-                own.append((at - last[0]) / 1e6)
-            else:
-                own.append(lag)
-    return own, waited_for
+            if last is not None and last[1] != rank and last[0] <= at:
+                start = min(max(before.release(p[1], p[2]) if p else 0, last[0]), at)
+                if (at - start) / 1e6 < lag:
+                    waited_for[last[1]] += 1
+                    here.append((at - start) / 1e6)
+                    kept.append(0.0)
+                    continue
+            here.append(lag)
+            kept.append(lag)
+        if here:
+            own.append(here)
+            uncarried.append(kept)
+    return own, uncarried, waited_for
 
 
 #: :func:`_last_arrivals` reads at most about this many creation times per group (a row per collective).

@@ -128,7 +128,9 @@ def worker(
     import torch.distributed as dist
 
     outdir = Path(out)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    # a world of dozens of ranks on two cores takes tens of seconds to write every rank's dump (the
+    # straggler scenario's peers wait inside a collective meanwhile): gloo's timeout grows with the world
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60 + 2 * world))
     half = world // 2
     tp_ranks = [list(range(i * half, (i + 1) * half)) for i in range(2)]
     dp_ranks = [[j, j + half] for j in range(half)]

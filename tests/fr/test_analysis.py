@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+from math import comb
 from pathlib import Path
 
+import pytest
+
+from sentinel.fr.analysis import EXACT_SIGN_TEST_MAX, STRAGGLER_SIGNIFICANCE, _min_late
 from sentinel.fr.dumpset import analyze_dir
 from sentinel.fr.waitgraph import Wait, find_culprits
 from tests.fr.synth import entry, write
@@ -160,3 +165,25 @@ def test_highest_rank_without_dump_is_found_from_a_short_subgroup(tmp_path: Path
         "2",
         4,
     )
+
+
+def _chance_of_at_least(k: int, n: int) -> Fraction:
+    return Fraction(sum(comb(n, i) for i in range(k, n + 1)), 2**n)
+
+
+@pytest.mark.parametrize("n", [*range(1, 70), 200, 640, 1000, EXACT_SIGN_TEST_MAX])
+def test_sign_test_threshold_is_the_smallest_count_chance_rarely_reaches(n: int) -> None:
+    k = _min_late(n)
+    alpha = Fraction(STRAGGLER_SIGNIFICANCE)
+    assert k > n / 2
+    if k <= n:
+        assert _chance_of_at_least(k, n) <= alpha
+    assert _chance_of_at_least(k - 1, n) > alpha
+
+
+def test_sign_test_threshold_beyond_the_exact_range_follows_the_binomial_closely() -> None:
+    n = EXACT_SIGN_TEST_MAX + 1
+    k = _min_late(n)
+    alpha = Fraction(STRAGGLER_SIGNIFICANCE)
+    # the normal approximation with continuity correction: within a count of the exact threshold
+    assert _chance_of_at_least(k + 1, n) <= alpha < _chance_of_at_least(k - 2, n)

@@ -40,6 +40,12 @@ from tests.support import REPO
 DATA = REPO / "tests" / "data" / "fr"
 
 
+def _recorded(name: str, fmt: str) -> tuple[dict[str, Any], Any]:
+    """A recorded set's injection (its expected.json) and the analysis of its ``fmt`` dumps."""
+    expected = json.loads((DATA / name / "expected.json").read_text())
+    return expected, analyze_dir(DATA / name / fmt, workers=0)
+
+
 def _rewrite(src: Path, dst: Path, edit: Any) -> None:
     """Copy every dump of ``src`` to ``dst`` as a pickle, after ``edit(rank, dump_dict)``."""
     dst.mkdir(parents=True, exist_ok=True)
@@ -52,8 +58,7 @@ def _rewrite(src: Path, dst: Path, edit: Any) -> None:
 
 @pytest.mark.parametrize("fmt", ["pickle", "json"])
 def test_broadcast_size_mismatch_names_the_sender_not_the_aborted_receivers(fmt: str) -> None:
-    expected = json.loads((DATA / "bcast_size_n8" / "expected.json").read_text())
-    result = analyze_dir(DATA / "bcast_size_n8" / fmt, workers=0)
+    expected, result = _recorded("bcast_size_n8", fmt)
     assert result.verdict == "mismatch", result.summary
     assert result.culprit_ranks == [2]
     assert result.mismatch is not None and result.mismatch["kind"] == "size"
@@ -69,8 +74,7 @@ def test_a_size_tie_among_survivors_goes_against_the_larger_tensor_the_aborted_r
     """Rank 0 (2,048 elements) and rank 3 (1,024) are all that is left: a one-to-one tie, and the group
     used neither key elsewhere. Ranks 1 and 2 left no dump — gloo aborted them on an oversized message, so
     they held the smaller tensor: rank 0 passed the odd size (the lowest rank no longer wins the tie)."""
-    expected = json.loads((DATA / "bcast_size_root_n4" / "expected.json").read_text())
-    result = analyze_dir(DATA / "bcast_size_root_n4" / fmt, workers=0)
+    expected, result = _recorded("bcast_size_root_n4", fmt)
     assert result.verdict == "mismatch", result.summary
     assert result.culprit_ranks == [expected["culprit"]] == [0]
     assert result.mismatch is not None and result.mismatch["kind"] == "size"
@@ -80,26 +84,32 @@ def test_a_size_tie_among_survivors_goes_against_the_larger_tensor_the_aborted_r
 
 
 @pytest.mark.parametrize("fmt", ["pickle", "json"])
-def test_the_partner_that_waits_for_a_straggler_is_not_one(fmt: str) -> None:
-    expected = json.loads((DATA / "straggler_async_partner_n16" / "expected.json").read_text())
-    result = analyze_dir(DATA / "straggler_async_partner_n16" / fmt, workers=0)
+@pytest.mark.parametrize(
+    ("name", "straggler", "others"),
+    [
+        # 16 ranks; rank 15 sleeps before every collective; its dp partner 7 waits for it in each dp
+        # all_gather, then enters its tp collectives as late as it waited: 8 ms late on 54% of 39
+        ("straggler_async_partner_n16", 15, [7]),
+        # 24 ranks (tp groups of 12, dp pairs); rank 0 sleeps before every collective. Rank 8, in rank 0's
+        # tp group, leaves each world broadcast only once rank 0 arrives in it (its peers left before):
+        # 5 ms late on 64% of 42
+        ("straggler_relay_n24", 0, [8]),
+        # 48 gloo ranks on two cores: every collective takes 100-400 ms to return, and eleven ranks of rank
+        # 47's tp group come out 5-10 ms late on 60-64% of 42 collectives
+        ("straggler_noise_n48", 47, [28, 29, 30, 31, 38, 41, 42, 43, 44, 45, 46]),
+    ],
+)
+def test_a_rank_late_on_a_chance_share_of_its_collectives_is_not_a_straggler(
+    fmt: str, name: str, straggler: int, others: list[int]
+) -> None:
+    """Each of these real sets named more stragglers than the one injected: ranks whose lag median was
+    over 5 ms, but late on no more collectives than a rank on time reaches by chance (a sign test: the
+    straggler is late on 93-100% of them)."""
+    expected, result = _recorded(name, fmt)
     assert result.verdict == "straggler", result.summary
-    assert result.culprit_ranks == [expected["culprit"]] == [15]
-    assert any(f.startswith("rank 7 is late") and "only behind rank 15" in f for f in result.findings)
-
-
-@pytest.mark.parametrize("fmt", ["pickle", "json"])
-def test_a_rank_that_leaves_a_collective_late_only_behind_the_straggler_is_not_one(fmt: str) -> None:
-    """24 ranks (tp groups of 12, dp pairs); rank 0 sleeps before every collective. Rank 8, in rank 0's tp
-    group, is late to its tp peers after each world broadcast: it leaves the broadcast only once rank 0
-    arrives in it (its peers left before), and to its dp partner after each tp all_reduce rank 0 arrived
-    in last. Within rank 0's own groups, so the partner rule alone never saw it: 5 ms late on 64% of its
-    collectives, it read as a second straggler. Of its own it is late less than 5 ms."""
-    expected = json.loads((DATA / "straggler_relay_n24" / "expected.json").read_text())
-    result = analyze_dir(DATA / "straggler_relay_n24" / fmt, workers=0)
-    assert result.verdict == "straggler", result.summary
-    assert result.culprit_ranks == [expected["culprit"]] == [0]
-    assert any(f.startswith("rank 8 is late") and "only behind rank 0" in f for f in result.findings)
+    assert result.culprit_ranks == [expected["culprit"]] == [straggler]
+    named = {int(f.split()[1]) for f in result.findings if f.startswith("rank ") and "creates its" in f}
+    assert named == {straggler} and not named & set(others)
 
 
 @pytest.mark.parametrize("fmt", ["pickle", "json"])
@@ -108,8 +118,7 @@ def test_a_two_rank_job_whose_peer_died_before_dumping_is_a_crash_not_healthy(fm
     no dump. gloo writes no pg_config, and rank 0 completed every collective it entered: only its dp
     all_gather's shapes (64 in, 128 out) say the world has a second rank. Read as one rank's world, it
     was "healthy"."""
-    expected = json.loads((DATA / "size_crash_n2" / "expected.json").read_text())
-    result = analyze_dir(DATA / "size_crash_n2" / fmt, workers=0)
+    expected, result = _recorded("size_crash_n2", fmt)
     assert result.world_size == 2
     assert result.verdict == "crash", result.summary
     assert result.culprit_ranks == [expected["culprit"]] == [1]
@@ -170,9 +179,8 @@ def test_on_demand_dumps_of_a_running_job_are_not_a_hang(fmt: str) -> None:
 def test_a_rank_one_short_within_the_skew_the_dumps_prove_is_not_a_hang(fmt: str) -> None:
     """Rank 2 is not provably stale (no peer completed a collective it lacks), but rank 0 is: the dumps
     were taken within 7 ms of rank 2's last entry, less than its own pauses between collectives."""
-    expected = json.loads((DATA / "ondemand_skew_n4" / "expected.json").read_text())
+    expected, result = _recorded("ondemand_skew_n4", fmt)
     assert expected["culprit"] == -1  # what the job injected: nothing
-    result = analyze_dir(DATA / "ondemand_skew_n4" / fmt, workers=0)
     assert result.verdict == "healthy", result.summary
     assert result.culprit_ranks == []
     if fmt == "pickle":  # (the JSON dumps were taken later, the ranks caught up)
