@@ -13,6 +13,9 @@ rank 0 while the job runs (sweep case gloo-straggler_async-n16-c15): its data-pa
 waits for it and so enters its tensor-parallel collectives late too. ``ondemand_in_progress_n32``: a
 healthy 32-rank job dumped on demand (sweep case gloo-ondemand-n32-healthy): rank 4 one collective short
 of its tp peers, no dump provably stale, the other tp group inside an all_reduce all 16 members entered.
+``ondemand_bcast_n24``: a healthy 24-rank job dumped on demand (sweep case gloo-ondemand-n24-healthy): two
+ranks a collective short in their tp groups, ranks 3 and 9 still inside a world broadcast the rest had
+completed.
 Variants are derived the way gloo itself would have written them (a failed collective is retired).
 """
 
@@ -148,6 +151,42 @@ def test_an_in_progress_collective_does_not_vouch_for_a_long_silence(tmp_path: P
     result = analyze_dir(tmp_path, workers=0)
     assert result.verdict == "hang", result.summary
     assert result.culprit_ranks == [4]
+
+
+@pytest.mark.parametrize("fmt", ["pickle", "json"])
+def test_a_collective_some_members_completed_bounds_the_dumps_by_those_still_inside(fmt: str) -> None:
+    """A healthy 24-rank job dumped on demand: ranks 14 and 1 (pickle) are each a collective short in
+    their tp group, no dump is provably stale, and the only collective in progress is a world broadcast
+    that ranks 3 and 9 were still receiving while the other 22, the two "culprits" among them, had
+    completed it. Those two were dumped before they completed it: soon after its last arrival, sooner
+    than the "culprits"' own pauses. Was a hang of ranks 14 and 1 (in pickle) when only collectives none
+    completed, of groups without the culprit, bounded the dumps."""
+    expected, result = _recorded("ondemand_bcast_n24", fmt)
+    assert expected["kind"] == "ondemand"
+    assert result.verdict == "healthy", result.summary
+    assert result.culprit_ranks == []
+
+
+def test_a_broadcast_in_progress_does_not_vouch_for_a_long_silence(tmp_path: Path) -> None:
+    """The same dumps with the entries of the ranks a collective short moved a second earlier: their
+    peers waited for them far longer than the broadcast's receivers ever took, so no bound fits: a hang."""
+    shift = 1_000_000_000
+    src = DATA / "ondemand_bcast_n24" / "pickle"
+    short = analyze_dir(src, workers=0)
+    behind = [
+        int(f.split()[1]) for f in short.findings if f.startswith("rank ") and "one collective short" in f
+    ]
+    assert len(behind) >= 1
+
+    def earlier(rank: int, top: dict[str, Any]) -> None:
+        if rank in behind:
+            for e in top["entries"]:
+                e["time_created_ns"] -= shift
+
+    _rewrite(src, tmp_path, earlier)
+    result = analyze_dir(tmp_path, workers=0)
+    assert result.verdict == "hang", result.summary
+    assert set(result.culprit_ranks) == set(behind)
 
 
 def test_mismatch_outranks_the_abort_when_every_survivor_completed_it(tmp_path: Path) -> None:
