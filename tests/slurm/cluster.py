@@ -21,6 +21,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -185,6 +187,22 @@ class SlurmCluster:
                 out.append(f"== {path.name}\n{path.read_text(errors='replace')[-1500:]}")
         return "\n".join(out)
 
+    def leftovers(self) -> list[psutil.Process]:
+        """Processes still running against this cluster (``SLURM_CONF`` is its conf), the caller and its
+        ancestors aside: ``slurmstepd`` double-forks out of slurmd's session, so a step still tearing down
+        when its slurmd goes outlives it, and any task it kept. The environment is read raw: slurmstepd's
+        process title overwrites the head of it with NULs, where psutil's ``environ()`` stops."""
+        mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+        wanted = b"SLURM_CONF=" + os.fsencode(self.conf)
+        out = []
+        for p in psutil.process_iter():
+            if p.pid in mine:
+                continue
+            with contextlib.suppress(OSError, psutil.Error):
+                if wanted in Path(f"/proc/{p.pid}/environ").read_bytes().split(b"\0"):
+                    out.append(p)
+        return out
+
     def stop(self) -> None:
         for proc in reversed(self.procs):
             if proc.poll() is None:
@@ -198,6 +216,12 @@ class SlurmCluster:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=5)
         self.procs.clear()
+        # steps and their tasks left behind by the daemons (the machine is shared with later runs)
+        left = self.leftovers()
+        for p in left:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(left, timeout=5)
 
     def node_state(self, node: str) -> tuple[str, str]:
         """(state, reason) of ``node`` as scontrol shows it."""

@@ -428,6 +428,10 @@ async def test_verdicts_drain_nodes_health_check_drains_and_breaker_refuses(
         import shutil
 
         shutil.rmtree(root, ignore_errors=True)
+    # nothing of the throwaway cluster outlives it (slurmstepd leaves slurmd's session)
+    assert slurm is not None
+    left = slurm.leftovers()
+    assert not left, [(p.pid, p.name()) for p in left]
 
 
 def _job_mapping_from_listpids(slurm: SlurmCluster) -> None:
