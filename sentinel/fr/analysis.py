@@ -932,8 +932,7 @@ def _stale_ranks(groups: dict[str, Group], last_t: dict[int, int]) -> dict[int, 
 
 
 def _stragglers(groups: dict[str, Group]) -> list[Straggler]:
-    lags: dict[int, list[float]] = {}  # each rank's lags over all its groups
-    by_group: dict[int, list[tuple[str, list[float]]]] = {}  # ... and group by group
+    by_group: dict[int, list[tuple[str, list[float]]]] = {}  # each rank's lags, group by group
     for g in groups.values():
         tracks = [(r, t) for r, t in g.tracks.items() if t.times]
         if len(tracks) < 2 or len(tracks) < len(g.members):
@@ -947,9 +946,8 @@ def _stragglers(groups: dict[str, Group]) -> list[Straggler]:
             continue
         for (r, _), lag in zip(tracks, _group_lags(cols), strict=True):
             if lag:
-                lags.setdefault(r, []).extend(lag)
                 by_group.setdefault(r, []).append((g.label(), lag))
-    lags = {r: v for r, v in lags.items() if v}
+    lags = {r: [x for _, lag in v for x in lag] for r, v in by_group.items()}  # ... over all its groups
     if len(lags) < 2:
         return []
     medians = {r: _median(v) for r, v in lags.items()}
@@ -997,9 +995,9 @@ def _min_late(n: int, tests: int = 1) -> int:
 def _late_evidence(pooled: list[float], by_group: list[tuple[str, list[float]]]) -> Straggler | None:
     """A rank's lateness as a straggler's (its ``rank`` left 0 for the caller), or None: over all its
     collectives or over those of one of its groups (the figures of whichever has it most late), it is
-    late by at least
-    :data:`MIN_STRAGGLER_LAG_MS` in the median, on at least :data:`MIN_STRAGGLER_SAMPLES` collectives,
-    and by half that on more of them than chance gives a rank on time (a one-sided sign test).
+    late by at least :data:`MIN_STRAGGLER_LAG_MS` in the median, on at least
+    :data:`MIN_STRAGGLER_SAMPLES` collectives, and by half that on more of them than chance gives a rank
+    on time (a one-sided sign test).
 
     Half or more late is not enough: jitter makes about half of any rank's lags positive, and a machine
     whose collectives take tens of milliseconds to return (48 gloo ranks on two cores: 100-400 ms) gives
@@ -1049,7 +1047,7 @@ def _carried(found: list[Straggler], groups: dict[str, Group]) -> list[Straggler
     slow of its own loses its slowness after every arrival and stays a straggler, whoever arrived last;
     the most late rank is never marked (someone is the reason the others wait)."""
     out = [found[0]]
-    before = _Before(groups)
+    before = _Before(groups, {b.rank for b in found[1 : MAX_CARRIED_CHECKS + 1]})
     for b in found[1 : MAX_CARRIED_CHECKS + 1]:
         own, uncarried, waited_for = _own_lags(b.rank, groups, before)
         if not own or not waited_for:
@@ -1072,16 +1070,23 @@ MAX_RELEASE_MEMBERS = 64
 
 class _Before:
     """When the collectives before a straggler candidate's had their last member arrive, and when they
-    released their members; read on demand and kept across the candidates :func:`_carried` checks."""
+    released their members; read on demand and kept across the candidates :func:`_carried` checks.
 
-    __slots__ = ("arrivals", "groups", "of_rank", "releases", "times")
+    A candidate's previous collective is in one of its own groups, so the entry times a release needs are
+    those of the members of the candidates' groups (of at most :data:`MAX_RELEASE_MEMBERS`): read once,
+    in one pass over the groups, the newest as many per group as :func:`_last_arrivals` reads."""
 
-    def __init__(self, groups: dict[str, Group]) -> None:
+    __slots__ = ("arrivals", "groups", "releases", "times")
+
+    def __init__(self, groups: dict[str, Group], candidates: AbstractSet[int]) -> None:
         self.groups = groups
         self.arrivals: dict[str, dict[int, tuple[int, int]]] = {}
         self.releases: dict[str, dict[int, int]] = {}
-        self.times: dict[int, list[int]] = {}
-        self.of_rank: dict[int, list[GroupTrack]] | None = None
+        members: set[int] = set()
+        for g in groups.values():
+            if len(g.tracks) <= MAX_RELEASE_MEMBERS and not candidates.isdisjoint(g.tracks):
+                members.update(g.tracks)
+        self.times = _times_by_rank(groups, members, newest=4 * TIMING_WINDOW)
 
     def last_arrival(self, group: str, seq: int) -> tuple[int, int] | None:
         """(time, rank) of the last member to create ``group``'s ``seq``, if every member recorded it."""
@@ -1101,28 +1106,11 @@ class _Before:
             out: dict[int, int] = {}
             if len(g.tracks) <= MAX_RELEASE_MEMBERS:
                 for k, (last, _) in self._arrivals(group).items():
-                    after = [t for m in g.tracks if (t := _first_after(self._times(m), last))]
+                    after = [t for m in g.tracks if (t := _first_after(self.times.get(m, []), last))]
                     if after:
                         out[k] = min(after)
             self.releases[group] = out
         return self.releases[group].get(seq, 0)
-
-    def _times(self, rank: int) -> list[int]:
-        """``rank``'s newest entry times in all its groups, sorted (as many per group as
-        :func:`_last_arrivals` reads)."""
-        if rank not in self.times:
-            if self.of_rank is None:
-                self.of_rank = {}
-                for g in self.groups.values():
-                    for r, t in g.tracks.items():
-                        self.of_rank.setdefault(r, []).append(t)
-            times: list[int] = []
-            for t in self.of_rank.get(rank, []):
-                n = len(t.times) // 8
-                keep = min(n, 4 * TIMING_WINDOW)
-                times.extend(Struct(f"<{keep}q").unpack_from(t.times, 8 * (n - keep)))
-            self.times[rank] = sorted(x for x in times if x)
-        return self.times[rank]
 
 
 def _own_lags(
@@ -1485,16 +1473,21 @@ def _loop_position(groups: dict[str, Group], keys: dict[int, KeyInfo]) -> list[s
     return out
 
 
-def _times_by_rank(groups: dict[str, Group], ranks: set[int]) -> dict[int, list[int]]:
-    """When each of ``ranks`` created each collective its dump holds, over all its groups, oldest first:
-    one pass over the groups (a set intersection with each group's tracks costs the smaller of the two),
-    so the work stays linear in the tracks however many ranks are asked for."""
+def _times_by_rank(
+    groups: dict[str, Group], ranks: set[int], newest: int | None = None
+) -> dict[int, list[int]]:
+    """When each of ``ranks`` created each collective its dump holds (the ``newest`` of each group's, when
+    given), over all its groups, oldest first: one pass over the groups (a set intersection with each
+    group's tracks costs the smaller of the two), so the work stays linear in the tracks however many ranks
+    are asked for."""
     out: dict[int, list[int]] = {r: [] for r in ranks}
     for g in groups.values():
         for r in ranks.intersection(g.tracks):
             t = g.tracks[r]
-            if t.times:
-                out[r].extend(Struct(f"<{len(t.times) // 8}q").unpack_from(t.times))
+            n = len(t.times) // 8
+            keep = n if newest is None else min(n, newest)
+            if keep:
+                out[r].extend(Struct(f"<{keep}q").unpack_from(t.times, 8 * (n - keep)))
     return {r: sorted(x for x in times if x) for r, times in out.items()}
 
 

@@ -42,6 +42,15 @@ from pathlib import Path
 from typing import Any
 
 STEPS = 14
+
+
+def pg_timeout_s(world: int) -> int:
+    """gloo's collective timeout: a world of dozens of ranks on two cores takes tens of seconds to write
+    every rank's dump (the straggler scenario's peers wait inside a collective meanwhile), so it grows
+    with the world; whoever waits for the job waits longer than this."""
+    return 60 + 2 * world
+
+
 FAULT_STEP = 6
 STALL_S = 1.0
 #: starting the ranks (spawn, import torch, the gloo rendezvous) takes a few seconds on a quiet machine and
@@ -128,9 +137,9 @@ def worker(
     import torch.distributed as dist
 
     outdir = Path(out)
-    # a world of dozens of ranks on two cores takes tens of seconds to write every rank's dump (the
-    # straggler scenario's peers wait inside a collective meanwhile): gloo's timeout grows with the world
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60 + 2 * world))
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world, timeout=timedelta(seconds=pg_timeout_s(world))
+    )
     half = world // 2
     tp_ranks = [list(range(i * half, (i + 1) * half)) for i in range(2)]
     dp_ranks = [[j, j + half] for j in range(half)]

@@ -139,9 +139,8 @@ def record(case: Case, folder: Path) -> dict[str, Any]:
     culprit = None if case.culprit < 0 else case.culprit
     if case.job == "gloo":
         steps = case.steps or gloo_job.STEPS
-        fact = gloo_job.run(
-            case.scenario, case.world, folder, timeout_s=90 + 2 * case.world, steps=steps, culprit=culprit
-        )
+        wait_s = 30 + gloo_job.pg_timeout_s(case.world)
+        fact = gloo_job.run(case.scenario, case.world, folder, timeout_s=wait_s, steps=steps, culprit=culprit)
     else:
         fact = topo_job.run(case.scenario, folder, timeout_s=90, world=case.world, culprit=culprit)
     (folder / "recorded").write_text("1")
