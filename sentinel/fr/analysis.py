@@ -944,9 +944,10 @@ def _stragglers(groups: dict[str, Group]) -> list[Straggler]:
         cols = _time_columns([t for _, t in tracks], window)
         if cols is None:  # the members' ring buffers do not overlap: no collective to compare
             continue
+        label = g.label()
         for (r, _), lag in zip(tracks, _group_lags(cols), strict=True):
             if lag:
-                by_group.setdefault(r, []).append((g.label(), lag))
+                by_group.setdefault(r, []).append((label, lag))
     lags = {r: [x for _, lag in v for x in lag] for r, v in by_group.items()}  # ... over all its groups
     if len(lags) < 2:
         return []
