@@ -426,6 +426,47 @@ def summarize(dump: RawDump, *, coerce: bool = False) -> RankSummary:
     return _summarize(dump, coerce_entries(dump.entries, dump.source, first), True, pack)
 
 
+#: Completed entries with a start, a completion and a duration needed to judge how starts were recorded.
+MIN_TIMED_ENTRIES = 8
+
+
+def starts_polled(entries: list[Any], coerced: bool) -> bool:
+    """Whether the dump's ``time_discovered_started_ns`` are the moments a poller found the collectives
+    started rather than when the device started them: on most completed entries that carry a start, a
+    completion and a ``duration_ms``, start and completion were discovered closer together than half the
+    time the device itself measured between them — impossible for the device's own times, the rule for
+    PyTorch's ProcessGroupNCCL, whose watchdog thread finds both in one pass (every 100 ms) when it
+    retires the work. Such a start lags the device's by up to the poll period, a different amount on
+    every rank (each watchdog has its own phase): per-rank lags from it would be the watchdogs' phases,
+    steady enough over a few dozen collectives to pass for a straggler. ``entries``: the decoded dicts,
+    or structs when ``coerced``."""
+    checked = together = 0
+    for e in entries:
+        if coerced:
+            started, completed, duration = (
+                e.time_discovered_started_ns,
+                e.time_discovered_completed_ns,
+                e.duration_ms,
+            )
+        elif type(e) is dict:
+            started = e.get("time_discovered_started_ns")
+            completed = e.get("time_discovered_completed_ns")
+            duration = e.get("duration_ms")
+        else:
+            continue
+        if (
+            type(started) is not int
+            or type(completed) is not int
+            or type(duration) is not float
+            or not 0.0 < duration < _INF
+            or completed < started
+        ):
+            continue
+        checked += 1
+        together += (completed - started) < duration * 5e5  # half the duration, in ns
+    return checked >= MIN_TIMED_ENTRIES and 2 * together > checked
+
+
 def _marshal_pack(fields: tuple[Any, ...]) -> bytes:
     return marshal.dumps(fields, 2)  # version 2: no table of references built per call
 
@@ -437,13 +478,16 @@ def _summarize(
     pack: Callable[[tuple[Any, ...]], bytes],
     *,
     fast: bool = False,
+    created_times: bool = False,
 ) -> RankSummary:
     """The reduction. ``coerced``: the entries are msgspec structs of exactly typed fields
     (:func:`sentinel.fr.coerce.coerce_entries`); else the decoded dicts, whose fields are checked here
     (:class:`_Inexact` on anything else). ``fast``: structs of :func:`~sentinel.fr.coerce.coerce_entries_fast`,
     whose ``process_group`` is checked here; any error raises :class:`_Inexact` (the caller reads the dump
     again with :func:`~sentinel.fr.coerce.coerce_entries`, whose error is the first in the file). ``pack``:
-    bytes that tell apart what must agree across ranks (sizes, dtypes), one C call."""
+    bytes that tell apart what must agree across ranks (sizes, dtypes), one C call. ``created_times``: a
+    collective's arrival is its ``time_created_ns`` even where a start was recorded (the starts were
+    polled, :func:`starts_polled`); the dump is read again that way when the first reading finds so."""
     source = dump.source
     builders: dict[str, _Builder] = {}
     key_cache: dict[tuple[str, bytes], tuple[int, int]] = {}
@@ -462,6 +506,7 @@ def _summarize(
     pg_builders: dict[tuple[str, str], _Builder] = {}
     durations: list[float] = []
     imin, imax = INT_MIN, INT_MAX
+    timed = False  # some entry recorded a start
     try:
         for index, e in enumerate(entries):
             if coerced:  # msgspec structs (sentinel.fr.coerce): attribute reads, no checks
@@ -559,14 +604,18 @@ def _summarize(
             assert b is not None
             # NCCL: when the device started it, a closer measure of when this rank arrived than the
             # host-side enqueue (gloo leaves the field empty: time_created_ns it is)
-            arrived = started_ns or t
             if t < first_t or first_t == 0:
                 first_t = t
             if t > last_t:  # noqa: PLR1730 - cheaper than a call per entry
                 last_t = t
             state = state or "scheduled"
-            if started_ns and state == "scheduled":
-                state = "started"  # NCCL saw it start on the device (gloo leaves the field empty)
+            if started_ns:
+                timed = True
+                arrived = t if created_times else started_ns
+                if state == "scheduled":
+                    state = "started"  # NCCL saw it start on the device (gloo leaves the field empty)
+            else:
+                arrived = t
             completed = retired is True or state == "completed"
             named = p2p_names.get(profiling)
             if named is None:
@@ -679,6 +728,8 @@ def _summarize(
         if inexact:
             raise _Inexact from None
         raise FrFormatError(f"{_entry_at(dump, entries, index)}: malformed ({type(exc).__name__})") from None
+    if timed and not created_times and starts_polled(entries, coerced):
+        return _summarize(dump, entries, coerced, pack, fast=fast, created_times=True)
     groups = [_finish(b) for b in builders.values()]
     _apply_status(dump, groups, source, {b.pg_id: b for b in builders.values() if b.pg_id >= 0})
     config_world = _apply_config(dump, groups)

@@ -11,8 +11,9 @@ recorded (documented fields of the flight recorder format, version 2.x):
   peers), or "scheduled" without one;
 * ``pg_status`` ``last_started_collective`` following the entries.
 
-A straggler's duration is short (its peers already wait), its peers' include the wait. Nothing here was
-written by NCCL itself; the docs say so.
+A straggler's duration is short (its peers already wait), its peers' include the wait. :func:`poll_starts`
+rewrites the times as PyTorch's watchdog stamps them with timing enabled. Nothing here was written by NCCL
+itself; the docs say so.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from sentinel.fr.loader import discover, load_dump
 
 LAUNCH_NS = 40_000  # created -> started on the device
 BASE_MS = 0.8  # a collective's device time when nobody waits
+#: ProcessGroupNCCL's watchdog loop period (kWatchdogThreadSleepMillis), in ns.
+WATCHDOG_POLL_NS = 100_000_000
 
 
 def nccl_set(
@@ -142,3 +145,22 @@ def members_from_meta(meta: Path) -> dict[int, dict[str, tuple[str, list[int]]]]
         data = json.loads(path.read_text())
         out[int(data["rank"])] = {name: (g[0], list(g[1])) for name, g in data["groups"].items()}
     return out
+
+
+def poll_starts(folder: Path, phase_ms: dict[int, float]) -> None:
+    """Rewrite an :func:`nccl_set`'s completed entries as PyTorch records them with timing enabled: the
+    watchdog, polling every :data:`WATCHDOG_POLL_NS` at each rank's own phase (``phase_ms``, 0 for a rank
+    not named), finds start and completion together in the first pass after the device finished, and
+    stamps both then (``FlightRecorder::update_state`` at ``retire_id``); ``duration_ms`` stays the
+    device's own."""
+    for path in folder.iterdir():
+        rank = int(path.name.rsplit("_", 1)[1])
+        top = pickle.loads(path.read_bytes())
+        phase = int(phase_ms.get(rank, 0.0) * 1e6)
+        for e in top["entries"]:
+            if e["state"] == "completed":
+                end = e["time_discovered_completed_ns"]
+                found = ((end - phase) // WATCHDOG_POLL_NS + 1) * WATCHDOG_POLL_NS + phase
+                e["time_discovered_started_ns"] = found
+                e["time_discovered_completed_ns"] = found + 4_000  # two event queries later
+        path.write_bytes(pickle.dumps(top, protocol=2))
