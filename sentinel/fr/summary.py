@@ -135,7 +135,7 @@ class GroupTrack:
         self.started = started
         self.first_seq = first_seq
         self.keys = keys  # array('I'): match key per seq from first_seq, 0 = not in the buffer
-        self.times = times  # array('q'): time_created_ns per seq from first_seq
+        self.times = times  # array('q'): arrival (ns) per seq from first_seq: see _summarize
         self.pending: list[Pending] = [] if pending is None else pending
         self.size_hints: list[int] = [] if size_hints is None else size_hints
         #: the newest recorded send/recv ops (NCCL records them), oldest first, as array('q') pairs
@@ -603,7 +603,8 @@ def _summarize(
                 last_pg = pg
             assert b is not None
             # NCCL: when the device started it, a closer measure of when this rank arrived than the
-            # host-side enqueue (gloo leaves the field empty: time_created_ns it is)
+            # host-side enqueue (gloo leaves the field empty: time_created_ns it is), unless the starts
+            # were stamped by a poller (starts_polled: the dump is read again with created_times)
             if t < first_t or first_t == 0:
                 first_t = t
             if t > last_t:  # noqa: PLR1730 - cheaper than a call per entry
