@@ -369,28 +369,27 @@ def load_dump(path: PathLike, rank: int | None = None, recent: int | None = None
             raise FrFormatError(f"{path}: file name does not end in a rank number")
         rank = int(match["rank"])
     fd, size = open_regular(path)
+    tried = False  # the newest entries were looked for at the file's two ends already
     try:
-        magic = b""
-        if recent is not None and size >= 1 << 16:
+        if recent is not None and size >= ByteView.CHUNK:
             _no_read_ahead(fd)  # before the first read, which would start the read-ahead
             try:
                 magic = os.pread(fd, 2, 0)
             except OSError as exc:
                 raise FrFormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
             if magic[:1] == bytes([PICKLE_PROTO]):  # read at both ends only, never in the middle
+                tried = True
                 dump = _recent_dump(decode_recent(ByteView(fd=fd, size=size), recent), path, rank, False)
                 if dump is not None:
                     return dump
         data = _read_open(fd, size, path, MAX_DUMP_BYTES)
     finally:
         os.close(fd)
-    if recent is not None:
-        found = None
-        if data[:1] == b"{":
-            found = decode_recent_json(data, recent)
-        elif magic == _GZIP_MAGIC:  # a gzipped pickle: both ends of the expanded bytes
-            found = decode_recent(data, recent)
-        dump = _recent_dump(found, path, rank, data[:1] == b"{")
+    if recent is not None and not tried:
+        # a file read whole (smaller than a read of its two ends, or gzipped: the expanded bytes)
+        is_json = data[:1] == b"{"
+        found = decode_recent_json(data, recent) if is_json else decode_recent(data, recent)
+        dump = _recent_dump(found, path, rank, is_json)
         if dump is not None:
             return dump
     obj, is_json = decode(data, source=str(path))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import gzip
 import json
 import pickle
 import random
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 from sentinel.fr.dumpset import analyze_dir, limited_address_space
 from sentinel.fr.errors import FrFormatError
 from sentinel.fr.loader import load_dump
-from sentinel.fr.recent import decode_recent, decode_recent_json
+from sentinel.fr.recent import ByteView, decode_recent, decode_recent_json
 from sentinel.fr.safepickle import loads_plain
 from tests.fr.synth import entry
 from tests.support import TORCH_PROCESS_TIMEOUT_S, need_module
@@ -80,6 +81,22 @@ def test_a_wait_older_than_the_newest_entries_reads_everything(tmp_path: Path) -
     assert len(dump.entries) == 2000
     path.write_bytes(_big_dump(2000))
     assert len(load_dump(path, recent=512).entries) == 512
+
+
+def test_a_small_file_is_read_whole_and_decoded_from_its_newest_entries(tmp_path: Path) -> None:
+    """Below 64 KiB the file is read in one read, and its newest entries are decoded from memory when the
+    middle skipped is worth it (a quarter of the newest entries' bytes); gzipped the same."""
+    data = _big_dump(240)
+    assert len(data) < ByteView.CHUNK  # the from-memory path, not the two-ended reads
+    full = loads_plain(data)["entries"]
+    (tmp_path / "plain_0").write_bytes(data)
+    (tmp_path / "gz_0").write_bytes(gzip.compress(data))
+    for name in ("plain_0", "gz_0"):
+        dump = load_dump(tmp_path / name, recent=128)
+        assert dump.entries == full[-128:]
+        assert dump.n_entries == 240
+    (tmp_path / "few_0").write_bytes(_big_dump(165))  # 5 entries between the first 32 and the newest 128
+    assert len(load_dump(tmp_path / "few_0", recent=128).entries) == 165
 
 
 @functools.cache
