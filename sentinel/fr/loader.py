@@ -30,7 +30,7 @@ from sentinel.fr.ops import (
     op_name,
     reads_as_p2p,
 )
-from sentinel.fr.recent import ByteView, Recent, decode_recent, decode_recent_json
+from sentinel.fr.recent import ByteView, Recent, decode_recent, decode_recent_json, newest_of_decoded
 from sentinel.fr.records import TYPE_CHECKING, NamedTuple
 from sentinel.fr.safepickle import PICKLE_PROTO, loads_plain
 
@@ -393,7 +393,12 @@ def load_dump(path: PathLike, rank: int | None = None, recent: int | None = None
         if dump is not None:
             return dump
     obj, is_json = decode(data, source=str(path))
-    return parse_dump(obj, rank=rank, source=str(path), is_json=is_json)
+    dump = parse_dump(obj, rank=rank, source=str(path), is_json=is_json)
+    if recent is not None:  # reduced from its newest entries when they are enough, as decoded in part
+        newest = _recent_dump(newest_of_decoded(obj, recent), path, rank, is_json)
+        if newest is not None:
+            return newest
+    return dump
 
 
 def _no_read_ahead(fd: int) -> None:

@@ -6,9 +6,13 @@ writes (protocol 2, explicit memo indices), every entry of the ring buffer is a 
 same key (``frames`` or ``record_id``), referenced from the memo after the first entry, so entry starts
 can be found in the bytes. This module decodes
 
-1. the header and the first :data:`HEAD` entries (``<bytes up to entry HEAD>`` + APPENDS SETITEMS STOP),
-   which defines the memo (keys, op names, stack frames) later entries refer to;
+1. the header and the first :data:`HEAD` entries of a ring buffer that wrapped, or :data:`UNWRAPPED_HEAD`
+   of one that did not (``<bytes up to that entry>`` + APPENDS SETITEMS STOP), which define the memo
+   (keys, op names, stack frames) later entries refer to;
 2. the newest ``keep`` entries as a list, with that memo.
+
+A dump decoded in full (a small file, or one in doubt here) is reduced from its newest entries all the
+same when they are enough (:func:`newest_of_decoded`).
 
 Both decodes use the same no-globals unpickler as a full decode (:mod:`sentinel.fr.safepickle`). The result
 is checked (record ids consecutive from the first entry to the last, count matching the entry starts
@@ -41,7 +45,7 @@ import json
 import os
 import pickle
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 
 from sentinel.fr.ops import COALESCED, P2P, closes_p2p_batch, entry_completed, op_name, p2p_peer
 from sentinel.fr.records import TYPE_CHECKING
@@ -50,22 +54,38 @@ from sentinel.fr.safepickle import plain_unpickler
 if TYPE_CHECKING:
     from typing import Any
 
-#: Entries decoded from the start of the buffer: they define the memo (keys, op names, stack frames) that
-#: later entries refer to; one pass of a training loop, periodic collectives included, usually fits.
-HEAD = 32
+#: Entries decoded from the start of a buffer that wrapped: they define the memo (keys, op names, stack
+#: frames) that later entries refer to. The oldest entries of a wrapped buffer are the training loop's, whose
+#: code paths the newest entries repeat: the real wrapped dumps of ``tests/data`` need 3 (callgrind: each
+#: entry decoded here costs ~29 k instructions, twice a later one, for the strings it memoizes). When the
+#: newest entries refer to something pickled later, 4x more are decoded, for their memo only.
+HEAD = 8
+#: The same for a buffer that never wrapped (its first entry's ``record_id`` is 0): its first entries are
+#: the job's start-up (process group creation, barriers, parameter broadcasts), which do not run the
+#: training step's code paths: the real short jobs of ``tests/data`` need their first 53.
+UNWRAPPED_HEAD = 128
+#: Groups that pg_status reports and no newest entry names are named from the first this many entries
+#: (decoded for it when fewer were): pg_status still reports their progress.
+NAMES_HEAD = 32
 #: Below this many entries a full decode of a JSON dump is as cheap.
 MIN_ENTRIES = 1024
-#: A pickle is decoded in full unless its skipped middle holds at least this share of the bytes of the
-#: newest entries: two decodes and the checks cost a dump about what 20 of PyTorch's entries with their
-#: frames cost to decode and reduce (measured in instructions with callgrind: 6.5 M for the newest 128 of
-#: 165 to 220 entries, the full decode 6.0 M at 165 entries, 6.5 M at 180, 7.7 M at 220), so a quarter
-#: (32 entries) always pays.
+#: Entries between the first ones and the newest must hold at least this share of the newest entries' bytes
+#: for the two decodes to pay: they and the checks cost a dump about what 20 of PyTorch's entries with their
+#: frames cost to decode (measured in instructions with callgrind: break-even near 180 entries for the
+#: newest 128), so a quarter (32 entries) always pays; otherwise the whole file is decoded (and then
+#: reduced from its newest entries all the same: :func:`newest_of_decoded`).
 SKIP_SHARE = 0.25
 
 _ENTRIES_LITERAL = b"X\x07\x00\x00\x00entries"
 _ENTRIES_KEY = re.compile(rb"X\x07\x00\x00\x00entries(?:q[\s\S]|r[\s\S]{4})?\](?:q[\s\S]|r[\s\S]{4})?\(")
 _SUFFIX = re.compile(rb"eu(?:q[\s\S]|r[\s\S]{4})?\.\Z")
 _FIRST_KEY = re.compile(rb"\}(?:q[\s\S]|r[\s\S]{4})?\(X([\s\S]{4})")
+_RECORD_ID_KEY = b"X\x09\x00\x00\x00record_id"
+#: an integer: BININT1, BININT2 or BININT
+_INT = rb"(?:K([\s\S])|M([\s\S]{2})|J([\s\S]{4}))"
+_INT_VALUE = re.compile(_INT)
+#: behind a key's first occurrence: its BINPUT (the memo index later entries refer to), then an integer
+_PUT_AND_INT = re.compile(rb"(?:q([\s\S])|r([\s\S]{4}))" + _INT)
 
 #: (top-level dict whose ``entries`` are the newest entries, total entry count, pg_id -> [name, desc] of
 #: the groups in the first entries, "every skipped entry completed": a check run only when asked; "Any"
@@ -202,19 +222,27 @@ def _decode_recent(view: ByteView, keep: int) -> Recent | None:
     needle = b"(" + ref  # MARK then the first key: the start of an entry dict, and only of one
     # entry starts are found from the front (the head) and from the back (the tail) only: the middle
     # of the file is never scanned, and the total comes from the record ids (checked below)
+    ids = _record_ids(view, start)
+    wrapped = ids is None or ids[0] != 0
+    if not wrapped and size < ByteView.CHUNK:
+        return None  # a short job's whole file: decoded in full (see newest_of_decoded)
+    first_n = HEAD if wrapped else UNWRAPPED_HEAD
+    if ids is not None and ids[1] - ids[0] + 1 < first_n + keep + int(SKIP_SHARE * keep):
+        return None  # (read from the ids of the first and the last entry, before any search)
     marks = _Marks(view, needle, start, end)
-    head_end = marks.from_front(HEAD)
+    head_end = marks.from_front(first_n)
     tail_start = marks.from_back(keep)
     if head_end is None or tail_start is None or tail_start - head_end < SKIP_SHARE * (end - tail_start):
         return None  # too little would be skipped to pay for the two decodes and the checks
     head_reader = plain_unpickler([view.span(0, head_end), (b"eu.", 0, 3)])
     top = head_reader.load()
     head = top.get("entries") if isinstance(top, dict) else None
-    if not isinstance(head, list) or len(head) != HEAD:
+    if not isinstance(head, list) or len(head) != first_n:
         return None
+    front = head  # the first entries decoded so far (for the group names)
     memo_source = head_reader
     decoded_end = head_end
-    step = HEAD
+    step = first_n
     tail_bytes = view.span(tail_start, end)
     while True:
         tail_reader = plain_unpickler([(b"\x80\x02](", 0, 4), tail_bytes, (b"e.", 0, 2)])
@@ -231,11 +259,12 @@ def _decode_recent(view: ByteView, keep: int) -> Recent | None:
         step *= 4
         upto = marks.from_front(step)
         upto = tail_start if upto is None or upto > tail_start else upto
-        chunk_reader = plain_unpickler(b"".join((b"\x80\x02](", view.get(decoded_end, upto), b"e.")))
-        chunk_reader.memo = memo_source.memo
-        if not isinstance(chunk_reader.load(), list):
+        chunk = _decode_chunk(view, memo_source, decoded_end, upto)
+        if chunk is None:
             return None
-        memo_source, decoded_end = chunk_reader, upto
+        memo_source, decoded_end = chunk[0], upto
+        if len(front) < NAMES_HEAD:
+            front = front + chunk[1]
     if not isinstance(tail, list) or len(tail) != keep:
         return None
     # record ids consecutive from the first entry to the last: one C-level comparison per part (an
@@ -246,17 +275,21 @@ def _decode_recent(view: ByteView, keep: int) -> Recent | None:
     if type(first_id) is not int or type(tail_ids[-1]) is not int:
         return None
     total = tail_ids[-1] - first_id + 1
-    if total < HEAD + keep or head_ids != list(range(first_id, first_id + HEAD)):
+    if total < first_n + keep or head_ids != list(range(first_id, first_id + first_n)):
         return None
     if tail_ids != list(range(first_id + total - keep, first_id + total)):
         return None
     top["entries"] = tail
-    # names of groups seen only in the skipped entries: pg_status still reports their progress
-    names: dict[int, list[str]] = {}
-    for e in head:
-        pg = e.get("process_group")
-        if type(e.get("pg_id")) is int and isinstance(pg, list | tuple) and len(pg) == 2:
-            names.setdefault(e["pg_id"], [str(pg[0]), str(pg[1])])
+    names = _group_names(front[:NAMES_HEAD])
+    if len(front) < NAMES_HEAD and _unnamed(top.get("pg_status"), names, _PgIds(tail)):
+        upto = marks.from_front(NAMES_HEAD)
+        upto = tail_start if upto is None or upto > tail_start else upto
+        if upto > decoded_end:
+            chunk = _decode_chunk(view, memo_source, decoded_end, upto)
+            if chunk is None:
+                return None
+            memo_source = chunk[0]
+            names = _group_names((front + chunk[1])[:NAMES_HEAD])
     memo = memo_source.memo
 
     def skipped_done() -> bool:
@@ -268,6 +301,150 @@ def _decode_recent(view: ByteView, keep: int) -> Recent | None:
             return False
 
     return top, total, names, skipped_done
+
+
+def _decode_chunk(view: ByteView, memo_source: Any, lo: int, hi: int) -> tuple[Any, list[Any]] | None:
+    """The entries in bytes ``[lo, hi)`` decoded with the memo of ``memo_source`` (an unpickler that read
+    what comes before), and the unpickler (whose memo then holds theirs too); None when not a list."""
+    reader = plain_unpickler(b"".join((b"\x80\x02](", view.get(lo, hi), b"e.")))
+    reader.memo = memo_source.memo
+    entries = reader.load()
+    return (reader, entries) if isinstance(entries, list) else None
+
+
+def _group_names(entries: list[Any]) -> dict[int, list[str]]:
+    """pg_id -> [name, desc] of the groups these entries name."""
+    names: dict[int, list[str]] = {}
+    for e in entries:
+        pg = e.get("process_group")
+        if type(e.get("pg_id")) is int and isinstance(pg, list | tuple) and len(pg) == 2:
+            names.setdefault(e["pg_id"], [str(pg[0]), str(pg[1])])
+    return names
+
+
+def _unnamed(status: Any, names: dict[int, list[str]], seen: Container[Any]) -> bool:
+    """Whether pg_status reports a group that neither ``names`` nor the newest entries (their pg_ids:
+    ``seen``) name (True in doubt: the names are looked for further)."""
+    if not isinstance(status, dict):
+        return True
+    try:
+        return any(k not in names and k not in seen for k in map(int, status))
+    except (TypeError, ValueError, OverflowError):
+        return True
+
+
+class _PgIds:
+    """The pg_ids of ``entries``, as a container read only when asked (:func:`_unnamed` asks only for a
+    group its names miss)."""
+
+    def __init__(self, entries: list[Any]) -> None:
+        self.entries = entries
+        self.ids: set[Any] | None = None
+
+    def __contains__(self, pg_id: object) -> bool:
+        if self.ids is None:
+            self.ids = {e.get("pg_id") for e in self.entries}
+        return pg_id in self.ids
+
+
+def _record_ids(view: ByteView, start: int) -> tuple[int, int] | None:
+    """The ``record_id`` of the first and of the last entry, read from the bytes: the key's first
+    occurrence behind the entries' start (its text, then the BINPUT of its memo index, then the value's
+    integer opcode), and the last reference to that memo index with an integer behind it. None when not
+    found so. A guess from bytes (the same bytes inside a string would mislead it): it only decides how
+    the file is decoded, whose record ids are checked after."""
+    front = view.front
+    at = front.find(_RECORD_ID_KEY, start)
+    if at < 0:
+        return None
+    first = _PUT_AND_INT.match(front, at + len(_RECORD_ID_KEY))
+    if first is None:
+        return None
+    short, long, *value = first.groups()
+    ref = b"h" + short if short is not None else b"j" + long
+    back = view.back
+    pos = back.rfind(ref)
+    last = None if pos < 0 else _INT_VALUE.match(back, pos + len(ref))
+    if last is None:
+        return None
+    return _int_of(*value), _int_of(*last.groups())
+
+
+def _int_of(one: bytes | None, two: bytes | None, four: bytes | None) -> int:
+    if one is not None:
+        return one[0]
+    return (
+        int.from_bytes(two, "little")
+        if two is not None
+        else int.from_bytes(four or b"", "little", signed=True)
+    )
+
+
+def newest_of_decoded(top: dict[str, Any], keep: int) -> Recent | None:
+    """The newest ``keep`` entries of a dump decoded in full, as :func:`decode_recent` gives them: for a
+    short job's file small enough to be read whole (under :attr:`ByteView.CHUNK`), whose first entries
+    (its start-up) memoize only part of what the newest refer to, so that decoding these alone would need
+    most of the middle decoded first; and for a file whose two-ended decode was in doubt. The reduction
+    costs ~13 k instructions an entry (callgrind), these checks ~0.5 M: reducing the newest 128 of a
+    216-entry dump saves 7% of its whole cost, of 320 entries 17%. None when fewer than half as many more
+    entries than ``keep`` would be skipped, or the cut would split a collective (:func:`_continues_skipped`).
+    Group names come from the first :data:`NAMES_HEAD` entries, as :func:`decode_recent` reads them, when
+    pg_status reports a group the newest entries do not name; the skipped entries are decoded, so whether
+    they leave an op pending is followed entry by entry."""
+    entries = top.get("entries")
+    if type(entries) is not list or len(entries) < keep + keep // 2:
+        return None
+    skipped, tail = entries[:-keep], entries[-keep:]
+    try:  # each group's first entry among the newest
+        firsts = {e.get("pg_id"): e for e in reversed(tail)}
+    except (AttributeError, TypeError):  # not a dict, or an unhashable pg_id
+        return None
+    if _continues_skipped(skipped, firsts):
+        return None
+    names: dict[int, list[str]] = {}
+    if _unnamed(top.get("pg_status"), names, firsts.keys()):
+        first = skipped[:NAMES_HEAD]
+        if not all(type(e) is dict for e in first):
+            return None
+        names = _group_names(first)
+    view = dict(top)
+    view["entries"] = tail
+
+    def skipped_done() -> bool:
+        batches = _Batches()
+        try:
+            return all(map(batches.step, skipped)) and batches.closed_by(tail)
+        except Exception:  # any doubt: not shown completed
+            return False
+
+    return view, len(entries), names, skipped_done
+
+
+def _continues_skipped(skipped: list[Any], firsts: dict[Any, Any]) -> bool:
+    """Whether a group's first entry among the newest (``firsts``, by pg_id) may continue a collective
+    begun in the skipped entries: its seq (``collective_seq_id``, else ``seq_id``, as the reduction reads
+    it) is that of its group's last skipped entry, and it is not a send/recv by name (the reduction folds
+    entries of one seq into one column: ops of a coalesced collective; cut there, the newest entries would
+    hold a part of it, read as a mismatch against a peer that holds it whole). Also True when in doubt (an
+    entry that is not a dict). The skipped entries are read from their end until every group is met."""
+    left = dict(firsts)
+    try:
+        for e in reversed(skipped):
+            first = left.pop(e.get("pg_id"), None)
+            if first is not None and _seq_of(first) == _seq_of(e):
+                name = first.get("profiling_name")
+                if type(name) is not str or op_name(name) not in P2P:
+                    return True
+            if not left:
+                break
+    except (AttributeError, TypeError):  # not a dict, or an unhashable pg_id
+        return True
+    return False
+
+
+def _seq_of(e: dict[str, Any]) -> Any:
+    seq = e.get("collective_seq_id")
+    return e.get("seq_id") if seq is None else seq
 
 
 @functools.cache

@@ -29,6 +29,7 @@ from sentinel.fr.analysis import analyze
 from sentinel.fr.dumpset import COERCE_FROM, _decode_one, analyze_dir
 from sentinel.fr.errors import FrFormatError, brief
 from sentinel.fr.loader import load_dump, parse_dump
+from sentinel.fr.recent import decode_recent
 from sentinel.fr.summary import summarize
 from sentinel.fr.workers import run_pool
 from tests.fr.p2p_synth import status_as_works
@@ -491,9 +492,10 @@ def _retired_ref(blob: bytes) -> bytes:
 @pytest.mark.parametrize("name", ["key", "pattern"])
 def test_the_key_or_its_pattern_inside_a_frame_string_only_costs_decoding(tmp_path: Path, name: str) -> None:
     """The scan reads bytes, not opcodes: a stack frame in the middle whose function name holds the text
-    ``retired`` makes it decode the dump in full; the bytes of "retired: None" (the key's BINGET then
-    ``N``) make it decode the entry that holds them (and the next), which is completed: the newest
-    entries are enough — slower, the same analysis."""
+    ``retired`` makes the scan of the skipped middle give up (the dump is decoded in full, and its
+    skipped entries, decoded now, are followed one by one); the bytes of "retired: None" (the key's
+    BINGET then ``N``) make it decode the entry that holds them (and the next), which is completed: the
+    newest entries are enough — slower, the same analysis."""
     tops = _pp_pair()
     ref = _retired_ref(pickle.dumps(tops[0], protocol=2))
     text = "on_retired_work" if name == "key" else (ref + b"N").decode()
@@ -501,8 +503,10 @@ def test_the_key_or_its_pattern_inside_a_frame_string_only_costs_decoding(tmp_pa
     _write_pair(tmp_path, tops)
     assert text.encode() in (tmp_path / "nccl_trace_rank_0").read_bytes()
     assert _analysis_or_line(tmp_path, 128) == _analysis_or_line(tmp_path, None)
-    expected = 2000 if name == "key" else 128
-    assert len(load_dump(tmp_path / "nccl_trace_rank_0", recent=128).entries) == expected
+    found = decode_recent((tmp_path / "nccl_trace_rank_0").read_bytes(), 128)
+    assert found is not None
+    assert found[3]() is (name == "pattern")  # the scan shows the skipped entries done, or gives up
+    assert len(load_dump(tmp_path / "nccl_trace_rank_0", recent=128).entries) == 128
     assert len(load_dump(tmp_path / "nccl_trace_rank_1", recent=128).entries) == 128
 
 
@@ -510,7 +514,8 @@ def test_the_key_or_its_pattern_inside_a_frame_string_only_costs_decoding(tmp_pa
 def test_json_pipeline_dumps_answer_the_same_question(tmp_path: Path, case: str) -> None:
     """``_dump_fr_trace_json`` output (sorted keys, compact): the skipped text must hold as many
     ``"retired":true`` as skipped entries and no other ``"retired"``; a pending recv there, or the key
-    written another way (spaced), decodes the whole file — the same analysis either way."""
+    written another way (spaced), decodes the whole file — the same analysis either way (the spaced one,
+    whose skipped entries are all retired, is then reduced from its newest entries all the same)."""
     tops = _pp_pair((1, 700, False) if case == "pending" else None)
     for r, top in enumerate(tops):
         text = json.dumps(top, sort_keys=True, separators=(",", ":"))
@@ -519,7 +524,7 @@ def test_json_pipeline_dumps_answer_the_same_question(tmp_path: Path, case: str)
         (tmp_path / f"nccl_trace_rank_{r}.json").write_text(text)
     assert _analysis_or_line(tmp_path, 128) == _analysis_or_line(tmp_path, None)
     sizes = [len(load_dump(tmp_path / f"nccl_trace_rank_{r}.json", recent=128).entries) for r in range(2)]
-    assert sizes == {"healthy": [128, 128], "pending": [128, 2000], "spaced": [2000, 128]}[case]
+    assert sizes == {"healthy": [128, 128], "pending": [128, 2000], "spaced": [128, 128]}[case]
 
 
 def test_a_newest_entry_with_an_unhashable_id_is_the_full_decodes_line(tmp_path: Path) -> None:

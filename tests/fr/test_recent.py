@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from sentinel.fr.dumpset import analyze_dir, limited_address_space
 from sentinel.fr.errors import FrFormatError
 from sentinel.fr.loader import load_dump
-from sentinel.fr.recent import ByteView, decode_recent, decode_recent_json
+from sentinel.fr.recent import HEAD, NAMES_HEAD, ByteView, decode_recent, decode_recent_json
 from sentinel.fr.safepickle import loads_plain
 from tests.fr.synth import entry
 from tests.support import TORCH_PROCESS_TIMEOUT_S, need_module
@@ -83,20 +83,67 @@ def test_a_wait_older_than_the_newest_entries_reads_everything(tmp_path: Path) -
     assert len(load_dump(path, recent=512).entries) == 512
 
 
-def test_a_small_file_is_read_whole_and_decoded_from_its_newest_entries(tmp_path: Path) -> None:
-    """Below 64 KiB the file is read in one read, and its newest entries are decoded from memory when the
-    middle skipped is worth it (a quarter of the newest entries' bytes); gzipped the same."""
-    data = _big_dump(240)
-    assert len(data) < ByteView.CHUNK  # the from-memory path, not the two-ended reads
-    full = loads_plain(data)["entries"]
-    (tmp_path / "plain_0").write_bytes(data)
-    (tmp_path / "gz_0").write_bytes(gzip.compress(data))
-    for name in ("plain_0", "gz_0"):
-        dump = load_dump(tmp_path / name, recent=128)
-        assert dump.entries == full[-128:]
-        assert dump.n_entries == 240
-    (tmp_path / "few_0").write_bytes(_big_dump(165))  # 5 entries between the first 32 and the newest 128
-    assert len(load_dump(tmp_path / "few_0", recent=128).entries) == 165
+def _with_early_group(n: int, first_id: int, at: int = 2) -> bytes:
+    """A dump of ``n`` entries whose record ids start at ``first_id`` (0: a buffer that never wrapped),
+    with a fourth group that only entry ``at`` names and pg_status reports."""
+    top = loads_plain(_big_dump(n))
+    for i, e in enumerate(top["entries"]):
+        e["record_id"] = first_id + i
+    early = top["entries"][at]
+    early["pg_id"], early["process_group"] = 3, ("3", "init")
+    top["pg_status"]["3"] = {
+        "last_enqueued_collective": early["collective_seq_id"],
+        "last_started_collective": -1,
+        "last_completed_collective": early["collective_seq_id"],
+    }
+    return pickle.dumps(top, protocol=2)
+
+
+def test_a_small_file_is_decoded_from_its_newest_entries_as_it_was_written(tmp_path: Path) -> None:
+    """Below 64 KiB a file is read in one read. A buffer that wrapped (its first record id above 0) is
+    decoded from its first entries and its newest; one that never wrapped (a short job, whose start-up
+    entries memoize only part of what the newest refer to) is decoded in full and reduced from its newest
+    entries. Either way only when enough would be skipped, with the same group names; gzipped the same."""
+    for first_id, at_both_ends in ((5000, True), (0, False)):
+        data = _with_early_group(240, first_id)
+        assert len(data) < ByteView.CHUNK
+        assert (decode_recent(data, 128) is not None) is at_both_ends
+        full = loads_plain(data)["entries"]
+        (tmp_path / "plain_0").write_bytes(data)
+        (tmp_path / "gz_0").write_bytes(gzip.compress(data))
+        for name in ("plain_0", "gz_0"):
+            dump = load_dump(tmp_path / name, recent=128)
+            assert dump.entries == full[-128:]
+            assert dump.n_entries == 240
+            assert dump.pg_names[3] == ["3", "init"]
+        (tmp_path / "few_0").write_bytes(_with_early_group(160, first_id))  # fewer skipped than it costs
+        assert len(load_dump(tmp_path / "few_0", recent=128).entries) == 160
+    (tmp_path / "stuck_0").write_bytes(_big_dump(240, stuck_at=60))  # a wait the newest entries miss
+    assert len(load_dump(tmp_path / "stuck_0", recent=128).entries) == 240
+
+
+def test_groups_only_the_first_entries_name_are_named(tmp_path: Path) -> None:
+    """A wrapped buffer is decoded from its first HEAD entries; a group pg_status reports that neither
+    they nor the newest entries name is looked for among the first NAMES_HEAD (decoded for it), as a
+    buffer that never wrapped (whose first UNWRAPPED_HEAD entries are decoded) finds it there."""
+    for first_id in (5000, 0):
+        for at, named in ((HEAD + 3, True), (NAMES_HEAD + 5, False)):
+            found = decode_recent(_with_early_group(2000, first_id, at), 128)
+            assert found is not None
+            assert (3 in found[2]) is named, (first_id, at)
+            assert found[0]["entries"] == loads_plain(_with_early_group(2000, first_id, at))["entries"][-128:]
+
+
+def test_a_collective_across_the_cut_is_read_whole(tmp_path: Path) -> None:
+    """Ops of one coalesced collective share its seq and fold into one column: cut between them, the
+    newest entries would hold part of it (a false mismatch against a peer). Read whole instead."""
+    top = loads_plain(_big_dump(240))  # (record ids from 0: decoded in full, then cut)
+    entries = top["entries"]
+    cut = entries[-128]
+    same = next(i for i in range(len(entries) - 129, -1, -1) if entries[i]["pg_id"] == cut["pg_id"])
+    entries[same]["collective_seq_id"] = cut["collective_seq_id"]
+    (tmp_path / "t_0").write_bytes(pickle.dumps(top, protocol=2))
+    assert len(load_dump(tmp_path / "t_0", recent=128).entries) == 240
 
 
 @functools.cache

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sentinel.fr.dumpset import analyze_dir
-from sentinel.fr.loader import load_dump
-from sentinel.fr.recent import HEAD
+from sentinel.fr.loader import _recent_dump, load_dump
+from sentinel.fr.recent import HEAD, ByteView, decode_recent
 from sentinel.fr.safepickle import loads_plain
 from sentinel.fr.summary import summarize
 from tests.fr.nccl_synth import mark_completed, mark_pending, started_at
@@ -174,9 +174,10 @@ def _write_set(
     paths = []
     for rank, (all_entries, _) in written.items():
         skewed = rank != (anchor[0] if anchor is not None else 0)
-        entries = all_entries[: len(all_entries) - shift - skew * skewed][-ENTRIES:]
-        for n, e in enumerate(entries):
-            e["record_id"] = n
+        kept = len(all_entries) - shift - skew * skewed
+        entries = all_entries[:kept][-ENTRIES:]
+        for n, e in enumerate(entries, start=kept - len(entries)):
+            e["record_id"] = n  # (the buffer wrapped: its oldest entry is not the job's first)
         seqs = [e["collective_seq_id"] for e in entries if e["pg_id"] == 0 and not e["is_p2p"]]
         status = {
             "0": {
@@ -216,9 +217,10 @@ def _same_newest_columns(recent: Any, full: Any) -> None:
 
 
 def _check_against_full(paths: list[Path]) -> list[bool]:
-    """Per dump: when the newest entries are enough (newest-entries decode accepted), the pending ops
-    after the reduction equal the full decode's, and so do the newest collectives' columns. Returns which
-    dumps were read from their newest entries."""
+    """Per dump: when it is read from its newest entries (decoded at both ends, or decoded in full and
+    reduced from its newest entries), the pending ops after the reduction equal the full decode's, and so
+    do the newest collectives' columns. Returns which dumps the two-ended decode alone accepted (whose
+    scan of the skipped middle these tests are about): each of them is read from its newest entries."""
     read_recent = []
     for path in paths:
         n, pending, tracks = _pending(path, KEEP)
@@ -228,7 +230,11 @@ def _check_against_full(paths: list[Path]) -> list[bool]:
             assert pending == full_pending, path.name
             for name, track in tracks.items():
                 _same_newest_columns(track, full_tracks[name])
-        read_recent.append(n == KEEP)
+        data = path.read_bytes()
+        assert len(data) >= ByteView.CHUNK  # (smaller files are not decoded at both ends)
+        ends = _recent_dump(decode_recent(data, KEEP), str(path), 0, False) is not None
+        assert n == KEEP or not ends, path.name
+        read_recent.append(ends)
     return read_recent
 
 
@@ -304,6 +310,9 @@ def test_a_healthy_batched_pipeline_is_read_from_its_newest_entries(tmp_path: Pa
 
 MIDDLE = FRONT + ENTRIES // STEP // 2  # a step in the middle of the buffer (none of its entries decoded)
 
+#: The step whose batch straddles the end of the first entries (a step's member is its next to last entry).
+AT_HEAD = FRONT + max(0, HEAD - 7) // STEP
+
 
 def _rank0_read_recent(
     tmp_path: Path, changes: list[str], step: int, index: int | None = None, flag: bool | None = True
@@ -362,17 +371,16 @@ def test_a_batch_across_the_newest_entries_boundary(tmp_path: Path) -> None:
 
 def test_a_batch_across_the_first_entries_boundary(tmp_path: Path) -> None:
     """The last of the first (decoded) entries is a member, its closer the first skipped entry."""
-    assert _rank0_read_recent(tmp_path / "a", [], FRONT + 3, HEAD - 1)
-    assert not _rank0_read_recent(tmp_path / "b", ["closer_started"], FRONT + 3, HEAD - 1)
-    assert not _rank0_read_recent(tmp_path / "c", ["no_closer"], FRONT + 3, HEAD - 1)
-    assert _rank0_read_recent(tmp_path / "d", ["two_members"], FRONT + 3, HEAD - 2)
+    assert HEAD >= 2
+    assert _rank0_read_recent(tmp_path / "a", [], AT_HEAD, HEAD - 1)
+    assert not _rank0_read_recent(tmp_path / "b", ["closer_started"], AT_HEAD, HEAD - 1)
+    assert not _rank0_read_recent(tmp_path / "c", ["no_closer"], AT_HEAD, HEAD - 1)
+    assert _rank0_read_recent(tmp_path / "d", ["two_members"], AT_HEAD, HEAD - 2)
     # a completed collective between the member and its closer: an unflagged closer follows no member
     # (the member stays pending in the full decode), a flagged one closes the batch
     for flag in (False, None):
-        assert not _rank0_read_recent(
-            tmp_path / f"e{flag}", ["collective_between"], FRONT + 3, HEAD - 1, flag
-        )
-    assert _rank0_read_recent(tmp_path / "f", ["collective_between"], FRONT + 3, HEAD - 1, True)
+        assert not _rank0_read_recent(tmp_path / f"e{flag}", ["collective_between"], AT_HEAD, HEAD - 1, flag)
+    assert _rank0_read_recent(tmp_path / "f", ["collective_between"], AT_HEAD, HEAD - 1, True)
 
 
 def test_a_pending_batch_among_the_newest_entries_is_read_from_them(tmp_path: Path) -> None:
