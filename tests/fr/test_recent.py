@@ -9,6 +9,7 @@ import pickle
 import random
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 from sentinel.fr.dumpset import analyze_dir, limited_address_space
 from sentinel.fr.errors import FrFormatError
 from sentinel.fr.loader import load_dump
-from sentinel.fr.recent import HEAD, NAMES_HEAD, ByteView, decode_recent, decode_recent_json
+from sentinel.fr.recent import HEAD, NAMES_HEAD, ByteView, _record_ids, decode_recent, decode_recent_json
 from sentinel.fr.safepickle import loads_plain
 from tests.fr.synth import entry
 from tests.support import TORCH_PROCESS_TIMEOUT_S, need_module
@@ -107,6 +108,7 @@ def test_a_small_file_is_decoded_from_its_newest_entries_as_it_was_written(tmp_p
     for first_id, at_both_ends in ((5000, True), (0, False)):
         data = _with_early_group(240, first_id)
         assert len(data) < ByteView.CHUNK
+        assert _record_ids(ByteView(data), 0) == (first_id, first_id + 239)
         assert (decode_recent(data, 128) is not None) is at_both_ends
         full = loads_plain(data)["entries"]
         (tmp_path / "plain_0").write_bytes(data)
@@ -132,6 +134,33 @@ def test_groups_only_the_first_entries_name_are_named(tmp_path: Path) -> None:
             assert found is not None
             assert (3 in found[2]) is named, (first_id, at)
             assert found[0]["entries"] == loads_plain(_with_early_group(2000, first_id, at))["entries"][-128:]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**40), st.integers(140, 400))
+def test_record_ids_read_from_the_bytes_only_choose_the_decode(first_id: int, n: int) -> None:
+    """The first and last record ids are read from the bytes (one byte, two, four: BININT1/2/BININT; a
+    larger id is not read) to choose how to decode; whatever they say, the result is the full decode's."""
+    data = _with_early_group(n, first_id)
+    ids = _record_ids(ByteView(data), 0)
+    if first_id + n - 1 >= 2**31:  # (LONG1: not read, the default decode)
+        assert ids is None
+    elif ids is not None:  # (the last id is a guess: the same bytes inside the last entry could mislead it)
+        assert ids[0] == first_id
+    found = decode_recent(data, 128)
+    full = loads_plain(data)["entries"]
+    if found is not None:
+        assert found[0]["entries"] == full[-128:] and found[1] == n
+    dump = load_dump_bytes(data)
+    assert dump.entries == full[-len(dump.entries) :]
+    assert dump.n_entries == n
+
+
+def load_dump_bytes(data: bytes) -> Any:
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "t_0"
+        path.write_bytes(data)
+        return load_dump(path, recent=128)
 
 
 def test_a_collective_across_the_cut_is_read_whole(tmp_path: Path) -> None:
