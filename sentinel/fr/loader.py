@@ -30,7 +30,14 @@ from sentinel.fr.ops import (
     op_name,
     reads_as_p2p,
 )
-from sentinel.fr.recent import ByteView, Recent, decode_recent, decode_recent_json, newest_of_decoded
+from sentinel.fr.recent import (
+    ByteView,
+    Recent,
+    continues_skipped,
+    decode_recent,
+    decode_recent_json,
+    newest_of_decoded,
+)
 from sentinel.fr.records import TYPE_CHECKING, NamedTuple
 from sentinel.fr.safepickle import PICKLE_PROTO, loads_plain
 
@@ -414,14 +421,16 @@ def _recent_dump(found: Recent | None, path: str, rank: int, is_json: bool) -> R
     """The dump of the newest entries, when :func:`decode_recent` found them and they are enough."""
     if found is None:
         return None
-    top, total, names, skipped_done = found
+    top, total, names, skipped_done, skipped = found
     dump = parse_dump(top, rank=rank, source=str(path), is_json=is_json)
     dump.total_entries = total
     dump.pg_names = names
-    return dump if _recent_is_enough(dump, skipped_done) else None
+    return dump if _recent_is_enough(dump, skipped_done, skipped) else None
 
 
-def _recent_is_enough(dump: RawDump, skipped_done: Callable[[], bool]) -> bool:
+def _recent_is_enough(
+    dump: RawDump, skipped_done: Callable[[], bool], skipped: list[Any] | None = None
+) -> bool:
     """Whether the newest entries hold, for every group still waiting per pg_status, the collective it
     waits in, and nothing can be pending before them: no send/recv (:func:`_p2p_before`) and nothing of a
     group whose pg_status may count send/recv too (:func:`_counts_p2p`: its waits are read from its
@@ -429,7 +438,8 @@ def _recent_is_enough(dump: RawDump, skipped_done: Callable[[], bool]) -> bool:
     every skipped entry retired (the dump is then marked ``skipped_p2p``); else the analysis needs the
     whole buffer. Any doubt (a value the full decode would refuse) means the whole buffer: the full decode
     names what is wrong. Nor may a group's first collective here continue one begun before them
-    (:func:`_column_split`)."""
+    (:func:`_column_split`; with the ``skipped`` entries decoded, also by their seqs:
+    :func:`~sentinel.fr.recent.continues_skipped`)."""
     try:  # each group's oldest entry (filled newest first, the oldest stays): ~5 us for 128 entries
         oldest = {e.get("pg_id"): e for e in reversed(dump.entries)}
     except (AttributeError, TypeError):  # an entry that is not a dict, or an unhashable pg_id
@@ -442,6 +452,8 @@ def _recent_is_enough(dump: RawDump, skipped_done: Callable[[], bool]) -> bool:
     before = _p2p_before(oldest.values())
     mixed = _counts_p2p(newest.values())
     if before is None or mixed is None or _column_split(dump.entries, oldest) is not False:
+        return False
+    if skipped is not None and continues_skipped(skipped, oldest):
         return False
     waits = _waits_in_newest(dump, mixed, newest.keys())
     if waits is None:

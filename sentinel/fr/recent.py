@@ -45,7 +45,7 @@ import json
 import os
 import pickle
 import re
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Iterator
 
 from sentinel.fr.ops import COALESCED, P2P, closes_p2p_batch, entry_completed, op_name, p2p_peer
 from sentinel.fr.records import TYPE_CHECKING
@@ -88,9 +88,10 @@ _INT_VALUE = re.compile(_INT)
 _PUT_AND_INT = re.compile(rb"(?:q([\s\S])|r([\s\S]{4}))" + _INT)
 
 #: (top-level dict whose ``entries`` are the newest entries, total entry count, pg_id -> [name, desc] of
-#: the groups in the first entries, "every skipped entry completed": a check run only when asked; "Any"
-#: quoted: typing is not imported at run time, see sentinel.fr.records)
-Recent = tuple[dict[str, "Any"], int, dict[int, list[str]], Callable[[], bool]]
+#: the groups in the first entries, "every skipped entry completed": a check run only when asked, the
+#: skipped entries when they were decoded (None: not decoded); "Any" quoted: typing is not imported at
+#: run time, see sentinel.fr.records)
+Recent = tuple[dict[str, "Any"], int, dict[int, list[str]], Callable[[], bool], "list[Any] | None"]
 
 
 class ByteView:
@@ -281,7 +282,7 @@ def _decode_recent(view: ByteView, keep: int) -> Recent | None:
         return None
     top["entries"] = tail
     names = _group_names(front[:NAMES_HEAD])
-    if len(front) < NAMES_HEAD and _unnamed(top.get("pg_status"), names, _PgIds(tail)):
+    if len(front) < NAMES_HEAD and _unnamed(top.get("pg_status"), names, tail):
         upto = marks.from_front(NAMES_HEAD)
         upto = tail_start if upto is None or upto > tail_start else upto
         if upto > decoded_end:
@@ -300,7 +301,7 @@ def _decode_recent(view: ByteView, keep: int) -> Recent | None:
         except Exception:  # any doubt: not shown completed
             return False
 
-    return top, total, names, skipped_done
+    return top, total, names, skipped_done, None
 
 
 def _decode_chunk(view: ByteView, memo_source: Any, lo: int, hi: int) -> tuple[Any, list[Any]] | None:
@@ -322,29 +323,17 @@ def _group_names(entries: list[Any]) -> dict[int, list[str]]:
     return names
 
 
-def _unnamed(status: Any, names: dict[int, list[str]], seen: Container[Any]) -> bool:
-    """Whether pg_status reports a group that neither ``names`` nor the newest entries (their pg_ids:
-    ``seen``) name (True in doubt: the names are looked for further)."""
+def _unnamed(status: Any, names: dict[int, list[str]], newest: list[Any]) -> bool:
+    """Whether pg_status reports a group that neither ``names`` nor the ``newest`` entries name (True in
+    doubt: the names are looked for further). The newest entries' pg_ids are read only for a group the
+    names miss."""
     if not isinstance(status, dict):
         return True
     try:
-        return any(k not in names and k not in seen for k in map(int, status))
-    except (TypeError, ValueError, OverflowError):
+        missing = [k for k in map(int, status) if k not in names]
+        return bool(missing) and not {e.get("pg_id") for e in newest}.issuperset(missing)
+    except (AttributeError, TypeError, ValueError, OverflowError):
         return True
-
-
-class _PgIds:
-    """The pg_ids of ``entries``, as a container read only when asked (:func:`_unnamed` asks only for a
-    group its names miss)."""
-
-    def __init__(self, entries: list[Any]) -> None:
-        self.entries = entries
-        self.ids: set[Any] | None = None
-
-    def __contains__(self, pg_id: object) -> bool:
-        if self.ids is None:
-            self.ids = {e.get("pg_id") for e in self.entries}
-        return pg_id in self.ids
 
 
 def _record_ids(view: ByteView, start: int) -> tuple[int, int] | None:
@@ -387,7 +376,8 @@ def newest_of_decoded(top: dict[str, Any], keep: int) -> Recent | None:
     most of the middle decoded first; and for a file whose two-ended decode was in doubt. The reduction
     costs ~13 k instructions an entry (callgrind), these checks ~0.5 M: reducing the newest 128 of a
     216-entry dump saves 7% of its whole cost, of 320 entries 17%. None when fewer than half as many more
-    entries than ``keep`` would be skipped, or the cut would split a collective (:func:`_continues_skipped`).
+    entries than ``keep`` would be skipped; the caller's checks refuse a cut that splits a collective
+    (:func:`continues_skipped`).
     Group names come from the first :data:`NAMES_HEAD` entries, as :func:`decode_recent` reads them, when
     pg_status reports a group the newest entries do not name; the skipped entries are decoded, so whether
     they leave an op pending is followed entry by entry."""
@@ -395,14 +385,8 @@ def newest_of_decoded(top: dict[str, Any], keep: int) -> Recent | None:
     if type(entries) is not list or len(entries) < keep + keep // 2:
         return None
     skipped, tail = entries[:-keep], entries[-keep:]
-    try:  # each group's first entry among the newest
-        firsts = {e.get("pg_id"): e for e in reversed(tail)}
-    except (AttributeError, TypeError):  # not a dict, or an unhashable pg_id
-        return None
-    if _continues_skipped(skipped, firsts):
-        return None
     names: dict[int, list[str]] = {}
-    if _unnamed(top.get("pg_status"), names, firsts.keys()):
+    if _unnamed(top.get("pg_status"), names, tail):
         first = skipped[:NAMES_HEAD]
         if not all(type(e) is dict for e in first):
             return None
@@ -417,17 +401,18 @@ def newest_of_decoded(top: dict[str, Any], keep: int) -> Recent | None:
         except Exception:  # any doubt: not shown completed
             return False
 
-    return view, len(entries), names, skipped_done
+    return view, len(entries), names, skipped_done, skipped
 
 
-def _continues_skipped(skipped: list[Any], firsts: dict[Any, Any]) -> bool:
-    """Whether a group's first entry among the newest (``firsts``, by pg_id) may continue a collective
-    begun in the skipped entries: its seq (``collective_seq_id``, else ``seq_id``, as the reduction reads
-    it) is that of its group's last skipped entry, and it is not a send/recv by name (the reduction folds
-    entries of one seq into one column: ops of a coalesced collective; cut there, the newest entries would
-    hold a part of it, read as a mismatch against a peer that holds it whole). Also True when in doubt (an
-    entry that is not a dict). The skipped entries are read from their end until every group is met."""
-    left = dict(firsts)
+def continues_skipped(skipped: list[Any], oldest: dict[Any, Any]) -> bool:
+    """Whether a group's first entry among the newest (``oldest``, by pg_id) may continue a collective
+    begun in the skipped entries, which were decoded: its seq (``collective_seq_id``, else ``seq_id``, as
+    the reduction reads it) is that of its group's last skipped entry, and it is not a send/recv by name
+    (the reduction folds entries of one seq into one column: ops of a coalesced collective; cut there, the
+    newest entries would hold a part of it, read as a mismatch against a peer that holds it whole). Also
+    True when in doubt (an entry that is not a dict). The skipped entries are read from their end until
+    every group is met."""
+    left = dict(oldest)
     try:
         for e in reversed(skipped):
             first = left.pop(e.get("pg_id"), None)
@@ -797,4 +782,4 @@ def _decode_recent_json(data: bytes, keep: int) -> Recent | None:
         ok = data.count(b'"retired":true', first, cut)
         return ok == skipped and data.count(b'"retired"', first, cut) == ok
 
-    return obj, total, names, skipped_done
+    return obj, total, names, skipped_done, None
