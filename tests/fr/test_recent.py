@@ -151,12 +151,12 @@ def test_record_ids_read_from_the_bytes_only_choose_the_decode(first_id: int, n:
     full = loads_plain(data)["entries"]
     if found is not None:
         assert found[0]["entries"] == full[-128:] and found[1] == n
-    dump = load_dump_bytes(data)
+    dump = _load_dump_bytes(data)
     assert dump.entries == full[-len(dump.entries) :]
     assert dump.n_entries == n
 
 
-def load_dump_bytes(data: bytes) -> Any:
+def _load_dump_bytes(data: bytes) -> Any:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "t_0"
         path.write_bytes(data)

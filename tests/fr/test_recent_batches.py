@@ -231,7 +231,7 @@ def _check_against_full(paths: list[Path]) -> list[bool]:
             for name, track in tracks.items():
                 _same_newest_columns(track, full_tracks[name])
         data = path.read_bytes()
-        assert len(data) >= ByteView.CHUNK  # (smaller files are not decoded at both ends)
+        assert len(data) >= ByteView.CHUNK  # (read at both ends from the file, as load_dump reads it)
         ends = _recent_dump(decode_recent(data, KEEP), str(path), 0, False) is not None
         assert n == KEEP or not ends, path.name
         read_recent.append(ends)
