@@ -18,12 +18,18 @@ of two when a run takes under 30 s, else its one run.
 
     flock /tmp/sentinel-bench.lock .venv/bin/python bench/fr.py            # the issue's sets
     flock /tmp/sentinel-bench.lock .venv/bin/python bench/fr.py --sets 16384x2000 --skip-reference
+    flock /tmp/sentinel-bench.lock .venv/bin/python bench/fr.py --sets 16384x2000 --skip-reference --cold
+
+A set is read from the page cache (it was just built), unless ``--cold``: then every file of the set is
+evicted from it before each run of either tool, as a set copied in from the cluster's storage a while ago
+is read — from the disk.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gzip
 import json
 import os
@@ -34,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -212,7 +219,12 @@ REPEAT_BUDGET_S = 30.0
 
 
 def measure(
-    cmd: list[str], timeout_s: float, max_rss_gib: float = 1e9, *, sample_rss: bool = True
+    cmd: list[str],
+    timeout_s: float,
+    max_rss_gib: float = 1e9,
+    *,
+    sample_rss: bool = True,
+    before: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Run cmd; wall seconds, exit code, peak RSS of the largest process and of the whole tree (MiB).
 
@@ -221,8 +233,10 @@ def measure(
     Sampling walks /proc for the tree and takes CPU from a tool that uses both cores, so timing runs pass
     ``sample_rss=False`` (no memory cap then: use it only where a sampled run already finished).
     """
+    if before is not None:
+        before()  # not timed
     # output goes to files, not pipes: a chatty tool must not block on a full pipe
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
         start = time.perf_counter()
         proc = psutil.Popen(cmd, stdout=out_file, stderr=err_file, cwd=REPO)
@@ -272,7 +286,7 @@ def measure(
         out, err = out_file.read(), err_file.read()
     return {
         "wall_s": wall,
-        "cpu_s": after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
+        "cpu_s": after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime,
         "rc": proc.returncode,
         "timed_out": timed_out,
         "rss_one_mib": peaks["one"] / 2**20,
@@ -281,6 +295,18 @@ def measure(
         "stdout": out.decode(errors="replace"),
         "stderr_tail": err.decode(errors="replace")[-300:],
     }
+
+
+def evict(folder: Path) -> None:
+    """Drop the set's files from the page cache (written back first), so that the next run reads them from
+    disk; needs no privilege, unlike ``/proc/sys/vm/drop_caches``."""
+    for path in folder.iterdir():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def main() -> int:
@@ -308,6 +334,11 @@ def main() -> int:
         "moments a shared VM's core runs slow, where torchfrtrace's seconds average over them",
     )
     ap.add_argument("--keep", type=Path, default=None, help="build the sets here and keep them")
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="evict the set from the page cache before every run of either tool",
+    )
     args = ap.parse_args()
     # both tools start as installed programs do: with their bytecode compiled (pip compiles torch at
     # install; a checkout run with PYTHONDONTWRITEBYTECODE would recompile sentinel on every start)
@@ -332,10 +363,11 @@ def main() -> int:
             if args.workers:
                 cmd += ["--workers", str(args.workers)]
             # one sampled run for memory, then the timing runs without the sampler beside them
-            sampled = measure(cmd, timeout_s=600)
+            cold = functools.partial(evict, folder) if args.cold else None
+            sampled = measure(cmd, timeout_s=600, before=cold)
             runs = [sampled]
             while len(runs) < args.repeat and sum(r["wall_s"] for r in runs) < REPEAT_BUDGET_S:
-                runs.append(measure(cmd, timeout_s=600, sample_rss=False))
+                runs.append(measure(cmd, timeout_s=600, sample_rss=False, before=cold))
             ours = dict(min(runs, key=lambda m: m["wall_s"]))
             ours["rss_one_mib"], ours["rss_tree_mib"] = sampled["rss_one_mib"], sampled["rss_tree_mib"]
             verdict = _check(ours)
@@ -348,11 +380,15 @@ def main() -> int:
                     [exe, str(folder), "-p", PREFIX],
                     timeout_s=args.reference_timeout,
                     max_rss_gib=args.reference_max_rss_gib,
+                    before=cold,
                 )
                 if not ref["timed_out"] and ref["wall_s"] < REFERENCE_RETIME_S:
                     # timed once more without the sampler, as ours is; the faster run counts
                     again = measure(
-                        [exe, str(folder), "-p", PREFIX], timeout_s=args.reference_timeout, sample_rss=False
+                        [exe, str(folder), "-p", PREFIX],
+                        timeout_s=args.reference_timeout,
+                        sample_rss=False,
+                        before=cold,
                     )
                     if again["rc"] == ref["rc"] and again["wall_s"] < ref["wall_s"]:
                         ref = {
@@ -367,7 +403,10 @@ def main() -> int:
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)
     print()
-    print(f"cpus={os.cpu_count()}  source={args.source}  (shared machine: other work may run alongside)")
+    print(
+        f"cpus={os.cpu_count()}  source={args.source}  {'cold: read from disk' if args.cold else 'page cache'}"
+        "  (shared machine: other work may run alongside)"
+    )
     print(
         f"{'set':>12} {'tool':>13} {'wall s':>9} {'CPU s':>7} {'RSS max MiB':>12} {'RSS tree MiB':>13} "
         f"{'rc':>4}  speedup (wall, CPU)"

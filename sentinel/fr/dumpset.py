@@ -18,6 +18,7 @@ from contextlib import contextmanager
 
 from sentinel.fr.analysis import FrAnalysis, analyze
 from sentinel.fr.loader import DumpFile, PathLike, discover, load_dump
+from sentinel.fr.readahead import ReadAhead
 from sentinel.fr.summary import RankSummary, summarize
 from sentinel.fr.workers import Cancelled, _cap_memory, run_pool
 
@@ -51,14 +52,20 @@ def _gc_paused(only_if_alone: bool = False) -> Iterator[None]:
 
 
 def summarize_file(
-    dump: DumpFile, recent: int | None = RECENT_ENTRIES, *, coerce: bool = False
+    dump: DumpFile,
+    recent: int | None = RECENT_ENTRIES,
+    *,
+    coerce: bool = False,
+    read_ahead: ReadAhead | None = None,
 ) -> RankSummary:
     """Load and reduce one dump file (only its newest ``recent`` entries when that is enough)."""
-    return summarize(load_dump(dump.path, dump.rank, recent=recent), coerce=coerce)
+    return summarize(load_dump(dump.path, dump.rank, recent=recent, read_ahead=read_ahead), coerce=coerce)
 
 
-def _decode_one(recent: int | None, coerce: bool, path: str, rank: int, prefix: str) -> RankSummary:
-    return summarize_file(DumpFile(path, rank, prefix), recent, coerce=coerce)
+def _decode_one(
+    path: str, rank: int, prefix: str, *, recent: int | None, coerce: bool, read_ahead: ReadAhead
+) -> RankSummary:
+    return summarize_file(DumpFile(path, rank, prefix), recent, coerce=coerce, read_ahead=read_ahead)
 
 
 def _coerce_for(files: int) -> bool:
@@ -126,13 +133,16 @@ def _summarize(
     progress: Callable[[int, int], None] | None,
 ) -> list[RankSummary]:
     coerce = _coerce_for(len(files))
+    read_ahead = ReadAhead()  # each worker gets its own copy
     if workers == 0:
         out = []
+        paths = [f.path for f in files]
         with _gc_paused():
             for i, f in enumerate(files):
                 if cancel is not None and cancel.is_set():
                     raise Cancelled
-                out.append(summarize_file(f, recent, coerce=coerce))
+                read_ahead(paths, i)
+                out.append(summarize_file(f, recent, coerce=coerce, read_ahead=read_ahead))
                 if progress is not None and (i % _BATCH == 0 or i + 1 == len(files)):
                     progress(i + 1, len(files))
         return out
@@ -146,12 +156,13 @@ def _summarize(
     with _gc_paused(only_if_alone=True):
         return run_pool(
             jobs,
-            functools.partial(_decode_one, recent, coerce),
+            functools.partial(_decode_one, recent=recent, coerce=coerce, read_ahead=read_ahead),
             workers=workers,
             batch=size,
             start_method=start_method,
             cancel=cancel,
             progress=progress,
+            read_ahead=read_ahead,
         )
 
 

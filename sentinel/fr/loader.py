@@ -44,6 +44,8 @@ from sentinel.fr.safepickle import PICKLE_PROTO, loads_plain
 if TYPE_CHECKING:
     from typing import Any
 
+    from sentinel.fr.readahead import ReadAhead
+
 #: Largest dump file accepted, after decompression. A 2,000-entry dump with stack frames is ~0.3 MB.
 MAX_DUMP_BYTES = 256 * 1024 * 1024
 #: Largest number of dump files read from one directory.
@@ -363,11 +365,19 @@ def parse_dump(obj: Any, *, rank: int, source: str, is_json: bool) -> RawDump:
     )
 
 
-def load_dump(path: PathLike, rank: int | None = None, recent: int | None = None) -> RawDump:
+def load_dump(
+    path: PathLike,
+    rank: int | None = None,
+    recent: int | None = None,
+    *,
+    read_ahead: ReadAhead | None = None,
+) -> RawDump:
     """Read, decode and shape-check one dump file. ``rank`` defaults to the number ending its name.
 
     With ``recent``, a large pickle may be decoded only for its newest ``recent`` entries (see
     :mod:`sentinel.fr.recent`), when they contain every collective a group still waits in.
+    ``read_ahead``: the decoding process's :class:`~sentinel.fr.readahead.ReadAhead`, told whether this
+    dump was in the page cache and what of it was read.
     """
     path = _fspath(path)
     if rank is None:
@@ -381,14 +391,20 @@ def load_dump(path: PathLike, rank: int | None = None, recent: int | None = None
         if recent is not None and size >= ByteView.CHUNK:
             _no_read_ahead(fd)  # before the first read, which would start the read-ahead
             try:
-                magic = os.pread(fd, 2, 0)
+                magic = os.pread(fd, 2, 0) if read_ahead is None else read_ahead.first_bytes(fd, 2)
             except OSError as exc:
                 raise FrFormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
             if magic[:1] == bytes([PICKLE_PROTO]):  # read at both ends only, never in the middle
                 tried = True
-                dump = _recent_dump(decode_recent(ByteView(fd=fd, size=size), recent), path, rank, False)
+                view = ByteView(fd=fd, size=size)
+                dump = _recent_dump(decode_recent(view, recent), path, rank, False)
+                if read_ahead is not None:
+                    read_ahead.decoded(len(view.front), len(view.back))
                 if dump is not None:
                     return dump
+        elif read_ahead is not None:
+            with contextlib.suppress(OSError):  # the read below names what is wrong
+                read_ahead.first_bytes(fd, 2)
         data = _read_open(fd, size, path, MAX_DUMP_BYTES)
     finally:
         os.close(fd)

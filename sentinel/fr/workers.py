@@ -66,6 +66,8 @@ _LEN = 8  # bytes of a message's length prefix on the pipes of a forked worker
 
 Job = tuple[int, str, int, str]  # (index, path, rank, prefix)
 Decode = Callable[[str, int, str], RankSummary]
+#: Called before each dump with its batch's paths and its index in them (sentinel.fr.readahead.ReadAhead).
+ReadAheadHook = Callable[[Sequence[str], int], None]
 
 
 class Cancelled(Exception):
@@ -111,8 +113,16 @@ def _cap_cpu(seconds: float, hard: int, current: int = -1) -> int:
     return soft
 
 
-def _worker(conn: Any, slot: int, shared: tuple[Any, Any], limits: tuple[int, float], decode: Decode) -> None:
-    """Worker loop: receive a batch, decode it dump by dump, send the summaries (or one error line)."""
+def _worker(
+    conn: Any,
+    slot: int,
+    shared: tuple[Any, Any],
+    limits: tuple[int, float],
+    work: tuple[Decode, ReadAheadHook | None],
+) -> None:
+    """Worker loop: receive a batch, decode it dump by dump, send the summaries (or one error line).
+    ``work``: how to decode a dump, and what to call before each (:func:`run_pool`'s ``read_ahead``)."""
+    decode, read_ahead = work
     current, started = shared
     extra_memory, cpu_s = limits
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; a terminal ^C kills us through it
@@ -133,11 +143,14 @@ def _worker(conn: Any, slot: int, shared: tuple[Any, Any], limits: tuple[int, fl
             return
         out: list[RankSummary] = []
         error: str | None = None
-        for index, path, rank, prefix in batch:
+        paths = [job[1] for job in batch]
+        for i, (index, path, rank, prefix) in enumerate(batch):
             current[slot] = index
             started[slot] = time.monotonic()
             cpu_soft = _cap_cpu(cpu_s, cpu_hard, cpu_soft)
             try:
+                if read_ahead is not None:
+                    read_ahead(paths, i)
                 out.append(decode(path, rank, prefix))
             except FrFormatError as exc:
                 error = str(exc)
@@ -335,10 +348,12 @@ def run_pool(
     progress: Callable[[int, int], None] | None = None,
     budget: int = MEMORY_BUDGET,
     cpu_s: float = CPU_S_PER_DUMP,
+    read_ahead: ReadAheadHook | None = None,
 ) -> list[RankSummary]:
     """Decode ``jobs`` in bounded worker processes; summaries in job order. FrFormatError names the dump
     that failed (and why); :class:`Cancelled` when ``cancel`` is set. ``start_method``: "fork" (only
-    from a single-threaded process) or a :mod:`multiprocessing` start method."""
+    from a single-threaded process) or a :mod:`multiprocessing` start method. ``read_ahead``: called in
+    the worker before each dump (each worker has its own copy of it)."""
     _reap_exited()
     workers, extra = split_memory(workers, budget)
     batches = _batches(jobs, batch, workers)
@@ -362,7 +377,7 @@ def run_pool(
     done_jobs = 0
     try:
         for slot in range(n):
-            args = (slot, (current, started), (extra, cpu_s), decode)
+            args = (slot, (current, started), (extra, cpu_s), (decode, read_ahead))
             if start_method == "fork":
                 inherited = [
                     fd for w in pool if isinstance(w, _ForkedWorker) for fd in (w.jobs_fd, w.results_fd)

@@ -29,6 +29,7 @@ from sentinel.fr.analysis import analyze
 from sentinel.fr.dumpset import COERCE_FROM, _decode_one, analyze_dir
 from sentinel.fr.errors import FrFormatError, brief
 from sentinel.fr.loader import load_dump, parse_dump
+from sentinel.fr.readahead import ReadAhead
 from sentinel.fr.recent import decode_recent
 from sentinel.fr.summary import summarize
 from sentinel.fr.workers import run_pool
@@ -196,7 +197,12 @@ def test_one_dict_of_many_keys_shared_by_every_entry_costs_linear_time(tmp_path:
     jobs = [(0, str(path), 0, "nccl_trace_rank_")]
     for coerce in (False, True):
         [summary] = run_pool(
-            jobs, partial(_decode_one, None, coerce), workers=1, batch=1, start_method="fork", cpu_s=5.0
+            jobs,
+            partial(_decode_one, recent=None, coerce=coerce, read_ahead=ReadAhead()),
+            workers=1,
+            batch=1,
+            start_method="fork",
+            cpu_s=5.0,
         )
         assert summary.to_plain() == direct
 
