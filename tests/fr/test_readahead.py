@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.fr import evict
 from sentinel.fr.dumpset import analyze_dir
 from sentinel.fr.loader import load_dump
 from sentinel.fr.readahead import ReadAhead
@@ -56,15 +57,6 @@ _libc.mmap.argtypes = [
 ]
 
 
-def _evict(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def _wrapped_set(folder: Path) -> list[Path]:
     """The real wrapped 2,000-entry dumps (~370 KB each: decoded at both ends), unzipped."""
     folder.mkdir()
@@ -76,20 +68,19 @@ def _wrapped_set(folder: Path) -> list[Path]:
     return out
 
 
-def _evicted(paths: list[Path]) -> None:
-    """Evict every file, or skip where this file system cannot (tmpfs keeps files in memory)."""
+def _evicted(folder: Path) -> None:
+    """Evict every file of ``folder``, or skip where this file system cannot (tmpfs keeps files in memory)."""
     if not hasattr(os, "RWF_NOWAIT") or not hasattr(os, "posix_fadvise"):
         pytest.skip("needs RWF_NOWAIT and posix_fadvise (Linux)")
-    for p in paths:
-        _evict(p)
-    if _cached(paths[0], 0):
+    evict(folder)
+    if _cached(next(folder.iterdir()), 0):
         pytest.skip("this file system keeps evicted files in memory (tmpfs?)")
 
 
 def test_after_a_dump_came_from_disk_the_next_one_is_read_ahead_at_its_two_ends(tmp_path: Path) -> None:
     first, hinted, untouched, *_ = _wrapped_set(tmp_path / "set")
     size = hinted.stat().st_size
-    _evicted([first, hinted, untouched])
+    _evicted(tmp_path / "set")
     read_ahead = ReadAhead(ahead=1)
     paths = [str(first), str(hinted), str(untouched)]
 
@@ -132,9 +123,10 @@ def test_a_set_in_the_page_cache_is_never_hinted(tmp_path: Path) -> None:
 def test_small_and_gzipped_dumps_are_probed_too(tmp_path: Path) -> None:
     """A file under 64 KiB (read whole) says whether it came from disk as a large one does."""
     src = sorted(SOURCE.iterdir())[0]
-    gz = tmp_path / src.name
+    (tmp_path / "set").mkdir()
+    gz = tmp_path / "set" / src.name
     gz.write_bytes(src.read_bytes())
-    _evicted([gz])
+    _evicted(tmp_path / "set")
     read_ahead = ReadAhead()
     load_dump(gz, recent=128, read_ahead=read_ahead)
     assert read_ahead.cold
@@ -155,9 +147,9 @@ def test_a_hint_never_follows_a_link_waits_on_a_fifo_or_raises(tmp_path: Path) -
 
 
 def test_a_set_read_from_disk_is_analyzed_as_from_the_cache(tmp_path: Path) -> None:
-    paths = _wrapped_set(tmp_path / "set")
+    _wrapped_set(tmp_path / "set")
     cached = analyze_dir(tmp_path / "set", workers=2).to_json()
-    _evicted(paths)
+    _evicted(tmp_path / "set")
     cold = analyze_dir(tmp_path / "set", workers=2).to_json()
     assert json.dumps(cold, sort_keys=True) == json.dumps(cached, sort_keys=True)
     assert cold["verdict"] == "hang"
