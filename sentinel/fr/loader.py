@@ -406,6 +406,8 @@ def load_dump(
             with contextlib.suppress(OSError):  # the read below names what is wrong
                 read_ahead.first_bytes(fd, 2)
         data = _read_open(fd, size, path, MAX_DUMP_BYTES)
+        if read_ahead is not None and size >= ByteView.CHUNK:
+            read_ahead.decoded(size, 0)  # a large dump read whole (JSON, gzip, in doubt): so is the next
     finally:
         os.close(fd)
     if recent is not None and not tried:

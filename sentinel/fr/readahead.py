@@ -10,8 +10,8 @@ dump's first bytes were in the page cache (one ``RWF_NOWAIT`` read, ~0.4 us, tha
 read of the format's magic bytes) and tells what the decode read of a large dump (its front and back).
 Once a probe found a dump on disk, every call hints the dump ``ahead`` places further on:
 ``posix_fadvise(WILLNEED)`` over what decoding it will read — the whole of a small file, the two ends of
-a large one as far as the last large dump's decode read them — which starts the disk reads and returns
-at once. The dumps of one set are alike, so the last one's extents are the next one's. A set in the
+a large one as far as the last large dump's decode read them (as much of its front as the last one's
+size, when that was read whole: JSON, gzip) — which starts the disk reads and returns at once. The dumps of one set are alike, so the last one's extents are the next one's. A set in the
 cache pays the probe alone, never an extra open.
 
 Hints are only hints: the decode opens and checks each file itself (:func:`~sentinel.fr.loader.open_regular`),
@@ -80,7 +80,7 @@ class ReadAhead:
         return os.pread(fd, n, 0)
 
     def decoded(self, front: int, back: int) -> None:
-        """What the decode of a large dump read of its two ends."""
+        """What the decode of a large dump read of its two ends (the whole file: its size and 0)."""
         self.front = min(front, MAX_EXTENT)
         self.back = min(back, MAX_EXTENT)
 
@@ -98,7 +98,8 @@ class ReadAhead:
                 os.posix_fadvise(fd, 0, size, _WILLNEED)
             else:
                 os.posix_fadvise(fd, 0, self.front, _WILLNEED)
-                os.posix_fadvise(fd, size - self.back, self.back, _WILLNEED)
+                if self.back:  # (a length of 0 would mean "to the end")
+                    os.posix_fadvise(fd, size - self.back, self.back, _WILLNEED)
             self.hints += 1
         except OSError:
             pass

@@ -18,6 +18,7 @@ from bench.fr import evict
 from sentinel.fr.dumpset import analyze_dir
 from sentinel.fr.loader import load_dump
 from sentinel.fr.readahead import ReadAhead
+from sentinel.fr.safepickle import loads_plain
 
 SOURCE = Path(__file__).resolve().parent.parent / "data/fr/wrapped_hang_n8/pickle"
 #: How long the kernel may take to read hinted pages (it starts at once; this only bounds a failure).
@@ -153,3 +154,25 @@ def test_a_set_read_from_disk_is_analyzed_as_from_the_cache(tmp_path: Path) -> N
     cold = analyze_dir(tmp_path / "set", workers=2).to_json()
     assert json.dumps(cold, sort_keys=True) == json.dumps(cached, sort_keys=True)
     assert cold["verdict"] == "hang"
+
+
+def test_after_a_large_dump_read_whole_the_next_one_is_read_ahead_whole(tmp_path: Path) -> None:
+    """A JSON dump (or a gzipped one) is read whole, however large: so its read-ahead is."""
+    folder = tmp_path / "json"
+    folder.mkdir()
+    src = gzip.decompress(sorted(SOURCE.iterdir())[0].read_bytes())
+    as_json = json.dumps(loads_plain(src, source="rank 0")).encode()
+    assert len(as_json) > 1 << 17
+    paths = [folder / f"nccl_trace_rank_{r}.json" for r in range(2)]
+    for p in paths:
+        p.write_bytes(as_json)
+    _evicted(folder)
+    read_ahead = ReadAhead(ahead=1)
+    load_dump(paths[0], recent=128, read_ahead=read_ahead)
+    assert read_ahead.cold
+    assert read_ahead.front >= len(as_json)
+    read_ahead([str(p) for p in paths], 0)
+    deadline = time.monotonic() + HINTED_WITHIN_S
+    while not all(_cached(paths[1], at) for at in (0, len(as_json) // 2, len(as_json) - 1)):
+        assert time.monotonic() < deadline, "the hinted dump was not read whole"
+        time.sleep(0.01)
