@@ -398,9 +398,9 @@ def load_dump(
                 tried = True
                 view = ByteView(fd=fd, size=size)
                 dump = _recent_dump(decode_recent(view, recent), path, rank, False)
-                if read_ahead is not None:
-                    read_ahead.decoded(len(view.front), len(view.back))
                 if dump is not None:
+                    if read_ahead is not None:
+                        read_ahead.decoded(len(view.front), len(view.back))
                     return dump
         elif read_ahead is not None:
             with contextlib.suppress(OSError):  # the read below names what is wrong

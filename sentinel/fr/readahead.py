@@ -3,16 +3,16 @@
 A dump set that is not in the page cache (copied in from the cluster's storage, evicted by other work,
 the first look after a job died) is read from disk: every dump by a few synchronous reads of its two
 ends (:class:`~sentinel.fr.recent.ByteView`) or one read of a small file, each waiting for the disk while
-the decoding core idles — a 16,384-rank set took 13.2 s from a cold cache against 6.1 s cached.
+the decoding core idles — a 16,384-rank set took 12.8-13.2 s from disk against 6.1 s cached.
 
 :class:`ReadAhead` follows one decoding process's dumps in their order. ``load_dump`` probes whether a
 dump's first bytes were in the page cache (one ``RWF_NOWAIT`` read, ~0.4 us, that also serves as the
-read of the format's magic bytes) and tells what the decode read of a large dump (its front and back).
-Once a probe found a dump on disk, every call hints the dump ``ahead`` places further on:
-``posix_fadvise(WILLNEED)`` over what decoding it will read — the whole of a small file, the two ends of
-a large one as far as the last large dump's decode read them (as much of its front as the last one's
-size, when that was read whole: JSON, gzip) — which starts the disk reads and returns at once. The dumps of one set are alike, so the last one's extents are the next one's. A set in the
-cache pays the probe alone, never an extra open.
+read of the format's magic bytes) and tells what the decode read of a large dump. Once a probe found a
+dump on disk, every call hints the dump ``ahead`` places further on: ``posix_fadvise(WILLNEED)`` over
+what decoding it will read — the whole of a small file, the two ends of a large one as far as the last
+large dump's decode read them (its front up to the last one's size where that was read whole: JSON,
+gzip) — which starts the disk reads and returns at once. The dumps of one set are alike, so the last
+one's extents are the next one's. A set in the cache pays the probe alone, never an extra open.
 
 Hints are only hints: the decode opens and checks each file itself (:func:`~sentinel.fr.loader.open_regular`),
 so a hint opens the file the same way (no symlink followed, no FIFO waited on, only a regular file
@@ -25,6 +25,8 @@ import errno
 import os
 import stat
 from collections.abc import Sequence
+
+from sentinel.fr.recent import ByteView
 
 #: Dumps hinted ahead of the one being decoded: a dump decodes in ~0.3-1 ms, a disk read takes ~0.3 ms.
 AHEAD = 8
@@ -45,8 +47,9 @@ class ReadAhead:
     def __init__(self, ahead: int = AHEAD) -> None:
         self.ahead = ahead
         self.cold = False  # a dump's first bytes were not in the page cache: hints are on
-        self.front = 1 << 16  # bytes of a large dump's front and back the last decode read
-        self.back = 1 << 15
+        # bytes of a large dump's front and back the last decode read (at first: what ByteView reads first)
+        self.front = ByteView.CHUNK
+        self.back = ByteView.CHUNK // 2
         self.hints = 0  # files hinted so far
         self._batch: Sequence[str] | None = None
         self._upto = 0  # the batch's paths before this index were hinted
