@@ -56,7 +56,8 @@ class PortRuleConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             ge=1,
             le=64,
             description="losses of link within the agent's flap window that make a flap (one is an event, "
-            "three a pattern)",
+            "three a pattern); SentinelIbLinkFlapping and the fleet dashboard's flaps panel are built from it "
+            "(sentinel rules build --aggregator-config)",
         ),
     ] = 3
     expected_rate_gbps: Annotated[
