@@ -103,7 +103,6 @@ class RecordingRule(msgspec.Struct, frozen=True, kw_only=True):
 Rule = AlertRule | RecordingRule
 
 WIDTH: Final = 120
-_PLAIN_FIRST: Final = frozenset("-?:,[]{}#&*!|>'\"%@`")
 _NOT_A_STRING: Final = re.compile(
     r"^(?:[-+]?(?:\d[\d_]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|0x[0-9a-fA-F]+|0o[0-7]+|"
     r"true|false|yes|no|on|off|null|~|\.inf|\.nan)$",
@@ -112,10 +111,12 @@ _NOT_A_STRING: Final = re.compile(
 
 
 def _plain_ok(text: str) -> bool:
+    # Starting with a letter, underscore or slash rules out what YAML 1.1 reads as a number, a date, a
+    # sexagesimal, a merge key or a value indicator.
     return (
         bool(text)
         and text == text.strip()
-        and text[0] not in _PLAIN_FIRST
+        and (text[0].isalpha() or text[0] in "_/")
         and ": " not in text
         and " #" not in text
         and not text.endswith(":")

@@ -78,7 +78,35 @@ def test_any_string_reads_back_exactly(text: str) -> None:
 
 @given(
     st.lists(
-        st.sampled_from(["{{ $labels.host }}", "a:", "b: c", "#x", "- y", "true", "3", "é", "x  y", "'q'"]),
+        st.sampled_from(
+            [
+                "{{ $labels.host }}",
+                "a:",
+                "b: c",
+                "#x",
+                "- y",
+                "true",
+                "3",
+                "é",
+                "x  y",
+                "'q'",
+                "1:30",
+                "2001-12-14",
+                "=",
+                "<<",
+                "0b11",
+                "1_0",
+                "~",
+                "NULL",
+                ".Inf",
+                "Off",
+                "\\",
+                '"',
+                "%",
+                "&a",
+                "*a",
+            ]
+        ),
         max_size=40,
     ).map(" ".join)
 )
