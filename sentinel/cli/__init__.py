@@ -36,6 +36,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("logs", "classify kernel (Xid), NCCL and PyTorch log lines"),
     ("fr", "analyze PyTorch Flight Recorder dumps of every rank"),
     ("dashboards", "build the Grafana dashboards from their grafanalib sources"),
+    ("rules", "build the Prometheus alert and recording rules from their owners' declarations"),
     ("incident", "list and show incident timelines gathered by the aggregator"),
     ("health", "is this node fit? ask the local agent (Slurm HealthCheckProgram, prolog/epilog, launchers)"),
     ("fleet", "one read-only view (API, status page, verdicts) over several aggregators"),

@@ -27,9 +27,11 @@ from typing import Final, Literal
 
 import msgspec
 
+from sentinel.components.ecc import rule as ecc_rule
+from sentinel.components.rowremap import rule as row_remap_rule
 from sentinel.components.vocab import Severity
 from sentinel.components.xid.parse import parse_xid
-from sentinel.signals.record import Classified, Kind, make_event
+from sentinel.signals.record import Classified, Kind, finding_event, make_event
 from sentinel.text import clip, normalize_pci, parse_int
 
 Producer = Literal["nccl", "torch", "kernel", "lookalike", "other"]
@@ -329,26 +331,18 @@ def _memory_events(text: str) -> list[Classified]:
         return []
     failure = _ROW_REMAP_FAILURE_RE.search(text)
     if failure is not None and not _zero_count(text, failure.end()):
-        return [
-            make_event("row_remap", "critical", action="rma", reason="row_remap_failure", message=clip(text))
-        ]
+        return [finding_event("row_remap", row_remap_rule.FAILURE, message=clip(text))]
     memory = _MEMORY_CRITICAL_RE.search(text)
     if memory is not None and not _zero_count(text, memory.end()):
-        return [
-            make_event("ecc", "critical", action="reset_gpu", reason="ecc_uncorrectable", message=clip(text))
-        ]
+        return [finding_event("ecc", ecc_rule.REPORTED_UNCORRECTABLE, message=clip(text))]
     pending = _ROW_REMAP_PENDING_RE.search(text)
     if pending is not None and not _zero_count(text, pending.end()):
-        return [
-            make_event(
-                "row_remap", "warning", action="reset_gpu", reason="row_remap_pending", message=clip(text)
-            )
-        ]
+        return [finding_event("row_remap", row_remap_rule.PENDING, message=clip(text))]
     retire = _PAGE_RETIRE_RE.search(text)
     if retire is not None and not _zero_count(text, retire.end()):
-        return [make_event("ecc", "warning", action="reset_gpu", reason="retired_pages", message=clip(text))]
+        return [finding_event("ecc", ecc_rule.REPORTED_RETIRED, message=clip(text))]
     if _CORRECTABLE_RE.search(text) is not None:
-        return [make_event("ecc", "info", action="none", reason="ecc_correctable", message=clip(text))]
+        return [finding_event("ecc", ecc_rule.REPORTED_CORRECTABLE, message=clip(text))]
     return []
 
 

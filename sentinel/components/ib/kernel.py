@@ -11,8 +11,9 @@ lines name the HCA's PCI function and, after it, the network interface or the IB
 The signals package classifies them (other / warning for a link down or an unplugged cable, critical for
 a module error: the corpus README's rules); :func:`port_log_line` reads which port such a line is about, so
 the agent hands it to :meth:`~sentinel.components.ib.tracker.PortTracker.note_kernel_line`, and the port's
-record carries it (``kernel_log``) as evidence for the port rules' findings. A line that names no PCI
-function (some relays cut the prefix) cannot be matched to a port and stays a plain log event.
+record carries it (``kernel_log``) as evidence for the port rules' findings. A line the agent cannot match
+to a port (it names no PCI function: some relays cut the prefix) or about the HCA rather than a port's link
+(a completion error) is kept by the aggregator as host evidence instead (:func:`host_evidence`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,11 @@ from typing import Final
 
 import msgspec
 
-#: classification reasons of the lines that are port evidence (sentinel.signals rules and kernel parser)
+#: classification reasons (sentinel.signals' kernel parser and rules) of the lines about a port's link: the
+#: agent attaches such a line to the port it names
 PORT_REASONS: Final = frozenset({"link_down", "ib_link_down", "ib_port_hardware"})
+#: every reason of a kernel line about an HCA: its ports' links and its queues' completion errors
+HCA_REASONS: Final = PORT_REASONS | {"ib_completion_error"}
 MAX_TEXT: Final = 300
 
 _MLX5_RE: Final = re.compile(
@@ -57,6 +61,14 @@ def port_log_line(message: str, reason: object) -> PortLogLine | None:
         port=int(port.group("port")) if port is not None else None,
         text=" ".join(message[match.start() :].split())[:MAX_TEXT],
     )
+
+
+def host_evidence(message: str, reason: object) -> bool:
+    """Whether the aggregator keeps a classified kernel line as its host's HCA evidence: a line about an
+    HCA that the agent does not attach to a port's record (:func:`port_log_line`: a completion error, a
+    line naming no PCI function). A line either travels on the port's record or as host evidence, never
+    both, so it reaches a port's verdict once."""
+    return reason in HCA_REASONS and port_log_line(message, reason) is None
 
 
 def names_port(line: PortLogLine, device: str, port: int, netdev: str, pci_bus: str) -> bool:

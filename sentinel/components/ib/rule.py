@@ -29,14 +29,12 @@ from __future__ import annotations
 
 import fnmatch
 from collections import Counter
-from typing import Annotated, Literal
+from typing import Annotated
 
 import msgspec
 
 from sentinel.components.ib.record import RECEIVE_ERROR_COUNTERS, IbPort
-
-Kind = Literal["faulty", "degraded"]
-Action = Literal["none", "drain"]
+from sentinel.components.vocab import Action, VerdictKind
 
 
 class PortRuleConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -58,7 +56,8 @@ class PortRuleConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             ge=1,
             le=64,
             description="losses of link within the agent's flap window that make a flap (one is an event, "
-            "three a pattern)",
+            "three a pattern); SentinelIbLinkFlapping and the fleet dashboard's flaps panel are built from it "
+            "(sentinel rules build --aggregator-config)",
         ),
     ] = 3
     expected_rate_gbps: Annotated[
@@ -94,7 +93,7 @@ class PortFinding(msgspec.Struct, frozen=True, kw_only=True):
 
     device: str
     port: int
-    kind: Kind
+    kind: VerdictKind  # faulty or degraded
     action: Action
     reason: str  # ib_port_down, ib_link_flap, ib_link_downed, ib_rate_degraded, ib_symbol_errors, ...
     evidence: tuple[str, ...]
@@ -149,7 +148,7 @@ def _port(port: IbPort, want: float | None, cfg: PortRuleConfig, now: float) -> 
 
     kernel = tuple(f"kernel log: {line}" for line in port.kernel_log)
 
-    def finding(kind: Kind, action: Action, reason: str, since: float, *evidence: str) -> None:
+    def finding(kind: VerdictKind, action: Action, reason: str, since: float, *evidence: str) -> None:
         if reason in _LINK_REASONS:
             evidence = (*evidence, *kernel)
         out.append(
