@@ -16,10 +16,11 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from sentinel.fr.analysis import FrAnalysis, analyze
+from sentinel.fr.analysis import analyze
 from sentinel.fr.loader import DumpFile, PathLike, discover, load_dump
 from sentinel.fr.readahead import ReadAhead
 from sentinel.fr.summary import RankSummary, summarize
+from sentinel.fr.verdict import FrAnalysis
 from sentinel.fr.workers import Cancelled, _cap_memory, run_pool
 
 #: Dumps per batch sent to a worker.
