@@ -19,6 +19,7 @@ from struct import Struct
 from sentinel.fr.membership import Group
 from sentinel.fr.records import NamedTuple
 from sentinel.fr.summary import GroupTrack
+from sentinel.stats import median, median_of_sorted, median_without
 
 #: A straggler is late by at least this much (median over its collectives) ...
 MIN_STRAGGLER_LAG_MS = 5.0
@@ -75,7 +76,7 @@ def find_stragglers(groups: dict[str, Group]) -> list[Straggler]:
     lags = {r: [x for _, lag in v for x in lag] for r, v in by_group.items()}  # ... over all its groups
     if len(lags) < 2:
         return []
-    medians = {r: _median(v) for r, v in lags.items()}
+    medians = {r: median(v) for r, v in lags.items()}
     # how late the other ranks typically are; a straggler's partners look early by as much as it is
     # late, so only lateness counts (a spread that included them would hide the straggler)
     lateness = sorted(max(m, 0.0) for m in medians.values())
@@ -84,7 +85,7 @@ def find_stragglers(groups: dict[str, Group]) -> list[Straggler]:
         late = _late_evidence(lags[r], by_group[r])
         if late is None:
             continue
-        others = _median_without(lateness, bisect_left(lateness, max(m, 0.0)))
+        others = median_without(lateness, bisect_left(lateness, max(m, 0.0)))
         if late.lag_ms_median > STRAGGLER_FACTOR * others:
             out.append(late._replace(rank=r))
     out.sort(key=lambda s: -s.lag_ms_median)
@@ -143,9 +144,9 @@ def _late_evidence(pooled: list[float], by_group: list[tuple[str, list[float]]])
         late = n - bisect_left(ordered, MIN_STRAGGLER_LAG_MS / 2)
         if late < _min_late(n, len(candidates)):
             continue
-        median = _median_of_sorted(ordered)
-        if median >= MIN_STRAGGLER_LAG_MS and (best is None or median > best.lag_ms_median):
-            best = Straggler(0, median, late / n, n, group=group)
+        lag_median = median_of_sorted(ordered)
+        if lag_median >= MIN_STRAGGLER_LAG_MS and (best is None or lag_median > best.lag_ms_median):
+            best = Straggler(0, lag_median, late / n, n, group=group)
     return best
 
 
@@ -184,7 +185,7 @@ def _carried(found: list[Straggler], groups: dict[str, Group]) -> list[Straggler
             out.append(b)
             continue
         slow, n = waited_for.most_common(1)[0]
-        out.append(b._replace(n_collectives=len(pooled), behind=(slow, n, _median(pooled))))
+        out.append(b._replace(n_collectives=len(pooled), behind=(slow, n, median(pooled))))
     out.extend(found[MAX_CARRIED_CHECKS + 1 :])
     return out
 
@@ -382,28 +383,6 @@ def _group_lags(cols: Sequence[Sequence[int]]) -> list[list[float]]:
             ]
         )
     return out
-
-
-def _median(values: list[float]) -> float:
-    """The median (``statistics`` costs 20 ms of import for this one function)."""
-    return _median_of_sorted(sorted(values))
-
-
-def _median_of_sorted(ordered: Sequence[float]) -> float:
-    n = len(ordered)
-    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
-
-
-def _median_without(ordered: Sequence[float], i: int) -> float:
-    """Median of the sorted list ``ordered`` without its element at index ``i`` (O(1))."""
-    m = len(ordered) - 1
-
-    def at(k: int) -> float:
-        return ordered[k] if k < i else ordered[k + 1]
-
-    if m % 2:
-        return float(at(m // 2))
-    return (at(m // 2 - 1) + at(m // 2)) / 2
 
 
 def times_by_rank(
