@@ -45,6 +45,7 @@ from sentinel.components.clocks.rule import describe as describe_violations
 from sentinel.components.vocab import Action
 from sentinel.config.aggregator import AggregatorConfig, HardwareConfig, StragglerConfig
 from sentinel.log import get_logger
+from sentinel.stats import MAD_SCALE, median, median_mad
 
 DETECTOR = "straggler"
 
@@ -54,7 +55,6 @@ def log() -> Any:
     return get_logger(module="aggregator.straggler")
 
 
-_MAD_SCALE = 1.4826
 #: the robust scale never falls below this share of the median compute time (identical ranks: MAD 0)
 _MIN_SCALE_FRACTION = 0.005
 
@@ -110,18 +110,6 @@ class RankJudgement:
     @property
     def slowdown(self) -> float:
         return self.median_s / self.job_median_s if self.job_median_s > 0 else 1.0
-
-
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    n = len(ordered)
-    mid = n // 2
-    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
-
-
-def median_mad(values: list[float]) -> tuple[float, float]:
-    med = median(values)
-    return med, median([abs(v - med) for v in values])
 
 
 def _reason(gpu: GpuView | None, hw: HardwareConfig) -> str:
@@ -438,7 +426,7 @@ class StragglerDetector(Detector):
                 med, mad = median_mad([m for m, _ in medians.values()])
                 if med <= 0:
                     continue
-                scale = max(_MAD_SCALE * mad, _MIN_SCALE_FRACTION * med)
+                scale = max(MAD_SCALE * mad, _MIN_SCALE_FRACTION * med)
                 for rank, (own, n) in medians.items():
                     z = (own - med) / scale
                     if index == 1:
@@ -568,7 +556,7 @@ def _candidates_by_clock(
         med, mad = median_mad(clocks)
         if med <= 0:
             continue
-        scale = max(_MAD_SCALE * mad, 0.002 * med)
+        scale = max(MAD_SCALE * mad, 0.002 * med)
         temps = [g.ema_temp for g in gpus if g.ema_temp is not None]
         powers = [g.ema_power for g in gpus if g.ema_power is not None]
         med_temp = median(temps) if temps else None
