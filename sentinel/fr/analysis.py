@@ -1,6 +1,6 @@
 """Cross-rank post-mortem analysis of Flight Recorder dumps: who stalls the job, and why.
 
-:func:`analyze` takes one reduced dump per rank (:class:`~sentinel.fr.summary.RankSummary`) and runs the
+:func:`analyze` takes one reduced dump per rank (:class:`~sentinel.fr.rank_summary.RankSummary`) and runs the
 steps in order: members and world size (:mod:`~sentinel.fr.membership`), who waits on whom
 (:mod:`~sentinel.fr.waits`, :mod:`~sentinel.fr.program_order`), op/size/dtype mismatches
 (:mod:`~sentinel.fr.mismatch`), late ranks (:mod:`~sentinel.fr.lateness`), dumps taken at different
@@ -20,9 +20,9 @@ from sentinel.fr.lateness import Straggler, find_stragglers
 from sentinel.fr.membership import Group, build_groups, complete_members, infer_world_size
 from sentinel.fr.mismatch import frontier_mismatch, history_mismatch, p2p_mismatch
 from sentinel.fr.program_order import apply_program_order
+from sentinel.fr.rank_summary import KeyInfo, RankSummary
 from sentinel.fr.records import TYPE_CHECKING
 from sentinel.fr.skew import stale_ranks
-from sentinel.fr.summary import KeyInfo, RankSummary
 from sentinel.fr.verdict import FrAnalysis
 from sentinel.fr.waitgraph import find_culprits
 from sentinel.fr.waits import find_waits

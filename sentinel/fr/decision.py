@@ -11,9 +11,9 @@ from sentinel.fr.lateness import Straggler
 from sentinel.fr.membership import Group, key_at
 from sentinel.fr.mismatch import MismatchFinding
 from sentinel.fr.ops import UNRECORDED_P2P_BACKENDS
+from sentinel.fr.rank_summary import GroupTrack, KeyInfo
 from sentinel.fr.records import TYPE_CHECKING
 from sentinel.fr.skew import within_skew
-from sentinel.fr.summary import GroupTrack, KeyInfo
 from sentinel.fr.verdict import FrAnalysis
 from sentinel.fr.waitgraph import Culprit, Wait
 from sentinel.fr.wording import counterpart, list_ranks, who

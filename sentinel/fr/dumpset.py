@@ -18,8 +18,9 @@ from contextlib import contextmanager
 
 from sentinel.fr.analysis import analyze
 from sentinel.fr.loader import DumpFile, PathLike, discover, load_dump
+from sentinel.fr.rank_summary import RankSummary
 from sentinel.fr.readahead import ReadAhead
-from sentinel.fr.summary import RankSummary, summarize
+from sentinel.fr.summary import summarize
 from sentinel.fr.verdict import FrAnalysis
 from sentinel.fr.workers import Cancelled, _cap_memory, run_pool
 

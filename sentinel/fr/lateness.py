@@ -17,8 +17,8 @@ from itertools import pairwise
 from struct import Struct
 
 from sentinel.fr.membership import Group
+from sentinel.fr.rank_summary import GroupTrack
 from sentinel.fr.records import NamedTuple
-from sentinel.fr.summary import GroupTrack
 from sentinel.stats import median, median_of_sorted, median_without
 
 #: A straggler is late by at least this much (median over its collectives) ...

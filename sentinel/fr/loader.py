@@ -452,7 +452,7 @@ def _recent_is_enough(
     """Whether the newest entries hold, for every group still waiting per pg_status, the collective it
     waits in, and nothing can be pending before them: no send/recv (:func:`_p2p_before`) and nothing of a
     group whose pg_status may count send/recv too (:func:`_counts_p2p`: its waits are read from its
-    entries, :func:`sentinel.fr.summary._apply_status`); where either may be, ``skipped_done`` must show
+    entries, :func:`sentinel.fr.group_tables.apply_status`); where either may be, ``skipped_done`` must show
     every skipped entry retired (the dump is then marked ``skipped_p2p``); else the analysis needs the
     whole buffer. Any doubt (a value the full decode would refuse) means the whole buffer: the full decode
     names what is wrong. Nor may a group's first collective here continue one begun before them

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sentinel.fr.summary import GroupTrack, RankSummary
+from sentinel.fr.rank_summary import GroupTrack, RankSummary
 
 
 class Group:

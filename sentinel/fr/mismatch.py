@@ -12,8 +12,8 @@ from collections import Counter
 from sentinel.fr.lateness import TIMING_WINDOW
 from sentinel.fr.membership import Group, key_at, time_at
 from sentinel.fr.ops import is_send
+from sentinel.fr.rank_summary import KeyInfo, Pending
 from sentinel.fr.records import TYPE_CHECKING, NamedTuple
-from sentinel.fr.summary import KeyInfo, Pending
 from sentinel.fr.waitgraph import Wait
 
 if TYPE_CHECKING:

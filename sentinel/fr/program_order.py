@@ -7,7 +7,7 @@ so its own history, not the op holding most ranks, says which wait it causes fir
 from __future__ import annotations
 
 from sentinel.fr.membership import Group, time_at
-from sentinel.fr.summary import GroupTrack
+from sentinel.fr.rank_summary import GroupTrack
 from sentinel.fr.waitgraph import Culprit, Wait
 from sentinel.fr.wording import counterpart
 

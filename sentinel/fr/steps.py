@@ -13,7 +13,7 @@ longer; a peer that waits for it waits *inside* a collective, so its gap is unch
 
 ProcessGroupNCCL's counters in a group that posts send/recv (torch 2.5+) mix two sequences: each value is
 the seq of the group's last enqueued / started / completed *work*, a collective's from its collective
-counter, a send/recv's (or a batch's) from its p2p counter (see :func:`sentinel.fr.summary._apply_status`).
+counter, a send/recv's (or a batch's) from its p2p counter (see :func:`sentinel.fr.group_tables.apply_status`).
 So in such a group a value says only that *some* work moved, not which: a completed recv #57 after
 all_reduce #6 reads 6 → 57 (no collective completed), all_reduce #7 enqueued after it reads 57 → 7. The
 caller says which groups mix (the probe learns them from its dumps with entries, ``_p2p_groups``): there a

@@ -10,7 +10,7 @@ from bisect import bisect_left
 
 from sentinel.fr.membership import Group, key_at, time_at
 from sentinel.fr.ops import is_send, op_name
-from sentinel.fr.summary import P2P_LOG, KeyInfo, Pending
+from sentinel.fr.rank_summary import P2P_LOG, KeyInfo, Pending
 from sentinel.fr.waitgraph import Wait
 
 

@@ -15,7 +15,7 @@ sandboxed in worker processes:
   cancel, SIGTERM (a signal handler raising), an error or any exception it kills every worker at once
   (SIGKILL), so a daemon's shutdown never waits for a decode.
 
-Each result travels back as a pickle of plain data (:meth:`~sentinel.fr.summary.RankSummary.to_plain` of the
+Each result travels back as a pickle of plain data (:meth:`~sentinel.fr.rank_summary.RankSummary.to_plain` of the
 batch's summaries), which the parent reads with the same no-globals unpickler as a dump
 (:func:`~sentinel.fr.safepickle.loads_plain`): a worker is where hostile input is decoded, so what it sends
 can only ever be builtins.
@@ -42,9 +42,9 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 
 from sentinel.fr.errors import FrFormatError
+from sentinel.fr.rank_summary import RankSummary, summary_from_plain
 from sentinel.fr.records import TYPE_CHECKING
 from sentinel.fr.safepickle import loads_plain
-from sentinel.fr.summary import RankSummary, summary_from_plain
 
 if TYPE_CHECKING:  # multiprocessing (and ctypes under it) costs a small set's whole decode to import
     from multiprocessing.connection import Connection
