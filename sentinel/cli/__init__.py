@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any
 
-#: (command, one-line help) in the order ``--help`` shows them; see ../shared/CONTRACTS.md.
+#: (command, one-line help) in the order ``--help`` shows them; see docs/contracts.md.
 COMMANDS: tuple[tuple[str, str], ...] = (
     ("agent", "run the per-host agent (NVML, Xid, logs, flight recorder) and stream to the aggregator"),
     ("aggregator", "run the cluster-side aggregator: ingest, detectors, verdicts, incidents, API"),

@@ -1,4 +1,4 @@
-"""``sentinel fr``: PyTorch Flight Recorder dump analysis (contract: ../shared/CONTRACTS.md section 3)."""
+"""``sentinel fr``: PyTorch Flight Recorder dump analysis (contract: docs/contracts.md §3)."""
 
 from __future__ import annotations
 
