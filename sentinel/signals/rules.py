@@ -1,4 +1,4 @@
-"""The labelling rules of ``../shared/corpus/logs/README.md`` ("How severity and kind are decided"), applied
+"""The labelling rules (docs/signals.md, "The labelling rules": how severity and kind are decided), applied
 to lines whose exact format no parser knows.
 
 The format parsers (:mod:`~sentinel.signals.nccl_log`, :mod:`~sentinel.signals.kernel`,
