@@ -36,8 +36,7 @@ MAX_FINDINGS = 40
 
 
 #: Ranks' timing columns (one per rank and group) from which the straggler lags are worth a forked child:
-#: a fork, the child's copy-on-write faults and its exit cost ~2-4 ms, the lags ~10 us per column (64 x 200:
-#: 192 columns, 1.9 ms, slower aside; 512 x 220: 1,536 columns, 14.5 ms).
+#: below it, the fork, the child's copy-on-write faults and its exit cost more than the lags themselves.
 ASIDE_FROM_TRACKS = 1024
 
 

@@ -162,7 +162,7 @@ def _runs_of_text(text: str) -> tuple[tuple[int, int], ...] | None:
     """Every dump of a job repeats the same member lists (16,384 ranks for the world): parse each once.
 
     Found again by equality, not by hash: each dump decodes its own copy of the text, whose hash (an
-    ``lru_cache`` key) would cost a pass over 100 KiB per dump, where comparing it with the one seen
+    ``lru_cache`` key) would cost a pass over the whole text per dump, where comparing it with the one seen
     is a memcmp. Bounded: at most :data:`_RUNS_SEEN_MAX` texts are kept."""
     seen = _RUNS_SEEN.setdefault((len(text), text[:16], text[-16:]), [])
     for known, runs in seen:

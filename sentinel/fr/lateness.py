@@ -64,8 +64,8 @@ def find_stragglers(groups: dict[str, Group]) -> list[Straggler]:
             continue
         # big groups give every member many samples per collective: fewer collectives suffice
         window = max(TIMING_WINDOW // 4, min(TIMING_WINDOW, TIMING_WINDOW * 256 // len(tracks)))
-        # column form: every step a C-level operation (a Python loop per sample cost 0.2 s at 512 ranks
-        # and would cost seconds at 16,384)
+        # column form: every step a C-level operation (a Python loop per sample would cost seconds at
+        # thousands of ranks)
         cols = time_columns([t for _, t in tracks], window)
         if cols is None:  # the members' ring buffers do not overlap: no collective to compare
             continue
@@ -93,7 +93,7 @@ def find_stragglers(groups: dict[str, Group]) -> list[Straggler]:
 
 
 #: Above this many collectives the sign test's binomial tail is taken from the normal approximation (within a
-#: count of the exact one; exact costs 0.15 ms at 1,000, 1.5 ms at 4,000, cached by count).
+#: count of the exact one; the exact tail grows with the count, and is cached by count).
 EXACT_SIGN_TEST_MAX = 1024
 
 
@@ -104,7 +104,7 @@ def _min_late(n: int, tests: int = 1) -> int:
     likely below zero as above, so the count of its lags at or above any positive threshold is at most
     Binomial(n, 1/2)."""
     if n > EXACT_SIGN_TEST_MAX:
-        from statistics import NormalDist  # only here: 20 ms of import that small sets never need
+        from statistics import NormalDist  # only here: an import that small sets never need
 
         z = NormalDist().inv_cdf(1 - STRAGGLER_SIGNIFICANCE / tests)
         return math.ceil(n / 2 + z * math.sqrt(n) / 2 + 0.5)
@@ -125,10 +125,10 @@ def _late_evidence(pooled: list[float], by_group: list[tuple[str, list[float]]])
     :data:`MIN_STRAGGLER_SAMPLES` collectives, and by half that on more of them than chance gives a rank
     on time (a one-sided sign test).
 
-    Half or more late is not enough: jitter makes about half of any rank's lags positive, and a machine
-    whose collectives take tens of milliseconds to return (48 gloo ranks on two cores: 100-400 ms) gives
-    every rank 5-10 ms lag medians on 55-65% of 42 collectives — noise a fixed fraction would call
-    stragglers. A straggler is late on nearly all of them (93-100% in every recorded set). One group
+    Half or more late is not enough: jitter makes about half of any rank's lags positive, and a loaded machine
+    whose collectives take long to return gives every rank lag medians of several ms on somewhat more
+    than half its collectives (``straggler_noise_n48``) — noise a fixed fraction would call stragglers. A
+    straggler is late on nearly all of them. One group
     suffices because a group whose peers arrive later still, carrying a worse straggler's lateness out of
     their other groups, hides a lesser straggler there: late in its tensor-parallel group on every step, it
     is early to its data-parallel partner who waited for the worst one, and late on only half of all its
@@ -168,7 +168,7 @@ def _carried(found: list[Straggler], groups: dict[str, Group]) -> list[Straggler
     when it came after it — is the rank's (:func:`_own_lags`). Lateness in one group alone must come from
     collectives the rank did not wait into: what is left of a cut lag is the collective's relay and the
     machine's scheduling as much as the rank (a receiver far down a broadcast's tree leaves it later than
-    the member first out, and 48 ranks on two cores wait 10-40 ms for a core), systematic enough over one
+    the member first out, and many ranks on few cores wait for a core), systematic enough over one
     group's dozen collectives to pass for a straggler there. A rank no longer late by the
     straggler rule on what is its own is named as waiting behind the rank it waited for most often. A rank
     slow of its own loses its slowness after every arrival and stays a straggler, whoever arrived last;

@@ -73,10 +73,8 @@ def within_skew(  # noqa: PLR0917 - one caller
     bounds the moment too, when it is not stalled itself: the members inside were dumped before they
     completed it, at most its last arrival plus the longest its group's earlier collectives took from
     their last arrival to the next entry of one of those members (:func:`_longest_settle`) — so the
-    trigger came before that. Without it, a running 32-rank job dumped on demand read as a hang: its
-    second tensor-parallel group was inside an all_reduce that all 16 members had entered within 12 ms of
-    the "culprit"'s last entry, and no dump was provably stale; and a 24-rank one, whose ranks 3 and 9
-    were still receiving a world broadcast that the other 22, the "culprits" among them, had completed.
+    trigger came before that. Without it, a running job dumped on demand with no provably stale dump reads as a hang
+    (``ondemand_in_progress_n32``, ``ondemand_bcast_n24``).
     """
     if (not stale and not in_progress) or not culprits:
         return {}
