@@ -1,21 +1,10 @@
 """Straggler detector: the GPU, rank or host that is slower than its peers, and why.
 
-Two robust peer comparisons (median and MAD, so one sick GPU does not move the yardstick):
-
-- across identical busy GPUs of the fleet: the moving average of the SM clock, with temperature, power and
-  the throttle reasons telling thermal from power from unknown;
-- inside a job: each rank's own compute time per step (from its flight-recorder heads: the time from
-  completing its previous step collective to starting its next collective, on its own clock). The median
-  over the rank's last steps is compared with the median rank. Time spent *waiting inside* a collective is
-  not compute, so a tensor-parallel peer that waits for a straggler is never blamed; a median ignores the
-  occasional 2-3 s pause (GC, data loader); a rank whose GPU is unknown (no NVML mapping) is judged all the
-  same, by rank.
-
-When most GPUs of one host stand out together, the cause is the host (cooling, CPU, PCIe, power), and the
-detector says so in one host verdict instead of one per GPU.
-
-A candidate must stand out in ``persistence`` consecutive evaluations before a verdict opens and must stop
-standing out as many times before it closes, so one noisy sample neither opens nor flaps a verdict.
+Two robust peer comparisons (median and MAD from :mod:`sentinel.stats`, so one sick GPU does not move the
+yardstick): the SM clock across identical busy GPUs (with temperature, power and throttle reasons saying
+why), and each rank's own compute time per step inside its job (waiting inside a collective is not compute,
+so a peer waiting for the straggler is never blamed). Most GPUs of a host standing out together make one
+host verdict. A candidate must stand out ``persistence`` evaluations in a row to open or close a verdict.
 """
 
 from __future__ import annotations
@@ -195,8 +184,8 @@ class StragglerDetector(Detector):
         return run_steps(self.evaluate_steps(seen))
 
     def evaluate_steps(self, seen: Observation) -> Steps[Evaluation | None]:
-        """Sliced (a yield every :data:`ITEMS_PER_STEP` ranks or GPUs): folding the heads of two 24,576-rank
-        jobs and comparing every rank took up to 0.75 s in one piece, which every batch behind it waited."""
+        """Sliced (a yield every :data:`ITEMS_PER_STEP` ranks or GPUs): folding the heads of large jobs and
+        comparing every rank in one piece would make every batch behind it wait."""
         cfg = self.config.detect.straggler
         for job in list(seen.fleet.jobs.values()):
             yield from self._measure(job, cfg)
@@ -232,12 +221,12 @@ class StragglerDetector(Detector):
 
     def memory(self) -> StragglerMemory:
         """The step histories and streaks as structs, which the state store encodes directly: turning the
-        histories of two 24,576-rank jobs into builtins first cost ~0.13 s of the event loop per flush."""
+        histories of large jobs into builtins first would cost the event loop at every flush."""
         return run_steps(self.memory_steps())
 
     def memory_steps(self) -> Steps[StragglerMemory]:
         """:meth:`memory` copied a rank history at a time with a yield every :data:`ITEMS_PER_STEP` ranks
-        (the state store prepares it ahead of a flush: 49,152 histories took 0.16-0.4 s in one piece). Each
+        (the state store prepares it ahead of a flush: in one piece, a fleet's histories hold the loop). Each
         rank's copy is whole; ranks folded meanwhile are copied as they are then (a warm start)."""
         steps: dict[str, dict[int, _RankMemory]] = {}
         copied = 0
