@@ -751,7 +751,7 @@ def _share_group_ranks(job: JobView, heads: FrHeads) -> FrHeads:
     """``heads`` with each group's ranks list replaced by the job's copy of an equal list.
 
     Every rank of a group reports the same membership; kept verbatim per rank, a job of N ranks in groups of
-    N would hold N² integers (heads with large ranks lists took the aggregator from 50 to 867 MB). Sharing
+    N would hold N² integers. Sharing
     keeps one list per group; a list that differs from the known one is kept as sent (and then replaces it).
     """
     if not any(pg.ranks for pg in heads.pgs):

@@ -1,4 +1,4 @@
-"""One entry point from log text to contract records (``../shared/CONTRACTS.md`` section 2).
+"""One entry point from log text to contract records (docs/contracts.md §2).
 
 * :func:`classify_line` — one physical log line, as the agent's tailer sees it; ``None`` for plain noise
   (NCCL INFO chatter, lines without any signal).

@@ -1,4 +1,4 @@
-"""The classified-event record every signal parser produces (``../shared/CONTRACTS.md`` section 2).
+"""The classified-event record every signal parser produces (docs/contracts.md §2).
 
 The eight contract fields are always present (``null`` when unknown); the extra fields appear only when a
 parser found them, so JSON output stays small for the common case.

@@ -1,23 +1,11 @@
-"""The labelling rules of ``../shared/corpus/logs/README.md`` ("How severity and kind are decided"), applied
+"""The labelling rules (docs/signals.md, "The labelling rules": how severity and kind are decided), applied
 to lines whose exact format no parser knows.
 
-The format parsers (:mod:`~sentinel.signals.nccl_log`, :mod:`~sentinel.signals.kernel`,
-:mod:`~sentinel.components.xid.parse`) read the fields of the formats they know. Real logs also carry the same
-failures in other dresses: an Xid relayed by a device plugin or DCGM, an uncorrectable memory error
-reported by CUDA or PyTorch, a C++ ``terminate called ...``, a bare CUDA runtime error string, a torchrun
-failure-summary field line, an nccl-tests failure, a Slurm step killed, a look-alike library (UCX, HCCL,
-RCCL, oneCCL) complaining. This module decides those by the rules rather than by a list of lines:
-
-* **kind** — the most specific failure the line names (an Xid code from any source → ``xid``; a GPU memory
-  error → ``ecc``/``row_remap``; a collective timeout → ``torch_watchdog_timeout``), otherwise the
-  producer (:func:`producer`): NCCL → ``nccl_*``, PyTorch and its launcher → ``torch_*``, the rest
-  (kernel, Slurm, UCX, diagnostics tools, look-alikes) → ``other``;
-* **severity** — from the failure words (:func:`failure_severity`): what stops the job or the GPU is
-  critical, what is wrong or degraded is a warning, a line with no failure word is info. An unknown line
-  with failure words is therefore never ``info``.
-
-Everything is pure, bounded (the text is cut to :data:`~sentinel.text.MAX_TEXT`), and every
-regex is linear: no nested quantifiers.
+Real logs carry the same failures in other dresses (an Xid relayed by a device plugin, an ECC error
+reported by CUDA, a ``terminate called``, a Slurm step killed, a look-alike library's warning). The kind is
+the most specific failure the line names, else its producer (:func:`producer`); the severity comes from
+its failure words (:func:`failure_severity`), so an unknown line with failure words is never ``info``.
+Pure and bounded; every regex is linear.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """Kernel log lines about an HCA port, turned into port evidence.
 
-The mlx5 driver says in the kernel log what sysfs only shows as a state: *why* a port went down. Its
-lines name the HCA's PCI function and, after it, the network interface or the IB device:
-
-* ``mlx5_core 0000:17:00.0 ib0: Link down`` / ``... enp23s0f0np0: Link down`` (mlx5e / IPoIB carrier),
-* ``mlx5_core 0000:ab:00.0 mlx5_5: Port: 1 Link DOWN`` (mlx5_ib port state),
-* ``mlx5_core 0000:17:00.0: Port module event: module 0, Cable unplugged`` and
-  ``... Port module event[error]: module 0, Cable error, Bad cable`` (the transceiver).
-
-The signals package classifies them (other / warning for a link down or an unplugged cable, critical for
-a module error: the corpus README's rules); :func:`port_log_line` reads which port such a line is about, so
-the agent hands it to :meth:`~sentinel.components.ib.tracker.PortTracker.note_kernel_line`, and the port's
-record carries it (``kernel_log``) as evidence for the port rules' findings. A line the agent cannot match
-to a port (it names no PCI function: some relays cut the prefix) or about the HCA rather than a port's link
-(a completion error) is kept by the aggregator as host evidence instead (:func:`host_evidence`).
+The mlx5 driver's lines (``ib0: Link down``, ``Port: 1 Link DOWN``, ``Cable unplugged``, ``Bad cable``)
+say *why* a port went down, which sysfs cannot. :func:`port_log_line` reads which port such a line is
+about (by the HCA's PCI function), so the port's record carries it as evidence for the port rules' findings;
+a line about the HCA rather than a port's link, or one that names no PCI function, is kept by the aggregator
+as host evidence instead (:func:`host_evidence`).
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """Row remapping (Ampere and later): the rules on NVML's remapped-row counters.
 
-NVML reports, per GPU, how many DRAM rows were remapped because of correctable errors and because of
-uncorrectable errors, whether a remap is *pending* (recorded, takes effect at the next GPU reset) and
-whether a remap *failed* (no spare row left in that bank). The bank-availability histogram says how many
-memory banks still have many (max/high), some (partial), few (low) or no (none) spare rows.
-
-Rules (NVIDIA's memory error management guidance):
-
-* remapping failure -> the memory cannot repair itself any more: faulty, RMA;
-* pending with uncorrectable remaps -> an uncorrectable error already hit: faulty until reset, reset_gpu;
-* pending (correctable only) -> schedule a reset: suspect, reset_gpu;
-* uncorrectable remaps rising since the previous sample, or banks with low/no spare rows -> early warning.
-
-Pure: records in, a :class:`~sentinel.components.vocab.Finding` out; the aggregator's hardware detector
-turns it into a verdict (suspect → degraded).
+Following NVIDIA's memory error management guidance: a remapping failure is faulty (RMA); a pending remap
+after an uncorrectable error is faulty until reset; a pending correctable-only remap is suspect (reset);
+rising uncorrectable remaps or banks with few spare rows are an early warning. Pure: records in, a
+:class:`~sentinel.components.vocab.Finding` out; docs/signals.md lists the rules.
 """
 
 from __future__ import annotations
