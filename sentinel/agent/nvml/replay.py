@@ -367,11 +367,20 @@ def mapping_markdown() -> str:
 
 
 def _element(gpu: Node, path: str) -> str | Failure | None:
-    """The text at one path (``@id``: the gpu's attribute); None when absent or N/A."""
+    """The text at one path (``@id``: the gpu's attribute); None when absent or N/A. A section nvidia-smi
+    printed as one value (``<remapped_rows>N/A</remapped_rows>``, or an error string) answers for all below."""
     if path == "@id":
         return gpu.attrs.get("id") or None
-    node = gpu.find(path)
-    if node is None or node.children:
+    node: Node | None = gpu
+    for part in path.split("/"):
+        assert node is not None
+        if not node.children and node is not gpu:
+            break  # a leaf above the path's end: the whole section's answer
+        node = node.find(part)
+        if node is None:
+            return None
+    assert node is not None
+    if node.children:
         return None
     text = node.text
     if text.lower() in NOT_APPLICABLE or text.lower() == "not supported":

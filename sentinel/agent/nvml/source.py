@@ -6,6 +6,8 @@ Every read goes through :meth:`NvmlSource._get`, which turns NVML's error model 
   field is not asked again: some GPUs answer NOT_SUPPORTED slowly, and asking 20 of them every second is
   wasted driver time;
 - ``GPU_IS_LOST`` raises :class:`GpuLostError` so the agent marks the GPU lost;
+- ``RESET_REQUIRED`` on a GPU's read is that GPU's state, not NVML's: the field is left empty (counted) and
+  the sample carries the recovery action ``gpu_reset``, which the driver asks for there;
 - anything else is reported to ``on_error(function, error)`` (a metric) and the field is left empty.
 
 All methods block; the agent runs them in per-GPU worker threads with deadlines.
@@ -45,6 +47,7 @@ _NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
 _FUNCTION_NOT_FOUND = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
 _GPU_IS_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
 _TIMEOUT = pynvml.NVML_ERROR_TIMEOUT
+_RESET_REQUIRED = pynvml.NVML_ERROR_RESET_REQUIRED
 _FIELD_UNSUPPORTED = frozenset({_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT})
 _XID_EVENT = pynvml.nvmlEventTypeXidCriticalError
 #: NVML as a whole is gone (a driver reload, a GPU reset that took the library's state with it)
@@ -74,6 +77,8 @@ class NvmlSource:
         self._handle_index: dict[int, int] = {}
         self._links: dict[int, list[int]] = {}
         self._unsupported: set[tuple[int, str]] = set()
+        #: GPUs whose reads answered RESET_REQUIRED in the read under way
+        self._reset_required: set[int] = set()
         self._lock = threading.Lock()
         self._event_set: Any = None
         self._initialised = False
@@ -101,6 +106,10 @@ class NvmlSource:
             if code == _GPU_IS_LOST:
                 raise GpuLostError(f"GPU {gpu}: {fn.__name__}: GPU is lost") from None
             self._report(fn.__name__, exc)
+            if code == _RESET_REQUIRED and gpu >= 0:
+                with self._lock:
+                    self._reset_required.add(gpu)
+                return None
             if code in _SOURCE_DOWN:
                 raise GpuSourceDown(f"{fn.__name__}: {exc}") from None
             return None
@@ -220,11 +229,19 @@ class NvmlSource:
 
     def read_fast(self, gpu: int, now: float) -> GpuSample:
         h = self._handle(gpu)
+        with self._lock:
+            self._reset_required.discard(gpu)
         sample = GpuSample(gpu=gpu, t=now)
         device_nvml.fill(self._get, gpu, h, sample)
         clocks_nvml.fill(self._get, gpu, h, sample)
         pcie_nvml.fill(self._get, gpu, h, sample)
+        self._needs_reset(gpu, sample)
         return sample
+
+    def _needs_reset(self, gpu: int, sample: GpuSample) -> None:
+        """A GPU whose reads answered RESET_REQUIRED: the driver's own recovery action, unless it named one."""
+        if gpu in self._reset_required and sample.recovery_action in (None, "none"):
+            sample.recovery_action = "gpu_reset"
 
     def read_slow(self, gpu: int, now: float) -> GpuSample:
         sample = self.read_fast(gpu, now)
@@ -241,6 +258,7 @@ class NvmlSource:
         sample.fabric = fabric_nvml.read(get, gpu, h)
         sample.violations = clocks_nvml.read_violations(get, gpu, h)
         device_nvml.fill_fields(values, sample)
+        self._needs_reset(gpu, sample)
         return sample
 
     def wait_xid_events(self, timeout_s: float) -> list[XidEvent]:
