@@ -139,9 +139,20 @@ _VALUES = st.one_of(
     st.uuids().map(str),
 )
 _GPU = st.dictionaries(st.sampled_from(_LEAVES), _VALUES, max_size=40)
+#: processes/process_info entries: (pid, type, used_memory)
+_PROCESSES = st.lists(
+    st.tuples(
+        st.one_of(st.integers(-5, 2**40).map(str), _VALUES),
+        st.sampled_from(["C", "G", "C+G", "", "N/A"]),
+        _VALUES,
+    ),
+    max_size=3,
+)
 
 
-def _document(gpus: list[dict[str, str]], section_values: dict[str, str]) -> bytes:
+def _document(
+    gpus: list[dict[str, str]], section_values: dict[str, str], processes: list[tuple[str, str, str]]
+) -> bytes:
     out = ['<?xml version="1.0" ?>\n<nvidia_smi_log>\n<driver_version>550.90.07</driver_version>\n']
     for index, leaves in enumerate(gpus):
         tree: dict[str, object] = {}
@@ -157,7 +168,14 @@ def _document(gpus: list[dict[str, str]], section_values: dict[str, str]) -> byt
                 node.setdefault(parts[-1], text)
         for section, text in section_values.items():  # a section printed as one value
             tree[section] = text
-        out.append(f'<gpu id="00000000:{0x18 + index:02X}:00.0">{_render(tree)}</gpu>\n')
+        table = "".join(
+            f"<process_info><pid>{escape(pid)}</pid><type>{escape(kind)}</type>"
+            f"<used_memory>{escape(used)}</used_memory></process_info>"
+            for pid, kind, used in processes
+        )
+        out.append(
+            f'<gpu id="00000000:{0x18 + index:02X}:00.0">{_render(tree)}<processes>{table}</processes></gpu>\n'
+        )
     out.append("</nvidia_smi_log>\n")
     return "".join(out).encode()
 
@@ -177,14 +195,15 @@ def _render(tree: dict[str, object]) -> str:
         _VALUES,
         max_size=2,
     ),
+    _PROCESSES,
 )
 def test_any_nvidia_smi_shaped_recording_is_read_by_the_agent(
-    gpus: list[dict[str, str]], sections: dict[str, str]
+    gpus: list[dict[str, str]], sections: dict[str, str], processes: list[tuple[str, str, str]]
 ) -> None:
     """Whatever the recording says, the agent's source opens it and reads every GPU: a value is read or
     the field is NOT_SUPPORTED / an NVML error; a recorded "GPU is lost" marks the GPU lost and only a
     recorded UNINITIALIZED or DRIVER_NOT_LOADED takes NVML as a whole down, as on a real host."""
-    library = ReplayLibrary(parse(_document(gpus, sections)))
+    library = ReplayLibrary(parse(_document(gpus, sections, processes)))
     errors: list[tuple[str, str]] = []
     with library.installed():
         source = NvmlSource(on_error=lambda fn, err: errors.append((fn, err)))
@@ -201,6 +220,7 @@ def test_any_nvidia_smi_shaped_recording_is_read_by_the_agent(
                     assert "GPU is lost" in str(exc)
                     continue
                 assert sample.gpu == info.index
+                assert all(0 < pid < 2**32 for pid in sample.pids or [])
                 if sample.pcie_link is not None and sample.pcie_link.width is not None:
                     assert 0 <= sample.pcie_link.width < 2**32
         finally:
