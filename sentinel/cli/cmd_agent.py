@@ -10,6 +10,7 @@ import signal
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -219,19 +220,34 @@ def _once_replayed(args: argparse.Namespace, config: AgentConfig) -> int:
     from sentinel.agent.nvml.replay import ReplayLibrary
     from sentinel.agent.one_tick import health_after_one_tick
     from sentinel.cli.cmd_health import json_document, judge
-    from sentinel.log import setup_logging
 
-    # the agent's own log goes to stderr (stdout is the JSON), and only what is wrong
-    setup_logging("agent", "warning", host=config.agent.host or None)
     try:
         library = ReplayLibrary(load(args.nvml_replay))
     except RecordingError as exc:
         print(f"error: --nvml-replay: {exc}", file=sys.stderr)
         return 2
-    with library.installed():
+    with library.installed(), _warnings_to_stderr(config):
         now = time.time()
         doc = health_after_one_tick(config, NvmlSource(), now)
         return _once_read(args, config, json_document(judge(doc, "node", {}), now))
+
+
+@contextlib.contextmanager
+def _warnings_to_stderr(config: AgentConfig) -> Iterator[None]:
+    """The agent's own log, while it runs here, goes to stderr (stdout is the JSON) and says only what is
+    wrong; the caller's logging is as it was afterwards."""
+    import structlog
+
+    from sentinel.log import setup_logging
+
+    saved, bound = structlog.get_config(), structlog.contextvars.get_contextvars()
+    setup_logging("agent", "warning", host=config.agent.host or None)
+    try:
+        yield
+    finally:
+        structlog.configure(**saved)
+        structlog.contextvars.clear_contextvars()
+        structlog.contextvars.bind_contextvars(**bound)
 
 
 def _once_read(args: argparse.Namespace, config: AgentConfig, health: dict[str, Any] | None) -> int:

@@ -208,7 +208,11 @@ def test_any_nvidia_smi_shaped_recording_is_read_by_the_agent(
     with library.installed():
         source = NvmlSource(on_error=lambda fn, err: errors.append((fn, err)))
         try:
-            inventory = source.open()
+            try:
+                inventory = source.open()
+            except GpuSourceDown as exc:  # a recorded identity field saying NVML itself is down
+                assert "uninitialized" in str(exc).lower() or "driver not loaded" in str(exc).lower()
+                return
             assert len(inventory) == len(gpus)
             for info in inventory:
                 try:

@@ -19,7 +19,8 @@ from xml.parsers import expat
 MAX_BYTES: Final = 16 * 1024 * 1024
 #: element nesting at most (nvidia-smi nests about 6 deep)
 MAX_DEPTH: Final = 32
-#: elements at most (an 8-GPU host prints about 4,000; each costs a few hundred bytes in the tree)
+#: elements at most (an 8-GPU host prints under 10,000 with its supported clocks; each costs a few hundred
+#: bytes in the tree)
 MAX_ELEMENTS: Final = 50_000
 #: characters of text in one element at most
 MAX_TEXT: Final = 64 * 1024

@@ -128,6 +128,12 @@ class NvmlSource:
             if gpu >= 0 and code in (_GPU_IS_LOST, _INVALID_ARGUMENT):
                 self._renew(gpu, code, fn.__name__)
             self._report(fn.__name__, exc)
+            if code == _INVALID_ARGUMENT and gpu >= 0:
+                # the handle is current: the argument is one this driver does not know (a newer enum value),
+                # as for field ids; not asked again
+                with self._lock:
+                    self._unsupported.add(key)
+                return None
             if code == _RESET_REQUIRED and gpu >= 0:
                 with self._lock:
                     self._reset_required.add(gpu)
