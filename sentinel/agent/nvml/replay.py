@@ -403,12 +403,10 @@ def read(gpu: Node, function: str, field: str) -> Answer:
         failure = next((t for t in texts if isinstance(t, Failure)), None)
         if failure is not None:
             return failure
-        values = [parser(str(t)) for t in texts]
-        if any(v is None for v in values):
+        values = [v for v in (parser(str(t)) for t in texts) if v is not None]
+        if len(values) < len(texts):
             return Failure(UNKNOWN)
-        if len(values) == 1:
-            return values[0]  # type: ignore[return-value]
-        return sum(int(v) for v in values if v is not None)
+        return values[0] if len(values) == 1 else sum(int(v) for v in values)
     return 0 if source.optional else Failure(NOT_SUPPORTED)
 
 
