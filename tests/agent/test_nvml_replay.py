@@ -117,6 +117,7 @@ def test_generations_readings(outputs: dict[str, dict[str, Any]]) -> None:
     power = outputs["power-slowdown.xml"]["samples"][0]  # R550: clocks_event_reasons and their counters
     assert power["throttle"] == ["sw_power_cap", "hw_power_brake_slowdown"]
     assert power["violations"]["power"] == 913_402_239_000
+    assert power["violations"]["reference_us"] == 1_796_119_200_000_000  # the recording's own time
     gb200 = outputs["healthy-gb200.xml"]  # R570: average_power_draw, fabric with clique and cluster
     assert [g["pci_bus"] for g in gb200["inventory"]] == [
         "0008:01:00",

@@ -12,6 +12,7 @@ driver before R535) has no ``nvmlDeviceGetCurrentClocksEventReasons``, as that d
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import ctypes
 import re
@@ -451,7 +452,8 @@ def _timestamp_us(root: Node) -> int:
     if node is None:
         return 0
     try:
-        return int(time.mktime(time.strptime(" ".join(node.text.split()), "%a %b %d %H:%M:%S %Y")) * 1e6)
+        # nvidia-smi prints the host's local time without a zone: read as UTC, the same on every machine
+        return calendar.timegm(time.strptime(" ".join(node.text.split()), "%a %b %d %H:%M:%S %Y")) * 1_000_000
     except (ValueError, OverflowError):
         return 0
 
