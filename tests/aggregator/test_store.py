@@ -46,9 +46,7 @@ class Node:
 
     def crash(self) -> None:
         """What a kill -9 leaves: only what was committed (no final flush)."""
-        self.store._queue.put(None)
-        self.store._writer.join()
-        self.store._db.close()
+        self.store.abandon()
 
     def open(self) -> list[tuple[str, str, str | None, int | None, str, float]]:
         return sorted(
