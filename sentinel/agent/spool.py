@@ -20,7 +20,9 @@ decoding every file.
 
 Sequence numbers are reserved in blocks persisted in ``<state_dir>/seq`` (one small write per block, not per
 batch); after a restart numbering continues above the last reserved block, so seq stays monotonic per host
-(with a gap) and the aggregator can deduplicate by (host, seq).
+(with a gap) and the aggregator can deduplicate by (host, seq). The numbering is named by an instance id
+made with the state directory (``<state_dir>/instance``, sent in the Hello): a wiped state directory
+numbers from 0 again under a new id, and the aggregator starts the host's dedup window over.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import secrets
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +99,34 @@ class SeqAllocator:
             self.persist_errors += 1
             log.warning("seq_state_write_failed", path=str(self._path), error=str(exc))
         self._reserved = upto
+
+
+def stream_instance(path: Path | None) -> str:
+    """The id of this agent's seq numbering: read from ``path``, or made (random) and written there.
+
+    ``path`` None (numbers kept in memory only): a new id per process, as its numbering restarts with it.
+    An id that cannot be written is used for this process and logged: the next start makes another, which
+    only makes the aggregator start the host's dedup window over at that start's first seq.
+    """
+    if path is not None:
+        try:
+            text = path.read_text(encoding="ascii").strip()
+            if 8 <= len(text) <= 64 and text.isalnum():
+                return text
+            log.warning("instance_id_unreadable", path=str(path), problem="not an instance id")
+        except FileNotFoundError:
+            pass
+        except (OSError, UnicodeDecodeError) as exc:
+            log.warning("instance_id_unreadable", path=str(path), error=str(exc))
+    made = secrets.token_hex(16)
+    if path is not None:
+        tmp = path.with_suffix(".tmp")
+        try:
+            tmp.write_text(f"{made}\n", encoding="ascii")
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("instance_id_write_failed", path=str(path), error=str(exc))
+    return made
 
 
 class Spool:

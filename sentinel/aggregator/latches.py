@@ -184,11 +184,13 @@ class FleetLatches:
 
 
 class SeqWindowRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """One host's dedup window: the boot id its numbering belongs to, the high-water mark, seqs above it."""
+    """One host's dedup window: the boot id and agent instance its numbering belongs to, the high-water
+    mark, seqs above it."""
 
     boot_id: str = ""
     hw: int = -1
     above: list[int] = []
+    instance: str = ""
 
 
 _window_decoder = msgspec.msgpack.Decoder(SeqWindowRecord)
@@ -196,7 +198,9 @@ _window_decoder = msgspec.msgpack.Decoder(SeqWindowRecord)
 
 def _window_record(host: HostView) -> bytes:
     return _encoder.encode(
-        SeqWindowRecord(boot_id=host.boot_id, hw=host.seq_hw, above=sorted(host.seq_above))
+        SeqWindowRecord(
+            boot_id=host.boot_id, hw=host.seq_hw, above=sorted(host.seq_above), instance=host.instance_id
+        )
     )
 
 
@@ -208,14 +212,13 @@ class FleetSeqWindows:
     window lost it would be applied a second time (an Xid counted twice turns one Xid 13 into a "repeats
     across processes" suspect).
 
-    Crash-safety is by *same transaction*, not by delayed acks: :meth:`StateStore.flush` takes every
+    Crash-safety is by *same transaction* and *acks after commit*: :meth:`StateStore.flush` takes every
     holder's snapshot in one synchronous pass on the event loop (no batch is applied in between) and the
     writer commits them in one SQLite transaction, so the window that comes back is exactly the one that
-    covers the restored latches and verdicts. A batch applied after that flush is missing from both: the
-    agent's resend (it was not acked) applies it once; one acked in that interval is lost with its effects,
-    which is the store's documented loss bound (``state.flush_interval_s``). Acks stay immediate: ingest
-    latency does not grow by a flush interval. Detector memory (``BuiltinsHolder``, every 10 s) may be
-    older than the window; it is a warm start, so a batch it missed is under-counted there, never doubled.
+    covers the restored latches and verdicts; a batch is acked only once a commit covers it
+    (:mod:`sentinel.aggregator.acks`). A batch applied after the last commit is missing from both and was not
+    acked: the agent's resend applies it once. Detector memory (``BuiltinsHolder``, every 10 s) may be older
+    than the window; it is a warm start, so a batch it missed is under-counted there, never doubled.
 
     Cost: one small record per host that sent a batch since the last flush (about 20 bytes when the window
     is contiguous; at most ``DEDUP_WINDOW`` seqs), measured in ``bench/state_store.py``.
@@ -244,3 +247,4 @@ class FleetSeqWindows:
                 continue
             host.seq_hw = record.hw
             host.seq_above = {seq for seq in record.above[-DEDUP_WINDOW:] if seq > record.hw}
+            host.instance_id = record.instance

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from sentinel.aggregator.clock import HostClock
+from sentinel.aggregator.streams import adopt_instance
 from sentinel.components.clocks.record import POWER_REASONS, THERMAL_REASONS, ClockViolations
 from sentinel.components.clocks.rule import violation_shares
 from sentinel.components.device.record import GpuSourceHealth
@@ -152,6 +153,8 @@ class HostView:
     last_t: float = -math.inf  # agent time of the latest batch
     seq_hw: int = -1  # every seq <= seq_hw has been seen
     seq_above: set[int] = field(default_factory=set)
+    #: the agent instance (``Hello.instance_id``) whose numbering the window holds ("": not told)
+    instance_id: str = ""
     #: a Hello opened a connection and no batch has come on it yet (its first batch closes the gap below it)
     stream_fresh: bool = False
     events: deque[LogEvent] = field(default_factory=lambda: deque(maxlen=HOST_EVENTS_KEPT))
@@ -323,6 +326,8 @@ class FleetState:
                 gpu.dirty = True
                 self.dirty_gpus.append(gpu)
         if hello.boot_id and hello.boot_id != host.boot_id:
+            self.window_changed.add(host.name)
+        if adopt_instance(host, hello):
             self.window_changed.add(host.name)
         host.boot_id = hello.boot_id or host.boot_id
         self._inventory(host, hello.gpus[: self.max_gpus_per_host])
