@@ -378,7 +378,7 @@ class Aggregator:
         await self.incidents.drain()
         self.acks.close()
         if self.store is not None:  # SIGTERM / systemctl restart: everything known is written
-            await asyncio.to_thread(self.store.close)
+            await asyncio.to_thread(self.store.close, 20.0)  # within systemd's TimeoutStopSec (30 s)
             self.store = None
         await self.remediator.stop()
 
