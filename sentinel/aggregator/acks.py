@@ -62,6 +62,11 @@ class DurableAcks:
         """Acks of applied batches not yet sent (``sentinel_aggregator_acks_waiting``)."""
         return self._count
 
+    def waiting_on(self, sink: AckSink) -> int:
+        """Acks ``sink``'s stream is waiting for."""
+        waiting = self._by_sink.get(sink)
+        return len(waiting) if waiting is not None else 0
+
     def hold(self, sink: AckSink, seq: int) -> None:
         """Ack batch ``seq`` on ``sink`` once what applying it changed is committed."""
         store = self.store

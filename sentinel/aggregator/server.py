@@ -611,6 +611,10 @@ class Aggregator:
         limit = limits.hello_timeout_s if conn.host is None else limits.idle_timeout_s
         now = loop.time()
         deadline = conn.last_frame_at + limit
+        if now >= deadline and self.acks.waiting_on(conn.ws):
+            # the agent stopped at its in-flight limit waiting for acks the store has not committed yet: it
+            # is not idle, and a reconnect would only resend what this stream already holds
+            deadline = now + limit
         if now < deadline:
             conn.watchdog = loop.call_at(deadline, self._watch, conn)
             return

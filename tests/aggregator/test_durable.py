@@ -19,13 +19,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
+import msgspec
 import pytest
 
 from sentinel.aggregator.acks import DurableAcks
 from sentinel.aggregator.store import StateStore, StoreSchemaError, sqlite_connect
 from sentinel.components.xid.parse import xid_record
+from sentinel.config.aggregator import AggregatorConfig
 from sentinel.wire import Ack, Batch, XidOccurred, decode_aggregator_frame, encode
-from tests.aggregator.helpers import TOKEN, hello, sample, wait_until
+from tests.aggregator.helpers import TOKEN, agent, batch, hello, running_aggregator, sample, wait_until
 from tests.aggregator.procs import AggregatorProcess
 
 
@@ -353,3 +355,24 @@ async def test_a_full_disk_withholds_the_ack_and_the_verdict_survives_a_restart(
         assert (restored["id"], restored["opened_at"]) == (opened["id"], opened["opened_at"])
     finally:
         aggregator.close()
+
+
+async def test_a_stream_waiting_only_for_its_acks_is_not_closed_as_idle(small_fs: Path) -> None:
+    """The agent stops at its in-flight limit while the disk refuses: it sends nothing, yet it is not idle.
+    Closing it would only make it resend what this stream already holds."""
+    config = msgspec.convert({"limits": {"idle_timeout_s": 0.3}}, AggregatorConfig)
+    async with running_aggregator(small_fs, config) as running, agent(running, "h0") as conn:
+        store = running.aggregator.store
+        assert store is not None
+        t = time.time()
+        await conn.send(batch(1, t))
+        assert await conn.ack() == 1
+        filler = _fill(small_fs)
+        await conn.send(Batch(seq=2, t=t + 1, events=[XidOccurred(t=t + 1, gpu=1, record=xid_record(79))]))
+        # retries after 50, 100, 200, 400 and 800 ms: more than five idle timeouts without a frame
+        await wait_until(lambda: store.commit_failures >= 6, timeout=30)
+        assert not conn.ws.closed and "h0" in running.aggregator.by_host
+        filler.unlink()
+        assert await conn.ack(timeout=15) == 2
+        # acked and silent: now it is idle
+        await wait_until(lambda: "h0" not in running.aggregator.by_host)
