@@ -307,6 +307,8 @@ class FleetState:
         self.changed_hosts: set[str] = set()
         #: hosts whose dedup window (boot id, seq high-water mark, seqs above it) moved since the store looked
         self.window_changed: set[str] = set()
+        #: hosts forgotten so far (the state store's holders look for records to delete only when it moved)
+        self.forgotten_hosts = 0
 
     # -- connection -----------------------------------------------------------------------------------
 
@@ -632,7 +634,8 @@ class FleetState:
     def forget_host(self, name: str) -> None:
         """Drop everything about host ``name`` (it comes back as new if it ever connects again)."""
         host = self.hosts.pop(name, None)
-        self.changed_hosts.discard(name)  # the state store deletes its record from _kept, not from this set
+        self.forgotten_hosts += 1
+        self.changed_hosts.discard(name)  # the state store deletes its record (forgotten_hosts moved)
         self.window_changed.discard(name)
         if host is not None:
             self.dirty_gpus = [g for g in self.dirty_gpus if g.host != name]
