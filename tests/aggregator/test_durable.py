@@ -12,7 +12,6 @@ import errno
 import os
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -236,27 +235,6 @@ def test_a_file_that_is_not_a_database_is_refused(tmp_path: Path) -> None:
     (tmp_path / "state.sqlite3").write_bytes(b"not sqlite at all, " * 100)
     with pytest.raises(StoreSchemaError, match="not an SQLite database"):
         StateStore(tmp_path)
-
-
-def test_the_aggregator_does_not_start_on_a_foreign_database(tmp_path: Path) -> None:
-    state = tmp_path / "state"
-    state.mkdir()
-    with sqlite3.connect(state / "state.sqlite3") as db:
-        db.execute("CREATE TABLE records (id INTEGER PRIMARY KEY, payload TEXT)")
-    tokens = tmp_path / "tokens"
-    tokens.write_text(f"{TOKEN}\n")
-    config = tmp_path / "aggregator.toml"
-    config.write_text(f'[server]\nlisten_port = 0\ntokens_file = "{tokens}"\nstate_dir = "{state}"\n')
-    result = subprocess.run(
-        [sys.executable, "-m", "sentinel", "aggregator", "run", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    (line,) = [line for line in result.stderr.splitlines() if line.startswith("sentinel aggregator:")]
-    assert str(state / "state.sqlite3") in line and "'records' has columns (id, payload)" in line
 
 
 # -- a real full file system under a real aggregator process ---------------------------------------------
