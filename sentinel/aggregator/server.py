@@ -361,7 +361,8 @@ class Aggregator:
         # nothing more is applied; what was is committed and acked before the streams close, so a clean
         # restart makes the agents resend nothing twice
         self._stopping = True
-        await self.acks.drain(5.0)
+        if self.store is not None:
+            await self.acks.drain(5.0)
         if self._ticker is not None:
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -382,10 +382,12 @@ class StateStore:
 
     @property
     def uncommitted_records(self) -> int:
-        """Records flushed and not yet on disk (pending or being written)."""
+        """Records flushed and not yet on disk (pending or being written; a key in both counts once)."""
         with self._lock:
             parts = [self._pending] + ([self._inflight] if self._inflight is not None else [])
-            return sum(len(changes) for part in parts for _, changes in part.values())
+            return len(
+                {(name, key) for part in parts for name, (_, changes) in part.items() for key in changes}
+            )
 
     def commit_lag(self, monotonic: float | None = None) -> float:
         """Seconds since the oldest change flushed and not yet on disk was flushed (0: all on disk)."""
