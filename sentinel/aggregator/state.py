@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from sentinel.aggregator.clock import HostClock
+from sentinel.aggregator.streams import adopt_instance
 from sentinel.components.clocks.record import POWER_REASONS, THERMAL_REASONS, ClockViolations
 from sentinel.components.clocks.rule import violation_shares
 from sentinel.components.device.record import GpuSourceHealth
@@ -151,6 +152,8 @@ class HostView:
     last_t: float = -math.inf  # agent time of the latest batch
     seq_hw: int = -1  # every seq <= seq_hw has been seen
     seq_above: set[int] = field(default_factory=set)
+    #: the agent instance (``Hello.instance_id``) whose numbering the window holds ("": not told)
+    instance_id: str = ""
     #: a Hello opened a connection and no batch has come on it yet (its first batch closes the gap below it)
     stream_fresh: bool = False
     events: deque[LogEvent] = field(default_factory=lambda: deque(maxlen=HOST_EVENTS_KEPT))
@@ -303,6 +306,8 @@ class FleetState:
         self.changed_hosts: set[str] = set()
         #: hosts whose dedup window (boot id, seq high-water mark, seqs above it) moved since the store looked
         self.window_changed: set[str] = set()
+        #: hosts forgotten so far (the state store's holders look for records to delete only when it moved)
+        self.forgotten_hosts = 0
 
     # -- connection -----------------------------------------------------------------------------------
 
@@ -322,6 +327,8 @@ class FleetState:
                 gpu.dirty = True
                 self.dirty_gpus.append(gpu)
         if hello.boot_id and hello.boot_id != host.boot_id:
+            self.window_changed.add(host.name)
+        if adopt_instance(host, hello):
             self.window_changed.add(host.name)
         host.boot_id = hello.boot_id or host.boot_id
         self._inventory(host, hello.gpus[: self.max_gpus_per_host])
@@ -627,7 +634,8 @@ class FleetState:
     def forget_host(self, name: str) -> None:
         """Drop everything about host ``name`` (it comes back as new if it ever connects again)."""
         host = self.hosts.pop(name, None)
-        self.changed_hosts.discard(name)  # the state store deletes its record from _kept, not from this set
+        self.forgotten_hosts += 1
+        self.changed_hosts.discard(name)  # the state store deletes its record (forgotten_hosts moved)
         self.window_changed.discard(name)
         if host is not None:
             self.dirty_gpus = [g for g in self.dirty_gpus if g.host != name]
