@@ -1,7 +1,7 @@
 """The agents' WebSocket after the upgrade: RFC 6455 frames read and written straight on the transport.
 
 aiohttp still does everything up to the upgrade — the HTTP request, its header bounds and timeouts, the
-bearer token, the connection limits (:meth:`~sentinel.aggregator.server.Aggregator.stream`). From the
+bearer token, the connection limits (:meth:`~sentinel.aggregator.stream.AgentStreams.stream`). From the
 ``101 Switching Protocols`` on, the connection's protocol is an :class:`AgentSocket`: each complete message
 is handed to the stream's handler synchronously, inside ``data_received``, and the ack goes out with one
 ``transport.write``. aiohttp's WebSocket machinery (a reader queue, a future and a task wake-up per
