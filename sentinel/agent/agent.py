@@ -11,6 +11,10 @@ can run many agents in one process on simulated hosts::
 ``sentinel sim`` (virtual clock) builds them with ``inline=True`` (no thread, no event loop) and drives the
 ticks itself: ``batch = agent.step_inline(now)``, then feeds the batch to the aggregator's engine in-process
 (with ``stream.enabled = false``) after :meth:`Agent.hello` whenever the inventory changed.
+
+This module wires the parts and runs the daemon's lifecycle; the parts do the work: the collectors
+(:mod:`.registry`) write into a :class:`~sentinel.agent.sink.TickSink`, each tick's batch goes through the
+:class:`~sentinel.agent.outbox.Outbox` (ring, spool), commands reach only their targets (:mod:`.commands`).
 """
 
 from __future__ import annotations
@@ -26,11 +30,7 @@ from typing import Any
 
 from sentinel import __version__
 from sentinel.agent.batch import (
-    MAX_BATCH_BYTES,
-    Encoded,
-    build_batch,
     fill_heads,
-    fit_frame,
 )
 from sentinel.agent.collectors.base import Collectors
 from sentinel.agent.collectors.gpu import GpuCollector
@@ -43,6 +43,7 @@ from sentinel.agent.health import report as health_report
 from sentinel.agent.http import start_http
 from sentinel.agent.kmsg import current_boot_id
 from sentinel.agent.metrics import AgentCounters, AgentMetricsCollector, GpuView, make_registry
+from sentinel.agent.outbox import Outbox
 from sentinel.agent.probe import ProbeServer
 from sentinel.agent.registry import BuildContext, assemble, build_collectors
 from sentinel.agent.ring import RingBuffer
@@ -59,11 +60,9 @@ from sentinel.wire import (
     Batch,
     Command,
     CommandResult,
-    Drops,
     FrDumpAnswer,
     GpuInfo,
     Hello,
-    ProcsMap,
     Snapshot,
 )
 
@@ -110,7 +109,6 @@ class Agent:
         )
         self.ranks = LocalRanks(self.sink.procs)
         self.fr_dumps = FrDumps(config.probe, self.ranks, simulated=self.inputs.simulated)
-        self._drops_reported = Drops()
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self.http_port: int | None = None
@@ -135,6 +133,8 @@ class Agent:
             self.seq = SeqAllocator(state_dir / "seq", floor=self.spool.max_seq + 1)
         else:
             self.seq = SeqAllocator(state_dir / "seq" if durable else None)
+        #: each tick's batch: numbered, kept in the ring, fitted to a frame, spooled
+        self.outbox = Outbox(self.ring, self.seq, self.spool, self.counters)
         self.shipper: Shipper | None = None
         if self.spool is not None:
             self.shipper = Shipper(
@@ -237,7 +237,7 @@ class Agent:
             gpus=self.gpus.keys(),
             note_rank=self.ranks.note,
         )
-        batch = build_batch(tick, heads, seq=self.seq.allocate(), now=now, drops=self._drops())
+        batch = self.outbox.build(tick, heads, now)
         try:
             if self.health_enabled:
                 self.health.apply(batch, now)
@@ -245,60 +245,13 @@ class Agent:
         except Exception as exc:  # a rule bug must not stop the tick; health says "cannot tell" meanwhile
             self.counters.collector_success["health"] = False
             log.error("health_apply_failed", error=f"{type(exc).__name__}: {exc}")
-        ring = self.ring
-        encoded = Encoded(
-            samples=ring.extend("sample", [(sample.t, sample) for sample in batch.samples]),
-            events=ring.extend("event", [(event.t, event) for event in batch.events]),
-            heads=ring.extend("heads", [(now, h) for h in heads]),
-        )
-        if batch.procs is not None:
-            ring.append(now, "procs", ProcsMap(procs=batch.procs))
-        fitted = fit_frame(batch, MAX_BATCH_BYTES, encoded)
-        if fitted.heads_cut or fitted.events_cut:
-            self.counters.drop_parts["heads_oversize"] += fitted.heads_cut
-            self.counters.drop_parts["events_oversize"] += fitted.events_cut
-            log.warning(
-                "batch_shrunk",
-                seq=batch.seq,
-                bytes=len(fitted.data),
-                heads=len(fitted.batch.heads),
-                events=len(fitted.batch.events),
-            )
-        batch = fitted.batch
-        if self.spool is not None:
-            self.spool.add(batch, fitted.data)
-            self.counters.spool_bytes = self.spool.size_bytes
-            self.counters.spool_write_errors = self.spool.write_errors
-            self.counters.drop_parts["spool_samples"] = self.spool.dropped_samples
-            self.counters.drop_parts["spool_events"] = self.spool.dropped_events
-            self.counters.queue_depth["spool_batches"] = len(self.spool)
-        self.counters.queue_depth["ring_entries"] = len(ring)
+        batch = self.outbox.keep(batch, heads, now)
         self.counters.last_tick = now
         self.counters.ticks += 1
         if self.shipper is not None:
             self.shipper.ready.set()
             self.shipper.wake()
         return batch
-
-    def _drops(self) -> Drops | None:
-        """Drops since the last batch: the cumulative totals (also the metric) minus what was reported."""
-        p = self.counters.drop_parts
-        totals = Drops(
-            samples=p["spool_samples"],
-            events=p["spool_events"] + p["events_over_cap"] + p["events_oversize"],
-            log_lines=p["log_lines_cut"],
-            probe=p["probe_socket"] + p["heads_oversize"],
-        )
-        for what in ("samples", "events", "log_lines", "probe"):
-            self.counters.dropped[what] = getattr(totals, what)
-        last, self._drops_reported = self._drops_reported, totals
-        delta = Drops(
-            samples=totals.samples - last.samples,
-            events=totals.events - last.events,
-            log_lines=totals.log_lines - last.log_lines,
-            probe=totals.probe - last.probe,
-        )
-        return None if delta == Drops() else delta
 
     def render_metrics(self) -> bytes:
         """The /metrics body (text format): per-GPU series and the agent's own health."""
