@@ -40,7 +40,15 @@ from sentinel.components.ib.rule import PortRuleConfig
 from sentinel.config.aggregator import AggregatorConfig, HardwareConfig, StuckConfig
 from sentinel.log import get_logger
 
-__all__ = ["DETECTOR", "DumpJudgement", "Stall", "StuckDetector", "evaluate_job_steps", "judge_dumps"]
+__all__ = [
+    "DETECTOR",
+    "DumpJudgement",
+    "Stall",
+    "StuckDetector",
+    "evaluate_job_steps",
+    "examine_steps",
+    "judge_dumps",
+]
 
 
 def log() -> Any:
