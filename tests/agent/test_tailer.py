@@ -119,7 +119,7 @@ async def test_agent_classifies_tailed_lines(tmp_path: Path) -> None:
     source.pids = {2: [4242]}  # NVML sees the logging process on GPU 2
     agent = Agent(make_config(tmp_path, logs={"globs": [str(tmp_path / "*.log")]}), source)
     await agent.step(1.0)
-    assert agent.gpu_of_pid(4242) == 2
+    assert agent.sink.gpu_of_pid(4242) == 2
     _write(log, "node7:4242:1300 [3] NCCL INFO Channel 00/0 : 0[3] -> 1[4] via P2P/IPC\n")
     _write(log, NET_WARN.format(pid=4242) + "\n" + WATCHDOG + "\n")
     batch = await agent.step(2.0)

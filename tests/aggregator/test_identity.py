@@ -17,15 +17,10 @@ import pytest
 import structlog
 from aiohttp import web
 
+from sentinel.aggregator.identity import TokenError, load_tokens, server_ssl_context
 from sentinel.aggregator.listener import AggregatorSite
-from sentinel.aggregator.server import (
-    AGGREGATOR_KEY,
-    CLOSE_HOST_NOT_ALLOWED,
-    TokenError,
-    create_app,
-    load_tokens,
-    server_ssl_context,
-)
+from sentinel.aggregator.server import AGGREGATOR_KEY, create_app
+from sentinel.aggregator.stream import CLOSE_HOST_NOT_ALLOWED
 from sentinel.config.aggregator import AggregatorConfig, ServerConfig
 from sentinel.wire import (
     Ack,

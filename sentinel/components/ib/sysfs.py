@@ -12,6 +12,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from sentinel.components.ib.record import PortReading
 from sentinel.components.ib.topology import PciTopology
@@ -73,6 +74,15 @@ class PortScan:
     ports: list[PortReading] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     present: bool = False  # class/infiniband exists at all
+
+
+class PortSource(Protocol):
+    """Where readings come from: sysfs on a real host (:class:`SysfsPorts`), the cluster model on a
+    simulated one."""
+
+    gpus: dict[str, int]
+
+    def read(self) -> PortScan: ...
 
 
 def _sorted_names(directory: Path, limit: int) -> list[str]:
