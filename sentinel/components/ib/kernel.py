@@ -8,8 +8,8 @@ lines name the HCA's PCI function and, after it, the network interface or the IB
 * ``mlx5_core 0000:17:00.0: Port module event: module 0, Cable unplugged`` and
   ``... Port module event[error]: module 0, Cable error, Bad cable`` (the transceiver).
 
-The signals package classifies them (other / warning for a link down or an unplugged cable, critical for
-a module error: the corpus README's rules); :func:`port_log_line` reads which port such a line is about, so
+The signals package classifies them (other / warning for a link down, an unplugged cable or a transceiver
+error; critical for the HCA itself failing); :func:`port_log_line` reads which port such a line is about, so
 the agent hands it to :meth:`~sentinel.components.ib.tracker.PortTracker.note_kernel_line`, and the port's
 record carries it (``kernel_log``) as evidence for the port rules' findings. A line the agent cannot match
 to a port (it names no PCI function: some relays cut the prefix) or about the HCA rather than a port's link
@@ -26,8 +26,9 @@ import msgspec
 #: classification reasons (sentinel.signals' kernel parser and rules) of the lines about a port's link: the
 #: agent attaches such a line to the port it names
 PORT_REASONS: Final = frozenset({"link_down", "ib_link_down", "ib_port_hardware"})
-#: every reason of a kernel line about an HCA: its ports' links and its queues' completion errors
-HCA_REASONS: Final = PORT_REASONS | {"ib_completion_error"}
+#: every reason of a kernel line about an HCA: its ports' links, its queues' completion errors and the HCA
+#: itself failing (health poll missed, firmware command timeout, firmware fatal error)
+HCA_REASONS: Final = PORT_REASONS | {"ib_completion_error", "ib_hca_failure"}
 MAX_TEXT: Final = 300
 
 _MLX5_RE: Final = re.compile(
