@@ -303,7 +303,7 @@ def resolve(
             rule = RECOVERY_ACTIONS[recovery.after]
             note = f"recovery {recovery.before or '?'} -> {recovery.after}"
     elif bucket is Bucket.WORKFLOW_NVLINK5_ERR:
-        rule, note = _nvlink5(code, message, rule)
+        rule, note, investigatory = _nvlink5(code, message, rule, investigatory)
     elif bucket is Bucket.WORKFLOW_NVLINK_ERR:
         decoded = decode_xid74(message)
         if decoded is not None:
@@ -336,17 +336,24 @@ def resolve(
     )
 
 
-def _nvlink5(code: int, message: str, default: BucketAction) -> tuple[BucketAction, str]:
+def _nvlink5(
+    code: int, message: str, default: BucketAction, investigatory: str
+) -> tuple[BucketAction, str, str]:
+    """The rule, NVIDIA's words and the investigatory bucket of an NVLink5 line's decode row."""
     decoded = decode_nvlink5(code, message)
     if decoded is None:
         lowered = message[:200].lower()
         if "nonfatal" in lowered or "non-fatal" in lowered:
-            return BUCKET_ACTIONS[Bucket.IGNORE], "no decode row; the line says Nonfatal"
-        return default, "no decode row" + ("; the line says Fatal" if "fatal" in lowered else "")
+            return BUCKET_ACTIONS[Bucket.IGNORE], "no decode row; the line says Nonfatal", investigatory
+        return (
+            default,
+            "no decode row" + ("; the line says Fatal" if "fatal" in lowered else ""),
+            investigatory,
+        )
     row = f"{decoded.unit} {decoded.bucket}/{decoded.severity} (decode {decoded.driver})"
     if decoded.bucket == "IGNORE" and decoded.severity.startswith("Link Fatal"):
-        return _LINK_FATAL_IGNORE, row
-    return BUCKET_ACTIONS[Bucket(decoded.bucket)], row
+        return _LINK_FATAL_IGNORE, row, decoded.investigatory
+    return BUCKET_ACTIONS[Bucket(decoded.bucket)], row, decoded.investigatory
 
 
 def markdown_table() -> str:
