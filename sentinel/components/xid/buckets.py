@@ -17,7 +17,7 @@ import msgspec
 
 from sentinel.components.vocab import Action, Severity
 from sentinel.components.xid.decode import decode_nvlink5, decode_xid74, parse_recovery
-from sentinel.components.xid.nvidia import NVIDIA_XIDS
+from sentinel.components.xid.nvidia import NVIDIA_XIDS, XID154_LINKAGE
 
 
 class Bucket(StrEnum):
@@ -302,6 +302,9 @@ def resolve(
         if recovery is not None:
             rule = RECOVERY_ACTIONS[recovery.after]
             note = f"recovery {recovery.before or '?'} -> {recovery.after}"
+        summarised = sorted(other_codes & XID154_LINKAGE.keys())
+        if summarised:
+            note += f" (for Xid {', '.join(map(str, summarised))})"
     elif bucket is Bucket.WORKFLOW_NVLINK5_ERR:
         rule, note, investigatory = _nvlink5(code, message, rule, investigatory)
     elif bucket is Bucket.WORKFLOW_NVLINK_ERR:

@@ -401,3 +401,34 @@ XID154_RECOVERY: Final[dict[str, int]] = {
     "Drain P2P": 3,
     "Drain and Reset": 4,
 }
+
+#: NVIDIA's "Xid 154 linkage" column: the codes whose recovery an Xid 154 line summarises, with the release
+#: from which the driver prints that 154.
+XID154_LINKAGE: Final[dict[int, str]] = {
+    48: "CUDA 12.7; GPU driver R565",
+    62: "CUDA 12.7; GPU driver R565",
+    63: "CUDA 12.7; GPU driver R565",
+    64: "CUDA 12.7; GPU driver R565",
+    74: "CUDA 12.7; GPU driver R565",
+    79: "CUDA 12.7; GPU driver R565",
+    94: "CUDA 12.7; GPU driver R565",
+    95: "CUDA 12.7; GPU driver R565",
+    109: "CUDA 12.7; GPU driver R570",
+    110: "CUDA 12.7; GPU driver R565",
+    120: "CUDA 12.7; GPU driver R565",
+    136: "CUDA 12.7; GPU driver R565",
+    143: "CUDA 12.9; GPU driver R575",
+    144: "CUDA 12.7; GPU driver R565",
+    145: "CUDA 12.7; GPU driver R565",
+    146: "CUDA 12.7; GPU driver R565",
+    147: "CUDA 12.7; GPU driver R565",
+    148: "CUDA 12.7; GPU driver R565",
+    149: "CUDA 12.7; GPU driver R565",
+    150: "CUDA 12.7; GPU driver R565",
+    155: "CUDA 12.7; GPU driver R565",
+    156: "CUDA 12.7; GPU driver R565",
+    158: "yes; support with Xid introduction",
+    159: "yes; support with Xid introduction",
+    160: "CUDA 12.9; GPU driver R575",
+    161: "CUDA 12.9; GPU driver R575",
+}

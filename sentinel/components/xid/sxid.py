@@ -40,8 +40,8 @@ NON_FATAL_SXIDS: Final = frozenset(
     }
 )
 
-_NONFATAL_RE: Final = re.compile(r"\bNon-?fatal\b", re.IGNORECASE)
-_FATAL_RE: Final = re.compile(r"\bFatal\b")
+#: the line's own word; the first one wins (``Fatal``/``Non-fatal``, any case for the latter)
+_WORD_RE: Final = re.compile(r"\b(?:(?P<non>(?i:Non-?fatal))|Fatal)\b")
 #: the driver's second line of an SXid: ``Severity 1 Engine instance 60 Sub-engine instance 00`` (the
 #: driver's severity enum: 0 non-fatal, 1 fatal)
 _SEVERITY_RE: Final = re.compile(r"^\s*Severity (?P<n>\d) Engine instance\b")
@@ -50,10 +50,9 @@ _SEVERITY_RE: Final = re.compile(r"^\s*Severity (?P<n>\d) Engine instance\b")
 def sxid_fatal(code: int, rest: str) -> bool | None:
     """Whether an SXid line reports a fatal error; ``None`` when neither the line nor NVIDIA's list says."""
     head = rest[:40]
-    if _NONFATAL_RE.search(head) is not None:
-        return False
-    if _FATAL_RE.search(head) is not None:
-        return True
+    word = _WORD_RE.search(head)
+    if word is not None:
+        return word.group("non") is None
     severity = _SEVERITY_RE.match(head)
     if severity is not None:
         return severity.group("n") != "0"

@@ -83,6 +83,10 @@ def test_context_rules() -> None:
     assert with_48.action == "none"
     assert "drain and reset" in resolve(48, other_codes=frozenset({63})).nvidia
     assert (resolve(159, uvm=True).severity, resolve(159, uvm=True).action) == ("critical", "reset_gpu")
+    drain = "GPU recovery action changed from 0x0 (None) to 0x3 (Drain P2P)"
+    linked = resolve(154, drain, other_codes=frozenset({13, 149}))
+    assert "recovery None -> Drain P2P (for Xid 149)" in linked.evidence()  # 13 is not one 154 summarises
+    assert linked.action == "drain"
     assert nvidia_buckets(45) == (
         Bucket.WORKFLOW_XID_45,
         "Solo: RESTART_FM Not Solo: IGNORE (follow other Xid)",
