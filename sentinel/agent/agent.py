@@ -230,6 +230,10 @@ class Agent:
         """Jobs whose global rank 0 runs here: this host asks NCCL RAS on the job's behalf."""
         return sorted({p.job_id for p in self._procs if p.job_id and p.rank == 0})
 
+    def ras_job_pids(self, job: str) -> list[int]:
+        """The job's processes on this host: the RAS port's listener must belong to one of their users."""
+        return [p.pid for p in self._procs if p.job_id == job]
+
     def gpu_of_pid(self, pid: int) -> int | None:
         return next((p.gpu for p in self._procs if p.pid == pid), None)
 
