@@ -13,8 +13,9 @@ The layout (``/sys`` by default; ``--sysfs-root`` in the spirit of node_exporter
     bus/pci/devices/<addr> -> devices/pci<dom>:<bus>/.../<addr>  (the PCI tree: which switch is above whom)
 
 Which GPUs a port serves comes from the PCI tree (:mod:`sentinel.components.ib.topology`). Everything is
-bounded (devices, ports, counter files, bytes per file); a file that cannot be read or parsed is named in
-the returned errors and the rest of the port is still reported.
+bounded (devices, ports, counter files, bytes per file); files are read without blocking and only when
+regular (:mod:`.files`: a FIFO in a fixture tree is an error, not a hang); a file that cannot be read or
+parsed is named in the returned errors and the rest of the port is still reported.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sentinel.components.ib.files import read_small
 from sentinel.components.ib.record import PortReading
 from sentinel.components.ib.topology import PciTopology
 
@@ -70,8 +72,7 @@ def parse_counter(text: str) -> int:
 
 
 def _read(path: Path) -> str:
-    with path.open("rb") as handle:
-        data = handle.read(MAX_FILE_BYTES + 1)
+    data = read_small(path, MAX_FILE_BYTES + 1)  # never blocks: a FIFO here is an error, not a hang
     if len(data) > MAX_FILE_BYTES:
         raise SysfsFormatError(f"larger than {MAX_FILE_BYTES} bytes")
     return data.decode("ascii", "replace").strip()
