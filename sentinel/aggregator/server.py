@@ -247,6 +247,7 @@ class Aggregator:
             lambda: self.config.limits.max_connections_per_peer,
             self._peer_refused,
             handshake_timeout_s=config.limits.header_timeout_s,
+            on_tls_failed=self._tls_refused,
         )
         self.connections: set[Connection] = set()
         self.by_host: dict[str, Connection] = {}
@@ -721,6 +722,9 @@ class Aggregator:
 
     def _peer_refused(self, ip: str, limit: int) -> None:
         self.refusals.refused("peer_connection_limit", "connection_refused", peer=ip, limit=limit)
+
+    def _tls_refused(self, ip: str, detail: str) -> None:
+        self.refusals.refused("tls_handshake", "tls_handshake_refused", peer=ip, detail=detail)
 
     def _warn_limited(self, event: str, **fields: Any) -> None:
         """A warning at most every 10 s per event, with how many were suppressed: floods cannot fill the log."""
