@@ -84,17 +84,24 @@ async def test_no_job_no_query_and_nothing_listening_backs_off() -> None:
         assert c._task is None  # refused: retried after refused_backoff_s, not after interval_s
 
 
-async def test_a_wedged_service_fails_the_query_not_the_tick() -> None:
-    server = FakeRas(stall_status=True)
+async def query_once(
+    server: FakeRas, sink: Sink, timeout_s: float = 5.0, sockets: SocketTable | None = None
+) -> RasCollector:
+    """One query of ``server`` by a collector for ``sink``, its result taken by the next tick."""
     port = await server.start()
-    sink = Sink(["job-1"])
-    c = collector(sink, port, timeout_s=0.2)
+    c = collector(sink, port, timeout_s=timeout_s, sockets=sockets)
     try:
         await c.collect(0.0)
         await _finish(c)
         await c.collect(1.0)
     finally:
         await server.close()
+    return c
+
+
+async def test_a_wedged_service_fails_the_query_not_the_tick() -> None:
+    sink = Sink(["job-1"])
+    c = await query_once(FakeRas(stall_status=True), sink, timeout_s=0.2)
     assert c.metrics.queries["error"] == 1 and sink.got == []
 
 

@@ -18,7 +18,7 @@ from sentinel.components.nccl_ras.owner import (
     parse_listeners,
 )
 from tests.components.nccl_ras.rasserver import FakeRas
-from tests.components.nccl_ras.test_collector import Sink, _finish, collector
+from tests.components.nccl_ras.test_collector import Sink, _finish, collector, query_once
 from tests.components.nccl_ras.test_ras import load
 
 # a /proc/net/tcp as the kernel writes it: listeners first (state 0A), then connections
@@ -44,31 +44,34 @@ def test_the_listeners_of_a_port_with_their_owners() -> None:
 class ForeignTable:
     """The OS as a test presents it: whoever listens on the port, and each process's uid."""
 
-    owners: dict[int, int] = field(default_factory=dict)  # port → the listener's uid
+    listener_uid: int | None = None  # the uid of the port's listener (None: nothing listens)
     uids: dict[int, int] = field(default_factory=dict)  # pid → uid
+    ports: set[int] | None = None  # the ports it listens on (None: any)
 
     def listeners(self, port: int) -> list[Listener]:
-        return [Listener(uid=self.owners[port], inode=1)] if port in self.owners else []
+        if self.listener_uid is None or (self.ports is not None and port not in self.ports):
+            return []
+        return [Listener(uid=self.listener_uid, inode=1)]
 
     def uid_of(self, pid: int) -> int | None:
         return self.uids.get(pid)
 
 
 def test_trust_root_or_a_user_of_the_job() -> None:
-    table = ForeignTable(owners={1: 0, 2: 1001, 3: 4242}, uids={10: 1001, 11: 1001})
-    assert listener_trusted(table, 1, [10]).trusted  # root
-    assert listener_trusted(table, 2, [10, 11]).trusted  # the job's user
-    untrusted = listener_trusted(table, 3, [10, 11])
+    uids = {10: 1001, 11: 1001}
+    assert listener_trusted(ForeignTable(0, uids), 1, [10]).trusted  # root
+    assert listener_trusted(ForeignTable(1001, uids), 2, [10, 11]).trusted  # the job's user
+    untrusted = listener_trusted(ForeignTable(4242, uids), 3, [10, 11])
     assert not untrusted.trusted and untrusted.uids == (4242,) and "uid 4242" in untrusted.why
-    assert not listener_trusted(table, 2, []).trusted  # no process of the job here: nobody to trust
-    nothing = listener_trusted(table, 9, [10])
+    assert not listener_trusted(ForeignTable(1001, uids), 2, []).trusted  # no job process here: nobody
+    nothing = listener_trusted(ForeignTable(1001, uids, ports={2}), 9, [10])
     assert not nothing.trusted and nothing.uids == ()
 
 
 async def test_a_foreign_listener_is_never_asked_and_is_logged_counted_once() -> None:
     server = FakeRas(answer=load("docs_dead.txt"))
     port = await server.start()
-    table = ForeignTable(owners={port: 4242}, uids={os.getpid(): 1001})
+    table = ForeignTable(listener_uid=4242, uids={os.getpid(): 1001})
     sink = Sink(["job-1"], pids=[os.getpid()])
     c = collector(sink, port, sockets=table)
     try:
@@ -90,17 +93,9 @@ async def test_a_foreign_listener_is_never_asked_and_is_logged_counted_once() ->
 
 
 async def test_the_jobs_own_listener_is_asked() -> None:
-    server = FakeRas(answer=load("docs_dead.txt"))
-    port = await server.start()
-    table = ForeignTable(owners={port: 1001}, uids={4321: 1001})
     sink = Sink(["job-1"], pids=[4321])
-    c = collector(sink, port, sockets=table)
-    try:
-        await c.collect(0.0)
-        await _finish(c)
-        await c.collect(1.0)
-    finally:
-        await server.close()
+    server = FakeRas(answer=load("docs_dead.txt"))
+    c = await query_once(server, sink, sockets=ForeignTable(listener_uid=1001, uids={4321: 1001}))
     assert c.metrics.queries["ok"] == 1 and sink.got[0].dead_process_count == 1
 
 
