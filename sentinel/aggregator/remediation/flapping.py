@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-#: drains remembered per key, and keys remembered, at most (older ones dropped first)
+#: drains remembered per key, and keys remembered, at most (older ones dropped first; the breaker keeps the
+#: drains far fewer than this)
 MAX_DRAINS_PER_KEY = 64
-MAX_KEYS = 100_000
+MAX_KEYS = 10_000
 
 
 @dataclass(frozen=True, slots=True)

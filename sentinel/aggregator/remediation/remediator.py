@@ -315,7 +315,8 @@ class Remediator:
                 self._enqueue("resume", v)
 
     def tick(self, now: float) -> None:
-        """Retry refused or failed drains of verdicts still open, each at most every ``retry_s``."""
+        """Retry refused or failed drains of verdicts still open, each at most every ``retry_s``; refresh the
+        held-down gauge (a hold lapses with time)."""
         if self.config.enabled and self.config.resume.enabled:
             self.metrics.held_down.set(len(self.hold_down.held_nodes(now)))
         if not self.config.enabled or not self.retry or not self.leading:
