@@ -72,7 +72,7 @@ class Outbox:
         totals = Drops(
             samples=p["spool_samples"],
             events=p["spool_events"] + p["events_over_cap"] + p["events_oversize"],
-            log_lines=p["log_lines_cut"],
+            log_lines=p["log_lines_cut"] + p["log_files_refused"],
             probe=p["probe_socket"] + p["heads_oversize"],
         )
         for what in ("samples", "events", "log_lines", "probe"):

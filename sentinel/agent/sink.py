@@ -39,6 +39,8 @@ class CollectorSink(AgentSink, Protocol):
 
     def ras_jobs(self) -> list[str]: ...
 
+    def ras_job_pids(self, job: str) -> list[int]: ...
+
 
 class TickSink:
     """This host's facts and the findings of the tick in progress (see the module docstring)."""
@@ -114,6 +116,10 @@ class TickSink:
     def ras_jobs(self) -> list[str]:
         """Jobs whose global rank 0 runs here: this host asks NCCL RAS on the job's behalf."""
         return sorted({p.job_id for p in self._procs if p.job_id and p.rank == 0})
+
+    def ras_job_pids(self, job: str) -> list[int]:
+        """The job's processes on this host: the RAS port's listener must belong to one of their users."""
+        return [p.pid for p in self._procs if p.job_id == job]
 
     def gpu_of_pid(self, pid: int) -> int | None:
         return next((p.gpu for p in self._procs if p.pid == pid), None)

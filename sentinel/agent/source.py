@@ -128,6 +128,7 @@ class LogLines(Protocol):
     """
 
     cut_lines: int
+    refused_files: int  # paths not followed: symbolic links, not regular files
 
     @property
     def files(self) -> list[str]: ...

@@ -87,6 +87,7 @@ class Aggregator:
             lambda: self.config.limits.max_connections_per_peer,
             self.streams._peer_refused,
             handshake_timeout_s=config.limits.header_timeout_s,
+            on_tls_failed=self.streams._tls_refused,
         )
         directory = state_dir if state_dir is not None else Path(config.server.state_dir)
         store: IncidentStore | None = None

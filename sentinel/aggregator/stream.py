@@ -378,6 +378,9 @@ class AgentStreams:
     def _peer_refused(self, ip: str, limit: int) -> None:
         self.refusals.refused("peer_connection_limit", "connection_refused", peer=ip, limit=limit)
 
+    def _tls_refused(self, ip: str, detail: str) -> None:
+        self.refusals.refused("tls_handshake", "tls_handshake_refused", peer=ip, detail=detail)
+
     def _warn_limited(self, event: str, **fields: Any) -> None:
         """A warning at most every 10 s per event, with how many were suppressed: floods cannot fill the log."""
         now = time.monotonic()

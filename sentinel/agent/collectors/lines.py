@@ -147,6 +147,7 @@ class LogCollector(Collector):
         for path, line in found:
             self.lines.job(line, now, f"log:{path}")
         self.counters.drop_parts["log_lines_cut"] = self.tailer.cut_lines
+        self.counters.drop_parts["log_files_refused"] = self.tailer.refused_files
         self.counters.queue_depth["log_files"] = len(self.tailer.files)
 
     def close(self) -> None:
