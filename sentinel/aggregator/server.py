@@ -40,6 +40,7 @@ from prometheus_client.metrics_core import Metric
 from sentinel.aggregator.detectors.straggler import straggler_hold_s
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.frdumps import settings_for_frame
+from sentinel.aggregator.goodput import GoodputLedger
 from sentinel.aggregator.incidents import IncidentManager, IncidentStore
 from sentinel.aggregator.latches import FleetLatches, FleetSeqWindows
 from sentinel.aggregator.listener import PEER_GATE_KEY, PeerGate
@@ -275,8 +276,17 @@ class Aggregator:
             on_saved=lambda _: self.metrics.incidents.inc(),
             fr_dumps=settings_for_frame(config.limits.max_frame_bytes),
         )
+        #: each incident's phases and the GPU time it cost (after the incident manager: it names incidents)
+        self.goodput = GoodputLedger(
+            self.engine.book,
+            self.engine.fleet,
+            clock=clock,
+            cluster=config.fleet.cluster,
+            registry=self.metrics.registry,
+        )
         self.store = self._open_store(directory)
         self.engine.listeners.append(self.incidents.on_change)
+        self.engine.listeners.append(self.goodput.on_change)
         self.engine.listeners.append(self._log_change)
         self.pushback = VerdictPush(self.engine.book)
         self.engine.listeners.append(self.pushback.on_change)
@@ -317,6 +327,7 @@ class Aggregator:
         store.register(FleetLatches(self.engine.fleet), now)
         store.register(FleetSeqWindows(self.engine.fleet), now)  # after the latches: they create the hosts
         store.register(BuiltinsHolder("detectors", dict(self.engine.detectors)), now)
+        store.register(self.goodput, now)
         self.metrics.store = store
         return store
 
@@ -429,6 +440,7 @@ class Aggregator:
             if self.store is not None and self.store.due(loop.time()):
                 self.store.flush(loop.time())
             self.remediator.tick(self.clock())
+            self.goodput.tick(self.clock())
             if self.pushback.marked:
                 try:
                     await self.pushback.flush(self._send)
@@ -876,7 +888,7 @@ class Aggregator:
         found = await asyncio.to_thread(self.incidents.get, incident_id)
         if found is None:
             raise web.HTTPNotFound(text="no such incident\n")
-        return _json_response(found)
+        return _json_response(self.goodput.annotate(found, self.clock()))
 
 
 def restore_holds(config: AggregatorConfig) -> dict[str, float]:

@@ -190,6 +190,22 @@ async def test_hung_job_is_requeued_without_its_node_and_runs_again(
                     records
                 )
                 assert f"job {job} requeued with ExcNodeList=gn2" == records["requeue"]["detail"]
+
+                # the incident's phases, in order, and the GPU time the job lost until it moved again
+                async def resumed() -> dict[str, Any] | None:
+                    found = await get(f"/api/v1/incidents/{verdict['incident']}")
+                    return found if (found.get("phases") or {}).get("resumed_at") else None
+
+                incident = await _until("the incident's resumption", resumed, 20)
+                p = incident["phases"]
+                assert p["named_at"] == verdict["opened_at"], p
+                assert p["fault_at"] <= p["detected_at"] <= p["named_at"] <= p["drained_at"], p
+                assert p["drained_at"] <= p["requeued_at"] <= requeued_at < p["resumed_at"], p
+                assert (
+                    p["drained_at"] == records["drain"]["t"] and p["requeued_at"] == records["requeue"]["t"]
+                )
+                expected = 2 * RANKS_PER_NODE * (p["resumed_at"] - p["fault_at"])
+                assert incident["gpu_seconds_lost"] == pytest.approx(expected, abs=0.01), incident
     finally:
         with contextlib.suppress(Exception):
             slurm.run("scancel", "--full", "-u", "root", timeout=5, check=False)
