@@ -52,7 +52,7 @@ class RemediationMetrics:
         self.cluster = cluster
         self.actions = Counter(
             "sentinel_remediation_actions",
-            "Remediation decisions carried out, by action (drain, resume) and outcome (done, dry_run, already, "
+            "Remediation decisions carried out, by action (drain, resume, requeue) and outcome (done, dry_run, already, "
             "refused, failed) and reason of a refusal or failure",
             ["cluster", "action", "outcome", "reason"],
             registry=r,
