@@ -18,14 +18,12 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from sentinel.agent import Agent
 from sentinel.config.aggregator import (
     AggregatorConfig,
     BreakerConfig,
@@ -35,16 +33,14 @@ from sentinel.config.aggregator import (
     RemediationRule,
     RequeueConfig,
 )
-from tests.agent.fakes import FakeSource
-from tests.aggregator.helpers import TOKEN, Running, running_aggregator
+from tests.aggregator.helpers import TOKEN, running_aggregator
 from tests.slurm.cluster import SlurmCluster, available, free_port
-from tests.slurm.test_slurm_e2e import _agent_config, _until
+from tests.slurm.test_slurm_e2e import RANKS_PER_NODE, _gloo_agents, _until
 from tests.support import REPO, need, need_module
 
 pytestmark = pytest.mark.timeout(200)
 
 NODES = ("gn1", "gn2", "gn3")
-RANKS_PER_NODE = 2
 CULPRIT = 3  # the second node of the first allocation (gn2), local rank 1
 
 
@@ -64,21 +60,6 @@ def _aggregator_config() -> AggregatorConfig:
             command_timeout_s=10.0,
         ),
     )
-
-
-@contextlib.asynccontextmanager
-async def _agents(tmp: Path, running: Running, token: Path, sockets: Path) -> AsyncIterator[list[Agent]]:
-    agents = [
-        Agent(_agent_config(tmp, node, running.stream_url, token, sockets), FakeSource(gpus=RANKS_PER_NODE))
-        for node in NODES
-    ]
-    tasks = [asyncio.create_task(a.run()) for a in agents]
-    try:
-        yield agents
-    finally:
-        for a in agents:
-            a.request_stop()
-        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 20)
 
 
 def _job_fields(slurm: SlurmCluster, job: str) -> dict[str, str]:
@@ -124,7 +105,10 @@ async def test_hung_job_is_requeued_without_its_node_and_runs_again(
             script.write_text(
                 f"#!/bin/sh\nexec srun --kill-on-bad-exit=1 {sys.executable} -m tests.slurm.srun_gloo {spec}\n"
             )
-            async with _agents(tmp_path, running, token, sockets), aiohttp.ClientSession() as session:
+            async with (
+                _gloo_agents(tmp_path, running, token, sockets, NODES),
+                aiohttp.ClientSession() as session,
+            ):
 
                 async def get(path: str) -> Any:
                     async with session.get(f"{url}{path}") as response:
