@@ -10,6 +10,7 @@ from sentinel.aggregator.goodput import GoodputLedger
 from sentinel.aggregator.incidents import Incident
 from sentinel.aggregator.state import FleetState, JobView, RankView
 from sentinel.aggregator.verdicts import Finding, Verdict, VerdictBook
+from sentinel.cli.cmd_incident import phases_line
 
 
 class World:
@@ -234,3 +235,22 @@ def test_incident_served_with_phases() -> None:
     # an incident the ledger does not hold: phases from its verdicts, one GPU
     other = msgspec.structs.replace(incident, id="old", verdicts=[v.to_dict() | {"id": "gone"}])
     assert msgspec.to_builtins(w.ledger.annotate(other, w.t))["phases"]["named_at"] == 1000
+
+
+def test_incident_cli_prints_the_phases() -> None:
+    doc = {
+        "phases": {
+            "fault_at": 1000.0,
+            "detected_at": 1006.0,
+            "named_at": 1006.0,
+            "drained_at": 1007.5,
+            "requeued_at": None,
+            "resumed_at": None,
+        },
+        "gpu_seconds_lost": 7200.0,
+    }
+    assert phases_line(doc) == (
+        "phases: fault 1970-01-01 00:16:40.000Z -> detected +6.0 s -> named +0.0 s -> drained +1.5 s "
+        "(not resumed); 2.00 GPU-hours lost"
+    )
+    assert phases_line({"phases": None}) is None
