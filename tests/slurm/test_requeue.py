@@ -101,6 +101,14 @@ async def test_drain_then_requeue_with_the_node_excluded_once(
         # once per verdict: the same verdict drained again (already) does not requeue again
         assert await r.drain(v) == "already"
         assert await r.requeuer.after_drain(v, "sn2") is None
+        # another verdict on the node the job now excludes: already; a third of that one's incident: nothing
+        other = stuck_on(book, "sn2", job, rank=5)
+        other.incident = "inc-2"
+        assert await r.requeuer.after_drain(other, "sn2") == "already"
+        same = stuck_on(book, "sn2", job, rank=0)
+        same.incident = "inc-2"
+        assert await r.requeuer.after_drain(same, "sn2") is None
+        assert job_field(idle_slurm, job, "Restarts") == "1"
         assert job_field(idle_slurm, job, "Restarts") == "1"
     finally:
         await r.stop()

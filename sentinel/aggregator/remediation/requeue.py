@@ -1,6 +1,6 @@
 """Requeue without the culprit: after a drain, the verdict's running Slurm job is requeued, its node excluded.
 
-Once per verdict, only for a running batch job that allows requeues, inside its own circuit breaker (sentinel's
+Once per incident, only for a running batch job that allows requeues, inside its own circuit breaker (sentinel's
 requeues within a window, kept in memory and recovered from the audit log at start), dry-run capable. The
 outcome is recorded like a drain's (audit log, counter, the verdict's ``remediation`` records) through the
 remediator's ``record``. See docs/remediation.md.
@@ -85,7 +85,7 @@ class Requeuer:
         self.clock = clock
         self.dry_run = dry_run
         self.leading = leading
-        #: verdict ids whose requeue is decided (done, dry run, refused for good): never asked again
+        #: incidents (or verdicts) whose requeue is decided (done, dry run, refused for good): never again
         self.decided: OrderedDict[str, None] = OrderedDict()
         #: clock times of sentinel's requeues, the breaker's window
         self.recent: deque[float] = deque()
@@ -97,23 +97,34 @@ class Requeuer:
         while len(self.decided) > MAX_TRACKED:
             self.decided.popitem(last=False)
 
+    @staticmethod
+    def key_of(verdict: Verdict) -> str:
+        """Once per incident: the verdicts of one incident share its id (no incident: once per verdict)."""
+        return verdict.incident or verdict.id
+
     def wants(self, verdict: Verdict) -> bool:
-        return self.config.enabled and bool(verdict.job) and verdict.id not in self.decided
+        return self.config.enabled and bool(verdict.job) and self.key_of(verdict) not in self.decided
 
     async def after_drain(self, verdict: Verdict, node: str) -> str | None:
         """Requeue the verdict's job without ``node``; the outcome, or None when there is nothing to do."""
         if not self.wants(verdict):
             return None
         job_id = verdict.job or ""
+        key = self.key_of(verdict)
         if not is_job_id(job_id):
-            self._decide(verdict.id)
+            self._decide(key)
             return self.record(
                 verdict, "requeue", "refused", "not_slurm_job", node=node, detail=f"job {job_id[:64]!r}"
             )
         job, error = await self.slurm.job(job_id)
         if job is None:
-            self._decide(verdict.id)
+            self._decide(key)
             return self.record(verdict, "requeue", "failed", "slurm_unreadable", node=node, detail=error)
+        if node in job.excluded:  # Slurm remembers it: requeued without this node before (a restart since)
+            self._decide(key)
+            return self.record(
+                verdict, "requeue", "already", "", node=node, detail=f"job {job_id} already excludes {node}"
+            )
         why = (
             "not a batch job"
             if not job.batch
@@ -124,20 +135,15 @@ class Requeuer:
             else ""
         )
         if why:
-            self._decide(verdict.id)
+            self._decide(key)
             return self.record(
                 verdict, "requeue", "refused", "not_requeueable", node=node, detail=f"job {job_id}: {why}"
-            )
-        if node in job.excluded:  # Slurm remembers it: requeued without this node before (a restart since)
-            self._decide(verdict.id)
-            return self.record(
-                verdict, "requeue", "already", "", node=node, detail=f"job {job_id} already excludes {node}"
             )
         now = self.clock()
         while self.recent and self.recent[0] < now - self.config.window_s:
             self.recent.popleft()
         if len(self.recent) + 1 > self.config.max_requeues:
-            self._decide(verdict.id)
+            self._decide(key)
             return self.record(
                 verdict,
                 "requeue",
@@ -149,7 +155,7 @@ class Requeuer:
             )
         excluded = ",".join(dict.fromkeys([*job.excluded, node]))
         if self.dry_run:
-            self._decide(verdict.id)
+            self._decide(key)
             return self.record(
                 verdict,
                 "requeue",
@@ -161,7 +167,7 @@ class Requeuer:
         if not self.leading():
             return "follower"
         done = await self.slurm.requeue_excluding(job, node)
-        self._decide(verdict.id)
+        self._decide(key)
         if not done.ok:
             return self.record(verdict, "requeue", "failed", "scontrol_failed", node=node, detail=done.output)
         self.recent.append(now)
