@@ -12,6 +12,7 @@ the engine's verdict changes and a tick; durable through the state store; served
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -239,6 +240,30 @@ class GoodputLedger:
                 self._by_verdict.pop(vid, None)
             self._dirty.discard(oldest)
             self._deleted.add(oldest)
+
+    def forget_host(self, host: str) -> None:
+        """A host the fleet forgot (retention, eviction): its incidents, history and series go with it."""
+        for entry_id in [eid for eid, e in self.entries.items() if e.host == host]:
+            gone = self.entries.pop(entry_id)
+            self.open.pop(entry_id, None)
+            for vid in gone.verdicts:
+                self._by_verdict.pop(vid, None)
+            self._dirty.discard(entry_id)
+            self._deleted.add(entry_id)
+        for subject in [s for s, eid in self._by_subject.items() if eid not in self.entries]:
+            del self._by_subject[subject]
+        c = self.metrics.cluster
+        for key in [k for k in self._history if k[0] == host]:
+            del self._history[key]
+            gpu = "" if key[1] is None else str(key[1])
+            with contextlib.suppress(KeyError):
+                self.metrics.mtbi.remove(c, host, gpu)
+            if key[1] is None:
+                with contextlib.suppress(KeyError):
+                    self.metrics.by_node.remove(c, host)
+            else:
+                with contextlib.suppress(KeyError):
+                    self.metrics.by_gpu.remove(c, host, gpu)
 
     # -- time -----------------------------------------------------------------------------------------
 

@@ -131,6 +131,7 @@ class Aggregator:
         self.engine.listeners.append(self._log_change)
         self.engine.listeners.append(self.pushback.on_change)
         self.engine.forget_listeners.append(self.streams._host_forgotten)
+        self.engine.forget_listeners.append(self.goodput.forget_host)
         self.remediator = Remediator(
             config.remediation,
             self.engine.book,
