@@ -55,6 +55,7 @@ from sentinel.components.ib.record import IbPort
 from sentinel.components.ib.tracker import PortTracker
 from sentinel.components.nccl_ras.metrics import RasMetrics
 from sentinel.components.nccl_ras.record import RasStatus
+from sentinel.components.netdev.record import Netdev
 from sentinel.components.xid.merge import XidMerger
 from sentinel.config.agent import AgentConfig
 from sentinel.fr.heads import FrHeads
@@ -218,6 +219,9 @@ class Agent:
 
     def set_ports(self, ports: list[IbPort]) -> None:
         self._tick.ports = ports
+
+    def set_netdevs(self, netdevs: list[Netdev]) -> None:
+        self._tick.netdevs = netdevs
 
     def note_port_line(self, line: PortLogLine, now: float) -> None:
         if self.ib_tracker is not None:

@@ -36,6 +36,9 @@ from sentinel.components.ib.sysfs import SysfsPorts
 from sentinel.components.ib.tracker import PortTracker
 from sentinel.components.nccl_ras.collector import RasCollector
 from sentinel.components.nccl_ras.metrics import RasMetrics
+from sentinel.components.netdev.collector import NetdevCollector
+from sentinel.components.netdev.metrics import NetdevMetrics
+from sentinel.components.netdev.sysfs import SysfsNetdevs
 from sentinel.config.agent import CollectorName
 from sentinel.log import get_logger
 
@@ -93,6 +96,16 @@ def _ib(agent: Agent) -> Collector | None:
     agent.ib_metrics = IbPortMetrics(agent.cluster, agent.host)
     agent.registry.register(agent.ib_metrics)
     return IbCollector(agent, IbPortReader(source, tracker, agent.ib_metrics), c.interval_s)
+
+
+def _netdev(agent: Agent) -> Collector | None:
+    """Network interfaces from sysfs (a simulated host has none: its job traffic is on its IB ports)."""
+    c = agent.config.netdev
+    if not c.enabled or agent.inputs.ib_ports is not None:
+        return None
+    metrics = NetdevMetrics(agent.cluster, agent.host)
+    agent.registry.register(metrics)
+    return NetdevCollector(agent, SysfsNetdevs(c.sysfs_root), metrics, c.interval_s)
 
 
 def _kmsg(agent: Agent) -> Collector | None:
@@ -194,6 +207,7 @@ COLLECTORS: Final[tuple[CollectorEntry, ...]] = (
     CollectorEntry("nvml", _nvml),
     CollectorEntry("xid", _xid),
     CollectorEntry("ib", _ib),
+    CollectorEntry("netdev", _netdev),
     CollectorEntry("kmsg", _kmsg),
     CollectorEntry("logs", _logs),
     CollectorEntry("jobs", _jobs),
