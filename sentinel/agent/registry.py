@@ -38,6 +38,7 @@ from sentinel.components.nccl_ras.collector import RasCollector
 from sentinel.components.nccl_ras.metrics import RasMetrics
 from sentinel.components.netdev.collector import NetdevCollector
 from sentinel.components.netdev.metrics import NetdevMetrics
+from sentinel.components.netdev.qdisc import NetlinkQdiscs
 from sentinel.components.netdev.sysfs import SysfsNetdevs
 from sentinel.config.agent import CollectorName
 from sentinel.log import get_logger
@@ -105,7 +106,8 @@ def _netdev(agent: Agent) -> Collector | None:
         return None
     metrics = NetdevMetrics(agent.cluster, agent.host)
     agent.registry.register(metrics)
-    return NetdevCollector(agent, SysfsNetdevs(c.sysfs_root), metrics, c.interval_s)
+    qdiscs = NetlinkQdiscs(netns=c.netns) if c.qdiscs else None
+    return NetdevCollector(agent, SysfsNetdevs(c.sysfs_root, qdiscs), metrics, c.interval_s)
 
 
 def _kmsg(agent: Agent) -> Collector | None:

@@ -274,6 +274,17 @@ class NetdevConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         float,
         msgspec.Meta(ge=0.05, le=3600, description="read interval (rates are per second between reads)"),
     ] = 2.0
+    qdiscs: Annotated[
+        bool, msgspec.Meta(description="also read each interface's root qdisc (rtnetlink): its egress wait")
+    ] = True
+    netns: Annotated[
+        str,
+        msgspec.Meta(
+            max_length=256,
+            description="read the qdiscs of this network namespace (e.g. /proc/1/ns/net from a container; "
+            "needs CAP_SYS_ADMIN); empty: the agent's own. Point sysfs_root at a sysfs mounted from it",
+        ),
+    ] = ""
 
 
 class NcclRasConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sentinel.components.netdev.record import ERROR_COUNTERS, Netdev
+from sentinel.components.netdev.record import ERROR_COUNTERS, QDISC_COUNTERS, Netdev
 
 LABELS = ["cluster", "host", "netdev"]
 _DIRECTED = {"rx_bytes": ("bytes", "rx"), "tx_bytes": ("bytes", "tx"), "rx_packets": ("packets", "rx")}
@@ -45,6 +45,14 @@ class NetdevMetrics(Collector):
         errors = CounterMetricFamily(
             "sentinel_netdev_errors", "error and drop counters (statistics/)", labels=[*LABELS, "counter"]
         )
+        qdisc = CounterMetricFamily(
+            "sentinel_netdev_qdisc",
+            "the root qdisc's overlimits (waited for the shaper), drops and requeues",
+            labels=[*LABELS, "counter"],
+        )
+        backlog = GaugeMetricFamily(
+            "sentinel_netdev_qdisc_backlog_bytes", "bytes waiting in the root qdisc", labels=LABELS
+        )
         for d in self.netdevs:
             labels = [*base, d.name]
             up.add_metric(labels, 1.0 if d.operstate == "up" else 0.0)
@@ -56,7 +64,11 @@ class NetdevMetrics(Collector):
                     (data if family == "bytes" else packets).add_metric([*labels, direction], float(value))
                 elif name in ERROR_COUNTERS:
                     errors.add_metric([*labels, name], float(value))
-        yield from (up, speed, data, packets, errors)
+                elif name in QDISC_COUNTERS:
+                    qdisc.add_metric([*labels, name.removeprefix("qdisc_")], float(value))
+            if d.qdisc:
+                backlog.add_metric(labels, float(d.qdisc_backlog_bytes))
+        yield from (up, speed, data, packets, errors, qdisc, backlog)
         read_errors = CounterMetricFamily(
             "sentinel_netdev_read_errors",
             "files under class/net that could not be read or parsed",

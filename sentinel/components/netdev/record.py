@@ -8,6 +8,10 @@ import msgspec
 #: interfaces read per host (and carried per batch)
 MAX_NETDEVS = 64
 
+#: the root qdisc's counters, merged into ``counters`` under these names: a packet that waited for the
+#: shaper (``overlimits``), was dropped, or was put back (``requeues``): the interface's egress wait
+QDISC_COUNTERS: tuple[str, ...] = ("qdisc_overlimits", "qdisc_drops", "qdisc_requeues")
+
 #: counters whose increase means packets lost or refused on the interface (retransmitted by TCP above it)
 ERROR_COUNTERS: tuple[str, ...] = (
     "rx_errors",
@@ -29,7 +33,10 @@ class NetdevReading(msgspec.Struct, frozen=True, kw_only=True):
     name: str  # eth0, ens6f0np0, veth-a
     operstate: str = ""  # up, down, unknown, lowerlayerdown, ...
     speed_mbps: int | None = None  # None where the driver reports none (virtual devices, link down)
-    counters: dict[str, int] = {}  # statistics/<file> by file name
+    counters: dict[str, int] = {}  # statistics/<file> by file name, plus the root qdisc's qdisc_* counters
+    ifindex: int = 0
+    qdisc: str = ""  # the root qdisc's kind (tbf, mq, fq_codel, noqueue); "" when not read
+    qdisc_backlog_bytes: int = 0
 
 
 class Netdev(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,3 +48,5 @@ class Netdev(msgspec.Struct, frozen=True, kw_only=True):
     counters: dict[str, int] = {}
     t: float = 0.0  # agent time of the reading
     rates: dict[str, float] = {}
+    qdisc: str = ""
+    qdisc_backlog_bytes: int = 0

@@ -14,7 +14,11 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
+import msgspec
+
+from sentinel.components.netdev.qdisc import NetlinkFormatError, QdiscStats
 from sentinel.components.netdev.record import MAX_NETDEVS, NetdevReading
 
 MAX_COUNTERS = 64
@@ -72,11 +76,17 @@ class NetdevScan:
     errors: list[str] = field(default_factory=list)
 
 
-class SysfsNetdevs:
-    """The interface source of a real host (``read()`` is blocking: run it off the event loop)."""
+class QdiscReader(Protocol):
+    def read(self) -> list[QdiscStats]: ...
 
-    def __init__(self, root: str | Path = "/sys") -> None:
+
+class SysfsNetdevs:
+    """The interface source of a real host (``read()`` is blocking: run it off the event loop); ``qdiscs``
+    adds each interface's root qdisc (matched by ``ifindex``)."""
+
+    def __init__(self, root: str | Path = "/sys", qdiscs: QdiscReader | None = None) -> None:
         self.root = Path(root)
+        self.qdiscs = qdiscs
 
     def read(self) -> NetdevScan:
         scan = NetdevScan()
@@ -89,6 +99,13 @@ class SysfsNetdevs:
             reading = self._one(base / name, name, scan)
             if reading is not None:
                 scan.netdevs.append(reading)
+        if self.qdiscs is not None and scan.netdevs:
+            try:
+                roots = {q.ifindex: q for q in self.qdiscs.read()}
+            except (OSError, NetlinkFormatError) as exc:
+                scan.errors.append(f"qdisc dump: {getattr(exc, 'strerror', None) or exc}")
+            else:
+                scan.netdevs = [_with_qdisc(r, roots.get(r.ifindex)) for r in scan.netdevs]
         return scan
 
     @staticmethod
@@ -116,4 +133,23 @@ class SysfsNetdevs:
         # virtual devices and downed links refuse speed (EINVAL): no speed, no problem
         with contextlib.suppress(OSError, NetdevFormatError):
             speed = parse_speed(read_small(path / "speed"))
-        return NetdevReading(name=name, operstate=operstate, speed_mbps=speed, counters=counters)
+        ifindex = 0
+        with contextlib.suppress(OSError, NetdevFormatError):
+            ifindex = parse_counter(read_small(path / "ifindex")) & 0x7FFFFFFF
+        return NetdevReading(
+            name=name, operstate=operstate, speed_mbps=speed, counters=counters, ifindex=ifindex
+        )
+
+
+def _with_qdisc(reading: NetdevReading, q: QdiscStats | None) -> NetdevReading:
+    if q is None or reading.ifindex <= 0:
+        return reading
+    counters = {
+        **reading.counters,
+        "qdisc_overlimits": q.overlimits,
+        "qdisc_drops": q.drops,
+        "qdisc_requeues": q.requeues,
+    }
+    return msgspec.structs.replace(
+        reading, counters=counters, qdisc=q.kind, qdisc_backlog_bytes=q.backlog_bytes
+    )

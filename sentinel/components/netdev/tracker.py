@@ -32,6 +32,8 @@ class NetdevRates:
                     counters=r.counters,
                     t=now,
                     rates=rates,
+                    qdisc=r.qdisc,
+                    qdisc_backlog_bytes=r.qdisc_backlog_bytes,
                 )
             )
         self._prev = seen

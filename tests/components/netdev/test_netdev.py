@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from sentinel.agent import Agent
 from sentinel.components.netdev.metrics import NetdevMetrics
+from sentinel.components.netdev.qdisc import QdiscStats
 from sentinel.components.netdev.sysfs import (
     MAX_FILE_BYTES,
     NetdevFormatError,
@@ -162,3 +163,46 @@ async def test_the_agent_ships_its_interfaces_with_rates_and_metrics(tmp_path: P
         )
     finally:
         await agent.shutdown()
+
+
+class _Roots:
+    """The kernel's answer to a qdisc dump, as the netlink reader returns it."""
+
+    def __init__(self, *roots: QdiscStats, error: OSError | None = None) -> None:
+        self.roots = list(roots)
+        self.error = error
+
+    def read(self) -> list[QdiscStats]:
+        if self.error is not None:
+            raise self.error
+        return self.roots
+
+
+def test_the_root_qdisc_joins_its_interface_by_ifindex_and_is_rendered(tree: Path) -> None:
+    tbf = QdiscStats(ifindex=7, kind="tbf", overlimits=900, drops=3, backlog_bytes=4096)
+    scan = SysfsNetdevs(tree, _Roots(tbf)).read()
+    by = {d.name: d for d in scan.netdevs}
+    assert (
+        by["veth-a"].qdisc,
+        by["veth-a"].counters["qdisc_overlimits"],
+        by["veth-a"].qdisc_backlog_bytes,
+    ) == (
+        "tbf",
+        900,
+        4096,
+    )
+    assert by["eth0"].qdisc == "" and "qdisc_drops" not in by["eth0"].counters
+    metrics = NetdevMetrics("c1", "h1")
+    metrics.netdevs = NetdevRates().update(scan.netdevs, 1.0)
+    text = {
+        (s.name, s.labels.get("netdev"), s.labels.get("counter")): s.value
+        for f in metrics.collect()
+        for s in f.samples
+    }
+    assert text[("sentinel_netdev_qdisc_total", "veth-a", "overlimits")] == 900
+    assert text[("sentinel_netdev_qdisc_backlog_bytes", "veth-a", None)] == 4096
+
+
+def test_a_failed_qdisc_dump_is_named_and_the_interfaces_still_read(tree: Path) -> None:
+    scan = SysfsNetdevs(tree, _Roots(error=PermissionError(1, "Operation not permitted"))).read()
+    assert len(scan.netdevs) == 3 and scan.errors == ["qdisc dump: Operation not permitted"]
