@@ -131,6 +131,8 @@ class LinkPaceDetector(Detector):
         self.paces: dict[str, PaceHistory] = {}
         self.streaks: dict[Key, Streak] = {}
         self.next_eval = -math.inf
+        #: hosts running a rank of some job at the latest evaluation: only their links are remembered
+        self.job_hosts: set[str] = set()
         #: job → its latest pace (for the API and the evidence of tests)
         self.latest: dict[str, JobPace] = {}
 
@@ -141,6 +143,7 @@ class LinkPaceDetector(Detector):
             del self.streaks[key]
 
     def host_forgotten(self, host: str) -> None:
+        self.job_hosts.discard(host)
         self.links.pop(host, None)
         self.seen_at.pop(host, None)
         for key in [k for k in self.streaks if k[1] == host]:
@@ -158,8 +161,10 @@ class LinkPaceDetector(Detector):
     def evaluate(self, seen: Observation) -> Evaluation | None:
         cfg = self.config.detect.link_pace
         fleet, now = seen.fleet, seen.now
-        for host in fleet.hosts.values():
-            self._fold(host, cfg)
+        for name in self.job_hosts:
+            host = fleet.hosts.get(name)
+            if host is not None:
+                self._fold(host, cfg)
         for job in fleet.jobs.values():
             self._progress(job)
         if now < self.next_eval:
@@ -168,6 +173,12 @@ class LinkPaceDetector(Detector):
         if not cfg.enabled:
             self.streaks.clear()
             return Evaluation([])
+        self.job_hosts = {
+            v.host for job in fleet.jobs.values() for v in job.ranks.values() if v.host is not None
+        }
+        for name in [h for h in self.links if h not in self.job_hosts]:
+            del self.links[name]
+            self.seen_at.pop(name, None)
         hits: dict[Key, LinkFinding] = {}
         for job in list(fleet.jobs.values()):
             pace = self._pace(job, cfg, now)
@@ -199,8 +210,12 @@ class LinkPaceDetector(Detector):
                     self._add(links, f"netdev:{netdev.name}", host.netdevs_t, *netdev_load(netdev))
         self.seen_at[host.name] = (host.ports_t, host.netdevs_t)
         horizon = max(host.ports_t, host.netdevs_t) - cfg.window_s
-        for key in [k for k, h in links.items() if not h.readings or h.readings[-1][0] < horizon]:
-            del links[key]
+        for key, history in list(links.items()):
+            readings = history.readings
+            while readings and readings[0][0] < horizon:
+                readings.popleft()
+            if not readings:
+                del links[key]
 
     @staticmethod
     def _add(links: dict[str, LinkHistory], key: str, t: float, data: float, waits: dict[str, float]) -> None:
