@@ -23,7 +23,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,17 +32,14 @@ import aiohttp
 import msgspec
 import pytest
 
-from sentinel.agent import Agent
 from sentinel.aggregator.detectors.link_pace import LinkPaceDetector
 from sentinel.components.linkpace.rule import LinkPaceConfig
-from sentinel.config.agent import IbConfig, NetdevConfig
+from sentinel.config.agent import AgentConfig, IbConfig, NetdevConfig
 from sentinel.config.aggregator import AggregatorConfig, DetectConfig, FleetConfig
-from tests.agent.fakes import FakeSource
-from tests.aggregator.helpers import TOKEN, running_aggregator
-from tests.integration.harness import START_WITHIN_S, Cluster, Job, get_json, until
+from tests.aggregator.helpers import running_aggregator
+from tests.integration.harness import HOSTS, START_WITHIN_S, Cluster, Job, agents, get_json, until
 from tests.support import need, need_module
 
-HOSTS = ("node-a", "node-b")
 RANKS_PER_HOST = 2
 WORLD = len(HOSTS) * RANKS_PER_HOST
 #: the pace window and evaluation are shortened (20 s / 5 s by default) so the run stays short; the
@@ -149,26 +146,15 @@ class NetCluster(Cluster):
         }
 
 
-@contextlib.asynccontextmanager
-async def net_agents(cluster: NetCluster, url: str) -> AsyncIterator[list[Agent]]:
-    token = cluster.tmp / "token"
-    token.write_text(TOKEN)
-    built = []
-    for name, host in cluster.net.items():
-        config = cluster.agent_config(name, url, token)
-        config = msgspec.structs.replace(
-            config,
-            ib=IbConfig(enabled=False),
-            netdev=NetdevConfig(sysfs_root=str(host.sysfs), netns=host.netns_path, interval_s=1.0),
-        )
-        built.append(Agent(config, FakeSource(gpus=RANKS_PER_HOST)))
-    tasks = [asyncio.create_task(a.run()) for a in built]
-    try:
-        yield built
-    finally:
-        for a in built:
-            a.request_stop()
-        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 20)
+def reads_its_namespace(cluster: NetCluster) -> Callable[[str, AgentConfig], AgentConfig]:
+    """Each host's agent reads the interfaces of its namespace: the sysfs mounted from it, its qdiscs."""
+
+    def configure(name: str, config: AgentConfig) -> AgentConfig:
+        host = cluster.net[name]
+        netdev = NetdevConfig(sysfs_root=str(host.sysfs), netns=host.netns_path, interval_s=1.0)
+        return msgspec.structs.replace(config, ib=IbConfig(enabled=False), netdev=netdev)
+
+    return configure
 
 
 async def test_a_throttled_link_is_named_with_the_jobs_slowdown_and_nothing_else_is(tmp_path: Path) -> None:
@@ -198,7 +184,7 @@ async def _throttled_link_is_named(
     tmp = cluster.tmp
     async with (
         running_aggregator(tmp / "aggregator", config) as running,
-        net_agents(cluster, running.stream_url),
+        agents(cluster, running, gpus=RANKS_PER_HOST, configure=reads_its_namespace(cluster)),
         aiohttp.ClientSession() as session,
     ):
         url = running.url
