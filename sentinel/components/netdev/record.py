@@ -27,6 +27,13 @@ ERROR_COUNTERS: tuple[str, ...] = (
 )
 
 
+#: the ``statistics/`` files read (each read of one makes the driver gather its statistics: the rest of the
+#: directory, compression, multicast, heartbeat and window errors, is left alone)
+READ_COUNTERS: frozenset[str] = frozenset(
+    {"rx_bytes", "tx_bytes", "rx_packets", "tx_packets", *ERROR_COUNTERS}
+)
+
+
 class NetdevReading(msgspec.Struct, frozen=True, kw_only=True):
     """One interface as read at one instant."""
 

@@ -19,7 +19,7 @@ from typing import Protocol
 import msgspec
 
 from sentinel.components.netdev.qdisc import NetlinkFormatError, QdiscStats
-from sentinel.components.netdev.record import MAX_NETDEVS, NetdevReading
+from sentinel.components.netdev.record import MAX_NETDEVS, READ_COUNTERS, NetdevReading
 
 MAX_COUNTERS = 64
 MAX_FILE_BYTES = 256
@@ -119,6 +119,8 @@ class SysfsNetdevs:
             counter_names = counter_names[:MAX_COUNTERS]
         counters: dict[str, int] = {}
         for counter in counter_names:
+            if counter not in READ_COUNTERS:
+                continue
             try:
                 counters[counter] = parse_counter(read_small(stats / counter))
             except (OSError, NetdevFormatError) as exc:
