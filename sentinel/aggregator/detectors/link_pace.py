@@ -73,15 +73,19 @@ class Streak:
 def _average(
     readings: deque[tuple[float, float, dict[str, float]]], since: float
 ) -> tuple[float, dict[str, float]]:
-    recent = [r for r in readings if r[0] >= since]
-    if not recent:
-        return 0.0, {}
+    n = 0
+    data = 0.0
     waits: dict[str, float] = {}
-    for _, _, w in recent:
+    for t, d, w in readings:
+        if t < since:
+            continue
+        n += 1
+        data += d
         for name, value in w.items():
             waits[name] = waits.get(name, 0.0) + value
-    n = len(recent)
-    return sum(r[1] for r in recent) / n, {name: total / n for name, total in waits.items()}
+    if not n:
+        return 0.0, {}
+    return data / n, {name: total / n for name, total in waits.items()}
 
 
 def _step_group(job: JobView) -> tuple[int, float] | None:

@@ -16,7 +16,7 @@ from typing import Annotated
 
 import msgspec
 
-from sentinel.stats import MAD_SCALE, median_mad
+from sentinel.stats import MAD_SCALE, median_mad, median_without
 
 #: wait, congestion and retransmission counters, judged as rates per second against the job's other links:
 #: IB ``port_xmit_wait`` (ticks a port had data and no credit), RoCE CNPs / ECN marks / out-of-sequence /
@@ -168,8 +168,25 @@ def _fmt(value: float) -> str:
     return f"{value:.1f}"
 
 
-def _peers(values: Sequence[float], i: int) -> tuple[float, float]:
-    return median_mad([v for j, v in enumerate(values) if j != i])
+#: up to this many links each is measured against its peers' exact median and MAD; beyond, against the
+#: median without it (O(1) on the sorted values) and the MAD of all, which one link cannot move
+EXACT_PEERS = 32
+
+
+class _Peers:
+    """Each value's peers: every other value's median and median absolute deviation."""
+
+    def __init__(self, values: Sequence[float]) -> None:
+        self.values = values
+        self.order = sorted(range(len(values)), key=values.__getitem__)
+        self.rank = {i: k for k, i in enumerate(self.order)}
+        self.ordered = [values[i] for i in self.order]
+        self.mad_all = median_mad(values)[1] if len(values) > EXACT_PEERS else 0.0
+
+    def of(self, i: int) -> tuple[float, float]:
+        if len(self.values) <= EXACT_PEERS:
+            return median_mad([v for j, v in enumerate(self.values) if j != i])
+        return median_without(self.ordered, self.rank[i]), self.mad_all
 
 
 def standouts(links: Sequence[LinkLoad], cfg: LinkPaceConfig) -> list[Standout]:
@@ -184,8 +201,9 @@ def standouts(links: Sequence[LinkLoad], cfg: LinkPaceConfig) -> list[Standout]:
     busy = [i for i, link in enumerate(links) if link.bytes_per_s >= cfg.idle_bytes_per_s]
     if len(busy) >= 2:
         rates = [links[i].bytes_per_s for i in busy]
+        peers = _Peers(rates)
         for k, i in enumerate(busy):
-            med, mad = _peers(rates, k)
+            med, mad = peers.of(k)
             scale = max(MAD_SCALE * mad, 0.05 * med)
             if rates[k] < med * (1 - cfg.throughput_drop) and med - rates[k] >= cfg.z * scale:
                 found.setdefault(i, []).append(
@@ -195,10 +213,13 @@ def standouts(links: Sequence[LinkLoad], cfg: LinkPaceConfig) -> list[Standout]:
     names = sorted({name for link in links for name in link.waits})
     for name in names:
         values = [link.waits.get(name, 0.0) for link in links]
+        if max(values) < cfg.min_wait_per_s:
+            continue  # the common case: no link waits on this counter at all
+        peers = _Peers(values)
         for i, value in enumerate(values):
             if value < cfg.min_wait_per_s:
                 continue
-            med, mad = _peers(values, i)
+            med, mad = peers.of(i)
             if value >= cfg.wait_ratio * med and value - med >= cfg.z * MAD_SCALE * mad:
                 found.setdefault(i, []).append(
                     f"{name} {_fmt(value)}/s against its peers' median {_fmt(med)}/s"

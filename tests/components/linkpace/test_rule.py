@@ -97,3 +97,15 @@ def test_a_minority_of_lying_ports_cannot_move_the_median(liars: list[float], cu
     honest = {links[i].link + links[i].host for i in others[len(liars) :]}
     assert not found & honest
     assert links[culprit].link + links[culprit].host in found
+
+
+def test_a_large_job_measures_each_rail_against_the_others_median_and_the_fleets_mad() -> None:
+    """200 rails (the sorted, O(1)-per-rail path): the one waiting and the one carrying less are named,
+    ten others reporting a little more wait than the rest are not."""
+    links = rails(200)
+    for i in range(10, 20):
+        links[i] = slow_rail(i, wait=2.4e5)
+    links[150] = slow_rail(150, wait=5e6)
+    links[77] = slow_rail(77, factor=0.5)
+    found = [(s.link.host, s.link.link) for s in standouts(links, CFG)]
+    assert found == [(links[77].host, links[77].link), (links[150].host, links[150].link)]
