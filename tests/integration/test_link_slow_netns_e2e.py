@@ -32,7 +32,6 @@ import aiohttp
 import msgspec
 import pytest
 
-from sentinel.aggregator.detectors.link_pace import LinkPaceDetector
 from sentinel.components.linkpace.rule import LinkPaceConfig
 from sentinel.config.agent import AgentConfig, IbConfig, NetdevConfig
 from sentinel.config.aggregator import AggregatorConfig, DetectConfig, FleetConfig
@@ -188,20 +187,22 @@ async def _throttled_link_is_named(
         aiohttp.ClientSession() as session,
     ):
         url = running.url
-        detector = running.aggregator.engine.detectors[LinkPaceDetector.name]
-        assert isinstance(detector, LinkPaceDetector)
         job = Job(cluster, "train-netns")
         jobs.append(job)
 
         async def verdicts() -> list[dict[str, Any]]:
             return list((await get_json(session, f"{url}/api/v1/verdicts"))["verdicts"])
 
-        async def paced() -> bool:
-            return job.id in detector.latest
+        async def pace() -> dict[str, Any] | None:
+            async with session.get(f"{url}/api/v1/jobs/{job.id}") as response:
+                found = (await response.json()).get("pace") if response.status == 200 else None
+            return found if isinstance(found, dict) else None
 
-        await until("the job's pace against its baseline", paced, START_WITHIN_S + BASELINE_WITHIN_S, job)
+        healthy = await until(
+            "the job's pace against its baseline", pace, START_WITHIN_S + BASELINE_WITHIN_S, job
+        )
         timings["baseline_s"] = time.monotonic() - started
-        print("healthy pace:", detector.latest[job.id])
+        print("healthy pace:", healthy)
 
         # 1. healthy: nothing named while the job runs unthrottled
         end = time.monotonic() + HEALTHY_S
@@ -236,7 +237,9 @@ async def _throttled_link_is_named(
         timings["named_after_throttle_s"] = time.monotonic() - throttled_at
         timings["opened_after_throttle_s"] = verdict["opened_at"] - throttled_wall
         print("verdict:", json.dumps(verdict, indent=1))
-        print("throttled pace:", detector.latest[job.id])
+        throttled = await pace()
+        print("throttled pace:", throttled)
+        assert throttled is not None and throttled["slowdown"] >= LINK_PACE.min_slowdown, throttled
         assert (verdict["kind"], verdict["action"], verdict["host"], verdict["job"]) == (
             "degraded",
             "drain",
