@@ -30,13 +30,13 @@ from sentinel.agent.jobs import JobMapper, run_listpids
 from sentinel.agent.journal import kernel_reader
 from sentinel.agent.probe import HeadsAuthorizer, ProbeServer
 from sentinel.agent.tailer import LogTailer
+from sentinel.components import registry as signals
 from sentinel.components.ib.collector import IbCollector, IbPortReader, PortSource
 from sentinel.components.ib.metrics import IbPortMetrics
 from sentinel.components.ib.sysfs import SysfsPorts
 from sentinel.components.ib.tracker import PortTracker
 from sentinel.components.nccl_ras.collector import RasCollector
 from sentinel.components.nccl_ras.metrics import RasMetrics
-from sentinel.config.agent import CollectorName
 from sentinel.log import get_logger
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ log = get_logger(module="agent.registry")
 
 @dataclass(frozen=True)
 class CollectorEntry:
-    name: CollectorName
+    name: str
     #: the collector for this agent, or ``None`` when its configuration leaves it out
     build: Callable[[Agent], Collector | None]
 
@@ -190,16 +190,22 @@ def _fr_dumps(agent: Agent) -> Collector | None:
     return FrDumpCollector(agent, watcher, max(c.collect.tick_s, 2.0))
 
 
-COLLECTORS: Final[tuple[CollectorEntry, ...]] = (
-    CollectorEntry("nvml", _nvml),
-    CollectorEntry("xid", _xid),
-    CollectorEntry("ib", _ib),
-    CollectorEntry("kmsg", _kmsg),
-    CollectorEntry("logs", _logs),
-    CollectorEntry("jobs", _jobs),
-    CollectorEntry("nccl_ras", _nccl_ras),
-    CollectorEntry("probe", _probe),
-    CollectorEntry("fr_dumps", _fr_dumps),
+#: how each collector of the registry (:data:`sentinel.components.registry.COLLECTORS`) is built
+BUILDERS: Final[dict[str, Callable[[Agent], Collector | None]]] = {
+    "nvml": _nvml,
+    "xid": _xid,
+    "ib": _ib,
+    "kmsg": _kmsg,
+    "logs": _logs,
+    "jobs": _jobs,
+    "nccl_ras": _nccl_ras,
+    "probe": _probe,
+    "fr_dumps": _fr_dumps,
+}
+
+#: every collector, in the registry's order (a name without a builder fails at import, not at run time)
+COLLECTORS: Final[tuple[CollectorEntry, ...]] = tuple(
+    CollectorEntry(name, BUILDERS[name]) for name in signals.COLLECTORS
 )
 
 

@@ -27,21 +27,27 @@ from sentinel.aggregator.detectors.straggler import StragglerDetector
 from sentinel.aggregator.detectors.stuck import Stall, StuckDetector
 from sentinel.aggregator.state import FleetState, HostView
 from sentinel.aggregator.verdicts import Change, Verdict, VerdictBook
+from sentinel.components import registry as signals
 from sentinel.config.aggregator import AggregatorConfig
 from sentinel.wire import Batch, Hello
 
 Listener = Callable[[Change], None]
 log = structlog.get_logger("sentinel.aggregator.engine")
 
-#: every detector, in the order a tick runs them (hardware first: a stall's culprit GPU may be faulty)
-DETECTORS: tuple[type[Detector], ...] = (
-    HardwareDetector,
-    StuckDetector,
-    StragglerDetector,
-    HostSilentDetector,
-    InventoryDetector,
-    NetworkDetector,
-)
+_CLASSES: dict[str, type[Detector]] = {
+    cls.name: cls
+    for cls in (
+        HardwareDetector,
+        StuckDetector,
+        StragglerDetector,
+        HostSilentDetector,
+        InventoryDetector,
+        NetworkDetector,
+    )
+}
+#: every detector of the registry (:data:`sentinel.components.registry.DETECTORS`), in the order a tick
+#: runs them; a name without a class fails at import
+DETECTORS: tuple[type[Detector], ...] = tuple(_CLASSES[name] for name in signals.DETECTORS)
 #: verdicts of these detectors are about a job and close when the job ends
 JOB_DETECTORS = frozenset({StuckDetector.name, StragglerDetector.name})
 

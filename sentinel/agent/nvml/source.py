@@ -23,10 +23,7 @@ from typing import Any
 import pynvml
 
 from sentinel.agent.source import XidEvent, XidRecord
-from sentinel.components.clocks import nvml as clocks_nvml
 from sentinel.components.device import nvml as device_nvml
-from sentinel.components.ecc import nvml as ecc_nvml
-from sentinel.components.fabric import nvml as fabric_nvml
 from sentinel.components.nvlink import nvml as nvlink_nvml
 from sentinel.components.nvml_read import (
     FieldAnswers,
@@ -35,9 +32,15 @@ from sentinel.components.nvml_read import (
     GpuSourceDown,
     field_number,
 )
-from sentinel.components.pcie import nvml as pcie_nvml
-from sentinel.components.rowremap import nvml as rowremap_nvml
+from sentinel.components.registry import GPU_SIGNALS
+from sentinel.components.signal import SlowRead
 from sentinel.wire import GpuInfo, GpuSample
+
+#: the GPU signals' NVML reads, in registry order
+_READS = [s.nvml for s in GPU_SIGNALS if s.nvml is not None]
+_FAST = [r.fast for r in _READS if r.fast is not None]
+_SLOW = [r.slow for r in _READS if r.slow is not None]
+_FIELDS = [r.fields for r in _READS if r.fields is not None]
 
 ErrorHook = Callable[[str, str], None]
 
@@ -219,28 +222,25 @@ class NvmlSource:
         return self._handles[gpu]
 
     def read_fast(self, gpu: int, now: float) -> GpuSample:
+        """Every GPU signal's fast NVML read, in registry order."""
         h = self._handle(gpu)
         sample = GpuSample(gpu=gpu, t=now)
-        device_nvml.fill(self._get, gpu, h, sample)
-        clocks_nvml.fill(self._get, gpu, h, sample)
-        pcie_nvml.fill(self._get, gpu, h, sample)
+        for fast in _FAST:
+            fast(self._get, gpu, h, sample)
         return sample
 
     def read_slow(self, gpu: int, now: float) -> GpuSample:
+        """The fast reads, then every GPU signal's slow read, in registry order."""
         sample = self.read_fast(gpu, now)
         h = self._handle(gpu)
-        get = self._get
-        sample.ecc = ecc_nvml.read_ecc(get, gpu, h)
-        sample.remap = rowremap_nvml.read(get, gpu, h)
-        sample.retired = ecc_nvml.read_retired(get, gpu, h)
         links = self._links.get(gpu) or []
-        # one field-values call per GPU for every component's fields (all links' counters included)
-        values = self.field_values(gpu, h, device_nvml.FIELDS + nvlink_nvml.field_requests(links))
-        sample.nvlink = nvlink_nvml.read(get, gpu, h, links, values)
-        sample.pcie_link = pcie_nvml.read_link(get, gpu, h)
-        sample.fabric = fabric_nvml.read(get, gpu, h)
-        sample.violations = clocks_nvml.read_violations(get, gpu, h)
-        device_nvml.fill_fields(values, sample)
+        # one field-values call per GPU for every signal's fields (all links' counters included)
+        requests = [request for fields in _FIELDS for request in fields(links)]
+        read = SlowRead(
+            get=self._get, gpu=gpu, handle=h, links=links, values=self.field_values(gpu, h, requests)
+        )
+        for slow in _SLOW:
+            slow(read, sample)
         return sample
 
     def wait_xid_events(self, timeout_s: float) -> list[XidEvent]:
