@@ -18,6 +18,7 @@ from sentinel.components.device.signal import SIGNAL as DEVICE
 from sentinel.components.ecc.signal import SIGNAL as ECC
 from sentinel.components.exposition import MetricsView, Writer
 from sentinel.components.fabric.signal import SIGNAL as FABRIC
+from sentinel.components.hbm.signal import SIGNAL as HBM
 from sentinel.components.ib.signal import SIGNAL as IB
 from sentinel.components.nccl_debug.signal import SIGNAL as NCCL_DEBUG
 from sentinel.components.nccl_ras.signal import SIGNAL as NCCL_RAS
@@ -37,6 +38,7 @@ SIGNALS: Final[tuple[Signal[Any], ...]] = (
     NVLINK,
     FABRIC,
     XID,
+    HBM,
     IB,
     NCCL_RAS,
     NCCL_DEBUG,

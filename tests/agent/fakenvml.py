@@ -79,6 +79,7 @@ class FakeGpu:
     )
     recovery_action: int | None = 0  # None: field not supported
     mem_temp: int | None = 71  # HBM temperature field; None: not supported
+    mem_temp_max: int | None = None  # NVML_TEMPERATURE_THRESHOLD_MEM_MAX; None: not supported
     pcie_gen: tuple[int, int] = (5, 5)  # (now, max)
     pcie_width: tuple[int, int] = (16, 16)
     fabric: tuple[int, int, int] | None = None  # (state, status, clique); None: NOT_SUPPORTED (no NVSwitch)
@@ -299,6 +300,14 @@ class FakeNvml:
             return SUCCESS
 
         lib.nvmlDeviceGetTemperature = d("nvmlDeviceGetTemperature", temperature, c_uint, P)
+
+        def threshold(gpu: FakeGpu, kind: int, out: int) -> int:
+            if kind != pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX or gpu.mem_temp_max is None:
+                return NOT_SUPPORTED
+            _put_uint(out, gpu.mem_temp_max)
+            return SUCCESS
+
+        lib.nvmlDeviceGetTemperatureThreshold = d("nvmlDeviceGetTemperatureThreshold", threshold, c_uint, P)
         lib.nvmlDeviceGetPowerUsage = d("nvmlDeviceGetPowerUsage", uint(lambda g: g.power_mw), P)
         lib.nvmlDeviceGetEnforcedPowerLimit = d(
             "nvmlDeviceGetEnforcedPowerLimit", uint(lambda g: g.limit_mw), P
