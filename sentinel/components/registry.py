@@ -17,6 +17,7 @@ from sentinel.components.clocks.signal import SIGNAL as CLOCKS
 from sentinel.components.device.signal import SIGNAL as DEVICE
 from sentinel.components.ecc.signal import SIGNAL as ECC
 from sentinel.components.exposition import MetricsView, Writer
+from sentinel.components.fabric.health import SIGNAL as FABRIC_HEALTH
 from sentinel.components.fabric.signal import SIGNAL as FABRIC
 from sentinel.components.hbm.signal import SIGNAL as HBM
 from sentinel.components.ib.signal import SIGNAL as IB
@@ -37,6 +38,7 @@ SIGNALS: Final[tuple[Signal[Any], ...]] = (
     ROWREMAP,
     NVLINK,
     FABRIC,
+    FABRIC_HEALTH,
     XID,
     HBM,
     IB,
