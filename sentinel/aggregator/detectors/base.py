@@ -10,13 +10,17 @@ still run — and reconciles each one's findings into verdicts with :meth:`Verdi
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from sentinel.aggregator.state import FleetState, GpuView
 from sentinel.aggregator.verdicts import Finding
 from sentinel.config.aggregator import AggregatorConfig
+
+if TYPE_CHECKING:
+    from sentinel.aggregator.detectors.straggler import RankJudgement
+    from sentinel.aggregator.detectors.stuck import DumpJudgement, Stall
 
 Key = tuple[str, ...]
 T = TypeVar("T")
@@ -89,6 +93,19 @@ class Detector(ABC):
     def switched_on(self) -> None:
         """The detector was off and is on again (a reload): what happened meanwhile must be looked at."""
         return
+
+    def stalled_jobs(self) -> Mapping[str, Stall]:
+        """Jobs this detector found stalled at its latest run (the stuck detector's answer; others: none)."""
+        return {}
+
+    def join_dumps(self, job: str, analysis: Mapping[str, Any] | None) -> DumpJudgement | None:
+        """A stalled job's Flight Recorder dumps were analyzed: what this detector makes of them (None:
+        nothing, or the job no longer stalls)."""
+        return None
+
+    def rank_judgement(self, job: str, rank: int) -> RankJudgement | None:
+        """This detector's view of one rank's compute time (the straggler detector's; others: none)."""
+        return None
 
     def job_ended(self, job: str) -> None:
         """Forget what is remembered about ``job`` (it is gone from the fleet)."""
