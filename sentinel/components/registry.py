@@ -11,6 +11,7 @@ reads and ``/metrics`` (registry order), its collectors (:data:`COLLECTORS`, bui
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Final
 
 from sentinel.components.clocks.signal import SIGNAL as CLOCKS
@@ -132,3 +133,26 @@ def components_table() -> str:
     for s in SIGNALS:
         rows.append(f"| `{s.name}` | {s.scope} | `{s.collector}` | `{s.detector}` | {s.summary} |")
     return "\n".join(rows) + "\n"
+
+
+def alerts(signal: Signal[Any], settings: Any) -> list[Any]:
+    """The signal's alert rules for ``settings``: its ``alerts`` hook, else its component's ``alerts.py``
+    (``def alerts(settings) -> list[AlertRule]``), else none."""
+    hook = signal.alerts or _module_hook(signal, "alerts")
+    return hook(settings) if hook is not None else []
+
+
+def panels(signal: Signal[Any], settings: Any) -> list[Any]:
+    """The signal's dashboard panels for ``settings``, found as :func:`alerts` finds its rules."""
+    hook = signal.panels or _module_hook(signal, "panels")
+    return hook(settings) if hook is not None else []
+
+
+def _module_hook(signal: Signal[Any], name: str) -> Any:
+    try:
+        module = importlib.import_module(f"{signal.package}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not f"{signal.package}.{name}".startswith(exc.name):
+            raise  # the module exists and something it imports is missing: a real error
+        return None
+    return getattr(module, name, None)

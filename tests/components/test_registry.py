@@ -1,0 +1,73 @@
+"""The one registry and everything derived from it: a signal, collector or detector named in one place and
+missing (or different) in another fails here."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from pathlib import Path
+
+import sentinel.components
+from sentinel.agent.registry import BUILDERS, COLLECTORS
+from sentinel.aggregator.engine import DETECTORS
+from sentinel.cli.cmd_config import render_docs
+from sentinel.components import registry
+from sentinel.components.signal import Signal
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_every_component_package_with_a_signal_is_registered() -> None:
+    declared = set()
+    for module in pkgutil.iter_modules(sentinel.components.__path__):
+        if not module.ispkg:
+            continue
+        for name in ("signal", "health"):
+            try:
+                found = importlib.import_module(f"sentinel.components.{module.name}.{name}")
+            except ModuleNotFoundError:
+                continue
+            if hasattr(found, "SIGNAL"):
+                declared.add(found.SIGNAL.name)
+    assert declared == {s.name for s in registry.SIGNALS}
+    for signal in registry.SIGNALS:
+        importlib.import_module(signal.package)  # its component folder exists
+
+
+def test_the_daemons_run_exactly_the_registry_collectors_and_detectors() -> None:
+    assert [e.name for e in COLLECTORS] == list(registry.COLLECTORS)
+    assert set(BUILDERS) == set(registry.COLLECTORS)
+    assert [d.name for d in DETECTORS] == list(registry.DETECTORS)
+    assert {s.collector for s in registry.SIGNALS} <= set(registry.COLLECTORS)
+    assert {s.detector for s in registry.SIGNALS} <= set(registry.DETECTORS)
+
+
+def test_every_judged_gpu_signal_has_a_memory_type_for_the_latches() -> None:
+    for signal in registry.JUDGED:
+        if signal.remember is not None or signal.on_event is not None:
+            assert registry.MEMORY_TYPES[signal.name] is signal.memory_type
+
+
+def test_the_configuration_docs_name_every_collector_and_detector() -> None:
+    docs = render_docs()
+    for name in (*registry.COLLECTORS, *registry.DETECTORS):
+        assert f"`{name}`" in docs
+    assert (REPO / "docs" / "configuration.md").read_text() == docs
+
+
+def test_the_metrics_docs_list_every_family_a_signal_renders() -> None:
+    documented = (REPO / "docs" / "metrics.md").read_text()
+    for signal in registry.GPU_SIGNALS:
+        for name, _kind, _help in registry.families(signal):
+            assert f"`{name}`" in documented, f"{signal.name}: {name} missing from docs/metrics.md"
+
+
+def test_the_architecture_docs_carry_the_registry_table() -> None:
+    assert registry.components_table() in (REPO / "docs" / "architecture.md").read_text()
+
+
+def test_alert_rules_and_panels_come_from_the_hook_or_the_component_module() -> None:
+    hooked = Signal[None](name="x", summary="", alerts=lambda settings: [("rule", settings)])
+    assert registry.alerts(hooked, 7) == [("rule", 7)]
+    absent = Signal[None](name="x", summary="", component="no_such_component")
+    assert registry.alerts(absent, None) == [] and registry.panels(absent, None) == []
