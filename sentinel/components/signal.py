@@ -88,6 +88,11 @@ class Judged:
     t: float
 
 
+def judged(finding: Finding | None, t: float) -> list[Judged]:
+    """A rule's answer as a judge's: nothing for no finding or an ``ok`` one."""
+    return [Judged(finding, t)] if finding is not None and finding.state != "ok" else []
+
+
 @dataclass(frozen=True)
 class Signal(Generic[M]):
     """One signal of the registry. Every hook is optional: a host-level signal (IB ports, NCCL RAS) has a

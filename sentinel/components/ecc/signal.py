@@ -3,22 +3,16 @@ read and exported)."""
 
 from __future__ import annotations
 
-import msgspec
-
+from sentinel.components.changes import Changes, forget_before, remember_change
 from sentinel.components.ecc import metrics, nvml
 from sentinel.components.ecc.parse import parse_ecc
 from sentinel.components.ecc.record import EccCounters
 from sentinel.components.ecc.rule import evaluate_ecc
-from sentinel.components.signal import GpuFacts, Judged, JudgeSettings, NvmlRead, Signal, SlowRead
+from sentinel.components.signal import GpuFacts, Judged, JudgeSettings, NvmlRead, Signal, SlowRead, judged
 from sentinel.wire import GpuSample
 
-
-class EccMemory(msgspec.Struct, kw_only=True):
-    """The latest counters, the reading before their latest change (to see a rise), and when they changed."""
-
-    cur: EccCounters | None = None
-    prev: EccCounters | None = None
-    t: float = 0.0
+#: the latest reading, the one before its latest change (to see a rise), and when it changed
+EccMemory = Changes[EccCounters]
 
 
 def shows_reset(memory: EccMemory, sample: GpuSample) -> bool:
@@ -36,25 +30,13 @@ def shows_reset(memory: EccMemory, sample: GpuSample) -> bool:
 
 
 def remember(memory: EccMemory | None, sample: GpuSample) -> tuple[EccMemory, bool] | None:
-    ecc = sample.ecc
-    if ecc is None or (memory is not None and (ecc is memory.cur or ecc == memory.cur)):
-        return None
-    if memory is None:
-        return EccMemory(cur=ecc, t=sample.t), True
-    memory.prev, memory.cur, memory.t = memory.cur, ecc, sample.t
-    return memory, True
-
-
-def on_reset(memory: EccMemory, t: float) -> EccMemory:
-    memory.prev = None  # rises are judged from the reset on
-    return memory
+    return remember_change(memory, sample.ecc, sample.t)
 
 
 def judge(gpu: GpuFacts, memory: EccMemory | None, settings: JudgeSettings, now: float) -> list[Judged]:
     if memory is None or memory.cur is None:
         return []
-    finding = evaluate_ecc(memory.cur, memory.prev, settings.ecc)
-    return [Judged(finding, memory.t)] if finding.state != "ok" else []
+    return judged(evaluate_ecc(memory.cur, memory.prev, settings.ecc), memory.t)
 
 
 def _slow(read: SlowRead, sample: GpuSample) -> None:
@@ -70,7 +52,7 @@ SIGNAL = Signal[EccMemory](
     memory_type=EccMemory,
     remember=remember,
     shows_reset=shows_reset,
-    on_reset=on_reset,
+    on_reset=forget_before,
     judge=judge,
     precedence=50,
     render=metrics.render,

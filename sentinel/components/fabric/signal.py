@@ -8,7 +8,7 @@ from sentinel.components.device.signal import slow_reading
 from sentinel.components.fabric import metrics, nvml
 from sentinel.components.fabric.record import FabricInfo
 from sentinel.components.fabric.rule import evaluate_fabric
-from sentinel.components.signal import GpuFacts, Judged, JudgeSettings, NvmlRead, Signal, SlowRead
+from sentinel.components.signal import GpuFacts, Judged, JudgeSettings, NvmlRead, Signal, SlowRead, judged
 from sentinel.wire import GpuSample
 
 
@@ -28,8 +28,7 @@ def remember(memory: FabricMemory | None, sample: GpuSample) -> tuple[FabricMemo
 def judge(gpu: GpuFacts, memory: FabricMemory | None, settings: JudgeSettings, now: float) -> list[Judged]:
     if memory is None or memory.info is None:
         return []
-    finding = evaluate_fabric(memory.info)
-    return [Judged(finding, memory.t)] if finding is not None else []
+    return judged(evaluate_fabric(memory.info), memory.t)
 
 
 def _slow(read: SlowRead, sample: GpuSample) -> None:

@@ -11,7 +11,7 @@ from sentinel.components.nvlink.record import NvLink
 from sentinel.components.nvlink.rule import error_total, evaluate_error_rate, rises
 from sentinel.components.nvml_read import FieldRequest
 from sentinel.components.rates import Reading, counter_rate, record_change
-from sentinel.components.signal import GpuFacts, Judged, JudgeSettings, NvmlRead, Signal, SlowRead
+from sentinel.components.signal import GpuFacts, Judged, JudgeSettings, NvmlRead, Signal, SlowRead, judged
 from sentinel.wire import GpuSample
 
 
@@ -59,8 +59,7 @@ def judge(gpu: GpuFacts, memory: NvlinkMemory | None, settings: JudgeSettings, n
     if memory is None or memory.prev is None:
         return []
     rate = error_rate(memory, settings.rate_window_s)
-    finding = evaluate_error_rate(rate, settings.nvlink_errors_per_s, memory.rose)
-    return [Judged(finding, memory.prev[0])] if finding is not None else []
+    return judged(evaluate_error_rate(rate, settings.nvlink_errors_per_s, memory.rose), memory.prev[0])
 
 
 def _slow(read: SlowRead, sample: GpuSample) -> None:

@@ -9,7 +9,7 @@ from sentinel.components.pcie import metrics, nvml
 from sentinel.components.pcie.record import PcieLink
 from sentinel.components.pcie.rule import evaluate_link, evaluate_replay_rate
 from sentinel.components.rates import Reading, counter_rate, record_change
-from sentinel.components.signal import GpuFacts, Judged, JudgeSettings, NvmlRead, Signal, SlowRead
+from sentinel.components.signal import GpuFacts, Judged, JudgeSettings, NvmlRead, Signal, SlowRead, judged
 from sentinel.wire import GpuSample
 
 
@@ -46,14 +46,10 @@ def judge(gpu: GpuFacts, memory: PcieMemory | None, settings: JudgeSettings, now
         return []
     found: list[Judged] = []
     if memory.link is not None:
-        link = evaluate_link(memory.link)
-        if link is not None:
-            found.append(Judged(link, memory.link_t))
+        found += judged(evaluate_link(memory.link), memory.link_t)
     if memory.prev is not None:
         rate = counter_rate(memory.hist, memory.prev, settings.rate_window_s)
-        replays = evaluate_replay_rate(rate, settings.pcie_replays_per_s)
-        if replays is not None:
-            found.append(Judged(replays, memory.prev[0]))
+        found += judged(evaluate_replay_rate(rate, settings.pcie_replays_per_s), memory.prev[0])
     return found
 
 
