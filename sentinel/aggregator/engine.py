@@ -24,7 +24,7 @@ from sentinel.aggregator.detectors.host_silent import HostSilentDetector
 from sentinel.aggregator.detectors.inventory import InventoryDetector
 from sentinel.aggregator.detectors.network import NetworkDetector
 from sentinel.aggregator.detectors.straggler import RankJudgement, StragglerDetector
-from sentinel.aggregator.detectors.stuck import Stall, StuckDetector
+from sentinel.aggregator.detectors.stuck import DumpJudgement, Stall, StuckDetector
 from sentinel.aggregator.state import FleetState, HostView
 from sentinel.aggregator.verdicts import Change, Verdict, VerdictBook
 from sentinel.components import registry as signals
@@ -303,7 +303,7 @@ class Engine:
         """A stalled job's Flight Recorder dumps were analyzed: confirm, correct or mark its stuck verdicts
         inconclusive (applied from the next tick on); the outcome, or None when the job no longer stalls."""
         for detector in self.detectors.values():
-            judged = detector.join_dumps(job, analysis)
+            judged: DumpJudgement | None = detector.join_dumps(job, analysis)
             if judged is not None:
                 log.info(
                     "stall_dumps_joined", job=job, outcome=judged.outcome, culprits=list(judged.culprits)
@@ -314,7 +314,7 @@ class Engine:
     def rank_judgement(self, job: str, rank: int) -> RankJudgement | None:
         """A rank's compute time as a detector judged it (the straggler detector's), or None."""
         for detector in self.detectors.values():
-            judged = detector.rank_judgement(job, rank)
+            judged: RankJudgement | None = detector.rank_judgement(job, rank)
             if judged is not None:
                 return judged
         return None

@@ -52,6 +52,4 @@ def test_an_unknown_collector_name_is_a_one_line_config_error(tmp_path: Path) ->
     with pytest.raises(ConfigError) as info:
         load_agent_config(path)
     known = ", ".join(registry.COLLECTORS)
-    assert (
-        str(info.value) == f"{path}: collect.disabled[1]: 'infiniband' is not a collector (one of {known})"
-    )
+    assert str(info.value) == f"{path}: collect.disabled[1]: 'infiniband' is not a collector (one of {known})"

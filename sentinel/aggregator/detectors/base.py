@@ -12,15 +12,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from sentinel.aggregator.state import FleetState, GpuView
 from sentinel.aggregator.verdicts import Finding
 from sentinel.config.aggregator import AggregatorConfig
-
-if TYPE_CHECKING:
-    from sentinel.aggregator.detectors.straggler import RankJudgement
-    from sentinel.aggregator.detectors.stuck import DumpJudgement, Stall
 
 Key = tuple[str, ...]
 T = TypeVar("T")
@@ -94,17 +90,19 @@ class Detector(ABC):
         """The detector was off and is on again (a reload): what happened meanwhile must be looked at."""
         return
 
-    def stalled_jobs(self) -> Mapping[str, Stall]:
-        """Jobs this detector found stalled at its latest run (the stuck detector's answer; others: none)."""
+    def stalled_jobs(self) -> Mapping[str, Any]:
+        """Jobs this detector found stalled at its latest run, job → its ``Stall`` (the stuck detector's
+        answer; others: none)."""
         return {}
 
-    def join_dumps(self, job: str, analysis: Mapping[str, Any] | None) -> DumpJudgement | None:
-        """A stalled job's Flight Recorder dumps were analyzed: what this detector makes of them (None:
-        nothing, or the job no longer stalls)."""
+    def join_dumps(self, job: str, analysis: Mapping[str, Any] | None) -> Any:
+        """A stalled job's Flight Recorder dumps were analyzed: what this detector makes of them, a
+        ``DumpJudgement`` (None: nothing, or the job no longer stalls)."""
         return None
 
-    def rank_judgement(self, job: str, rank: int) -> RankJudgement | None:
-        """This detector's view of one rank's compute time (the straggler detector's; others: none)."""
+    def rank_judgement(self, job: str, rank: int) -> Any:
+        """This detector's view of one rank's compute time, a ``RankJudgement`` (the straggler detector's;
+        others: None)."""
         return None
 
     def job_ended(self, job: str) -> None:
