@@ -7,12 +7,15 @@ import importlib
 import pkgutil
 from pathlib import Path
 
+import msgspec
+
 import sentinel.components
 from sentinel.agent.registry import BUILDERS, COLLECTORS
-from sentinel.aggregator.engine import DETECTORS
+from sentinel.aggregator.engine import DETECTORS, Engine
 from sentinel.cli.cmd_config import render_docs
 from sentinel.components import registry
 from sentinel.components.signal import Signal
+from sentinel.config.aggregator import AggregatorConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -71,3 +74,10 @@ def test_alert_rules_and_panels_come_from_the_hook_or_the_component_module() -> 
     assert registry.alerts(hooked, 7) == [("rule", 7)]
     absent = Signal[None](name="x", summary="", component="no_such_component")
     assert registry.alerts(absent, None) == [] and registry.panels(absent, None) == []
+
+
+def test_every_registry_detector_can_be_switched_off_by_name_network_included() -> None:
+    for name in registry.DETECTORS:
+        config = msgspec.convert({"detect": {"disabled": [name]}}, AggregatorConfig)
+        engine = Engine(config)
+        assert name in engine.detectors and name not in {d.name for d in engine.enabled}
