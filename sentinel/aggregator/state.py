@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -48,6 +49,12 @@ from sentinel.wire import (
 #: the GPU signals that remember samples and those that take events, in registry order
 SAMPLED = tuple(s for s in GPU_SIGNALS if s.remember is not None)
 EVENTED = tuple(s for s in GPU_SIGNALS if s.on_event is not None)
+RESETTING = tuple(s for s in SAMPLED if s.shows_reset is not None)
+#: a sample with none of the slow-tick signals' fields (most samples: fast ticks) goes only to the signals
+#: whose readings ride on every tick
+EVERY_TICK = tuple(s for s in SAMPLED if s.every_tick)
+SLOW_FIELDS = tuple(sorted({f for s in SAMPLED if not s.every_tick for f in s.reads}))
+_slow_values = attrgetter(*SLOW_FIELDS)
 DEDUP_WINDOW = 4096  # seqs above the contiguous high-water mark remembered per host
 HOST_EVENTS_KEPT = 256
 MAX_PORTS_PER_HOST = 64
@@ -459,12 +466,13 @@ class FleetState:
                 host.inventory_version += 1
             gpu.pcie_link = s.pcie_link
         memory = gpu.memory
-        for signal in SAMPLED:
+        slow = _slow_values(s).count(None) != len(SLOW_FIELDS)
+        for signal in RESETTING if slow else ():
             kept = memory.get(signal.name)
-            if kept is not None and signal.shows_reset is not None and signal.shows_reset(kept, s):
+            if kept is not None and signal.shows_reset(kept, s):  # type: ignore[misc]
                 self._reset(gpu, s.t)  # e.g. volatile ECC counters restart only at a reset / driver reload
                 break
-        for signal in SAMPLED:
+        for signal in SAMPLED if slow else EVERY_TICK:
             remembered = signal.remember(memory.get(signal.name), s)  # type: ignore[misc]
             if remembered is not None:
                 memory[signal.name], changed = remembered

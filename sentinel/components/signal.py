@@ -117,6 +117,10 @@ class Signal(Generic[M]):
     parse: Callable[[str], Any] | None = None
     #: its memory type (a msgspec struct: stored by the fleet's latches, restored after a restart)
     memory_type: type[M] | None = None
+    #: the ``GpuSample`` fields ``remember`` reads (it answers None when all of them are None)
+    reads: tuple[str, ...] = ()
+    #: its readings ride on every tick's sample (not only slow ticks'): a fast sample is offered to it too
+    every_tick: bool = False
     #: fold one GPU sample into the memory (``None`` in: nothing remembered yet): ``(memory, changed)`` —
     #: changed when the judge must look again —, or None when the sample says nothing new to this signal.
     #: The memory is the signal's own: it may be updated in place and returned

@@ -16,6 +16,7 @@ from sentinel.cli.cmd_config import render_docs
 from sentinel.components import registry
 from sentinel.components.signal import Signal
 from sentinel.config.aggregator import AggregatorConfig
+from sentinel.wire import EccCounters, FabricInfo, GpuSample, NvLink, PcieLink, RowRemap
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,3 +82,30 @@ def test_every_registry_detector_can_be_switched_off_by_name_network_included() 
         config = msgspec.convert({"detect": {"disabled": [name]}}, AggregatorConfig)
         engine = Engine(config)
         assert name in engine.detectors and name not in {d.name for d in engine.enabled}
+
+
+def test_a_signal_reads_only_the_sample_fields_it_declares() -> None:
+    """The aggregator offers a fast sample (none of the slow signals' fields) to the every-tick signals only;
+    a slow signal that read an undeclared field would miss its readings."""
+    fields = {f.name for f in msgspec.structs.fields(GpuSample)}
+    for signal in registry.GPU_SIGNALS:
+        if signal.remember is None:
+            continue
+        assert signal.reads and set(signal.reads) <= fields, signal.name
+        assert signal.remember(None, GpuSample(gpu=0, t=1.0)) is None, signal.name  # nothing it reads
+        for name in signal.reads:  # any one of its fields is a reading it must be offered
+            value = {
+                "pcie_replay": 3,
+                "recovery_action": "gpu_reset",
+                "pcie_link": PcieLink(width=8, width_max=16),
+                "fabric": FabricInfo(state="completed", health_mask=1),
+                "ecc": EccCounters(volatile_corrected=1),
+                "remap": RowRemap(correctable=1),
+                "nvlink": [NvLink(link=0)],
+                "mem_temp_c": 70.0,
+                "mem_temp_max_c": 95.0,
+            }[name]
+            offered = msgspec.structs.replace(GpuSample(gpu=0, t=1.0), **{name: value})
+            if signal.name == "hbm" and name == "mem_temp_max_c":
+                continue  # the limit alone is no reading: it is kept with the next temperature
+            assert signal.remember(None, offered) is not None, (signal.name, name)

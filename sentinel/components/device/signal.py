@@ -79,6 +79,7 @@ SIGNAL = Signal[DeviceMemory](
     summary="NVML device health: identity, lost / unresponsive / unavailable GPUs, GPU count vs expected",
     nvml=NvmlRead(fast=nvml.fill, slow=_slow, fields=_fields),
     memory_type=DeviceMemory,
+    reads=("recovery_action", "pcie_link", "fabric"),
     remember=remember,
     judge=judge,
     precedence=10,

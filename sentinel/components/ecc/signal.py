@@ -50,6 +50,7 @@ SIGNAL = Signal[EccMemory](
     nvml=NvmlRead(slow=_slow),
     parse=parse_ecc,
     memory_type=EccMemory,
+    reads=("ecc",),
     remember=remember,
     shows_reset=shows_reset,
     on_reset=forget_before,

@@ -63,6 +63,7 @@ SIGNAL = Signal[FabricHealthMemory](
     component="fabric",
     summary="GB200 NVL fabric health mask: degraded bandwidth, route recovery / unhealthy, access timeouts",
     memory_type=FabricHealthMemory,
+    reads=("fabric",),
     remember=remember,
     judge=judge,
     precedence=35,

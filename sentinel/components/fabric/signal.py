@@ -40,6 +40,7 @@ SIGNAL = Signal[FabricMemory](
     summary="fabric-manager registration and clique (NVSwitch systems): an unregistered GPU hangs NCCL init",
     nvml=NvmlRead(slow=_slow),
     memory_type=FabricMemory,
+    reads=("recovery_action", "pcie_link", "fabric"),
     remember=remember,
     judge=judge,
     precedence=30,

@@ -74,6 +74,7 @@ SIGNAL = Signal[HbmMemory](
     summary="HBM temperature against the memory's own maximum (NVML MEM_MAX threshold): a cooling problem",
     nvml=NvmlRead(slow=nvml.read),
     memory_type=HbmMemory,
+    reads=("mem_temp_c", "mem_temp_max_c"),
     remember=remember,
     judge=judge,
     precedence=70,

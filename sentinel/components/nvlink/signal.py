@@ -75,6 +75,7 @@ SIGNAL = Signal[NvlinkMemory](
     summary="NVLink state and error counters: links down, error rates",
     nvml=NvmlRead(slow=_slow, fields=_fields),
     memory_type=NvlinkMemory,
+    reads=("nvlink",),
     remember=remember,
     judge=judge,
     precedence=60,

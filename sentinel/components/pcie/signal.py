@@ -62,6 +62,8 @@ SIGNAL = Signal[PcieMemory](
     summary="PCIe throughput, replays, link generation / width now vs max: a flapping or mistrained link",
     nvml=NvmlRead(fast=nvml.fill, slow=_slow),
     memory_type=PcieMemory,
+    reads=("pcie_replay", "recovery_action", "pcie_link", "fabric"),
+    every_tick=True,
     remember=remember,
     judge=judge,
     precedence=20,

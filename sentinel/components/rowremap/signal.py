@@ -34,6 +34,7 @@ SIGNAL = Signal[RemapMemory](
     nvml=NvmlRead(slow=_slow),
     parse=parse_row_remap,
     memory_type=RemapMemory,
+    reads=("remap",),
     remember=remember,
     on_reset=forget_before,
     judge=judge,
