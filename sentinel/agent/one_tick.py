@@ -7,17 +7,17 @@ the agent serves to ``sentinel health`` (:meth:`sentinel.agent.agent.Agent.healt
 
 from __future__ import annotations
 
-import typing
 from typing import Any
 
 import msgspec
 
 from sentinel.agent.agent import Agent
 from sentinel.agent.source import GpuSource
-from sentinel.config.agent import AgentConfig, CollectorName
+from sentinel.components.registry import COLLECTORS
+from sentinel.config.agent import AgentConfig
 
 #: every collector but the GPUs': a recording says nothing about this machine's kernel log, jobs or ports
-_OTHERS: tuple[CollectorName, ...] = tuple(c for c in typing.get_args(CollectorName) if c != "nvml")
+_OTHERS: tuple[str, ...] = tuple(c for c in COLLECTORS if c != "nvml")
 
 
 def health_after_one_tick(config: AgentConfig, source: GpuSource, now: float) -> dict[str, Any]:

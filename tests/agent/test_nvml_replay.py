@@ -129,6 +129,7 @@ def test_generations_readings(outputs: dict[str, dict[str, Any]]) -> None:
         "state": "completed",
         "clique_id": 32766,
         "cluster_uuid": "c7a4f1d2-5b3e-4c69-9e0d-2f8b61a4d5e3",
+        "health_mask": 0b10101010,  # every 2-bit health field reads FALSE (2): nothing degraded
     }
     assert gb200["samples"][0]["power_w"] == 612.34
     assert gb200["samples"][0]["pids"] == [7000]
