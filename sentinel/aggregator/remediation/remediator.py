@@ -15,7 +15,7 @@ import math
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -103,8 +103,11 @@ class Remediator:
         clock: Callable[[], float] = time.time,
         slurm: Slurm | None = None,
         env: dict[str, str] | None = None,
+        before_drain: Callable[[Verdict], Awaitable[None]] | None = None,
     ) -> None:
         self.config = config
+        #: awaited before each drain: the incident's evidence is attached first (aggregator/evidence.py)
+        self.before_drain = before_drain
         self.book = book
         self.clock = clock
         self.env = env
@@ -322,6 +325,10 @@ class Remediator:
             return "skipped"
         if not self.leading:
             return "follower"  # not settled: looked at again if this aggregator takes the lease
+        if self.before_drain is not None:
+            await self.before_drain(verdict)
+            if verdict.state != "open":
+                return "skipped"
         nodes, error = await self.slurm.nodes(self.config.partition)
         if error:
             return self._failed(verdict, "drain", "slurm_unreadable", node=node, detail=error, now=now)
