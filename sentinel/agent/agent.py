@@ -53,7 +53,7 @@ from sentinel.agent.shipper import Shipper
 from sentinel.agent.sink import TickSink
 from sentinel.agent.source import GpuSource, HostInputs
 from sentinel.agent.spool import SeqAllocator, Spool, stream_instance
-from sentinel.agent.stacks import PySpy, simulated_stacks
+from sentinel.agent.stacks import PySpy
 from sentinel.components.device.record import GpuSourceHealth
 from sentinel.components.xid.merge import XidMerger
 from sentinel.config.agent import AgentConfig
@@ -167,7 +167,7 @@ class Agent:
             procs=self.sink.procs,
             gpus=self._gpu_reads,
             kernel=self.kernel_window,
-            stacks=simulated_stacks if self.inputs.simulated else PySpy(),
+            stacks=None if self.inputs.simulated else PySpy(),
             problem=self._evidence_problem,
             clock=clock,
         )

@@ -40,6 +40,8 @@ MAX_PROCESSES = 64
 MAX_STACK_OUTPUT_BYTES = 1024 * 1024
 #: share of the answer's bytes the kernel window may take; the rest is stacks and GPU snapshots
 KERNEL_SHARE = 0.25
+#: a simulated host's stacks (its ranks are the simulator's, not processes to read)
+SIMULATED = "simulated host: its ranks are not processes"
 #: time kept aside of the request's deadline for assembling and sending the answer
 ANSWER_MARGIN_S = 0.5
 
@@ -88,7 +90,7 @@ class EvidenceCapture:
         procs: Callable[[], list[ProcInfo]],
         gpus: Callable[[], dict[int, GpuReads]],
         kernel: KernelWindow,
-        stacks: StackReader,
+        stacks: StackReader | None,
         problem: Callable[[str], None],
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
@@ -97,6 +99,7 @@ class EvidenceCapture:
         self.procs = procs
         self.gpus = gpus
         self.kernel = kernel
+        #: None: a simulated host, whose ranks are not processes (nothing to read, nothing counted)
         self.stacks = stacks
         #: counts a refused rank or a stack not read, by reason (the agent's metric)
         self.problem = problem
@@ -174,6 +177,9 @@ class EvidenceCapture:
 
     def _stack(self, proc: ProcInfo, timeout_s: float, max_bytes: int) -> RankStack:
         entry = RankStack(pid=proc.pid, gpu=proc.gpu, job=proc.job_id, rank=proc.rank)
+        if self.stacks is None:
+            entry.error = SIMULATED
+            return entry
         # the mapping may be a poll old: read only a pid that is still that rank now
         current = next((p for p in self.procs() if p.pid == proc.pid), None)
         if current is None or (current.job_id, current.rank) != (proc.job_id, proc.rank):

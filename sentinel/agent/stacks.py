@@ -172,8 +172,3 @@ class PySpy:
             return parse_dump(data), ""
         except ValueError as exc:
             return [], str(exc)
-
-
-def simulated_stacks(pid: int, timeout_s: float, max_bytes: int) -> tuple[list[ThreadStack], str]:
-    """A simulated host's stack reader: its ranks are the simulator's, not processes to attach to."""
-    return [], "simulated host: its ranks are not processes"

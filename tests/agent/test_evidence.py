@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sentinel.agent.commands import CommandTargets, dispatch
-from sentinel.agent.evidence import EvidenceCapture, GpuReads, rank_processes
+from sentinel.agent.evidence import SIMULATED, EvidenceCapture, GpuReads, rank_processes
 from sentinel.agent.kernel_window import KernelWindow
 from sentinel.agent.nvml.recording import parse
 from sentinel.agent.nvml.smi_snapshot import snapshot_xml
@@ -324,6 +324,14 @@ def test_py_spy_reads_a_live_process_without_stopping_it(tmp_path: Path) -> None
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_simulated_host_reads_no_process_and_counts_nothing() -> None:
+    cap, problems = capture(Reader())
+    cap.stacks = None
+    answer = cap.answer(EvidenceRequest(job=JOB))
+    assert [s.error for s in answer.stacks] == [SIMULATED, SIMULATED]
+    assert not problems and answer.gpus
 
 
 def test_a_missing_py_spy_is_a_reason_not_an_exception() -> None:
