@@ -42,6 +42,7 @@ from sentinel.agent.fr_control import FrDumps, LocalRanks
 from sentinel.agent.health import LocalHealth, cannot_tell
 from sentinel.agent.health import report as health_report
 from sentinel.agent.http import start_http
+from sentinel.agent.jobs import JobMapper, run_listpids
 from sentinel.agent.kernel_window import KernelWindow
 from sentinel.agent.kmsg import current_boot_id
 from sentinel.agent.metrics import AgentCounters, AgentMetricsCollector, GpuView, make_registry
@@ -66,6 +67,7 @@ from sentinel.wire import (
     FrDumpAnswer,
     GpuInfo,
     Hello,
+    ProcInfo,
     Snapshot,
 )
 
@@ -162,6 +164,8 @@ class Agent:
         self.lines = LineProcessor(
             self.sink, self.xids, forward_info=config.logs.forward_info, recent=self.kernel_window
         )
+        #: maps one pid afresh before its stack is read (its own cache: a reused pid has a new start time)
+        self._evidence_mapper = JobMapper(listpids=lambda: run_listpids(self.host))
         self.evidence = EvidenceCapture(
             self.host,
             procs=self.sink.procs,
@@ -169,6 +173,7 @@ class Agent:
             kernel=self.kernel_window,
             stacks=None if self.inputs.simulated else PySpy(),
             problem=self._evidence_problem,
+            remap=self._remap_rank,
             clock=clock,
         )
         self.collectors = Collectors(self.counters, config.collect.tick_s, inline=inline)
@@ -328,6 +333,9 @@ class Agent:
 
     def _gpu_reads(self) -> dict[int, GpuReads]:
         return {i: GpuReads(info=v.info, fast=v.fast, slow=v.slow) for i, v in self.sink.gpus.items()}
+
+    def _remap_rank(self, proc: ProcInfo) -> ProcInfo | None:
+        return next(iter(self._evidence_mapper.map({proc.gpu: [proc.pid]})), None)
 
     def _evidence_problem(self, reason: str) -> None:
         self.counters.evidence_problems[reason] += 1

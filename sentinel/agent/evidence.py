@@ -4,11 +4,12 @@ For an :class:`~sentinel.wire.EvidenceRequest` the agent answers with the Python
 processes here, the kernel log around the fault and an ``nvidia-smi -q -x``-shaped snapshot of the GPUs.
 
 Which processes are read is the agent's decision alone: only the pids its own job mapping (NVML's process
-list of each GPU → environment/cgroup) holds as a rank of a job on one of this host's GPUs, looked up again
-just before each read. A request names a job, GPUs or ranks, never a pid; a named rank the agent does not
-know here is refused and counted. Each read has its own deadline and byte limit, the whole answer a total
-deadline and byte budget, and one rank that cannot be read is an ``error`` on its entry, not a failed answer.
-"""
+list of each GPU → environment/cgroup) holds as a rank of a job on one of this host's GPUs, mapped again
+just before each read (the job mapper reads the live process: a pid reused since the last poll is another
+process, with another start time, and is not read). A request names a job, GPUs or ranks, never a pid; a
+named rank the agent does not know here is refused and counted. Each read has its own deadline and byte
+limit, the whole answer a total deadline and byte budget, and one rank that cannot be read is an ``error``
+on its entry, not a failed answer."""
 
 from __future__ import annotations
 
@@ -92,6 +93,7 @@ class EvidenceCapture:
         kernel: KernelWindow,
         stacks: StackReader | None,
         problem: Callable[[str], None],
+        remap: Callable[[ProcInfo], ProcInfo | None] | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -103,6 +105,9 @@ class EvidenceCapture:
         self.stacks = stacks
         #: counts a refused rank or a stack not read, by reason (the agent's metric)
         self.problem = problem
+        #: the process behind a mapped pid as the job mapper reads it now (a reused pid is another process,
+        #: with another start time, and maps to its own job or none); None: the last mapping
+        self.remap = remap
         self.clock = clock
         self.monotonic = monotonic
 
@@ -181,7 +186,10 @@ class EvidenceCapture:
             entry.error = SIMULATED
             return entry
         # the mapping may be a poll old: read only a pid that is still that rank now
-        current = next((p for p in self.procs() if p.pid == proc.pid), None)
+        if self.remap is not None:
+            current = self.remap(proc)
+        else:
+            current = next((p for p in self.procs() if p.pid == proc.pid), None)
         if current is None or (current.job_id, current.rank) != (proc.job_id, proc.rank):
             entry.error = "no longer a rank of this job on this host"
             self.problem("gone")

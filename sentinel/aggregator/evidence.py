@@ -77,10 +77,13 @@ async def gather(
     config: IncidentsConfig,
     *,
     clock: Callable[[], float] = time.time,
+    max_answer_bytes: int = MAX_EVIDENCE_BYTES,
 ) -> EvidenceReport:
-    """Ask every host at once; each answer is kept as it arrives, a host past the deadline is missing."""
+    """Ask every host at once; each answer is kept as it arrives, a host past the deadline is missing.
+
+    ``max_answer_bytes``: what one answer may hold so that it fits the stream's frame limit."""
     report = EvidenceReport(state="done", requested_at=clock(), fault_t=verdict.evidence_t)
-    per_host = min(MAX_EVIDENCE_BYTES, MAX_TOTAL_BYTES // max(1, len(hosts)))
+    per_host = min(MAX_EVIDENCE_BYTES, max_answer_bytes, MAX_TOTAL_BYTES // max(1, len(hosts)))
     timeout = config.evidence_timeout_s + ANSWER_MARGIN_S
 
     async def ask(host: str) -> tuple[str, CommandResult | None]:

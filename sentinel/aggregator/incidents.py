@@ -45,6 +45,7 @@ from sentinel.aggregator.verdicts import Change, Verdict
 from sentinel.config.aggregator import IncidentsConfig
 from sentinel.log import get_logger
 from sentinel.wire import (
+    MAX_EVIDENCE_BYTES,
     Answer,
     Command,
     CommandResult,
@@ -365,6 +366,10 @@ class IncidentManager:
                     self._evidence_hosts(verdict),
                     self.config,
                     clock=self.clock,
+                    # an answer must fit one frame, as the FR dumps' share does
+                    max_answer_bytes=self.fr_dumps.max_bytes_per_host
+                    if self.fr_dumps
+                    else MAX_EVIDENCE_BYTES,
                 )
             )
         try:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from sentinel.agent.commands import CommandTargets, dispatch
 from sentinel.agent.evidence import SIMULATED, EvidenceCapture, GpuReads, rank_processes
+from sentinel.agent.jobs import JobMapper
 from sentinel.agent.kernel_window import KernelWindow
 from sentinel.agent.nvml.recording import parse
 from sentinel.agent.nvml.smi_snapshot import snapshot_xml
@@ -35,6 +36,7 @@ from sentinel.wire import (
     decode_agent_frame,
     encode,
 )
+from tests.agent.fakes import FakeHost, FakeProcess
 from tests.support import need
 
 JOB = "job-7"
@@ -141,6 +143,26 @@ def test_a_pid_that_stopped_being_the_rank_is_not_read() -> None:
         problem=lambda reason: problems.update([reason]),
         clock=lambda: 1000.0,
     )
+    answer = cap.answer(EvidenceRequest(job=JOB))
+    assert reader.asked == [100]
+    assert answer.stacks[1].error == "no longer a rank of this job on this host"
+    assert problems["gone"] == 1
+
+
+def test_a_pid_whose_live_process_is_another_jobs_is_not_read() -> None:
+    """The job mapper reads each process again before its read: pid 101 was rank 1 of the job at the last
+    poll, but the process there now (a reused pid) belongs to another job."""
+    host = FakeHost(
+        procs={
+            100: FakeProcess(100, {"SENTINEL_JOB_ID": JOB, "RANK": "0"}),
+            101: FakeProcess(101, {"SENTINEL_JOB_ID": "someone-else", "RANK": "1"}),
+        }
+    )
+    processes = host.inputs().processes
+    assert processes is not None
+    mapper = JobMapper(listpids=None, processes=processes)
+    reader = Reader()
+    cap, problems = capture(reader, remap=lambda p: next(iter(mapper.map({p.gpu: [p.pid]})), None))
     answer = cap.answer(EvidenceRequest(job=JOB))
     assert reader.asked == [100]
     assert answer.stacks[1].error == "no longer a rank of this job on this host"

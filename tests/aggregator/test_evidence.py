@@ -85,12 +85,13 @@ async def test_each_host_is_asked_for_its_share_and_answers_are_kept_per_host() 
 
     now = time.time()
     v = verdict(now)
-    report = await gather(requester, "inc-1", v, ["host-b", "host-a", "host-c", "host-d"], CONFIG)
+    hosts = ["host-b", "host-a", "host-c", "host-d"]
+    report = await gather(requester, "inc-1", v, hosts, CONFIG, max_answer_bytes=100_000)
     assert asked["host-b"].gpus == [1] and asked["host-a"].gpus == []  # the faulty GPU on its own host only
     assert {r.job for r in asked.values()} == {"job-1"}
     assert {r.fault_t for r in asked.values()} == {v.evidence_t}
     assert {r.window_s for r in asked.values()} == {30.0}
-    assert all(r.max_bytes <= 2 * 1024 * 1024 for r in asked.values())
+    assert {r.max_bytes for r in asked.values()} == {100_000}  # what fits one frame
     assert sorted(report.hosts) == ["host-a", "host-b"]
     assert report.hosts["host-a"]["host"] == "host-a"  # kept as the host that answered, whatever it claims
     assert report.hosts["host-b"]["stacks"][0]["threads"][0]["frames"][0]["name"] == "all_reduce"
