@@ -4,7 +4,8 @@ Requests are a tagged union (:data:`sentinel.wire.Request`) decoded and validate
 handler gets typed, bounded arguments or the frame is refused; it is never half-applied. Each handler gets
 only what it acts on (:class:`CommandTargets`: the ring's snapshots, the FR dump control, the health
 inbox, the evidence capture), never the agent. Handlers that block (writing FR dump pipes, waiting for
-dump files, reading stacks) run off the event loop. Adding a command is one request type in :mod:`sentinel.wire` plus its entry here.
+dump files, reading stacks) run off the event loop. Adding a command is one request type in
+:mod:`sentinel.wire` plus its entry here.
 """
 
 from __future__ import annotations

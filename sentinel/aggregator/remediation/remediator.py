@@ -319,16 +319,14 @@ class Remediator:
 
     async def drain(self, verdict: Verdict) -> str:
         """Drain the verdict's node if the policy, Slurm's state and the breaker allow; returns the outcome."""
+        if self.before_drain is not None and verdict.state == "open":
+            await self.before_drain(verdict)  # the incident's evidence first (bounded wait)
         now = self.clock()
         node = self.node_of(verdict.host or "")
         if verdict.state != "open":
             return "skipped"
         if not self.leading:
             return "follower"  # not settled: looked at again if this aggregator takes the lease
-        if self.before_drain is not None:
-            await self.before_drain(verdict)
-            if verdict.state != "open":
-                return "skipped"
         nodes, error = await self.slurm.nodes(self.config.partition)
         if error:
             return self._failed(verdict, "drain", "slurm_unreadable", node=node, detail=error, now=now)

@@ -553,9 +553,9 @@ const BULK_TYPES = new Set(["sample", "heads"]);
 // The incident's evidence as text: per host, each rank's Python stacks (innermost frames of the threads that
 // have any), the kernel lines around the fault and the GPU snapshots (nvidia-smi XML) it holds.
 function describeEvidence(ev) {
-  if (!ev) return "no evidence requested";
+  if (!ev) return "evidence before action: none requested";
   const missing = ev.missing_hosts ?? [];
-  const lines = [`evidence ${ev.state}` + (missing.length ? `; no answer from ${missing.join(", ")}` : "") +
+  const lines = [`evidence before action: ${ev.state}` + (missing.length ? `; no answer from ${missing.join(", ")}` : "") +
     (ev.finished_at ? ` (attached ${clockTime(ev.finished_at)})` : "")];
   for (const p of ev.problems ?? []) lines.push(`  problem: ${p}`);
   for (const [host, ans] of Object.entries(ev.hosts ?? {})) {
