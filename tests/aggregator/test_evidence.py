@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.evidence import EvidenceGate, gather
@@ -15,6 +16,7 @@ from sentinel.aggregator.incidents import IncidentManager, IncidentStore
 from sentinel.aggregator.remediation import Remediator
 from sentinel.aggregator.state import JobView, RankView
 from sentinel.aggregator.verdicts import Change, Verdict
+from sentinel.cli import main as cli_main
 from sentinel.config.aggregator import AggregatorConfig, BreakerConfig, IncidentsConfig, RemediationConfig
 from sentinel.wire import (
     Command,
@@ -117,7 +119,9 @@ def manager(tmp_path: Path, release: asyncio.Event) -> IncidentManager:
     return IncidentManager(engine, IncidentStore(tmp_path), requester, CONFIG, fr_dumps=None)
 
 
-async def test_a_drain_of_the_incidents_hosts_waits_until_the_evidence_is_attached(tmp_path: Path) -> None:
+async def test_a_drain_of_the_incidents_hosts_waits_until_the_evidence_is_attached(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     release = asyncio.Event()
     m = manager(tmp_path, release)
     v = verdict(time.time())
@@ -150,6 +154,10 @@ async def test_a_drain_of_the_incidents_hosts_waits_until_the_evidence_is_attach
     doc = msgspec.to_builtins(stored)
     assert doc["evidence"]["hosts"]["host-b"]["stacks"][0]["rank"] == 2  # as GET /api/v1/incidents/{id}
     await m.drain()
+    assert cli_main(["incident", "--state-dir", str(tmp_path), "show", v.incident]) == 0
+    out = capsys.readouterr().out
+    assert "evidence: done, from 2 host(s)" in out
+    assert "rank 2 pid 102 gpu 0 thread 0: all_reduce (torch/distributed/distributed_c10d.py:2501)" in out
 
 
 class Clock:

@@ -569,7 +569,7 @@ function describeEvidence(ev) {
       for (const th of st.threads ?? []) {
         const frames = th.frames ?? [];
         if (!frames.length) continue;
-        lines.push(`    thread ${th.name || th.thread_id}${th.active ? " (active)" : ""}`);
+        lines.push(`    thread ${th.name || (th.thread_id ?? 0)}${th.active ? " (active)" : ""}`);
         for (const f of frames.slice(0, 8)) lines.push(`      ${f.name} (${f.file}:${f.line ?? "?"})`);
         if (frames.length > 8) lines.push(`      … ${frames.length - 8} outer frames`);
       }
