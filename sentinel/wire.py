@@ -51,24 +51,29 @@ __all__ = [
     "EccCounters",
     "Event",
     "EventEntry",
+    "EvidenceAnswer",
+    "EvidenceRequest",
     "FabricInfo",
     "FrDumpAnswer",
     "FrDumpRequest",
     "FrDumpWritten",
     "GpuInfo",
     "GpuSample",
+    "GpuSnapshot",
     "GpuSourceHealth",
     "GpuState",
     "GpuStateChanged",
     "GpuWasReset",
     "HeadsEntry",
     "Hello",
+    "KernelLine",
     "LogLine",
     "NvLink",
     "PcieLink",
     "ProcInfo",
     "ProcsEntry",
     "ProcsMap",
+    "RankStack",
     "Request",
     "RetiredPages",
     "RingEntry",
@@ -77,6 +82,8 @@ __all__ = [
     "Severity",
     "Snapshot",
     "SnapshotRequest",
+    "StackFrame",
+    "ThreadStack",
     "VerdictsRequest",
     "XidOccurred",
     "decode_agent_frame",
@@ -339,7 +346,28 @@ class VerdictsRequest(_Request, tag="verdicts"):
     verdicts: Annotated[list[HostVerdict], msgspec.Meta(max_length=MAX_LIST)] = []
 
 
-Request = SnapshotRequest | FrDumpRequest | VerdictsRequest
+#: the most bytes of evidence (stacks, kernel lines, GPU snapshots) one agent's answer may carry
+MAX_EVIDENCE_BYTES = 2 * 1024 * 1024
+#: how long an agent may take over one evidence answer at most
+MAX_EVIDENCE_TIMEOUT_S = 120.0
+
+
+class EvidenceRequest(_Request, tag="evidence"):
+    """Evidence before action: the Python stacks of this host's ranks of ``job`` (or of the ranks on
+    ``gpus``), the kernel log within ``window_s`` of ``fault_t`` and an ``nvidia-smi -q -x``-shaped snapshot
+    of ``gpus`` (every GPU of the job's ranks when empty). The agent picks the processes itself, from its
+    own job mapping: a request never names a pid. ``ranks`` narrows the stacks to those ranks."""
+
+    job: Short | None = None
+    gpus: Annotated[list[Annotated[int, msgspec.Meta(ge=0)]], msgspec.Meta(max_length=MAX_GPUS)] = []
+    ranks: Annotated[list[Annotated[int, msgspec.Meta(ge=0)]], msgspec.Meta(max_length=1 << 14)] = []
+    fault_t: float | None = None
+    window_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 60.0
+    timeout_s: Annotated[float, msgspec.Meta(gt=0, le=MAX_EVIDENCE_TIMEOUT_S)] = 10.0
+    max_bytes: Annotated[int, msgspec.Meta(ge=0, le=MAX_EVIDENCE_BYTES)] = MAX_EVIDENCE_BYTES
+
+
+Request = SnapshotRequest | FrDumpRequest | VerdictsRequest | EvidenceRequest
 
 
 class Command(msgspec.Struct, tag="command", kw_only=True):
@@ -422,7 +450,73 @@ class FrDumpAnswer(_Answer, tag="fr_dump"):
     error: Short = ""
 
 
-Answer = Snapshot | FrDumpAnswer
+class StackFrame(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One Python frame of a stack: function, file and line (innermost first in :class:`ThreadStack`)."""
+
+    name: Short
+    file: Short
+    line: int = 0
+
+
+class ThreadStack(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One thread's Python stack as the stack reader saw it, innermost frame first."""
+
+    thread_id: int = 0
+    name: Short = ""
+    active: bool = False  # running (not idle/waiting) when read
+    owns_gil: bool = False
+    frames: Annotated[list[StackFrame], msgspec.Meta(max_length=1024)] = []
+    frames_cut: int = 0  # frames left out to keep the answer in bounds
+
+
+class RankStack(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The Python stacks of one rank's process on this host (``error`` when they could not be read)."""
+
+    pid: int
+    gpu: int
+    job: Short | None = None
+    rank: int | None = None
+    threads: Annotated[list[ThreadStack], msgspec.Meta(max_length=4096)] = []
+    took_s: float = 0.0
+    error: Short = ""
+
+
+class KernelLine(msgspec.Struct, kw_only=True):
+    """One kernel log line, stamped with the agent's clock when it was read."""
+
+    t: float
+    text: Text
+
+
+class GpuSnapshot(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One GPU as ``nvidia-smi -q -x`` would print it (its ``<gpu>`` element, same element names), made
+    from the agent's latest NVML reads of it (``read_at``); ``error`` when the agent has none."""
+
+    gpu: int
+    xml: Annotated[str, msgspec.Meta(max_length=256 * 1024)] = ""
+    read_at: float | None = None
+    error: Short = ""
+
+
+class EvidenceAnswer(_Answer, tag="evidence"):
+    """What an agent captured before any action on its host: ranks' stacks, kernel window, GPU snapshots.
+
+    ``refused``: ranks named in the request that the agent does not know as ranks of a job on its GPUs
+    (never read). ``cut`` lists what was left out to stay within the request's bytes or time."""
+
+    host: Short
+    t: float
+    stacks: Annotated[list[RankStack], msgspec.Meta(max_length=1 << 14)] = []
+    refused: RankReasons = {}
+    kernel: Annotated[list[KernelLine], msgspec.Meta(max_length=1 << 14)] = []
+    kernel_window: tuple[float, float] | None = None
+    gpus: Annotated[list[GpuSnapshot], msgspec.Meta(max_length=MAX_GPUS)] = []
+    cut: Annotated[list[Short], msgspec.Meta(max_length=MAX_LIST)] = []
+    took_s: float = 0.0
+    error: Short = ""
+
+
+Answer = Snapshot | FrDumpAnswer | EvidenceAnswer
 
 
 class CommandResult(msgspec.Struct, tag="result", kw_only=True, omit_defaults=True):

@@ -37,10 +37,13 @@ from sentinel.agent.collectors.gpu import GpuCollector
 from sentinel.agent.collectors.lines import LineProcessor
 from sentinel.agent.collectors.xid import flush_xids
 from sentinel.agent.commands import CommandTargets, dispatch
+from sentinel.agent.evidence import EvidenceCapture, GpuReads
 from sentinel.agent.fr_control import FrDumps, LocalRanks
 from sentinel.agent.health import LocalHealth, cannot_tell
 from sentinel.agent.health import report as health_report
 from sentinel.agent.http import start_http
+from sentinel.agent.jobs import JobMapper, run_listpids
+from sentinel.agent.kernel_window import KernelWindow
 from sentinel.agent.kmsg import current_boot_id
 from sentinel.agent.metrics import AgentCounters, AgentMetricsCollector, GpuView, make_registry
 from sentinel.agent.outbox import Outbox
@@ -51,6 +54,7 @@ from sentinel.agent.shipper import Shipper
 from sentinel.agent.sink import TickSink
 from sentinel.agent.source import GpuSource, HostInputs
 from sentinel.agent.spool import SeqAllocator, Spool, stream_instance
+from sentinel.agent.stacks import PySpy
 from sentinel.components.device.record import GpuSourceHealth
 from sentinel.components.xid.merge import XidMerger
 from sentinel.config.agent import AgentConfig
@@ -63,6 +67,7 @@ from sentinel.wire import (
     FrDumpAnswer,
     GpuInfo,
     Hello,
+    ProcInfo,
     Snapshot,
 )
 
@@ -154,7 +159,23 @@ class Agent:
         self.xids = XidMerger(
             wait_s=config.collect.xid_merge_wait_s, window_s=config.collect.xid_dedup_window_s
         )
-        self.lines = LineProcessor(self.sink, self.xids, forward_info=config.logs.forward_info)
+        #: every recent kernel line, for incident evidence (:mod:`sentinel.agent.evidence`)
+        self.kernel_window = KernelWindow()
+        self.lines = LineProcessor(
+            self.sink, self.xids, forward_info=config.logs.forward_info, recent=self.kernel_window
+        )
+        #: maps one pid afresh before its stack is read (its own cache: a reused pid has a new start time)
+        self._evidence_mapper = JobMapper(listpids=lambda: run_listpids(self.host))
+        self.evidence = EvidenceCapture(
+            self.host,
+            procs=self.sink.procs,
+            gpus=self._gpu_reads,
+            kernel=self.kernel_window,
+            stacks=None if self.inputs.simulated else PySpy(),
+            problem=self._evidence_problem,
+            remap=self._remap_rank,
+            clock=clock,
+        )
         self.collectors = Collectors(self.counters, config.collect.tick_s, inline=inline)
         built = build_collectors(
             BuildContext(
@@ -301,10 +322,23 @@ class Agent:
         """Answer a command from the aggregator through the command table (:mod:`sentinel.agent.commands`)."""
         return await dispatch(
             CommandTargets(
-                snapshot=self.snapshot, fr_dumps=self.fr_dumps, health=self.health, clock=self.clock
+                snapshot=self.snapshot,
+                fr_dumps=self.fr_dumps,
+                health=self.health,
+                clock=self.clock,
+                evidence=self.evidence,
             ),
             command,
         )
+
+    def _gpu_reads(self) -> dict[int, GpuReads]:
+        return {i: GpuReads(info=v.info, fast=v.fast, slow=v.slow) for i, v in self.sink.gpus.items()}
+
+    def _remap_rank(self, proc: ProcInfo) -> ProcInfo | None:
+        return next(iter(self._evidence_mapper.map({proc.gpu: [proc.pid]})), None)
+
+    def _evidence_problem(self, reason: str) -> None:
+        self.counters.evidence_problems[reason] += 1
 
     def hello(self) -> Hello:
         """The hello this agent opens a stream with now (the shipper sends it on every (re)connect)."""

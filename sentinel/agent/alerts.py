@@ -77,6 +77,18 @@ def alerts(settings: AgentConfig) -> list[AlertRule]:
             "host_not_allowed: the token is bound to other host names). Its journal names the token file.",
         ),
         AlertRule(
+            alert="SentinelAgentEvidenceIncomplete",
+            group="sentinel-self",
+            expr="sum by (cluster, host, reason) (increase(sentinel_agent_evidence_problems_total[30m])) > 0",
+            for_s=60,
+            severity="warning",
+            summary="Incident evidence from {{ $labels.host }} is incomplete ({{ $labels.reason }})",
+            description="The agent on {{ $labels.host }} could not give an incident all of its ranks' Python "
+            "stacks: {{ $labels.reason }} (not_a_local_rank: the aggregator asked for a rank this host does "
+            "not run, refused; gone: the rank's process ended before it was read; read_failed: py-spy is "
+            "missing or the kernel refused the read; deadline: the answer ran out of time).",
+        ),
+        AlertRule(
             alert="SentinelSpoolGrowing",
             group="sentinel-self",
             expr=f"{SPOOL_GROWTH.record} > 0\n"

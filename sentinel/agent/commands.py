@@ -3,8 +3,9 @@
 Requests are a tagged union (:data:`sentinel.wire.Request`) decoded and validated with the frame, so a
 handler gets typed, bounded arguments or the frame is refused; it is never half-applied. Each handler gets
 only what it acts on (:class:`CommandTargets`: the ring's snapshots, the FR dump control, the health
-inbox), never the agent. Handlers that block (writing FR dump pipes, waiting for dump files) run off the
-event loop. Adding a command is one request type in :mod:`sentinel.wire` plus its entry here.
+inbox, the evidence capture), never the agent. Handlers that block (writing FR dump pipes, waiting for
+dump files, reading stacks) run off the event loop. Adding a command is one request type in
+:mod:`sentinel.wire` plus its entry here.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from sentinel.wire import (
     Answer,
     Command,
     CommandResult,
+    EvidenceAnswer,
+    EvidenceRequest,
     FrDumpAnswer,
     FrDumpRequest,
     HostVerdict,
@@ -50,6 +53,12 @@ class VerdictInbox(Protocol):
     def push(self, verdicts: list[HostVerdict], now: float) -> None: ...
 
 
+class EvidenceSource(Protocol):
+    """Capturing this host's evidence for an incident (:class:`sentinel.agent.evidence.EvidenceCapture`)."""
+
+    def answer(self, request: EvidenceRequest) -> EvidenceAnswer: ...
+
+
 @dataclass(frozen=True, slots=True)
 class CommandTargets:
     """What the commands act on."""
@@ -58,6 +67,7 @@ class CommandTargets:
     fr_dumps: FrDumpControl
     health: VerdictInbox
     clock: Callable[[], float]
+    evidence: EvidenceSource | None = None
 
 
 async def _snapshot(targets: CommandTargets, request: SnapshotRequest) -> Answer:
@@ -79,12 +89,19 @@ async def _verdicts(targets: CommandTargets, request: VerdictsRequest) -> Answer
     return None
 
 
+async def _evidence(targets: CommandTargets, request: EvidenceRequest) -> Answer:
+    if targets.evidence is None:
+        return EvidenceAnswer(host="", t=targets.clock(), error="this agent captures no evidence")
+    return await asyncio.to_thread(targets.evidence.answer, request)
+
+
 Handler = Callable[[CommandTargets, Any], Awaitable[Answer | None]]
 
 COMMANDS: dict[type[Request], Handler] = {
     SnapshotRequest: _snapshot,
     FrDumpRequest: _fr_dump,
     VerdictsRequest: _verdicts,
+    EvidenceRequest: _evidence,
 }
 
 

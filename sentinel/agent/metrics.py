@@ -42,6 +42,8 @@ class AgentCounters:
     queue_depth: dict[str, int] = field(default_factory=dict)
     #: connections the aggregator refused for who this agent is (token file, token, host), by reason
     stream_refused: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    #: evidence stacks not read, by reason (not_a_local_rank, gone, read_failed, deadline)
+    evidence_problems: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     spool_bytes: int = 0
     #: spool and ack-log writes that failed (disk full, read-only state_dir): what is not on disk may be lost
     spool_write_errors: int = 0
@@ -200,6 +202,15 @@ class AgentMetricsCollector(Collector):
         for reason in ("token_file", "unauthorized", "host_not_allowed"):
             refused.add_metric([*base, reason], float(c.stream_refused.get(reason, 0)))
         yield refused
+        evidence = CounterMetricFamily(
+            "sentinel_agent_evidence_problems",
+            "incident evidence stacks not read, by reason: not_a_local_rank (the request named a rank this "
+            "host does not run: refused), gone (no longer that rank), read_failed (py-spy failed), deadline",
+            labels=[*names, "reason"],
+        )
+        for reason in ("not_a_local_rank", "gone", "read_failed", "deadline"):
+            evidence.add_metric([*base, reason], float(c.evidence_problems.get(reason, 0)))
+        yield evidence
         sent = CounterMetricFamily(
             "sentinel_agent_batches_sent", "batches sent (resends included)", labels=names
         )

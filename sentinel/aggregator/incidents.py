@@ -32,6 +32,8 @@ from typing import Any, Literal
 import msgspec
 
 from sentinel.aggregator.engine import Engine
+from sentinel.aggregator.evidence import ANSWER_MARGIN_S, EvidenceGate, EvidenceReport, evidence_hosts
+from sentinel.aggregator.evidence import gather as gather_evidence
 from sentinel.aggregator.frdumps import (
     FrDumpSettings,
     analyze_dumps,
@@ -44,6 +46,7 @@ from sentinel.aggregator.verdicts import Change, Verdict
 from sentinel.config.aggregator import IncidentsConfig
 from sentinel.log import get_logger
 from sentinel.wire import (
+    MAX_EVIDENCE_BYTES,
     Answer,
     Command,
     CommandResult,
@@ -111,6 +114,8 @@ class Incident(msgspec.Struct, kw_only=True):
     #: filled when served (``GET /api/v1/incidents/{id}``) from the goodput ledger
     phases: Phases | None = None
     gpu_seconds_lost: float | None = None
+    #: what the named hosts captured before any drain (stacks, kernel window, GPU snapshots)
+    evidence: EvidenceReport | None = None
 
     def summary(self) -> dict[str, Any]:
         """The incident as ``GET /api/v1/incidents`` lists it: without its timeline, with its size."""
@@ -278,8 +283,11 @@ class IncidentManager:
         clock: Callable[[], float] = time.time,
         on_saved: Callable[[Incident], None] | None = None,
         fr_dumps: FrDumpSettings | None = DEFAULT_FR_DUMPS,
+        evidence_gate: EvidenceGate | None = None,
     ) -> None:
         self.engine = engine
+        #: drains of an incident's hosts wait here until its evidence is attached
+        self.evidence_gate = evidence_gate if evidence_gate is not None else EvidenceGate()
         self.fr_dumps = fr_dumps
         self.store = store
         self.requester = requester
@@ -316,6 +324,8 @@ class IncidentManager:
             return  # no event loop (virtual-clock simulation): incidents need live agents
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        if self.config.evidence:
+            self.evidence_gate.open(incident_id, self._evidence_hosts(verdict), self._evidence_wait_s())
 
     def _hosts(self, verdict: Verdict) -> list[str]:
         hosts: list[str] = []
@@ -328,11 +338,20 @@ class IncidentManager:
                     hosts.append(name)
         return hosts[: self.config.max_hosts]
 
+    def _evidence_hosts(self, verdict: Verdict) -> list[str]:
+        return evidence_hosts(verdict, self._hosts(verdict), self.config.evidence_max_hosts)
+
+    def _evidence_wait_s(self) -> float:
+        """How long a drain may wait for the evidence: its own deadline, or the timeline's it is saved after."""
+        return max(self.config.evidence_timeout_s, self.config.snapshot_timeout_s) + 2 * ANSWER_MARGIN_S + 1.0
+
     async def collect(self, incident_id: str, verdict: Verdict, now: float) -> None:
         try:
             await self._collect(incident_id, verdict, now)
         except Exception as exc:  # an incident is best effort; the aggregator carries on
             log().warning("incident_failed", incident=incident_id, error=f"{type(exc).__name__}: {exc}")
+        finally:
+            self.evidence_gate.settle(incident_id)  # whatever happened, drains wait no longer
 
     async def _collect(self, incident_id: str, verdict: Verdict, now: float) -> None:
         hosts = self._hosts(verdict)
@@ -341,12 +360,31 @@ class IncidentManager:
             fr_task = asyncio.get_running_loop().create_task(
                 self._fr_dump(incident_id, verdict, hosts, now, self.fr_dumps)
             )
+        evidence_task: asyncio.Task[EvidenceReport] | None = None
+        if self.config.evidence and hosts:
+            evidence_task = asyncio.get_running_loop().create_task(
+                gather_evidence(
+                    self.requester,
+                    incident_id,
+                    verdict,
+                    self._evidence_hosts(verdict),
+                    self.config,
+                    clock=self.clock,
+                    # an answer must fit one frame, as the FR dumps' share does
+                    max_answer_bytes=self.fr_dumps.max_bytes_per_host
+                    if self.fr_dumps
+                    else MAX_EVIDENCE_BYTES,
+                )
+            )
         try:
             incident = await self._timeline(incident_id, verdict, now, hosts, fr_task is not None)
         except BaseException:
-            if fr_task is not None:
-                fr_task.cancel()
+            for task in (fr_task, evidence_task):
+                if task is not None:
+                    task.cancel()
             raise
+        if evidence_task is not None:
+            await self._attach_evidence(incident, evidence_task)
         if fr_task is not None:
             try:
                 fr = await fr_task
@@ -366,6 +404,27 @@ class IncidentManager:
                 ranks=len(fr.ranks),
                 verdict=(fr.analysis or {}).get("verdict"),
             )
+
+    async def _attach_evidence(self, incident: Incident, task: asyncio.Task[EvidenceReport]) -> None:
+        """Save the incident with its hosts' evidence, then let drains of those hosts go ahead."""
+        try:
+            incident.evidence = await task
+        except Exception as exc:  # the evidence part failed: say so, never hold drains on it
+            incident.evidence = EvidenceReport(
+                state="failed", problems=[f"{type(exc).__name__}: {exc}"[:300]]
+            )
+        try:
+            await self._save(incident)
+        finally:
+            self.evidence_gate.settle(incident.id)
+        evidence = incident.evidence
+        log().info(
+            "incident_evidence",
+            incident=incident.id,
+            state=evidence.state,
+            hosts=len(evidence.hosts),
+            missing=len(evidence.missing_hosts),
+        )
 
     async def _save(self, incident: Incident) -> None:
         if self.store is not None:

@@ -139,6 +139,7 @@ class Aggregator:
             cluster=config.fleet.cluster,
             registry=self.metrics.registry,
             clock=clock,
+            before_drain=self.incidents.evidence_gate.wait,
         )
         self.engine.listeners.append(self.remediator.on_change)
         self.ticks = TickLoop(

@@ -218,6 +218,41 @@ def phases_line(incident: dict[str, Any]) -> str | None:
     return "phases: " + " -> ".join(parts) + open_ + hours
 
 
+def _print_evidence(evidence: Any) -> None:
+    """What the incident's hosts captured before any drain: per rank the innermost frames of its stacks."""
+    if not isinstance(evidence, dict):
+        return
+    hosts = evidence.get("hosts") or {}
+    line = f"  evidence: {evidence.get('state')}, from {len(hosts)} host(s)"
+    missing = evidence.get("missing_hosts") or []
+    if missing:
+        line += f"; no answer from {', '.join(str(h) for h in missing)}"
+    print(line)
+    for problem in evidence.get("problems") or []:
+        print(f"    note: {problem}")
+    for host, answer in hosts.items():
+        if not isinstance(answer, dict):
+            continue
+        print(
+            f"    {host}: {len(answer.get('kernel') or [])} kernel line(s), "
+            f"{len(answer.get('gpus') or [])} GPU snapshot(s)"
+        )
+        for rank, why in (answer.get("refused") or {}).items():
+            print(f"      rank {rank} refused: {why}")
+        for stack in answer.get("stacks") or []:
+            head = f"      rank {stack.get('rank')} pid {stack.get('pid')} gpu {stack.get('gpu')}"
+            if stack.get("error"):
+                print(f"{head}: {stack['error']}")
+                continue
+            for thread in stack.get("threads") or []:
+                frames = thread.get("frames") or []
+                if frames:
+                    shown = " < ".join(
+                        f"{f.get('name')} ({f.get('file')}:{f.get('line')})" for f in frames[:3]
+                    )
+                    print(f"{head} thread {thread.get('name') or thread.get('thread_id', 0)}: {shown}")
+
+
 def _print_incident(incident: dict[str, Any], types: set[str], limit: int) -> None:
     print(
         f"incident {incident.get('id')}  created {_ts(incident.get('created_at'))}  job {incident.get('job') or '-'}"
@@ -236,6 +271,7 @@ def _print_incident(incident: dict[str, Any], types: set[str], limit: int) -> No
     for problem in incident.get("problems") or []:
         print(f"  note: {problem}")
     _print_fr_dump(incident.get("fr_dump"))
+    _print_evidence(incident.get("evidence"))
     timeline = [e for e in incident.get("timeline") or [] if isinstance(e, dict) and e.get("type") in types]
     if len(timeline) > limit:
         print(f"  (showing the last {limit} of {len(timeline)} entries)")

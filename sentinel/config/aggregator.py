@@ -411,6 +411,24 @@ class IncidentsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     cooldown_s: Annotated[
         float, msgspec.Meta(ge=0, description="a job or GPU gets at most one incident per this period")
     ] = 300.0
+    evidence: Annotated[
+        bool,
+        msgspec.Meta(
+            description="ask the incident's hosts for their ranks' Python stacks, the kernel log around the "
+            "fault and an nvidia-smi-shaped GPU snapshot, and hold any drain of those hosts until it is "
+            "attached or evidence_timeout_s passed"
+        ),
+    ] = True
+    evidence_timeout_s: Annotated[
+        float,
+        msgspec.Meta(gt=0, le=120, description="how long each host may take over its evidence (drains wait)"),
+    ] = 20.0
+    evidence_window_s: Annotated[
+        float, msgspec.Meta(ge=0, le=600, description="kernel log kept on either side of the fault time")
+    ] = 120.0
+    evidence_max_hosts: Annotated[
+        int, msgspec.Meta(ge=1, le=256, description="hosts asked for evidence per incident at most")
+    ] = 16
 
 
 class StateConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

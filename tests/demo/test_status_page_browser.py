@@ -89,6 +89,44 @@ def canned_app(n_hosts: int, jobs: list[dict[str, Any]] | None = None) -> web.Ap
             "resumed_at": None,
         },
         "gpu_seconds_lost": 324.0,
+        "evidence": {  # the shape of sentinel.aggregator.evidence.EvidenceReport
+            "state": "done",
+            "finished_at": NOW - 1,
+            "missing_hosts": [],
+            "problems": [],
+            "hosts": {
+                "host-0013": {
+                    "host": "host-0013",
+                    "t": NOW - 1,
+                    "stacks": [
+                        {
+                            "pid": 4242,
+                            "gpu": 2,
+                            "job": "ft",
+                            "rank": 10,
+                            "threads": [
+                                {
+                                    "thread_id": 4242,
+                                    "name": "MainThread",
+                                    "frames": [
+                                        {
+                                            "name": "all_reduce",
+                                            "file": "torch/distributed/c10d.py",
+                                            "line": 2501,
+                                        },
+                                        {"name": "train_step", "file": "train.py", "line": 129},
+                                    ],
+                                }
+                            ],
+                        }
+                    ],
+                    "refused": {"99": "not a rank of a job on this host's GPUs"},
+                    "kernel": [{"t": NOW - 7, "text": "NVRM: <b>Xid</b> 79"}],
+                    "gpus": [{"gpu": 2, "xml": "<nvidia_smi_log></nvidia_smi_log>", "read_at": NOW - 2}],
+                    "cut": [],
+                }
+            },
+        },
         "timeline": [
             {
                 "t": NOW - 6,
@@ -191,6 +229,19 @@ async def test_page_renders_the_api(tmp_path: Path) -> None:
     assert "NCCL WARN &lt;b&gt;bold&lt;/b&gt;" in text
     assert "VERDICT stuck not_entered_collective → restart_app (rank 10 never entered)" in text
     assert "&lt;img src=x onerror=alert(1)&gt;" in dom and "<img src=x" not in dom
+    # and its evidence before action: each rank's innermost frames, refusals, kernel lines, GPU snapshots
+    evidence = re.search(r'<div id="evidence"[^>]*>(.*?)</div>', dom, re.S)
+    assert evidence is not None
+    text = evidence.group(1)
+    assert "evidence before action: done" in text
+    assert (
+        "rank 10 pid 4242 gpu 2\n    thread MainThread\n      all_reduce (torch/distributed/c10d.py:2501)"
+        in text
+    )
+    assert "train_step (train.py:129)" in text
+    assert "rank 99 refused: not a rank of a job on this host's GPUs" in text
+    assert "kernel NVRM: &lt;b&gt;Xid&lt;/b&gt; 79" in text
+    assert "GPU 2: nvidia-smi snapshot, 33 chars" in text
     # each open verdict links its runbook, and the runbook exists in the repository
     links = re.findall(r'<a href="([^"]*)"[^>]*>runbook</a>', dom)
     assert sorted(links) == ["docs/runbooks/SentinelGpuCriticalXid.md", "docs/runbooks/SentinelJobStalled.md"]

@@ -1,6 +1,7 @@
 """A real torch.distributed gloo training job for the end-to-end tests: N CPU ranks with the sentinel probe.
 
-Run as ``python -m tests.integration.gloo_train SPEC.json``. The spec names the job, the rendezvous port, a
+Run as ``python -m tests.integration.gloo_train SPEC.json``; with ``"exec": true`` in the spec each rank is
+started as its own program with its environment instead (``... SPEC.json INDEX`` runs one). The spec names the job, the rendezvous port, a
 control folder and, per rank, its environment (LOCAL_RANK's host: SENTINEL_PROBE_SOCKET,
 TORCH_NCCL_DEBUG_INFO_PIPE_FILE, TORCH_FR_DUMP_TEMP_FILE). The launcher imports torch once and forks the
 ranks — a fresh interpreter per rank spends ~1.5 s of CPU importing torch, more than 10 s for 8 ranks on a
@@ -33,6 +34,7 @@ import ctypes
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -107,21 +109,24 @@ def _enter_netns(path: str) -> None:
         os.close(fd)
 
 
+def rank_environ(spec: dict[str, Any], job: dict[str, Any]) -> dict[str, str]:
+    """What a launcher puts in a rank's environment."""
+    return {
+        "RANK": str(spec["rank"]),
+        "LOCAL_RANK": str(spec["local_rank"]),
+        "WORLD_SIZE": str(job.get("world_size", len(job["ranks"]))),  # one node's share of a bigger job
+        "MASTER_ADDR": job.get("master_addr", "127.0.0.1"),
+        "MASTER_PORT": str(job["port"]),
+        "SENTINEL_JOB_ID": job["job_id"],
+        **spec["env"],
+    }
+
+
 def run_rank(spec: dict[str, Any], job: dict[str, Any]) -> int:
     rank = int(spec["rank"])
     if spec.get("netns"):
         _enter_netns(spec["netns"])
-    os.environ.update(
-        {
-            "RANK": str(rank),
-            "LOCAL_RANK": str(spec["local_rank"]),
-            "WORLD_SIZE": str(job.get("world_size", len(job["ranks"]))),  # one node's share of a bigger job
-            "MASTER_ADDR": job.get("master_addr", "127.0.0.1"),
-            "MASTER_PORT": str(job["port"]),
-            "SENTINEL_JOB_ID": job["job_id"],
-            **spec["env"],
-        }
-    )
+    os.environ.update(rank_environ(spec, job))
     import torch
     import torch.distributed as dist
 
@@ -153,8 +158,34 @@ def run_rank(spec: dict[str, Any], job: dict[str, Any]) -> int:
     return 0
 
 
-def main(spec_path: str) -> int:
+def exec_ranks(spec_path: str, job: dict[str, Any]) -> list[int]:
+    """Start each rank as its own program with its environment (what the agent's job mapper reads in
+    /proc/PID/environ; a forked rank's environment there is still the launcher's)."""
+    pids: list[int] = []
+    for index, spec in enumerate(job["ranks"]):
+        argv = [sys.executable, "-m", "tests.integration.gloo_train", spec_path, str(index)]
+        env = {**os.environ, **rank_environ(spec, job)}
+        pids.append(subprocess.Popen(argv, env=env).pid)
+    return pids
+
+
+def main(spec_path: str, rank_index: str | None = None) -> int:
     job = json.loads(Path(spec_path).read_text())
+    launcher = os.getppid() if rank_index is not None else os.getpid()
+    if rank_index is not None:  # one exec'd rank of a launcher with "exec": true
+        _die_with_parent(launcher)
+        return run_rank(job["ranks"][int(rank_index)], job)
+    pids = exec_ranks(spec_path, job) if job.get("exec") else fork_ranks(job)
+    (Path(job["control"]) / "pids").write_text(json.dumps(pids))
+    worst = 0
+    for pid in pids:
+        _, status = os.waitpid(pid, 0)
+        worst = max(worst, abs(os.waitstatus_to_exitcode(status)))
+    return worst
+
+
+def fork_ranks(job: dict[str, Any]) -> list[int]:
+    """Fork the ranks from this launcher, which imports torch once for all of them."""
     import torch.distributed  # noqa: F401 - imported once here, shared by the forked ranks
 
     launcher = os.getpid()
@@ -173,13 +204,8 @@ def main(spec_path: str) -> int:
                 sys.stderr.flush()
                 os._exit(code)
         pids.append(pid)
-    (Path(job["control"]) / "pids").write_text(json.dumps(pids))
-    worst = 0
-    for pid in pids:
-        _, status = os.waitpid(pid, 0)
-        worst = max(worst, abs(os.waitstatus_to_exitcode(status)))
-    return worst
+    return pids
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None))

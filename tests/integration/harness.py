@@ -114,12 +114,15 @@ class Cluster:
 class Job:
     """One launch of tests/integration/gloo_train.py (its own process group, killed as a whole)."""
 
-    def __init__(self, cluster: Cluster, job_id: str) -> None:
+    def __init__(
+        self, cluster: Cluster, job_id: str, edit: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    ) -> None:
         self.id = job_id
         self.control = cluster.tmp / job_id
         self.control.mkdir()
         spec = self.control / "spec.json"
-        spec.write_text(json.dumps(cluster.job_spec(job_id, self.control)))
+        content = cluster.job_spec(job_id, self.control)
+        spec.write_text(json.dumps(edit(content) if edit is not None else content))
         self.log = (self.control / "output.log").open("wb")
         env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "2000"}
         self.proc = subprocess.Popen(

@@ -29,7 +29,7 @@ ROUTED_ALERTS = {
     "SentinelNcclRasQueryFailing", "SentinelJobStalled", "SentinelStraggler", "SentinelHostSilent",
     "SentinelDetectorFailing", "SentinelConfigReloadFailed", "SentinelAgentDown", "SentinelAgentStale",
     "SentinelAgentCollectorFailing", "SentinelAgentDisconnected", "SentinelAgentStreamRefused",
-    "SentinelAgentDataDropped", "SentinelAggregatorDown", "SentinelIngestLag", "SentinelIngestRefusing",
+    "SentinelAgentDataDropped", "SentinelAgentEvidenceIncomplete", "SentinelAggregatorDown", "SentinelIngestLag", "SentinelIngestRefusing",
     "SentinelHostClockSkew", "SentinelStateStoreFailing", "SentinelStateSnapshotTooLarge",
     "SentinelSpoolGrowing", "SentinelAgentSpoolFailing", "SentinelRemediationBreakerOpen",
     "SentinelRemediationFailing", "SentinelNodeDrained", "SentinelNcclRasListenerUntrusted",

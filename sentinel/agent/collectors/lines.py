@@ -10,6 +10,7 @@ from __future__ import annotations
 from sentinel.agent.classify import LineClassifier, log_line
 from sentinel.agent.collectors.base import AgentSink, Collector
 from sentinel.agent.collectors.xid import record_xid
+from sentinel.agent.kernel_window import KernelWindow
 from sentinel.agent.metrics import AgentCounters
 from sentinel.agent.source import KernelLog, LogLines
 from sentinel.components.bounds import MAX_SHORT_CHARS
@@ -23,13 +24,24 @@ class LineProcessor:
 
     KERNEL_KINDS = frozenset({"xid", "row_remap", "ecc"})
 
-    def __init__(self, sink: AgentSink, merger: XidMerger, *, forward_info: bool = False) -> None:
+    def __init__(
+        self,
+        sink: AgentSink,
+        merger: XidMerger,
+        *,
+        forward_info: bool = False,
+        recent: KernelWindow | None = None,
+    ) -> None:
         self.sink = sink
+        #: every kernel line, classified or not, for incident evidence
+        self.recent = recent
         self.merger = merger
         self.forward_info = forward_info
         self.classify = LineClassifier()
 
     def kernel(self, message: str, now: float, source: str = "kmsg") -> None:
+        if self.recent is not None:
+            self.recent.note(now, message)
         result = self.classify(message)
         if result is None:
             return

@@ -15,7 +15,7 @@ import math
 import socket
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +125,11 @@ class Remediator:
         clock: Callable[[], float] = time.time,
         slurm: Slurm | None = None,
         env: dict[str, str] | None = None,
+        before_drain: Callable[[Verdict], Awaitable[None]] | None = None,
     ) -> None:
         self.config = config
+        #: awaited before each drain: the incident's evidence is attached first (aggregator/evidence.py)
+        self.before_drain = before_drain
         self.book = book
         self.clock = clock
         self.env = env
@@ -372,6 +375,8 @@ class Remediator:
 
     async def drain(self, verdict: Verdict) -> str:
         """Drain the verdict's node if the policy, Slurm's state and the breaker allow; returns the outcome."""
+        if self.before_drain is not None and verdict.state == "open":
+            await self.before_drain(verdict)  # the incident's evidence first (bounded wait)
         now = self.clock()
         node = self.node_of(verdict.host or "")
         if verdict.state != "open":

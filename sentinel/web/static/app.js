@@ -571,6 +571,40 @@ function describePhases(inc) {
     `${(lost / 3600).toFixed(2)} GPU-hours lost`;
 }
 
+// The incident's evidence as text: per host, each rank's Python stacks (innermost frames of the threads that
+// have any), the kernel lines around the fault and the GPU snapshots (nvidia-smi XML) it holds.
+function describeEvidence(ev) {
+  if (!ev) return "evidence before action: none requested";
+  const missing = ev.missing_hosts ?? [];
+  const lines = [`evidence before action: ${ev.state}` + (missing.length ? `; no answer from ${missing.join(", ")}` : "") +
+    (ev.finished_at ? ` (attached ${clockTime(ev.finished_at)})` : "")];
+  for (const p of ev.problems ?? []) lines.push(`  problem: ${p}`);
+  for (const [host, ans] of Object.entries(ev.hosts ?? {})) {
+    lines.push(`${host}: ${(ans.stacks ?? []).length} rank stacks, ${(ans.kernel ?? []).length} kernel lines, ` +
+      `${(ans.gpus ?? []).length} GPU snapshots` + (ans.error ? ` — ${ans.error}` : ""));
+    for (const [rank, why] of Object.entries(ans.refused ?? {})) lines.push(`  rank ${rank} refused: ${why}`);
+    for (const st of ans.stacks ?? []) {
+      const head = `  rank ${st.rank ?? "?"} pid ${st.pid} gpu ${st.gpu}`;
+      if (st.error) { lines.push(`${head}: ${st.error}`); continue; }
+      lines.push(head);
+      for (const th of st.threads ?? []) {
+        const frames = th.frames ?? [];
+        if (!frames.length) continue;
+        lines.push(`    thread ${th.name || (th.thread_id ?? 0)}${th.active ? " (active)" : ""}`);
+        for (const f of frames.slice(0, 8)) lines.push(`      ${f.name} (${f.file}:${f.line ?? "?"})`);
+        if (frames.length > 8) lines.push(`      … ${frames.length - 8} outer frames`);
+      }
+    }
+    for (const k of (ans.kernel ?? []).slice(-20)) lines.push(`  ${clockTime(k.t)} kernel ${k.text}`);
+    for (const g of ans.gpus ?? []) {
+      lines.push(`  GPU ${g.gpu}: ` + (g.error ? g.error : `nvidia-smi snapshot, ${(g.xml ?? "").length} chars`) +
+        (g.read_at ? `, read ${clockTime(g.read_at)}` : ""));
+    }
+    for (const c of ans.cut ?? []) lines.push(`  cut: ${c}`);
+  }
+  return lines.join("\n");
+}
+
 async function loadTimeline() {
   const id = model.selectedIncident;
   if (!id) return;
@@ -605,6 +639,7 @@ async function loadTimeline() {
     for (const e of shown) lines.push(describeEntry(e));
     $("timeline").textContent = lines.join("\n");
     $("timeline").scrollTop = $("timeline").scrollHeight;  // the verdict is at the end
+    $("evidence").textContent = describeEvidence(inc.evidence);
   } catch (err) {
     $("timeline").textContent = `incident ${id}: ${err.message}`;
   }
