@@ -9,13 +9,19 @@ new instance's batches were acked as duplicates of the old numbering and dropped
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sentinel.log import get_logger
 from sentinel.wire import Hello
 
-if TYPE_CHECKING:
-    from sentinel.aggregator.state import HostView
+
+class DedupWindow(Protocol):
+    """What of a host's view this module reads and resets (:class:`~sentinel.aggregator.state.HostView`)."""
+
+    name: str
+    instance_id: str
+    seq_hw: int
+    seq_above: set[int]
 
 
 def log() -> Any:
@@ -23,7 +29,7 @@ def log() -> Any:
     return get_logger(module="aggregator.streams")
 
 
-def adopt_instance(host: HostView, hello: Hello) -> bool:
+def adopt_instance(host: DedupWindow, hello: Hello) -> bool:
     """Take ``hello``'s agent instance for ``host``; True when the dedup window changed (to be persisted).
 
     Another instance than the one the window's numbering belongs to: the window starts over just below
