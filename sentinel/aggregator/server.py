@@ -242,6 +242,7 @@ class Aggregator:
         self.metrics.attach(self.engine, lambda: len(self.by_host))
         #: every refused connection or frame: counted by reason, logged a few lines per interval
         self.refusals = RefusalLog(self.metrics)
+        self.engine.fleet.refusals = self.refusals  # a host's claim on another host's rank, counted too
         #: open TCP connections per peer address, limited at accept (:class:`~.listener.AggregatorSite`)
         self.peer_gate = PeerGate(
             lambda: self.config.limits.max_connections_per_peer,
@@ -278,7 +279,9 @@ class Aggregator:
         self.store = self._open_store(directory)
         self.engine.listeners.append(self.incidents.on_change)
         self.engine.listeners.append(self._log_change)
-        self.pushback = VerdictPush(self.engine.book)
+        self.pushback = VerdictPush(
+            self.engine.book, learned_quorum=lambda: self.config.remediation.learned_quorum
+        )
         self.engine.listeners.append(self.pushback.on_change)
         self.engine.forget_listeners.append(self._host_forgotten)
         self.remediator = Remediator(

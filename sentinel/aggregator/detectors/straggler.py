@@ -1,6 +1,7 @@
 """Straggler detector: the GPU, rank or host that is slower than its peers, and why.
 
-Two robust peer comparisons (median and MAD, so one sick GPU does not move the yardstick):
+Two robust peer comparisons (median and MAD, so one sick GPU does not move the yardstick; each host one vote,
+its GPUs or ranks weighted 1/n, so one host claiming many GPUs or ranks does not move it either):
 
 - across identical busy GPUs of the fleet: the moving average of the SM clock, with temperature, power and
   the throttle reasons telling thermal from power from unknown;
@@ -10,6 +11,9 @@ Two robust peer comparisons (median and MAD, so one sick GPU does not move the y
   not compute, so a tensor-parallel peer that waits for a straggler is never blamed; a median ignores the
   occasional 2-3 s pause (GC, data loader); a rank whose GPU is unknown (no NVML mapping) is judged all the
   same, by rank.
+
+A finding carries how many hosts other than its own the comparison rested on (``Finding.learned_from``):
+remediation acts on it only with a quorum of them.
 
 When most GPUs of one host stand out together, the cause is the host (cooling, CPU, PCIe, power), and the
 detector says so in one host verdict instead of one per GPU.
@@ -122,6 +126,40 @@ def median(values: list[float]) -> float:
 def median_mad(values: list[float]) -> tuple[float, float]:
     med = median(values)
     return med, median([abs(v - med) for v in values])
+
+
+def weighted_median(values: list[float], weights: list[float]) -> float:
+    """The value where half the weight lies on either side (the mean of the two neighbours at an exact half,
+    so equal weights give :func:`median`)."""
+    pairs = sorted(zip(values, weights, strict=True))
+    half = sum(weights) / 2.0
+    eps = half * 1e-9
+    total = 0.0
+    for i, (value, weight) in enumerate(pairs):
+        total += weight
+        if total >= half - eps:
+            if abs(total - half) <= eps and i + 1 < len(pairs):
+                return (value + pairs[i + 1][0]) / 2.0
+            return value
+    return pairs[-1][0] if pairs else 0.0
+
+
+def host_median_mad(values: list[float], hosts: list[str | None]) -> tuple[float, float, int]:
+    """Median and MAD with each host one vote (a value weighted 1 / its host's values; an unknown host's
+    values count each as a host of their own); also the number of distinct hosts."""
+    counts: dict[str | None, int] = {}
+    for host in hosts:
+        counts[host] = counts.get(host, 0) + 1
+    weights = [1.0 if host is None else 1.0 / counts[host] for host in hosts]
+    med = weighted_median(values, weights)
+    mad = weighted_median([abs(v - med) for v in values], weights)
+    distinct = len(counts) - (None in counts) + counts.get(None, 0)
+    return med, mad, distinct
+
+
+def _backing(distinct: int, hosts: list[str | None], subject: str | None) -> int:
+    """Hosts other than ``subject`` in a comparison of ``distinct`` hosts (each unknown one a host)."""
+    return distinct - (subject is not None and subject in hosts)
 
 
 def _reason(gpu: GpuView | None, hw: HardwareConfig) -> str:
@@ -434,8 +472,15 @@ class StragglerDetector(Detector):
                 continue
             judged = self.judged[job.id] = {}
             flagged: dict[int, RankJudgement] = {}
+            owners: list[str | None] = [ranks[r].host if r in ranks else None for r in all_window]
+            hosts_compared = 0
             for index, medians in enumerate(windows):
-                med, mad = median_mad([m for m, _ in medians.values()])
+                # each host one vote: a host reporting many ranks moves the job's median by one host at most
+                med, mad, distinct = host_median_mad(
+                    [m for m, _ in medians.values()],
+                    [ranks[r].host if r in ranks else None for r in medians],
+                )
+                hosts_compared = max(hosts_compared, distinct)
                 if med <= 0:
                     continue
                 scale = max(_MAD_SCALE * mad, _MIN_SCALE_FRACTION * med)
@@ -479,6 +524,7 @@ class StragglerDetector(Detector):
                     gpu=view.gpu,
                     job=job.id,
                     rank=rank,
+                    learned_from=_backing(hosts_compared, owners, view.host),
                 )
         return out
 
@@ -497,7 +543,15 @@ def _merged(known: Finding, finding: Finding) -> Finding:
         gpu=known.gpu,
         job=finding.job,
         rank=finding.rank,
+        learned_from=_stronger(known.learned_from, finding.learned_from),
     )
+
+
+def _stronger(*backings: int | None) -> int | None:
+    """The backing of findings merged into one: the strongest (None, not learned, is the strongest)."""
+    if any(b is None for b in backings):
+        return None
+    return max(b for b in backings if b is not None)
 
 
 def _by_host(fleet: FleetState, candidates: dict[Key, Finding], cfg: StragglerConfig) -> dict[Key, Finding]:
@@ -540,6 +594,7 @@ def _by_host(fleet: FleetState, candidates: dict[Key, Finding], cfg: StragglerCo
             evidence_t=min(f.evidence_t for f in found),
             host=host_name,
             job=jobs[0] if len(jobs) == 1 else None,
+            learned_from=_stronger(*(f.learned_from for f in found)),
         )
     return candidates
 
@@ -565,8 +620,9 @@ def _candidates_by_clock(
         if len(gpus) < cfg.min_peers:
             continue
         clocks = [g.ema_clock for g in gpus if g.ema_clock is not None]
-        med, mad = median_mad(clocks)
-        if med <= 0:
+        owners: list[str | None] = [g.host for g in gpus if g.ema_clock is not None]
+        med, mad, hosts = host_median_mad(clocks, owners)
+        if med <= 0 or hosts < cfg.min_hosts:
             continue
         scale = max(_MAD_SCALE * mad, 0.002 * med)
         temps = [g.ema_temp for g in gpus if g.ema_temp is not None]
@@ -587,7 +643,7 @@ def _candidates_by_clock(
             reason = _reason(gpu, hw)
             evidence = [
                 f"SM clock {clock:.0f} MHz vs {med:.0f} MHz median of {len(gpus)} busy {name or 'GPUs'} "
-                f"({drop:.0%} lower, robust z {z:.1f})"
+                f"on {hosts} hosts, one vote per host ({drop:.0%} lower, robust z {z:.1f})"
             ]
             if gpu.ema_temp is not None and med_temp is not None:
                 evidence.append(f"temperature {gpu.ema_temp:.0f} °C vs {med_temp:.0f} °C median")
@@ -607,5 +663,6 @@ def _candidates_by_clock(
                 gpu=gpu.index,
                 job=gpu.job,
                 rank=gpu.rank,
+                learned_from=_backing(hosts, owners, gpu.host),
             )
     return out

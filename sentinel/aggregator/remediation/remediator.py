@@ -6,6 +6,10 @@ work in order, so two decisions never race inside one aggregator. Each drain rea
 1. the node already drained by sentinel → ``already`` (idempotent: a second aggregator, a restart, a
    duplicate verdict never act twice); drained or down by someone else → refused ``not_ours``;
 2. the circuit breaker (:func:`policy.check_breaker`), counted from Slurm's node list, may refuse;
+
+Before any of it, a verdict that rests on a yardstick learned from the fleet (``Verdict.learned_from``: a
+majority or a median) is refused ``learned_without_quorum`` unless ``learned_quorum`` hosts other than its own
+hold that yardstick (:func:`policy.backed`); it is looked at again when its backing changes.
 3. ``dry_run`` → ``dry_run`` (what would have been done, nothing touched); else ``scontrol update ...
    state=drain reason="sentinel: <reason> <verdict id>"``.
 
@@ -37,7 +41,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from sentinel.aggregator.remediation.audit import AuditLog
 from sentinel.aggregator.remediation.lease import LeaseFile, LeaseState
-from sentinel.aggregator.remediation.policy import check_breaker, wants_drain
+from sentinel.aggregator.remediation.policy import backed, check_breaker, drain_reason_of, wants_drain
 from sentinel.aggregator.verdicts import Change, Verdict, VerdictBook
 from sentinel.config.aggregator import RemediationConfig
 from sentinel.log import get_logger
@@ -136,6 +140,8 @@ class Remediator:
         self.retry: OrderedDict[str, float] = OrderedDict()
         #: verdict ids whose drain is settled (done, dry run, already drained): never queued again
         self.settled: OrderedDict[str, None] = OrderedDict()
+        #: verdict id → the backing its drain was refused at for want of a quorum (refused once per backing)
+        self.unbacked: OrderedDict[str, int | None] = OrderedDict()
         self._queued: set[str] = set()
         self._worker: asyncio.Task[None] | None = None
         holder = config.lease_holder or f"{socket.gethostname()}:{state_dir}"
@@ -183,6 +189,7 @@ class Remediator:
                 and verdict.id not in self.settled
                 and verdict.id not in self._queued
                 and wants_drain(self.config.rules, verdict.kind, verdict.action, verdict.reason)
+                and self._backed(verdict)
             ):
                 self._enqueue("drain", verdict)
 
@@ -261,13 +268,14 @@ class Remediator:
         if change.what in ("opened", "updated"):
             if v.id in self.settled or v.id in self._queued or not v.host:
                 return
-            if not wants_drain(self.config.rules, v.kind, v.action, v.reason):
+            if not wants_drain(self.config.rules, v.kind, v.action, v.reason) or not self._backed(v):
                 return
             if change.what == "updated" and v.id in self.retry:
                 return  # waiting for its retry time (tick)
             self._enqueue("drain", v)
         elif change.what == "closed":
             self.retry.pop(v.id, None)
+            self.unbacked.pop(v.id, None)
             resume = self.config.resume
             if resume.enabled and v.id in self.settled and v.host:
                 self._enqueue("resume", v)
@@ -283,6 +291,26 @@ class Remediator:
                 continue
             if now - tried >= self.config.retry_s and vid not in self._queued:
                 self._enqueue("drain", verdict)
+
+    def _backed(self, verdict: Verdict) -> bool:
+        """The verdict may be acted on (:func:`policy.backed`); if not, its refusal is recorded once per
+        backing, so a verdict whose quorum grows is looked at again and one that stays is not re-audited."""
+        if backed(verdict.learned_from, self.config.learned_quorum):
+            self.unbacked.pop(verdict.id, None)
+            return True
+        if verdict.id not in self.unbacked or self.unbacked[verdict.id] != verdict.learned_from:
+            self.unbacked[verdict.id] = verdict.learned_from
+            self._bound(self.unbacked)
+            self._record(
+                verdict,
+                "drain",
+                "refused",
+                "learned_without_quorum",
+                node=self.node_of(verdict.host or ""),
+                detail=f"it rests on a yardstick learned from the fleet that {verdict.learned_from} hosts "
+                f"other than {verdict.host} hold; remediation.learned_quorum is {self.config.learned_quorum}",
+            )
+        return False
 
     def _enqueue(self, op: str, verdict: Verdict) -> None:
         try:
@@ -318,15 +346,8 @@ class Remediator:
         return self.config.node_name.replace("{host}", host)
 
     def reason_of(self, verdict: Verdict) -> str:
-        """``sentinel: <kind> <reason> [GPU g] [job j [rank r]] <verdict id>`` — what on-call reads in sinfo -R."""
-        parts = ["sentinel:", verdict.kind, verdict.reason]
-        if verdict.gpu is not None:
-            parts += ["GPU", str(verdict.gpu)]
-        if verdict.job:
-            parts += ["job", verdict.job]
-            if verdict.rank is not None:
-                parts += ["rank", str(verdict.rank)]
-        return " ".join([*parts, verdict.id])
+        """The drain reason (:func:`policy.drain_reason_of`): the verdict id always survives Slurm's bound."""
+        return drain_reason_of(verdict)
 
     async def drain(self, verdict: Verdict) -> str:
         """Drain the verdict's node if the policy, Slurm's state and the breaker allow; returns the outcome."""
@@ -336,6 +357,9 @@ class Remediator:
             return "skipped"
         if not self.leading:
             return "follower"  # not settled: looked at again if this aggregator takes the lease
+        if not self._backed(verdict):  # its backing fell while it waited (a retry after the breaker)
+            self.retry.pop(verdict.id, None)
+            return "refused"
         nodes, error = await self.slurm.nodes(self.config.partition)
         if error:
             return self._failed(verdict, "drain", "slurm_unreadable", node=node, detail=error, now=now)
@@ -397,7 +421,9 @@ class Remediator:
         others = [
             v.id
             for v in self.book.open.values()
-            if v.host == verdict.host and wants_drain(self.config.rules, v.kind, v.action, v.reason)
+            if v.host == verdict.host
+            and wants_drain(self.config.rules, v.kind, v.action, v.reason)
+            and backed(v.learned_from, self.config.learned_quorum)
         ]
         if others:
             return self._record(
@@ -411,7 +437,8 @@ class Remediator:
         target, error = await self.slurm.node(node)
         if target is None:
             return self._record(verdict, "resume", "failed", "slurm_unreadable", node=node, detail=error)
-        if not target.drained_by_sentinel or verdict.id not in target.reason.split():
+        words = target.reason.split()
+        if not target.drained_by_sentinel or not words or words[-1] != verdict.id:
             return self._record(
                 verdict,
                 "resume",

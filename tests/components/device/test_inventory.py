@@ -67,13 +67,18 @@ def test_one_gpu_with_a_different_vbios_is_degraded_naming_what_differs() -> Non
         "h3",
         2,
     )
-    assert verdict.evidence == ["vbios 96.00.74.00.01 differs from 96.00.99.00.01 on 11 of 12 H100 GPUs"]
+    assert verdict.evidence == [
+        "vbios 96.00.74.00.01 differs from 96.00.99.00.01, the version of 3 of 3 H100 hosts (one vote per host)"
+    ]
+    assert verdict.learned_from == 2  # h1 and h2: the odd GPU's own host is not its backing
 
 
 def test_no_majority_no_outlier() -> None:
     gpus = [GpuIdentity("h", i, "A100", "535", "v1" if i % 2 else "v2") for i in range(4)]
     assert firmware_outliers(gpus) == {}
     assert firmware_outliers(gpus[:2]) == {}
+    split = [GpuIdentity(f"h{i}", 0, "A100", "535", "v1" if i % 2 else "v2") for i in range(4)]
+    assert firmware_outliers(split) == {}  # two hosts against two: no majority of hosts
 
 
 def test_one_gpu_with_a_different_driver_is_degraded_too() -> None:
@@ -132,9 +137,12 @@ def test_a_gpu_in_an_x8_slot_and_a_host_short_of_gpus_are_named_against_the_flee
         ("inventory_mismatch", "h4", None),
     ]
     assert found[0][3] == [
-        "GPU 2 PCIe link capable of x8, expected x16 (the majority of 4 identical H100 hosts (14 of 15 GPUs))"
+        "GPU 2 PCIe link capable of x8, expected x16 (the majority of 4 identical H100 hosts: 4 of 4 hosts, "
+        "one vote per host)"
     ]
-    assert found[1][3] == ["3 GPUs, expected 4 (the majority of 4 identical H100 hosts (3 have it))"]
+    assert found[1][3] == [
+        "3 GPUs, expected 4 (the majority of 4 identical H100 hosts: 3 of 4 hosts, one vote per host)"
+    ]
     # the current generation (1: idle) is never compared; a reseated riser closes the verdict
     _link(engine, "h3", 20.0, {})
     engine.tick(20.0)
