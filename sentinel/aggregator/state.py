@@ -605,6 +605,7 @@ class FleetState:
                 waiting = self.waiting_claims
                 if (proc.job_id, proc.rank) in waiting or len(waiting) < MAX_WAITING_CLAIMS:
                     waiting[(proc.job_id, proc.rank)] = host.name
+                new.add((proc.job_id, proc.rank))  # still claimed: withdrawn only when a report drops it
                 continue
             self.waiting_claims.pop((proc.job_id, proc.rank), None)
             if proc.world_size and 0 < proc.world_size <= self.max_ranks_per_job:

@@ -56,6 +56,10 @@ def test_a_rank_whose_holder_lets_go_is_taken_by_the_host_that_claimed_it() -> N
     f.send("h1", 0.0, procs=[moved])
     job = f.engine.fleet.jobs["j"]
     assert job.ranks[3].host == "h0" and refusals(f) == {"rank_claimed": 1}
+    own = ProcInfo(gpu=6, pid=3009, job_id="j", rank=9, world_size=16)
+    f.send("h1", 0.5, procs=[moved, own])  # a new report, still naming rank 3: the claim keeps waiting
+    assert job.ranks[3].host == "h0" and job.ranks[9].host == "h1"
+    assert refusals(f) == {"rank_claimed": 2}
     f.send("h0", 1.0, procs=[p for p in procs(0) if p.rank != 3])  # rank 3's process ended on h0
     assert (job.ranks[3].host, job.ranks[3].gpu, job.ranks[3].pid, job.ranks[3].alive) == (
         "h1",
@@ -67,7 +71,7 @@ def test_a_rank_whose_holder_lets_go_is_taken_by_the_host_that_claimed_it() -> N
     f.send("h0", 2.0, heads=[heads(3, 2.0, [pg("world", 9)], "h0", 3)])
     heard = job.ranks[3].heads
     assert heard is not None and heard.pgs[0].last_completed_seq == 4
-    assert refusals(f) == {"rank_claimed": 1, "rank_not_owned": 1}
+    assert refusals(f) == {"rank_claimed": 2, "rank_not_owned": 1}
     assert f.engine.fleet.gpu("h1", 7) is not None and f.engine.fleet.gpu("h1", 7).rank == 3  # type: ignore[union-attr]
 
 
