@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
@@ -144,7 +145,7 @@ def weighted_median(values: list[float], weights: list[float]) -> float:
     return pairs[-1][0] if pairs else 0.0
 
 
-def host_median_mad(values: list[float], hosts: list[str | None]) -> tuple[float, float, int]:
+def host_median_mad(values: list[float], hosts: Sequence[str | None]) -> tuple[float, float, int]:
     """Median and MAD with each host one vote (a value weighted 1 / its host's values; an unknown host's
     values count each as a host of their own); also the number of distinct hosts."""
     counts: dict[str | None, int] = {}
@@ -155,11 +156,6 @@ def host_median_mad(values: list[float], hosts: list[str | None]) -> tuple[float
     mad = weighted_median([abs(v - med) for v in values], weights)
     distinct = len(counts) - (None in counts) + counts.get(None, 0)
     return med, mad, distinct
-
-
-def _backing(distinct: int, hosts: list[str | None], subject: str | None) -> int:
-    """Hosts other than ``subject`` in a comparison of ``distinct`` hosts (each unknown one a host)."""
-    return distinct - (subject is not None and subject in hosts)
 
 
 def _reason(gpu: GpuView | None, hw: HardwareConfig) -> str:
@@ -472,8 +468,7 @@ class StragglerDetector(Detector):
                 continue
             judged = self.judged[job.id] = {}
             flagged: dict[int, RankJudgement] = {}
-            owners: list[str | None] = [ranks[r].host if r in ranks else None for r in all_window]
-            hosts_compared = 0
+            hosts_compared = 0  # distinct hosts of the ranks compared (the flagged rank's among them)
             for index, medians in enumerate(windows):
                 # each host one vote: a host reporting many ranks moves the job's median by one host at most
                 med, mad, distinct = host_median_mad(
@@ -524,7 +519,7 @@ class StragglerDetector(Detector):
                     gpu=view.gpu,
                     job=job.id,
                     rank=rank,
-                    learned_from=_backing(hosts_compared, owners, view.host),
+                    learned_from=hosts_compared - 1,
                 )
         return out
 
@@ -620,8 +615,7 @@ def _candidates_by_clock(
         if len(gpus) < cfg.min_peers:
             continue
         clocks = [g.ema_clock for g in gpus if g.ema_clock is not None]
-        owners: list[str | None] = [g.host for g in gpus if g.ema_clock is not None]
-        med, mad, hosts = host_median_mad(clocks, owners)
+        med, mad, hosts = host_median_mad(clocks, [g.host for g in gpus if g.ema_clock is not None])
         if med <= 0 or hosts < cfg.min_hosts:
             continue
         scale = max(_MAD_SCALE * mad, 0.002 * med)
@@ -663,6 +657,6 @@ def _candidates_by_clock(
                 gpu=gpu.index,
                 job=gpu.job,
                 rank=gpu.rank,
-                learned_from=_backing(hosts, owners, gpu.host),
+                learned_from=hosts - 1,  # the other hosts whose GPUs make the median
             )
     return out
