@@ -229,7 +229,7 @@ def measure(
     """Run cmd; wall seconds, exit code, peak RSS of the largest process and of the whole tree (MiB).
 
     The wall time ends when the blocking wait returns, not at the next poll: RSS is sampled every 20 ms by a
-    thread beside it (a poll loop in this thread added up to 20 ms to every run, a quarter of a small set's).
+    thread beside it (a poll loop in this thread would add up to a poll interval to every run, much of a small set's).
     Sampling walks /proc for the tree and takes CPU from a tool that uses both cores, so timing runs pass
     ``sample_rss=False`` (no memory cap then: use it only where a sampled run already finished).
     """

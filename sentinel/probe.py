@@ -1,18 +1,10 @@
 """In-process probe: send this rank's live collective progress to the local sentinel agent.
 
-One call in a training script::
-
-    import sentinel.probe
-    sentinel.probe.start()          # every 2 s, to $SENTINEL_PROBE_SOCKET or /run/sentinel/probe.sock
-
-A daemon thread takes the live Flight Recorder with only the active entries
-(``torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=True)``, or
-``_dump_nccl_trace_json`` on builds that only have that), reduces it to :class:`sentinel.fr.heads.FrHeads`
-with this rank's identity and its latest steps' compute times (:mod:`sentinel.fr.steps`, from the
-per-group counters sampled at random instants 50 ms apart on average), and sends it as one unix datagram
-(msgpack, at most 60 KiB: in-flight entries are trimmed to fit). It never blocks or breaks training: a missing socket or a full queue drops the
-snapshot and counts it, the next tick tries again. Importing this module imports nothing heavy; torch is
-imported by the thread, and only if the process already uses it.
+``sentinel.probe.start()`` in a training script starts a daemon thread that reduces the live Flight
+Recorder's active entries to :class:`sentinel.fr.heads.FrHeads`, with the rank's step compute times
+(:mod:`sentinel.fr.steps`), and sends it every 2 s as one unix datagram. It never blocks or breaks
+training: a missing socket or full queue drops the snapshot and counts it. Importing it imports nothing
+heavy; torch is touched only if the process already uses it. See docs/flight-recorder.md.
 """
 
 from __future__ import annotations
@@ -31,8 +23,7 @@ from typing import Any
 
 DEFAULT_SOCKET = "/run/sentinel/probe.sock"
 MAX_DATAGRAM = 60 * 1024
-#: Full dumps (with entries) cost ~15-40 ms at 2,000 entries under gloo, whose onlyActive filter keeps
-#: everything; they are taken only to learn group names or detail a wait, at most this often.
+#: Full dumps (with entries) are costly under gloo, whose onlyActive filter keeps every entry; they are taken only to learn group names or detail a wait, at most this often.
 FULL_DUMP_MIN_INTERVAL_S = 30.0
 
 #: lone send/recv remembered as confirmed by a dump of every entry to be ops of their own (Probe._settle)
@@ -58,20 +49,19 @@ CONFIRM_LONE_AFTER_S = 0.25
 MIXED_STILL_REFRESH_S = 10.0
 
 #: how often the per-group counters are sampled between snapshots, to time each step's compute (the
-#: status dump without entries costs microseconds; 50 ms keeps the step timing within ~1/20 of a second)
+#: status dump without entries is cheap; this keeps the step timing within a twentieth of a second)
 SAMPLE_S = 0.05
 #: the sample instants are random: each wait is uniform within SAMPLE_S x (1 +- SAMPLE_JITTER), SAMPLE_S on
 #: average. A sampler of fixed period reads every step as a whole number of periods (the completion and the
 #: next entry are each placed at the middle of the period they fell in), so a median over steps is a whole
-#: number of periods too: a rank computing 120 ms a step read 100 ms like its 100 ms peers (a 1.2x straggler
-#: unseen), and peers computing 276 ms read 252 or 301 ms each (a 1.2x spread between identical ranks, from
-#: which rank they happened to round). At random instants each step's error is continuous and symmetric
+#: number of periods too: a slightly slow rank reads like its peers, and identical ranks read a period
+#: apart, by which way they happened to round. At random instants each step's error is continuous and symmetric
 #: about zero, so a median over steps converges to the compute time itself (tests/fr/test_steps.py).
 SAMPLE_JITTER = 0.5
 #: while the step group's counters mix send/recv and collective work (NCCL, a pipeline that sends over the
 #: default group), its step times come from a dump of every entry (sentinel.fr.steps.steps_from_entries),
 #: taken at most this often: one dump gives every step its ring buffer holds (the latest MAX_STEPS travel),
-#: and costs 15-40 ms at 2,000 entries (< 0.4% of a core at one per 10 s)
+#: and is costly enough to be taken only this often
 STEP_ENTRIES_EVERY_S = 10.0
 
 DumpFn = Callable[[], bytes]

@@ -160,7 +160,7 @@ class XidOccurred(_EventBase, tag="xid"):
 
 
 class LogLine(_EventBase, tag="log"):
-    """A job or kernel log line the agent classified (``../shared/CONTRACTS.md`` section 2's fields).
+    """A job or kernel log line the agent classified (the fields of docs/contracts.md §2).
 
     ``gpu`` is the agent's attribution (the line's PCI bus, else the GPU of the logging pid); the
     aggregator only falls back to ``pid`` against its own process map when the agent could not tell.

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 #: pytest's 300 s per test, so such a run fails with its own message
 TORCH_PROCESS_TIMEOUT_S = 240
 #: The real data nobody here wrote (logs from real clusters, PyTorch Flight Recorder dumps), copied from
-#: ``../shared/corpus`` so that a fresh clone runs every test without the shared folder.
+#: the shared corpus given to the project, so that a fresh clone runs every test without it.
 CORPUS = REPO / "tests" / "data" / "corpus"
 
 

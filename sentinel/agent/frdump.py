@@ -38,7 +38,7 @@ log = get_logger(module="agent.frdump")
 _RANK = re.compile(r"(\d+)(?:\.json)?(?:\.gz)?$")
 _DUMP_SUFFIX = re.compile(r"(\d{1,8})(\.json)?(\.gz)?")
 _GZIP_MAGIC = b"\x1f\x8b"
-#: Largest dump file read (raw). A 2,000-entry dump with stack frames is ~0.3 MB.
+#: Largest dump file read (raw): far above a full 2,000-entry dump with stack frames.
 MAX_DUMP_FILE_BYTES = 64 * 1024 * 1024
 #: Compressed dump bytes returned in one answer at most: with the msgpack envelope it fits one frame.
 MAX_COLLECT_BYTES = MAX_FR_ANSWER_BYTES

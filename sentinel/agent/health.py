@@ -17,6 +17,8 @@ from typing import Any
 
 from sentinel.aggregator.detectors import hardware
 from sentinel.aggregator.state import FleetState, HostView
+from sentinel.components.device.inventory import evaluate_source
+from sentinel.components.vocab import verdict_kind
 from sentinel.config.aggregator import DetectConfig
 from sentinel.wire import Batch, Hello, HostVerdict, ProcInfo
 
@@ -88,6 +90,11 @@ class LocalHealth:
     def reasons(self, now: float) -> list[Reason]:
         """Every problem true now: local findings first, then pushed verdicts not already named locally."""
         out: list[Reason] = []
+        source = self.view.gpu_source if self.view is not None else None
+        missing = evaluate_source(source) if source is not None and source.ok else None
+        if missing is not None:  # NVML works and sees fewer GPUs than the host has (the inventory rule)
+            kind = verdict_kind(missing.state)
+            out.append(Reason(kind, missing.reason, missing.action, "local", evidence=missing.evidence[0]))
         if self.view is not None:
             for gpu in self.view.gpus:
                 for f in hardware.evaluate_gpu(gpu, self.detect.hardware, now, self.detect.ecc):
@@ -145,6 +152,10 @@ def report(
 
     ``gpus`` is (index, uuid, state) per GPU of the inventory.
     """
+    if not why_not and not gpus:
+        expected = health.view.gpu_source.expected if health.view and health.view.gpu_source else 0
+        if not expected:  # nothing checked, and nothing said there should be: no vouching for it
+            why_not = "NVML sees no GPU on this host and none is expected (collect.expected_gpus)"
     reasons = health.reasons(now) if not why_not else []
     by_gpu: dict[int, list[Reason]] = {}
     host_reasons: list[Reason] = []

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 def build_app(agent: Agent) -> web.Application:
     async def metrics(_: web.Request) -> web.Response:
-        body = agent.render_metrics()  # on the loop: ~1 ms, and the state it reads is the loop's
+        body = agent.render_metrics()  # on the loop: it is short, and the state it reads is the loop's
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(_: web.Request) -> web.Response:

@@ -1,23 +1,10 @@
 """The kernel log from journald, for hosts where ``/dev/kmsg`` is not readable by the agent.
 
-Under ``kernel.dmesg_restrict=1`` an agent without CAP_SYSLOG cannot open ``/dev/kmsg``, but a member of
-the ``systemd-journal`` (or ``adm``) group can read the kernel's records from journald. This reader has the
-interface :class:`~sentinel.agent.kmsg.KmsgReader` offers the kmsg collector (``poll``, ``save_cursor``,
-``close``, ``open_errors``, ``is_open``): it follows ``journalctl -k -o json -f`` in a child process and
-reads its pipe without blocking. Its place is a journald cursor saved in the state directory, and where it
-starts follows the kmsg reader's rules:
-
-* a saved cursor of this boot (a cursor names its boot: ``b=<boot id>``): resume right after that record
-  (``--after-cursor``), so a restart loses and repeats nothing;
-* no saved cursor (first start), a cursor of an earlier boot, or one that is not a journald cursor: the
-  whole journal of this boot (``-b --no-tail``; ``-f`` alone would print only the last 10 records), so an
-  Xid logged before the agent started, or while it was down across a reboot, is still seen. An old boot's
-  cursor is not handed to ``--after-cursor``: journalctl then skips the new boot's first record (checked
-  against the real journalctl in tests/agent/test_journal_real.py);
-* no cursor path at all (no state directory): from the end (``--lines=0``), as a CLI follower would.
-
-A child that exits is counted, logged and restarted after :data:`RESTART_AFTER_S`. Every record and every
-tick is bounded.
+Under ``kernel.dmesg_restrict=1`` a member of ``systemd-journal`` can still read kernel records from
+journald. This reader offers the kmsg reader's interface by following ``journalctl -k -o json -f`` in a
+child process, resuming from a journald cursor saved in the state directory with the kmsg reader's rules
+(same boot: after the cursor; new boot or first start: this boot's whole journal), so no Xid is lost across
+restarts. A child that exits is counted, logged and restarted; every record and tick is bounded.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """The kernel log: ``/dev/kmsg`` read from a cursor in the state directory, surviving overruns and
 permission errors.
 
-With a cursor file (``<state_dir>/kmsg.cursor``: boot id + the last record's sequence number, or for a plain
-file its byte offset) a restarted agent resumes where it stopped: on the same boot nothing is lost or read
-twice (records up to the saved sequence number are skipped); on a new boot — or the first start — it reads
-the whole ring of this boot, so an Xid that landed while the agent was down (or before it started) is still
-seen. Without a cursor path the reader starts at the end (a CLI follower).
-
-``/dev/kmsg`` returns one record per ``read()``: ``<prio>,<seq>,<usec>,<flags>[,...];<message>\\n`` followed
-by optional continuation lines that start with a space (``SUBSYSTEM=...``). When the kernel ring wraps past
-our read position ``read`` fails with EPIPE once and then continues with the oldest record still there: we
-count the overrun and carry on. Without CAP_SYSLOG (``kernel.dmesg_restrict``) opening fails: the reader
-counts it, logs it once, and retries now and then, while the rest of the agent keeps working.
-
-The same reader follows a plain file (tests, or a ``dmesg`` copy): reads are then line-buffered, and a file
-that shrinks is re-read from its start.
-
-:func:`parse_kmsg_record` is pure and fuzzed; Xid lines are parsed by :mod:`sentinel.components.xid.parse`.
+A cursor (boot id + last sequence number) lets a restarted agent resume without loss or repeats on the
+same boot, and read the whole ring of a new boot, so an Xid logged while the agent was down is still seen.
+A ring overrun (EPIPE) is counted and skipped; without CAP_SYSLOG opening fails, is logged once and retried
+while the rest of the agent works. :func:`parse_kmsg_record` is pure and fuzzed.
 """
 
 from __future__ import annotations

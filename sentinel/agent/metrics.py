@@ -4,7 +4,7 @@ A custom prometheus-client collector renders everything at scrape time from the 
 instead of keeping thousands of labelled gauge children up to date every tick: the tick stays cheap, and a
 GPU whose job/rank changes (a new job starts) simply gets series with the new labels — no stale children to
 remember to remove. Each agent has its own :class:`CollectorRegistry`, so many agents can live in one
-process (``sentinel demo``). Names and labels follow /work/notes/metrics.md.
+process (``sentinel demo``). Names and labels are listed in docs/metrics.md.
 """
 
 from __future__ import annotations

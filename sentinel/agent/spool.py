@@ -1,26 +1,10 @@
 """Batches on disk until the aggregator acks them, and sequence numbers that survive restarts.
 
-Every batch is written to the spool directory as it is made and deleted when its Ack arrives, so a crash,
-a SIGTERM or an aggregator outage loses nothing that fits the byte bound. Beyond the bound, the oldest
-batches first lose their samples (and FR heads), keeping their events; only when no batch has samples left
-are whole batches — events — dropped, oldest first. What was dropped is counted and reported to the
-aggregator in the next batch's ``drops``.
-
-With several aggregators (``stream.aggregator_urls``) each is a *consumer* with its own acks: a batch stays
-until every consumer has acked it (or the byte bound pushes it out), and each consumer's cursor lists only
-what it has not acked yet, so the aggregator that comes back after an outage is sent its backlog while the
-other one is not sent anything twice. Each consumer's acks of batches still spooled are appended to its own
-ack log (``acks-<hash of the URL>.log``: the URL on the first line, then one seq per line), so after an agent
-restart each aggregator is still sent only what it has not acked; the log is rewritten compactly when the
-acks it holds for batches already gone outnumber the live ones. A torn last line (a crash mid-append) is
-ignored: that ack is lost and the batch is resent, which the aggregator drops by (host, seq).
-
-File names are ``<seq:020d>_<samples>_<events>.batch`` so the spool can be indexed at start-up without
-decoding every file.
-
-Sequence numbers are reserved in blocks persisted in ``<state_dir>/seq`` (one small write per block, not per
-batch); after a restart numbering continues above the last reserved block, so seq stays monotonic per host
-(with a gap) and the aggregator can deduplicate by (host, seq).
+Every batch is spooled as it is made and deleted once every consumer (each configured aggregator) has
+acked it, so a crash or an aggregator outage loses nothing within the byte bound; beyond it, samples go
+before events, and what was dropped is reported in the next batch's ``drops``. Per-consumer ack logs keep
+an agent restart from resending what was acked, and sequence numbers are reserved in persisted blocks so
+they stay monotonic per host for the aggregator's (host, seq) deduplication. See docs/agent.md.
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ RATE_KNOWN_AFTER_S = MIN_RATE_SPAN_S + 2 * WINDOW_S
 #: The straggler's gate (is this host's clock within ``max_clock_rate_error``, 2%, of ours?) needs far less
 #: than the 0.05% the reported rate is measured to: two windows one apart already bound it, with what the
 #: delivery delays can hide added (:meth:`HostClock.rate_error`). Waiting for MIN_RATE_SPAN_S there kept every
-#: rank of a newly heard host (every host, after an aggregator restart) from being judged for ~40-50 s: a
-#: 1.5x straggler took 57-73 s to name at job scale (bench/aggregator.py --jobs).
+#: rank of a newly heard host (every host, after an aggregator restart) from being judged for most of a
+#: minute, which delayed naming a straggler at job scale (bench/aggregator.py --jobs).
 GATE_SPAN_S = WINDOW_S
 #: how much the least-delayed batch of one window may arrive later than another window's (LAN delivery and
 #: an aggregator that keeps up: milliseconds; this allows an aggregator seconds behind on average)

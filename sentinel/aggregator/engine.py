@@ -160,8 +160,8 @@ class Engine:
 
         The server resumes its event loop between steps, so the batches that arrived meanwhile are ingested
         (and their hardware verdicts opened) after at most one step instead of after the whole tick. At job
-        scale (two jobs of 24,576 ranks) the stuck, straggler and inventory runs took up to 0.8 s each in
-        one piece; they are sliced (:meth:`Detector.evaluate_steps`, a yield every few thousand ranks or
+        scale the stuck, straggler and inventory runs would hold the loop for a long time in one piece;
+        they are sliced (:meth:`Detector.evaluate_steps`, a yield every few thousand ranks or
         GPUs), so a step is tens of milliseconds and ingest-to-verdict latency stays bounded. ``tick``
         runs the same steps back to back: same findings.
         """

@@ -23,6 +23,7 @@ from sentinel.components.clocks.record import POWER_REASONS, THERMAL_REASONS, Cl
 from sentinel.components.clocks.rule import violation_shares
 from sentinel.components.device.record import GpuSourceHealth
 from sentinel.components.fabric.record import FabricInfo
+from sentinel.components.ib.kernel import host_evidence
 from sentinel.components.ib.record import IbPort
 from sentinel.components.nccl_debug.record import DebugReadiness
 from sentinel.components.nccl_ras.record import RasStatus
@@ -53,8 +54,6 @@ HOST_EVENTS_KEPT = 256
 MAX_PORTS_PER_HOST = 64
 MAX_RAS_PER_BATCH = 16
 MAX_DEBUG_HOSTS_PER_JOB = 4096
-#: kernel-log reasons (sentinel.signals.kernel) about IB/RoCE HCAs, kept as network evidence
-KERNEL_IB_REASONS = frozenset({"ib_link_down", "ib_port_hardware", "ib_completion_error"})
 RATE_HISTORY = 64
 HEADS_LOG_SLACK = 1024  # JobView.heads_log entries kept beyond twice the job's ranks
 STEP_BASELINE_S = 10.0  # a job's step time is measured over at least this long
@@ -572,7 +571,8 @@ class FleetState:
                         text=event.text[:512],
                     )
                 )
-            case LogLine(line_kind="other", reason=reason) if reason in KERNEL_IB_REASONS:
+            case LogLine(line_kind="other", reason=reason) if host_evidence(event.text, reason):
+                # HCA lines no port record carries (the agent attaches the others to their port)
                 host.events.append(
                     LogEvent(
                         t=event.t,
@@ -817,7 +817,7 @@ def _share_group_ranks(job: JobView, heads: FrHeads) -> FrHeads:
     """``heads`` with each group's ranks list replaced by the job's copy of an equal list.
 
     Every rank of a group reports the same membership; kept verbatim per rank, a job of N ranks in groups of
-    N would hold N² integers (heads with large ranks lists took the aggregator from 50 to 867 MB). Sharing
+    N would hold N² integers. Sharing
     keeps one list per group; a list that differs from the known one is kept as sent (and then replaces it).
     """
     if not any(pg.ranks for pg in heads.pgs):

@@ -1,22 +1,10 @@
 """Durable aggregator state: what must survive a restart, in SQLite (WAL) under the state directory.
 
-Why: verdicts and latched hardware facts live in memory. An Xid 48 or a pending row remap that opened an
-hour ago was acked by the aggregator and will never be resent, so after a restart without this store the
-faulty GPU would look healthy again. With it, the open verdicts come back open with their original
-``opened_at`` and close only through evidence.
-
-The interface is narrow on purpose: anything that must survive registers as a :class:`StateHolder` — a
-name, ``snapshot(full)`` returning its changed records as typed msgspec bytes by key (``None``: the record
-is gone), and ``restore(records, now)``. The store never looks inside a record, so the detectors (which
-own their state) and the verdict book plug in the same way, each with its own typed records.
-
-Write-behind: :meth:`StateStore.flush` is called from the detector loop (at most ``flush_interval_s``
-apart, ≤ 1 s); it asks each holder for its changes on the event loop (cheap: holders track what changed)
-and hands the bytes to one writer thread that commits them in one transaction. A ``kill -9`` loses at
-most the changes since the last flush; SIGTERM (``systemctl restart``) flushes everything on the way out.
-``synchronous=NORMAL`` in WAL mode survives a process crash; a power loss may also lose the last
-checkpoint interval (the OS page cache), which the agents' resends do not cover — documented in
-docs/deploy.md.
+An acked Xid or pending row remap is never resent, so without this store a faulty GPU would look healthy
+after a restart. Anything that must survive registers as a :class:`StateHolder` (``snapshot(full)`` of its
+changed typed records, ``restore``); the store never looks inside a record. Writes are behind: changes are
+collected on the event loop at most ``flush_interval_s`` apart and committed by one writer thread, so
+``kill -9`` loses at most one interval and SIGTERM flushes everything. See docs/aggregator.md.
 """
 
 from __future__ import annotations

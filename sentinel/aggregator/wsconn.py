@@ -1,24 +1,10 @@
 """The agents' WebSocket after the upgrade: RFC 6455 frames read and written straight on the transport.
 
-aiohttp still does everything up to the upgrade — the HTTP request, its header bounds and timeouts, the
-bearer token, the connection limits (:meth:`~sentinel.aggregator.server.Aggregator.stream`). From the
-``101 Switching Protocols`` on, the connection's protocol is an :class:`AgentSocket`: each complete message
-is handed to the stream's handler synchronously, inside ``data_received``, and the ack goes out with one
-``transport.write``. aiohttp's WebSocket machinery (a reader queue, a future and a task wake-up per
-message, an awaited writer per ack) cost about 40 % of the aggregator's core at 6,144 agents; reading the
-frames here costs a few microseconds each (docs/aggregator.md, the capacity section).
-
-What the decoder accepts is bounded and strict, as aiohttp's was: client frames must be masked, no
-extension is negotiated (RSV bits set: 1002), control frames are whole and at most 125 bytes, a message
-(fragments together) over ``max_message`` bytes closes with 1009 before its payload is buffered, unknown
-opcodes and continuation errors close with 1002, as does a message in more than ``MAX_FRAGMENTS`` frames
-(empty continuations would otherwise grow its list without bound). Pings are answered (only the last of
-those one read brought: RFC 6455 5.5.3, so a ping flood costs one write per read), pongs ignored, a close
-is echoed with its code (1002 for a code no endpoint may send).
-
-Every way a connection ends is bounded in time: our close frame unanswered after ``CLOSE_WAIT_S``, or a
-close (ours or theirs) whose bytes the peer does not read within ``CLOSE_WAIT_S`` more, aborts the socket, so
-its stream slot and per-address count are given back even when the peer never reads again.
+aiohttp handles everything up to ``101 Switching Protocols``; from there :class:`AgentSocket` hands each
+complete message to the stream's handler inside ``data_received`` and writes the ack at once, avoiding
+aiohttp's per-message task wake-ups. The decoder is bounded and strict (masked client frames, no
+extensions, size and fragment limits with the matching close codes), and every way a connection ends is
+bounded in time (``CLOSE_WAIT_S``), so a peer that stops reading still frees its slot.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ as coming and refuses to run, so nothing pretends to work before it does.
 A command module may also expose ``parse_fast(args) -> namespace | None``, which reads the command's
 arguments (those after its name) without argparse when they are spelled plainly, and returns None for
 anything else, which argparse then reads as always: ``fr analyze`` of a small set is a one-shot process
-whose start is a third of its time, and argparse (its import with gettext and locale, the parsers, their
-translation look-ups) was ~20M instructions of it. The argparse side lives in :mod:`sentinel.cli.parsing`.
+whose start is a large share of its time, and argparse (its import with gettext and locale, the parsers,
+their translation look-ups) is a large share of that start. The argparse side lives in :mod:`sentinel.cli.parsing`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any
 
-#: (command, one-line help) in the order ``--help`` shows them; see ../shared/CONTRACTS.md.
+#: (command, one-line help) in the order ``--help`` shows them; see docs/contracts.md.
 COMMANDS: tuple[tuple[str, str], ...] = (
     ("agent", "run the per-host agent (NVML, Xid, logs, flight recorder) and stream to the aggregator"),
     ("aggregator", "run the cluster-side aggregator: ingest, detectors, verdicts, incidents, API"),
@@ -36,6 +36,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("logs", "classify kernel (Xid), NCCL and PyTorch log lines"),
     ("fr", "analyze PyTorch Flight Recorder dumps of every rank"),
     ("dashboards", "build the Grafana dashboards from their grafanalib sources"),
+    ("rules", "build the Prometheus alert and recording rules from their owners' declarations"),
     ("incident", "list and show incident timelines gathered by the aggregator"),
     ("health", "is this node fit? ask the local agent (Slurm HealthCheckProgram, prolog/epilog, launchers)"),
     ("fleet", "one read-only view (API, status page, verdicts) over several aggregators"),
@@ -104,8 +105,8 @@ def _run(argv: Sequence[str] | None) -> tuple[int, bool]:
     exit_at_once = bool(getattr(args, "exit_at_once", False))
     if argv is None and exit_at_once:
         # the program ends at once after the command: the cyclic collector would only rescan what the
-        # command built (re-enabled after fr analyze's decode, its first pass over the summaries of 512
-        # dumps cost 3 ms for nothing)
+        # command built (re-enabled after fr analyze's decode, its first pass over the summaries would be
+        # work for nothing)
         gc.disable()
     try:
         return func(args), exit_at_once

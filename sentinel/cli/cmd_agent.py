@@ -10,6 +10,7 @@ import signal
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     once.add_argument(
         "--sysfs-root",
         help="where sysfs is mounted, for the IB/RoCE ports (default: the config's ib.sysfs_root, /sys)",
+    )
+    once.add_argument(
+        "--nvml-replay",
+        type=Path,
+        metavar="FILE.xml",
+        help="answer NVML from a recorded `nvidia-smi -q -x` output instead of the driver (every component "
+        'runs; docs/agent.md "Recorded GPUs") and add `health`, the host\'s judgement as `sentinel health '
+        "--json` gives it",
     )
     once.set_defaults(func=_once)
 
@@ -197,6 +206,51 @@ def _once(args: argparse.Namespace) -> int:
     config = _load(args)
     if config is None:
         return 2
+    if args.nvml_replay is not None:
+        return _once_replayed(args, config)
+    return _once_read(args, config, None)
+
+
+def _once_replayed(args: argparse.Namespace, config: AgentConfig) -> int:
+    """``agent once --nvml-replay``: the same reading with NVML answered by a recording, plus ``health``."""
+    import time
+
+    from sentinel.agent.nvml import NvmlSource
+    from sentinel.agent.nvml.recording import RecordingError, load
+    from sentinel.agent.nvml.replay import ReplayLibrary
+    from sentinel.agent.one_tick import health_after_one_tick
+    from sentinel.cli.cmd_health import json_document, judge
+
+    try:
+        library = ReplayLibrary(load(args.nvml_replay))
+    except RecordingError as exc:
+        print(f"error: --nvml-replay: {exc}", file=sys.stderr)
+        return 2
+    with library.installed(), _warnings_to_stderr(config):
+        now = time.time()
+        doc = health_after_one_tick(config, NvmlSource(), now)
+        return _once_read(args, config, json_document(judge(doc, "node", {}), now))
+
+
+@contextlib.contextmanager
+def _warnings_to_stderr(config: AgentConfig) -> Iterator[None]:
+    """The agent's own log, while it runs here, goes to stderr (stdout is the JSON) and says only what is
+    wrong; the caller's logging is as it was afterwards."""
+    import structlog
+
+    from sentinel.log import setup_logging
+
+    saved, bound = structlog.get_config(), structlog.contextvars.get_contextvars()
+    setup_logging("agent", "warning", host=config.agent.host or None)
+    try:
+        yield
+    finally:
+        structlog.configure(**saved)
+        structlog.contextvars.clear_contextvars()
+        structlog.contextvars.bind_contextvars(**bound)
+
+
+def _once_read(args: argparse.Namespace, config: AgentConfig, health: dict[str, Any] | None) -> int:
     import time
 
     from sentinel.agent.nvml import NvmlSource
@@ -237,6 +291,8 @@ def _once(args: argparse.Namespace) -> int:
         "ib_ports": [contract_view(port) for port in scan.ports],
         "errors": errors,
     }
+    if health is not None:
+        out["health"] = health
     sys.stdout.write(json.dumps(out, indent=2) + "\n")
     return 0 if read else 2
 

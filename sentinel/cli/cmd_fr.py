@@ -1,4 +1,4 @@
-"""``sentinel fr``: PyTorch Flight Recorder dump analysis (contract: ../shared/CONTRACTS.md section 3)."""
+"""``sentinel fr``: PyTorch Flight Recorder dump analysis (contract: docs/contracts.md §3)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import sys
 import threading
 from types import SimpleNamespace
 
-from sentinel.fr.analysis import FrAnalysis
 from sentinel.fr.dumpset import RECENT_ENTRIES, analyze_dir
 from sentinel.fr.errors import FrFormatError
 from sentinel.fr.loader import as_pathlib_text
 from sentinel.fr.records import TYPE_CHECKING
+from sentinel.fr.verdict import FrAnalysis
 from sentinel.fr.workers import TerminalProgress, reap_workers
 
 if TYPE_CHECKING:

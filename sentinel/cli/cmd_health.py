@@ -294,26 +294,7 @@ def _print(answer: Answer, args: argparse.Namespace) -> int:
     for note in answer.notes:
         print(note, file=sys.stderr)
     if args.json:
-        doc = {
-            "fit": answer.fit,
-            "host": answer.host,
-            "context": answer.context,
-            "cannot_tell": answer.why_not or None,
-            "reasons": answer.lines,
-            "warnings": answer.warnings,
-            "gpus": [
-                {
-                    "index": g.get("index"),
-                    "uuid": g.get("uuid"),
-                    "state": g.get("state"),
-                    "reasons": g.get("reasons") or [],
-                }
-                for g in answer.gpus
-            ],
-            "actions": answer.notes,
-            "t": time.time(),
-        }
-        sys.stdout.write(json.dumps(doc) + "\n")
+        sys.stdout.write(json.dumps(json_document(answer, time.time())) + "\n")
     if args.nagios:
         return _nagios(answer, quiet=args.json)
     if not args.json:
@@ -325,6 +306,29 @@ def _print(answer: Answer, args: argparse.Namespace) -> int:
             for line in answer.lines:
                 print(line)
     return EXIT_UNKNOWN if answer.fit is None else (EXIT_FIT if answer.fit else EXIT_UNFIT)
+
+
+def json_document(answer: Answer, now: float) -> dict[str, Any]:
+    """``--json``'s object (also ``agent once --nvml-replay``'s ``health``)."""
+    return {
+        "fit": answer.fit,
+        "host": answer.host,
+        "context": answer.context,
+        "cannot_tell": answer.why_not or None,
+        "reasons": answer.lines,
+        "warnings": answer.warnings,
+        "gpus": [
+            {
+                "index": g.get("index"),
+                "uuid": g.get("uuid"),
+                "state": g.get("state"),
+                "reasons": g.get("reasons") or [],
+            }
+            for g in answer.gpus
+        ],
+        "actions": answer.notes,
+        "t": now,
+    }
 
 
 def _nagios(answer: Answer, *, quiet: bool) -> int:

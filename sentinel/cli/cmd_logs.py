@@ -6,7 +6,7 @@ the chunked fast path and prints one object per event, skipping plain chatter un
 most severe event of that record. ``--kernel`` reads the kernel log itself (journald, else ``dmesg``,
 else ``/dev/kmsg``: :mod:`sentinel.signals.kernel_source`); from journald the whole current boot, or
 with ``--cursor-file`` only what came after the saved cursor of that boot. Raw and kernel objects carry the line's own
-``time`` and ``host`` when it has them. See ``../shared/CONTRACTS.md`` section 2 and ``docs/signals.md``.
+``time`` and ``host`` when it has them. See ``docs/contracts.md`` §2 and ``docs/signals.md``.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def _not_available(command: str) -> Callable[[argparse.Namespace], int]:
 
 class _Formatter(argparse.HelpFormatter):
     """argparse's help formatter with its width found as :func:`shutil.get_terminal_size` finds it:
-    argparse imports shutil for that (bz2 and lzma with it, ~2 ms) on every parser it builds, which a
+    argparse imports shutil for that (bz2 and lzma with it) on every parser it builds, which a
     one-shot command like ``fr analyze`` of a small set would pay for a help text it never prints."""
 
     def __init__(
@@ -67,7 +67,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     With ``only``, just that command is added: a command like ``logs classify`` must not pay for
     importing the aggregator, torch helpers and so on, nor for a parser per other command (argparse looks
-    up translations with file system probes for each: 30 of them were 3 ms of a small ``fr analyze``).
+    up translations with file system probes for each, a cost a small ``fr analyze`` should not pay).
     """
     parser: argparse.ArgumentParser = _Parser(
         prog="sentinel",

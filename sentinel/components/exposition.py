@@ -1,7 +1,7 @@
 """What a component's ``metrics.py`` writes with: the Prometheus text format (0.0.4), written directly.
 
-prometheus-client's generic path (a Sample tuple and label escaping per series) costs about 12 µs per series;
-with NVLink counters an 8-GPU host has ~1,000 series, which made a 1 s scrape cost more than 1% of a core.
+prometheus-client's generic path (a Sample tuple and label escaping per series) is costly per series, and
+with NVLink counters an 8-GPU host has about a thousand series scraped every second.
 So the agent escapes each GPU's label set once (:attr:`GpuRow.labels`) and every component appends its
 families as text through a :class:`Writer`.
 """

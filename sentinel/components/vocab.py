@@ -38,7 +38,8 @@ ReasonCode = Annotated[str, msgspec.Meta(pattern=REASON_PATTERN, max_length=64)]
 #: A rule's view of one GPU: ``suspect`` becomes a degraded verdict, ``faulty`` a faulty one.
 GpuHealth = Literal["ok", "suspect", "faulty"]
 
-_SEVERITY_RANK: Final = {s: i for i, s in enumerate(SEVERITIES)}
+#: Severity → its position in :data:`SEVERITIES` (higher = more severe): the one severity order.
+SEVERITY_RANK: Final[dict[str, int]] = {s: i for i, s in enumerate(SEVERITIES)}
 _ACTION_RANK: Final = {a: i for i, a in enumerate(ACTIONS)}
 
 
@@ -53,7 +54,7 @@ def action_rank(action: str) -> int:
 
 
 def severity_rank(severity: str) -> int:
-    return _SEVERITY_RANK.get(severity, 0)  # type: ignore[call-overload,no-any-return]
+    return SEVERITY_RANK.get(severity, 0)
 
 
 def verdict_kind(health: GpuHealth) -> VerdictKind:
@@ -71,3 +72,7 @@ class Finding(msgspec.Struct, frozen=True, kw_only=True):
     reason: ReasonCode
     #: Human-readable facts that led to the decision.
     evidence: tuple[str, ...] = ()
+
+    def because(self, *evidence: str) -> Finding:
+        """This finding (a rule's outcome, declared once) with the evidence of one case."""
+        return msgspec.structs.replace(self, evidence=evidence)

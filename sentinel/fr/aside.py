@@ -1,7 +1,7 @@
 """Run one pure step of the analysis on the other core, in a forked child, while this process goes on.
 
 The analysis of a dump set runs after the last dump is decoded, in one process, while the decoding workers'
-cores idle: at 512 ranks the straggler lags are half of it (~20 ms). :func:`run_aside` forks a child that
+cores idle, and the straggler lags are a large part of it. :func:`run_aside` forks a child that
 computes such a step on what this process already holds — nothing from outside is decoded there, so it
 needs none of the decoding workers' limits — and sends its result back as :mod:`marshal` data (plain
 numbers, strings and containers only; marshal never runs code). The same function gives the same result

@@ -19,7 +19,7 @@ from sentinel.fr.errors import FrFormatError, entry_at
 # msgspec is imported without typing_extensions where nothing has imported that yet: msgspec reads from it
 # only what Python 3.11's own typing has (``get_type_hints``, ``Required``, ``NotRequired``) and falls back
 # to those when its import fails, while typing_extensions imports ``inspect`` (with ``ast``, ``dis``,
-# ``tokenize``): 11 ms of the 25 ms msgspec costs ``fr analyze`` before its first worker starts. A process
+# ``tokenize``): a large part of what msgspec costs ``fr analyze`` before its first worker starts. A process
 # that imported either already (a daemon: aiohttp imports typing_extensions) is left as it is, and a later
 # import of typing_extensions works as always.
 _WITHOUT_TYPING_EXTENSIONS = "msgspec" not in sys.modules and "typing_extensions" not in sys.modules
@@ -129,12 +129,11 @@ KEYS_PER_ENTRY = 64
 
 def _convert(entries: list[Any], source: str, first: int, types: Any = _ENTRIES) -> list[Any]:
     """The structs of the entries. msgspec reads every key of every entry it is given, so one dict of
-    20,000 keys referenced by 20,000 entries (the pickle memo makes that a 300 KB file) cost it 13 s of
-    CPU where the direct reading, which looks fields up by name, takes 0.07 s: the answer would depend
-    on the set's size. When the entries hold more keys than :data:`KEYS_PER_ENTRY` each on average,
+    thousands of keys referenced by thousands of entries (the pickle memo makes that a small file) costs
+    it quadratic time where the direct reading, which looks fields up by name, stays linear: the answer
+    would depend on the set's size. When the entries hold more keys than :data:`KEYS_PER_ENTRY` each on average,
     each distinct dict is converted once (the work stays linear in the file). The count is one C call
-    over the list: ~4 us for the newest 128 entries (5% of their conversion, ~0.5% of a dump's decode;
-    65 ms of CPU over 16,384 dumps)."""
+    over the list, small against the conversion itself."""
     try:
         keys = sum(map(len, entries))
     except TypeError:  # an entry without a length (msgspec names it below)

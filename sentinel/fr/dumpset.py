@@ -16,10 +16,12 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from sentinel.fr.analysis import FrAnalysis, analyze
+from sentinel.fr.analysis import analyze
 from sentinel.fr.loader import DumpFile, PathLike, discover, load_dump
+from sentinel.fr.rank_summary import RankSummary
 from sentinel.fr.readahead import ReadAhead
-from sentinel.fr.summary import RankSummary, summarize
+from sentinel.fr.summary import summarize
+from sentinel.fr.verdict import FrAnalysis
 from sentinel.fr.workers import Cancelled, _cap_memory, run_pool
 
 #: Dumps per batch sent to a worker.
@@ -28,15 +30,15 @@ _BATCH = 32
 RECENT_ENTRIES = 128
 #: From this many dumps, entries are checked by msgspec (:func:`sentinel.fr.summary.summarize` with
 #: ``coerce``), whose checks in C cost less per entry than those in Python by more, over the set, than
-#: importing msgspec costs (~16 ms: a quarter of a 64-dump analysis). Both ways give the same summaries.
+#: importing msgspec costs (a large share of a small analysis). Both ways give the same summaries.
 COERCE_FROM = 128
 
 
 @contextmanager
 def _gc_paused(only_if_alone: bool = False) -> Iterator[None]:
     """Decoding allocates millions of short-lived containers and no cycles worth collecting; the cyclic
-    collector would rescan the growing heap again and again (20-25% of the time; in the CLI's parent,
-    which gathers 16,384 summaries and analyzes them, a fifth of its time). ``only_if_alone``: pause
+    collector would rescan the growing heap again and again (a fifth or more of the time, also in the
+    CLI's parent, which gathers every summary and analyzes them). ``only_if_alone``: pause
     only when this process runs a single thread (the collector is process-wide: a daemon's other
     threads keep theirs)."""
     if only_if_alone and threading.active_count() != 1:

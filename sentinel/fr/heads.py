@@ -27,8 +27,7 @@ Name = Annotated[str, msgspec.Meta(max_length=512)]
 
 # The heads structs are ``gc=False`` (never tracked by the cyclic garbage collector): the aggregator keeps
 # every rank's latest heads — two jobs of 24,576 ranks replace ~50,000 of them every 2 s — and tracked, they
-# were half the collector's work at job scale (3.8 → 2.0 s of collection CPU in 16 s of
-# ``bench/aggregator.py --engine --jobs --hosts 6144``). They are frozen and hold only scalars and lists of
+# were half the collector's work at job scale (``bench/aggregator.py --engine --jobs``). They are frozen and hold only scalars and lists of
 # each other: they cannot form a cycle.
 
 

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
     from sentinel.fr.readahead import ReadAhead
 
-#: Largest dump file accepted, after decompression. A 2,000-entry dump with stack frames is ~0.3 MB.
+#: Largest dump file accepted, after decompression (far above a full 2,000-entry dump with stack frames).
 MAX_DUMP_BYTES = 256 * 1024 * 1024
 #: Largest number of dump files read from one directory.
 MAX_FILES = 1 << 17
@@ -56,7 +56,7 @@ MAX_ENTRIES = 1 << 20
 MAX_DEPTH = 4
 
 #: A path as this module takes it: text or a path object (:mod:`pathlib` is never imported here: with what it
-#: imports, urllib.parse, fnmatch, ipaddress, it cost a small ``fr analyze`` ~16M instructions, 3% of its time).
+#: imports, urllib.parse, fnmatch, ipaddress, it is a measurable share of a small ``fr analyze``).
 PathLike = str | os.PathLike[str]
 
 _NAME_RE = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)(?P<json>\.json)?(?P<gz>\.gz)?$")
@@ -427,9 +427,8 @@ def load_dump(
 
 
 def _no_read_ahead(fd: int) -> None:
-    """Tell the kernel this file may be read at its ends only: its read-ahead (8 MiB on this machine's
-    disk) would read the whole file from disk at the first read (a 16,384-rank set is 5.9 GB and does not
-    stay in the page cache: the middle of every dump was read for nothing). A whole-file read still
+    """Tell the kernel this file may be read at its ends only: the disk's read-ahead
+    would read the whole file at the first read (a large set does not stay in the page cache: the middle of every dump was read for nothing). A whole-file read still
     reads what it asks for."""
     with contextlib.suppress(AttributeError, OSError):
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
@@ -452,13 +451,13 @@ def _recent_is_enough(
     """Whether the newest entries hold, for every group still waiting per pg_status, the collective it
     waits in, and nothing can be pending before them: no send/recv (:func:`_p2p_before`) and nothing of a
     group whose pg_status may count send/recv too (:func:`_counts_p2p`: its waits are read from its
-    entries, :func:`sentinel.fr.summary._apply_status`); where either may be, ``skipped_done`` must show
+    entries, :func:`sentinel.fr.group_tables.apply_status`); where either may be, ``skipped_done`` must show
     every skipped entry retired (the dump is then marked ``skipped_p2p``); else the analysis needs the
     whole buffer. Any doubt (a value the full decode would refuse) means the whole buffer: the full decode
     names what is wrong. Nor may a group's first collective here continue one begun before them
     (:func:`_column_split`; with the ``skipped`` entries decoded, also by their seqs:
     :func:`~sentinel.fr.recent.continues_skipped`)."""
-    try:  # each group's oldest entry (filled newest first, the oldest stays): ~5 us for 128 entries
+    try:  # each group's oldest entry (filled newest first, the oldest stays)
         oldest = {e.get("pg_id"): e for e in reversed(dump.entries)}
     except (AttributeError, TypeError):  # an entry that is not a dict, or an unhashable pg_id
         return False
@@ -558,7 +557,7 @@ def _column_split(entries: list[Any], oldest: dict[Any, Any]) -> bool | None:
             p2p_groups.add(pg_id)
         elif op == COALESCED or not entry_completed(e):
             return True
-    if not p2p_groups:  # (the usual case: no pass over the entries, ~8 us a dump)
+    if not p2p_groups:  # (the usual case: no pass over the entries)
         return False
     # group -> p2p_seq_id of its previous entry when that is a send/recv (the member a closer follows)
     follows: dict[Any, int | None] = {}

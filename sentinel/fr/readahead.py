@@ -1,22 +1,10 @@
 """Have the kernel read the next dumps from disk while this process decodes the current one.
 
-A dump set that is not in the page cache (copied in from the cluster's storage, evicted by other work,
-the first look after a job died) is read from disk: every dump by a few synchronous reads of its two
-ends (:class:`~sentinel.fr.recent.ByteView`) or one read of a small file, each waiting for the disk while
-the decoding core idles — a 16,384-rank set took 12.8-13.2 s from disk against 6.1 s cached.
-
-:class:`ReadAhead` follows one decoding process's dumps in their order. ``load_dump`` probes whether a
-dump's first bytes were in the page cache (one ``RWF_NOWAIT`` read, ~0.4 us, that also serves as the
-read of the format's magic bytes) and tells what the decode read of a large dump. Once a probe found a
-dump on disk, every call hints the dump ``ahead`` places further on: ``posix_fadvise(WILLNEED)`` over
-what decoding it will read — the whole of a small file, the two ends of a large one as far as the last
-large dump's decode read them (its front up to the last one's size where that was read whole: JSON,
-gzip) — which starts the disk reads and returns at once. The dumps of one set are alike, so the last
-one's extents are the next one's. A set in the cache pays the probe alone, never an extra open.
-
-Hints are only hints: the decode opens and checks each file itself (:func:`~sentinel.fr.loader.open_regular`),
-so a hint opens the file the same way (no symlink followed, no FIFO waited on, only a regular file
-advised) and ignores every error.
+A set that is not in the page cache is otherwise read one synchronous read at a time while the decoding
+core idles. :class:`ReadAhead` follows one worker's dumps in order: once ``load_dump``'s ``RWF_NOWAIT``
+probe finds a dump not cached, each call hints (``posix_fadvise(WILLNEED)``) the dump ``ahead`` places on,
+over the extents the last decode read. Hints open files as :func:`~sentinel.fr.loader.open_regular` does
+and ignore every error: the decode checks each file itself.
 """
 
 from __future__ import annotations
@@ -28,7 +16,8 @@ from collections.abc import Sequence
 
 from sentinel.fr.recent import ByteView
 
-#: Dumps hinted ahead of the one being decoded: a dump decodes in ~0.3-1 ms, a disk read takes ~0.3 ms.
+#: Dumps hinted ahead of the one being decoded: a dump decodes in about the time a disk read takes, so a
+#: few dumps ahead keep the disk busy while the core decodes.
 AHEAD = 8
 #: Most bytes hinted at either end of a file (what a hostile dump's decode read must not grow unbounded).
 MAX_EXTENT = 4 << 20

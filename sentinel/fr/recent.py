@@ -1,40 +1,12 @@
 """Decode only the recent part of a pickle dump: the header, a few first entries, the newest ones.
 
-A 2,000-entry dump costs ~8 ms to decode in full, and thousands of ranks make that the whole cost of an
-analysis, while the analysis only looks at ``pg_status`` and the newest entries. In the pickles PyTorch
-writes (protocol 2, explicit memo indices), every entry of the ring buffer is a dict that starts with the
-same key (``frames`` or ``record_id``), referenced from the memo after the first entry, so entry starts
-can be found in the bytes. This module decodes
-
-1. the header and the first :data:`HEAD` entries of a ring buffer that wrapped, or :data:`UNWRAPPED_HEAD`
-   of one that did not (``<bytes up to that entry>`` + APPENDS SETITEMS STOP), which define the memo
-   (keys, op names, stack frames) later entries refer to;
-2. the newest ``keep`` entries as a list, with that memo.
-
-A dump decoded in full (a small file, or one in doubt here) is reduced from its newest entries all the
-same when they are enough (:func:`newest_of_decoded`).
-
-Both decodes use the same no-globals unpickler as a full decode (:mod:`sentinel.fr.safepickle`). The result
-is checked (record ids consecutive from the first entry to the last, count matching the entry starts
-found); on any doubt — a memo reference into the skipped middle, an odd layout, protocol 4 memoization —
-:func:`decode_recent` returns None and the caller decodes the whole file.
-
-Where a group counted send/recv before the newest entries, the caller also needs to know that no skipped
-entry is still pending (``Recent``'s last item, :func:`_skipped_done`). The skipped middle is searched as
-bytes for the key ``retired`` followed by False or None, which every entry not retired holds (the layout
-argument is in :func:`_skipped_done`). A coalesced batch's members (``batch_isend_irecv``: ProcessGroupNCCL
-writes them unretired, forever) are such entries in every healthy NCCL pipeline dump, so a hit is not a
-verdict: each hit's entry and the one after it are decoded, and the skipped entries not completed must
-all be members of batches that a completed ``nccl:coalesced`` entry of their group and ``p2p_seq_id``
-closes where the full decode's reduction drops them (:class:`_Batches`, mirroring
-:func:`sentinel.fr.summary._close_batch`). It cannot miss a pending op: an entry not retired holds the
-pattern, so it lies in a decoded span (the spans must cover every hit and decode to consecutive record
-ids); an entry between spans is retired, neither pending nor able to close or open a batch that matters
-(no batch may be open at a span's end, except at the newest entries, whose closer must then be completed
-with nothing else of its group pending before it, and read as a batch's closer by the newest entries
-alone too: flagged ``is_p2p`` or behind a member of its batch there); and anything the reduction could
-leave pending that is not such a member — a closer not completed, missing, of another batch or group, an
-op between members and closer — is a doubt, and a doubt is a full decode.
+The analysis reads ``pg_status`` and the newest entries, so decoding whole ring buffers of thousands of
+ranks would be wasted work. In PyTorch's pickles every entry starts with the same memoized key, so entry
+starts can be found in the bytes: the header and first entries (which define the memo) are decoded, then
+the newest ``keep`` entries. Any doubt returns None and the caller decodes the whole file. Whether a
+skipped entry is still pending is answered by a bytes search of the middle (:func:`_skipped_done`), with
+coalesced batch members checked against their closing entries (:class:`_Batches`). docs/flight-recorder.md
+("Speed") describes the rules.
 """
 
 from __future__ import annotations
@@ -56,8 +28,8 @@ if TYPE_CHECKING:
 
 #: Entries decoded from the start of a buffer that wrapped: they define the memo (keys, op names, stack
 #: frames) that later entries refer to. The oldest entries of a wrapped buffer are the training loop's, whose
-#: code paths the newest entries repeat: the real wrapped dumps of ``tests/data`` need 3 (callgrind: each
-#: entry decoded here costs ~29 k instructions, twice a later one, for the strings it memoizes). When the
+#: code paths the newest entries repeat: the real wrapped dumps of ``tests/data`` need 3 (each entry decoded
+#: here costs about twice a later one, for the strings it memoizes). When the
 #: newest entries refer to something pickled later, 4x more are decoded, for their memo only.
 HEAD = 8
 #: The same for a buffer that never wrapped (its first entry's ``record_id`` is 0): its first entries are
@@ -70,9 +42,8 @@ NAMES_HEAD = 32
 #: Below this many entries a full decode of a JSON dump is as cheap.
 MIN_ENTRIES = 1024
 #: Entries between the first ones and the newest must hold at least this share of the newest entries' bytes
-#: for the two decodes to pay: they and the checks cost a dump about what 20 of PyTorch's entries with their
-#: frames cost to decode (measured in instructions with callgrind: break-even near 180 entries for the
-#: newest 128), so a quarter (32 entries) always pays; otherwise the whole file is decoded (and then
+#: for the two decodes to pay: they and the checks cost a dump about what a few dozen of PyTorch's entries
+#: with their frames cost to decode, so a quarter (32 entries) always pays; otherwise the whole file is decoded (and then
 #: reduced from its newest entries all the same: :func:`newest_of_decoded`).
 SKIP_SHARE = 0.25
 
@@ -374,8 +345,8 @@ def newest_of_decoded(top: dict[str, Any], keep: int) -> Recent | None:
     short job's file small enough to be read whole (under :attr:`ByteView.CHUNK`), whose first entries
     (its start-up) memoize only part of what the newest refer to, so that decoding these alone would need
     most of the middle decoded first; and for a file whose two-ended decode was in doubt. The reduction
-    costs ~13 k instructions an entry (callgrind), these checks ~0.5 M: reducing the newest 128 of a
-    216-entry dump saves 7% of its whole cost, of 320 entries 17%. None when fewer than half as many more
+    costs per entry and these checks a fixed amount, so reducing only the newest pays once enough
+    entries are skipped. None when fewer than half as many more
     entries than ``keep`` would be skipped; the caller's checks refuse a cut that splits a collective
     (:func:`continues_skipped`).
     Group names come from the first :data:`NAMES_HEAD` entries, as :func:`decode_recent` reads them, when
@@ -711,7 +682,7 @@ class _Marks:
             base = view.size - len(back)
             lo = max(self.start + 1 - base, 0)
             # the n-th needle from the end: one C-level rsplit (the same non-overlapping search from the
-            # right as n calls of rfind, which cost 40 us a dump)
+            # right as n calls of rfind, which cost more)
             parts = back[lo : self.end - base].rsplit(needle, n)
             if len(parts) == n + 1:
                 return self._dict_start(lo + len(parts[0]) + base)

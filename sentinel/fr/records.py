@@ -1,8 +1,7 @@
 """``NamedTuple`` for the records of ``fr analyze``, without :mod:`typing` at run time.
 
-A small ``fr analyze`` is a one-shot process whose start is a third of its time; importing :mod:`typing`
-was ~12M instructions of it (3% of a 64-rank analysis), for ``NamedTuple`` and names that only annotations
-use. Type checkers see :class:`typing.NamedTuple` itself; at run time a class written the same way
+A small ``fr analyze`` is a one-shot process whose start is a large share of its time, and importing
+:mod:`typing` is a measurable part of it, for ``NamedTuple`` and names that only annotations use. Type checkers see :class:`typing.NamedTuple` itself; at run time a class written the same way
 (fields annotated in order, defaults last, docstring and methods) becomes the same
 :func:`collections.namedtuple` that ``typing.NamedTuple`` makes. Modules of the path import ``Any`` and
 the like under ``if TYPE_CHECKING:``, with the ``TYPE_CHECKING`` (False) of this module, which type

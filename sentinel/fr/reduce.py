@@ -1,36 +1,10 @@
 """Reduce a live Flight Recorder snapshot (only active entries) to :class:`~sentinel.fr.heads.FrHeads`.
 
-The probe calls ``_dump_fr_trace_json(includeCollectives=True, onlyActive=True)`` in the training process;
-this module turns that JSON object into the per-group heads (last enqueued/started/completed collective and
-the in-flight entries with their age). Pure: the snapshot time is passed in, no I/O, no torch.
-
-``pg_status`` is keyed by the rank-local ``pg_id``; only entries carry the group name, so the mapping
-learned from earlier snapshots is kept in ``known_groups`` (a group with nothing in flight has no entry).
-
-ProcessGroupGloo publishes its *op* counter in ``pg_status`` (it also counts send/recv, which it does not
-record), while heads speak collective seqs. A snapshot with entries shows it (the newest entry's ``op_id``
-is the status's last enqueued value and differs from its ``collective_seq_id``) and maps the status through
-the entries; the newest (op id, seq) pair per group is kept in ``op_map`` so that later status-only
-snapshots are mapped too: exactly while the counter still stands there (a rank idle or stuck since), and as
-"at least one collective further" once it moved (the probe takes a full snapshot when a moved counter then
-stands still: :meth:`sentinel.probe.Probe._needs_full`).
-
-ProcessGroupNCCL's ``pg_status`` values are the seq of the last enqueued / started / completed *work*, of either
-counter: a collective's work carries ``seqCollective_``, a lone send/recv's and a send/recv batch's
-(``endCoalescing``) ``seqP2P_`` (torch 2.5 ``initWork``: ``isP2P ? seqP2P_ : seqCollective_``; ``workEnqueue``
-and the watchdog copy ``work.seq_``; 2.13's FlightRecorder dumps those three fields as they are). In a group
-that posts send/recv they mix: after send/recv #57 the status says 57 while the group's collectives are at 6,
-and an all_reduce #7 enqueued after it says 7 against a completed 57. Read as collective seqs, a rank that
-never entered #7 reads as inside it, and one inside it as idle. Every NCCL entry records both counters
-(``collective_seq_id``, ``p2p_seq_id``), so a group with a send/recv entry or an entry whose ``p2p_seq_id`` is
-above 0 is known to mix (remembered in ``p2p_groups``; gloo records no send/recv and its ``p2p_seq_id`` stays
-0): its heads come from the entries, never the status — the newest ``collective_seq_id`` any of them carries
-(a send/recv records the group's last collective), its pending collectives, and otherwise the newest value
-remembered (at most the truth: an idle rank whose collectives moved on between snapshots reads behind until
-the next entry; none can read as inside a collective it did not enter).
-
-The send/recv of a coalesced batch are read as the batch (:func:`_close_batches`); the batches seen closed
-are remembered across snapshots in :class:`BatchMemory` (see there for the one-op batch it settles).
+Turns the probe's ``_dump_fr_trace_json(onlyActive=True)`` object into per-group heads: the last
+enqueued/started/completed collective and the in-flight entries with their age. What must survive between
+snapshots is kept by the caller: group names by ``pg_id`` (``known_groups``), gloo's op-to-seq mapping
+(``op_map``), the groups whose NCCL counters mix collectives and send/recv (``p2p_groups``, read from
+entries instead) and the coalesced batches seen closed (:class:`BatchMemory`). Pure: no I/O, no torch.
 """
 
 from __future__ import annotations

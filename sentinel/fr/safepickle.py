@@ -1,20 +1,9 @@
 """Decode PyTorch Flight Recorder pickles without executing anything.
 
-A Flight Recorder dump is a pickle of plain data only: dicts, lists, tuples, strings, numbers, booleans and
-None. Loading untrusted pickles with :func:`pickle.load` runs arbitrary code (``__reduce__`` → ``os.system``),
-so this module uses the C unpickler with every door to code closed:
-
-* ``find_class`` refuses every global, so GLOBAL / STACK_GLOBAL / INST / OBJ / EXT* can never produce a
-  callable or a class;
-* ``persistent_load`` refuses persistent ids;
-* without a callable or a class on the stack, REDUCE / NEWOBJ / NEWOBJ_EX / OBJ / BUILD can only fail
-  (plain containers are not callable and have no ``__setstate__``);
-* the copyreg extension cache (which would let EXT opcodes skip ``find_class``) must be empty, else we refuse.
-
-The C unpickler keeps its own stack (no recursion limit issues) and the input size is bounded by the
-caller, so a hostile file costs at most a bounded amount of memory and then raises :class:`FrFormatError`.
-The C unpickler is used rather than a pure-Python opcode interpreter because dumps of thousands of ranks
-hold tens of millions of opcodes; see ``docs/flight-recorder.md``.
+Dumps are plain data, but :func:`pickle.load` of an untrusted file runs arbitrary code. This module uses
+the C unpickler (fast enough for millions of opcodes, with its own stack) with every way to code closed:
+``find_class`` refuses every global, ``persistent_load`` every persistent id, and the copyreg extension
+cache must be empty, so REDUCE, BUILD and the object opcodes can only fail with :class:`FrFormatError`.
 """
 
 from __future__ import annotations
@@ -51,8 +40,8 @@ class MemoryReader:
 
     ``peek`` hands the unpickler everything that is left, as a view (no copy), so it decodes from one
     buffer as :func:`pickle.loads` does. An :class:`io.BufferedReader` hands it at most what its buffer
-    holds, so a long string is read through a second copy: the world group's member list in
-    ``pg_config`` (100 KiB at 16,384 ranks) cost 100 us per dump that way, 10 us this way. Every
+    holds, so a long string (the world group's member list in ``pg_config`` of a large job) is read
+    through a second copy. Every
     method stays within the bytes given (a truncated pickle reads short, and the unpickler refuses it).
     """
 
@@ -84,9 +73,9 @@ class MemoryReader:
 
 class PartsReader:
     """:class:`MemoryReader` over several byte ranges read in a row, as if joined, without the copy that
-    would join them: the newest-entries decode (:mod:`sentinel.fr.recent`) frames ~110 KiB of a
-    16,384-rank dump's front, and ~20 KiB of its back, with a few opcodes of its own, which a
-    ``b"".join`` copied (and allocated) per dump. Each part is ``(data, start, end)``.
+    would join them: the newest-entries decode (:mod:`sentinel.fr.recent`) frames parts of a
+    dump's front and back with a few opcodes of its own, which a ``b"".join`` would copy (and
+    allocate) per dump. Each part is ``(data, start, end)``.
 
     ``peek`` hands the unpickler what is left of the current part (a view, no copy); it asks again, or
     reads, when that is not enough. A read across parts joins only the bytes it returns. Every method

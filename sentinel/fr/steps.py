@@ -1,37 +1,11 @@
 """A rank's compute time per step, from frequent samples of its Flight Recorder's per-group counters.
 
-The probe samples ``pg_status`` (last enqueued / started / completed collective per process group, no
-entries: microseconds) at random instants ``sample_s`` apart on average. A *step* ends when the step group
-(the default group, pg 0: the world's gradient allreduce) completes a collective; the rank then computes
-until it starts its next collective in any group. That gap — measured on the rank's own clock, each end
-placed at the middle of the sample interval it fell in, so to about one sample interval per step — is what
-:class:`~sentinel.fr.heads.StepTime` carries. (At a fixed sample period every gap would read as a whole
-number of periods, and so would a median over steps: the instants are random so that each step's error is
-continuous and symmetric, and a median over steps converges to the compute time; see
-``sentinel.probe.SAMPLE_JITTER``.) A rank slowed by its own GPU, input or host computes
-longer; a peer that waits for it waits *inside* a collective, so its gap is unchanged.
-
-ProcessGroupNCCL's counters in a group that posts send/recv (torch 2.5+) mix two sequences: each value is
-the seq of the group's last enqueued / started / completed *work*, a collective's from its collective
-counter, a send/recv's (or a batch's) from its p2p counter (see :func:`sentinel.fr.summary._apply_status`).
-So in such a group a value says only that *some* work moved, not which: a completed recv #57 after
-all_reduce #6 reads 6 → 57 (no collective completed), all_reduce #7 enqueued after it reads 57 → 7. The
-caller says which groups mix (the probe learns them from its dumps with entries, ``_p2p_groups``): there a
-*change* of the enqueued value ends a compute gap (the rank entered a send/recv or a collective: either is
-communication, where a peer that waits for it waits), and the completed value never ends a step — a step
-group that mixes gives no step times from its counters (none rather than a send/recv read as a step).
-
-Such a step group's step times come from entries instead (:func:`steps_from_entries`, from the probe's
-dumps of every entry, completed ones too): each entry names its op, so the step collectives are known by
-name, and each carries its own times — the same gap, measured from the step collective's
-``time_discovered_completed_ns`` to the first ``time_discovered_started_ns`` (``time_created_ns`` in a dump
-that records no start times) after it of any entry of any group. A dump covers the ring buffer's last
-entries, so it gives every step it holds at once; the probe takes one at most every
-``STEP_ENTRIES_EVERY_S`` while its step group mixes and its status moves. (ProcessGroupNCCL's watchdog
-discovers starts and completions at its polls, about every 100 ms: NCCL step times are read to about that
-from either source.)
-
-Pure: samples (time, counters) or entries in, step times out; no torch, no clock of its own.
+A step ends when the step group (pg 0) completes a collective; the rank computes until it enters its next
+collective in any group. A rank slowed by its own GPU or input computes longer, while a peer waiting for it
+waits *inside* a collective, so this gap names the straggler. Samples come at random instants so a median
+over steps converges on the compute time. Where NCCL's counters mix collectives and send/recv, only a
+change of the enqueued value is read, and step times come from entries (:func:`steps_from_entries`).
+Pure: samples or entries in, step times out; no torch, no clock of its own.
 """
 
 from __future__ import annotations

@@ -1,36 +1,26 @@
-"""Reduce one rank's dump to the compact facts the cross-rank analysis needs.
+"""Reduce one rank's dump to the compact facts the cross-rank analysis needs (:func:`summarize`).
 
-A dump of 2,000 entries with stack frames decodes to ~40,000 Python objects; thousands of ranks of that do
-not fit in memory together. Each dump is therefore reduced right after decoding (in a worker process for
-large sets) to a :class:`RankSummary`: per process group the last enqueued / completed collective, the
-entries not yet completed, and two dense columns indexed by collective sequence number — the match key
-(crc32 of what must agree across ranks, see :mod:`sentinel.fr.ops`) and ``time_created_ns``.
-
-Collectives are keyed by (process-group name, ``collective_seq_id``) — ``pg_id`` and ``record_id`` are
-rank-local. ``pg_status`` is keyed by the rank-local ``pg_id``; the entries map it to the group name.
-A collective counts as completed when it is ``retired`` or its ``state`` is ``completed`` (gloo records
-failed collectives as retired and never sets ``state``).
+Thousands of decoded dumps do not fit in memory together, so each is reduced right after decoding to a
+:class:`~sentinel.fr.rank_summary.RankSummary`. Collectives are keyed by (process-group name,
+``collective_seq_id``): ``pg_id`` and ``record_id`` are rank-local. A collective counts as completed when
+it is ``retired`` or its ``state`` is ``completed`` (gloo records failed ones as retired).
 """
 
 from __future__ import annotations
 
-import json
 import marshal
-import re
 import zlib
-from array import array
-from bisect import bisect_right
 from collections.abc import Callable
-from itertools import pairwise
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 
 from sentinel.fr.errors import FrFormatError, brief, entry_at
+from sentinel.fr.group_builder import INT_MAX, INT_MIN, GroupBuilder, finish_track
+from sentinel.fr.group_tables import apply_config, apply_status
 from sentinel.fr.loader import RawDump
 from sentinel.fr.ops import (
     COALESCED,
     MIXED_BACKENDS,
     P2P,
-    UNRECORDED_P2P_BACKENDS,
     backend,
     closes_p2p_batch,
     group_size_hint,
@@ -39,300 +29,28 @@ from sentinel.fr.ops import (
     op_name,
     p2p_peer,
 )
-from sentinel.fr.records import TYPE_CHECKING, NamedTuple
+from sentinel.fr.rank_summary import P2P_LOG, KeyInfo, Pending, RankSummary
+from sentinel.fr.records import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from typing import Any
 
+
 #: Newest entries per dump whose match key is computed (see :func:`summarize`).
 KEY_WINDOW = 128
-#: Newest point-to-point ops kept per group (:attr:`GroupTrack.p2p_log`): the rank's recent program order.
-P2P_LOG = 32
+
+
 P2P_SEND, P2P_RECV = 0, 1
-#: Integers the format carries (seqs, times, ids) are int64 in PyTorch; anything outside is refused.
-INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
+
+
 #: Most tensors per entry and dims per tensor shape accepted (a coalesced op carries one per tensor).
 MAX_TENSORS = 1 << 16
+
+
 MAX_DIMS = 64
+
+
 _INF = float("inf")
-
-
-class KeyInfo(NamedTuple):
-    """What one match key stands for, for messages."""
-
-    op: str
-    in_sizes: str
-    out_sizes: str
-    dtypes: str
-    size_hint: int = 0
-
-
-class Pending(NamedTuple):
-    """An entry this rank enqueued that had not completed when it dumped."""
-
-    seq: int
-    key: int
-    op: str
-    t_ns: int
-    state: str
-    p2p: bool = False
-    peer: int = -1  # group-local peer rank of a p2p op, -1 when unknown
-
-
-class GroupTrack:
-    """One rank's view of one process group.
-
-    The records of ``fr analyze`` are plain classes (``__slots__``) and named tuples, not msgspec structs:
-    importing msgspec cost a small set's analysis a fifth of its time. Workers send them to the parent as
-    plain data (:meth:`to_plain`, :func:`summary_from_plain`).
-    """
-
-    __slots__ = (
-        "backend",
-        "config_ranks",
-        "desc",
-        "done",
-        "enq",
-        "first_seq",
-        "keys",
-        "name",
-        "p2p_log",
-        "pending",
-        "pg_id",
-        "repeat_gap",
-        "size_hints",
-        "started",
-        "times",
-        "unrecorded_ops",
-    )
-
-    def __init__(
-        self,
-        name: str,
-        desc: str,
-        *,
-        pg_id: int = -1,
-        config_ranks: list[tuple[int, int]] | None = None,
-        enq: int = -1,
-        done: int = -1,
-        started: int = -1,
-        first_seq: int = 0,
-        keys: bytes = b"",
-        times: bytes = b"",
-        pending: list[Pending] | None = None,
-        size_hints: list[int] | None = None,
-        p2p_log: bytes = b"",
-        unrecorded_ops: int = 0,
-        backend: str = "",
-        repeat_gap: int = -1,
-    ) -> None:
-        self.name = name
-        self.desc = desc
-        self.pg_id = pg_id
-        self.config_ranks = config_ranks  # [start, stop) runs: a world of 4,096 is one pair
-        self.enq = enq
-        self.done = done
-        self.started = started
-        self.first_seq = first_seq
-        self.keys = keys  # array('I'): match key per seq from first_seq, 0 = not in the buffer
-        self.times = times  # array('q'): arrival (ns) per seq from first_seq: see _summarize
-        self.pending: list[Pending] = [] if pending is None else pending
-        self.size_hints: list[int] = [] if size_hints is None else size_hints
-        #: the newest recorded send/recv ops (NCCL records them), oldest first, as array('q') pairs
-        #: (time_created_ns, direction << 32 | group-local peer): where p2p ops sit in the rank's program order
-        self.p2p_log = p2p_log
-        #: ops this rank ran in the group that left no entry, counted from ``op_id`` gaps between its newest
-        #: collectives (:data:`UNRECORDED_WINDOW`) when the group's backend records no send/recv
-        #: (:data:`~sentinel.fr.ops.UNRECORDED_P2P_BACKENDS`: gloo counts them in ``op_id``, writes no entry)
-        self.unrecorded_ops = unrecorded_ops
-        #: the comm library its entries name (``profiling_name`` ``nccl:...`` / ``gloo:...``), "" for none,
-        #: ``mixed`` when they name several
-        self.backend = backend
-        #: under gloo, the ops that left no entry right after the previous collective like the group's newest
-        #: (same match key) — what this rank ran after it in its earlier steps; -1 when no earlier one is in
-        #: the window or the backend records its send/recv (see :func:`_gap_after_repeat`)
-        self.repeat_gap = repeat_gap
-
-    def to_plain(self) -> tuple[Any, ...]:
-        """Builtins only: the fields of :data:`_TRACK_FIELDS`, then the pending ops as plain tuples."""
-        return (*_track_values(self), [tuple(p) for p in self.pending])
-
-    @classmethod
-    def from_plain(cls, plain: Any) -> GroupTrack:
-        """The track :meth:`to_plain` described."""
-        self = cls.__new__(cls)
-        (  # the order of _TRACK_FIELDS (a test checks it): assignments, not a setattr() per field
-            self.backend,
-            self.config_ranks,
-            self.desc,
-            self.done,
-            self.enq,
-            self.first_seq,
-            self.keys,
-            self.name,
-            self.p2p_log,
-            self.pg_id,
-            self.repeat_gap,
-            self.size_hints,
-            self.started,
-            self.times,
-            self.unrecorded_ops,
-            pending,
-        ) = plain
-        self.pending = [Pending(*p) for p in pending]
-        return self
-
-
-#: What :meth:`GroupTrack.to_plain` sends of a track besides its pending ops.
-_TRACK_FIELDS = tuple(f for f in GroupTrack.__slots__ if f != "pending")
-_track_values = attrgetter(*_TRACK_FIELDS)
-
-
-class RankSummary:
-    """Everything the analysis keeps of one rank's dump."""
-
-    __slots__ = (
-        "config_world",
-        "first_t_ns",
-        "groups",
-        "keys",
-        "last_t_ns",
-        "median_duration_ms",
-        "n_entries",
-        "rank",
-        "skipped_p2p",
-        "source",
-        "version",
-    )
-
-    def __init__(
-        self,
-        rank: int,
-        source: str,
-        version: str,
-        n_entries: int,
-        *,
-        groups: list[GroupTrack],
-        keys: dict[int, KeyInfo],
-        first_t_ns: int = 0,
-        last_t_ns: int = 0,
-        median_duration_ms: float = -1.0,
-        skipped_p2p: bool = False,
-        config_world: int = 0,
-    ) -> None:
-        self.rank = rank
-        self.source = source
-        self.version = version
-        self.n_entries = n_entries
-        self.groups = groups
-        self.keys = keys
-        self.first_t_ns = first_t_ns
-        self.last_t_ns = last_t_ns
-        self.median_duration_ms = median_duration_ms  # NCCL duration_ms of completed collectives; -1: none
-        #: completed send/recv entries were skipped (:attr:`sentinel.fr.loader.RawDump.skipped_p2p`)
-        self.skipped_p2p = skipped_p2p
-        #: one more than the highest rank any pg_config entry lists, named group or not (0: none): every
-        #: rank listed is a rank of the job (:func:`_apply_config`)
-        self.config_world = config_world
-
-    def waits(self) -> bool:
-        """Whether a group of this rank still waits (pg_status) or holds an op not completed."""
-        return any(g.pending or g.enq > g.done for g in self.groups)
-
-    def to_plain(self) -> tuple[Any, ...]:
-        """Builtins only, in ``__init__`` order: what a decoding worker sends (see :func:`summary_from_plain`)."""
-        return (
-            self.rank,
-            self.source,
-            self.version,
-            self.n_entries,
-            [g.to_plain() for g in self.groups],
-            {k: tuple(v) for k, v in self.keys.items()},
-            self.first_t_ns,
-            self.last_t_ns,
-            self.median_duration_ms,
-            self.skipped_p2p,
-            self.config_world,
-        )
-
-
-def summary_from_plain(plain: Any) -> RankSummary:
-    """The :class:`RankSummary` of :meth:`RankSummary.to_plain`'s tuple. A worker's message is decoded
-    with the no-globals unpickler, so it can hold builtins only; a malformed one raises TypeError or
-    ValueError."""
-    rank, source, version, n_entries, groups, keys, first_t, last_t, median, skipped_p2p, config_world = plain
-    return RankSummary(
-        rank,
-        source,
-        version,
-        n_entries,
-        groups=[GroupTrack.from_plain(g) for g in groups],
-        keys={k: KeyInfo(*v) for k, v in keys.items()},
-        first_t_ns=first_t,
-        last_t_ns=last_t,
-        median_duration_ms=median,
-        skipped_p2p=skipped_p2p is True,
-        config_world=int(config_world),
-    )
-
-
-class _Builder:
-    __slots__ = (
-        "backend",
-        "desc",
-        "done",
-        "enq",
-        "hints",
-        "keys",
-        "last_seq",
-        "member",
-        "name",
-        "ops",
-        "p2p_count",
-        "p2p_log",
-        "pending",
-        "pg_id",
-        "seqs",
-        "times",
-    )
-
-    def __init__(self, name: str, desc: str, pg_id: int) -> None:
-        self.name = name
-        self.desc = desc
-        self.pg_id = pg_id
-        # columns as lists, made arrays once in _finish: list.append costs a fifth of array.append, and
-        # four appends per entry were a quarter of reducing a dump
-        self.seqs: list[int] = []
-        self.ops: list[int] = []  # op_id of each seq's (last) entry: maps gloo's pg_status to seqs
-        self.keys: list[int] = []
-        self.times: list[int] = []
-        self.pending: list[Pending] = []
-        self.enq = -1
-        self.done = -1
-        self.last_seq = INT_MIN - 1  # no seq: an entry without one (-1) is not a coalesced op of the last
-        self.hints: set[int] = set()
-        self.p2p_log: list[int] = []
-        # p2p_seq_id of the newest collective: the group's send/recv so far, whether or not their entries
-        # are still in the buffer (a counter that only grows: the newest entry's is the group's largest)
-        self.p2p_count = 0
-        self.backend: str | None = None  # None until the first entry names one
-        # (p2p_seq_id, len(seqs) then) of the group's newest send/recv while no collective came after it:
-        # the member a closing entry right behind it follows. A collective entry either adds a column
-        # (len(seqs) moves on) or folds into the last one (which clears this), so no entry pays for it
-        self.member: tuple[int, int] | None = None
-
-
-def _int(value: Any, what: str, source: str) -> int:
-    if type(value) is int:
-        if INT_MIN <= value <= INT_MAX:
-            return value
-    elif type(value) is float and value.is_integer() and INT_MIN <= value < INT_MAX:
-        return int(value)  # read losslessly as the integer, as entry fields are (sentinel.fr.coerce)
-    elif isinstance(value, str) and re.fullmatch(r"-?\d{1,19}", value.strip()):
-        number = int(value)
-        if INT_MIN <= number <= INT_MAX:
-            return number
-    raise FrFormatError(f"{source}: {what} is {brief(value)}, expected a 64-bit integer")
 
 
 class _BadField(Exception):
@@ -392,6 +110,8 @@ _FIELDS = (
     ("input_dtypes", None),
     ("output_dtypes", None),
 )
+
+
 _read_fields = itemgetter(*(name for name, _ in _FIELDS))
 
 
@@ -489,7 +209,7 @@ def _summarize(
     collective's arrival is its ``time_created_ns`` even where a start was recorded (the starts were
     polled, :func:`starts_polled`); the dump is read again that way when the first reading finds so."""
     source = dump.source
-    builders: dict[str, _Builder] = {}
+    builders: dict[str, GroupBuilder] = {}
     key_cache: dict[tuple[str, bytes], tuple[int, int]] = {}
     shared_keys = _shared_keys(pack)
     check_pg = fast or not coerced
@@ -501,9 +221,9 @@ def _summarize(
     first_t = 0
     last_t = 0
     index = 0
-    b: _Builder | None = None
+    b: GroupBuilder | None = None
     last_pg: Any = None  # the process_group value of the previous entry (b is its group)
-    pg_builders: dict[tuple[str, str], _Builder] = {}
+    pg_builders: dict[tuple[str, str], GroupBuilder] = {}
     durations: list[float] = []
     imin, imax = INT_MIN, INT_MAX
     timed = False  # some entry recorded a start
@@ -597,7 +317,7 @@ def _summarize(
                     b = builders.get(name)
                     if b is None:
                         # "undefined" is PyTorch's placeholder for "no description"
-                        b = builders[name] = _Builder(name, "" if desc == "undefined" else desc, pg_id)
+                        b = builders[name] = GroupBuilder(name, "" if desc == "undefined" else desc, pg_id)
                     if type(pg) is tuple:
                         pg_builders[pg] = b
                 last_pg = pg
@@ -731,9 +451,9 @@ def _summarize(
         raise FrFormatError(f"{_entry_at(dump, entries, index)}: malformed ({type(exc).__name__})") from None
     if timed and not created_times and starts_polled(entries, coerced):
         return _summarize(dump, entries, coerced, pack, fast=fast, created_times=True)
-    groups = [_finish(b) for b in builders.values()]
-    _apply_status(dump, groups, source, {b.pg_id: b for b in builders.values() if b.pg_id >= 0})
-    config_world = _apply_config(dump, groups)
+    groups = [finish_track(b) for b in builders.values()]
+    apply_status(dump, groups, source, {b.pg_id: b for b in builders.values() if b.pg_id >= 0})
+    config_world = apply_config(dump, groups)
     return RankSummary(
         rank=dump.rank,
         source=source,
@@ -805,7 +525,11 @@ def _new_key(
 #: by pack function: the ranks of a job share them (data-parallel replicas run the same collectives on the
 #: same shapes), so a worker checks and keys each combination once, not once per dump. Bounded.
 _SHARED_KEYS: dict[Callable[[tuple[Any, ...]], bytes], dict[tuple[str, bytes], tuple[int, int, KeyInfo]]] = {}
+
+
 _SHARED_KEYS_MAX = 4096
+
+
 #: Only combinations packing to at most this many bytes are kept (so the table holds at most a few MiB).
 _SHARED_KEY_BYTES = 512
 
@@ -817,235 +541,3 @@ def _shared_keys(
     if len(table) > _SHARED_KEYS_MAX:
         table.clear()
     return table
-
-
-def _finish(b: _Builder) -> GroupTrack:
-    seqs = b.seqs
-    keys = array("I", b.keys)
-    times = array("q", b.times)
-    first = seqs[0] if seqs else 0
-    # consecutive seqs (the usual case) are checked in one C-level comparison, not a loop per entry
-    if seqs and (seqs[-1] - first + 1 != len(seqs) or seqs != list(range(first, first + len(seqs)))):
-        # holes or disorder (ring-buffer oddities): lay the columns out densely by seq
-        lo, hi = min(seqs), max(seqs)
-        if hi - lo > 4 * len(seqs) + 1024:
-            lo = max(lo, hi - 4 * len(seqs) - 1024)
-        dense_k = array("I", bytes(4 * (hi - lo + 1)))
-        dense_t = array("q", bytes(8 * (hi - lo + 1)))
-        for s, k, t in zip(seqs, keys, times, strict=True):
-            if s >= lo:
-                dense_k[s - lo] = k
-                dense_t[s - lo] = t
-        first, keys, times = lo, dense_k, dense_t
-    return GroupTrack(
-        name=b.name,
-        desc=b.desc,
-        pg_id=b.pg_id,
-        enq=b.enq,
-        done=b.done,
-        first_seq=first,
-        keys=keys.tobytes(),
-        times=times.tobytes(),
-        pending=b.pending,
-        size_hints=sorted(b.hints),
-        p2p_log=array("q", b.p2p_log[-2 * P2P_LOG :]).tobytes(),
-        unrecorded_ops=_unrecorded(b),
-        backend=b.backend or "",
-        repeat_gap=_gap_after_repeat(b),
-    )
-
-
-def _apply_status(
-    dump: RawDump, groups: list[GroupTrack], source: str, builders: dict[int, _Builder]
-) -> None:
-    by_id = {g.pg_id: g for g in groups if g.pg_id >= 0}
-    for pg_id, status in dump.pg_status.items():
-        if not isinstance(status, dict):
-            raise FrFormatError(f"{source}: pg_status[{brief(pg_id, 20)}] is not a dict")
-        key = _int(pg_id, "pg_status key", source)
-        group = by_id.get(key)
-        if group is None:
-            named = dump.pg_names.get(key)
-            if named is None or any(g.name == named[0] for g in groups):
-                continue  # a group whose entries all left the ring buffer: its name is unknown
-            desc = "" if named[1] == "undefined" else named[1]
-            group = by_id[key] = GroupTrack(name=named[0], desc=desc, pg_id=key)
-            groups.append(group)
-        at = f"pg_status[{brief(pg_id, 20)}]:"
-        enq = _int(status.get("last_enqueued_collective", -1), f"{at} last_enqueued_collective", source)
-        done = _int(status.get("last_completed_collective", -1), f"{at} last_completed_collective", source)
-        started = _int(status.get("last_started_collective", -1), f"{at} last_started_collective", source)
-        b = builders.get(key)
-        if b is not None and (b.p2p_log or (b.p2p_count > 0 and b.backend not in UNRECORDED_P2P_BACKENDS)):
-            # a group that ran send/recv (entries of them, or a count of them on its collectives' entries
-            # when theirs left the ring buffer): ProcessGroupNCCL's values are the last *work*'s seq, a
-            # send/recv's (or its batch's) from the p2p counter (torch 2.5 initWork: isP2P ? seqP2P_ :
-            # seqCollective_): a completed recv #8 read as collective #8 marked a pending all_reduce #7
-            # completed, and recv #120 completed before all_reduce #7-#50 (all pending) marked every one of
-            # them completed. Its entries say where its collectives are (they complete in order on its
-            # stream); the count agrees with the newest entries' (sentinel.fr.loader._counts_p2p)
-            continue
-        if b is not None and _counts_ops(b, enq):
-            ascending = _ascending(b.ops)  # once per group, not per value mapped
-            enq, done, started = (_seq_of_op(b, v, ascending) for v in (enq, done, started))
-        group.enq = max(group.enq, enq)
-        group.done = max(group.done, done)
-        group.started = max(group.started, started)
-    for group in groups:
-        if group.done >= 0:
-            group.pending = [p for p in group.pending if p.p2p or p.seq > group.done]
-
-
-#: Most recent collectives per group over which ops that left no entry are counted (p2p the job still runs,
-#: not a send/recv at its start).
-UNRECORDED_WINDOW = 64
-
-
-def _unrecorded(b: _Builder) -> int:
-    """Ops between this group's newest recorded collectives that left no entry (``op_id`` gaps).
-
-    Keyed on the backend the entries name, never on the gaps alone: only a backend that records no
-    send/recv (gloo) leaves a gap for every send/recv it ran. ProcessGroupNCCL writes an entry per
-    send/recv, so gaps in NCCL dumps (a wrapped buffer, entries that are simply not there, a coalesced
-    batch counted per op) say nothing about p2p and the NCCL rules judge them. 0 as well when the entries
-    number no ops (op_id -1) or the group's entries name several backends (two op counters interleave)."""
-    ops = b.ops
-    first = max(0, len(ops) - 1 - UNRECORDED_WINDOW)
-    if b.backend not in UNRECORDED_P2P_BACKENDS or len(ops) < 2 or b.p2p_log or ops[first] < 0:
-        return 0
-    # the sum of the gaps of an ascending sequence, in O(1): a full 2,000-entry buffer of 16,384 ranks
-    # must not cost a Python loop per entry
-    return max(0, ops[-1] - ops[first] - (len(ops) - 1 - first))
-
-
-def _gap_after_repeat(b: _Builder) -> int:
-    """Ops that left no entry right after the newest earlier collective with the same match key as the
-    group's newest one, within :data:`UNRECORDED_WINDOW`: a training loop repeats, so this is what the
-    rank ran after its last collective in its earlier steps (gloo: its send/recv). -1 without an earlier
-    one, for other backends, or without op ids. Evidence for a human, not a rule (see the analysis)."""
-    keys, ops = b.keys, b.ops
-    n = len(keys)
-    if b.backend not in UNRECORDED_P2P_BACKENDS or n < 2 or not keys[-1] or ops[-1] < 0:
-        return -1
-    last = keys[-1]
-    for j in range(n - 2, max(-1, n - 2 - UNRECORDED_WINDOW), -1):
-        if keys[j] == last:
-            return max(0, ops[j + 1] - ops[j] - 1)
-    return -1
-
-
-def _counts_ops(b: _Builder, enq: int) -> bool:
-    """Whether this group's pg_status counts *operations* rather than collectives.
-
-    ProcessGroupGloo (torch 2.13) publishes its own op counter there — one that also counts send/recv,
-    which it does not record in the flight recorder — while the entries' ``collective_seq_id`` counts
-    collectives only; the entries' ``op_id`` is that op counter. ProcessGroupNCCL counts collectives in
-    both. Entries are recorded when a collective is enqueued, so the status's last enqueued value is the
-    newest entry's: its ``op_id`` under gloo, its ``collective_seq_id`` under NCCL. Only when the two
-    differ (the job ran point-to-point ops) and the status names the op id are the values translated."""
-    if not b.seqs:
-        return False
-    newest_seq, newest_op = b.seqs[-1], b.ops[-1]
-    return newest_op >= 0 and newest_op != newest_seq and enq == newest_op
-
-
-def _seq_of_op(b: _Builder, op_id: int, ascending: bool) -> int:
-    """The collective seq whose entry is the newest with ``op_id`` at most the given one (-1 passes)."""
-    if op_id < 0:
-        return op_id
-    ops = b.ops
-    i = bisect_right(ops, op_id) if ascending else sum(1 for o in ops if o <= op_id)
-    if i == 0:  # older than every entry in the ring buffer: just before the first
-        return int(b.seqs[0]) - 1 if b.seqs else -1
-    return int(b.seqs[i - 1])
-
-
-def _ascending(values: list[int]) -> bool:
-    return all(a <= c for a, c in pairwise(values))
-
-
-def _apply_config(dump: RawDump, groups: list[GroupTrack]) -> int:
-    """Use pg_config when it is sound (NCCL); gloo in torch 2.13 writes one unnamed entry (key, name and
-    desc empty) whose ranks are empty once the job made sub-groups and the world's ranks when it made none.
-
-    Returns one more than the highest rank any entry lists (0: none): an unnamed entry belongs to no group
-    the entries name, but the ranks it lists are ranks of the job, so the world is at least that large —
-    the only trace in gloo dumps of a world-only job's highest rank when that rank left no dump."""
-    by_name = {g.name: g for g in groups}
-    listed = 0
-    for key, cfg in dump.pg_config.items():
-        if not isinstance(cfg, dict):
-            continue
-        name = cfg.get("name", key)
-        if not isinstance(name, str):  # a malformed entry: nothing of it is used
-            continue
-        value = cfg.get("ranks")
-        # cached by text (bounded: at most 256 texts of at most 256 KiB)
-        runs = _runs_of_text(value) if isinstance(value, str) and len(value) <= 1 << 18 else _runs_of(value)
-        if runs:
-            listed = max(listed, runs[-1][1])
-        group = by_name.get(name) if name else None
-        if group is None:
-            continue
-        if runs:
-            group.config_ranks = list(runs)
-        if not group.desc and isinstance(cfg.get("desc"), str):
-            group.desc = cfg["desc"]
-    return listed
-
-
-def rank_runs(ranks: list[int]) -> list[tuple[int, int]]:
-    """Sorted distinct ranks as [start, stop) runs."""
-    if ranks and ranks[-1] - ranks[0] + 1 == len(ranks):  # one run (the usual case; ranks are distinct)
-        return [(ranks[0], ranks[-1] + 1)]
-    runs: list[tuple[int, int]] = []
-    for r in ranks:
-        if runs and runs[-1][1] == r:
-            runs[-1] = (runs[-1][0], r + 1)
-        else:
-            runs.append((r, r + 1))
-    return runs
-
-
-#: Member-list texts parsed so far, by (length, first and last characters): see :func:`_runs_of_text`.
-_RUNS_SEEN: dict[tuple[int, str, str], list[tuple[str, tuple[tuple[int, int], ...] | None]]] = {}
-_RUNS_SEEN_MAX = 256
-
-
-def _runs_of_text(text: str) -> tuple[tuple[int, int], ...] | None:
-    """Every dump of a job repeats the same member lists (16,384 ranks for the world): parse each once.
-
-    Found again by equality, not by hash: each dump decodes its own copy of the text, whose hash (an
-    ``lru_cache`` key) would cost a pass over 100 KiB per dump, where comparing it with the one seen
-    is a memcmp. Bounded: at most :data:`_RUNS_SEEN_MAX` texts are kept."""
-    seen = _RUNS_SEEN.setdefault((len(text), text[:16], text[-16:]), [])
-    for known, runs in seen:
-        if known == text:
-            return runs
-    ranks = _parse_ranks(text)
-    runs = tuple(rank_runs(ranks)) if ranks else None
-    if sum(map(len, _RUNS_SEEN.values())) >= _RUNS_SEEN_MAX:
-        _RUNS_SEEN.clear()
-        seen = _RUNS_SEEN.setdefault((len(text), text[:16], text[-16:]), [])
-    seen.append((text, runs))
-    return runs
-
-
-def _runs_of(value: Any) -> tuple[tuple[int, int], ...] | None:
-    ranks = _parse_ranks(value)
-    return tuple(rank_runs(ranks)) if ranks else None
-
-
-def _parse_ranks(value: Any) -> list[int] | None:
-    if isinstance(value, str):
-        if len(value) > 1 << 22:
-            return None
-        try:
-            value = json.loads(value)
-        except (ValueError, RecursionError):  # unusable, as any other member list that is not one
-            return None
-    if isinstance(value, list) and value and set(map(type, value)) == {int}:
-        ranks = sorted(set(value))
-        if ranks[0] >= 0 and ranks[-1] < 1 << 24:
-            return ranks
-    return None

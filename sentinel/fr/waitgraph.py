@@ -1,27 +1,10 @@
 """Follow who-waits-for-whom across process groups to the ranks that cause a stall.
 
-A rank blocked in collective (group G, seq s) waits for the members of G that never entered s. Those may
-themselves be blocked in another group (a cascade: rank 7 of dp waits for rank 3 which ... ), so the real
-culprits are the *sinks* of this wait-for graph reachable from the blocked ranks. Sinks come in three kinds
-(:attr:`Culprit.kind`):
-
-* ``missing`` — a rank that waits for nobody and is not inside any collective: hung outside collectives,
-  crashed, or without a dump/heads. The rank is to blame.
-* ``cycle`` — ranks that wait on each other in different collectives (call-order deadlock).
-* ``all_in`` — a rank inside a collective that *every* member entered. It waits for no rank: that collective
-  is in progress (a dump taken while the job runs) or stalled in the network/transport/device. The rank is
-  not to blame; callers judge the collective (:attr:`Culprit.first_wait` is the rank's own wait there).
-
-Both the post-mortem dump analysis (:mod:`sentinel.fr.analysis`) and the aggregator's live stuck detector
-(:mod:`sentinel.aggregator.detectors.stuck`, on the ranks' heads) use this: one stall algorithm. The API is deliberately small and stable:
-
-* :class:`Wait` — one blocked rank: (rank, group, seq, op, t_ns, waiting_for, group_desc, p2p): in a
-  collective, waiting for the members that never entered it, or in a send/recv (``p2p``), waiting for the
-  peer that never posted the matching recv/send;
-* :func:`find_culprits` ``(waits) -> list[Culprit]`` — sinks, root cause first (earliest wait naming them);
-* :class:`Culprit` — ``ranks``, ``first_wait``, ``victims``, ``kind`` (and ``cycle`` = kind == "cycle").
-
-Pure: no I/O, no clock. Linear in the number of waits and edges (Tarjan, iterative).
+A blocked rank waits for the members that never entered its collective (or the peer that never posted a
+matching send/recv); those may be blocked elsewhere, so the culprits are the sinks of this graph:
+``missing`` (waits for nobody, inside nothing), ``cycle`` (a call-order deadlock) or ``all_in`` (inside a
+collective every member entered: the collective is judged, not the rank). The post-mortem analysis and
+the live stuck detector both use :func:`find_culprits`: one stall algorithm. Pure, linear in the waits.
 """
 
 from __future__ import annotations

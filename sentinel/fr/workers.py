@@ -1,29 +1,9 @@
 """Decoding worker processes with hard bounds: memory, CPU per dump, cancellation, and a named culprit file.
 
-Dumps come from the training hosts (and over the network into the aggregator), so decoding them is
-sandboxed in worker processes:
-
-* **memory** — one budget for all workers together (:data:`MEMORY_BUDGET`), split between them: each
-  worker's address space (``RLIMIT_AS``) may grow by ``budget // workers`` beyond its start, so the total
-  does not grow with the worker count (fewer workers are started when the split would leave each less
-  than :data:`MIN_WORKER_MEMORY`). A hostile pickle (a memo index of 2^31 asks the C unpickler for 16 GiB)
-  fails with MemoryError inside its worker.
-* **CPU** — before each dump the worker's ``RLIMIT_CPU`` soft limit is set :data:`CPU_S_PER_DUMP` beyond
-  what it has used: SIGXCPU raises in Python code (the error names the dump), and the hard limit 2 s later
-  kills a worker stuck in C code (the parent names the dump it was on from shared memory).
-* **cancellation** — the parent waits on the workers' pipes in slices of 0.1 s and checks ``cancel``; on
-  cancel, SIGTERM (a signal handler raising), an error or any exception it kills every worker at once
-  (SIGKILL), so a daemon's shutdown never waits for a decode.
-
-Each result travels back as a pickle of plain data (:meth:`~sentinel.fr.summary.RankSummary.to_plain` of the
-batch's summaries), which the parent reads with the same no-globals unpickler as a dump
-(:func:`~sentinel.fr.safepickle.loads_plain`): a worker is where hostile input is decoded, so what it sends
-can only ever be builtins.
-
-Workers start in one of two ways. ``fork`` (a single-threaded caller: the CLI) forks with :func:`os.fork`
-and talks over two pipes (length-prefixed pickles of plain data): no :mod:`multiprocessing` import, which alone costs
-as much as decoding a small set, and a worker costs a millisecond to start. ``forkserver`` (threaded
-daemons: the aggregator) starts them through :mod:`multiprocessing`. Both run the same worker loop.
+Dumps are hostile input, so they are decoded in workers with one shared address-space budget
+(:data:`MEMORY_BUDGET`), a CPU limit per dump (:data:`CPU_S_PER_DUMP`) and cancellation that kills every
+worker at once. Results come back as plain data read with the no-globals unpickler. The CLI forks its
+workers (no :mod:`multiprocessing` import on its path); threaded daemons use the forkserver.
 """
 
 from __future__ import annotations
@@ -42,9 +22,9 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 
 from sentinel.fr.errors import FrFormatError
+from sentinel.fr.rank_summary import RankSummary, summary_from_plain
 from sentinel.fr.records import TYPE_CHECKING
 from sentinel.fr.safepickle import loads_plain
-from sentinel.fr.summary import RankSummary, summary_from_plain
 
 if TYPE_CHECKING:  # multiprocessing (and ctypes under it) costs a small set's whole decode to import
     from multiprocessing.connection import Connection
@@ -55,7 +35,7 @@ if TYPE_CHECKING:  # multiprocessing (and ctypes under it) costs a small set's w
 MEMORY_BUDGET = 2 << 30
 #: Fewer workers are started than would leave each less than this.
 MIN_WORKER_MEMORY = 384 << 20
-#: CPU seconds one dump may cost a worker (a 2,000-entry dump costs ~5 ms; a 64 MiB one ~2 s).
+#: CPU seconds one dump may cost a worker (far above what the largest accepted dump needs).
 CPU_S_PER_DUMP = 20.0
 #: A worker still on one dump after this many times CPU_S_PER_DUMP of wall time is killed.
 WALL_FACTOR = 3.0
@@ -99,7 +79,7 @@ def _cap_memory(extra: int) -> None:
 def _cap_cpu(seconds: float, hard: int, current: int = -1) -> int:
     """Soft RLIMIT_CPU ``seconds`` beyond what this process used (the hard limit ``hard``, read once by the
     worker, is left alone: an unprivileged process could never raise it again for the next dump). The
-    limit is whole seconds, so most dumps (~1 ms each) find it already where it must be: ``current``, the
+    limit is whole seconds, so most dumps (far shorter) find it already where it must be: ``current``, the
     value this returned last, spares the system call then."""
     used = resource.getrusage(resource.RUSAGE_SELF)
     soft = int(used.ru_utime + used.ru_stime + seconds) + 1

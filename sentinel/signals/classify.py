@@ -1,4 +1,4 @@
-"""One entry point from log text to contract records (``../shared/CONTRACTS.md`` section 2).
+"""One entry point from log text to contract records (docs/contracts.md §2).
 
 * :func:`classify_line` — one physical log line, as the agent's tailer sees it; ``None`` for plain noise
   (NCCL INFO chatter, lines without any signal).
@@ -16,9 +16,11 @@ import itertools
 import re
 from typing import Final
 
+from sentinel.components.ecc import rule as ecc_rule
 from sentinel.components.ecc.parse import parse_ecc, parse_retired_pages
 from sentinel.components.ecc.rule import evaluate_ecc, evaluate_retired_pages
 from sentinel.components.nvsmi import read_sections
+from sentinel.components.rowremap import rule as row_remap_rule
 from sentinel.components.rowremap.parse import parse_row_remap
 from sentinel.components.rowremap.rule import evaluate_row_remap
 from sentinel.components.vocab import Finding
@@ -27,7 +29,15 @@ from sentinel.signals.gate import line_has_signal_words
 from sentinel.signals.kernel import kernel_events
 from sentinel.signals.nccl_log import chatter_event, global_rank, nccl_events, torch_events, torch_rank
 from sentinel.signals.ocr import repair
-from sentinel.signals.record import KIND_RANK, Classified, Kind, make_event, most_severe, severity_key
+from sentinel.signals.record import (
+    KIND_RANK,
+    Classified,
+    Kind,
+    finding_event,
+    make_event,
+    most_severe,
+    severity_key,
+)
 from sentinel.signals.rules import rule_events
 from sentinel.text import bounded
 
@@ -183,22 +193,17 @@ def _joined_events(lines: list[str]) -> list[Classified]:
 
 
 def _field_events(line: str) -> list[Classified]:
-    """One ``nvidia-smi -q`` field quoted on its own, without its section."""
+    """One ``nvidia-smi -q`` field quoted on its own, without its section: the component's rule outcome
+    for that field's value."""
     match = _SMI_FIELD_RE.search(line)
     if match is None:
         return []
-    name, value = " ".join(match.group("name").split()).lower(), match.group("value").lower()
+    name, yes = " ".join(match.group("name").split()).lower(), match.group("value").lower() == "yes"
     if name == "remapping failure occurred":
-        if value == "yes":
-            return [make_event("row_remap", "critical", action="rma", reason="row_remap_failure")]
-        return [make_event("row_remap", "info", action="none", reason="row_remap_ok")]
+        return [finding_event("row_remap", row_remap_rule.FAILURE if yes else row_remap_rule.OK)]
     if name == "pending page blacklist":
-        if value == "yes":
-            return [make_event("ecc", "warning", action="reset_gpu", reason="retired_pages_pending")]
-        return [make_event("ecc", "info", action="none", reason="retired_pages_ok")]
-    if value == "yes":
-        return [make_event("ecc", "critical", action="rma", reason="ecc_sram_threshold")]
-    return [make_event("ecc", "info", action="none", reason="ecc_ok")]
+        return [finding_event("ecc", ecc_rule.RETIRED_PENDING if yes else ecc_rule.RETIRED_OK)]
+    return [finding_event("ecc", ecc_rule.SRAM_THRESHOLD if yes else ecc_rule.OK)]
 
 
 def _block_events(text: str) -> list[Classified]:
@@ -207,14 +212,7 @@ def _block_events(text: str) -> list[Classified]:
         mode = [value.lower() for path, value in read_sections(text) if "ecc mode" in path]
         if mode:
             changing = len(set(mode)) > 1
-            return [
-                make_event(
-                    "ecc",
-                    "warning" if changing else "info",
-                    action="reboot" if changing else "none",
-                    reason="ecc_mode_change_pending" if changing else "ecc_mode",
-                )
-            ]
+            return [finding_event("ecc", ecc_rule.MODE_CHANGE_PENDING if changing else ecc_rule.MODE)]
     if not any(word in text for word in _BLOCK_WORDS) and "pages" not in text:
         return events
     rows = parse_row_remap(text) if "Remapped" in text else None
@@ -227,15 +225,7 @@ def _block_events(text: str) -> list[Classified]:
     )
     for kind, finding in findings:
         if finding is not None:
-            events.append(
-                make_event(
-                    kind,
-                    finding.severity,
-                    action=finding.action,
-                    reason=finding.reason,
-                    message="; ".join(finding.evidence),
-                )
-            )
+            events.append(finding_event(kind, finding, message="; ".join(finding.evidence)))
     return events
 
 

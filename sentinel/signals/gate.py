@@ -1,18 +1,9 @@
 """Which log lines can carry a signal: one multi-pattern scan over big chunks, at grep's speed or better.
 
-A training log is mostly NCCL INFO chatter and progress output. Every rule in this package that makes a
-line worth printing — a warning or critical event, or an info event that is not noise (an NCCL
-communicator init or version banner, an ``nvidia-smi -q`` field, a multi-line block's head) — needs at
-least one of the words in :data:`GATE_PATTERNS`: the failure words of :mod:`~sentinel.signals.rules` and
-the anchors of the format parsers. A line with none of them is noise by definition
-(:func:`~sentinel.signals.classify.classify_line` starts with this test), so the scanner hands only the
-lines that contain one to the Python classifier.
-
-Two engines give the same answer, because "does this line contain literal L, ASCII case folded" is a
-property of the line and L, not of the engine:
-
-* :class:`HyperscanGate` — Intel Hyperscan (the ``hyperscan`` wheel carries the library), several GB/s;
-* :class:`PythonGate` — ``bytes.lower`` and ``bytes.find`` per literal, used when hyperscan is absent.
+Every rule that makes a line worth printing needs at least one word of :data:`GATE_PATTERNS` (the failure
+words of :mod:`~sentinel.signals.rules` and the format parsers' anchors), so a line with none is noise and
+only the others reach the Python classifier. Two engines give the same answer: :class:`HyperscanGate`
+(Intel Hyperscan) and :class:`PythonGate` (``bytes.find`` per literal) when hyperscan is absent.
 """
 
 from __future__ import annotations

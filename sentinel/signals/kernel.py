@@ -11,9 +11,10 @@ from __future__ import annotations
 import re
 from typing import Final
 
+from sentinel.components.ecc import rule as ecc_rule
 from sentinel.components.vocab import Severity
 from sentinel.components.xid.parse import parse_sxid
-from sentinel.signals.record import Classified, make_event
+from sentinel.signals.record import Classified, finding_event, make_event
 from sentinel.text import bounded, clip, normalize_pci, parse_int
 
 _NVRM_RE: Final = re.compile(r"\bNVRM: ?(?P<msg>.*)")
@@ -194,16 +195,7 @@ def _gpu_tool_events(text: str) -> list[Classified]:
         pci = normalize_pci(row.group("bdf"))
         ecc = parse_int(row.group("ecc")) if row.group("ecc") != "N/A" else None
         if ecc:
-            return [
-                make_event(
-                    "ecc",
-                    "critical",
-                    pci_bus=pci,
-                    action="reset_gpu",
-                    reason="ecc_uncorrectable",
-                    message=clip(text),
-                )
-            ]
+            return [finding_event("ecc", ecc_rule.REPORTED_UNCORRECTABLE, pci_bus=pci, message=clip(text))]
         return [make_event("other", "info", pci_bus=pci, reason="nvsmi_gpu_row")]
     device = _PERSISTENCED_DEVICE_RE.search(text) if "persistenced" in text else None
     if device is not None:

@@ -1,4 +1,4 @@
-"""The classified-event record every signal parser produces (``../shared/CONTRACTS.md`` section 2).
+"""The classified-event record every signal parser produces (docs/contracts.md §2).
 
 The eight contract fields are always present (``null`` when unknown); the extra fields appear only when a
 parser found them, so JSON output stays small for the common case.
@@ -10,7 +10,7 @@ from typing import Final, Literal, get_args
 
 import msgspec
 
-from sentinel.components.vocab import Action, Severity
+from sentinel.components.vocab import SEVERITY_RANK, Action, Finding, Severity
 
 Kind = Literal[
     "nccl_init",
@@ -27,8 +27,6 @@ Kind = Literal[
 ]
 
 KINDS: Final[tuple[Kind, ...]] = get_args(Kind)
-
-SEVERITY_RANK: Final[dict[str, int]] = {"info": 0, "warning": 1, "critical": 2}
 
 #: Tie-break between events of equal severity found in one record: the more specific root cause wins
 #: (a flattened "Some NCCL operations have failed ... Last error: NET/IB ..." is a network event; a
@@ -102,6 +100,12 @@ def make_event(kind: Kind, severity: Severity, **fields: object) -> Classified:
     }
     base.update(fields)
     return Classified(kind=kind, severity=severity, **base)  # type: ignore[arg-type]
+
+
+def finding_event(kind: Kind, finding: Finding, **fields: object) -> Classified:
+    """The event for a line that reports what a component's rule decides (``finding``: its severity,
+    action and reason), so the classifier never decides a component's fact again."""
+    return make_event(kind, finding.severity, action=finding.action, reason=finding.reason, **fields)
 
 
 def severity_key(event: Classified) -> tuple[int, int]:

@@ -1,23 +1,11 @@
-"""The labelling rules of ``../shared/corpus/logs/README.md`` ("How severity and kind are decided"), applied
+"""The labelling rules (docs/signals.md, "The labelling rules": how severity and kind are decided), applied
 to lines whose exact format no parser knows.
 
-The format parsers (:mod:`~sentinel.signals.nccl_log`, :mod:`~sentinel.signals.kernel`,
-:mod:`~sentinel.components.xid.parse`) read the fields of the formats they know. Real logs also carry the same
-failures in other dresses: an Xid relayed by a device plugin or DCGM, an uncorrectable memory error
-reported by CUDA or PyTorch, a C++ ``terminate called ...``, a bare CUDA runtime error string, a torchrun
-failure-summary field line, an nccl-tests failure, a Slurm step killed, a look-alike library (UCX, HCCL,
-RCCL, oneCCL) complaining. This module decides those by the rules rather than by a list of lines:
-
-* **kind** — the most specific failure the line names (an Xid code from any source → ``xid``; a GPU memory
-  error → ``ecc``/``row_remap``; a collective timeout → ``torch_watchdog_timeout``), otherwise the
-  producer (:func:`producer`): NCCL → ``nccl_*``, PyTorch and its launcher → ``torch_*``, the rest
-  (kernel, Slurm, UCX, diagnostics tools, look-alikes) → ``other``;
-* **severity** — from the failure words (:func:`failure_severity`): what stops the job or the GPU is
-  critical, what is wrong or degraded is a warning, a line with no failure word is info. An unknown line
-  with failure words is therefore never ``info``.
-
-Everything is pure, bounded (the text is cut to :data:`~sentinel.text.MAX_TEXT`), and every
-regex is linear: no nested quantifiers.
+Real logs carry the same failures in other dresses (an Xid relayed by a device plugin, an ECC error
+reported by CUDA, a ``terminate called``, a Slurm step killed, a look-alike library's warning). The kind is
+the most specific failure the line names, else its producer (:func:`producer`); the severity comes from
+its failure words (:func:`failure_severity`), so an unknown line with failure words is never ``info``.
+Pure and bounded; every regex is linear.
 """
 
 from __future__ import annotations
@@ -27,9 +15,11 @@ from typing import Final, Literal
 
 import msgspec
 
+from sentinel.components.ecc import rule as ecc_rule
+from sentinel.components.rowremap import rule as row_remap_rule
 from sentinel.components.vocab import Severity
 from sentinel.components.xid.parse import parse_xid
-from sentinel.signals.record import Classified, Kind, make_event
+from sentinel.signals.record import Classified, Kind, finding_event, make_event
 from sentinel.text import clip, normalize_pci, parse_int
 
 Producer = Literal["nccl", "torch", "kernel", "lookalike", "other"]
@@ -329,26 +319,18 @@ def _memory_events(text: str) -> list[Classified]:
         return []
     failure = _ROW_REMAP_FAILURE_RE.search(text)
     if failure is not None and not _zero_count(text, failure.end()):
-        return [
-            make_event("row_remap", "critical", action="rma", reason="row_remap_failure", message=clip(text))
-        ]
+        return [finding_event("row_remap", row_remap_rule.FAILURE, message=clip(text))]
     memory = _MEMORY_CRITICAL_RE.search(text)
     if memory is not None and not _zero_count(text, memory.end()):
-        return [
-            make_event("ecc", "critical", action="reset_gpu", reason="ecc_uncorrectable", message=clip(text))
-        ]
+        return [finding_event("ecc", ecc_rule.REPORTED_UNCORRECTABLE, message=clip(text))]
     pending = _ROW_REMAP_PENDING_RE.search(text)
     if pending is not None and not _zero_count(text, pending.end()):
-        return [
-            make_event(
-                "row_remap", "warning", action="reset_gpu", reason="row_remap_pending", message=clip(text)
-            )
-        ]
+        return [finding_event("row_remap", row_remap_rule.PENDING, message=clip(text))]
     retire = _PAGE_RETIRE_RE.search(text)
     if retire is not None and not _zero_count(text, retire.end()):
-        return [make_event("ecc", "warning", action="reset_gpu", reason="retired_pages", message=clip(text))]
+        return [finding_event("ecc", ecc_rule.REPORTED_RETIRED, message=clip(text))]
     if _CORRECTABLE_RE.search(text) is not None:
-        return [make_event("ecc", "info", action="none", reason="ecc_correctable", message=clip(text))]
+        return [finding_event("ecc", ecc_rule.REPORTED_CORRECTABLE, message=clip(text))]
     return []
 
 

@@ -1,23 +1,10 @@
 """Fast path for big logs: find the few lines worth parsing at C speed, parse only those.
 
-A training job's log is mostly NCCL INFO chatter. Per-line Python costs about a microsecond, too slow for
-the millions of lines a large job writes, so :class:`LogScanner` works on big binary chunks:
-
-1. the gate (:mod:`sentinel.signals.gate`: Hyperscan, or ``bytes.find`` per literal without it) scans the
-   whole chunk once for the literals every signal needs, and yields the starts of the lines that hold one;
-2. newlines are counted with ``bytes.count`` from one candidate to the next (and to the chunk's end), so
-   every byte is counted once, right after the gate read it (the chunk is still in cache: a chunk of
-   :data:`CHUNK_SIZE` measured faster than bigger ones, and faster than counting in a second thread
-   while the gate scans);
-3. only candidate lines are decoded and classified with :func:`classify_line`; a candidate that starts a
-   multi-line record (hard-wrapped PyTorch message, ``nvidia-smi -q`` section, torchrun "Root Cause"
-   block, NCCL RAS report) is joined with its continuation lines and classified with
-   :func:`classify_text`.
-
-The output is exactly what calling :func:`classify_line` on every line would give (it starts with the
-same gate test, so a line the gate skips is noise either way), whichever gate engine runs; tests check
-that equivalence. Memory is bounded: a "line" longer than ``MAX_LINE`` bytes is
-cut, and a pending multi-line block is never held beyond ``MAX_BLOCK`` bytes.
+:class:`LogScanner` works on big binary chunks: the gate (:mod:`sentinel.signals.gate`) finds the lines
+that hold a signal word, newlines are counted with ``bytes.count`` while the chunk is in cache, and only
+candidate lines (joined with their continuation lines for multi-line records) are classified. The output
+is exactly what :func:`classify_line` on every line would give, whichever gate engine runs; long lines and
+pending blocks are bounded (``MAX_LINE``, ``MAX_BLOCK``).
 """
 
 from __future__ import annotations

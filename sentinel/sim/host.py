@@ -1,24 +1,11 @@
 """Simulated hosts, offered to the real agent at its OS and library boundaries.
 
-One :class:`SimHost` per host of a scenario, on the shared cluster model (:class:`SimCluster`). It is the
-agent's :class:`~sentinel.agent.source.GpuSource` (what NVML would answer) and, through :meth:`SimHost.inputs`,
-every other boundary the agent reads a host at (:class:`~sentinel.agent.source.HostInputs`): kernel log
-records as ``/dev/kmsg`` yields them (raw records parsed by the real
-:func:`~sentinel.agent.kmsg.parse_kmsg_record`), job log lines as the tailer yields them, the process table
-as psutil shows it (each rank's environment names its job and rank), probe datagrams with the kernel's
-sender credentials, and the IB ports as sysfs reads them. Everything above — collectors, line classifier,
-Xid NVML/kernel merge, job mapper, probe validation and authorisation, batch builder — is the real agent's.
-
-Two clocks, one model: ``sentinel demo`` and ``sentinel agent run --simulate`` map wall time onto scenario
-time as ``now - started_at``; ``sentinel sim`` passes its virtual clock (``started_at=0``) and
-``inline=True``. Calls behave like the real thing: a lost GPU raises
-:class:`~sentinel.agent.source.GpuLostError`; a hung NVML call really blocks (until :meth:`SimHost.close`, so
-no thread outlives the demo), or, inline, raises :class:`~sentinel.agent.worker.CallBlocks`, which the
-agent's inline worker turns into what its threaded worker reports at the deadline.
-
-``host_down`` cannot be expressed through a host's inputs — the agent itself goes quiet — so
-:meth:`SimCluster.drive` calls back with the host's name when it is due and the caller stops that agent
-(``sentinel sim`` stops ticking it).
+A :class:`SimHost` is the agent's GPU source (what NVML would answer) and, through :meth:`SimHost.inputs`,
+every other boundary it reads a host at: kernel log records, job log lines, the process table, probe
+datagrams and IB ports from sysfs. Everything above those boundaries is the real agent's. ``sentinel demo``
+maps wall time onto scenario time; ``sentinel sim`` passes its virtual clock and runs inline (a hung NVML
+call raises :class:`~sentinel.agent.worker.CallBlocks` instead of blocking). ``host_down`` is reported by
+:meth:`SimCluster.drive` so the caller stops that agent.
 """
 
 from __future__ import annotations

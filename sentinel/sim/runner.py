@@ -27,7 +27,7 @@ from sentinel.sim.host import SimCluster, simulated_agent_config
 from sentinel.sim.scenario import Scenario, fault_to_dict
 
 #: an inline agent's ring buffer: nobody asks a virtual-clock agent for a snapshot, so 10 s are kept (every
-#: sample still goes through it; a minute's would hold ~50 MB more for 1,024 GPUs)
+#: sample still goes through it; a minute's would hold much more memory for large clusters)
 RING_WINDOW_S = 10.0
 #: the young generation is collected every this many allocations during a run (CPython's default: 700)
 GC_YOUNG_THRESHOLD = 10_000
@@ -103,7 +103,7 @@ def batch_gc() -> Iterator[None]:
     Every tick of every host allocates readings, batch parts and ring entries that mostly die by reference
     count within the tick; at the default threshold the collector ran ~4 times per simulated second on
     1,024 GPUs, each pass traversing what had not died yet, and its full passes scanned the whole model
-    (~13% of a run's CPU). What is built before the first tick is frozen out of the scans (``gc.freeze``)
+    (a noticeable share of a run's CPU). What is built before the first tick is frozen out of the scans (``gc.freeze``)
     and the young generation is collected every :data:`GC_YOUNG_THRESHOLD` allocations. Reference cycles are
     still collected, only later: nothing in a run depends on when (no finalizer decides a verdict).
     """

@@ -6,7 +6,10 @@ with the C signature, so nvidia-ml-py's own marshalling, struct layouts, error-c
 fallbacks all run exactly as against libnvidia-ml.so — only the driver behind them is simulated.
 
 Per GPU the fake can answer NOT_SUPPORTED for chosen functions, answer GPU_IS_LOST for everything, or
-block inside a call until released (a hung GPU). Xid events are queued into the event set.
+block inside a call until released (a hung GPU). A GPU can be unbound (every call and its handle answer
+GPU_IS_LOST) and rebound (a new handle; the old one answers a chosen error, as a real driver's stale
+handle does). A function can be left out, as an older library lacks it. Xid events are queued into the
+event set.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ INSUFFICIENT_SIZE = 7
 TIMEOUT = 10
 GPU_IS_LOST = 15
 HANDLE_BASE = 0x1000
+#: a handle is HANDLE_BASE + binding * HANDLE_STRIDE + index: a rebound GPU's handle is a new one
+HANDLE_STRIDE = 0x100
 EVENT_SET = 0xE000
 
 
@@ -87,6 +92,15 @@ class FakeGpu:
     #: nvmlDeviceGetHandleByIndex answers this NVML error code for this GPU (0: it opens)
     handle_error: int = 0
     hang: threading.Event | None = None  # given and not set: every call blocks until it is set (released)
+    #: unbound from the driver: its handle and every call on it answer GPU_IS_LOST
+    unbound: bool = False
+    #: bumped by a rebind: handles of earlier bindings are stale and answer ``stale_error``
+    binding: int = 0
+    stale_error: int = 2  # INVALID_ARGUMENT
+
+    @property
+    def handle(self) -> int:
+        return HANDLE_BASE + self.binding * HANDLE_STRIDE + self.index
 
     def __post_init__(self) -> None:
         if not self.uuid:
@@ -153,6 +167,23 @@ class FakeNvml:
         monkeypatch.setattr(pynvml, "nvmlLib", self.lib)
         monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer_cache", {})
 
+    def unbind(self, index: int) -> None:
+        """The GPU leaves the driver (``echo ... > unbind``): everything about it answers GPU_IS_LOST."""
+        self.gpus[index].unbound = True
+
+    def rebind(self, index: int, stale_error: int = 2, uuid: str = "") -> None:
+        """The GPU is bound again: a new handle by index; the old one answers ``stale_error`` (a real driver
+        answers INVALID_ARGUMENT, GPU_IS_LOST or UNINITIALIZED there). ``uuid``: another GPU came back."""
+        gpu = self.gpus[index]
+        gpu.unbound, gpu.binding, gpu.stale_error = False, gpu.binding + 1, stale_error
+        if uuid:
+            gpu.uuid = uuid
+
+    def without(self, *functions: str) -> None:
+        """An older library: these functions are not in it (pynvml answers FUNCTION_NOT_FOUND)."""
+        for name in functions:
+            delattr(self.lib, name)
+
     def push_xid(self, gpu: int, xid: int) -> None:
         self.events.put((gpu, xid))
 
@@ -196,13 +227,17 @@ class FakeNvml:
 
     def _device(self, name: str, body: Callable[..., int], *argtypes: Any) -> Any:
         def call(handle: int | None, *args: Any) -> int:
-            index = (handle or 0) - HANDLE_BASE
-            if not 0 <= index < len(self.gpus):
+            binding, index = divmod((handle or 0) - HANDLE_BASE, HANDLE_STRIDE)
+            if not 0 <= index < len(self.gpus) or binding < 0:
                 return 2  # INVALID_ARGUMENT
             gpu = self.gpus[index]
             self.calls[(index, name)] += 1
             if self.down:
                 return self.down
+            if gpu.unbound:
+                return GPU_IS_LOST
+            if binding != gpu.binding:
+                return gpu.stale_error
             if gpu.hang is not None and not gpu.hang.is_set():
                 self.hang_entered.set()
                 gpu.hang.wait()
@@ -263,7 +298,9 @@ class FakeNvml:
                 return 2
             if self.gpus[index].handle_error:
                 return self.gpus[index].handle_error
-            c_void_p.from_address(out).value = HANDLE_BASE + index
+            if self.gpus[index].unbound:
+                return GPU_IS_LOST
+            c_void_p.from_address(out).value = self.gpus[index].handle
             return SUCCESS
 
         lib.nvmlDeviceGetHandleByIndex_v2 = self._cfunc(handle, c_uint, P)
@@ -488,7 +525,7 @@ class FakeNvml:
             except queue.Empty:
                 return TIMEOUT
             data = pynvml.c_nvmlEventData_t.from_address(out)
-            c_void_p.from_address(out + pynvml.c_nvmlEventData_t.device.offset).value = HANDLE_BASE + gpu
+            c_void_p.from_address(out + pynvml.c_nvmlEventData_t.device.offset).value = self.gpus[gpu].handle
             data.eventType = pynvml.nvmlEventTypeXidCriticalError
             data.eventData = xid
             return SUCCESS

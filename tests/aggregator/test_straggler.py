@@ -10,11 +10,8 @@ import random
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from sentinel.aggregator.clock import RATE_KNOWN_AFTER_S
-from sentinel.aggregator.detectors.straggler import host_median_mad, median, weighted_median
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.state import HostView
 from sentinel.aggregator.store import BuiltinsHolder, StateStore
@@ -306,31 +303,6 @@ def test_memory_of_another_shape_is_dropped_not_fatal() -> None:
     engine = Engine()
     engine.straggler.restore({"steps": {"j": {"0": [1.0, 2.0]}}, "streaks": [[["a"], "x", 0]]})
     assert engine.straggler.steps == {} and engine.straggler.streaks == {}
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.floats(0.0, 1e6, allow_nan=False), min_size=1, max_size=50))
-def test_equal_weights_give_the_plain_median(values: list[float]) -> None:
-    assert weighted_median(values, [1.0] * len(values)) == pytest.approx(median(values))
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    honest=st.lists(st.lists(st.floats(1000.0, 2000.0), min_size=1, max_size=8), min_size=2, max_size=10),
-    liar=st.lists(st.floats(0.0, 1e5, allow_nan=False), min_size=1, max_size=1024),
-)
-def test_one_host_cannot_move_the_median_out_of_the_others_range(
-    honest: list[list[float]], liar: list[float]
-) -> None:
-    """However many values one host reports, and whatever they are, with two or more other hosts the
-    host-weighted median stays within what the others report."""
-    values = [v for per_host in honest for v in per_host] + liar
-    hosts: list[str | None] = [f"h{i}" for i, per_host in enumerate(honest) for _ in per_host]
-    hosts += ["liar"] * len(liar)
-    med, _, distinct = host_median_mad(values, hosts)
-    assert distinct == len(honest) + 1
-    fair = [v for per_host in honest for v in per_host]
-    assert min(fair) <= med <= max(fair)
 
 
 def test_a_host_claiming_64_fast_gpus_makes_no_honest_host_slow() -> None:

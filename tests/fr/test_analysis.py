@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.fr.analysis import EXACT_SIGN_TEST_MAX, STRAGGLER_SIGNIFICANCE, _min_late
 from sentinel.fr.dumpset import analyze_dir
+from sentinel.fr.lateness import EXACT_SIGN_TEST_MAX, STRAGGLER_SIGNIFICANCE, _min_late
 from sentinel.fr.waitgraph import Wait, find_culprits
 from tests.fr.synth import entry, write
 

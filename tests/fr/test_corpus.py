@@ -10,14 +10,8 @@ import pytest
 
 from sentinel.fr.dumpset import analyze_dir
 from sentinel.fr.loader import discover, load_dump
-from sentinel.fr.summary import (
-    GroupTrack,
-    _Inexact,
-    _marshal_pack,
-    _summarize,
-    summarize,
-    summary_from_plain,
-)
+from sentinel.fr.rank_summary import GroupTrack, summary_from_plain
+from sentinel.fr.summary import _Inexact, _marshal_pack, _summarize, summarize
 from tests.fr.conftest import SCENARIO_VERDICT, corpus_folders, ground_truth
 from tests.support import CORPUS, REPO
 

@@ -32,9 +32,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sentinel.fr.analysis import _elements, _majority
 from sentinel.fr.dumpset import analyze_dir
 from sentinel.fr.loader import discover, load_dump
+from sentinel.fr.mismatch import _elements, _majority
 from sentinel.fr.summary import _sizes
 from sentinel.fr.waitgraph import Wait, find_culprits
 from tests.fr.conftest import corpus_folders

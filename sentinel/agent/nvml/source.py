@@ -5,7 +5,14 @@ Every read goes through :meth:`NvmlSource._get`, which turns NVML's error model 
 - ``NOT_SUPPORTED`` (and a function missing from an older driver) is remembered per (GPU, field) and that
   field is not asked again: some GPUs answer NOT_SUPPORTED slowly, and asking 20 of them every second is
   wasted driver time;
-- ``GPU_IS_LOST`` raises :class:`GpuLostError` so the agent marks the GPU lost;
+- ``GPU_IS_LOST`` or ``INVALID_ARGUMENT`` on a GPU's read first asks NVML for that index's handle again: a GPU
+  unbound and rebound (or reset) while the agent runs leaves its old handle stale, and the read is redone on
+  the new handle when the same GPU (by UUID) answers; another GPU at the index re-opens NVML; a GPU that
+  answers nothing is lost (:class:`GpuLostError`, the agent marks it so);
+- a function missing from an older library (``FUNCTION_NOT_FOUND``) or from an older nvidia-ml-py
+  (``AttributeError`` on ``pynvml``) is NOT_SUPPORTED: that read is left out, never the GPU's sample;
+- ``RESET_REQUIRED`` on a GPU's read is that GPU's state, not NVML's: the field is left empty (counted) and
+  the sample carries the recovery action ``gpu_reset``, which the driver asks for there;
 - anything else is reported to ``on_error(function, error)`` (a metric) and the field is left empty.
 
 All methods block; the agent runs them in per-GPU worker threads with deadlines.
@@ -45,6 +52,8 @@ _NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
 _FUNCTION_NOT_FOUND = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
 _GPU_IS_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
 _TIMEOUT = pynvml.NVML_ERROR_TIMEOUT
+_RESET_REQUIRED = pynvml.NVML_ERROR_RESET_REQUIRED
+_INVALID_ARGUMENT = pynvml.NVML_ERROR_INVALID_ARGUMENT
 _FIELD_UNSUPPORTED = frozenset({_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT})
 _XID_EVENT = pynvml.nvmlEventTypeXidCriticalError
 #: NVML as a whole is gone (a driver reload, a GPU reset that took the library's state with it)
@@ -56,6 +65,15 @@ _SOURCE_DOWN = frozenset(
         getattr(pynvml, "NVML_ERROR_RESET_REQUIRED", 26),
     }
 )
+
+
+class _HandleRenewed(Exception):
+    """A GPU's handle was stale and has been replaced: the read under way starts again on the new one."""
+
+
+def _missing_from_pynvml(exc: AttributeError) -> bool:
+    """An attribute this nvidia-ml-py lacks (an older release), not a bug of ours."""
+    return getattr(exc, "obj", None) is pynvml
 
 
 def _pointer_value(handle: Any) -> int:
@@ -72,8 +90,11 @@ class NvmlSource:
         self._max_links = max_links
         self._handles: list[Any] = []
         self._handle_index: dict[int, int] = {}
+        self._uuids: dict[int, str] = {}
         self._links: dict[int, list[int]] = {}
         self._unsupported: set[tuple[int, str]] = set()
+        #: GPUs whose reads answered RESET_REQUIRED in the read under way
+        self._reset_required: set[int] = set()
         self._lock = threading.Lock()
         self._event_set: Any = None
         self._initialised = False
@@ -92,15 +113,31 @@ class NvmlSource:
             return None
         try:
             return fn(*args)
+        except AttributeError as exc:
+            if not _missing_from_pynvml(exc):
+                raise
+            with self._lock:
+                self._unsupported.add(key)
+            return None
         except pynvml.NVMLError as exc:
             code = getattr(exc, "value", None)
             if code in (_NOT_SUPPORTED, _FUNCTION_NOT_FOUND):
                 with self._lock:
                     self._unsupported.add(key)
                 return None
-            if code == _GPU_IS_LOST:
-                raise GpuLostError(f"GPU {gpu}: {fn.__name__}: GPU is lost") from None
+            if gpu >= 0 and code in (_GPU_IS_LOST, _INVALID_ARGUMENT):
+                self._renew(gpu, code, fn.__name__)
             self._report(fn.__name__, exc)
+            if code == _INVALID_ARGUMENT and gpu >= 0:
+                # the handle is current: the argument is one this driver does not know (a newer enum value),
+                # as for field ids; not asked again
+                with self._lock:
+                    self._unsupported.add(key)
+                return None
+            if code == _RESET_REQUIRED and gpu >= 0:
+                with self._lock:
+                    self._reset_required.add(gpu)
+                return None
             if code in _SOURCE_DOWN:
                 raise GpuSourceDown(f"{fn.__name__}: {exc}") from None
             return None
@@ -137,13 +174,44 @@ class NvmlSource:
             elif code in _FIELD_UNSUPPORTED:
                 unsupported.append(name)
             elif code == _GPU_IS_LOST:
-                raise GpuLostError(f"GPU {gpu}: nvmlDeviceGetFieldValues: GPU is lost")
+                self._renew(gpu, code, "nvmlDeviceGetFieldValues")
             else:
                 self._report("nvmlDeviceGetFieldValues", pynvml.NVMLError(code))
         if unsupported:
             with self._lock:
                 self._unsupported.update((gpu, name) for name in unsupported)
         return out
+
+    def _renew(self, gpu: int, code: int, function: str) -> None:
+        """A GPU's call answered GPU_IS_LOST or INVALID_ARGUMENT: is its handle stale? Returns when the handle
+        is current (the argument was invalid); raises :class:`_HandleRenewed` after replacing a stale handle
+        of the same GPU, :class:`GpuSourceDown` when another GPU answers at the index, :class:`GpuLostError`
+        when the GPU answers nothing."""
+        lost = GpuLostError(f"GPU {gpu}: {function}: GPU is lost")
+        old = self._handles[gpu] if 0 <= gpu < len(self._handles) else None
+        try:
+            new = pynvml.nvmlDeviceGetHandleByIndex(gpu)
+            uuid = device_nvml.text(pynvml.nvmlDeviceGetUUID(new))
+        except pynvml.NVMLError as exc:
+            again = getattr(exc, "value", None)
+            if again in _SOURCE_DOWN:
+                raise GpuSourceDown(f"nvmlDeviceGetHandleByIndex: {exc}") from None
+            if _GPU_IS_LOST in (code, again):
+                raise lost from None
+            return
+        if old is not None and _pointer_value(new) == _pointer_value(old):
+            if code == _GPU_IS_LOST:
+                raise lost
+            return
+        if uuid != self._uuids.get(gpu):
+            raise GpuSourceDown(f"GPU {gpu}: {uuid or 'another GPU'} answers at this index: the GPUs changed")
+        with self._lock:
+            self._handles[gpu] = new
+            self._handle_index = {_pointer_value(h): i for i, h in enumerate(self._handles) if h is not None}
+        if self._event_set is not None:
+            with contextlib.suppress(pynvml.NVMLError):
+                pynvml.nvmlDeviceRegisterEvents(new, _XID_EVENT, self._event_set)
+        raise _HandleRenewed
 
     def _report(self, function: str, exc: BaseException) -> None:
         if self._on_error is not None:
@@ -176,6 +244,7 @@ class NvmlSource:
             self._handles.append(handle)
             inventory.append(self._identity(index, handle, driver))
         self._handle_index = {_pointer_value(h): i for i, h in enumerate(self._handles) if h is not None}
+        self._uuids = {g.index: g.uuid for g in inventory}
         self._setup_events()
         return inventory
 
@@ -219,28 +288,65 @@ class NvmlSource:
         return self._handles[gpu]
 
     def read_fast(self, gpu: int, now: float) -> GpuSample:
-        h = self._handle(gpu)
-        sample = GpuSample(gpu=gpu, t=now)
-        device_nvml.fill(self._get, gpu, h, sample)
-        clocks_nvml.fill(self._get, gpu, h, sample)
-        pcie_nvml.fill(self._get, gpu, h, sample)
-        return sample
+        return self._renewing(gpu, lambda: self._read_fast(gpu, now))
 
     def read_slow(self, gpu: int, now: float) -> GpuSample:
-        sample = self.read_fast(gpu, now)
+        return self._renewing(gpu, lambda: self._read_slow(gpu, now))
+
+    def _renewing(self, gpu: int, read: Callable[[], GpuSample]) -> GpuSample:
+        """``read``, again once on the new handle when the old one turned out stale."""
+        try:
+            return read()
+        except _HandleRenewed:
+            pass
+        try:
+            return read()
+        except _HandleRenewed:
+            raise GpuSourceDown(f"GPU {gpu}: its handle went stale twice in one read") from None
+
+    def _part(self, read: Callable[[], Any]) -> Any:
+        """One component's read; None when it needs what this nvidia-ml-py lacks (an older release)."""
+        try:
+            return read()
+        except AttributeError as exc:
+            if not _missing_from_pynvml(exc):
+                raise
+            self._report(f"pynvml.{exc.name}", exc)
+            return None
+
+    def _read_fast(self, gpu: int, now: float) -> GpuSample:
         h = self._handle(gpu)
-        get = self._get
-        sample.ecc = ecc_nvml.read_ecc(get, gpu, h)
-        sample.remap = rowremap_nvml.read(get, gpu, h)
-        sample.retired = ecc_nvml.read_retired(get, gpu, h)
+        with self._lock:
+            self._reset_required.discard(gpu)
+        sample = GpuSample(gpu=gpu, t=now)
+        get, part = self._get, self._part
+        part(lambda: device_nvml.fill(get, gpu, h, sample))
+        part(lambda: clocks_nvml.fill(get, gpu, h, sample))
+        part(lambda: pcie_nvml.fill(get, gpu, h, sample))
+        self._needs_reset(gpu, sample)
+        return sample
+
+    def _needs_reset(self, gpu: int, sample: GpuSample) -> None:
+        """A GPU whose reads answered RESET_REQUIRED: the driver's own recovery action, unless it named one."""
+        if gpu in self._reset_required and sample.recovery_action in (None, "none"):
+            sample.recovery_action = "gpu_reset"
+
+    def _read_slow(self, gpu: int, now: float) -> GpuSample:
+        sample = self._read_fast(gpu, now)
+        h = self._handle(gpu)
+        get, part = self._get, self._part
+        sample.ecc = part(lambda: ecc_nvml.read_ecc(get, gpu, h))
+        sample.remap = part(lambda: rowremap_nvml.read(get, gpu, h))
+        sample.retired = part(lambda: ecc_nvml.read_retired(get, gpu, h))
         links = self._links.get(gpu) or []
         # one field-values call per GPU for every component's fields (all links' counters included)
         values = self.field_values(gpu, h, device_nvml.FIELDS + nvlink_nvml.field_requests(links))
-        sample.nvlink = nvlink_nvml.read(get, gpu, h, links, values)
-        sample.pcie_link = pcie_nvml.read_link(get, gpu, h)
-        sample.fabric = fabric_nvml.read(get, gpu, h)
-        sample.violations = clocks_nvml.read_violations(get, gpu, h)
+        sample.nvlink = part(lambda: nvlink_nvml.read(get, gpu, h, links, values))
+        sample.pcie_link = part(lambda: pcie_nvml.read_link(get, gpu, h))
+        sample.fabric = part(lambda: fabric_nvml.read(get, gpu, h))
+        sample.violations = part(lambda: clocks_nvml.read_violations(get, gpu, h))
         device_nvml.fill_fields(values, sample)
+        self._needs_reset(gpu, sample)
         return sample
 
     def wait_xid_events(self, timeout_s: float) -> list[XidEvent]:
@@ -269,4 +375,4 @@ class NvmlSource:
             with contextlib.suppress(pynvml.NVMLError):
                 pynvml.nvmlShutdown()
             self._initialised = False
-        self._handles, self._handle_index = [], {}
+        self._handles, self._handle_index, self._uuids = [], {}, {}

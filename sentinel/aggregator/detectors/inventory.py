@@ -34,7 +34,7 @@ from sentinel.components.vocab import verdict_kind
 from sentinel.config.aggregator import AggregatorConfig
 
 DETECTOR = "inventory"
-#: hosts whose facts are built between two yields (each host's 8 GPUs: ~60 us)
+#: hosts whose facts are built between two yields (each host's 8 GPUs)
 HOSTS_PER_STEP = ITEMS_PER_STEP // 8
 
 
@@ -59,7 +59,7 @@ class InventoryDetector(Detector):
     def __init__(self, config: AggregatorConfig) -> None:
         super().__init__(config)
         self._next = -math.inf
-        #: host → its facts; rebuilding them for 49,152 GPUs every run cost ~2 s of a loaded core
+        #: host → its facts; rebuilding them for a whole fleet every run would cost seconds of a core
         self._kept: dict[str, _Kept] = {}
         #: the findings of the last run, reused while no host's inventory changed and none came or went
         self._last: list[Finding] | None = None
@@ -81,7 +81,7 @@ class InventoryDetector(Detector):
 
     def evaluate_steps(self, seen: Observation) -> Steps[Evaluation | None]:
         """Sliced over hosts (a yield every :data:`HOSTS_PER_STEP` whose facts had to be built): the first
-        run over 6,144 hosts took 0.37 s in one piece."""
+        run over a large fleet would otherwise hold the event loop in one piece."""
         if seen.now < self._next:
             return None
         self._next = seen.now + self.INTERVAL_S

@@ -1,32 +1,17 @@
 """Straggler detector: the GPU, rank or host that is slower than its peers, and why.
 
-Two robust peer comparisons (median and MAD, so one sick GPU does not move the yardstick; each host one vote,
-its GPUs or ranks weighted 1/n, so one host claiming many GPUs or ranks does not move it either):
-
-- across identical busy GPUs of the fleet: the moving average of the SM clock, with temperature, power and
-  the throttle reasons telling thermal from power from unknown;
-- inside a job: each rank's own compute time per step (from its flight-recorder heads: the time from
-  completing its previous step collective to starting its next collective, on its own clock). The median
-  over the rank's last steps is compared with the median rank. Time spent *waiting inside* a collective is
-  not compute, so a tensor-parallel peer that waits for a straggler is never blamed; a median ignores the
-  occasional 2-3 s pause (GC, data loader); a rank whose GPU is unknown (no NVML mapping) is judged all the
-  same, by rank.
-
-A finding carries how many hosts other than its own the comparison rested on (``Finding.learned_from``):
-remediation acts on it only with a quorum of them.
-
-When most GPUs of one host stand out together, the cause is the host (cooling, CPU, PCIe, power), and the
-detector says so in one host verdict instead of one per GPU.
-
-A candidate must stand out in ``persistence`` consecutive evaluations before a verdict opens and must stop
-standing out as many times before it closes, so one noisy sample neither opens nor flaps a verdict.
+Two robust peer comparisons (median and MAD from :mod:`sentinel.stats`, so one sick GPU does not move the
+yardstick; each host one vote, its GPUs or ranks weighted 1/n, so one host claiming many does not either): the SM clock across identical busy GPUs (with temperature, power and throttle reasons saying
+why), and each rank's own compute time per step inside its job (waiting inside a collective is not compute,
+so a peer waiting for the straggler is never blamed). Most GPUs of a host standing out together make one
+host verdict. A candidate must stand out ``persistence`` evaluations in a row to open or close a verdict.
+A finding carries how many hosts other than its own the comparison rested on (``Finding.learned_from``).
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
@@ -50,6 +35,7 @@ from sentinel.components.clocks.rule import describe as describe_violations
 from sentinel.components.vocab import Action
 from sentinel.config.aggregator import AggregatorConfig, HardwareConfig, StragglerConfig
 from sentinel.log import get_logger
+from sentinel.stats import MAD_SCALE, host_median_mad, median
 
 DETECTOR = "straggler"
 
@@ -59,7 +45,6 @@ def log() -> Any:
     return get_logger(module="aggregator.straggler")
 
 
-_MAD_SCALE = 1.4826
 #: the robust scale never falls below this share of the median compute time (identical ranks: MAD 0)
 _MIN_SCALE_FRACTION = 0.005
 
@@ -115,47 +100,6 @@ class RankJudgement:
     @property
     def slowdown(self) -> float:
         return self.median_s / self.job_median_s if self.job_median_s > 0 else 1.0
-
-
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    n = len(ordered)
-    mid = n // 2
-    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
-
-
-def median_mad(values: list[float]) -> tuple[float, float]:
-    med = median(values)
-    return med, median([abs(v - med) for v in values])
-
-
-def weighted_median(values: list[float], weights: list[float]) -> float:
-    """The value where half the weight lies on either side (the mean of the two neighbours at an exact half,
-    so equal weights give :func:`median`)."""
-    pairs = sorted(zip(values, weights, strict=True))
-    half = sum(weights) / 2.0
-    eps = half * 1e-9
-    total = 0.0
-    for i, (value, weight) in enumerate(pairs):
-        total += weight
-        if total >= half - eps:
-            if abs(total - half) <= eps and i + 1 < len(pairs):
-                return (value + pairs[i + 1][0]) / 2.0
-            return value
-    return pairs[-1][0] if pairs else 0.0
-
-
-def host_median_mad(values: list[float], hosts: Sequence[str | None]) -> tuple[float, float, int]:
-    """Median and MAD with each host one vote (a value weighted 1 / its host's values; an unknown host's
-    values count each as a host of their own); also the number of distinct hosts."""
-    counts: dict[str | None, int] = {}
-    for host in hosts:
-        counts[host] = counts.get(host, 0) + 1
-    weights = [1.0 if host is None else 1.0 / counts[host] for host in hosts]
-    med = weighted_median(values, weights)
-    mad = weighted_median([abs(v - med) for v in values], weights)
-    distinct = len(counts) - (None in counts) + counts.get(None, 0)
-    return med, mad, distinct
 
 
 def _reason(gpu: GpuView | None, hw: HardwareConfig) -> str:
@@ -241,8 +185,8 @@ class StragglerDetector(Detector):
         return run_steps(self.evaluate_steps(seen))
 
     def evaluate_steps(self, seen: Observation) -> Steps[Evaluation | None]:
-        """Sliced (a yield every :data:`ITEMS_PER_STEP` ranks or GPUs): folding the heads of two 24,576-rank
-        jobs and comparing every rank took up to 0.75 s in one piece, which every batch behind it waited."""
+        """Sliced (a yield every :data:`ITEMS_PER_STEP` ranks or GPUs): folding the heads of large jobs and
+        comparing every rank in one piece would make every batch behind it wait."""
         cfg = self.config.detect.straggler
         for job in list(seen.fleet.jobs.values()):
             yield from self._measure(job, cfg)
@@ -278,12 +222,12 @@ class StragglerDetector(Detector):
 
     def memory(self) -> StragglerMemory:
         """The step histories and streaks as structs, which the state store encodes directly: turning the
-        histories of two 24,576-rank jobs into builtins first cost ~0.13 s of the event loop per flush."""
+        histories of large jobs into builtins first would cost the event loop at every flush."""
         return run_steps(self.memory_steps())
 
     def memory_steps(self) -> Steps[StragglerMemory]:
         """:meth:`memory` copied a rank history at a time with a yield every :data:`ITEMS_PER_STEP` ranks
-        (the state store prepares it ahead of a flush: 49,152 histories took 0.16-0.4 s in one piece). Each
+        (the state store prepares it ahead of a flush: in one piece, a fleet's histories hold the loop). Each
         rank's copy is whole; ranks folded meanwhile are copied as they are then (a warm start)."""
         steps: dict[str, dict[int, _RankMemory]] = {}
         copied = 0
@@ -478,7 +422,7 @@ class StragglerDetector(Detector):
                 hosts_compared = max(hosts_compared, distinct)
                 if med <= 0:
                     continue
-                scale = max(_MAD_SCALE * mad, _MIN_SCALE_FRACTION * med)
+                scale = max(MAD_SCALE * mad, _MIN_SCALE_FRACTION * med)
                 for rank, (own, n) in medians.items():
                     z = (own - med) / scale
                     if index == 1:
@@ -618,7 +562,7 @@ def _candidates_by_clock(
         med, mad, hosts = host_median_mad(clocks, [g.host for g in gpus if g.ema_clock is not None])
         if med <= 0 or hosts < cfg.min_hosts:
             continue
-        scale = max(_MAD_SCALE * mad, 0.002 * med)
+        scale = max(MAD_SCALE * mad, 0.002 * med)
         temps = [g.ema_temp for g in gpus if g.ema_temp is not None]
         powers = [g.ema_power for g in gpus if g.ema_power is not None]
         med_temp = median(temps) if temps else None

@@ -1,28 +1,11 @@
 """The remediator: carries out the policy on verdicts through Slurm, one action at a time, off the event loop.
 
-It subscribes to the engine's verdict changes (open, update, close) and queues work; one worker task does the
-work in order, so two decisions never race inside one aggregator. Each drain reads Slurm first:
-
-1. the node already drained by sentinel → ``already`` (idempotent: a second aggregator, a restart, a
-   duplicate verdict never act twice); drained or down by someone else → refused ``not_ours``;
-2. the circuit breaker (:func:`policy.check_breaker`), counted from Slurm's node list, may refuse;
-
-Before any of it, a verdict that rests on a yardstick learned from the fleet (``Verdict.learned_from``: a
-majority or a median) is refused ``learned_without_quorum`` unless ``learned_quorum`` hosts other than its own
-hold that yardstick (:func:`policy.backed`); it is looked at again when its backing changes.
-3. ``dry_run`` → ``dry_run`` (what would have been done, nothing touched); else ``scontrol update ...
-   state=drain reason="sentinel: <reason> <verdict id>"``.
-
-Resume is opt-in and needs all of: the verdict closed by a configured detector for a configured reason
-(real evidence such as a GPU reset or a new boot), Slurm showing the node drained by sentinel *for this
-verdict*, no other open verdict that drains the node, and the validation command passing.
-
-Every outcome — done, dry_run, already, refused, failed — goes to the audit log, the
-``sentinel_remediation_actions`` counter and the verdict's ``remediation`` record (shown by the API).
-
-With two aggregators (``remediation.lease_file``, :mod:`.lease`) only the lease holder acts: the follower
-queues nothing, and when it takes the lease over it looks once at every open verdict — the Slurm check makes
-what the old holder did an ``already`` and drains what it never got to.
+One worker task handles verdict changes in order, so two decisions never race. Each drain reads Slurm
+first (already drained by sentinel: ``already``; by someone else: refused), then the circuit breaker, then
+acts or, with ``dry_run``, says what it would do; resume is opt-in and needs real evidence. Every outcome
+goes to the audit log, a counter and the verdict's ``remediation`` record. With an HA pair only the lease
+holder acts. A verdict resting on a yardstick learned from the fleet is refused ``learned_without_quorum``
+unless ``learned_quorum`` hosts other than its own hold it (:func:`policy.backed`). See docs/remediation.md.
 """
 
 from __future__ import annotations

@@ -46,11 +46,15 @@ def _pci(text: str | None) -> str:
 
 
 def _find(node: ET.Element, path: str) -> str | None:
-    found = node.find(path)
-    if found is None or found.text is None:
-        return None
-    text = found.text.strip()
-    return None if text in ("N/A", "", "Not Supported", "[N/A]") else text
+    """The text at ``path`` (``a|b``: the first present, for element names that differ between driver
+    generations); None when absent or N/A."""
+    for alternative in path.split("|"):
+        found = node.find(alternative)
+        if found is None or found.text is None:
+            continue
+        text = found.text.strip()
+        return None if text in ("N/A", "", "Not Supported", "[N/A]") else text
+    return None
 
 
 #: (field, sentinel getter over (inventory entry, sample), nvidia-smi path, kind, tolerance)
@@ -65,8 +69,8 @@ SPECS: tuple[Spec, ...] = (
     ("util_gpu_pct", lambda i, s: s.get("util_gpu_pct"), "utilization/gpu_util", "num", 25),
     ("temp_c", lambda i, s: s.get("temp_c"), "temperature/gpu_temp", "num", 3),
     ("mem_temp_c", lambda i, s: s.get("mem_temp_c"), "temperature/memory_temp", "num", 3),
-    ("power_w", lambda i, s: s.get("power_w"), "gpu_power_readings/power_draw", "rel", 0.15),
-    ("power_limit_w", lambda i, s: s.get("power_limit_w"), "gpu_power_readings/current_power_limit", "rel", 0.01),
+    ("power_w", lambda i, s: s.get("power_w"), "gpu_power_readings/power_draw|gpu_power_readings/average_power_draw|power_readings/power_draw", "rel", 0.15),
+    ("power_limit_w", lambda i, s: s.get("power_limit_w"), "gpu_power_readings/current_power_limit|power_readings/enforced_power_limit", "rel", 0.01),
     ("sm_clock_mhz", lambda i, s: s.get("sm_clock_mhz"), "clocks/sm_clock", "rel", 0.2),
     ("sm_clock_max_mhz", lambda i, s: s.get("sm_clock_max_mhz"), "max_clocks/sm_clock", "num", 0),
     ("mem_clock_mhz", lambda i, s: s.get("mem_clock_mhz"), "clocks/mem_clock", "rel", 0.2),

@@ -15,12 +15,45 @@ total at NVIDIA's limit means RMA.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Final
 
 import msgspec
 
 from sentinel.components.ecc.record import EccCounters, RetiredPages
 from sentinel.components.vocab import Finding
+
+# The rules' outcomes, declared once: the log classifier (sentinel.signals) and the alerts (ecc/alerts.py)
+# take severity and action from these rather than deciding again.
+SRAM_THRESHOLD: Final = Finding(
+    state="faulty", severity="critical", action="rma", reason="ecc_sram_threshold"
+)
+UNCORRECTED_VOLATILE: Final = Finding(
+    state="faulty", severity="critical", action="reset_gpu", reason="ecc_uncorrected_volatile"
+)
+UNCORRECTED_RISING: Final = Finding(
+    state="faulty", severity="critical", action="reset_gpu", reason="ecc_uncorrected_rising"
+)
+CORRECTED_BURST: Final = Finding(
+    state="suspect", severity="warning", action="none", reason="ecc_corrected_burst"
+)
+OK: Final = Finding(state="ok", severity="info", action="none", reason="ecc_ok")
+RETIRED_LIMIT: Final = Finding(
+    state="faulty", severity="critical", action="rma", reason="retired_pages_limit"
+)
+RETIRED_PENDING: Final = Finding(
+    state="suspect", severity="warning", action="reset_gpu", reason="retired_pages_pending"
+)
+RETIRED_OK: Final = Finding(state="ok", severity="info", action="none", reason="retired_pages_ok")
+#: ``nvidia-smi -q``'s ECC mode: a pending mode differing from the current one takes a reboot
+MODE_CHANGE_PENDING: Final = Finding(
+    state="suspect", severity="warning", action="reboot", reason="ecc_mode_change_pending"
+)
+MODE: Final = Finding(state="ok", severity="info", action="none", reason="ecc_mode")
+# What a log line that only *says* so means (no counters to read): the same decisions under the reason a
+# line gives.
+REPORTED_UNCORRECTABLE: Final = msgspec.structs.replace(UNCORRECTED_VOLATILE, reason="ecc_uncorrectable")
+REPORTED_RETIRED: Final = msgspec.structs.replace(RETIRED_PENDING, reason="retired_pages")
+REPORTED_CORRECTABLE: Final = msgspec.structs.replace(OK, reason="ecc_correctable")
 
 
 class EccThresholds(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -71,44 +104,21 @@ def evaluate_ecc(
     ]
     sram_agg = current.sram_uncorrected
     if current.sram_threshold_exceeded or (sram_agg or 0) > limits.sram_uncorrected_rma:
-        return Finding(
-            state="faulty",
-            severity="critical",
-            action="rma",
-            reason="ecc_sram_threshold",
-            evidence=(
-                *evidence,
-                f"aggregate SRAM uncorrected={sram_agg} (limit {limits.sram_uncorrected_rma})",
-            ),
+        return SRAM_THRESHOLD.because(
+            *evidence, f"aggregate SRAM uncorrected={sram_agg} (limit {limits.sram_uncorrected_rma})"
         )
     if vol_unc > 0:
         where = _location(current.volatile_sram_uncorrected, current.volatile_dram_uncorrected)
-        return Finding(
-            state="faulty",
-            severity="critical",
-            action="reset_gpu",
-            reason="ecc_uncorrected_volatile",
-            evidence=(*evidence, f"uncorrected ECC error(s) since last reset{where}"),
-        )
+        return UNCORRECTED_VOLATILE.because(*evidence, f"uncorrected ECC error(s) since last reset{where}")
     if previous is not None and agg_unc > (previous.aggregate_uncorrected or 0):
-        return Finding(
-            state="faulty",
-            severity="critical",
-            action="reset_gpu",
-            reason="ecc_uncorrected_rising",
-            evidence=(*evidence, f"aggregate uncorrected rose from {previous.aggregate_uncorrected}"),
+        return UNCORRECTED_RISING.because(
+            *evidence, f"aggregate uncorrected rose from {previous.aggregate_uncorrected}"
         )
     if previous is not None:
         rise = (current.volatile_corrected or 0) - (previous.volatile_corrected or 0)
         if rise >= limits.corrected_rise_warn:
-            return Finding(
-                state="suspect",
-                severity="warning",
-                action="none",
-                reason="ecc_corrected_burst",
-                evidence=(*evidence, f"{rise} corrected errors since the previous sample"),
-            )
-    return Finding(state="ok", severity="info", action="none", reason="ecc_ok", evidence=tuple(evidence))
+            return CORRECTED_BURST.because(*evidence, f"{rise} corrected errors since the previous sample")
+    return OK.because(*evidence)
 
 
 def _location(sram: int | None, dram: int | None) -> str:
@@ -129,19 +139,7 @@ def evaluate_retired_pages(pages: RetiredPages, thresholds: EccThresholds | None
         f"pending={pages.pending}",
     )
     if total is not None and total >= limits.retired_pages_rma:
-        return Finding(
-            state="faulty",
-            severity="critical",
-            action="rma",
-            reason="retired_pages_limit",
-            evidence=(*evidence, f"{total} retired pages >= limit {limits.retired_pages_rma}"),
-        )
+        return RETIRED_LIMIT.because(*evidence, f"{total} retired pages >= limit {limits.retired_pages_rma}")
     if pages.pending:
-        return Finding(
-            state="suspect",
-            severity="warning",
-            action="reset_gpu",
-            reason="retired_pages_pending",
-            evidence=(*evidence, "a page retirement waits for a GPU reset / driver reload"),
-        )
-    return Finding(state="ok", severity="info", action="none", reason="retired_pages_ok", evidence=evidence)
+        return RETIRED_PENDING.because(*evidence, "a page retirement waits for a GPU reset / driver reload")
+    return RETIRED_OK.because(*evidence)

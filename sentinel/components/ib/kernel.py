@@ -1,18 +1,10 @@
 """Kernel log lines about an HCA port, turned into port evidence.
 
-The mlx5 driver says in the kernel log what sysfs only shows as a state: *why* a port went down. Its
-lines name the HCA's PCI function and, after it, the network interface or the IB device:
-
-* ``mlx5_core 0000:17:00.0 ib0: Link down`` / ``... enp23s0f0np0: Link down`` (mlx5e / IPoIB carrier),
-* ``mlx5_core 0000:ab:00.0 mlx5_5: Port: 1 Link DOWN`` (mlx5_ib port state),
-* ``mlx5_core 0000:17:00.0: Port module event: module 0, Cable unplugged`` and
-  ``... Port module event[error]: module 0, Cable error, Bad cable`` (the transceiver).
-
-The signals package classifies them (other / warning for a link down or an unplugged cable, critical for
-a module error: the corpus README's rules); :func:`port_log_line` reads which port such a line is about, so
-the agent hands it to :meth:`~sentinel.components.ib.tracker.PortTracker.note_kernel_line`, and the port's
-record carries it (``kernel_log``) as evidence for the port rules' findings. A line that names no PCI
-function (some relays cut the prefix) cannot be matched to a port and stays a plain log event.
+The mlx5 driver's lines (``ib0: Link down``, ``Port: 1 Link DOWN``, ``Cable unplugged``, ``Bad cable``)
+say *why* a port went down, which sysfs cannot. :func:`port_log_line` reads which port such a line is
+about (by the HCA's PCI function), so the port's record carries it as evidence for the port rules' findings;
+a line about the HCA rather than a port's link, or one that names no PCI function, is kept by the aggregator
+as host evidence instead (:func:`host_evidence`).
 """
 
 from __future__ import annotations
@@ -22,8 +14,11 @@ from typing import Final
 
 import msgspec
 
-#: classification reasons of the lines that are port evidence (sentinel.signals rules and kernel parser)
+#: classification reasons (sentinel.signals' kernel parser and rules) of the lines about a port's link: the
+#: agent attaches such a line to the port it names
 PORT_REASONS: Final = frozenset({"link_down", "ib_link_down", "ib_port_hardware"})
+#: every reason of a kernel line about an HCA: its ports' links and its queues' completion errors
+HCA_REASONS: Final = PORT_REASONS | {"ib_completion_error"}
 MAX_TEXT: Final = 300
 
 _MLX5_RE: Final = re.compile(
@@ -57,6 +52,14 @@ def port_log_line(message: str, reason: object) -> PortLogLine | None:
         port=int(port.group("port")) if port is not None else None,
         text=" ".join(message[match.start() :].split())[:MAX_TEXT],
     )
+
+
+def host_evidence(message: str, reason: object) -> bool:
+    """Whether the aggregator keeps a classified kernel line as its host's HCA evidence: a line about an
+    HCA that the agent does not attach to a port's record (:func:`port_log_line`: a completion error, a
+    line naming no PCI function). A line either travels on the port's record or as host evidence, never
+    both, so it reaches a port's verdict once."""
+    return reason in HCA_REASONS and port_log_line(message, reason) is None
 
 
 def names_port(line: PortLogLine, device: str, port: int, netdev: str, pci_bus: str) -> bool:

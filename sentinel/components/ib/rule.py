@@ -1,42 +1,22 @@
 """Port health policy: a host's port records and ``now`` in, findings with a reason and an action out.
 
-Pure: no I/O, no clock. The aggregator's network detector runs it on each host's latest records; the
-thresholds (:class:`PortRuleConfig`, under ``[detect.network]``) carry the reason for each default:
-
-* **port down** — not ``ACTIVE``/``LinkUp`` for ``down_after_s``, on a port this agent has seen up (so an
-  unused or never-cabled port is not a fault): the GPUs behind it lose their rail; NCCL either stalls or
-  falls back to slower paths. Faulty, drain (a cable, a transceiver or the switch port needs hands).
-* **flap** — ``flap_downs`` losses of link within the agent's flap window (3 in 10 minutes by default:
-  one loss is an event, three are a pattern; GPUd and NVSentinel likewise treat repeated down→up
-  transitions in a window as a flap). Each flap can abort or stall every job crossing the link. Faulty, drain.
-* **link_downed rising** — a single loss of link that recovered: degraded, no action yet (the flap rule
-  escalates it if it repeats).
-* **rate below expected** — a link that trained at a lower speed or width (``200 Gb/sec (2X NDR)`` on a
-  400G fabric) slows every collective of its jobs to its pace. Expected: ``expected_rate_gbps`` or, when
-  0, the rate most up ports of the same link layer on the host run at. Degraded, drain.
-* **symbol errors over budget** — the physical layer corrects what it can and counts symbol errors; more
-  than ``symbol_error_budget_per_hour`` (10: the threshold infiniband-diags' ``ibcheckerrs`` has long used
-  for SymbolErrorCounter) means a marginal cable or transceiver. Degraded, drain.
-* **the kernel's word** — the kernel's own lines about the port within the flap window (``ib0: Link
-  down``, ``Cable unplugged``, ``Cable error, Bad cable``: ``IbPort.kernel_log``) are added to the evidence
-  of the port-down, flap and link-downed findings: they say why the link went, which the counters cannot.
-* **receive / integrity errors rising** — port_rcv_errors, remote physical errors, local link integrity
-  and buffer overrun errors over ``receive_error_budget_per_hour`` (10, the same ibcheckerrs heritage):
-  packets are being dropped and retransmitted. Degraded, drain.
+Pure. The aggregator's network detector runs it on each host's latest records. It judges a port down for
+``down_after_s`` (a port seen up before), flapping, a single recovered link loss, a rate below the
+expected one, and symbol or receive errors over a per-hour budget; the kernel's own lines about the port
+are added as evidence. Each threshold (:class:`PortRuleConfig`, ``[detect.network]``) documents its
+default; docs/network.md describes the rules.
 """
 
 from __future__ import annotations
 
 import fnmatch
 from collections import Counter
-from typing import Annotated, Literal
+from typing import Annotated
 
 import msgspec
 
 from sentinel.components.ib.record import RECEIVE_ERROR_COUNTERS, IbPort
-
-Kind = Literal["faulty", "degraded"]
-Action = Literal["none", "drain"]
+from sentinel.components.vocab import Action, VerdictKind
 
 
 class PortRuleConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -58,7 +38,8 @@ class PortRuleConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             ge=1,
             le=64,
             description="losses of link within the agent's flap window that make a flap (one is an event, "
-            "three a pattern)",
+            "three a pattern); SentinelIbLinkFlapping and the fleet dashboard's flaps panel are built from it "
+            "(sentinel rules build --aggregator-config)",
         ),
     ] = 3
     expected_rate_gbps: Annotated[
@@ -94,7 +75,7 @@ class PortFinding(msgspec.Struct, frozen=True, kw_only=True):
 
     device: str
     port: int
-    kind: Kind
+    kind: VerdictKind  # faulty or degraded
     action: Action
     reason: str  # ib_port_down, ib_link_flap, ib_link_downed, ib_rate_degraded, ib_symbol_errors, ...
     evidence: tuple[str, ...]
@@ -149,7 +130,7 @@ def _port(port: IbPort, want: float | None, cfg: PortRuleConfig, now: float) -> 
 
     kernel = tuple(f"kernel log: {line}" for line in port.kernel_log)
 
-    def finding(kind: Kind, action: Action, reason: str, since: float, *evidence: str) -> None:
+    def finding(kind: VerdictKind, action: Action, reason: str, since: float, *evidence: str) -> None:
         if reason in _LINK_REASONS:
             evidence = (*evidence, *kernel)
         out.append(

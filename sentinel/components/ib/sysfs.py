@@ -1,20 +1,9 @@
 """Read InfiniBand / RoCE ports from sysfs under a configurable root, the way the kernel lays them out.
 
-The layout (``/sys`` by default; ``--sysfs-root`` in the spirit of node_exporter's ``--path.sysfs``)::
-
-    class/infiniband/<dev>/ports/<n>/state         "4: ACTIVE"
-    class/infiniband/<dev>/ports/<n>/phys_state    "5: LinkUp"
-    class/infiniband/<dev>/ports/<n>/rate          "400 Gb/sec (4X NDR)"
-    class/infiniband/<dev>/ports/<n>/link_layer    "InfiniBand" | "Ethernet"
-    class/infiniband/<dev>/ports/<n>/counters/*    one integer per file (IBTA PortCounters)
-    class/infiniband/<dev>/ports/<n>/hw_counters/* one integer per file (driver counters, mlx5)
-    class/infiniband/<dev>/ports/<n>/gid_attrs/ndevs/0   the RoCE netdev
-    class/infiniband/<dev>/device -> the HCA's PCI device; device/net/<netdev>, device/numa_node
-    bus/pci/devices/<addr> -> devices/pci<dom>:<bus>/.../<addr>  (the PCI tree: which switch is above whom)
-
-Which GPUs a port serves comes from the PCI tree (:mod:`sentinel.components.ib.topology`). Everything is
-bounded (devices, ports, counter files, bytes per file); a file that cannot be read or parsed is named in
-the returned errors and the rest of the port is still reported.
+Reads ``class/infiniband/<dev>/ports/<n>/`` (state, phys_state, rate, link_layer, counters, hw_counters,
+the RoCE netdev) under ``/sys`` or ``--sysfs-root``, and the PCI tree for which GPUs a port serves
+(:mod:`sentinel.components.ib.topology`). Everything is bounded; a file that cannot be read or parsed is
+named in the returned errors and the rest of the port is still reported.
 """
 
 from __future__ import annotations

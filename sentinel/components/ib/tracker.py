@@ -1,18 +1,10 @@
 """Port history: readings in, :class:`~sentinel.components.ib.record.IbPort` records out.
 
-Only history says that a link flaps, that symbol errors exceed a per-hour budget, or how fast a counter
-grows, so the agent keeps, per port, the previous reading, a few spaced samples of the error counters over
-the error window, and the link-down events within the flap window. Link-down events come from the
-``link_downed`` counter (the HCA counts every loss of link, including the ones that recover between two
-readings) and, where the counter did not move, from an observed up → down transition. The kernel's own
-lines about a port (``mlx5_core 0000:17:00.0 ib0: Link down``, ``Cable unplugged``: :mod:`.kernel`) are
-kept beside them as evidence, within the flap window; they say why, they are not counted as downs (the
-counter already counts each loss of link, and a down would be counted twice).
-
-The history that verdicts depend on — downs, the error samples, whether the port was ever up, since when it
-is down — is written to a small JSON file in the agent's state directory, so an agent restart (an upgrade, a
-crash loop) neither forgets a flapping link nor mistakes a long-down port for a fresh one. The file is
-bounded (ports, events, samples) and a damaged one is ignored with a log line, never a crash.
+Flaps, per-hour error budgets and counter growth need history, so the agent keeps per port the previous
+reading, spaced error-counter samples and the link-down events of the flap window (from ``link_downed``,
+else from an observed up → down), with the kernel's own lines as evidence. That history is persisted in a
+small bounded JSON file in the state directory, so an agent restart neither forgets a flapping link nor
+mistakes a long-down port for a fresh one; a damaged file is ignored with a log line.
 """
 
 from __future__ import annotations

@@ -93,8 +93,16 @@ class Size:
 
 
 def timeseries(
-    title: str, targets: Sequence[Target], *, unit: str = "", description: str = "", stack: bool = False
+    title: str,
+    targets: Sequence[Target],
+    *,
+    unit: str = "",
+    description: str = "",
+    stack: bool = False,
+    threshold: float | None = None,
 ) -> TimeSeries:
+    """A time series panel; ``threshold`` draws the line at which an alert fires (red from there up)."""
+    steps = threshold_steps(threshold) if threshold is not None else []
     return TimeSeries(
         title=title,
         description=description,
@@ -104,7 +112,14 @@ def timeseries(
         stacking={"mode": "normal", "group": "A"} if stack else {},
         legendDisplayMode="table",
         legendPlacement="right",
+        thresholds=steps,
+        thresholdsStyleMode="line" if steps else "off",
     )
+
+
+def threshold_steps(value: float) -> list[dict[str, Any]]:
+    """Grafana's threshold steps for one alerting value: green below it, red from it."""
+    return [{"color": "green", "value": None}, {"color": "red", "value": value}]
 
 
 def stat(title: str, targets: Sequence[Target], *, unit: str = "", description: str = "") -> Stat:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from grafanalib.core import Dashboard
+from grafanalib.core import Dashboard, TimeSeries
 
+from sentinel.components.ib.alerts import LINK_DOWNS
 from sentinel.ops.dashboards.common import (
     CLUSTER,
     RATE,
@@ -15,11 +16,29 @@ from sentinel.ops.dashboards.common import (
     target,
     timeseries,
 )
+from sentinel.ops.settings import OpsSettings
 
 UID = "sentinel-fleet"
 
 
-def build() -> Dashboard:
+def flaps_panel(settings: OpsSettings) -> TimeSeries:
+    """Losses of link per port, with the flap threshold the verdict and SentinelIbLinkFlapping use."""
+    flap_downs = settings.aggregator.detect.network.flap_downs
+    return timeseries(
+        "Losses of link (flaps) in the agents' window",
+        [
+            target(
+                f"max by (host, device, port) ({LINK_DOWNS}{{{CLUSTER}}}) > 0",
+                "{{host}} {{device}}/{{port}}",
+            )
+        ],
+        description=f"{flap_downs} or more is a flap (SentinelIbLinkFlapping).",
+        threshold=flap_downs,
+    )
+
+
+def build(settings: OpsSettings | None = None) -> Dashboard:
+    settings = settings or OpsSettings()
     return dashboard(
         UID,
         "sentinel / fleet overview",
@@ -196,20 +215,7 @@ def build() -> Dashboard:
                     ),
                     Size(9, 8),
                 ),
-                (
-                    timeseries(
-                        "Losses of link (flaps) in the agents' window",
-                        [
-                            target(
-                                f"max by (host, device, port) (sentinel_ib_port_link_downs_in_window"
-                                f"{{{CLUSTER}}}) > 0",
-                                "{{host}} {{device}}/{{port}}",
-                            )
-                        ],
-                        description="3 or more is a flap (SentinelIbLinkFlapping).",
-                    ),
-                    Size(9, 8),
-                ),
+                (flaps_panel(settings), Size(9, 8)),
             ],
             [
                 (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from grafanalib.core import Dashboard
 
+from sentinel.aggregator.alerts import INGEST_LAG_GOAL_S
 from sentinel.ops.dashboards.common import CLUSTER, HOST, RATE, Size, dashboard, stat, target, timeseries
 
 UID = "sentinel-health"
@@ -86,7 +87,9 @@ def build() -> Dashboard:
                         "Ingest lag",
                         _quantiles("sentinel_ingest_lag_seconds", "", ""),
                         unit="s",
-                        description="Aggregator receive time minus the batch's sampling time.",
+                        description="Aggregator receive time minus the batch's sampling time; "
+                        f"SentinelIngestLag fires while the p99 stays above {INGEST_LAG_GOAL_S} s.",
+                        threshold=INGEST_LAG_GOAL_S,
                     ),
                     Size(8, 8),
                 ),

@@ -81,7 +81,7 @@ _TEXT = st.one_of(
     st.sampled_from(["N/A", "Active", "Not Active", "[N/A]", "16x", "", "Not Supported"]),
 )
 _PATHS = (
-    [path for _, _, path, _, _ in SPECS]
+    [alternative for _, _, path, _, _ in SPECS for alternative in path.split("|")]
     + [f"clocks_event_reasons/clocks_event_reason_{tag}" for tag in REASON_TAGS.values()]
     + [
         f"clocks_event_reasons_counters/clocks_event_reasons_counters_{tag}"

@@ -14,10 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sentinel.agent import Agent
-from sentinel.components.ib.kernel import PortLogLine, names_port, port_log_line
+from sentinel.aggregator.engine import Engine
+from sentinel.components.ib.kernel import PORT_REASONS, PortLogLine, host_evidence, names_port, port_log_line
 from sentinel.components.ib.record import PortReading
 from sentinel.components.ib.rule import PortRuleConfig, evaluate_ports
 from sentinel.components.ib.tracker import PortTracker
+from sentinel.config.aggregator import AggregatorConfig
 from sentinel.signals import classify_line
 from tests.agent.conftest import make_config
 from tests.agent.fakes import FakeSource
@@ -203,6 +205,60 @@ async def test_agent_carries_a_kernel_link_down_to_the_port_and_its_finding(
         assert [e.severity for e in events] == ["warning", "warning"]  # still log events of their own
     finally:
         await agent.shutdown()
+
+
+async def test_a_kernel_line_reaches_the_port_verdict_once(tmp_path: Path, dgx: SysfsTree) -> None:
+    """Real agent → real engine: a port line rides on the port's record, an HCA line the agent cannot put on
+    a port (a completion error) is the aggregator's host evidence; neither reaches the verdict twice."""
+    (tmp_path / "state").mkdir(exist_ok=True)
+    kmsg = tmp_path / "kmsg"
+    port_line = "mlx5_core 0000:3b:00.0 mlx5_1: Port: 1 Link DOWN"
+    cable_line = (
+        "mlx5_core 0000:3b:00.0: mlx5_port_module_event:1145:(pid 0): Port module event[error]: module 0, "
+        "Cable error, Bad cable"
+    )
+    hca_line = (
+        "infiniband mlx5_1: mlx5_handle_error_cqe:332:(pid 0): WC error: 5, Message: local protection error"
+    )
+    kmsg.write_text(
+        f"4,1001,81234567,-;{port_line}\n3,1002,81234999,-;{cable_line}\n3,1003,81235000,-;{hca_line}\n"
+    )
+    config = make_config(
+        tmp_path,
+        ib={"sysfs_root": str(dgx.root), "interval_s": 0.1},
+        kmsg={"enabled": True, "path": str(kmsg)},
+    )
+    agent = Agent(config, FakeSource(gpus=2))
+    engine = Engine(AggregatorConfig())
+    try:
+        host = engine.hello(agent.hello(), 100.0)
+        for t in (100.0, 102.0, 105.0):
+            if t == 102.0:
+                dgx.link_down("mlx5_1")
+            engine.ingest(host, await agent.step(t), t)
+        changes = engine.tick(105.0)
+    finally:
+        await agent.shutdown()
+    [down] = [c.verdict for c in changes if c.verdict.reason == "ib_port_down"]
+    evidence = "\n".join(down.evidence)
+    assert evidence.count(port_line) == 1
+    assert evidence.count(cable_line) == 1
+    assert evidence.count("WC error: 5") == 1
+
+
+@pytest.mark.parametrize(
+    ("line", "reason", "kept"),
+    [
+        ("mlx5_core 0000:3b:00.0 ib0: Link down", "link_down", False),  # on the port's record
+        ("mlx5_core 0000:3b:00.0 mlx5_1: Port: 1 Link DOWN", "ib_link_down", False),
+        ("ib0: Link down", "link_down", True),  # no PCI function: the agent cannot place it
+        ("infiniband mlx5_1: WC error: 5", "ib_completion_error", True),
+        ("mlx5_core 0000:3b:00.0 ib0: Link down", "nccl_warn_net", False),  # not about an HCA
+    ],
+)
+def test_each_hca_line_takes_one_path(line: str, reason: str, kept: bool) -> None:
+    assert host_evidence(line, reason) is kept
+    assert (port_log_line(line, reason) is not None) is (reason in PORT_REASONS and not kept)
 
 
 @settings(max_examples=300, deadline=None)

@@ -1,0 +1,49 @@
+"""Remediation's alerts: the drain circuit breaker is open, actions fail, a node was drained."""
+
+from __future__ import annotations
+
+from sentinel.components.alerting import AlertRule
+from sentinel.config.aggregator import RemediationConfig
+
+
+def alerts(settings: RemediationConfig) -> list[AlertRule]:
+    """The remediation alerts (they fire on what remediation does, whichever rules it is given)."""
+    return [
+        AlertRule(
+            alert="SentinelRemediationBreakerOpen",
+            group="sentinel-remediation",
+            comment="The breaker counts from Slurm's own node states; while it is open nothing else gets drained.",
+            expr="max by (cluster) (sentinel_remediation_breaker_open) == 1",
+            for_s=0,
+            severity="critical",
+            summary="Sentinel's drain circuit breaker is open in cluster {{ $labels.cluster }}",
+            description="Sentinel refused to drain a node because too many nodes are already drained by sentinel "
+            "within its window, or too much of the partition is down or drained. Either the fleet has a real "
+            "widespread problem or a rule is misfiring; faulty nodes now stay in service until someone decides.",
+        ),
+        AlertRule(
+            alert="SentinelRemediationFailing",
+            group="sentinel-remediation",
+            expr='sum by (cluster) (increase(sentinel_remediation_actions_total{outcome="failed"}[15m])) > 0\n'
+            "or sum by (cluster) (increase(sentinel_remediation_audit_errors_total[15m])) > 0\n"
+            "or sum by (cluster) (increase(sentinel_remediation_lease_errors_total[15m])) > 0",
+            for_s=300,
+            severity="warning",
+            summary="Sentinel remediation actions are failing in cluster {{ $labels.cluster }}",
+            description="Drains or resumes failed in the last 15 minutes (scontrol/sinfo errors or timeouts, "
+            "unknown node names), the audit log could not be written, or the remediation lease file could not "
+            "be renewed (an HA pair's shared lease). Verdicts that ask for a drain are not acted on.",
+        ),
+        AlertRule(
+            alert="SentinelNodeDrained",
+            group="sentinel-remediation",
+            expr='sum by (cluster) (increase(sentinel_remediation_actions_total{action="drain",outcome="done"}[1h])) '
+            "> 0",
+            for_s=0,
+            severity="info",
+            summary="Sentinel drained {{ $value | humanize }} Slurm node(s) in cluster {{ $labels.cluster }} in the "
+            "last hour",
+            description='Sentinel drained Slurm nodes on its own (reason starting "sentinel:"). Running jobs '
+            "finish; no new job lands there until the node is repaired and resumed.",
+        ),
+    ]
