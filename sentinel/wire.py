@@ -253,6 +253,9 @@ class Hello(msgspec.Struct, tag="hello", kw_only=True):
     gpus: Annotated[list[GpuInfo], msgspec.Meta(max_length=MAX_GPUS)] = []
     next_seq: int = 0  # the first seq this connection will send (resends may be lower)
     gpu_source: GpuSourceHealth | None = None
+    #: the agent instance whose numbering the seqs are: random, made with the agent's state directory (a
+    #: wiped one starts seq again under a new id, and the aggregator starts the host's dedup window over)
+    instance_id: Short = ""
 
 
 class Batch(msgspec.Struct, tag="batch", kw_only=True, omit_defaults=True):

@@ -47,7 +47,7 @@ from sentinel.agent.registry import build_collectors
 from sentinel.agent.ring import RingBuffer
 from sentinel.agent.shipper import Shipper
 from sentinel.agent.source import GpuSource, HostInputs
-from sentinel.agent.spool import SeqAllocator, Spool
+from sentinel.agent.spool import SeqAllocator, Spool, stream_instance
 from sentinel.components.device.record import GpuSourceHealth
 from sentinel.components.ib.kernel import PortLogLine
 from sentinel.components.ib.metrics import IbPortMetrics
@@ -149,8 +149,11 @@ class Agent:
                 consumers=tuple(urls) if len(urls) > 1 else (),
             )
             self.seq = SeqAllocator(state_dir / "seq", floor=self.spool.max_seq + 1)
+            #: names this numbering (sent in the Hello): a wiped state directory is a new instance
+            self.instance_id = stream_instance(state_dir / "instance")
         else:
             self.seq = SeqAllocator(state_dir / "seq" if durable else None)
+            self.instance_id = stream_instance(state_dir / "instance" if durable else None)
         self.shipper: Shipper | None = None
         if self.spool is not None:
             self.shipper = Shipper(
@@ -458,6 +461,7 @@ class Agent:
             gpus=self.inventory,
             next_seq=first_pending if first_pending >= 0 else self.seq.next,
             gpu_source=self.gpu_source,
+            instance_id=self.instance_id,
         )
 
     # -- lifecycle ------------------------------------------------------------------------------------------

@@ -4,7 +4,9 @@ Every batch is spooled as it is made and deleted once every consumer (each confi
 acked it, so a crash or an aggregator outage loses nothing within the byte bound; beyond it, samples go
 before events, and what was dropped is reported in the next batch's ``drops``. Per-consumer ack logs keep
 an agent restart from resending what was acked, and sequence numbers are reserved in persisted blocks so
-they stay monotonic per host for the aggregator's (host, seq) deduplication. See docs/agent.md.
+they stay monotonic per host for the aggregator's (host, seq) deduplication. The numbering is named by an instance id made with the
+state directory (sent in the Hello), so a wiped state directory starts the host's dedup window over.
+See docs/agent.md.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import secrets
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +83,34 @@ class SeqAllocator:
             self.persist_errors += 1
             log.warning("seq_state_write_failed", path=str(self._path), error=str(exc))
         self._reserved = upto
+
+
+def stream_instance(path: Path | None) -> str:
+    """The id of this agent's seq numbering: read from ``path``, or made (random) and written there.
+
+    ``path`` None (numbers kept in memory only): a new id per process, as its numbering restarts with it.
+    An id that cannot be written is used for this process and logged: the next start makes another, which
+    only makes the aggregator start the host's dedup window over at that start's first seq.
+    """
+    if path is not None:
+        try:
+            text = path.read_text(encoding="ascii").strip()
+            if 8 <= len(text) <= 64 and text.isalnum():
+                return text
+            log.warning("instance_id_unreadable", path=str(path), problem="not an instance id")
+        except FileNotFoundError:
+            pass
+        except (OSError, UnicodeDecodeError) as exc:
+            log.warning("instance_id_unreadable", path=str(path), error=str(exc))
+    made = secrets.token_hex(16)
+    if path is not None:
+        tmp = path.with_suffix(".tmp")
+        try:
+            tmp.write_text(f"{made}\n", encoding="ascii")
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("instance_id_write_failed", path=str(path), error=str(exc))
+    return made
 
 
 class Spool:

@@ -14,6 +14,9 @@ from sentinel.components.alerting import AlertRule, spoken
 from sentinel.config.aggregator import AggregatorConfig
 from sentinel.ops.recording import INGEST_LAG_P99
 
+#: seconds of changes the state store could not commit before its alert fires (a hung disk raises no error)
+COMMIT_LAG_S: Final = 30
+
 GPU_BY: Final = "cluster, host, gpu, job, rank, reason, action"
 JOB_BY: Final = "cluster, job, host, gpu, rank, reason, action"
 #: seconds a host's clock may be off before it pages (a rate error is the straggler detector's setting)
@@ -201,13 +204,16 @@ def _health(settings: AggregatorConfig) -> list[AlertRule]:
         AlertRule(
             alert="SentinelStateStoreFailing",
             group="sentinel-self",
-            expr="increase(sentinel_aggregator_state_errors_total[10m]) > 0",
+            expr="increase(sentinel_aggregator_state_errors_total[10m]) > 0 "
+            f"or max by (cluster, instance, job) (sentinel_aggregator_state_commit_lag_seconds) > {COMMIT_LAG_S}",
             for_s=60,
             severity="warning",
             summary="Sentinel aggregator {{ $labels.instance }} cannot keep its durable state",
-            description="The aggregator failed to open, write or restore its state database (state.sqlite3) in "
-            "the last 10 minutes. It still detects, but a restart would forget open verdicts and latched GPU "
-            "faults.",
+            description="The aggregator failed to write, snapshot or restore its state database (state.sqlite3) in "
+            f"the last 10 minutes, or has changes it could not commit for more than {COMMIT_LAG_S} s (full disk, "
+            "read-only or hung file system). Failed commits are kept and retried; until one succeeds the batches "
+            "they cover are not acked, so the agents keep them spooled and resend them. It still detects from "
+            "memory.",
         ),
         AlertRule(
             alert="SentinelStateSnapshotTooLarge",

@@ -114,20 +114,32 @@ def _gpu_view(host: str, record: GpuRecord) -> GpuView:
     return view
 
 
-def host_records(
-    fleet: FleetState, names: set[str], kept: set[str], encode: Callable[[HostView], bytes]
-) -> dict[str, bytes | None]:
-    """One record per named host still in the fleet, and a deletion for each kept host the fleet forgot."""
-    out: dict[str, bytes | None] = {}
-    for name in names:
-        host = fleet.hosts.get(name)
-        if host is not None:
-            out[name] = encode(host)
-            kept.add(name)
-    for name in [name for name in kept if name not in fleet.hosts]:
-        out[name] = None
-        kept.discard(name)
-    return out
+class HostRecords:
+    """The hosts a holder has a record of in the store, and the records of those that changed."""
+
+    def __init__(self) -> None:
+        self.kept: set[str] = set()  # hosts with a record in the store
+        self._forgotten_seen = -1  # FleetState.forgotten_hosts when kept was last checked against the fleet
+
+    def changes(
+        self, fleet: FleetState, names: set[str], encode: Callable[[HostView], bytes]
+    ) -> dict[str, bytes | None]:
+        """One record per named host still in the fleet, and a deletion for each kept host the fleet forgot
+        (looked for only when a host was forgotten since, or records were restored: the ack path flushes
+        up to 20 times a second, and a pass over every kept host cost 1 ms at 6,144 hosts)."""
+        out: dict[str, bytes | None] = {}
+        kept = self.kept
+        for name in names:
+            host = fleet.hosts.get(name)
+            if host is not None:
+                out[name] = encode(host)
+                kept.add(name)
+        if fleet.forgotten_hosts != self._forgotten_seen:
+            self._forgotten_seen = fleet.forgotten_hosts
+            for name in [name for name in kept if name not in fleet.hosts]:
+                out[name] = None
+                kept.discard(name)
+        return out
 
 
 class FleetLatches:
@@ -137,13 +149,13 @@ class FleetLatches:
 
     def __init__(self, fleet: FleetState) -> None:
         self.fleet = fleet
-        self._kept: set[str] = set()  # hosts with a record in the store
+        self._records = HostRecords()
 
     def snapshot(self, full: bool = False) -> dict[str, bytes | None]:
         """Changed hosts' records; hosts the fleet forgot (retention, eviction) are deleted."""
         fleet = self.fleet
         names, fleet.changed_hosts = (set(fleet.hosts) if full else fleet.changed_hosts), set()
-        return host_records(fleet, names, self._kept, lambda host: _encoder.encode(self._record(host)))
+        return self._records.changes(fleet, names, lambda host: _encoder.encode(self._record(host)))
 
     @staticmethod
     def _record(host: HostView) -> HostRecord:
@@ -180,15 +192,17 @@ class FleetLatches:
                 if gpu.index == len(host.gpus):
                     host.gpus.append(_gpu_view(host.name, gpu))
             fleet.hosts[host.name] = host
-            self._kept.add(host.name)
+            self._records.kept.add(host.name)
 
 
 class SeqWindowRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """One host's dedup window: the boot id its numbering belongs to, the high-water mark, seqs above it."""
+    """One host's dedup window: the boot id and agent instance its numbering belongs to, the high-water
+    mark, seqs above it."""
 
     boot_id: str = ""
     hw: int = -1
     above: list[int] = []
+    instance: str = ""
 
 
 _window_decoder = msgspec.msgpack.Decoder(SeqWindowRecord)
@@ -196,7 +210,9 @@ _window_decoder = msgspec.msgpack.Decoder(SeqWindowRecord)
 
 def _window_record(host: HostView) -> bytes:
     return _encoder.encode(
-        SeqWindowRecord(boot_id=host.boot_id, hw=host.seq_hw, above=sorted(host.seq_above))
+        SeqWindowRecord(
+            boot_id=host.boot_id, hw=host.seq_hw, above=sorted(host.seq_above), instance=host.instance_id
+        )
     )
 
 
@@ -208,14 +224,13 @@ class FleetSeqWindows:
     window lost it would be applied a second time (an Xid counted twice turns one Xid 13 into a "repeats
     across processes" suspect).
 
-    Crash-safety is by *same transaction*, not by delayed acks: :meth:`StateStore.flush` takes every
+    Crash-safety is by *same transaction* and *acks after commit*: :meth:`StateStore.flush` takes every
     holder's snapshot in one synchronous pass on the event loop (no batch is applied in between) and the
     writer commits them in one SQLite transaction, so the window that comes back is exactly the one that
-    covers the restored latches and verdicts. A batch applied after that flush is missing from both: the
-    agent's resend (it was not acked) applies it once; one acked in that interval is lost with its effects,
-    which is the store's documented loss bound (``state.flush_interval_s``). Acks stay immediate: ingest
-    latency does not grow by a flush interval. Detector memory (``BuiltinsHolder``, every 10 s) may be
-    older than the window; it is a warm start, so a batch it missed is under-counted there, never doubled.
+    covers the restored latches and verdicts; a batch is acked only once a commit covers it
+    (:mod:`sentinel.aggregator.acks`). A batch applied after the last commit is missing from both and was not
+    acked: the agent's resend applies it once. Detector memory (``BuiltinsHolder``, every 10 s) may be older
+    than the window; it is a warm start, so a batch it missed is under-counted there, never doubled.
 
     Cost: one small record per host that sent a batch since the last flush (about 20 bytes when the window
     is contiguous; at most ``DEDUP_WINDOW`` seqs), measured in ``bench/state_store.py``.
@@ -226,12 +241,12 @@ class FleetSeqWindows:
 
     def __init__(self, fleet: FleetState) -> None:
         self.fleet = fleet
-        self._kept: set[str] = set()
+        self._records = HostRecords()
 
     def snapshot(self, full: bool = False) -> dict[str, bytes | None]:
         fleet = self.fleet
         names, fleet.window_changed = (set(fleet.hosts) if full else fleet.window_changed), set()
-        return host_records(fleet, names, self._kept, _window_record)
+        return self._records.changes(fleet, names, _window_record)
 
     def restore(self, records: dict[str, bytes], now: float) -> None:
         """A window comes back only onto a restored host of the same boot (another boot restarts numbering)."""
@@ -239,8 +254,9 @@ class FleetSeqWindows:
         for name, data in records.items():
             record = _window_decoder.decode(data)
             host = fleet.hosts.get(name)
-            self._kept.add(name)  # deleted on the next snapshot if the host is not there
+            self._records.kept.add(name)  # deleted on the next snapshot if the host is not there
             if host is None or host.boot_id != record.boot_id:
                 continue
             host.seq_hw = record.hw
             host.seq_above = {seq for seq in record.above[-DEDUP_WINDOW:] if seq > record.hw}
+            host.instance_id = record.instance

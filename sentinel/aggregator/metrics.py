@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from sentinel.aggregator.acks import DurableAcks
 from sentinel.aggregator.engine import Engine, EngineMetrics
 from sentinel.aggregator.state import HostView
 from sentinel.aggregator.store import BuiltinsHolder, StateStore
@@ -41,7 +42,9 @@ class AggregatorMetrics(EngineMetrics):
         self.n_samples = 0
         #: the durable state store, when there is one (its counters are exported at scrape time)
         self.store: StateStore | None = None
-        self.state_errors = 0  # failures outside the store (it could not be opened)
+        self.state_errors = 0  # failures outside the state store (the incident store could not be opened)
+        #: acks held until their batch's state is committed
+        self.acks: DurableAcks | None = None
         self.n_events = 0
         self.n_duplicates = 0
         self.lag_counts = [0] * (len(LAG_BUCKETS) + 1)
@@ -190,8 +193,44 @@ class AggregatorMetrics(EngineMetrics):
         )
         family.add_metric([cluster], float(errors))
         yield family
+        acks = self.acks
+        if acks is not None:
+            yield _single(
+                "sentinel_aggregator_acks_waiting",
+                "Acks of applied batches waiting for the state they changed to be committed",
+                cluster,
+                acks.waiting,
+            )
+            refused = CounterMetricFamily(
+                "sentinel_aggregator_acks_refused",
+                "Batches left unacked because their stream already had the most acks waiting (commits "
+                "failing): the agent resends them after its next reconnect",
+                labels=["cluster"],
+            )
+            refused.add_metric([cluster], float(acks.refused))
+            yield refused
         if store is None:
             return
+        failures = CounterMetricFamily(
+            "sentinel_aggregator_state_commit_failures",
+            "State store commits that failed (full disk, read-only or failing file system); each is kept and "
+            "retried with backoff, and the batches it covers stay unacked until it succeeds",
+            labels=["cluster"],
+        )
+        failures.add_metric([cluster], float(store.commit_failures))
+        yield failures
+        yield _single(
+            "sentinel_aggregator_state_commit_lag_seconds",
+            "Age of the oldest change handed to the state store and not yet committed (0: all on disk)",
+            cluster,
+            store.commit_lag(),
+        )
+        yield _single(
+            "sentinel_aggregator_state_uncommitted_records",
+            "Records handed to the state store and not yet committed",
+            cluster,
+            store.uncommitted_records,
+        )
         written = CounterMetricFamily(
             "sentinel_aggregator_state_records_written",
             "Records committed to the state store",
@@ -199,13 +238,6 @@ class AggregatorMetrics(EngineMetrics):
         )
         written.add_metric([cluster], float(store.records_written))
         yield written
-        deferred = CounterMetricFamily(
-            "sentinel_aggregator_state_flushes_deferred",
-            "Write-behind flushes put off because earlier ones were not yet committed (slow disk)",
-            labels=["cluster"],
-        )
-        deferred.add_metric([cluster], float(store.flushes_deferred))
-        yield deferred
         too_large = CounterMetricFamily(
             "sentinel_aggregator_state_snapshots_too_large",
             "Snapshots of a state member (a detector's memory) not written because they exceeded the "

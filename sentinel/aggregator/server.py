@@ -6,7 +6,7 @@ and a bad frame closes *that* connection with a close code saying why — 1007 m
 limit violation, 1009 over ``limits.max_frame_bytes``, 1002 broken WebSocket framing, 1003 text instead of
 binary — with one log line; the other agents never notice. aiohttp serves the HTTP side up to the upgrade;
 the upgraded stream is read and written by :mod:`sentinel.aggregator.wsconn`, each message handled where it
-was read. Batches are acked after they are applied; a resend of an applied
+was read. Batches are acked once what they changed is committed to the state store; a resend of an applied
 seq is acked and dropped (at-least-once delivery, exactly-once effect).
 
 ``/`` is deliberately left free: the status page is added through ``extra_routes``.
@@ -37,6 +37,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 
+from sentinel.aggregator.acks import DurableAcks
 from sentinel.aggregator.detectors.straggler import straggler_hold_s
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.frdumps import settings_for_frame
@@ -48,7 +49,7 @@ from sentinel.aggregator.pushback import VerdictPush
 from sentinel.aggregator.refusals import RefusalLog
 from sentinel.aggregator.remediation import Remediator
 from sentinel.aggregator.state import HostView
-from sentinel.aggregator.store import BuiltinsHolder, StateStore, StoreError
+from sentinel.aggregator.store import BuiltinsHolder, StateStore
 from sentinel.aggregator.views import gpu_health, host_dict, job_detail, job_summary
 from sentinel.aggregator.wsconn import (
     CLOSE_PROTOCOL,
@@ -60,7 +61,7 @@ from sentinel.aggregator.wsconn import (
 from sentinel.config.aggregator import AggregatorConfig, LimitsConfig, ServerConfig
 from sentinel.config.loader import read_bounded
 from sentinel.log import get_logger
-from sentinel.wire import Ack, Batch, Command, CommandResult, Hello, decode_agent_frame, encode
+from sentinel.wire import Batch, Command, CommandResult, Hello, decode_agent_frame, encode
 
 
 def log() -> Any:
@@ -277,6 +278,9 @@ class Aggregator:
             fr_dumps=settings_for_frame(config.limits.max_frame_bytes),
         )
         self.store = self._open_store(directory)
+        #: acks sent once the state a batch changed is committed (group commit; at once without a store)
+        self.acks = DurableAcks(self.store)
+        self.metrics.acks = self.acks
         self.engine.listeners.append(self.incidents.on_change)
         self.engine.listeners.append(self._log_change)
         self.pushback = VerdictPush(
@@ -301,19 +305,20 @@ class Aggregator:
         self._warned: dict[str, tuple[float, int]] = {}
         self._next_gc_freeze = 0.0
         self._next_gc_full = 0.0
+        self._stopping = False  # stop() began: agents' messages are no longer applied (nor acked)
         self.started_at = clock()
 
     def _open_store(self, directory: Path) -> StateStore | None:
-        """Durable state: restore verdicts and latched hardware facts before any agent is heard."""
+        """Durable state: restore verdicts and latched hardware facts before any agent is heard.
+
+        A database that cannot be opened, or is not one this sentinel reads, raises
+        :class:`~sentinel.aggregator.store.StoreError` (one line): the aggregator does not start, as every
+        ack would otherwise promise a durability it does not have (the agents spool meanwhile).
+        """
         cfg = self.config
         if not cfg.state.enabled:
             return None
-        try:
-            store = StateStore(directory, flush_interval_s=cfg.state.flush_interval_s)
-        except StoreError as exc:  # the aggregator still detects; what it knows is lost on a restart
-            log().error("state_store_unavailable", state_dir=str(directory), error=str(exc))
-            self.metrics.state_errors += 1
-            return None
+        store = StateStore(directory, flush_interval_s=cfg.state.flush_interval_s)
         self.engine.book.restore_hold_s = restore_holds(cfg)
         now = self.clock()
         store.register(self.engine.book, now)
@@ -356,6 +361,11 @@ class Aggregator:
             self._ticker = asyncio.get_running_loop().create_task(self._tick_loop(), name="aggregator-tick")
 
     async def stop(self) -> None:
+        # nothing more is applied; what was is committed and acked before the streams close, so a clean
+        # restart makes the agents resend nothing twice
+        self._stopping = True
+        if self.store is not None:
+            await self.acks.drain(5.0)
         if self._ticker is not None:
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -370,8 +380,9 @@ class Aggregator:
         for task in list(self.incidents.tasks):
             task.cancel()
         await self.incidents.drain()
+        self.acks.close()
         if self.store is not None:  # SIGTERM / systemctl restart: everything known is written
-            await asyncio.to_thread(self.store.close)
+            await asyncio.to_thread(self.store.close, 20.0)  # within systemd's TimeoutStopSec (30 s)
             self.store = None
         await self.remediator.stop()
 
@@ -573,6 +584,7 @@ class Aggregator:
                 self._per_peer[peer] = left
             else:
                 self._per_peer.pop(peer, None)
+            self.acks.forget(socket_)
             if conn.host is not None and self.by_host.get(conn.host) is conn:
                 del self.by_host[conn.host]
                 self.engine.disconnected(conn.host)
@@ -603,6 +615,10 @@ class Aggregator:
         limit = limits.hello_timeout_s if conn.host is None else limits.idle_timeout_s
         now = loop.time()
         deadline = conn.last_frame_at + limit
+        if now >= deadline and self.acks.waiting_on(conn.ws):
+            # the agent stopped at its in-flight limit waiting for acks the store has not committed yet: it
+            # is not idle, and a reconnect would only resend what this stream already holds
+            deadline = now + limit
         if now < deadline:
             conn.watchdog = loop.call_at(deadline, self._watch, conn)
             return
@@ -632,6 +648,8 @@ class Aggregator:
 
     def _on_message(self, conn: Connection, opcode: int, data: bytes) -> None:
         """One whole message of an agent's stream, handled where it was read (no task, no queue)."""
+        if self._stopping:
+            return  # not applied, not acked: the agent resends it to the next process
         conn.last_frame_at = asyncio.get_running_loop().time()
         try:
             self._frame(conn, opcode, data)
@@ -683,8 +701,7 @@ class Aggregator:
                     self._log_drops(view.name, frame)
             except Exception as exc:  # never die from what an agent sends (the batch is still acked)
                 self._ingest_error("ingest_failed", conn, exc, seq=frame.seq)
-            with contextlib.suppress(ConnectionError):  # gone: the agent resends what was not acked
-                conn.ws.send(encode(Ack(seq=frame.seq)))
+            self.acks.hold(conn.ws, frame.seq)  # sent once what it changed is committed
         elif isinstance(frame, Hello):
             if view is not None:
                 self._close(conn, CLOSE_POLICY, "protocol", "second hello")

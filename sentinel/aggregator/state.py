@@ -19,6 +19,7 @@ import msgspec
 
 from sentinel.aggregator.claims import MAX_WAITING_CLAIMS, CountedRefusals, RefusalSink, may_speak_for
 from sentinel.aggregator.clock import HostClock
+from sentinel.aggregator.streams import adopt_instance
 from sentinel.components.clocks.record import POWER_REASONS, THERMAL_REASONS, ClockViolations
 from sentinel.components.clocks.rule import violation_shares
 from sentinel.components.device.record import GpuSourceHealth
@@ -152,6 +153,8 @@ class HostView:
     last_t: float = -math.inf  # agent time of the latest batch
     seq_hw: int = -1  # every seq <= seq_hw has been seen
     seq_above: set[int] = field(default_factory=set)
+    #: the agent instance (``Hello.instance_id``) whose numbering the window holds ("": not told)
+    instance_id: str = ""
     #: a Hello opened a connection and no batch has come on it yet (its first batch closes the gap below it)
     stream_fresh: bool = False
     events: deque[LogEvent] = field(default_factory=lambda: deque(maxlen=HOST_EVENTS_KEPT))
@@ -308,6 +311,8 @@ class FleetState:
         self.refusals: RefusalSink = CountedRefusals()
         #: (job, rank) → the host whose process report claimed it while another ran it (:mod:`.claims`)
         self.waiting_claims: dict[tuple[str, int], str] = {}
+        #: hosts forgotten so far (the state store's holders look for records to delete only when it moved)
+        self.forgotten_hosts = 0
 
     # -- connection -----------------------------------------------------------------------------------
 
@@ -327,6 +332,8 @@ class FleetState:
                 gpu.dirty = True
                 self.dirty_gpus.append(gpu)
         if hello.boot_id and hello.boot_id != host.boot_id:
+            self.window_changed.add(host.name)
+        if adopt_instance(host, hello):
             self.window_changed.add(host.name)
         host.boot_id = hello.boot_id or host.boot_id
         self._inventory(host, hello.gpus[: self.max_gpus_per_host])
@@ -688,7 +695,8 @@ class FleetState:
         host = self.hosts.pop(name, None)
         self._hand_over_from(name)
         self.waiting_claims = {k: v for k, v in self.waiting_claims.items() if v != name}
-        self.changed_hosts.discard(name)  # the state store deletes its record from _kept, not from this set
+        self.forgotten_hosts += 1
+        self.changed_hosts.discard(name)  # the state store deletes its record (forgotten_hosts moved)
         self.window_changed.discard(name)
         if host is not None:
             self.dirty_gpus = [g for g in self.dirty_gpus if g.host != name]

@@ -25,6 +25,7 @@ from sentinel.aggregator.server import (
     make_runner,
     server_ssl_context,
 )
+from sentinel.aggregator.store import StoreError
 from sentinel.config import ConfigError, load_aggregator_config
 from sentinel.config.aggregator import AggregatorConfig
 from sentinel.log import get_logger, setup_logging
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     setup_logging("aggregator", args.log_level or config.log.level)
     try:
         return run_loop(serve(config, config_path=args.config))  # uvloop when installed
-    except TokenError as exc:
+    except (TokenError, StoreError) as exc:  # a file it cannot use: one line naming it, no traceback
         print(f"sentinel aggregator: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

@@ -431,8 +431,9 @@ class StateConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         msgspec.Meta(
             gt=0,
             le=1.0,
-            description="write-behind period: a kill -9 loses at most the changes of this last interval "
-            "(SIGTERM loses nothing); at most 1 s, the agents' sampling tick",
+            description="detector-loop write-behind period (batches are acked only once committed, by "
+            "their own group commit): a kill -9 loses at most this interval of what ticks changed, never an "
+            "acked fact; at most 1 s, the agents' sampling tick",
         ),
     ] = 0.5
 

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -79,12 +80,28 @@ def test_aggregator_run_notifies_systemd_serves_and_stops_cleanly(tmp_path: Path
         sock.close()
 
 
-def test_aggregator_run_refuses_bad_config_and_missing_tokens_in_one_line(tmp_path: Path) -> None:
+def test_aggregator_run_refuses_bad_config_missing_tokens_and_a_foreign_state_db_in_one_line(
+    tmp_path: Path,
+) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[detect.stuck]\nmin_wait_s = -1\n")
     missing = tmp_path / "missing.toml"
     missing.write_text(f'[server]\nlisten_port = 0\ntokens_file = "{tmp_path / "nope"}"\n')
-    for path, expect in ((bad, "detect.stuck.min_wait_s"), (missing, "cannot read")):
+    # a state database with a table named records of another schema: not touched, named, not a traceback
+    state = tmp_path / "state"
+    state.mkdir()
+    with sqlite3.connect(state / "state.sqlite3") as db:
+        db.execute("CREATE TABLE records (id INTEGER PRIMARY KEY, payload TEXT)")
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{TOKEN} h*\n")
+    foreign = tmp_path / "foreign.toml"
+    foreign.write_text(f'[server]\nlisten_port = 0\ntokens_file = "{tokens}"\nstate_dir = "{state}"\n')
+    foreign_line = f"{state / 'state.sqlite3'}: table 'records' has columns (id, payload)"
+    for path, expect in (
+        (bad, "detect.stuck.min_wait_s"),
+        (missing, "cannot read"),
+        (foreign, foreign_line),
+    ):
         proc = subprocess.run(
             [sys.executable, "-m", "sentinel", "aggregator", "run", "--config", str(path)],
             capture_output=True,

@@ -22,8 +22,12 @@ class Process:
         self.store.register(FleetLatches(self.fleet), 0.0)
         self.store.register(FleetSeqWindows(self.fleet), 0.0)
 
-    def connect(self, host: str = "h0", boot_id: str = "boot-1", next_seq: int = 0) -> HostView:
-        message = msgspec.structs.replace(hello(host), boot_id=boot_id, next_seq=next_seq)
+    def connect(
+        self, host: str = "h0", boot_id: str = "boot-1", next_seq: int = 0, instance_id: str = ""
+    ) -> HostView:
+        message = msgspec.structs.replace(
+            hello(host), boot_id=boot_id, next_seq=next_seq, instance_id=instance_id
+        )
         return self.fleet.hello(message, 0.0)
 
     def send(self, view: HostView, seqs: list[int]) -> list[bool]:
@@ -36,8 +40,7 @@ class Process:
 
     def crash(self) -> None:
         """What ``kill -9`` leaves: the database as last committed (the writer thread is simply abandoned)."""
-        self.store._queue.put(None)
-        self.store._writer.join()
+        self.store.abandon()
 
 
 def test_a_resend_after_a_crash_applies_only_what_the_last_commit_did_not_cover(tmp_path: Path) -> None:
@@ -82,6 +85,25 @@ def test_a_window_of_another_boot_is_not_restored_onto_the_new_numbering(tmp_pat
     second = Process(tmp_path)
     view = second.connect(boot_id="boot-2", next_seq=0)  # reimaged: counts from 0 again
     assert second.send(view, [0, 1, 2]) == [True, True, True]
+
+
+def test_the_agent_instance_a_window_belongs_to_survives_a_restart(tmp_path: Path) -> None:
+    first = Process(tmp_path)
+    first.send(first.connect(instance_id="agent-a-0001"), list(range(0, 100)))
+    first.commit()
+    first.crash()
+
+    second = Process(tmp_path)
+    assert second.fleet.hosts["h0"].instance_id == "agent-a-0001"
+    view = second.connect(next_seq=50, instance_id="agent-a-0001")  # the same agent: resends are duplicates
+    assert second.send(view, [50, 99, 100]) == [False, False, True]
+    view = second.connect(next_seq=0, instance_id="agent-b-0002")  # reinstalled on the same boot
+    assert second.send(view, [0, 1, 2]) == [True, True, True]
+    second.commit()
+    second.crash()
+    third = Process(tmp_path)
+    host = third.fleet.hosts["h0"]
+    assert (host.instance_id, host.seq_hw) == ("agent-b-0002", 2)
 
 
 def test_a_forgotten_hosts_window_is_deleted_from_the_store(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
+import msgspec
 import pytest
 import structlog
 from aiohttp import web
@@ -36,7 +37,7 @@ from sentinel.wire import (
     decode_aggregator_frame,
     encode,
 )
-from tests.aggregator.helpers import batch, hello, running_aggregator, wait_until
+from tests.aggregator.helpers import batch, hello, kernel_xid, running_aggregator, wait_until
 from tests.support import need_binary
 
 RACK_A = "token-rack-a-0123456789"
@@ -286,3 +287,48 @@ def test_tls_misconfiguration_names_the_file(tmp_path: Path) -> None:
         server_ssl_context(ServerConfig(tls_client_ca_file="/x/ca.pem"))
     with pytest.raises(TokenError, match=r"^/nonexistent/cert\.pem: cannot load"):
         server_ssl_context(ServerConfig(tls_cert_file="/nonexistent/cert.pem"))
+
+
+async def test_a_reinstalled_agent_on_the_same_boot_is_a_new_stream_not_duplicates(tmp_path: Path) -> None:
+    """Same boot id, the agent's state directory wiped: its seqs restart at 1 under a new instance id. Its
+    Xid 79 in batch 1 (long acked in the old numbering) is applied and opens a verdict."""
+    async with running_aggregator(tmp_path, tokens=GRANTS) as running:
+        aggregator = running.aggregator
+        old = msgspec.structs.replace(hello("rack-a-01"), instance_id="instance-old-0001", next_seq=1)
+        session, ws = await connect(running.stream_url, RACK_A)
+        try:
+            await ws.send_bytes(encode(old))
+            for seq in range(1, 41):
+                await ws.send_bytes(encode(batch(seq, time.time())))
+                assert await next_ack(ws) == seq
+        finally:
+            await session.close()
+        host = aggregator.engine.fleet.hosts["rack-a-01"]
+        # the old instance again (a plain reconnect): its numbering and window stay
+        session, ws = await connect(running.stream_url, RACK_A)
+        try:
+            await ws.send_bytes(encode(msgspec.structs.replace(old, next_seq=40)))
+            await ws.send_bytes(encode(batch(40, time.time())))
+            assert await next_ack(ws) == 40
+            assert host.duplicates == 1 and host.seq_hw == 40
+        finally:
+            await session.close()
+        new = msgspec.structs.replace(old, instance_id="instance-new-0002", next_seq=1)
+        with structlog.testing.capture_logs() as logs:
+            session, ws = await connect(running.stream_url, RACK_A)
+            try:
+                await ws.send_bytes(encode(new))
+                t = time.time()
+                await ws.send_bytes(encode(batch(1, t, events=[kernel_xid(t, 5, 79)])))
+                assert await next_ack(ws) == 1
+            finally:
+                await session.close()
+        assert host.duplicates == 1 and host.seq_hw == 1  # applied, not dropped
+        (verdict,) = aggregator.engine.book.open.values()
+        assert (verdict.host, verdict.gpu, verdict.reason) == ("rack-a-01", 5, "xid_79")
+        (changed,) = [entry for entry in logs if entry["event"] == "agent_instance_changed"]
+        assert (changed["old"], changed["new"], changed["seq_hw"]) == (
+            "instance-old-0001",
+            "instance-new-0002",
+            40,
+        )

@@ -46,9 +46,7 @@ class Node:
 
     def crash(self) -> None:
         """What a kill -9 leaves: only what was committed (no final flush)."""
-        self.store._queue.put(None)
-        self.store._writer.join()
-        self.store._db.close()
+        self.store.abandon()
 
     def open(self) -> list[tuple[str, str, str | None, int | None, str, float]]:
         return sorted(
@@ -264,7 +262,7 @@ def test_a_host_the_fleet_forgot_is_deleted_from_the_store(tmp_path: Path) -> No
     first.hello(hello("h0"), 0.0)
     first.hello(hello("h1"), 0.0)
     first.persist()
-    del first.engine.fleet.hosts["h1"]  # retention forgot it (its verdicts closed)
+    first.engine.forget_host("h1", 0.0)  # retention forgot it (its verdicts closed)
     first.persist()
     first.crash()
     assert sorted(Node(tmp_path, 5.0).engine.fleet.hosts) == ["h0"]
