@@ -67,3 +67,32 @@ def test_one_host_cannot_move_the_median_out_of_the_others_range(
     assert distinct == len(honest) + 1
     fair = [v for per_host in honest for v in per_host]
     assert min(fair) <= med <= max(fair)
+
+
+def _by_definition(xs: list[float], ws: list[float]) -> float:
+    """The weighted median walked value by value: the first whose running weight reaches half (the mean with
+    the next value when it reaches half exactly)."""
+    pairs = sorted(zip(xs, ws, strict=True))
+    half = sum(ws) / 2
+    total = 0.0
+    for i, (x, w) in enumerate(pairs):
+        total += w
+        if total >= half * (1 - 1e-9):
+            return (x + pairs[i + 1][0]) / 2 if abs(total - half) <= half * 1e-9 and i + 1 < len(pairs) else x
+    raise AssertionError("unreachable")
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([1.0, 2.0, 3.0, 1e3]) | st.floats(0, 1e4),
+            st.sampled_from([1, 1 / 2, 1 / 3, 1 / 8]),
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_weighted_median_is_the_weighted_median_by_definition(pairs: list[tuple[float, float]]) -> None:
+    xs, ws = [x for x, _ in pairs], [w for _, w in pairs]
+    assert weighted_median(xs, ws) == pytest.approx(_by_definition(xs, ws))
