@@ -819,7 +819,7 @@ def engine_jobs(hosts: int, seconds: int, job_ranks: int, slowdown: float, warmu
                 yield
 
         detector.evaluate_steps = timed  # type: ignore[method-assign]
-    from sentinel.aggregator.server import _no_automatic_full_collections
+    from sentinel.aggregator.tick_loop import _no_automatic_full_collections
 
     with _no_automatic_full_collections(True):  # as the server's tick loop runs
         for second in range(seconds):

@@ -70,7 +70,7 @@ def feed(aggregator: Aggregator, names: list[str], t: float, fake: bool) -> None
         frame = _batch.decode(encode(batch(int(t), t, slow=fake, xid=fake)))
         engine.ingest(view, frame, t)
         if frame.drops is not None:
-            aggregator._log_drops(name, frame)
+            aggregator.streams._log_drops(name, frame)
 
 
 def held_mb() -> float:

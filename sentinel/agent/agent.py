@@ -11,6 +11,10 @@ can run many agents in one process on simulated hosts::
 ``sentinel sim`` (virtual clock) builds them with ``inline=True`` (no thread, no event loop) and drives the
 ticks itself: ``batch = agent.step_inline(now)``, then feeds the batch to the aggregator's engine in-process
 (with ``stream.enabled = false``) after :meth:`Agent.hello` whenever the inventory changed.
+
+This module wires the parts and runs the daemon's lifecycle; the parts do the work: the collectors
+(:mod:`.registry`) write into a :class:`~sentinel.agent.sink.TickSink`, each tick's batch goes through the
+:class:`~sentinel.agent.outbox.Outbox` (ring, spool), commands reach only their targets (:mod:`.commands`).
 """
 
 from __future__ import annotations
@@ -24,64 +28,46 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from sentinel import __version__
 from sentinel.agent.batch import (
-    MAX_BATCH_BYTES,
-    Encoded,
-    TickFindings,
-    build_batch,
     fill_heads,
-    fit_frame,
 )
-from sentinel.agent.collectors import Collectors, GpuCollector, LineProcessor, flush_xids
-from sentinel.agent.commands import dispatch
-from sentinel.agent.frdump import MAX_COLLECT_BYTES, collect_dumps, trigger_fr_dump
+from sentinel.agent.collectors.base import Collectors
+from sentinel.agent.collectors.gpu import GpuCollector
+from sentinel.agent.collectors.lines import LineProcessor
+from sentinel.agent.collectors.xid import flush_xids
+from sentinel.agent.commands import CommandTargets, dispatch
+from sentinel.agent.fr_control import FrDumps, LocalRanks
 from sentinel.agent.health import LocalHealth, cannot_tell
 from sentinel.agent.health import report as health_report
+from sentinel.agent.http import start_http
 from sentinel.agent.kmsg import current_boot_id
 from sentinel.agent.metrics import AgentCounters, AgentMetricsCollector, GpuView, make_registry
+from sentinel.agent.outbox import Outbox
 from sentinel.agent.probe import ProbeServer
-from sentinel.agent.registry import build_collectors
+from sentinel.agent.registry import BuildContext, assemble, build_collectors
 from sentinel.agent.ring import RingBuffer
 from sentinel.agent.shipper import Shipper
+from sentinel.agent.sink import TickSink
 from sentinel.agent.source import GpuSource, HostInputs
 from sentinel.agent.spool import SeqAllocator, Spool, stream_instance
 from sentinel.components.device.record import GpuSourceHealth
-from sentinel.components.ib.kernel import PortLogLine
-from sentinel.components.ib.metrics import IbPortMetrics
-from sentinel.components.ib.record import IbPort
-from sentinel.components.ib.tracker import PortTracker
-from sentinel.components.nccl_ras.metrics import RasMetrics
-from sentinel.components.nccl_ras.record import RasStatus
 from sentinel.components.xid.merge import XidMerger
 from sentinel.config.agent import AgentConfig
-from sentinel.fr.heads import FrHeads
 from sentinel.log import get_logger
 from sentinel.systemd import SystemdNotifier
 from sentinel.wire import (
     Batch,
     Command,
     CommandResult,
-    Drops,
-    Event,
     FrDumpAnswer,
     GpuInfo,
-    GpuSample,
     Hello,
-    ProcInfo,
-    ProcsMap,
     Snapshot,
 )
 
 log = get_logger(module="agent")
 
-#: A simulated host's answer to fr_dump: it runs no PyTorch ranks, so there is no Flight Recorder to dump.
-SIMULATED_NO_DUMP = "simulated host: runs no PyTorch ranks, so no flight-recorder dump to collect"
-#: jobs whose local ranks (from probe heads) are remembered for fr_dump, oldest forgotten first
-MAX_JOBS_REMEMBERED = 64
-MAX_RANKS_REMEMBERED = 4096
 SHUTDOWN_DRAIN_S = 3.0
 
 
@@ -111,10 +97,8 @@ class Agent:
         self.cluster = config.agent.cluster
         self.started_at = clock()
         self.counters = AgentCounters()
-        self.gpus: dict[int, GpuView] = {}
-        self.inventory: list[GpuInfo] = []
-        self.gpu_source: GpuSourceHealth | None = None
-        self.pci_to_gpu: dict[str, int] = {}
+        #: what the collectors write into: this host's facts and the tick in progress
+        self.sink = TickSink(self.host, self.counters, self._inventory_changed)
         self.ring = RingBuffer(self.host, config.ring.window_s, config.ring.max_bytes)
         self.metrics = AgentMetricsCollector(self.cluster, self.host, self.gpus, self.counters)
         self.registry = make_registry(self.metrics)
@@ -123,10 +107,8 @@ class Agent:
             if notifier is not None
             else (SystemdNotifier() if config.systemd.notify else SystemdNotifier(env={}))
         )
-        self._tick = TickFindings()
-        self._procs: list[ProcInfo] = []
-        self._ranks_by_job: dict[str, set[int]] = {}
-        self._drops_reported = Drops()
+        self.ranks = LocalRanks(self.sink.procs)
+        self.fr_dumps = FrDumps(config.probe, self.ranks, simulated=self.inputs.simulated)
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self.http_port: int | None = None
@@ -154,6 +136,8 @@ class Agent:
         else:
             self.seq = SeqAllocator(state_dir / "seq" if durable else None)
             self.instance_id = stream_instance(state_dir / "instance" if durable else None)
+        #: each tick's batch: numbered, kept in the ring, fitted to a frame, spooled
+        self.outbox = Outbox(self.ring, self.seq, self.spool, self.counters)
         self.shipper: Shipper | None = None
         if self.spool is not None:
             self.shipper = Shipper(
@@ -170,104 +154,56 @@ class Agent:
         self.xids = XidMerger(
             wait_s=config.collect.xid_merge_wait_s, window_s=config.collect.xid_dedup_window_s
         )
-        self.lines = LineProcessor(self, self.xids, forward_info=config.logs.forward_info)
-        self.probe: ProbeServer | None = None
-        self.gpu_collector: GpuCollector | None = None  # set by the registry's nvml entry (unless disabled)
-        self.ib_metrics: IbPortMetrics | None = None  # set by the registry's ib entry
-        self.ib_tracker: PortTracker | None = None  # set by the registry's ib entry (kernel port lines)
-        self.ras_metrics: RasMetrics | None = None  # set by the registry's nccl_ras entry
+        self.lines = LineProcessor(self.sink, self.xids, forward_info=config.logs.forward_info)
         self.collectors = Collectors(self.counters, config.collect.tick_s, inline=inline)
-        for collector in build_collectors(self):
+        built = build_collectors(
+            BuildContext(
+                config=config,
+                host=self.host,
+                cluster=self.cluster,
+                source=source,
+                inputs=self.inputs,
+                sink=self.sink,
+                counters=self.counters,
+                lines=self.lines,
+                xids=self.xids,
+                inline=inline,
+                durable=durable,
+                expected_gpus_path=self.expected_gpus_path,
+                kmsg_cursor_path=self.kmsg_cursor_path,
+            )
+        )
+        for collector in built:
             self.collectors.add(collector)
+        parts = assemble(built)
+        self.gpu_collector: GpuCollector | None = parts.gpu  # None: the nvml collector is disabled
+        self.probe: ProbeServer | None = parts.probe  # bound on start
+        self.sink.port_tracker = parts.port_tracker
+        for families in parts.families:
+            self.registry.register(families)
 
-    # -- AgentSink ------------------------------------------------------------------------------------------
+    # -- host facts (kept by the sink) ----------------------------------------------------------------------
 
-    def set_inventory(self, inventory: list[GpuInfo]) -> None:
-        self.inventory = list(inventory)
-        self.gpus.clear()
-        for info in inventory:
-            self.gpus[info.index] = GpuView(info)
-        self.pci_to_gpu = {g.pci_bus: g.index for g in inventory if g.pci_bus}
+    @property
+    def gpus(self) -> dict[int, GpuView]:
+        return self.sink.gpus
+
+    @property
+    def inventory(self) -> list[GpuInfo]:
+        return self.sink.inventory
+
+    @property
+    def gpu_source(self) -> GpuSourceHealth | None:
+        return self.sink.gpu_source
+
+    def _inventory_changed(self, _: list[GpuInfo]) -> None:
+        """The GPU inventory was (re)read: a new hello is due (to the local rules and to the aggregator)."""
         self.inventory_changes += 1
         self.health.hello(self._hello(-1), self.clock())
         if self.shipper is not None:
             self.shipper.request_reconnect()
 
-    def add_sample(self, sample: GpuSample) -> None:
-        self._tick.samples.append(sample)
-
-    def add_event(self, event: Event) -> None:
-        if not self._tick.add_event(event):
-            self.counters.drop_parts["events_over_cap"] += 1
-
-    def add_heads(self, heads: list[FrHeads]) -> None:
-        self._tick.add_heads(heads)
-
-    def procs(self) -> list[ProcInfo]:
-        """The GPU processes of this host and their jobs, as last mapped (the probe checks senders against it)."""
-        return self._procs
-
-    def set_procs(self, procs: list[ProcInfo]) -> None:
-        if procs != self._procs:
-            self._procs = list(procs)
-            self._tick.procs = self._procs
-            for view in self.gpus.values():
-                view.job, view.rank = "", ""
-            for proc in procs:
-                found = self.gpus.get(proc.gpu)
-                if found is not None and proc.job_id and not found.job:
-                    found.job = proc.job_id
-                    found.rank = str(proc.rank) if proc.rank is not None else ""
-
-    def set_ports(self, ports: list[IbPort]) -> None:
-        self._tick.ports = ports
-
-    def note_port_line(self, line: PortLogLine, now: float) -> None:
-        if self.ib_tracker is not None:
-            self.ib_tracker.note_kernel_line(line, now)
-
-    def add_ras(self, status: RasStatus) -> None:
-        self._tick.ras.append(status)
-
-    def ras_jobs(self) -> list[str]:
-        """Jobs whose global rank 0 runs here: this host asks NCCL RAS on the job's behalf."""
-        return sorted({p.job_id for p in self._procs if p.job_id and p.rank == 0})
-
-    def gpu_of_pid(self, pid: int) -> int | None:
-        return next((p.gpu for p in self._procs if p.pid == pid), None)
-
-    def set_gpu_source(self, health: GpuSourceHealth) -> None:
-        """The GPU source's health changed (or was re-checked): the next batch and every hello carry it."""
-        if health != self.gpu_source:
-            self.gpu_source = health
-            self._tick.gpu_source = health
-            if not health.ok or health.found < health.expected:
-                log.error(
-                    "gpu_source_degraded", error=health.error, found=health.found, expected=health.expected
-                )
-
-    def nvml_error(self, function: str, error: str) -> None:
-        self.counters.nvml_errors[(function, error)] += 1
-
     # -- one tick -------------------------------------------------------------------------------------------
-
-    def _note_rank(self, job: str, rank: int) -> None:
-        """Remember that ``rank`` of ``job`` reports from this host (fr_dump asks these ranks to dump)."""
-        ranks = self._ranks_by_job.get(job)
-        if ranks is None:
-            if len(self._ranks_by_job) >= MAX_JOBS_REMEMBERED:
-                self._ranks_by_job.pop(next(iter(self._ranks_by_job)))
-            ranks = self._ranks_by_job[job] = set()
-        if len(ranks) < MAX_RANKS_REMEMBERED:
-            ranks.add(rank)
-
-    def local_ranks(self, job: str | None) -> list[int]:
-        """The ranks (of ``job``, or of every job) known to run here: process mapping and probe heads."""
-        ranks = {p.rank for p in self._procs if p.rank is not None and (job is None or p.job_id == job)}
-        for name, seen in self._ranks_by_job.items():
-            if job is None or name == job:
-                ranks.update(seen)
-        return sorted(ranks)
 
     def step_inline(self, now: float) -> Batch:
         """One tick on the caller's thread, without an event loop (an ``inline`` agent: ``sentinel sim``).
@@ -295,12 +231,16 @@ class Agent:
         """
         now = self.clock() if now is None else now
         await self.collectors.run_due(now)
-        flush_xids(self, self.xids, math.inf if final else now)
-        tick, self._tick = self._tick, TickFindings()
+        flush_xids(self.sink, self.xids, math.inf if final else now)
+        tick = self.sink.take()
         heads = fill_heads(
-            tick.heads, host=self.host, procs=self._procs, gpus=self.gpus.keys(), note_rank=self._note_rank
+            tick.heads,
+            host=self.host,
+            procs=self.sink.procs(),
+            gpus=self.gpus.keys(),
+            note_rank=self.ranks.note,
         )
-        batch = build_batch(tick, heads, seq=self.seq.allocate(), now=now, drops=self._drops())
+        batch = self.outbox.build(tick, heads, now)
         try:
             if self.health_enabled:
                 self.health.apply(batch, now)
@@ -308,60 +248,13 @@ class Agent:
         except Exception as exc:  # a rule bug must not stop the tick; health says "cannot tell" meanwhile
             self.counters.collector_success["health"] = False
             log.error("health_apply_failed", error=f"{type(exc).__name__}: {exc}")
-        ring = self.ring
-        encoded = Encoded(
-            samples=ring.extend("sample", [(sample.t, sample) for sample in batch.samples]),
-            events=ring.extend("event", [(event.t, event) for event in batch.events]),
-            heads=ring.extend("heads", [(now, h) for h in heads]),
-        )
-        if batch.procs is not None:
-            ring.append(now, "procs", ProcsMap(procs=batch.procs))
-        fitted = fit_frame(batch, MAX_BATCH_BYTES, encoded)
-        if fitted.heads_cut or fitted.events_cut:
-            self.counters.drop_parts["heads_oversize"] += fitted.heads_cut
-            self.counters.drop_parts["events_oversize"] += fitted.events_cut
-            log.warning(
-                "batch_shrunk",
-                seq=batch.seq,
-                bytes=len(fitted.data),
-                heads=len(fitted.batch.heads),
-                events=len(fitted.batch.events),
-            )
-        batch = fitted.batch
-        if self.spool is not None:
-            self.spool.add(batch, fitted.data)
-            self.counters.spool_bytes = self.spool.size_bytes
-            self.counters.spool_write_errors = self.spool.write_errors
-            self.counters.drop_parts["spool_samples"] = self.spool.dropped_samples
-            self.counters.drop_parts["spool_events"] = self.spool.dropped_events
-            self.counters.queue_depth["spool_batches"] = len(self.spool)
-        self.counters.queue_depth["ring_entries"] = len(ring)
+        batch = self.outbox.keep(batch, heads, now)
         self.counters.last_tick = now
         self.counters.ticks += 1
         if self.shipper is not None:
             self.shipper.ready.set()
             self.shipper.wake()
         return batch
-
-    def _drops(self) -> Drops | None:
-        """Drops since the last batch: the cumulative totals (also the metric) minus what was reported."""
-        p = self.counters.drop_parts
-        totals = Drops(
-            samples=p["spool_samples"],
-            events=p["spool_events"] + p["events_over_cap"] + p["events_oversize"],
-            log_lines=p["log_lines_cut"],
-            probe=p["probe_socket"] + p["heads_oversize"],
-        )
-        for what in ("samples", "events", "log_lines", "probe"):
-            self.counters.dropped[what] = getattr(totals, what)
-        last, self._drops_reported = self._drops_reported, totals
-        delta = Drops(
-            samples=totals.samples - last.samples,
-            events=totals.events - last.events,
-            log_lines=totals.log_lines - last.log_lines,
-            probe=totals.probe - last.probe,
-        )
-        return None if delta == Drops() else delta
 
     def render_metrics(self) -> bytes:
         """The /metrics body (text format): per-GPU series and the agent's own health."""
@@ -375,45 +268,7 @@ class Agent:
 
     def trigger_fr_dump(self, job: str | None = None) -> FrDumpAnswer:
         """Ask the local ranks (of ``job``, or all) to dump their flight recorder."""
-        prefix = self.config.probe.fr_pipe_prefix
-        return trigger_fr_dump(prefix, self.local_ranks(job) or None)
-
-    def fr_dump_collect(
-        self, job: str | None, *, since: float, wait_s: float, max_bytes: int = MAX_COLLECT_BYTES
-    ) -> FrDumpAnswer:
-        """Trigger the job's local ranks, then gather their fresh dumps (blocking; run off the loop).
-
-        The trigger's answer plus ``dumps`` (gzip bytes per rank) and ``skipped`` — see
-        :func:`sentinel.agent.frdump.collect_dumps`. Ranks are the job's known local ranks; when none is
-        known, every pipe is triggered and every fresh dump in the folder is returned.
-        """
-        if self.inputs.simulated:  # a simulated host: its "job" is the simulator's, not PyTorch processes
-            return FrDumpAnswer(error=SIMULATED_NO_DUMP)
-        triggered = self.trigger_fr_dump(job)
-        directory = self.config.probe.fr_dump_dir
-        if not directory:
-            return msgspec.structs.replace(triggered, error="probe.fr_dump_dir not set")
-        known = self.local_ranks(job)
-        found = collect_dumps(
-            directory,
-            self.config.probe.fr_dump_prefix,
-            since=since,
-            expect=triggered.triggered,
-            ranks=known or None,
-            wait_s=wait_s,
-            max_bytes=max_bytes,
-        )
-        log.info(
-            "fr_dump_collected",
-            job=job,
-            triggered=len(triggered.triggered),
-            dumps=len(found.dumps),
-            skipped=len(found.skipped),
-            waited_s=found.waited_s,
-        )
-        return msgspec.structs.replace(
-            triggered, dumps=found.dumps, skipped=found.skipped, waited_s=found.waited_s
-        )
+        return self.fr_dumps.trigger_fr_dump(job)
 
     def health_report(self) -> dict[str, Any]:
         """This node's fitness (``GET /api/v1/health``, ``sentinel health``): see :mod:`sentinel.agent.health`."""
@@ -444,7 +299,12 @@ class Agent:
 
     async def handle_command(self, command: Command) -> CommandResult:
         """Answer a command from the aggregator through the command table (:mod:`sentinel.agent.commands`)."""
-        return await dispatch(self, command)
+        return await dispatch(
+            CommandTargets(
+                snapshot=self.snapshot, fr_dumps=self.fr_dumps, health=self.health, clock=self.clock
+            ),
+            command,
+        )
 
     def hello(self) -> Hello:
         """The hello this agent opens a stream with now (the shipper sends it on every (re)connect)."""
@@ -475,10 +335,10 @@ class Agent:
                 log.error("probe_socket_failed", path=self.probe.path, error=exc.strerror or str(exc))
                 self.probe = None
         if self.config.metrics.listen_host:
-            from sentinel.agent.http import start_http
-
             try:
-                self._http, self.http_port = await start_http(self)
+                self._http, self.http_port = await start_http(
+                    self, self.config.metrics.listen_host, self.config.metrics.listen_port
+                )
             except OSError as exc:
                 log.error(
                     "metrics_listen_failed",

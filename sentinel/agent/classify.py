@@ -1,17 +1,15 @@
-"""Bridge to the signals package's log classifier, and the agent's typed event for a classified line.
+"""The agent's side of log classification: one line through :func:`sentinel.signals.classify.classify_line`,
+and the typed wire event (:class:`~sentinel.wire.LogLine`) of a classified line.
 
-``sentinel.signals.classify.classify_line(line) -> Classified | None`` is written by the signals area; until it
-exists (or if it fails on a line) the agent still recognises NVRM Xid lines itself, so Xid detection from
-the kernel log never depends on it. The contract fields (kind, severity, xid, pci_bus, rank, seq, op,
-timeout_ms) are read by name.
+The classifier is pure code fed by untrusted text; should it fail on a line, the failure is counted and
+logged and the agent still recognises NVRM Xid lines itself, so Xid detection from the kernel log never
+depends on it. The contract fields (kind, severity, xid, pci_bus, rank, seq, op, timeout_ms) and the
+extras the aggregator uses are read by name.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 
@@ -19,7 +17,8 @@ from sentinel.components.bounds import MAX_SHORT_CHARS
 from sentinel.components.vocab import ACTIONS, Severity
 from sentinel.components.xid.parse import parse_xid
 from sentinel.log import get_logger
-from sentinel.signals.record import KINDS, Kind
+from sentinel.signals.classify import classify_line
+from sentinel.signals.record import KINDS, Classified, Kind
 from sentinel.wire import LogLine
 
 log = get_logger(module="agent.classify")
@@ -52,40 +51,25 @@ class Classification:
     fields: dict[str, str | int | float | bool | None]
 
 
-def _load() -> Callable[[str], Any] | None:
-    try:
-        module = importlib.import_module("sentinel.signals.classify")
-    except ImportError:
-        return None
-    fn = getattr(module, "classify_line", None)
-    return fn if callable(fn) else None
-
-
 class LineClassifier:
     """Classifies one log line; never raises."""
 
     def __init__(self) -> None:
-        self._classify = _load()
         self.failures = 0
 
-    @property
-    def has_signals(self) -> bool:
-        return self._classify is not None
-
     def __call__(self, line: str) -> Classification | None:
-        result: Any = None
-        if self._classify is not None:
-            try:
-                result = self._classify(line)
-            except Exception as exc:  # a classifier bug must not stop the agent
-                self.failures += 1
-                if self.failures <= 5:
-                    log.warning("classify_failed", error=f"{type(exc).__name__}: {exc}", line=line[:200])
-                result = None
+        result: Classified | None = None
+        try:
+            result = classify_line(line)
+        except Exception as exc:  # a classifier bug must not stop the agent
+            self.failures += 1
+            if self.failures <= 5:
+                log.warning("classify_failed", error=f"{type(exc).__name__}: {exc}", line=line[:200])
+            result = None
         if result is not None:
             fields: dict[str, str | int | float | bool | None] = {}
             for name in FIELDS:
-                value = result.get(name) if isinstance(result, dict) else getattr(result, name, None)
+                value = getattr(result, name, None)
                 if value is None or isinstance(value, str | int | float | bool):
                     fields[name] = value
             kind = str(fields.get("kind") or "other")

@@ -4,24 +4,47 @@
 ``sentinel agent snapshot`` prints); ``POST /api/v1/fr_dump[?job=ID]`` asks the local ranks to dump their
 flight recorder; ``GET /api/v1/health`` is this node's fitness (what ``sentinel health`` asks, see
 :mod:`sentinel.agent.health`). It binds to 127.0.0.1 by default: the control API is for the host's operator, the
-aggregator reaches the same functions over its WebSocket.
+aggregator reaches the same functions over its WebSocket. The handlers see the agent only through
+:class:`LocalApi`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-if TYPE_CHECKING:
-    from sentinel.agent.agent import Agent
+from sentinel.agent.metrics import AgentCounters
+from sentinel.components.device.record import GpuSourceHealth
+from sentinel.wire import FrDumpAnswer, Snapshot
 
 
-def build_app(agent: Agent) -> web.Application:
+class LocalApi(Protocol):
+    """What the local endpoint reads and asks of the agent."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def counters(self) -> AgentCounters: ...
+
+    @property
+    def gpu_source(self) -> GpuSourceHealth | None: ...
+
+    def render_metrics(self) -> bytes: ...
+
+    def snapshot(self, since: float | None = None) -> Snapshot: ...
+
+    def trigger_fr_dump(self, job: str | None = None) -> FrDumpAnswer: ...
+
+    def health_report(self) -> dict[str, Any]: ...
+
+
+def build_app(agent: LocalApi) -> web.Application:
     async def metrics(_: web.Request) -> web.Response:
         body = agent.render_metrics()  # on the loop: it is short, and the state it reads is the loop's
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -68,17 +91,17 @@ def build_app(agent: Agent) -> web.Application:
     return app
 
 
-async def start_http(agent: Agent) -> tuple[web.AppRunner, int]:
-    """Serve on the configured address; returns the runner (for cleanup) and the bound port."""
+async def start_http(agent: LocalApi, listen_host: str, listen_port: int) -> tuple[web.AppRunner, int]:
+    """Serve on ``listen_host:listen_port``; returns the runner (for cleanup) and the bound port."""
     runner = web.AppRunner(build_app(agent), access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, agent.config.metrics.listen_host, agent.config.metrics.listen_port)
+    site = web.TCPSite(runner, listen_host, listen_port)
     try:
         await site.start()
     except OSError:
         await runner.cleanup()
         raise
-    port = agent.config.metrics.listen_port
+    port = listen_port
     server = site._server
     sockets = getattr(server, "sockets", None) or []
     if sockets:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the collectors these feed import this module
     from sentinel.agent.jobs import ProcessTable
     from sentinel.agent.kmsg import KmsgRecord
     from sentinel.agent.probe import Credentials
-    from sentinel.components.ib.collector import PortSource
+    from sentinel.components.ib.sysfs import PortSource
 
 __all__ = [
     "DatagramFeed",
@@ -128,6 +128,7 @@ class LogLines(Protocol):
     """
 
     cut_lines: int
+    refused_files: int  # paths not followed: symbolic links, not regular files
 
     @property
     def files(self) -> list[str]: ...

@@ -8,10 +8,14 @@ Each poll re-expands the globs (every ``rescan_s``), then reads what was appende
   start. A file that vanished is dropped after its last lines were read.
 - Truncation (size below our offset, ``copytruncate``): read again from the start.
 - Lines longer than ``max_line_bytes`` are cut and counted; a partial last line waits for its newline.
+- Only regular files are followed, opened with ``O_NOFOLLOW``: a path that is (or became) a symbolic link
+  is refused — logged once, counted in ``refused_files`` — so a followed log swapped for a link to another
+  file is never read through it.
 """
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import stat
@@ -55,6 +59,8 @@ class LogTailer:
         self._started = False
         self.cut_lines = 0
         self.errors = 0
+        self.refused_files = 0  # paths refused: symbolic links, not regular files (each counted once)
+        self._refused: set[str] = set()
 
     @property
     def files(self) -> list[str]:
@@ -101,25 +107,42 @@ class LogTailer:
 
     def _follow(self, path: str, *, from_end: bool) -> None:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
             st = os.fstat(fd)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                self._refuse(path, "a symbolic link")
+                return
             self.errors += 1
             log.warning("log_open_failed", path=path, error=exc.strerror or str(exc))
             return
         if not _is_regular(st.st_mode):
             os.close(fd)
+            self._refuse(path, "not a regular file")
             return
+        self._refused.discard(path)
         offset = st.st_size if from_end else 0
         os.lseek(fd, offset, os.SEEK_SET)
         self._files[path] = _Followed(path=path, fd=fd, inode=(st.st_dev, st.st_ino), offset=offset)
 
+    def _refuse(self, path: str, what: str) -> None:
+        if path not in self._refused:
+            self._refused.add(path)
+            self.refused_files += 1
+            log.warning("log_file_refused", path=path, detail=f"{what}: only regular files are followed")
+
     def _check_rotation(self, followed: _Followed, out: list[tuple[str, str]]) -> None:
         try:
-            st = os.stat(followed.path)
+            st = os.lstat(followed.path)
         except FileNotFoundError:
             return  # moved away and not yet recreated: keep reading the old inode; the scan retires it
         except OSError:
+            return
+        if stat.S_ISLNK(st.st_mode):  # swapped for a link: the old file is read to its end, the link never
+            self._read(followed, out, final=True)
+            os.close(followed.fd)
+            del self._files[followed.path]
+            self._refuse(followed.path, "a symbolic link now")
             return
         if (st.st_dev, st.st_ino) != followed.inode:
             self._read(followed, out, final=True)

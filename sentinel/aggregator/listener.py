@@ -8,7 +8,10 @@ accepted TCP connection is counted against its peer's IP address before a single
 ``sentinel_ingest_rejected_total`` (logged through :class:`~sentinel.aggregator.refusals.RefusalLog`).
 
 TLS is done here too, after the count (``loop.start_tls``), so a flood of sockets that never finish a
-handshake is bounded the same way and each handshake is bounded in time by ``limits.header_timeout_s``.
+handshake is bounded the same way and each handshake is bounded in time by ``limits.header_timeout_s``. A
+handshake that fails — a client certificate from a CA the aggregator does not trust, none where mutual TLS
+needs one, a timeout — is handed to ``on_tls_failed`` with the peer's address and the reason (the
+aggregator counts it as ``tls_handshake`` in ``sentinel_ingest_rejected_total`` and logs it).
 :class:`AggregatorSite` is a drop-in for ``aiohttp.web.TCPSite`` that listens this way.
 """
 
@@ -29,9 +32,11 @@ class PeerGate:
         limit: Callable[[], int],
         on_refused: Callable[[str, int], None],
         handshake_timeout_s: float = 10.0,
+        on_tls_failed: Callable[[str, str], None] | None = None,
     ) -> None:
         self.limit = limit
         self.on_refused = on_refused
+        self.on_tls_failed = on_tls_failed
         self.handshake_timeout_s = handshake_timeout_s  # a TLS handshake must be done within this long
         self.open: dict[str, int] = {}
 
@@ -105,7 +110,12 @@ class GatedProtocol(asyncio.Protocol):
                 server_side=True,
                 ssl_handshake_timeout=self.gate.handshake_timeout_s,
             )
-        except (OSError, ssl.SSLError, TimeoutError, ConnectionError, asyncio.CancelledError):
+        except asyncio.CancelledError:
+            self._release()  # shutting down
+            return
+        except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as exc:
+            if self.gate.on_tls_failed is not None and self.ip is not None:
+                self.gate.on_tls_failed(self.ip, _handshake_failure(exc))
             self._release()  # the handshake failed or timed out: asyncio closed the socket
             return
         if tls is None or self.lost:
@@ -153,6 +163,17 @@ class GatedProtocol(asyncio.Protocol):
         self._release()
         if self.inner is not None:
             self.inner.connection_lost(exc)
+
+
+def _handshake_failure(exc: BaseException) -> str:
+    """Why a TLS handshake failed, in one line (the SSL library's reason when it gives one)."""
+    if isinstance(exc, TimeoutError):
+        return "handshake not done in time"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return " ".join(f"client certificate not trusted: {exc.verify_message or exc.reason}".split())[:200]
+    if isinstance(exc, ssl.SSLError):
+        return " ".join(str(exc.reason or exc).split())[:200]
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
 
 
 class AggregatorSite(web.TCPSite):

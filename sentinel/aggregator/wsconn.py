@@ -2,9 +2,9 @@
 
 aiohttp handles everything up to ``101 Switching Protocols``; from there :class:`AgentSocket` hands each
 complete message to the stream's handler inside ``data_received`` and writes its ack once the state it
-changed is committed (:mod:`sentinel.aggregator.acks`), avoiding aiohttp's per-message task wake-ups. The decoder is bounded and strict (masked client frames, no
-extensions, size and fragment limits with the matching close codes), and every way a connection ends is
-bounded in time (``CLOSE_WAIT_S``), so a peer that stops reading still frees its slot.
+changed is committed (:mod:`sentinel.aggregator.acks`), avoiding aiohttp's per-message task wake-ups. The
+decoder is bounded and strict (masked client frames, no extensions, size and fragment limits with the
+matching close codes), and every way a connection ends is bounded in time (``CLOSE_WAIT_S``), so a peer that stops reading still frees its slot.
 """
 
 from __future__ import annotations

@@ -129,7 +129,7 @@ def _run(args: argparse.Namespace) -> int:
 
         def on_error(function: str, error: str) -> None:
             if agent is not None:
-                agent.nvml_error(function, error)
+                agent.sink.nvml_error(function, error)
 
         agent = Agent(config, NvmlSource(on_error=on_error))
         loop = asyncio.get_running_loop()

@@ -15,16 +15,11 @@ import sys
 import time
 from pathlib import Path
 
+from sentinel.aggregator.identity import TokenError, server_ssl_context
 from sentinel.aggregator.listener import AggregatorSite
+from sentinel.aggregator.loop import LoopErrorLimiter
 from sentinel.aggregator.loop import run as run_loop
-from sentinel.aggregator.server import (
-    AGGREGATOR_KEY,
-    LoopErrorLimiter,
-    TokenError,
-    create_app,
-    make_runner,
-    server_ssl_context,
-)
+from sentinel.aggregator.server import AGGREGATOR_KEY, create_app, make_runner
 from sentinel.aggregator.store import StoreError
 from sentinel.config import ConfigError, load_aggregator_config
 from sentinel.config.aggregator import AggregatorConfig

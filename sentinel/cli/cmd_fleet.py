@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{v.get('reason')} -> {v.get('action')} ({len(v['sources'])} source(s))"
             )
         for error in answer["errors"]:
-            print(f"unreachable: {error['url']}: {error['error']}", file=sys.stderr)
+            print(f"{error.get('kind', 'unreachable')}: {error['url']}: {error['error']}", file=sys.stderr)
     return 1 if answer["errors"] and not answer["verdicts"] else 0
 
 

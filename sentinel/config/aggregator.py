@@ -523,6 +523,19 @@ class ResumeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     close_reasons: Annotated[
         list[str], msgspec.Meta(description="close reasons that count as real evidence of repair")
     ] = msgspec.field(default_factory=lambda: ["evidence gone"])
+    hold_down_drains: Annotated[
+        int,
+        msgspec.Meta(
+            ge=0,
+            le=64,
+            description="a node drained this many times for the same GPU and reason within hold_down_window_s "
+            "is held down: never resumed automatically again (0: no hold-down)",
+        ),
+    ] = 3
+    hold_down_window_s: Annotated[
+        float,
+        msgspec.Meta(gt=0, le=30 * 86400, description="the window hold_down_drains are counted in"),
+    ] = 86400.0
 
 
 class RemediationConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -74,6 +74,14 @@ _PCIE_BW_RE: Final = re.compile(
 _MLX_BAD_RE: Final = re.compile(
     r"Cable error|High Temperature|module event\[error\]|Port module event.{0,40}error"
 )
+#: The HCA itself stopped working (every port on it is unusable): its health poll missed its count, a
+#: firmware command timed out (``ENABLE_HCA(0x104) timeout``), the firmware hit a fatal error or an assert.
+_MLX_HCA_FAILED_RE: Final = re.compile(
+    r"health compromised|reached miss count|unrecoverable hardware error|\bfirmware (?:fatal|assert)|"
+    r"\bFW (?:fatal|assert|syndrome)|fw_fatal|\bassert_var\b|"
+    r"\b[A-Z][A-Z0-9_]{2,40}\(0x[0-9A-Fa-f]{1,6}\)(?: op_mod\(0x[0-9A-Fa-f]{1,4}\))? timeout\b",
+    re.IGNORECASE,
+)
 _MLX_DOWN_RE: Final = re.compile(r"mlx5\w{0,20}.{0,120}?(?:Link DOWN|link down)")
 _HUNG_TASK_RE: Final = re.compile(r"\btask \S{1,80} blocked for more than \d{1,6} seconds")
 _PEERMEM_RE: Final = re.compile(r"(?:nvidia-peermem|nv_peer_mem)\b.{0,200}?\bERROR\b")
@@ -272,8 +280,12 @@ def kernel_events(text: str) -> list[Classified]:
                 )
             )
     if "mlx5_core" in text or "mlx5_port" in text or "Cable" in text or "module event" in text:
-        if _MLX_BAD_RE.search(text) is not None:
-            events.append(make_event("other", "critical", reason="ib_port_hardware", message=clip(text)))
+        if _MLX_HCA_FAILED_RE.search(text) is not None:
+            events.append(make_event("other", "critical", reason="ib_hca_failure", message=clip(text)))
+        elif _MLX_BAD_RE.search(text) is not None:
+            # the transceiver reports trouble (a cable error, a high temperature): the port degrades or its
+            # link drops, like a link going down; the HCA and its other ports carry on
+            events.append(make_event("other", "warning", reason="ib_port_hardware", message=clip(text)))
         elif ("Link DOWN" in text or "link down" in text) and _MLX_DOWN_RE.search(text) is not None:
             events.append(make_event("other", "warning", reason="ib_link_down", message=clip(text)))
         else:

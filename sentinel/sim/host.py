@@ -239,6 +239,7 @@ class SimJobLogs:
     """The ranks' NCCL debug files (``NCCL_DEBUG_FILE``) as the tailer yields them: ``(path, line)``."""
 
     cut_lines = 0
+    refused_files = 0
 
     def __init__(self, host: SimHost) -> None:
         self.host = host

@@ -151,6 +151,7 @@ class _JobLogs:
     def __init__(self, host: FakeHost) -> None:
         self.host = host
         self.cut_lines = 0
+        self.refused_files = 0
         self.files = ["/fake/job.log"]
 
     def poll(self, now: float) -> list[tuple[str, str]]:

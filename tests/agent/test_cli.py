@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from sentinel.wire import XidOccurred
 from tests.agent.conftest import make_config
 from tests.agent.fakenvml import FakeNvml
 from tests.agent.fakes import FakeSource
+from tests.components.ib.conftest import TREES
 
 
 def test_once_prints_inventory_and_samples(fake_nvml: FakeNvml, capsys: pytest.CaptureFixture[str]) -> None:
@@ -157,3 +160,21 @@ backoff_initial_s = 0.05
     assert sorted((h.host, h.gpu, h.rank) for h in heads) == [("host-001", g, 4 + g) for g in range(4)]
     xid = next(e for b in aggregator.batches for e in b.events if isinstance(e, XidOccurred))
     assert xid.record.xid == 79 and xid.merged is True and xid.text.startswith("NVRM: Xid")
+
+
+@pytest.mark.timeout(60)
+def test_once_with_a_fifo_in_the_sysfs_tree_names_it_and_does_not_hang(
+    fake_nvml: FakeNvml, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A FIFO where a counter file belongs used to block ``agent once`` for ever (the daemon has a deadline,
+    the one-shot command had none): now it is an error naming the file, and the rest is read."""
+    root = tmp_path / "sys"
+    shutil.copytree(TREES / "dgx_like", root, symlinks=True)
+    counters = root / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "counters"
+    (counters / "port_rcv_data").unlink()
+    os.mkfifo(counters / "port_rcv_data")
+    assert main(["agent", "once", "--sysfs-root", str(root)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert any("port_rcv_data" in e and "not a regular file" in e for e in out["errors"])
+    mlx5_0 = next(p for p in out["ib_ports"] if p["device"] == "mlx5_0")
+    assert "port_rcv_data" not in mlx5_0["counters"] and mlx5_0["counters"]

@@ -36,10 +36,10 @@ async def test_fr_dump_writes_pipes_of_the_jobs_local_ranks(tmp_path: Path) -> N
     try:
         config = make_config(tmp_path, probe={"fr_pipe_prefix": str(prefix)})
         agent = Agent(config, FakeSource(gpus=2))
-        agent.set_procs(
+        agent.sink.set_procs(
             [ProcInfo(gpu=0, pid=1, job_id="a", rank=4), ProcInfo(gpu=1, pid=2, job_id="a", rank=5)]
         )
-        agent.set_procs([*agent._procs, ProcInfo(gpu=1, pid=3, job_id="b", rank=9)])
+        agent.sink.set_procs([*agent.sink.procs(), ProcInfo(gpu=1, pid=3, job_id="b", rank=9)])
         answer = agent.trigger_fr_dump("a")
         assert sorted(answer.pipes) == [f"{prefix}4.pipe", f"{prefix}5.pipe"]
         assert answer.triggered == [4, 5] and answer.missing == []
@@ -116,9 +116,9 @@ async def test_fr_dump_command_collects_the_jobs_dumps(tmp_path: Path) -> None:
             probe={"fr_pipe_prefix": str(prefix), "fr_dump_dir": str(dumps), "fr_dump_prefix": "rank_"},
         )
         agent = Agent(config, FakeSource(gpus=8))
-        agent.set_inventory(FakeSource(gpus=8).open())
+        agent.sink.set_inventory(FakeSource(gpus=8).open())
         # the probe's heads say rank 6 of job "j" runs here (LOCAL_RANK 2); NVML reports no pid
-        agent.add_heads([FrHeads(rank=6, t=1.0, job_id="j", local_rank=2, pid=4242)])
+        agent.sink.add_heads([FrHeads(rank=6, t=1.0, job_id="j", local_rank=2, pid=4242)])
         batch = await agent.step(10.0)
         assert [(h.rank, h.host, h.gpu) for h in batch.heads] == [(6, "host-test", 2)]
         (dumps / "rank_6").write_bytes(b"\x80\x02dump")
@@ -138,7 +138,7 @@ async def test_heads_gpu_from_nvml_mapping_wins_over_local_rank(tmp_path: Path) 
     source = FakeSource(gpus=4)
     source.pids = {3: [77]}  # NVML lists pid 77 on GPU 3
     agent = Agent(make_config(tmp_path), source)
-    agent.add_heads(
+    agent.sink.add_heads(
         [
             FrHeads(rank=1, t=1.0, job_id="j", local_rank=0, pid=77),  # NVML: pid 77 is on GPU 3
             FrHeads(rank=2, t=1.0, job_id="j", local_rank=9, pid=78),  # no such GPU slot: unknown

@@ -27,7 +27,7 @@ async def _agent(tmp_path: Path) -> Agent:
     agent = Agent(config, source)
     await agent.start()
     await agent.step()
-    agent.set_procs([ProcInfo(gpu=0, pid=10, job_id="train-a", rank=3)])
+    agent.sink.set_procs([ProcInfo(gpu=0, pid=10, job_id="train-a", rank=3)])
     agent.counters.xid[(1, 79, "critical")] += 1
     agent.counters.log_events[("nccl_warn_net", "warning")] += 2
     return agent

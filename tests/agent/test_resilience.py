@@ -10,7 +10,7 @@ import pytest
 
 from sentinel.agent import Agent
 from sentinel.agent.batch import MAX_BATCH_BYTES, MAX_EVENTS_PER_BATCH
-from sentinel.agent.collectors import JobsCollector
+from sentinel.agent.collectors.jobs import JobsCollector
 from sentinel.fr.heads import FrHeads, PgHead
 from sentinel.wire import LogLine, encode
 from tests.agent.conftest import make_config
@@ -42,7 +42,7 @@ async def test_blocked_proc_read_does_not_freeze_the_tick(
 async def test_event_flood_is_capped_and_counted(tmp_path: Path) -> None:
     agent = Agent(make_config(tmp_path), FakeSource(gpus=1), FakeHost().inputs())
     for i in range(MAX_EVENTS_PER_BATCH + 500):
-        agent.add_event(LogLine(t=1.0, text=f"line {i}"))
+        agent.sink.add_event(LogLine(t=1.0, text=f"line {i}"))
     first = await agent.step(1.0)
     assert len(first.events) == MAX_EVENTS_PER_BATCH
     assert first.drops is not None and first.drops.events == 500  # reported with the batch they belong to
@@ -58,7 +58,7 @@ async def test_oversize_batch_is_shrunk_to_fit_a_frame(tmp_path: Path) -> None:
     host.heads = [FrHeads(rank=r, t=1.0, pgs=big_pgs) for r in range(400)]
     agent = Agent(make_config(tmp_path), FakeSource(gpus=1), host.inputs())
     for i in range(MAX_EVENTS_PER_BATCH):
-        agent.add_event(LogLine(t=1.0, text="x" * 4000 + str(i)))
+        agent.sink.add_event(LogLine(t=1.0, text="x" * 4000 + str(i)))
     batch = await agent.step(1.0)
     assert len(encode(batch)) <= MAX_BATCH_BYTES
     assert len(batch.heads) < 400

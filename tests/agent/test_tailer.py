@@ -119,7 +119,7 @@ async def test_agent_classifies_tailed_lines(tmp_path: Path) -> None:
     source.pids = {2: [4242]}  # NVML sees the logging process on GPU 2
     agent = Agent(make_config(tmp_path, logs={"globs": [str(tmp_path / "*.log")]}), source)
     await agent.step(1.0)
-    assert agent.gpu_of_pid(4242) == 2
+    assert agent.sink.gpu_of_pid(4242) == 2
     _write(log, "node7:4242:1300 [3] NCCL INFO Channel 00/0 : 0[3] -> 1[4] via P2P/IPC\n")
     _write(log, NET_WARN.format(pid=4242) + "\n" + WATCHDOG + "\n")
     batch = await agent.step(2.0)
@@ -139,3 +139,37 @@ async def test_agent_classifies_tailed_lines(tmp_path: Path) -> None:
     assert batch.events[0].source == f"log:{log}"
     assert agent.counters.log_events[("nccl_warn_net", "critical")] == 1
     await agent.shutdown()
+
+
+def test_a_followed_log_swapped_for_a_symlink_is_not_read_through_it(tmp_path: Path) -> None:
+    """The log is replaced by a link to another file: its last lines are read, the link's target never."""
+    secret = tmp_path / "secret"
+    secret.write_text("root:secret-line-1\nroot:secret-line-2\n")
+    log = tmp_path / "nccl.1.log"
+    log.write_text("")
+    tailer = LogTailer([str(tmp_path / "nccl.*.log")], rescan_s=0.0)
+    tailer.poll(0.0)
+    _write(log, "last real line\n")
+    moved = tmp_path / "moved.old"
+    log.rename(moved)
+    log.symlink_to(secret)
+    got = tailer.poll(1.0) + tailer.poll(2.0) + tailer.poll(3.0)
+    assert got == [(str(log), "last real line")]
+    assert tailer.refused_files == 1 and tailer.files == []  # refused once, however often it is seen
+    log.unlink()
+    _write(log, "a regular file again\n")
+    assert tailer.poll(4.0) == [(str(log), "a regular file again")]
+    tailer.close()
+
+
+def test_a_symlink_matching_the_glob_is_never_followed(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("")
+    (tmp_path / "nccl.2.log").symlink_to(target)
+    os.mkfifo(tmp_path / "nccl.3.log")
+    tailer = LogTailer([str(tmp_path / "nccl.*.log")], rescan_s=0.0)
+    tailer.poll(0.0)
+    _write(target, "not ours to read\n")
+    assert tailer.poll(1.0) == [] and tailer.files == []
+    assert tailer.refused_files == 2  # the link and the FIFO
+    tailer.close()

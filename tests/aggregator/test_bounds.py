@@ -12,8 +12,8 @@ import pytest
 import structlog
 
 from sentinel.aggregator.engine import Engine
+from sentinel.aggregator.loop import LoopErrorLimiter
 from sentinel.aggregator.metrics import AggregatorMetrics
-from sentinel.aggregator.server import LoopErrorLimiter
 from sentinel.config.aggregator import AggregatorConfig, FleetConfig, LimitsConfig, ServerConfig
 from sentinel.fr.heads import MAX_IN_FLIGHT, MAX_PG_RANKS, FrHeads, InFlight, PgHead
 from sentinel.wire import Batch, Drops, Hello, ProcInfo

@@ -76,6 +76,7 @@ def test_critical_xid_opens_faulty_in_the_same_ingest_and_closes_on_reset() -> N
     assert f.open() == [("faulty", "h0", 3, "xid_79")]  # before any tick
     verdict = next(iter(f.engine.book.open.values()))
     assert verdict.action == "reboot" and verdict.opened_at == 2.0
+    assert any("NVIDIA: RESTART_BM (investigate: " in line for line in verdict.evidence)  # NVIDIA's bucket
     for t in range(3, 8):
         f.send("h0", float(t))
         f.engine.tick(float(t))

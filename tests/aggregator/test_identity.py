@@ -8,7 +8,8 @@ import os
 import ssl
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiohttp
@@ -17,15 +18,10 @@ import pytest
 import structlog
 from aiohttp import web
 
+from sentinel.aggregator.identity import TokenError, load_tokens, server_ssl_context
 from sentinel.aggregator.listener import AggregatorSite
-from sentinel.aggregator.server import (
-    AGGREGATOR_KEY,
-    CLOSE_HOST_NOT_ALLOWED,
-    TokenError,
-    create_app,
-    load_tokens,
-    server_ssl_context,
-)
+from sentinel.aggregator.server import AGGREGATOR_KEY, create_app
+from sentinel.aggregator.stream import CLOSE_HOST_NOT_ALLOWED
 from sentinel.config.aggregator import AggregatorConfig, ServerConfig
 from sentinel.wire import (
     Ack,
@@ -43,6 +39,7 @@ from tests.support import need_binary
 RACK_A = "token-rack-a-0123456789"
 RACK_B = "token-rack-b-0123456789"
 GRANTS = [f"{RACK_A} rack-a-*", f"{RACK_B} rack-b-* spare-07"]
+SHARED = {"Authorization": "Bearer shared-token"}
 
 
 async def connect(url: str, token: str) -> tuple[aiohttp.ClientSession, aiohttp.ClientWebSocketResponse]:
@@ -221,65 +218,85 @@ def _openssl(tmp_path: Path, *args: str) -> None:
     subprocess.run([need_binary("openssl"), *args], check=True, capture_output=True, timeout=60, cwd=tmp_path)
 
 
-def make_pki(tmp_path: Path) -> None:
-    """A CA, a server certificate for 127.0.0.1 and client certificates for rack-a-01 and rack-b-01."""
-    _openssl(tmp_path, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
-             "-keyout", "ca.key", "-out", "ca.pem")  # fmt: skip
-    for name, subject, san in (
-        ("server", "/CN=127.0.0.1", "IP:127.0.0.1"),
-        ("rack-a-01", "/CN=rack-a-01", "DNS:rack-a-01"),
-        ("rack-b-01", "/CN=rack-b-01", "DNS:rack-b-01"),
-    ):
+SERVER_AND_RACKS = (
+    ("server", "/CN=127.0.0.1", "IP:127.0.0.1"),
+    ("rack-a-01", "/CN=rack-a-01", "DNS:rack-a-01"),
+    ("rack-b-01", "/CN=rack-b-01", "DNS:rack-b-01"),
+)
+
+
+def make_pki(
+    tmp_path: Path,
+    ca: str = "ca",
+    certs: tuple[tuple[str, str, str], ...] = SERVER_AND_RACKS,
+    prefix: str = "",
+) -> None:
+    """A CA (``<ca>.pem``) and certificates it signs (``<prefix><name>.pem``): by default a server
+    certificate for 127.0.0.1 and client certificates for rack-a-01 and rack-b-01."""
+    _openssl(tmp_path, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", f"/CN=test-{ca}",
+             "-keyout", f"{ca}.key", "-out", f"{ca}.pem")  # fmt: skip
+    for bare, subject, san in certs:
+        name = prefix + bare
         _openssl(tmp_path, "req", "-newkey", "rsa:2048", "-nodes", "-subj", subject, "-keyout", f"{name}.key",
                  "-out", f"{name}.csr")  # fmt: skip
         (tmp_path / f"{name}.ext").write_text(f"subjectAltName={san}\n")
-        _openssl(tmp_path, "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+        _openssl(tmp_path, "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
                  "-CAcreateserial", "-days", "1", "-extfile", f"{name}.ext", "-out", f"{name}.pem")  # fmt: skip
 
 
-async def test_mutual_tls_binds_the_host_to_the_client_certificate(tmp_path: Path) -> None:
-    make_pki(tmp_path)
+@asynccontextmanager
+async def mtls_aggregator(tmp_path: Path) -> AsyncIterator[tuple[web.Application, str]]:
+    """The real aggregator with mutual TLS on 127.0.0.1 (``make_pki``'s CA and server certificate): its app
+    and its stream's wss:// URL."""
     server = ServerConfig(
         tls_cert_file=str(tmp_path / "server.pem"),
         tls_key_file=str(tmp_path / "server.key"),
         tls_client_ca_file=str(tmp_path / "ca.pem"),
     )
-    config = AggregatorConfig(server=server)
-    app = create_app(config, tokens=["shared-token rack-*"], state_dir=tmp_path)
+    app = create_app(AggregatorConfig(server=server), tokens=["shared-token rack-*"], state_dir=tmp_path)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = AggregatorSite(runner, "127.0.0.1", 0, ssl_context=server_ssl_context(server))
     await site.start()
-    url = f"wss://127.0.0.1:{runner.addresses[0][1]}/api/v1/stream"
-    headers = {"Authorization": "Bearer shared-token"}
-    aggregator = app[AGGREGATOR_KEY]
-
-    def client(name: str | None) -> ssl.SSLContext:
-        context = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
-        if name:
-            context.load_cert_chain(str(tmp_path / f"{name}.pem"), str(tmp_path / f"{name}.key"))
-        return context
-
     try:
-        async with aiohttp.ClientSession() as session:
-            # no client certificate: the TLS handshake itself fails
-            with pytest.raises((aiohttp.ClientError, ssl.SSLError, ConnectionError)):
-                ws = await session.ws_connect(url, headers=headers, ssl=client(None))
-                await ws.send_bytes(encode(hello("rack-a-01")))
-                await ws.receive(timeout=5)
-                raise ConnectionError(f"closed {ws.close_code}")
-            # rack-a-01's certificate and a token valid for rack-*: may not claim rack-b-01
-            ws = await session.ws_connect(url, headers=headers, ssl=client("rack-a-01"))
-            await ws.send_bytes(encode(hello("rack-b-01")))
-            assert await close_code(ws) == CLOSE_HOST_NOT_ALLOWED
-            ws = await session.ws_connect(url, headers=headers, ssl=client("rack-a-01"))
-            await ws.send_bytes(encode(hello("rack-a-01")))
-            await ws.send_bytes(encode(batch(0, time.time())))
-            assert await next_ack(ws) == 0
-            assert set(aggregator.by_host) == {"rack-a-01"}
-            await ws.close()
+        yield app, f"wss://127.0.0.1:{runner.addresses[0][1]}/api/v1/stream"
     finally:
         await runner.cleanup()
+
+
+def client_tls(tmp_path: Path, cert: str | None, trust: str = "ca.pem") -> ssl.SSLContext:
+    """An agent's TLS context: trusting ``trust``, presenting ``<cert>.pem`` (None: no certificate)."""
+    context = ssl.create_default_context(cafile=str(tmp_path / trust))
+    if cert:
+        context.load_cert_chain(str(tmp_path / f"{cert}.pem"), str(tmp_path / f"{cert}.key"))
+    return context
+
+
+async def streams(session: aiohttp.ClientSession, url: str, context: ssl.SSLContext, host: str) -> None:
+    """Connect with ``context``, say hello as ``host``, have a batch acked."""
+    ws = await session.ws_connect(url, headers=SHARED, ssl=context)
+    await ws.send_bytes(encode(hello(host)))
+    await ws.send_bytes(encode(batch(0, time.time())))
+    assert await next_ack(ws) == 0
+    await ws.close()
+
+
+async def test_mutual_tls_binds_the_host_to_the_client_certificate(tmp_path: Path) -> None:
+    make_pki(tmp_path)
+    async with mtls_aggregator(tmp_path) as (app, url), aiohttp.ClientSession() as session:
+        aggregator = app[AGGREGATOR_KEY]
+        # no client certificate: the TLS handshake itself fails
+        with pytest.raises((aiohttp.ClientError, ssl.SSLError, ConnectionError)):
+            ws = await session.ws_connect(url, headers=SHARED, ssl=client_tls(tmp_path, None))
+            await ws.send_bytes(encode(hello("rack-a-01")))
+            await ws.receive(timeout=5)
+            raise ConnectionError(f"closed {ws.close_code}")
+        # rack-a-01's certificate and a token valid for rack-*: may not claim rack-b-01
+        ws = await session.ws_connect(url, headers=SHARED, ssl=client_tls(tmp_path, "rack-a-01"))
+        await ws.send_bytes(encode(hello("rack-b-01")))
+        assert await close_code(ws) == CLOSE_HOST_NOT_ALLOWED
+        await streams(session, url, client_tls(tmp_path, "rack-a-01"), "rack-a-01")
+        assert set(aggregator.by_host) == {"rack-a-01"}
 
 
 def test_tls_misconfiguration_names_the_file(tmp_path: Path) -> None:

@@ -17,9 +17,10 @@ import aiohttp
 import structlog
 from aiohttp import web
 
+from sentinel.aggregator.identity import server_ssl_context
 from sentinel.aggregator.listener import AggregatorSite
 from sentinel.aggregator.refusals import RefusalLog
-from sentinel.aggregator.server import AGGREGATOR_KEY, create_app, server_ssl_context
+from sentinel.aggregator.server import AGGREGATOR_KEY, create_app
 from sentinel.config.aggregator import AggregatorConfig, LimitsConfig, ServerConfig
 from tests.aggregator.helpers import TOKEN, Running, agent, batch, running_aggregator, wait_until
 from tests.aggregator.test_identity import make_pki

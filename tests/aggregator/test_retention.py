@@ -80,7 +80,7 @@ def test_a_forgotten_host_leaves_no_memory_in_any_detector(tmp_path: Path) -> No
         xid = kernel_xid(now, 3, 79)
         feed(aggregator, "fake-xid", now, events=[xid], drops=Drops(samples=3))  # hardware + drops
         engine.tick(now)
-        aggregator._log_drops("fake-xid", Batch(seq=0, t=now, drops=Drops(samples=3)))
+        aggregator.streams._log_drops("fake-xid", Batch(seq=0, t=now, drops=Drops(samples=3)))
     fakes = {"fake-slow", "fake-xid"}
     # the memory this test is about exists before the hosts are forgotten
     hardware = engine.detectors["hardware"]
@@ -90,7 +90,7 @@ def test_a_forgotten_host_leaves_no_memory_in_any_detector(tmp_path: Path) -> No
     assert any(v.host == "fake-slow" and v.detector == "straggler" for v in engine.book.open.values())
     assert fakes <= set(network.quiet)
     assert fakes <= aggregator.pushback.marked
-    assert "fake-xid" in aggregator._drops_logged
+    assert "fake-xid" in aggregator.streams._drops_logged
     assert fakes <= strings_reachable(aggregator, ())
 
     for name in fakes:
@@ -109,7 +109,7 @@ def test_a_forgotten_host_leaves_no_memory_in_any_detector(tmp_path: Path) -> No
     )
     assert not fakes & set(network.quiet)
     assert not fakes & aggregator.pushback.marked
-    assert not fakes & set(aggregator._drops_logged)
+    assert not fakes & set(aggregator.streams._drops_logged)
     assert not fakes & engine.fleet.changed_hosts
     # nothing reachable from the aggregator names them, but the closed-verdict history (bounded)
     leftover = {s for s in strings_reachable(aggregator, (Verdict, Change)) if s.startswith("fake-")}

@@ -14,9 +14,10 @@ from prometheus_client import generate_latest
 
 from sentinel.aggregator.detectors.base import ITEMS_PER_STEP, Observation
 from sentinel.aggregator.engine import Engine
-from sentinel.aggregator.server import NO_FULL_COLLECTIONS, Aggregator
+from sentinel.aggregator.server import Aggregator
 from sentinel.aggregator.state import HostView
 from sentinel.aggregator.store import BuiltinsHolder
+from sentinel.aggregator.tick_loop import NO_FULL_COLLECTIONS
 from sentinel.components.xid.parse import xid_record
 from sentinel.config.aggregator import AggregatorConfig, DetectConfig, FleetConfig
 from sentinel.fr.heads import FrHeads, InFlight, PgHead, StepTime
@@ -140,7 +141,7 @@ async def test_automatic_full_collections_are_off_while_the_aggregator_runs(tmp_
     config = AggregatorConfig(fleet=FleetConfig(gc_full_interval_s=0))  # no maintenance: CPython's own
     async with running_aggregator(tmp_path, config) as running:
         await asyncio.sleep(0.05)  # the tick loop has started (it does so at start-up)
-        assert running.aggregator._ticker is not None and gc.get_threshold() == before
+        assert running.aggregator.ticks._ticker is not None and gc.get_threshold() == before
 
 
 async def test_metrics_rendered_family_by_family_are_the_registrys_exposition(tmp_path: Path) -> None:
@@ -153,7 +154,7 @@ async def test_metrics_rendered_family_by_family_are_the_registrys_exposition(tm
     for seq, view in enumerate(views):
         engine.ingest(view, batch(seq, 101.0, events=[xid] if seq == 3 else None), 101.0)
     engine.tick(102.0)
-    response = await aggregator.metrics_endpoint(None)  # type: ignore[arg-type]
+    response = await aggregator.rest.metrics_endpoint(None)  # type: ignore[arg-type]
     assert response.body == generate_latest(aggregator.metrics.registry)
     assert b"sentinel_verdict_open{" in response.body and b'host="h3"' in response.body
 

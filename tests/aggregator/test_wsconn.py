@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sentinel.aggregator import wsconn
-from sentinel.aggregator.server import Connection
+from sentinel.aggregator.stream import Connection
 from sentinel.aggregator.wsconn import (
     CLOSE_INVALID_DATA,
     CLOSE_NORMAL,
@@ -370,7 +370,7 @@ async def _stalled_reader(running: Running, host: str) -> tuple[socket.socket, C
 def _released(running: Running) -> bool:
     """Nothing of any stream is still counted: stream slots, per-address streams, accepted sockets."""
     aggregator = running.aggregator
-    return not aggregator.connections and not aggregator._per_peer and not aggregator.peer_gate.open
+    return not aggregator.connections and not aggregator.streams._per_peer and not aggregator.peer_gate.open
 
 
 @pytest.mark.parametrize("how", ["silent", "half_closed"])
@@ -399,7 +399,7 @@ async def test_a_peer_that_reads_nothing_is_cut_after_its_close_and_gives_its_sl
         finally:
             sock.close()
         assert running.aggregator.connections == {running.aggregator.by_host["good-host"]}
-        assert running.aggregator._per_peer == running.aggregator.peer_gate.open == {"127.0.0.1": 1}
+        assert running.aggregator.streams._per_peer == running.aggregator.peer_gate.open == {"127.0.0.1": 1}
 
 
 async def test_a_peer_that_never_reads_is_cut_at_the_write_limit(tmp_path: Path) -> None:
@@ -412,7 +412,7 @@ async def test_a_peer_that_never_reads_is_cut_at_the_write_limit(tmp_path: Path)
         command = Command(id="c" * 64, request=SnapshotRequest())
         sent = 0
         try:
-            while await aggregator._send("stalled-host", command):
+            while await aggregator.streams._send("stalled-host", command):
                 sent += 1
                 assert sent * len(encode(command)) < 2 * conn.ws.write_limit, "never cut"
         finally:

@@ -13,8 +13,8 @@ from typing import cast
 
 import msgspec
 
-from sentinel.agent.agent import SIMULATED_NO_DUMP, Agent
-from sentinel.agent.commands import dispatch
+from sentinel.agent.agent import Agent
+from sentinel.agent.fr_control import SIMULATED_NO_DUMP
 from sentinel.agent.source import GpuSource
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.frdumps import FrDumpSettings
@@ -51,7 +51,7 @@ async def test_a_demo_incident_says_why_it_has_no_flight_recorder_dump(tmp_path:
         async def requester(host: str, command: Command, timeout: float) -> CommandResult | None:
             # the wire round trip: the command as the agent decodes it, its answer as the aggregator reads it
             wired = msgspec.msgpack.decode(msgspec.msgpack.encode(command), type=Command)
-            return await dispatch(agents[host], wired)
+            return await agents[host].handle_command(wired)
 
         manager = IncidentManager(
             engine,

@@ -31,7 +31,8 @@ ROUTED_ALERTS = {
     "SentinelAgentDataDropped", "SentinelAggregatorDown", "SentinelIngestLag", "SentinelIngestRefusing",
     "SentinelHostClockSkew", "SentinelStateStoreFailing", "SentinelStateSnapshotTooLarge",
     "SentinelSpoolGrowing", "SentinelAgentSpoolFailing", "SentinelRemediationBreakerOpen",
-    "SentinelRemediationFailing", "SentinelNodeDrained",
+    "SentinelRemediationFailing", "SentinelNodeDrained", "SentinelNcclRasListenerUntrusted",
+    "SentinelRemediationLeaseInvalid", "SentinelRemediationNodeHeldDown",
 }  # fmt: skip
 
 

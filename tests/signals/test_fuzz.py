@@ -144,11 +144,19 @@ def test_scanner_on_arbitrary_bytes(data: bytes, chunk: int) -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(log_like)
-def test_scanner_on_log_like_bytes(text: str) -> None:
+@given(log_like, st.integers(min_value=1, max_value=64), st.booleans())
+def test_scanner_on_log_like_bytes(text: str, chunk: int, include_all: bool) -> None:
+    """Whatever the chunk boundaries, the scanner finds the events the whole log gives, each a contract
+    record with a contract severity."""
     data = text.encode("utf-8", "surrogateescape")
-    scan_bytes(data)
-    scan_bytes(data, include_all=True)
+    whole = scan_bytes(data, include_all=include_all)
+    scanner = LogScanner(include_all=include_all)
+    chunked = []
+    for offset in range(0, len(data), chunk):
+        chunked.extend(scanner.feed(data[offset : offset + chunk]))
+    chunked.extend(scanner.finish())
+    assert chunked == whole
+    assert all(event.severity in ("info", "warning", "critical") for event in whole)
 
 
 PATHOLOGICAL = [

@@ -9,6 +9,7 @@ import os
 import stat
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sentinel.signals.kernel_source import (
+    MAX_RECORD_BYTES,
     KernelSourceError,
     kernel_lines,
     parse_journal_line,
@@ -123,9 +125,30 @@ def test_line_stamp(line: str, time: str | None, host: str | None) -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=300))
 def test_record_parsers_never_raise(raw: bytes) -> None:
-    parse_journal_line(raw)
-    parse_kmsg_line(raw, 1.7e9)
-    line_stamp(raw.decode("utf-8", "replace"))
+    """Any bytes: no record, or one with a non-empty bounded message; a stamp is read from the line itself."""
+    for parsed in (parse_journal_line(raw), parse_kmsg_line(raw, 1.7e9)):
+        assert parsed is None or 0 < len(parsed.message) <= MAX_RECORD_BYTES
+    line = raw.decode("utf-8", "replace")
+    when, host = line_stamp(line)
+    assert when is None or when in line[:200]
+    assert host is None or host in line[:200]
+
+
+_MESSAGE = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\n\r"), max_size=120)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 7), st.integers(0, 2**40), st.integers(0, 10**9), _MESSAGE)
+def test_kmsg_records_give_their_message_and_time(prio: int, seq: int, usec: int, message: str) -> None:
+    """``PRIO,SEQ,USEC,FLAGS;MESSAGE``: the message as written (trailing space cut), at boot time + USEC."""
+    parsed = parse_kmsg_line(f"{prio},{seq},{usec},-;{message}".encode(), 1.7e9)
+    if not message.rstrip():
+        assert parsed is None
+        return
+    assert parsed is not None and parsed.message == message.rstrip()
+    assert parsed.time is not None
+    stamp = datetime.fromisoformat(parsed.time.replace("Z", "+00:00")).timestamp()
+    assert abs(stamp - (1.7e9 + usec / 1e6)) < 1e-3
 
 
 OLD_BOOT, NEW_BOOT = "0123456789abcdef0123456789abcdef", "fedcba9876543210fedcba9876543210"

@@ -205,7 +205,7 @@ async def test_breaker_counts_earlier_drains_from_slurm_and_refuses(
     assert await r.drain(v) == "refused"
     assert idle_slurm.node_state("sn4")[0] == "IDLE"
     record = r.audit.read()[-1]
-    assert record["reason"] == "breaker_sentinel_drains" and "2 nodes drained by sentinel" in record["detail"]
+    assert record["reason"] == "breaker_sentinel_drains" and "2 drains by sentinel" in record["detail"]
     assert breaker_open(r) == 1
     assert v.id in r.retry  # retried later, while the verdict stays open
     # once an operator resumes one of them, the same verdict passes the breaker
@@ -479,4 +479,90 @@ async def test_a_long_job_id_never_pushes_the_verdict_id_out_of_slurms_reason(
     )
     book.close(v.key, time.time(), "evidence gone")
     assert await r.resume(v) == "done"  # it finds its verdict id as the reason's last word
+
+
+def test_breaker_counts_re_drains_of_the_same_node() -> None:
+    """Slurm shows a resumed node as idle: only the drains sentinel did remember that it was drained twice."""
+    now = 10_000.0
+    cfg = BreakerConfig(window_s=600, max_drains=2, max_fraction=1.0, max_unavailable_fraction=1.0)
+    fleet = [node(f"n{i}") for i in range(8)]
+    done = [("n0", now - 100), ("n0", now - 50)]  # n0 drained, resumed, drained, resumed
+    check = check_breaker(cfg, fleet, "n0", now, done)
+    assert (check.allowed, check.refusal, check.sentinel_drains) == (False, "breaker_sentinel_drains", 2)
+    assert check_breaker(cfg, fleet, "n0", now + 551, done).allowed  # the first one left the window
+    # a drain still shown by Slurm and remembered is one drain, not two
+    still = [node("n1", "drained", "sentinel: a v1", now - 10), *fleet[2:]]
+    assert check_breaker(cfg, still, "n0", now, [("n1", now - 10)]).sentinel_drains == 1
+
+
+async def test_a_flapping_gpu_is_held_down_and_the_breaker_counts_every_re_drain(
+    idle_slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """A GPU whose Xid returns after every reset: each reset closes the verdict with real evidence and the
+    node is resumed; each return drains it again. After ``hold_down_drains`` drains of the same GPU and
+    reason within the window the node stays drained, and says why; on the virtual clock, well inside the
+    window."""
+    clock = Clock()
+    registry = CollectorRegistry()
+    resume = ResumeConfig(
+        enabled=True, validation_command=["true"], hold_down_drains=3, hold_down_window_s=3600.0
+    )
+    book = VerdictBook()
+    r = remediator(
+        idle_slurm,
+        tmp_path,
+        book,
+        registry=registry,
+        clock=clock,
+        resume=resume,
+        breaker=BreakerConfig(max_drains=10, max_fraction=1.0, max_unavailable_fraction=1.0),
+    )
+    outcomes: list[tuple[str, str]] = []
+    for _ in range(3):
+        v = verdict(book, "sn2")
+        outcomes.append(("drain", await r.drain(v)))
+        clock.t += 30.0  # the GPU is reset: the verdict closes on real evidence
+        book.close(v.key, clock.t, "evidence gone")
+        outcomes.append(("resume", await r.resume(v)))
+        clock.t += 30.0  # ...and the Xid returns
+    assert outcomes == [
+        ("drain", "done"),
+        ("resume", "done"),
+        ("drain", "done"),
+        ("resume", "done"),
+        ("drain", "done"),
+        ("resume", "refused"),
+    ]
+    assert "DRAIN" in idle_slurm.node_state("sn2")[0]  # held down: it stays drained
+    record = r.audit.read()[-1]
+    assert (record["action"], record["reason"]) == ("resume", "held_down")
+    assert "drained 3 times for GPU 3 xid_79" in record["detail"]
+    assert v.extra["held_down"]["drains"] == 3 and v.extra["held_down"]["node"] == "sn2"
+    assert any("held down" in line for line in v.evidence)
+    assert registry.get_sample_value("sentinel_remediation_held_down_nodes", {"cluster": "default"}) == 1
+    assert metric(r, "resume", "refused", "held_down") == 1
+    # once the window has passed without a drain of that GPU, the hold lapses
+    clock.t += 3600.0
+    r.tick(clock.t)
+    assert registry.get_sample_value("sentinel_remediation_held_down_nodes", {"cluster": "default"}) == 0
+
+
+async def test_the_breaker_stops_a_flapping_node_that_slurm_shows_as_idle(
+    idle_slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """Without hold-down the breaker alone bounds the flapping: each re-drain counts."""
+    clock = Clock()
+    resume = ResumeConfig(enabled=True, validation_command=["true"], hold_down_drains=0)
+    book = VerdictBook()
+    r = remediator(idle_slurm, tmp_path, book, clock=clock, resume=resume)  # breaker: max_drains=2
+    got = []
+    for _ in range(3):
+        v = verdict(book, "sn3")
+        got.append(await r.drain(v))
+        clock.t += 10.0
+        book.close(v.key, clock.t, "evidence gone")
+        if got[-1] == "done":
+            assert await r.resume(v) == "done"
+    assert got == ["done", "done", "refused"]
+    assert r.audit.read()[-1]["reason"] == "breaker_sentinel_drains"
     assert "DRAIN" not in idle_slurm.node_state("sn3")[0]

@@ -102,9 +102,12 @@ class HardwareDetector(Detector):
 
 
 def xid_rule_meaning(reason: str) -> str:
-    """``xid_79`` / ``xid_13_repeated`` → the catalog's name of the code."""
+    """``xid_79`` / ``xid_13_repeated`` → the catalog's name of the code and NVIDIA's bucket for it."""
     code = reason.removeprefix("xid_").split("_", 1)[0]
-    return xid_info(int(code)).name if code.isdigit() else reason
+    if not code.isdigit():
+        return reason
+    info = xid_info(int(code))
+    return f"{info.name}, NVIDIA {info.bucket}" if info.bucket else info.name
 
 
 def gpu_key(host: str, gpu: int) -> tuple[str, ...]:

@@ -4,109 +4,24 @@ The policy is the port component's (:mod:`sentinel.components.ib.rule`); this mo
 the fleet: the host, the device and port, the GPUs the port serves (PCI topology, from the agent) and the
 job ranks on those GPUs, the kernel's mlx5 / IB lines about that HCA as evidence, and the action.
 
-:func:`stall_causes` answers the stuck detector's question for a stall in which every rank is inside one
-collective and none is late: is there a port on one of the job's hosts that explains it?
+The join itself (:mod:`sentinel.components.ib.causes`) is shared with the stuck detector, which asks it
+whether a port on one of a stalled job's hosts explains a collective nobody completes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
-
 from sentinel.aggregator.detectors.base import Detector, Evaluation, Observation
-from sentinel.aggregator.state import FleetState, HostView
+from sentinel.aggregator.state import FleetState
 from sentinel.aggregator.verdicts import Finding
-from sentinel.components.ib.record import IbPort
-from sentinel.components.ib.rule import PortFinding, PortRuleConfig, evaluate_ports
+from sentinel.components.ib.causes import host_causes
+from sentinel.components.ib.rule import PortRuleConfig
 from sentinel.config.aggregator import AggregatorConfig
 
 DETECTOR = "network"
-KERNEL_LINES_KEPT = 3
-#: kernel lines older than this (aggregator clock) are no evidence for the port's state now
-KERNEL_WINDOW_S = 600.0
-_KIND_ORDER = {"faulty": 0, "degraded": 1}
-
-
-@dataclass(frozen=True, slots=True)
-class PortCause:
-    """One port finding joined to the fleet (what a verdict or a stall's evidence names)."""
-
-    host: str
-    port: IbPort
-    finding: PortFinding
-    gpus: list[int]
-    ranks: list[tuple[str, int]]  # (job, rank) on the GPUs the port serves
-    evidence: tuple[str, ...]
-    evidence_t: float  # aggregator clock
 
 
 def port_key(host: str, device: str, port: int) -> tuple[str, ...]:
     return ("net", host, device, str(port))
-
-
-def _served(host: HostView, port: IbPort) -> list[tuple[str, int]]:
-    out: list[tuple[str, int]] = []
-    for index in port.gpus:
-        if 0 <= index < len(host.gpus):
-            gpu = host.gpus[index]
-            if gpu.job is not None and gpu.rank is not None:
-                out.append((gpu.job, gpu.rank))
-    return out
-
-
-def _headline(host: HostView, port: IbPort, ranks: list[tuple[str, int]]) -> str:
-    where = f"{host.name} {port.device} port {port.port} ({port.link_layer or 'unknown link layer'}"
-    where += f", netdev {port.netdev})" if port.netdev else ")"
-    if port.gpus:
-        how = {"pcie_switch": "same PCIe switch", "numa": "same NUMA node"}.get(port.locality, port.locality)
-        where += f" serves GPU {','.join(str(g) for g in port.gpus)} ({how})"
-    else:
-        where += " serves no GPU found in the PCI topology"
-    jobs: dict[str, list[int]] = {}
-    for job, rank in ranks:
-        jobs.setdefault(job, []).append(rank)
-    if jobs:
-        where += "; " + "; ".join(
-            f"job {job} rank(s) {','.join(str(r) for r in sorted(rs))}" for job, rs in sorted(jobs.items())
-        )
-    return where
-
-
-def _kernel_lines(host: HostView, port: IbPort, now: float) -> list[str]:
-    names = [n for n in (port.device, port.netdev, port.pci_bus) if n]
-    found = [
-        e.text
-        for e in host.events
-        if e.kind == "kernel_ib" and now - e.seen_at <= KERNEL_WINDOW_S and any(n in e.text for n in names)
-    ]
-    return [f"kernel: {text[:200]}" for text in found[-KERNEL_LINES_KEPT:]]
-
-
-def host_causes(host: HostView, cfg: PortRuleConfig, now: float) -> list[PortCause]:
-    """Every port finding of one host, joined (``now``: the aggregator clock)."""
-    if not host.ports:
-        return []
-    ports = list(host.ports.values())
-    out: list[PortCause] = []
-    for f in evaluate_ports(ports, cfg, host.ports_t):
-        port = host.ports.get(f"{f.device}/{f.port}")
-        if port is None:
-            continue
-        ranks = _served(host, port)
-        evidence = (_headline(host, port, ranks), *f.evidence, *_kernel_lines(host, port, now))
-        age = max(0.0, host.ports_t - f.since)
-        out.append(
-            PortCause(
-                host=host.name,
-                port=port,
-                finding=f,
-                gpus=list(port.gpus),
-                ranks=ranks,
-                evidence=evidence,
-                evidence_t=now - age,
-            )
-        )
-    return out
 
 
 def evaluate(
@@ -146,16 +61,6 @@ def evaluate(
                 )
             )
     return findings
-
-
-def stall_causes(fleet: FleetState, hosts: Iterable[str], cfg: PortRuleConfig, now: float) -> list[PortCause]:
-    """Ports on ``hosts`` whose findings explain a collective nobody completes: faulty ones first."""
-    causes: list[PortCause] = []
-    for name in sorted(set(hosts)):
-        host = fleet.hosts.get(name)
-        if host is not None:
-            causes.extend(host_causes(host, cfg, now))
-    return sorted(causes, key=lambda c: (_KIND_ORDER.get(c.finding.kind, 9), c.host, c.port.key))
 
 
 class NetworkDetector(Detector):

@@ -35,6 +35,29 @@ def alerts(settings: RemediationConfig) -> list[AlertRule]:
             "be renewed (an HA pair's shared lease). Verdicts that ask for a drain are not acted on.",
         ),
         AlertRule(
+            alert="SentinelRemediationLeaseInvalid",
+            group="sentinel-remediation",
+            expr="max by (cluster) (sentinel_remediation_lease_invalid) == 1",
+            for_s=60,
+            severity="warning",
+            summary="The remediation lease of cluster {{ $labels.cluster }} holds an invalid record",
+            description="The shared remediation lease file names a holder whose lease runs out further ahead than "
+            "one term plus the skew allowance: a holder whose clock runs far ahead, or a hand-edited file. The "
+            "record is not believed: if it stays unchanged it is taken over after a term, if its holder keeps "
+            "renewing it that holder acts while its clock is wrong.",
+        ),
+        AlertRule(
+            alert="SentinelRemediationNodeHeldDown",
+            group="sentinel-remediation",
+            expr="max by (cluster) (sentinel_remediation_held_down_nodes) > 0",
+            for_s=0,
+            severity="warning",
+            summary="{{ $value | humanize }} node(s) held down by sentinel in cluster {{ $labels.cluster }}",
+            description="A node was drained again and again for the same GPU and reason (the fault returns after "
+            "each reset or resume), so sentinel no longer resumes it on its own. It stays drained until someone "
+            "repairs the GPU and resumes the node.",
+        ),
+        AlertRule(
             alert="SentinelNodeDrained",
             group="sentinel-remediation",
             expr='sum by (cluster) (increase(sentinel_remediation_actions_total{action="drain",outcome="done"}[1h])) '

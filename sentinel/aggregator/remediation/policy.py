@@ -72,25 +72,37 @@ class BreakerCheck:
     allowed: bool
     refusal: str  # "" | breaker_sentinel_drains | breaker_sentinel_fraction | breaker_partition_unavailable
     detail: str
-    sentinel_drains: int  # sentinel drains within the window, before this one
+    sentinel_drains: int  # sentinel drains within the window (re-drains of a node each), before this one
     unavailable: int  # nodes down or drained for any reason, before this one
     nodes: int
 
 
-def check_breaker(cfg: BreakerConfig, nodes: Sequence[SlurmNode], target: str, now: float) -> BreakerCheck:
-    """Would draining ``target`` pass a limit? Everything is counted from Slurm's node list.
+def check_breaker(
+    cfg: BreakerConfig,
+    nodes: Sequence[SlurmNode],
+    target: str,
+    now: float,
+    done: Sequence[tuple[str, float]] = (),
+) -> BreakerCheck:
+    """Would draining ``target`` pass a limit? Counted from Slurm's node list and the drains sentinel did.
 
     Sentinel's drains are the nodes whose reason starts ``sentinel:`` and was set within the window (a drain
-    whose time Slurm does not show counts as recent: unknown is not old). The partition's unavailable nodes
-    are those down, drained, draining, failing or in maintenance, whoever did it.
+    whose time Slurm does not show counts as recent: unknown is not old) — and every drain in ``done``
+    ((node, time) of the drains this aggregator did) within the window, so a node drained, resumed and
+    drained again counts each time, the target's own earlier drains included: per node, the larger of
+    the two counts. The partition's unavailable nodes are those down, drained, draining, failing or in
+    maintenance, whoever did it.
     """
     total = len(nodes)
     since = now - cfg.window_s
-    recent = sum(
-        1
-        for n in nodes
-        if n.drained_by_sentinel and n.name != target and (n.reason_time is None or n.reason_time >= since)
-    )
+    per_node: dict[str, int] = {}
+    for name, t in done:
+        if t >= since:
+            per_node[name] = per_node.get(name, 0) + 1
+    for n in nodes:
+        if n.drained_by_sentinel and n.name != target and (n.reason_time is None or n.reason_time >= since):
+            per_node[n.name] = max(per_node.get(n.name, 0), 1)
+    recent = sum(per_node.values())
     unavailable = sum(1 for n in nodes if n.unavailable and n.name != target)
 
     def refuse(code: str, detail: str) -> BreakerCheck:
@@ -101,7 +113,7 @@ def check_breaker(cfg: BreakerConfig, nodes: Sequence[SlurmNode], target: str, n
     if recent + 1 > cfg.max_drains:
         return refuse(
             "breaker_sentinel_drains",
-            f"{recent} nodes drained by sentinel in the last {cfg.window_s:g} s; limit {cfg.max_drains}",
+            f"{recent} drains by sentinel (each re-drain of a node counted) in the last {cfg.window_s:g} s; limit {cfg.max_drains}",
         )
     if (recent + 1) / total > cfg.max_fraction:
         return refuse(

@@ -15,7 +15,7 @@ import contextlib
 import math
 import socket
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from sentinel.aggregator.remediation.audit import AuditLog
+from sentinel.aggregator.remediation.flapping import Held, HoldDown
 from sentinel.aggregator.remediation.lease import LeaseFile, LeaseState
 from sentinel.aggregator.remediation.policy import backed, check_breaker, drain_reason_of, wants_drain
 from sentinel.aggregator.verdicts import Change, Verdict, VerdictBook
@@ -81,6 +82,26 @@ class RemediationMetrics:
             ["cluster"],
             registry=r,
         ).labels(cluster)
+        self.lease_invalid = Gauge(
+            "sentinel_remediation_lease_invalid",
+            "1 while the remediation lease file holds another's record whose until lies beyond a term plus "
+            "the skew allowance (a clock far ahead, a hand-edited file); taken over once unchanged for a term",
+            ["cluster"],
+            registry=r,
+        ).labels(cluster)
+        self.lease_invalid_seen = Counter(
+            "sentinel_remediation_lease_invalid_reads",
+            "Renewals that found an invalid remediation lease record",
+            ["cluster"],
+            registry=r,
+        ).labels(cluster)
+        self.held_down = Gauge(
+            "sentinel_remediation_held_down_nodes",
+            "Nodes held down: drained resume.hold_down_drains times for the same GPU and reason within "
+            "resume.hold_down_window_s, so never resumed automatically",
+            ["cluster"],
+            registry=r,
+        ).labels(cluster)
         self.audit_errors = Counter(
             "sentinel_remediation_audit_errors",
             "Audit log records that could not be written",
@@ -126,6 +147,9 @@ class Remediator:
         #: verdict id → the backing its drain was refused at for want of a quorum (refused once per backing)
         self.unbacked: OrderedDict[str, int | None] = OrderedDict()
         self._queued: set[str] = set()
+        #: (node, time) of every drain this aggregator did, for the breaker (re-drains of a node included)
+        self.drains_done: deque[tuple[str, float]] = deque(maxlen=MAX_TRACKED)
+        self.hold_down = HoldDown(config.resume.hold_down_drains, config.resume.hold_down_window_s)
         self._worker: asyncio.Task[None] | None = None
         holder = config.lease_holder or f"{socket.gethostname()}:{state_dir}"
         self.lease = (
@@ -136,6 +160,7 @@ class Remediator:
         #: our lease runs until then (clock time); no lease file: always
         self.lease_until = -math.inf if self.lease is not None else math.inf
         self.lease_holder = ""  # who holds it, as last read
+        self.lease_invalid = ""  # why the lease record as last read is not believed ("": it is)
         self._lease_task: asyncio.Task[None] | None = None
         self._renewing: asyncio.Future[LeaseState] | None = None
         self.idle = asyncio.Event()
@@ -232,6 +257,7 @@ class Remediator:
             self.lease_holder = state.holder
             if state.holder == self.lease.holder:
                 self.lease_until = state.until
+            self._lease_validity(state)
         now_leading = self.leading
         self.metrics.leader.set(1 if now_leading else 0)
         if now_leading and not was:
@@ -240,6 +266,22 @@ class Remediator:
         elif was and not now_leading:
             log().warning("remediation_lease_lost", holder=self.lease_holder, path=str(self.lease.path))
         return now_leading
+
+    def _lease_validity(self, state: LeaseState) -> None:
+        """An invalid record is counted on every renewal that sees it, logged when first seen and gauged."""
+        was, self.lease_invalid = self.lease_invalid, state.invalid
+        self.metrics.lease_invalid.set(1 if state.invalid else 0)
+        if state.invalid:
+            self.metrics.lease_invalid_seen.inc()
+            if not was:
+                assert self.lease is not None
+                log().error(
+                    "remediation_lease_invalid",
+                    path=str(self.lease.path),
+                    holder=state.holder[:80],
+                    detail=state.invalid,
+                    rule="taken over once unchanged for lease_s + grace_s",
+                )
 
     # -- input ----------------------------------------------------------------------------------------
 
@@ -264,7 +306,10 @@ class Remediator:
                 self._enqueue("resume", v)
 
     def tick(self, now: float) -> None:
-        """Retry refused or failed drains of verdicts still open, each at most every ``retry_s``."""
+        """Retry refused or failed drains of verdicts still open, each at most every ``retry_s``; refresh the
+        held-down gauge (a hold lapses with time)."""
+        if self.config.enabled and self.config.resume.enabled:
+            self.metrics.held_down.set(len(self.hold_down.held_nodes(now)))
         if not self.config.enabled or not self.retry or not self.leading:
             return
         for vid, tried in list(self.retry.items()):
@@ -367,7 +412,7 @@ class Remediator:
                 node=node,
                 detail=f"node is {target.state}: {target.reason}",
             )
-        check = check_breaker(self.config.breaker, nodes, node, now)
+        check = check_breaker(self.config.breaker, nodes, node, now, self.drains_done)
         if not check.allowed:
             self.metrics.breaker_open.set(1)
             self.retry[verdict.id] = now
@@ -387,7 +432,12 @@ class Remediator:
         if not done.ok:
             return self._failed(verdict, "drain", "scontrol_failed", node=node, detail=done.output, now=now)
         self._settle(verdict.id)
-        return self._record(verdict, "drain", "done", "", node=node, detail=reason)
+        self.drains_done.append((node, now))
+        held = self.hold_down.drained(node, verdict.gpu, verdict.reason, now)
+        outcome = self._record(verdict, "drain", "done", "", node=node, detail=reason)
+        if held is not None:
+            self._held_down(verdict, held)
+        return outcome
 
     async def resume(self, verdict: Verdict) -> str:
         cfg = self.config.resume
@@ -417,6 +467,10 @@ class Remediator:
                 node=node,
                 detail=f"open verdicts drain it: {', '.join(others)}",
             )
+        held = self.hold_down.held(node, self.clock())
+        if held is not None:
+            self._held_down(verdict, held)
+            return self._record(verdict, "resume", "refused", "held_down", node=node, detail=held.detail())
         target, error = await self.slurm.node(node)
         if target is None:
             return self._record(verdict, "resume", "failed", "slurm_unreadable", node=node, detail=error)
@@ -455,6 +509,31 @@ class Remediator:
         if not done.ok:
             return self._record(verdict, "resume", "failed", "scontrol_failed", node=node, detail=done.output)
         return self._record(verdict, "resume", "done", "", node=node, detail="validation passed; resumed")
+
+    def _held_down(self, verdict: Verdict, held: Held) -> None:
+        """Say on the verdict (evidence and ``held_down``), in the log and in the gauge that its node stays
+        drained."""
+        detail = held.detail()
+        if "held_down" not in verdict.extra:
+            verdict.evidence.append(f"remediation: node {held.node} {detail}")
+        verdict.extra["held_down"] = {
+            "node": held.node,
+            "gpu": held.gpu,
+            "reason": held.reason,
+            "drains": held.drains,
+            "since": held.first_t,
+            "window_s": held.window_s,
+        }
+        self.metrics.held_down.set(len(self.hold_down.held_nodes(self.clock())))
+        log().error(
+            "remediation_node_held_down",
+            node=held.node,
+            gpu=held.gpu,
+            reason=held.reason,
+            drains=held.drains,
+            window_s=held.window_s,
+            verdict=verdict.id,
+        )
 
     # -- bookkeeping ----------------------------------------------------------------------------------
 

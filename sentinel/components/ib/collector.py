@@ -9,23 +9,15 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from sentinel.agent.collectors import Collector
+from sentinel.agent.collectors.base import Collector
 from sentinel.components.ib.metrics import IbPortMetrics
 from sentinel.components.ib.record import IbPort
-from sentinel.components.ib.sysfs import PortScan
+from sentinel.components.ib.sysfs import PortScan, PortSource
 from sentinel.components.ib.tracker import PortTracker
 from sentinel.log import get_logger
 
 log = get_logger(module="components.ib")
 MAX_LOGGED_PROBLEMS = 64
-
-
-class PortSource(Protocol):
-    """Where readings come from: sysfs on a real host, the cluster model on a simulated one."""
-
-    gpus: dict[str, int]
-
-    def read(self) -> PortScan: ...
 
 
 class PortSink(Protocol):

@@ -1,10 +1,11 @@
 """Kernel log lines about an HCA port, turned into port evidence.
 
 The mlx5 driver's lines (``ib0: Link down``, ``Port: 1 Link DOWN``, ``Cable unplugged``, ``Bad cable``)
-say *why* a port went down, which sysfs cannot. :func:`port_log_line` reads which port such a line is
-about (by the HCA's PCI function), so the port's record carries it as evidence for the port rules' findings;
-a line about the HCA rather than a port's link, or one that names no PCI function, is kept by the aggregator
-as host evidence instead (:func:`host_evidence`).
+say *why* a port went down, which sysfs cannot: a link down, an unplugged cable or a transceiver error is a
+warning, the HCA itself failing is critical. :func:`port_log_line` reads which port such a line is about (by
+the HCA's PCI function), so the port's record carries it as evidence for the port rules' findings; a line
+about the HCA rather than a port's link, or one that names no PCI function, is kept by the aggregator as
+host evidence instead (:func:`host_evidence`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import msgspec
 #: classification reasons (sentinel.signals' kernel parser and rules) of the lines about a port's link: the
 #: agent attaches such a line to the port it names
 PORT_REASONS: Final = frozenset({"link_down", "ib_link_down", "ib_port_hardware"})
-#: every reason of a kernel line about an HCA: its ports' links and its queues' completion errors
-HCA_REASONS: Final = PORT_REASONS | {"ib_completion_error"}
+#: every reason of a kernel line about an HCA: its ports' links, its queues' completion errors and the HCA
+#: itself failing (health poll missed, firmware command timeout, firmware fatal error)
+HCA_REASONS: Final = PORT_REASONS | {"ib_completion_error", "ib_hca_failure"}
 MAX_TEXT: Final = 300
 
 _MLX5_RE: Final = re.compile(

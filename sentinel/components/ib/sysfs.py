@@ -2,8 +2,9 @@
 
 Reads ``class/infiniband/<dev>/ports/<n>/`` (state, phys_state, rate, link_layer, counters, hw_counters,
 the RoCE netdev) under ``/sys`` or ``--sysfs-root``, and the PCI tree for which GPUs a port serves
-(:mod:`sentinel.components.ib.topology`). Everything is bounded; a file that cannot be read or parsed is
-named in the returned errors and the rest of the port is still reported.
+(:mod:`sentinel.components.ib.topology`). Everything is bounded; files are read without blocking and only
+when regular (:mod:`.files`: a FIFO is an error, not a hang); a file that cannot be read or parsed is named
+in the returned errors and the rest of the port is still reported.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
+from sentinel.components.ib.files import read_small
 from sentinel.components.ib.record import PortReading
 from sentinel.components.ib.topology import PciTopology
 
@@ -59,8 +62,7 @@ def parse_counter(text: str) -> int:
 
 
 def _read(path: Path) -> str:
-    with path.open("rb") as handle:
-        data = handle.read(MAX_FILE_BYTES + 1)
+    data = read_small(path, MAX_FILE_BYTES + 1)  # never blocks: a FIFO here is an error, not a hang
     if len(data) > MAX_FILE_BYTES:
         raise SysfsFormatError(f"larger than {MAX_FILE_BYTES} bytes")
     return data.decode("ascii", "replace").strip()
@@ -73,6 +75,15 @@ class PortScan:
     ports: list[PortReading] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     present: bool = False  # class/infiniband exists at all
+
+
+class PortSource(Protocol):
+    """Where readings come from: sysfs on a real host (:class:`SysfsPorts`), the cluster model on a
+    simulated one."""
+
+    gpus: dict[str, int]
+
+    def read(self) -> PortScan: ...
 
 
 def _sorted_names(directory: Path, limit: int) -> list[str]:

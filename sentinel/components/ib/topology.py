@@ -14,6 +14,8 @@ import os
 import re
 from pathlib import Path
 
+from sentinel.components.ib.files import read_small
+
 _PCI = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 NVIDIA_VENDOR = "0x10de"
 #: PCI class codes of GPUs: 3D controller (0x0302, data-center parts) and VGA controller (0x0300)
@@ -54,8 +56,8 @@ class PciTopology:
 
     def _is_gpu(self, name: str) -> bool:
         try:
-            vendor = (self.devices / name / "vendor").read_text()[:16].strip()
-            klass = (self.devices / name / "class").read_text()[:16].strip()
+            vendor = read_small(self.devices / name / "vendor", 16).decode("ascii", "replace").strip()
+            klass = read_small(self.devices / name / "class", 16).decode("ascii", "replace").strip()
         except OSError:
             return False
         return vendor == NVIDIA_VENDOR and klass.startswith(GPU_CLASSES)
@@ -79,7 +81,7 @@ class PciTopology:
 
     def numa_node(self, address: str) -> int | None:
         try:
-            text = (self.devices / address / "numa_node").read_text()[:16].strip()
+            text = read_small(self.devices / address / "numa_node", 16).decode("ascii", "replace").strip()
             node = int(text)
         except (OSError, ValueError):
             return None

@@ -5,6 +5,10 @@ job, so one host per job asks — the one running global rank 0 — instead of a
 a background task: a slow answer (RAS waits for unresponsive processes) never delays the tick; its result
 ships with the first tick after it arrives. Nothing listening (no NCCL >= 2.24 job, or RAS disabled) is
 normal: it is counted as ``not_listening`` and retried after ``refused_backoff_s``.
+
+Before each query the port's listener is checked (:mod:`.owner`): owned by root or by a user of the queried
+job's processes on this host, or it is not asked at all — counted as ``untrusted``, logged (once per
+listener owner) and retried after ``refused_backoff_s``.
 """
 
 from __future__ import annotations
@@ -12,9 +16,10 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-from sentinel.agent.collectors import Collector
+from sentinel.agent.collectors.base import Collector
 from sentinel.components.nccl_ras.client import RasError, RasNotListening, query_status
 from sentinel.components.nccl_ras.metrics import RasMetrics
+from sentinel.components.nccl_ras.owner import ProcSocketTable, SocketTable, Trust, listener_trusted
 from sentinel.components.nccl_ras.parse import parse_status
 from sentinel.components.nccl_ras.record import RasStatus
 from sentinel.log import get_logger
@@ -23,8 +28,18 @@ log = get_logger(module="components.nccl_ras")
 MAX_JOBS = 16
 
 
+class RasUntrusted(RasError):
+    """The RAS port's listener belongs to a user the agent may not trust for the job."""
+
+    def __init__(self, trust: Trust) -> None:
+        super().__init__(trust.why)
+        self.trust = trust
+
+
 class RasSink(Protocol):
     def ras_jobs(self) -> list[str]: ...
+
+    def ras_job_pids(self, job: str) -> list[int]: ...
 
     def add_ras(self, status: RasStatus) -> None: ...
 
@@ -43,8 +58,11 @@ class RasCollector(Collector):
         timeout_s: float,
         refused_backoff_s: float,
         tick_s: float,
+        sockets: SocketTable | None = None,
     ) -> None:
         super().__init__(tick_s)
+        self.sockets: SocketTable = sockets if sockets is not None else ProcSocketTable()
+        self._untrusted_logged: tuple[int, ...] | None = None
         self.sink = sink
         self.metrics = metrics
         self.host = host
@@ -70,14 +88,20 @@ class RasCollector(Collector):
         job = jobs[0] if len(jobs) == 1 else sorted(jobs)[int(now / self.query_interval_s) % len(jobs)]
         self._task_job, self._task_t = job, now
         self._next = now + self.query_interval_s
-        self._task = asyncio.create_task(
-            query_status(
-                self.host,
-                self.port,
-                timeout_s=self.timeout_s,
-                collective_timeout_s=max(1, int(self.timeout_s) - 1),
-            ),
-            name=f"nccl-ras-{job}",
+        self._task = asyncio.create_task(self._query(self.sink.ras_job_pids(job)), name=f"nccl-ras-{job}")
+
+    async def _query(self, job_pids: list[int]) -> str:
+        """Check who listens (off the loop: /proc reads), then ask."""
+        trust = await asyncio.to_thread(listener_trusted, self.sockets, self.port, job_pids)
+        if not trust.trusted:
+            if not trust.uids:
+                raise RasNotListening(f"{self.host}:{self.port}: {trust.why}")
+            raise RasUntrusted(trust)
+        return await query_status(
+            self.host,
+            self.port,
+            timeout_s=self.timeout_s,
+            collective_timeout_s=max(1, int(self.timeout_s) - 1),
         )
 
     def _finish(self, task: asyncio.Task[str], now: float) -> None:
@@ -87,11 +111,25 @@ class RasCollector(Collector):
             self.metrics.queries["not_listening"] += 1
             self._next = max(self._next, now + self.refused_backoff_s)
             return
+        except RasUntrusted as exc:
+            self.metrics.queries["untrusted"] += 1
+            self._next = max(self._next, now + self.refused_backoff_s)
+            if exc.trust.uids != self._untrusted_logged:
+                self._untrusted_logged = exc.trust.uids
+                log.error(
+                    "nccl_ras_listener_untrusted",
+                    job=self._task_job,
+                    port=self.port,
+                    owner_uids=list(exc.trust.uids),
+                    detail=exc.trust.why,
+                )
+            return
         except (RasError, OSError) as exc:
             self.metrics.queries["error"] += 1
             log.warning("nccl_ras_query_failed", job=self._task_job, error=str(exc)[:300])
             return
         self.metrics.queries["ok"] += 1
+        self._untrusted_logged = None
         status = parse_status(text)
         status.t, status.job = self._task_t, self._task_job
         if status.unparsed:

@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 
 from sentinel.components.nccl_ras.record import RasStatus
 
-RESULTS = ("ok", "not_listening", "error")
+RESULTS = ("ok", "not_listening", "untrusted", "error")
 
 
 class RasMetrics(Collector):
@@ -28,7 +28,8 @@ class RasMetrics(Collector):
         base = [self.cluster, self.host]
         queries = CounterMetricFamily(
             "sentinel_nccl_ras_queries",
-            "NCCL RAS status queries by result (not_listening: no RAS service on the host)",
+            "NCCL RAS status queries by result (not_listening: no RAS service on the host; untrusted: the "
+            "port's listener is owned by neither root nor a user of the job, so it was not asked)",
             labels=["cluster", "host", "result"],
         )
         for result in RESULTS:

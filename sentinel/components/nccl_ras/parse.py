@@ -5,7 +5,9 @@ to release", so the parser reads it by section and by line shape, never by posit
 ``Communicators`` table, then ``Errors`` / ``Warnings`` made of blocks separated by blank lines — ``INCOMPLETE``
 (job processes that sent no data), ``DEAD`` (processes unreachable for 60 s), ``TIMEOUT``, and
 ``#<group>-<index> (<hash>) INCOMPLETE|MISMATCH|ERROR`` per communicator. A line it does not recognise is
-counted in ``unparsed`` and skipped. Input is bounded (size, lines, items), and nothing here raises on text.
+counted in ``unparsed`` and skipped. Input is bounded (size, lines, items), every integer to the wire's range
+(a line with a larger one is unparsed), the work is linear in the lines (a rank line finds its group through
+an index), and nothing here raises on text.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from sentinel.components.nccl_ras.record import (
     RasRankRef,
     RasStatus,
 )
+from sentinel.components.nccl_ras.record import WIRE_INT_MAX as _INT_MAX
 
 MAX_TEXT_BYTES = 1024 * 1024
 MAX_INPUT_LINES = 20000
@@ -57,6 +60,12 @@ _TOTALS = re.compile(r"^\s*(\d{1,9})\s+(\d{1,9})\s+(\d{1,9})\s+(\d{1,9})\s+(\d{1
 _TOTALS3 = re.compile(r"^\s*(\d{1,9})\s+(\d{1,9})\s+(\d{1,9})\s*$")
 
 
+def _int(text: str) -> int | None:
+    """A decimal the parser matched, or None when it lies beyond what the wire carries."""
+    value = int(text)
+    return value if value <= _INT_MAX else None
+
+
 def _gpus(text: str) -> list[int]:
     """``5``, ``0,1``, ``0-3`` or ``5 (NVML 3)`` → GPU indices (CUDA numbering), bounded."""
     text = re.sub(r"\(NVML [^)]*\)", "", text)
@@ -66,7 +75,14 @@ def _gpus(text: str) -> list[int]:
             continue
         if "-" in part:
             lo, _, hi = part.partition("-")
-            if lo.isdigit() and hi.isdigit() and int(lo) <= int(hi) and int(hi) - int(lo) < 64:
+            if (
+                lo.isdigit()
+                and hi.isdigit()
+                and len(lo) <= 4
+                and len(hi) <= 4
+                and int(lo) <= int(hi)
+                and int(hi) - int(lo) < 64
+            ):
                 out.extend(range(int(lo), int(hi) + 1))
         elif part.isdigit() and len(part) <= 4:
             out.append(int(part))
@@ -83,7 +99,9 @@ def _rank(line: str) -> RasRankRef | None:
     if "not launched any" in (match.group("what") or ""):
         status, ops_value = "not launched", 0
     else:
-        ops_value = int(ops) if ops is not None else None
+        ops_value = _int(ops) if ops is not None else None
+        if ops is not None and ops_value is None:
+            return None  # a count beyond the wire's range: not a line RAS writes
     return RasRankRef(
         rank=int(match.group(1)),
         gpu=int(match.group("gpu")) if match.group("gpu") else None,
@@ -244,34 +262,38 @@ class _Parser:
         missing = 0
         missing_ranks: list[RasRankRef] = []
         about = ""
-        groups: list[tuple[int, int | None, str, list[RasRankRef]]] = []
+        groups = _Groups()
         errors: list[RasRankRef] = []
         for line in body:
-            if (m := _MISSING_DATA.match(line)) is not None:
-                missing = int(m.group(1))
-            elif (m := _MISSING_RANKS_OLD.match(line)) is not None:
-                for part in m.group(1).split(","):
-                    if part.strip().isdigit() and len(missing_ranks) < MAX_ITEMS:
-                        missing_ranks.append(RasRankRef(rank=int(part.strip())))
-            elif (m := _DIFFERENT.match(line)) is not None:
-                about = m.group(1)
-            elif (m := _GROUP_OPS.match(line)) is not None:
-                groups.append((int(m.group(1)), int(m.group(2)), "", []))
-            elif (m := _GROUP_NONE.match(line)) is not None:
-                groups.append((int(m.group(1)), 0, "", []))
-            elif (m := _GROUP_STATUS.match(line)) is not None:
-                groups.append((int(m.group(1)), None, m.group(2), []))
-            elif _ERRORS_ON.match(line) is not None or _REPORTED.match(line) is not None:
-                continue
-            elif (rank := _rank(line)) is not None:
-                if head.group(4) == "INCOMPLETE":
+            if line.startswith("Rank "):  # most of a large block: straight to the rank parser
+                rank = _rank(line)
+                if rank is None:
+                    self.unparsed += 1
+                elif head.group(4) == "INCOMPLETE":
                     if len(missing_ranks) < MAX_ITEMS:
                         missing_ranks.append(rank)
                 elif head.group(4) == "ERROR":
                     if len(errors) < MAX_ITEMS:
                         errors.append(rank)
                 else:
-                    self._place(rank, groups)
+                    groups.place(rank)
+            elif (m := _MISSING_DATA.match(line)) is not None:
+                missing = int(m.group(1))
+            elif (m := _MISSING_RANKS_OLD.match(line)) is not None:
+                for part in m.group(1).split(","):
+                    digits = part.strip()
+                    if digits.isdigit() and len(digits) <= 10 and len(missing_ranks) < MAX_ITEMS:
+                        missing_ranks.append(RasRankRef(rank=int(digits)))
+            elif (m := _DIFFERENT.match(line)) is not None:
+                about = m.group(1)
+            elif (m := _GROUP_OPS.match(line)) is not None and (ops := _int(m.group(2))) is not None:
+                groups.add(int(m.group(1)), ops, "")
+            elif (m := _GROUP_NONE.match(line)) is not None:
+                groups.add(int(m.group(1)), 0, "")
+            elif (m := _GROUP_STATUS.match(line)) is not None:
+                groups.add(int(m.group(1)), None, m.group(2))
+            elif _ERRORS_ON.match(line) is not None or _REPORTED.match(line) is not None:
+                continue
             else:
                 self.unparsed += 1
         return RasCommIssue(
@@ -281,31 +303,61 @@ class _Parser:
             missing=missing or len(missing_ranks),
             missing_ranks=missing_ranks,
             about=about,
-            groups=[
-                RasOpGroup(count=c, ops=o, status=st, ranks=r[:MAX_ITEMS])
-                for c, o, st, r in groups[:MAX_ITEMS]
-            ],
+            groups=[RasOpGroup(count=c, ops=o, status=st, ranks=r) for c, o, st, r in groups.rows],
             errors=errors,
             lines=[line[:200] for line in body[:MAX_LINES]],
         )
 
-    @staticmethod
-    def _place(rank: RasRankRef, groups: list[tuple[int, int | None, str, list[RasRankRef]]]) -> None:
-        """A rank line belongs to the group printed just before it (or says its own count / status)."""
+
+class _Groups:
+    """A communicator block's op-count / status groups, at most :data:`MAX_ITEMS`, each with at most
+    ``MAX_ITEMS`` ranks, indexed by ops and by status so a rank line finds its group in constant time."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, int | None, str, list[RasRankRef]]] = []
+        self.by_ops: dict[int, int] = {}  # ops → the first group with that count
+        self.by_status: dict[str, int] = {}  # status → the first group with that status
+
+    def add(self, count: int, ops: int | None, status: str) -> list[RasRankRef] | None:
+        if len(self.rows) >= MAX_ITEMS:
+            return None
+        index = len(self.rows)
+        ranks: list[RasRankRef] = []
+        self.rows.append((count, ops, status, ranks))
+        if ops is not None:
+            self.by_ops.setdefault(ops, index)
+        if status:
+            self.by_status.setdefault(status, index)
+        return ranks
+
+    def place(self, rank: RasRankRef) -> None:
+        """A rank line belongs to the first group with its count or status (or makes its own), else, saying
+        neither, to the group printed just before it."""
+        ranks: list[RasRankRef] | None
         if rank.ops is not None or rank.status:
-            for _count, ops, status, ranks in groups:
-                if (rank.ops is not None and ops == rank.ops) or (rank.status and status == rank.status):
-                    ranks.append(rank)
-                    return
-            groups.append((1, rank.ops, rank.status if rank.ops is None else "", [rank]))
+            found = [
+                i
+                for i in (
+                    self.by_ops.get(rank.ops) if rank.ops is not None else None,
+                    self.by_status.get(rank.status) if rank.status else None,
+                )
+                if i is not None
+            ]
+            if found:
+                ranks = self.rows[min(found)][3]
+            else:
+                ranks = self.add(1, rank.ops, rank.status if rank.ops is None else "")
+            if ranks is not None and len(ranks) < MAX_ITEMS:
+                ranks.append(rank)
             return
-        if groups:
-            _count, ops, status, ranks = groups[-1]
+        if self.rows:
+            _count, ops, status, ranks = self.rows[-1]
             if ops is not None and rank.ops is None:
                 rank = RasRankRef(rank=rank.rank, gpu=rank.gpu, pid=rank.pid, node=rank.node, ops=ops)
             elif status:
                 rank = RasRankRef(rank=rank.rank, gpu=rank.gpu, pid=rank.pid, node=rank.node, status=status)
-            ranks.append(rank)
+            if len(ranks) < MAX_ITEMS:
+                ranks.append(rank)
 
 
 def parse_status(text: str) -> RasStatus:

@@ -12,6 +12,8 @@ import msgspec
 
 MAX_ITEMS = 256  # processes, ranks, communicators, groups kept per answer
 MAX_LINES = 32
+#: every integer a RAS answer carries lies within this (a signed 64-bit msgpack integer on the wire)
+WIRE_INT_MAX = (1 << 63) - 1
 
 
 class RasRankRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

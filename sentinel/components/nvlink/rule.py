@@ -1,9 +1,7 @@
-"""NVLink rules: a link that went down, and error counters climbing faster than a threshold.
+"""NVLink rule: error counters climbing faster than a threshold, and which link and counter rose.
 
 Pure: the link records (and the error rate the aggregator measured from their history) in, findings out.
-A link that was up and is now down halves (or worse) the GPU's NVLink bandwidth and usually hangs the
-job's NVLink collectives; error rates that climb mean a marginal link (replays cost bandwidth) before it
-fails.
+Error rates that climb mean a marginal link (replays cost bandwidth) before it fails.
 """
 
 from __future__ import annotations
@@ -39,28 +37,6 @@ def rises(before: list[NvLink], after: list[NvLink]) -> tuple[str, ...]:
                 found.append((now - was, f"link {link.link} {_KIND[attr]} +{now - was}"))
     found.sort(key=lambda item: -item[0])
     return tuple(text for _, text in found[:MAX_RISES])
-
-
-def evaluate_links(links: list[NvLink], expected: int | None = None) -> Finding | None:
-    """Links down: the GPU had (per its inventory) ``expected`` links, or some report inactive."""
-    down = sorted(link.link for link in links if not link.active)
-    missing = (expected - len(links)) if expected is not None and expected > len(links) else 0
-    if not down and not missing:
-        return None
-    evidence = []
-    if down:
-        evidence.append(
-            f"NVLink link(s) {', '.join(map(str, down))} down ({len(links) - len(down)}/{len(links)} up)"
-        )
-    if missing:
-        evidence.append(f"{missing} of {expected} NVLink links no longer reported")
-    return Finding(
-        state="suspect",
-        severity="critical",
-        action="reset_gpu",
-        reason="nvlink_down",
-        evidence=tuple(evidence),
-    )
 
 
 def evaluate_error_rate(

@@ -17,7 +17,9 @@ import msgspec
 
 from sentinel.components.bounds import Short
 from sentinel.components.vocab import Action, Severity
-from sentinel.components.xid.catalog import NVLINK5_CODES, xid_info
+from sentinel.components.xid.buckets import resolve
+from sentinel.components.xid.catalog import xid_info
+from sentinel.components.xid.sxid import sxid_fatal
 from sentinel.text import bounded, clip, normalize_pci, parse_int
 
 #: Code NVIDIA uses for "GPU has fallen off the bus"; newer drivers print that text without a number.
@@ -34,18 +36,6 @@ _REST_RE: Final = re.compile(
 _PREVIOUS_RE: Final = re.compile(r"caused by previous Xid (\d{1,6})")
 _GPU_INSTANCE_RE: Final = re.compile(r"GPU-I:[ \t]*(\d{1,4})")
 _FALLEN_RE: Final = re.compile(r"fallen off the bus", re.IGNORECASE)
-_NONFATAL_RE: Final = re.compile(r"\bNon-?fatal\b", re.IGNORECASE)
-_FATAL_RE: Final = re.compile(r"\bFatal\b")
-_RECOVERY_RE: Final = re.compile(r"to 0x[0-9A-Fa-f]{1,8} \((?P<action>[^()]{1,40})\)")
-_RST_YES_RE: Final = re.compile(r"\bRST: Yes")
-
-_RECOVERY_ACTIONS: Final[dict[str, Action]] = {
-    "none": "none",
-    "gpu reset required": "reset_gpu",
-    "drain and reset": "reset_gpu",
-    "drain p2p": "reset_gpu",
-    "node reboot required": "reboot",
-}
 
 
 class XidRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -108,11 +98,7 @@ def parse_sxid(line: str) -> SXidRecord | None:
     if code is None:
         return None
     rest = match.group("rest").lstrip(", ")
-    fatal: bool | None = None
-    if _NONFATAL_RE.search(rest[:40]) is not None:
-        fatal = False
-    elif _FATAL_RE.search(rest[:40]) is not None:
-        fatal = True
+    fatal = sxid_fatal(code, rest)
     return SXidRecord(sxid=code, pci_bus=normalize_pci(match.group("pci")), fatal=fatal, message=clip(rest))
 
 
@@ -147,29 +133,14 @@ def _from_match(match: re.Match[str]) -> XidRecord | None:
 
 
 def _with_severity(record: XidRecord) -> XidRecord:
-    """Fill severity/action/fatal from the catalog, refined by what the line itself says."""
+    """Fill severity/action/fatal from the bucket table, refined by what the line itself says (NVLink5
+    decode, Xid 154's recovery value, Xid 94's ``RST: Yes``)."""
     info = xid_info(record.xid)
-    severity: Severity = info.severity
-    action: Action = info.action
-    fatal = info.faulty_at_once
-    message = record.message
-    if record.xid in NVLINK5_CODES:
-        if _NONFATAL_RE.search(message) is not None:
-            severity, action, fatal = "warning", "none", False
-    elif record.xid == 154:
-        recovery = _RECOVERY_RE.search(message)
-        if recovery is not None:
-            wanted = _RECOVERY_ACTIONS.get(recovery.group("action").strip().lower())
-            if wanted == "none":
-                severity, action, fatal = "warning", "none", False
-            elif wanted is not None:
-                action = wanted
-    elif record.xid == 94 and _RST_YES_RE.search(message) is not None:
-        severity, action, fatal = "critical", "reset_gpu", True
-    if severity == "info":
-        # Any Xid means the driver saw something go wrong on this GPU; never quieter than a warning.
-        severity = "warning"
-    return msgspec.structs.replace(record, severity=severity, action=action, fatal=fatal)
+    resolution = resolve(record.xid, record.message)
+    fatal = resolution.severity == "critical" and info.cause != "application"
+    return msgspec.structs.replace(
+        record, severity=resolution.severity, action=resolution.action, fatal=fatal
+    )
 
 
 def xid_record(code: int, text: str = "", pci_bus: str | None = None) -> XidRecord:
@@ -185,11 +156,7 @@ def xid_record(code: int, text: str = "", pci_bus: str | None = None) -> XidReco
         )
     info = xid_info(code)
     return XidRecord(
-        xid=code,
-        pci_bus=pci_bus,
-        severity="warning" if info.severity == "info" else info.severity,
-        action=info.action,
-        fatal=info.faulty_at_once,
+        xid=code, pci_bus=pci_bus, severity=info.severity, action=info.action, fatal=info.faulty_at_once
     )
 
 

@@ -24,6 +24,7 @@ from typing import Annotated, Final
 import msgspec
 
 from sentinel.components.vocab import ACTIONS, Action, GpuHealth
+from sentinel.components.xid.buckets import CLEARED_BY, resolve
 from sentinel.components.xid.catalog import APPLICATION_CODES
 from sentinel.components.xid.parse import XidRecord
 
@@ -162,6 +163,12 @@ class XidPolicy:
             return self._decision(key, gpu, changed=False)
         line = f"{evidence_time(now)} Xid {code}" + (f" pid={record.pid}" if record.pid is not None else "")
         line += f" ({record.process})" if record.process else ""
+        if code in CLEARED_BY:
+            # the condition an earlier code reported is over (Xid 162 after 163): it no longer repeats
+            gone = CLEARED_BY[code]
+            gpu.events = deque(event for event in gpu.events if event[1] != gone)
+        nvidia = resolve(code, record.message, other_codes=frozenset(event[1] for event in gpu.events))
+        line += f" [{nvidia.evidence()}]"
         fatal = record.fatal or (code in cfg.extra_faulty_codes and code not in APPLICATION_CODES)
         if fatal:
             return self._raise(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 
 from sentinel.components.nccl_ras.collector import RasCollector
 from sentinel.components.nccl_ras.metrics import RasMetrics
+from sentinel.components.nccl_ras.owner import SocketTable
 from sentinel.components.nccl_ras.parse import parse_status
 from sentinel.components.nccl_ras.record import RasStatus
 from sentinel.components.nccl_ras.rule import ras_evidence
@@ -15,21 +17,29 @@ from tests.components.nccl_ras.test_ras import load
 
 
 class Sink:
-    def __init__(self, jobs: list[str]) -> None:
+    """The agent's side: the jobs whose rank 0 runs here, each job's processes (this test process)."""
+
+    def __init__(self, jobs: list[str], pids: list[int] | None = None) -> None:
         self.jobs = jobs
+        self.pids = [os.getpid()] if pids is None else pids
         self.got: list[RasStatus] = []
 
     def ras_jobs(self) -> list[str]:
         return self.jobs
 
+    def ras_job_pids(self, job: str) -> list[int]:
+        return self.pids if job in self.jobs else []
+
     def add_ras(self, status: RasStatus) -> None:
         self.got.append(status)
 
 
-def collector(sink: Sink, port: int, timeout_s: float = 5.0) -> RasCollector:
+def collector(
+    sink: Sink, port: int, timeout_s: float = 5.0, sockets: SocketTable | None = None
+) -> RasCollector:
     return RasCollector(
         sink, RasMetrics("c", "h"), host="127.0.0.1", port=port, interval_s=15.0, timeout_s=timeout_s,
-        refused_backoff_s=60.0, tick_s=1.0,
+        refused_backoff_s=60.0, tick_s=1.0, sockets=sockets,
     )  # fmt: skip
 
 
@@ -74,17 +84,24 @@ async def test_no_job_no_query_and_nothing_listening_backs_off() -> None:
         assert c._task is None  # refused: retried after refused_backoff_s, not after interval_s
 
 
-async def test_a_wedged_service_fails_the_query_not_the_tick() -> None:
-    server = FakeRas(stall_status=True)
+async def query_once(
+    server: FakeRas, sink: Sink, timeout_s: float = 5.0, sockets: SocketTable | None = None
+) -> RasCollector:
+    """One query of ``server`` by a collector for ``sink``, its result taken by the next tick."""
     port = await server.start()
-    sink = Sink(["job-1"])
-    c = collector(sink, port, timeout_s=0.2)
+    c = collector(sink, port, timeout_s=timeout_s, sockets=sockets)
     try:
         await c.collect(0.0)
         await _finish(c)
         await c.collect(1.0)
     finally:
         await server.close()
+    return c
+
+
+async def test_a_wedged_service_fails_the_query_not_the_tick() -> None:
+    sink = Sink(["job-1"])
+    c = await query_once(FakeRas(stall_status=True), sink, timeout_s=0.2)
     assert c.metrics.queries["error"] == 1 and sink.got == []
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import socket
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sentinel.components.nccl_ras.client import RasError, RasNotListening, query_status
 from sentinel.components.nccl_ras.parse import parse_status
+from sentinel.components.nccl_ras.record import RasStatus
 from tests.components.nccl_ras.rasserver import FakeRas
 from tests.support import REPO
 
@@ -96,12 +98,40 @@ _LINES = st.sampled_from(
 )  # fmt: skip
 
 
+#: lines no part of a RAS answer looks like (no section title, table row, block head or known prefix)
+_NOISE = st.text(alphabet="qjxz ", min_size=1, max_size=40).filter(str.strip)
+_ANSWERS = [
+    "docs_running.txt",
+    "docs_incomplete.txt",
+    "docs_dead.txt",
+    "docs_mismatch.txt",
+    "docs_finalize.txt",
+    "issue1762_incomplete.txt",
+    "issue1911_mismatch.txt",
+]
+
+
 @given(st.lists(st.one_of(_LINES, st.text(max_size=80)), max_size=60))
 def test_parser_never_raises_on_any_text(lines: list[str]) -> None:
-    status = parse_status("\n".join(lines))
-    assert status.unparsed >= 0
+    """Any text: a bounded record, each line counted as unparsed at most once."""
+    text = "\n".join(lines)
+    status = parse_status(text)
+    assert 0 <= status.unparsed <= sum(1 for line in text.splitlines() if line.strip())
     for comm in status.comms:
         assert len(comm.lines) <= 32
+
+
+@given(st.lists(_NOISE, max_size=20), st.sampled_from(_ANSWERS))
+def test_unparsed_lines_are_counted_exactly_and_the_answer_parses_as_without_them(
+    noise: list[str], name: str
+) -> None:
+    answer = load(name)
+    clean = parse_status(answer)
+    alone = parse_status("\n".join(noise))
+    assert alone.unparsed == len(noise) and msgspec.structs.replace(alone, unparsed=0) == RasStatus()
+    noisy = parse_status("\n".join(noise) + "\n\n" + answer)
+    assert noisy.unparsed == clean.unparsed + len(noise)
+    assert msgspec.structs.replace(noisy, unparsed=0) == msgspec.structs.replace(clean, unparsed=0)
 
 
 async def test_client_speaks_the_protocol() -> None:

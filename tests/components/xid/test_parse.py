@@ -177,7 +177,7 @@ def test_catalog_application_codes_are_never_faulty_at_once() -> None:
         assert not info.faulty_at_once
     assert xid_info(79).faulty_at_once
     assert xid_info(79).action == "reboot"
-    assert xid_info(64).action == "rma"
+    assert xid_info(64).action == "reset_gpu"  # NVIDIA: RESET_GPU, rma only as the follow-up
     assert xid_info(99999).name == "unknown Xid 99999"
     assert all(info.action in ACTIONS for info in XID_TABLE.values())
 
