@@ -23,11 +23,14 @@ from sentinel.aggregator.listener import AggregatorSite
 from sentinel.aggregator.server import AGGREGATOR_KEY, create_app
 from sentinel.aggregator.stream import CLOSE_HOST_NOT_ALLOWED
 from sentinel.config.aggregator import AggregatorConfig, ServerConfig
+from sentinel.fr.heads import FrHeads
 from sentinel.wire import (
     Ack,
+    Batch,
     Command,
     CommandResult,
     Hello,
+    ProcInfo,
     Snapshot,
     SnapshotRequest,
     decode_aggregator_frame,
@@ -349,3 +352,28 @@ async def test_a_reinstalled_agent_on_the_same_boot_is_a_new_stream_not_duplicat
             "instance-new-0002",
             40,
         )
+
+
+async def test_heads_for_another_hosts_rank_are_refused_and_counted_over_the_stream(tmp_path: Path) -> None:
+    """Each host's token is valid for itself; rack-b-01 sends heads (and a process report) for the rank
+    rack-a-01 runs: both refused, counted in sentinel_ingest_rejected_total, the rank stays rack-a-01's."""
+    async with running_aggregator(tmp_path, tokens=GRANTS) as running:
+        aggregator = running.aggregator
+        sa, a = await connect(running.stream_url, RACK_A)
+        sb, b = await connect(running.stream_url, RACK_B)
+        try:
+            await a.send_bytes(encode(hello("rack-a-01")))
+            await b.send_bytes(encode(hello("rack-b-01")))
+            own = ProcInfo(gpu=0, pid=11, job_id="job-7", rank=0, world_size=2)
+            await a.send_bytes(encode(Batch(seq=0, t=time.time(), procs=[own])))
+            assert await next_ack(a) == 0
+            stolen = ProcInfo(gpu=0, pid=99, job_id="job-7", rank=0, world_size=2)
+            lie = FrHeads(rank=0, t=time.time(), job_id="job-7", world_size=2, gpu=0, pgs=[])
+            await b.send_bytes(encode(Batch(seq=0, t=time.time(), procs=[stolen], heads=[lie])))
+            assert await next_ack(b) == 0
+            assert rejected(aggregator, "rank_claimed") == 1 and rejected(aggregator, "rank_not_owned") == 1
+            rank = aggregator.engine.fleet.jobs["job-7"].ranks[0]
+            assert (rank.host, rank.pid, rank.heads) == ("rack-a-01", 11, None)
+        finally:
+            await sa.close()
+            await sb.close()
