@@ -1,4 +1,5 @@
-"""Slurm through its own commands: read node states (``sinfo``), drain and resume nodes (``scontrol``).
+"""Slurm through its own commands: read node states (``sinfo``), drain and resume nodes, requeue jobs
+(``scontrol``).
 
 Shared by ``sentinel health --drain`` (a node drains itself, from Slurm's HealthCheckProgram) and the
 aggregator's remediation. Every call is a subprocess with a deadline and a bounded output, run without a
@@ -53,6 +54,44 @@ class SlurmNode:
             "drain",
             "down",
         )
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmJob:
+    """One job as ``scontrol show job -o`` shows it (the fields a requeue reads)."""
+
+    id: str
+    state: str  # JobState, upper case (RUNNING, PENDING, ...)
+    batch: bool  # BatchFlag=1: only batch jobs can be requeued
+    requeue: bool  # Requeue=1: the job allows it
+    nodes: str  # NodeList, "" when none
+    excluded: tuple[str, ...]  # ExcNodeList, as listed (names or ranges)
+    restarts: int
+
+
+def parse_job(text: str) -> SlurmJob | None:
+    """The first job of ``scontrol show job -o ID`` output; None when it names none."""
+    for line in text.splitlines():
+        fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+        job_id = fields.get("JobId", "")
+        if not job_id.isdigit():
+            continue
+        excluded = fields.get("ExcNodeList", "")
+        return SlurmJob(
+            id=job_id,
+            state=fields.get("JobState", "").upper(),
+            batch=fields.get("BatchFlag", "0") == "1",
+            requeue=fields.get("Requeue", "0") == "1",
+            nodes="" if fields.get("NodeList", "") in ("", "(null)") else fields["NodeList"],
+            excluded=() if excluded in ("", "(null)") else tuple(excluded.split(",")),
+            restarts=int(fields["Restarts"]) if fields.get("Restarts", "").isdigit() else 0,
+        )
+    return None
+
+
+def is_job_id(text: str) -> bool:
+    """A Slurm job id sentinel may act on: digits only (array and het-job forms are left alone)."""
+    return text.isdigit() and len(text) <= 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +226,29 @@ class Slurm:
 
     async def resume(self, name: str) -> CommandOutcome:
         return await self._run([self.scontrol, "update", f"nodename={name}", "state=resume"])
+
+    async def job(self, job_id: str) -> tuple[SlurmJob | None, str]:
+        """The job ``job_id`` as Slurm shows it, or (None, why not)."""
+        if not is_job_id(job_id):
+            return None, f"not a Slurm job id: {job_id[:64]!r}"
+        done = await self._run([self.scontrol, "show", "job", "-o", job_id])
+        if not done.ok:
+            return None, done.output
+        job = parse_job(done.output)
+        return (job, "") if job is not None and job.id == job_id else (None, f"Slurm has no job {job_id}")
+
+    async def requeue_excluding(self, job: SlurmJob, node: str) -> CommandOutcome:
+        """Requeue a running batch job and add ``node`` to its excluded nodes (the ones it had are kept).
+
+        Slurm changes ``ExcNodeList`` only of a pending job, so the requeue comes first; a requeued job waits
+        for its begin time (the credential lifetime) before it can start again, and the update lands in that
+        wait. The drained node takes no new work meanwhile either way.
+        """
+        done = await self._run([self.scontrol, "requeue", job.id])
+        if not done.ok:
+            return done
+        excluded = ",".join(dict.fromkeys([*job.excluded, node]))
+        return await self._run([self.scontrol, "update", f"JobId={job.id}", f"ExcNodeList={excluded}"])
 
     async def listpids(self, job_id: str = "") -> CommandOutcome:
         return await self._run([self.scontrol, "listpids", *([job_id] if job_id else [])])

@@ -41,6 +41,7 @@ from sentinel.aggregator.frdumps import (
     store_answer,
     why_no_dumps,
 )
+from sentinel.aggregator.goodput import Phases
 from sentinel.aggregator.verdicts import Change, Verdict
 from sentinel.config.aggregator import IncidentsConfig
 from sentinel.log import get_logger
@@ -109,6 +110,9 @@ class Incident(msgspec.Struct, kw_only=True):
     problems: list[str]
     timeline: list[TimelineEntry]
     fr_dump: FrDumpReport | None = None
+    #: filled when served (``GET /api/v1/incidents/{id}``) from the goodput ledger
+    phases: Phases | None = None
+    gpu_seconds_lost: float | None = None
 
     def summary(self) -> dict[str, Any]:
         """The incident as ``GET /api/v1/incidents`` lists it: without its timeline, with its size."""

@@ -20,6 +20,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 
 from sentinel.aggregator.engine import Engine
+from sentinel.aggregator.goodput import GoodputLedger
 from sentinel.aggregator.identity import MAX_TOKEN_BYTES
 from sentinel.aggregator.incidents import IncidentManager
 from sentinel.aggregator.metrics import AggregatorMetrics
@@ -39,6 +40,7 @@ class RestApi:
         *,
         engine: Engine,
         incidents: IncidentManager,
+        goodput: GoodputLedger,
         metrics: AggregatorMetrics,
         agents: Callable[[], int],
         clock: Callable[[], float],
@@ -46,6 +48,7 @@ class RestApi:
         self.config = config  # replaced on reload (server stays)
         self.engine = engine
         self.incidents = incidents
+        self.goodput = goodput
         self.metrics = metrics
         self.agents = agents
         self.clock = clock
@@ -138,7 +141,7 @@ class RestApi:
         found = await asyncio.to_thread(self.incidents.get, incident_id)
         if found is None:
             raise web.HTTPNotFound(text="no such incident\n")
-        return _json_response(found)
+        return _json_response(self.goodput.annotate(found, self.clock()))
 
 
 class _Families:

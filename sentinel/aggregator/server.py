@@ -22,6 +22,7 @@ from sentinel.aggregator.acks import DurableAcks
 from sentinel.aggregator.detectors.straggler import straggler_hold_s
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.frdumps import settings_for_frame
+from sentinel.aggregator.goodput import GoodputLedger
 from sentinel.aggregator.identity import TokenBook, TokenGrant, as_grants, load_api_tokens, load_tokens
 from sentinel.aggregator.incidents import IncidentManager, IncidentStore
 from sentinel.aggregator.latches import FleetLatches, FleetSeqWindows
@@ -115,15 +116,25 @@ class Aggregator:
             on_saved=lambda _: self.metrics.incidents.inc(),
             fr_dumps=settings_for_frame(config.limits.max_frame_bytes),
         )
+        #: each incident's phases and the GPU time it cost (after the incident manager: it names incidents)
+        self.goodput = GoodputLedger(
+            self.engine.book,
+            self.engine.fleet,
+            clock=clock,
+            cluster=config.fleet.cluster,
+            registry=self.metrics.registry,
+        )
         self.store = self._open_store(directory)
         #: acks sent once the state a batch changed is committed (group commit; at once without a store)
         self.acks = DurableAcks(self.store)
         self.metrics.acks = self.acks
         self.streams.acks = self.acks
         self.engine.listeners.append(self.incidents.on_change)
+        self.engine.listeners.append(self.goodput.on_change)
         self.engine.listeners.append(self._log_change)
         self.engine.listeners.append(self.pushback.on_change)
         self.engine.forget_listeners.append(self.streams._host_forgotten)
+        self.engine.forget_listeners.append(self.goodput.forget_host)
         self.remediator = Remediator(
             config.remediation,
             self.engine.book,
@@ -140,6 +151,7 @@ class Aggregator:
             refusals=self.refusals,
             pushback=self.pushback,
             remediator=self.remediator,
+            goodput=self.goodput,
             store=self.store,
             send=self.streams._send,
             clock=clock,
@@ -149,6 +161,7 @@ class Aggregator:
             config,
             engine=self.engine,
             incidents=self.incidents,
+            goodput=self.goodput,
             metrics=self.metrics,
             agents=lambda: len(self.by_host),
             clock=clock,
@@ -199,6 +212,7 @@ class Aggregator:
         store.register(FleetLatches(self.engine.fleet), now)
         store.register(FleetSeqWindows(self.engine.fleet), now)  # after the latches: they create the hosts
         store.register(BuiltinsHolder("detectors", dict(self.engine.detectors)), now)
+        store.register(self.goodput, now)
         self.metrics.store = store
         return store
 

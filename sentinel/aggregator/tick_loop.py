@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from sentinel.aggregator.engine import Engine
+from sentinel.aggregator.goodput import GoodputLedger
 from sentinel.aggregator.metrics import AggregatorMetrics
 from sentinel.aggregator.pushback import VerdictPush
 from sentinel.aggregator.refusals import RefusalLog
@@ -62,6 +63,7 @@ class TickLoop:
         refusals: RefusalLog,
         pushback: VerdictPush,
         remediator: Remediator,
+        goodput: GoodputLedger,
         store: StateStore | None,
         send: Callable[[str, Command], Awaitable[bool]],
         clock: Callable[[], float],
@@ -73,6 +75,7 @@ class TickLoop:
         self.refusals = refusals
         self.pushback = pushback
         self.remediator = remediator
+        self.goodput = goodput
         self.store = store
         self._send = send
         self.clock = clock
@@ -150,6 +153,7 @@ class TickLoop:
             if self.store is not None and self.store.due(loop.time()):
                 self.store.flush(loop.time())
             self.remediator.tick(self.clock())
+            self.goodput.tick(self.clock())
             if self.pushback.marked:
                 try:
                     await self.pushback.flush(self._send)

@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from sentinel.aggregator.goodput import phases_of
 from sentinel.aggregator.incidents import IncidentStore
 
 MAX_RESPONSE_BYTES = 256 * 1024 * 1024
@@ -186,6 +187,37 @@ def _print_fr_dump(fr: Any) -> None:
         print(f"    - {finding}")
 
 
+PHASES = (
+    ("fault_at", "fault"),
+    ("detected_at", "detected"),
+    ("named_at", "named"),
+    ("drained_at", "drained"),
+    ("requeued_at", "requeued"),
+    ("resumed_at", "resumed"),
+)
+
+
+def phases_line(incident: dict[str, Any]) -> str | None:
+    """Each phase the incident went through, timed from the one before, and the GPU time it cost."""
+    phases = incident.get("phases")
+    if not isinstance(phases, dict):
+        return None
+    parts: list[str] = []
+    previous: float | None = None
+    for key, name in PHASES:
+        t = phases.get(key)
+        if not isinstance(t, int | float):
+            continue
+        parts.append(f"{name} {_ts(t)}" if previous is None else f"{name} +{t - previous:.1f} s")
+        previous = float(t)
+    if not parts:
+        return None
+    open_ = "" if isinstance(phases.get("resumed_at"), int | float) else " (not resumed)"
+    lost = incident.get("gpu_seconds_lost")
+    hours = f"; {lost / 3600:.2f} GPU-hours lost" if isinstance(lost, int | float) else ""
+    return "phases: " + " -> ".join(parts) + open_ + hours
+
+
 def _print_incident(incident: dict[str, Any], types: set[str], limit: int) -> None:
     print(
         f"incident {incident.get('id')}  created {_ts(incident.get('created_at'))}  job {incident.get('job') or '-'}"
@@ -196,6 +228,9 @@ def _print_incident(incident: dict[str, Any], types: set[str], limit: int) -> No
         )
         for line in v.get("evidence") or []:
             print(f"    - {line}")
+    line = phases_line(incident)
+    if line:
+        print(f"  {line}")
     hosts = incident.get("hosts") or []
     print(f"  hosts asked: {len(hosts)}; missing: {', '.join(incident.get('missing_hosts') or []) or 'none'}")
     for problem in incident.get("problems") or []:
@@ -228,7 +263,8 @@ def run(args: argparse.Namespace) -> int:
             stored = _store(args.state_dir).get(incident_id)
             if stored is None:
                 raise IncidentError(f"{args.state_dir}: no incident {incident_id!r}")
-            found = msgspec.to_builtins(stored)  # the document the API serves
+            # the document the API serves; the ledger lives in the aggregator: phases from the verdicts
+            found = msgspec.to_builtins(msgspec.structs.replace(stored, phases=phases_of(stored.verdicts)))
         else:
             found = _get(args.api, "/api/v1/incidents/" + urllib.parse.quote(incident_id, safe=""))
         if args.json:

@@ -538,6 +538,30 @@ class ResumeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = 86400.0
 
 
+class RequeueConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Requeue the job a drained node was running, with that node excluded (docs/remediation.md)."""
+
+    enabled: Annotated[
+        bool,
+        msgspec.Meta(
+            description="after a drain for a verdict that names a running Slurm batch job, requeue the job "
+            "with the node added to its excluded nodes (once per verdict)"
+        ),
+    ] = False
+    window_s: Annotated[
+        float,
+        msgspec.Meta(
+            gt=0, le=30 * 86400, description="the requeue breaker counts sentinel's requeues this long"
+        ),
+    ] = 3600.0
+    max_requeues: Annotated[
+        int,
+        msgspec.Meta(
+            ge=0, description="refuse a requeue that would make more sentinel requeues in the window"
+        ),
+    ] = 5
+
+
 class RemediationConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Acting on verdicts through Slurm: drain the node a verdict names (docs/remediation.md)."""
 
@@ -606,6 +630,7 @@ class RemediationConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     ] = 3
     breaker: BreakerConfig = msgspec.field(default_factory=BreakerConfig)
     resume: ResumeConfig = msgspec.field(default_factory=ResumeConfig)
+    requeue: RequeueConfig = msgspec.field(default_factory=RequeueConfig)
 
 
 class AggregatorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -80,6 +80,15 @@ def canned_app(n_hosts: int, jobs: list[dict[str, Any]] | None = None) -> web.Ap
         "hosts": ["host-0013"],
         "missing_hosts": [],
         "verdicts": [verdicts[0]],
+        "phases": {
+            "fault_at": NOW - 10,
+            "detected_at": NOW - 6,
+            "named_at": NOW - 6,
+            "drained_at": NOW - 5,
+            "requeued_at": None,
+            "resumed_at": None,
+        },
+        "gpu_seconds_lost": 324.0,
         "timeline": [
             {
                 "t": NOW - 6,
@@ -175,6 +184,8 @@ async def test_page_renders_the_api(tmp_path: Path) -> None:
     assert timeline is not None
     text = timeline.group(1)
     assert "incident i1 — job ft" in text and "4 entries from 1 hosts" in text
+    # the incident's phases, each from the one before, and the GPU time it cost so far
+    assert "→ detected +4.0 s → named +0.0 s → drained +1.0 s (not resumed); 0.09 GPU-hours lost" in text
     assert "host-0013 gpu 2  sample   0% 35°C 345 MHz gpu_idle" in text
     assert "rank 10: ft:tp1 done 40" in text
     assert "NCCL WARN &lt;b&gt;bold&lt;/b&gt;" in text

@@ -33,6 +33,7 @@ ROUTED_ALERTS = {
     "SentinelSpoolGrowing", "SentinelAgentSpoolFailing", "SentinelRemediationBreakerOpen",
     "SentinelRemediationFailing", "SentinelNodeDrained", "SentinelNcclRasListenerUntrusted",
     "SentinelRemediationLeaseInvalid", "SentinelRemediationNodeHeldDown",
+    "SentinelRequeueBreakerOpen", "SentinelIncidentDrainSlow", "SentinelIncidentNotResumed",
 }  # fmt: skip
 
 

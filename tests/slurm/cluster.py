@@ -38,6 +38,8 @@ class SlurmCluster:
     health_interval_s: int = 0
     prolog: str = ""
     epilog: str = ""
+    #: the job credential lifetime, which is also how long a requeued job waits to start again (0: Slurm's)
+    cred_expire_s: int = 0
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
@@ -123,7 +125,8 @@ class SlurmCluster:
             f"SlurmdUser={user}",
             "AuthType=auth/munge",
             "CredType=cred/munge",
-            f"AuthInfo=socket={self.munge_socket}",
+            f"AuthInfo=socket={self.munge_socket}"
+            + (f",cred_expire={self.cred_expire_s}" if self.cred_expire_s else ""),
             f"StateSaveLocation={self.root / 'state'}",
             f"SlurmdSpoolDir={self.root / 'spool'}/%n",
             f"SlurmctldPidFile={self.root / 'slurmctld.pid'}",

@@ -206,10 +206,12 @@ def _job_spec(tmp: Path, sockets: Path, control: Path) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def _gloo_agents(tmp: Path, running: Running, token: Path, sockets: Path) -> AsyncIterator[list[Agent]]:
+async def _gloo_agents(
+    tmp: Path, running: Running, token: Path, sockets: Path, nodes: tuple[str, ...] = GLOO_NODES
+) -> AsyncIterator[list[Agent]]:
     agents = [
         Agent(_agent_config(tmp, node, running.stream_url, token, sockets), FakeSource(gpus=RANKS_PER_NODE))
-        for node in GLOO_NODES
+        for node in nodes
     ]
     tasks = [asyncio.create_task(a.run()) for a in agents]
     try:

@@ -1,4 +1,5 @@
-"""Remediation's alerts: the drain circuit breaker is open, actions fail, a node was drained."""
+"""Remediation's alerts: the drain circuit breaker is open, actions fail, a node was drained, the requeue
+breaker refused, an incident waits too long for its drain or for its job to move again."""
 
 from __future__ import annotations
 
@@ -68,5 +69,43 @@ def alerts(settings: RemediationConfig) -> list[AlertRule]:
             "last hour",
             description='Sentinel drained Slurm nodes on its own (reason starting "sentinel:"). Running jobs '
             "finish; no new job lands there until the node is repaired and resumed.",
+        ),
+        AlertRule(
+            alert="SentinelRequeueBreakerOpen",
+            group="sentinel-remediation",
+            expr='sum by (cluster) (increase(sentinel_remediation_actions_total{action="requeue",reason="breaker_requeues"}'
+            "[1h])) > 0",
+            for_s=0,
+            severity="warning",
+            summary="Sentinel refused to requeue a job in cluster {{ $labels.cluster }}: too many requeues",
+            description="Sentinel drained a node under a running job but did not requeue the job, because it "
+            "already requeued remediation.requeue.max_requeues jobs within its window. The job stays where it "
+            "is (hung or on a failing GPU) until someone requeues or cancels it.",
+        ),
+        AlertRule(
+            alert="SentinelIncidentDrainSlow",
+            group="sentinel-remediation",
+            comment="Only incidents whose drain was attempted wait for it (the policy may leave a verdict alone).",
+            expr='max by (cluster) (sentinel_incident_waiting_seconds{step="drain"}) > 300',
+            for_s=0,
+            severity="warning",
+            summary="An incident in cluster {{ $labels.cluster }} has waited {{ $value | humanizeDuration }} for "
+            "its drain",
+            description="A verdict named a faulty GPU or a stuck rank, remediation tried to drain its node and "
+            "has not managed to for more than 5 minutes (refused by a breaker, Slurm failing, a lease not held). "
+            "The node may still take new jobs.",
+        ),
+        AlertRule(
+            alert="SentinelIncidentNotResumed",
+            group="sentinel-remediation",
+            expr='max by (cluster) (sentinel_incident_waiting_seconds{step="resume"}) > 1800',
+            for_s=0,
+            severity="warning",
+            summary="A job in cluster {{ $labels.cluster }} has not moved again {{ $value | humanizeDuration }} "
+            "after its incident's drain or requeue",
+            description="An incident's node was drained (and its job requeued) more than 30 minutes ago and "
+            "the job's step clock has not moved since: the requeued job is pending (no free nodes, held, a "
+            "begin time), failing at start, or was not requeued. Its GPUs are idle; the goodput ledger counts "
+            "the time lost.",
         ),
     ]

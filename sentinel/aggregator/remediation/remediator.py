@@ -26,6 +26,7 @@ from sentinel.aggregator.remediation.audit import AuditLog
 from sentinel.aggregator.remediation.flapping import Held, HoldDown
 from sentinel.aggregator.remediation.lease import LeaseFile, LeaseState
 from sentinel.aggregator.remediation.policy import backed, check_breaker, drain_reason_of, wants_drain
+from sentinel.aggregator.remediation.requeue import Requeuer
 from sentinel.aggregator.verdicts import Change, Verdict, VerdictBook
 from sentinel.config.aggregator import RemediationConfig
 from sentinel.log import get_logger
@@ -53,7 +54,7 @@ class RemediationMetrics:
         self.cluster = cluster
         self.actions = Counter(
             "sentinel_remediation_actions",
-            "Remediation decisions carried out, by action (drain, resume) and outcome (done, dry_run, already, "
+            "Remediation decisions carried out, by action (drain, resume, requeue) and outcome (done, dry_run, already, "
             "refused, failed) and reason of a refusal or failure",
             ["cluster", "action", "outcome", "reason"],
             registry=r,
@@ -165,6 +166,15 @@ class Remediator:
         self._renewing: asyncio.Future[LeaseState] | None = None
         self.idle = asyncio.Event()
         self.idle.set()
+        self.requeuer = Requeuer(
+            config.requeue,
+            self.slurm,
+            self._record,
+            clock=clock,
+            dry_run=config.dry_run,
+            leading=lambda: self.leading,
+            audit_path=self.audit.path,
+        )
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -358,7 +368,8 @@ class Remediator:
             op, verdict = await self.queue.get()
             try:
                 if op == "drain":
-                    await self.drain(verdict)
+                    if await self.drain(verdict) in ("done", "already", "dry_run"):
+                        await self.requeuer.after_drain(verdict, self.node_of(verdict.host or ""))
                 else:
                     await self.resume(verdict)
             except Exception as exc:  # remediation must never stop over one verdict

@@ -13,7 +13,7 @@ from typing import Any
 
 from grafanalib._gen import DashboardEncoder
 
-from sentinel.ops.dashboards import fleet, gpu, health, job
+from sentinel.ops.dashboards import fleet, goodput, gpu, health, job
 
 #: uid → builder, in the order the README lists them.
 DASHBOARDS: dict[str, Callable[[], Any]] = {
@@ -21,6 +21,7 @@ DASHBOARDS: dict[str, Callable[[], Any]] = {
     job.UID: job.build,
     gpu.UID: gpu.build,
     health.UID: health.build,
+    goodput.UID: goodput.build,
 }
 
 

@@ -549,6 +549,27 @@ function describeEntry(e) {
 }
 
 const BULK_TYPES = new Set(["sample", "heads"]);
+const PHASES = [["fault_at", "fault"], ["detected_at", "detected"], ["named_at", "named"],
+  ["drained_at", "drained"], ["requeued_at", "requeued"], ["resumed_at", "resumed"]];
+
+// One line: each phase the incident went through, timed from the one before, and the GPU time it cost.
+function describePhases(inc) {
+  const phases = inc.phases;
+  if (!phases) return "";
+  const parts = [];
+  let previous = null;
+  for (const [key, name] of PHASES) {
+    const t = phases[key];
+    if (t === null || t === undefined) continue;
+    parts.push(previous === null ? `${name} ${new Date(t * 1000).toISOString().slice(11, 19)}`
+      : `${name} +${(t - previous).toFixed(1)} s`);
+    previous = t;
+  }
+  const open = phases.resumed_at === null || phases.resumed_at === undefined;
+  const lost = Number(inc.gpu_seconds_lost ?? 0);
+  return `phases: ${parts.join(" → ")}${open ? " (not resumed)" : ""}; ` +
+    `${(lost / 3600).toFixed(2)} GPU-hours lost`;
+}
 
 async function loadTimeline() {
   const id = model.selectedIncident;
@@ -579,6 +600,8 @@ async function loadTimeline() {
       ((inc.missing_hosts ?? []).length ? `, no snapshot from ${inc.missing_hosts.join(", ")}` : "") +
       (shown.length < entries.length ? ` (showing ${shown.length}: ` +
         (all ? "the last ones)" : "events, verdicts, and readings of the GPUs and ranks named)") : "")];
+    const phaseLine = describePhases(inc);
+    if (phaseLine) lines.splice(1, 0, phaseLine);
     for (const e of shown) lines.push(describeEntry(e));
     $("timeline").textContent = lines.join("\n");
     $("timeline").scrollTop = $("timeline").scrollHeight;  // the verdict is at the end
