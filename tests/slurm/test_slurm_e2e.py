@@ -402,7 +402,7 @@ async def test_verdicts_drain_nodes_health_check_drains_and_breaker_refuses(
                 sim4 = await _until("breaker refuses sim4", refused, 40, every=0.3,
                                     why=lambda: sims[-1].log_path.read_text()[-2000:])  # fmt: skip
                 assert sim4["kind"] == "stuck" and sim4["record"]["reason"] == "breaker_sentinel_drains", sim4
-                assert "2 nodes drained by sentinel" in sim4["record"]["detail"]
+                assert "2 drains by sentinel" in sim4["record"]["detail"]
                 assert "DRAIN" not in (await asyncio.to_thread(state, "sim4"))[0]
                 timings["breaker_refusal_s"] = time.monotonic() - started
                 async with session.get(f"{url}/metrics") as response:
