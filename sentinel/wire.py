@@ -24,6 +24,7 @@ from sentinel.components.fabric.record import FabricInfo
 from sentinel.components.ib.record import IbPort
 from sentinel.components.nccl_debug.record import DebugReadiness
 from sentinel.components.nccl_ras.record import RasStatus
+from sentinel.components.netdev.record import MAX_NETDEVS, Netdev
 from sentinel.components.nvlink.record import NvLink
 from sentinel.components.pcie.record import PcieLink
 from sentinel.components.rowremap.record import RowRemap
@@ -270,6 +271,8 @@ class Batch(msgspec.Struct, tag="batch", kw_only=True, omit_defaults=True):
     heads: Annotated[list[FrHeads], msgspec.Meta(max_length=MAX_BATCH_ITEMS)] = []
     drops: Drops | None = None
     ports: list[IbPort] | None = None  # IB/RoCE ports; None: not read this tick
+    #: network interfaces (class/net statistics with rates); None: not read this tick
+    netdevs: Annotated[list[Netdev], msgspec.Meta(max_length=MAX_NETDEVS)] | None = None
     ras: list[RasStatus] = []
     gpu_source: GpuSourceHealth | None = (
         None  # None: unchanged since the last batch  # NCCL RAS answers that arrived since the last batch

@@ -17,6 +17,7 @@ import msgspec
 from sentinel.components.device.record import GpuSourceHealth
 from sentinel.components.ib.record import IbPort
 from sentinel.components.nccl_ras.record import RasStatus
+from sentinel.components.netdev.record import Netdev
 from sentinel.fr.heads import FrHeads
 from sentinel.wire import MAX_FRAME_BYTES, Batch, Drops, Event, GpuSample, ProcInfo, encode
 
@@ -38,6 +39,8 @@ class TickFindings:
     procs: list[ProcInfo] | None = None
     #: IB/RoCE ports when the port collector read them this tick
     ports: list[IbPort] | None = None
+    #: network interfaces when the netdev collector read them this tick
+    netdevs: list[Netdev] | None = None
     ras: list[RasStatus] = field(default_factory=list)
     #: set when the GPU source's health changed this tick
     gpu_source: GpuSourceHealth | None = None
@@ -101,6 +104,7 @@ def build_batch(
         heads=heads,
         drops=drops,
         ports=tick.ports,
+        netdevs=tick.netdevs,
         ras=tick.ras,
         gpu_source=tick.gpu_source,
     )

@@ -36,6 +36,10 @@ from sentinel.components.ib.sysfs import PortSource, SysfsPorts
 from sentinel.components.ib.tracker import PortTracker
 from sentinel.components.nccl_ras.collector import RasCollector
 from sentinel.components.nccl_ras.metrics import RasMetrics
+from sentinel.components.netdev.collector import NetdevCollector
+from sentinel.components.netdev.metrics import NetdevMetrics
+from sentinel.components.netdev.qdisc import NetlinkQdiscs
+from sentinel.components.netdev.sysfs import SysfsNetdevs
 from sentinel.components.xid.merge import XidMerger
 from sentinel.config.agent import AgentConfig, CollectorName
 from sentinel.log import get_logger
@@ -126,6 +130,16 @@ def _kmsg(ctx: BuildContext, _: Sequence[Collector]) -> Collector | None:
     return KmsgCollector(reader, ctx.lines, c.collect.tick_s)
 
 
+def _netdev(ctx: BuildContext, _: Sequence[Collector]) -> Collector | None:
+    """Network interfaces from sysfs (a simulated host has none: its job traffic is on its IB ports)."""
+    c = ctx.config.netdev
+    if not c.enabled or ctx.inputs.ib_ports is not None:
+        return None
+    metrics = NetdevMetrics(ctx.cluster, ctx.host)
+    qdiscs = NetlinkQdiscs(netns=c.netns) if c.qdiscs else None
+    return NetdevCollector(ctx.sink, SysfsNetdevs(c.sysfs_root, qdiscs), metrics, c.interval_s)
+
+
 def _logs(ctx: BuildContext, _: Sequence[Collector]) -> Collector | None:
     c = ctx.config
     if ctx.inputs.job_logs is not None:
@@ -205,6 +219,7 @@ COLLECTORS: Final[tuple[CollectorEntry, ...]] = (
     CollectorEntry("nvml", _nvml),
     CollectorEntry("xid", _xid),
     CollectorEntry("ib", _ib),
+    CollectorEntry("netdev", _netdev),
     CollectorEntry("kmsg", _kmsg),
     CollectorEntry("logs", _logs),
     CollectorEntry("jobs", _jobs),
@@ -254,7 +269,7 @@ def assemble(collectors: Sequence[Collector]) -> Assembly:
         elif isinstance(collector, IbCollector):
             out.port_tracker = collector.reader.tracker
             out.families.append(collector.reader.metrics)
-        elif isinstance(collector, RasCollector):
+        elif isinstance(collector, RasCollector | NetdevCollector):
             out.families.append(collector.metrics)
         elif isinstance(collector, ProbeCollector) and collector.feed is None:
             out.probe = collector.server

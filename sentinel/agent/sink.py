@@ -20,6 +20,7 @@ from sentinel.components.ib.kernel import PortLogLine
 from sentinel.components.ib.record import IbPort
 from sentinel.components.ib.tracker import PortTracker
 from sentinel.components.nccl_ras.record import RasStatus
+from sentinel.components.netdev.record import Netdev
 from sentinel.fr.heads import FrHeads
 from sentinel.log import get_logger
 from sentinel.wire import Event, GpuInfo, GpuSample, ProcInfo
@@ -34,6 +35,8 @@ class CollectorSink(AgentSink, Protocol):
     def procs(self) -> list[ProcInfo]: ...
 
     def set_ports(self, ports: list[IbPort]) -> None: ...
+
+    def set_netdevs(self, netdevs: list[Netdev]) -> None: ...
 
     def add_ras(self, status: RasStatus) -> None: ...
 
@@ -105,6 +108,9 @@ class TickSink:
 
     def set_ports(self, ports: list[IbPort]) -> None:
         self._tick.ports = ports
+
+    def set_netdevs(self, netdevs: list[Netdev]) -> None:
+        self._tick.netdevs = netdevs
 
     def note_port_line(self, line: PortLogLine, now: float) -> None:
         if self.port_tracker is not None:

@@ -22,6 +22,7 @@ from sentinel.aggregator.detectors.base import Detector, Evaluation, Observation
 from sentinel.aggregator.detectors.hardware import HardwareDetector
 from sentinel.aggregator.detectors.host_silent import HostSilentDetector
 from sentinel.aggregator.detectors.inventory import InventoryDetector
+from sentinel.aggregator.detectors.link_pace import LinkPaceDetector
 from sentinel.aggregator.detectors.network import NetworkDetector
 from sentinel.aggregator.detectors.straggler import StragglerDetector
 from sentinel.aggregator.detectors.stuck import Stall, StuckDetector
@@ -41,9 +42,10 @@ DETECTORS: tuple[type[Detector], ...] = (
     HostSilentDetector,
     InventoryDetector,
     NetworkDetector,
+    LinkPaceDetector,
 )
 #: verdicts of these detectors are about a job and close when the job ends
-JOB_DETECTORS = frozenset({StuckDetector.name, StragglerDetector.name})
+JOB_DETECTORS = frozenset({StuckDetector.name, StragglerDetector.name, LinkPaceDetector.name})
 
 
 class EngineMetrics:

@@ -28,6 +28,7 @@ from sentinel.components.ib.kernel import host_evidence
 from sentinel.components.ib.record import IbPort
 from sentinel.components.nccl_debug.record import DebugReadiness
 from sentinel.components.nccl_ras.record import RasStatus
+from sentinel.components.netdev.record import Netdev
 from sentinel.components.nvlink.record import NvLink
 from sentinel.components.nvlink.rule import error_total as nvlink_error_total
 from sentinel.components.nvlink.rule import rises as nvlink_rises
@@ -170,6 +171,9 @@ class HostView:
     #: IB/RoCE ports by ``device/port``, the latest reading (agent time ``ports_t``)
     ports: dict[str, IbPort] = field(default_factory=dict)
     ports_t: float = -math.inf
+    #: network interfaces by name, the latest reading (agent time ``netdevs_t``)
+    netdevs: dict[str, Netdev] = field(default_factory=dict)
+    netdevs_t: float = -math.inf
     #: the host's clock against the aggregator's (offset, rate), from its batches' stamps
     clock: HostClock = field(default_factory=HostClock)
     #: bumped when what the inventory detector reads changes: the GPUs (count, model, driver, VBIOS, PCIe
@@ -427,6 +431,9 @@ class FleetState:
         if batch.ports is not None and host.ports_t <= batch.t <= horizon:
             host.ports = {p.key: p for p in batch.ports[:MAX_PORTS_PER_HOST]}
             host.ports_t = batch.t
+        if batch.netdevs is not None and host.netdevs_t <= batch.t <= horizon:
+            host.netdevs = {d.name: d for d in batch.netdevs}
+            host.netdevs_t = batch.t
         for status in batch.ras[:MAX_RAS_PER_BATCH]:
             if status.job:
                 job = self._job(status.job, now)

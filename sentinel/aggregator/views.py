@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sentinel.aggregator.detectors.link_pace import LinkPaceDetector
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.state import GpuView, HostView, JobView
 
@@ -140,8 +141,30 @@ def _compute(engine: Engine, job: str, rank: int) -> dict[str, Any]:
     }
 
 
+def _pace(engine: Engine, job: str) -> dict[str, Any] | None:
+    """The link-pace detector's measure of the job: step time against its own baseline, and compute."""
+    detector = engine.detectors.get(LinkPaceDetector.name)
+    pace = detector.latest.get(job) if isinstance(detector, LinkPaceDetector) else None
+    if pace is None:
+        return None
+
+    def ms(value: float | None) -> float | None:
+        return None if value is None else round(value * 1000, 1)
+
+    share = pace.comm_share
+    return {
+        "step_ms": ms(pace.step_s),
+        "baseline_step_ms": ms(pace.baseline_step_s),
+        "slowdown": round(pace.slowdown, 3),
+        "compute_ms": ms(pace.compute_s),
+        "baseline_compute_ms": ms(pace.baseline_compute_s),
+        "comm_share_of_extra": None if share is None else round(share, 3),
+    }
+
+
 def job_detail(engine: Engine, job: JobView, now: float) -> dict[str, Any]:
     out = job_summary(engine, job)
+    out["pace"] = _pace(engine, job.id)
     ranks = []
     for rank in sorted(job.ranks):
         view = job.ranks[rank]

@@ -23,7 +23,9 @@ class AgentIdentity(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 #: Every collector of the agent's registry (:data:`sentinel.agent.registry.COLLECTORS`, which a test keeps
 #: equal to this list), so ``collect.disabled`` is checked while the file is read, never at run time.
-CollectorName = Literal["nvml", "xid", "ib", "kmsg", "logs", "jobs", "nccl_ras", "probe", "fr_dumps"]
+CollectorName = Literal[
+    "nvml", "xid", "ib", "netdev", "kmsg", "logs", "jobs", "nccl_ras", "probe", "fr_dumps"
+]
 
 
 class CollectConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -261,6 +263,30 @@ class IbConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = 3600.0
 
 
+class NetdevConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Network interfaces read from sysfs (``class/net/*/statistics``): the traffic of socket-transport jobs."""
+
+    enabled: Annotated[bool, msgspec.Meta(description="read the network interfaces")] = True
+    sysfs_root: Annotated[
+        str, msgspec.Meta(description="where sysfs is mounted (its class/net shows the mounter's namespace)")
+    ] = "/sys"
+    interval_s: Annotated[
+        float,
+        msgspec.Meta(ge=0.05, le=3600, description="read interval (rates are per second between reads)"),
+    ] = 2.0
+    qdiscs: Annotated[
+        bool, msgspec.Meta(description="also read each interface's root qdisc (rtnetlink): its egress wait")
+    ] = True
+    netns: Annotated[
+        str,
+        msgspec.Meta(
+            max_length=256,
+            description="read the qdiscs of this network namespace (e.g. /proc/1/ns/net from a container; "
+            "needs CAP_SYS_ADMIN); empty: the agent's own. Point sysfs_root at a sysfs mounted from it",
+        ),
+    ] = ""
+
+
 class NcclRasConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Queries of NCCL's RAS service (NCCL >= 2.24) while a job's rank 0 runs on the host."""
 
@@ -296,4 +322,5 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     systemd: SystemdConfig = msgspec.field(default_factory=SystemdConfig)
     ib: IbConfig = msgspec.field(default_factory=IbConfig)
+    netdev: NetdevConfig = msgspec.field(default_factory=NetdevConfig)
     nccl_ras: NcclRasConfig = msgspec.field(default_factory=NcclRasConfig)

@@ -13,6 +13,7 @@ import msgspec
 from sentinel.components.device.inventory import InventoryConfig
 from sentinel.components.ecc.rule import EccThresholds
 from sentinel.components.ib.rule import PortRuleConfig
+from sentinel.components.linkpace.rule import LinkPaceConfig
 from sentinel.components.xid.rule import XidPolicyConfig
 from sentinel.config.common import LogConfig
 
@@ -375,7 +376,7 @@ class StragglerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = 0.02
 
 
-DetectorName = Literal["hardware", "stuck", "straggler", "host_silent", "inventory"]
+DetectorName = Literal["hardware", "stuck", "straggler", "host_silent", "inventory", "link_pace"]
 
 
 class DetectConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -396,6 +397,7 @@ class DetectConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     stuck: StuckConfig = msgspec.field(default_factory=StuckConfig)
     straggler: StragglerConfig = msgspec.field(default_factory=StragglerConfig)
     network: PortRuleConfig = msgspec.field(default_factory=PortRuleConfig)
+    link_pace: LinkPaceConfig = msgspec.field(default_factory=LinkPaceConfig)
     inventory: InventoryConfig = msgspec.field(default_factory=InventoryConfig)
 
 

@@ -173,11 +173,13 @@ class ClusterSim:
                 jitter=spec.jitter,
                 pause_every_s=spec.pause_every_s,
                 pause_s=spec.pause_s,
+                comm_s=spec.comm_s,
             )
             self.jobs[spec.id] = job
             for r in ranks:
                 gpu = self.hosts[r.host].gpus[r.gpu]
                 gpu.job, gpu.rank = job, r.rank
+                self.hosts[r.host].ports[r.gpu].busy_from = spec.start_s
         self.pending = sorted(scenario.faults, key=lambda f: f.at_s)
         self.applied: list[FaultSpec] = []
         self.now = 0.0
@@ -281,6 +283,18 @@ class ClusterSim:
             assert fault.rate_gbps is not None
             port = host.ports[gpu.index]
             port.degraded_at, port.degraded_rate = t, fault.rate_gbps
+        elif kind == "link_slow":
+            assert fault.slowdown is not None
+            port = host.ports[gpu.index]
+            port.slow_at, port.slowdown, port.silent = t, fault.slowdown, fault.silent
+            if rank is not None:
+                rank.link_factor = fault.slowdown
+        elif kind == "nic_lost":
+            port = host.ports[gpu.index]
+            port.lost_at = t
+            host.kernel_lines.append((t, KERN_ERR, port.removed_line()))
+            if rank is not None:
+                rank.link_down_at = t
         if rank is not None and gpu.job is not None:
             gpu.job.touch(rank.rank)
             host.procs_version += 1

@@ -38,6 +38,7 @@ class RankSim:
     dead_at: float = INF  # process gone from then on (no heads, no procs)
     net_error_at: float = INF  # its NCCL network transport fails from then on
     link_down_at: float = INF  # the port its GPU's traffic uses is down: its collectives stall, NCCL silent
+    link_factor: float = 1.0  # the port its GPU's traffic uses carries it this many times slower
 
     @property
     def modified(self) -> bool:
@@ -47,6 +48,7 @@ class RankSim:
             or self.dead_at < INF
             or self.net_error_at < INF
             or self.link_down_at < INF
+            or self.link_factor != 1.0
         )
 
 
@@ -78,6 +80,7 @@ class JobSim:
         jitter: float = 0.0,
         pause_every_s: float = 0.0,
         pause_s: float = 2.5,
+        comm_s: float | None = None,
     ) -> None:
         self.job_id = job_id
         self.start_s = start_s
@@ -91,7 +94,7 @@ class JobSim:
         self.tp = tp
         self.groups = (self.world_size + tp - 1) // tp
         self.comm_tp = 0.004 + 0.001 * tp
-        self.comm_world = 0.02 + 0.004 * math.log2(max(2, self.world_size))
+        self.comm_world = comm_s if comm_s is not None else 0.02 + 0.004 * math.log2(max(2, self.world_size))
         rng = random.Random(f"{seed}:{job_id}")
         self._noise = [rng.random() for _ in range(_NOISE_SIZE)]
         self._pause_noise = [rng.random() for _ in range(_NOISE_SIZE)]
@@ -176,7 +179,8 @@ class JobSim:
                 done = INF
             it.tp_done[g] = done
         latest = max([it.tp_done_healthy, *it.tp_done.values()])
-        world = latest + self.comm_world
+        # the data-parallel collective crosses every rank's link: it runs at the pace of the slowest
+        world = latest + self.comm_world * max([1.0, *(r.link_factor for r in self.modified.values())])
         it.world_stalled_by_net = False
         for r in self.modified.values():
             entry = it.tp_done.get(r.rank // self.tp, it.tp_done_healthy)

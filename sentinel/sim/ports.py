@@ -8,6 +8,13 @@ faults of a scenario:
 * ``link_flap`` — from ``at_s`` the link drops for ``FLAP_DOWN_S`` (shorter than a read interval: the state is rarely seen down, link_downed counts it) every ``FLAP_PERIOD_S`` and comes back;
   ``link_downed`` counts every drop (also the ones between two readings).
 * ``link_degraded`` — from ``at_s`` the link runs at ``rate_gbps`` and symbol errors accumulate.
+* ``link_slow`` — from ``at_s`` the port carries its rank's traffic ``slowdown`` times slower (its data
+  counters grow that much slower); unless ``silent``, its wait (``port_xmit_wait``), congestion (CNPs) and
+  retransmission (``out_of_sequence``) counters climb, with a few symbol errors.
+* ``nic_lost`` — from ``at_s`` the HCA is gone from sysfs (the scan no longer finds the port).
+
+A port whose GPU runs a job carries traffic from the job's start (``BUSY_BYTES_PER_S``, with the wait a
+loaded port always has); an idle port's data counters stand still.
 
 Pure model: time is passed in, nothing reads a clock.
 """
@@ -16,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sentinel.components.ib.record import PortReading
+from sentinel.components.ib.record import DATA_WORD_BYTES, PortReading
 from sentinel.components.ib.sysfs import PortScan
 
 INF = float("inf")
@@ -24,6 +31,13 @@ RATE_GBPS = 400.0
 FLAP_PERIOD_S = 20.0
 FLAP_DOWN_S = 1.0
 SYMBOL_ERRORS_PER_S = 0.5
+BUSY_BYTES_PER_S = 6e9  # a loaded 400G rail, both directions together
+BUSY_WAIT_PER_S = 2e5  # port_xmit_wait ticks a healthy loaded port accumulates
+#: what a slow, non-silent port adds per second: its sends wait, the fabric marks and drops its packets
+SLOW_WAIT_PER_S = 5e6
+SLOW_CNP_PER_S = 400.0
+SLOW_OUT_OF_SEQUENCE_PER_S = 50.0
+SLOW_SYMBOL_ERRORS_PER_S = 0.02
 _RATE_TEXT = {400.0: "4X NDR", 200.0: "2X NDR", 100.0: "1X NDR"}
 
 
@@ -36,6 +50,11 @@ class SimPort:
     flap_at: float = INF
     degraded_at: float = INF
     degraded_rate: float = RATE_GBPS
+    busy_from: float = INF  # a job's rank runs on the GPU: the port carries its traffic from then on
+    slow_at: float = INF
+    slowdown: float = 1.0
+    silent: bool = False
+    lost_at: float = INF
     _healthy: PortReading | None = None
 
     def _flaps(self, t: float) -> tuple[int, bool]:
@@ -46,7 +65,7 @@ class SimPort:
         return int(since // FLAP_PERIOD_S) + 1, since % FLAP_PERIOD_S < FLAP_DOWN_S
 
     def reading(self, t: float) -> PortReading:
-        if t < min(self.down_at, self.flap_at, self.degraded_at):
+        if t < min(self.down_at, self.flap_at, self.degraded_at, self.busy_from, self.slow_at):
             if self._healthy is None:  # before any fault the port reads the same every time
                 self._healthy = self._read(t)
             return self._healthy
@@ -59,6 +78,18 @@ class SimPort:
         rate = self.degraded_rate if t >= self.degraded_at else RATE_GBPS
         symbol = int((t - self.degraded_at) * SYMBOL_ERRORS_PER_S) if t >= self.degraded_at else 0
         state, phys = ("down", "disabled") if down or flapping_down else ("active", "linkup")
+        busy = max(0.0, t - self.busy_from)
+        slow = max(0.0, t - self.slow_at) if busy else 0.0
+        words = (BUSY_BYTES_PER_S * (busy - slow + slow / self.slowdown)) / DATA_WORD_BYTES
+        loud = 0.0 if self.silent else slow
+        traffic = {
+            "port_xmit_data": int(words / 2),
+            "port_rcv_data": int(words / 2),
+            "port_xmit_wait": int(BUSY_WAIT_PER_S * busy + SLOW_WAIT_PER_S * loud),
+            "np_cnp_sent": int(SLOW_CNP_PER_S * loud),
+            "out_of_sequence": int(SLOW_OUT_OF_SEQUENCE_PER_S * loud),
+        }
+        symbol += int(SLOW_SYMBOL_ERRORS_PER_S * loud)
         return PortReading(
             device=self.device,
             port=1,
@@ -74,11 +105,19 @@ class SimPort:
                 "port_rcv_remote_physical_errors": 0,
                 "port_xmit_discards": 0,
                 "symbol_error": symbol,
-            },  # error counters only: the model has no traffic (data counters would be noise here)
+                **traffic,
+            },
             pci_bus=self.pci_bus,
             numa_node=0 if self.gpu < 4 else 1,
             gpus=[self.gpu],
             locality="pcie_switch",
+        )
+
+    def removed_line(self) -> str:
+        """The kernel line mlx5_core prints when the HCA falls off the bus (PCI error recovery)."""
+        return (
+            f"mlx5_core {self.pci_bus}: mlx5_pci_err_detected:1233:(pid 0): Device state = 2 "
+            "pci_status: 0. Enter, pci channel state = 3"
         )
 
     def module_error_line(self, t: float) -> str:
@@ -94,4 +133,4 @@ def rate_text(rate: float) -> str:
 
 
 def scan(ports: list[SimPort], t: float) -> PortScan:
-    return PortScan(ports=[p.reading(t) for p in ports], present=True)
+    return PortScan(ports=[p.reading(t) for p in ports if t < p.lost_at], present=True)

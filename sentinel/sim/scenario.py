@@ -29,6 +29,8 @@ FaultKind = Literal[
     "link_flap",
     "link_degraded",
     "port_down",
+    "link_slow",
+    "nic_lost",
 ]
 FAULT_KINDS: tuple[str, ...] = FaultKind.__args__  # type: ignore[attr-defined]
 
@@ -44,6 +46,7 @@ REQUIRED_PARAMS: dict[str, tuple[str, ...]] = {
     "thermal_throttle": ("clock_mhz",),
     "straggler": ("slowdown",),
     "link_degraded": ("rate_gbps",),
+    "link_slow": ("slowdown",),
 }
 PARAMS = ("xid", "count", "rate_per_s", "clock_mhz", "slowdown", "rate_gbps")
 MAX_HOSTS = 16384
@@ -84,6 +87,9 @@ class JobSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     pause_every_s: Annotated[float, msgspec.Meta(ge=0, le=1e6)] = 0.0
     #: how long a pause lasts (each one 80-120 % of this)
     pause_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 2.5
+    #: seconds of the step's data-parallel collective across hosts (the part a slow link stretches); unset:
+    #: the latency-bound model's few tens of milliseconds
+    comm_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] | None = None
 
 
 class FaultSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -97,6 +103,8 @@ class FaultSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     clock_mhz: Annotated[float, msgspec.Meta(gt=0, le=5000)] | None = None
     slowdown: Annotated[float, msgspec.Meta(gt=1, le=100)] | None = None
     rate_gbps: Annotated[float, msgspec.Meta(gt=0, le=3200)] | None = None
+    #: link_slow only: the port's error and congestion counters stay flat (only its throughput tells)
+    silent: bool = False
 
 
 class Scenario(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -131,6 +139,8 @@ def fault_to_dict(fault: FaultSpec) -> dict[str, Any]:
         value = getattr(fault, param)
         if value is not None:
             data[param] = value
+    if fault.silent:
+        data["silent"] = True
     return data
 
 
@@ -218,6 +228,8 @@ def _check(scenario: Scenario, source: str) -> None:
                 raise ScenarioError(source, f"{where}.{param}", f"required for kind {fault.kind}")
             if param not in required and value is not None:
                 raise ScenarioError(source, f"{where}.{param}", f"not a parameter of kind {fault.kind}")
+        if fault.silent and fault.kind != "link_slow":
+            raise ScenarioError(source, f"{where}.silent", f"not a parameter of kind {fault.kind}")
         if fault.kind in ("hang", "straggler", "nccl_net_error") and fault.host not in host_owner:
             raise ScenarioError(source, f"{where}.host", f"{fault.kind} needs a job on {fault.host}")
 

@@ -23,6 +23,7 @@ RUNBOOK_OF_REASON_PREFIX: Final[tuple[tuple[str, str], ...]] = (
     ("row_remap_", "SentinelGpuRowRemapPending.md"),
     ("ecc_uncorrect", "SentinelGpuUncorrectableEcc.md"),
     ("xid_", "SentinelGpuCriticalXid.md"),
+    ("link_slow", "SentinelLinkSlow.md"),
     ("ib_link_flap", "SentinelIbLinkFlapping.md"),
     ("ib_port_down", "SentinelIbPortDown.md"),
     ("ib_link_down", "SentinelIbPortDown.md"),

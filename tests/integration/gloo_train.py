@@ -10,7 +10,9 @@ touches torch.distributed: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_POR
 Each step: all_reduce of a gradient, then all_reduce of a stop flag (rank 0 raises it when CONTROL/stop
 exists, so every rank leaves at the same step and the run ends cleanly). A rank named in CONTROL/hang stops
 before its next gradient all_reduce (it writes CONTROL/hung_<rank> with the time) and sleeps forever, while
-its probe thread keeps reporting and its peers block inside the all_reduce. CONTROL/slow holding ``RANK
+its probe thread keeps reporting and its peers block inside the all_reduce. A rank whose spec names ``netns`` (a
+path such as /run/netns/x) enters that network namespace first, so ranks run on separate "hosts" joined by
+real links; the job's ``master_addr`` and ``grad_elems`` (the gradient's size) then apply. CONTROL/slow holding ``RANK
 SECONDS`` makes that rank a straggler: each of its steps computes SECONDS longer (a sleep in its compute
 phase, between its flag all_reduce and its next gradient all_reduce, where a slow GPU, input pipeline or host
 spends its time; a sleep rather than busy work, which on a 2-core machine would slow every rank alike). The
@@ -40,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
+CLONE_NEWNET = 0x40000000
 
 
 def _die_with_parent(parent: int) -> None:
@@ -94,14 +97,26 @@ def _extra_compute_s(control: Path, rank: int) -> float:
         return 0.0
 
 
+def _enter_netns(path: str) -> None:
+    """Move this (forked, not yet networked) rank into the network namespace at ``path``: its "host"."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns {path}")
+    finally:
+        os.close(fd)
+
+
 def run_rank(spec: dict[str, Any], job: dict[str, Any]) -> int:
     rank = int(spec["rank"])
+    if spec.get("netns"):
+        _enter_netns(spec["netns"])
     os.environ.update(
         {
             "RANK": str(rank),
             "LOCAL_RANK": str(spec["local_rank"]),
             "WORLD_SIZE": str(job.get("world_size", len(job["ranks"]))),  # one node's share of a bigger job
-            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_ADDR": job.get("master_addr", "127.0.0.1"),
             "MASTER_PORT": str(job["port"]),
             "SENTINEL_JOB_ID": job["job_id"],
             **spec["env"],
@@ -116,7 +131,7 @@ def run_rank(spec: dict[str, Any], job: dict[str, Any]) -> int:
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     sentinel.probe.start(interval_s=float(job.get("probe_interval_s", 1.0)))
     threading.Thread(target=_dump_pipe_watcher, args=(rank,), daemon=True).start()
-    grad = torch.ones(4096)
+    grad = torch.ones(int(job.get("grad_elems", 4096)))
     step_s = float(job.get("step_s", 0.05))
     step = 0
     while True:

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -183,13 +183,20 @@ async def until(what: str, check: Any, timeout: float, job: Job | None = None) -
 
 
 @contextlib.asynccontextmanager
-async def agents(cluster: Cluster, running: Running) -> AsyncIterator[list[Agent]]:
+async def agents(
+    cluster: Cluster,
+    running: Running,
+    *,
+    gpus: int = GPUS_PER_HOST,
+    configure: Callable[[str, AgentConfig], AgentConfig] | None = None,
+) -> AsyncIterator[list[Agent]]:
+    """One real agent per host of ``HOSTS`` (``configure`` may change each one's configuration)."""
     token = cluster.tmp / "token"
     token.write_text(TOKEN)
-    agents = [
-        Agent(cluster.agent_config(host, running.stream_url, token), FakeSource(gpus=GPUS_PER_HOST))
-        for host in HOSTS
-    ]
+    agents = []
+    for host in HOSTS:
+        config = cluster.agent_config(host, running.stream_url, token)
+        agents.append(Agent(configure(host, config) if configure else config, FakeSource(gpus=gpus)))
     tasks = [asyncio.create_task(a.run()) for a in agents]
     try:
         yield agents

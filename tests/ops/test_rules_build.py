@@ -25,6 +25,7 @@ ROUTED_ALERTS = {
     "SentinelGpuFaulty", "SentinelGpuDegraded", "SentinelGpuRowRemapPending", "SentinelGpuRowRemapFailed",
     "SentinelGpuUncorrectableEcc", "SentinelGpuCriticalXid", "SentinelGpuLost", "SentinelGpuUnresponsive",
     "SentinelIbPortDown", "SentinelIbLinkFlapping", "SentinelIbPortDegraded", "SentinelIbReadErrors",
+    "SentinelLinkSlow", "SentinelNetdevReadErrors",
     "SentinelNcclRasQueryFailing", "SentinelJobStalled", "SentinelStraggler", "SentinelHostSilent",
     "SentinelDetectorFailing", "SentinelConfigReloadFailed", "SentinelAgentDown", "SentinelAgentStale",
     "SentinelAgentCollectorFailing", "SentinelAgentDisconnected", "SentinelAgentStreamRefused",

@@ -27,6 +27,7 @@ HANG_S = 10.0
 STRAGGLER_S = 60.0
 SILENT_S = 15.0  # host_silent_after_s (10 s) plus a few ticks
 NETWORK_S = 6.0  # ports read every 2 s, a port down counts after 2 s
+LINK_SLOW_S = 60.0  # issue 39's goal for a job slowed 1.3x by one link
 
 #: fault kind → (verdict kinds that name it correctly, bound in seconds); None: no verdict may name it
 EXPECTED: dict[str, tuple[frozenset[str], float] | None] = {
@@ -44,6 +45,8 @@ EXPECTED: dict[str, tuple[frozenset[str], float] | None] = {
     "port_down": (frozenset({"faulty"}), NETWORK_S),
     "link_flap": (frozenset({"degraded", "faulty"}), NETWORK_S),
     "link_degraded": (frozenset({"degraded"}), NETWORK_S),
+    "link_slow": (frozenset({"degraded"}), LINK_SLOW_S),
+    "nic_lost": (frozenset({"faulty", "stuck"}), NETWORK_S),
 }
 
 

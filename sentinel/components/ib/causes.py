@@ -15,6 +15,8 @@ from typing import Protocol
 
 from sentinel.components.ib.record import IbPort
 from sentinel.components.ib.rule import PortFinding, PortRuleConfig, evaluate_ports
+from sentinel.components.linkpace.load import port_load
+from sentinel.components.linkpace.rule import LinkLoad, LinkPaceConfig, standouts
 
 KERNEL_LINES_KEPT = 3
 #: kernel lines older than this (aggregator clock) are no evidence for the port's state now
@@ -143,12 +145,64 @@ def host_causes(host: PortHost, cfg: PortRuleConfig, now: float) -> list[PortCau
 
 
 def stall_causes(
-    hosts: Mapping[str, PortHost], names: Iterable[str], cfg: PortRuleConfig, now: float
+    hosts: Mapping[str, PortHost],
+    names: Iterable[str],
+    cfg: PortRuleConfig,
+    now: float,
+    links: LinkPaceConfig | None = None,
 ) -> list[PortCause]:
-    """Ports on the hosts ``names`` whose findings explain a collective nobody completes: faulty ones first."""
+    """Ports on the hosts ``names`` whose findings explain a collective nobody completes: faulty ones first,
+    then a port that stands out among the hosts' GPU rails by the link-pace judgement (waiting, congested or
+    carrying less than its peers while the collective makes no progress)."""
     causes: list[PortCause] = []
+    judged: list[tuple[PortHost, IbPort]] = []
     for name in sorted(set(names)):
         host = hosts.get(name)
         if host is not None:
             causes.extend(host_causes(host, cfg, now))
+            judged.extend((host, p) for p in host.ports.values() if p.up and p.gpus and p.rates)
+    causes.extend(
+        _standing_out(judged, {(c.host, c.port.key) for c in causes}, links or LinkPaceConfig(), now)
+    )
     return sorted(causes, key=lambda c: (_KIND_ORDER.get(c.finding.kind, 9), c.host, c.port.key))
+
+
+def _standing_out(
+    ports: list[tuple[PortHost, IbPort]], named: set[tuple[str, str]], cfg: LinkPaceConfig, now: float
+) -> list[PortCause]:
+    """The rails that stand out among ``ports`` (the link-pace judgement, on the latest readings)."""
+    if not cfg.enabled:
+        return []
+    loads = []
+    for host, port in ports:
+        data, waits = port_load(port)
+        loads.append(LinkLoad(host=host.name, link=port.key, bytes_per_s=data, waits=waits))
+    by_key = {(host.name, port.key): (host, port) for host, port in ports}
+    out: list[PortCause] = []
+    for s in standouts(loads, cfg):
+        host, port = by_key[(s.link.host, s.link.link)]
+        if (host.name, port.key) in named:
+            continue
+        ranks = _served(host, port)
+        evidence = tuple(f"{port.device} port {port.port} {line}" for line in s.evidence)
+        finding = PortFinding(
+            device=port.device,
+            port=port.port,
+            kind="degraded",
+            action="drain",
+            reason="link_slow",
+            evidence=evidence,
+            since=port.t,
+        )
+        out.append(
+            PortCause(
+                host=host.name,
+                port=port,
+                finding=finding,
+                gpus=list(port.gpus),
+                ranks=ranks,
+                evidence=(_headline(host, port, ranks), *evidence),
+                evidence_t=now,
+            )
+        )
+    return out

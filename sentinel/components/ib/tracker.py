@@ -76,7 +76,37 @@ class PortTracker:
         if self._pending:
             self._match_pending(readings, now)
         out = [self._one(reading, now) for reading in readings]
+        out.extend(self._missing({r.key for r in readings}, now))
         self._persist(now)
+        return out
+
+    def _missing(self, present: set[str], now: float) -> list[IbPort]:
+        """Ports seen up before and gone from sysfs (an HCA that fell off the bus, a driver that died): a
+        ``missing`` record, down since they vanished, for as long as the flap window; then forgotten."""
+        out: list[IbPort] = []
+        for key, h in list(self.ports.items()):
+            if key in present or h.record is None or not h.seen_up:
+                continue
+            if h.down_since is not None and now - h.down_since > self.flap_window_s:
+                del self.ports[key]
+                self._dirty = True
+                continue
+            if h.up:
+                h.downs.append(now)
+                h.up = False
+                h.down_since = now
+                self._dirty = True
+            h.t = now
+            h.record = msgspec.structs.replace(
+                h.record,
+                state="missing",
+                phys_state="missing",
+                t=now,
+                rates={},
+                downs=list(h.downs),
+                down_since=h.down_since,
+            )
+            out.append(h.record)
         return out
 
     def note_kernel_line(self, line: PortLogLine, now: float) -> None:

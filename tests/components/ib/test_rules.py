@@ -127,3 +127,26 @@ def test_ignored_devices(dgx: SysfsTree) -> None:
     ports = tick(dgx, tracker, 12.0)
     assert ("mlx5_2", "ib_port_down") in reasons(ports, 12.0)
     assert reasons(ports, 12.0, PortRuleConfig(ignore_devices=["mlx5_2*"])) == set()
+
+
+def test_an_hca_gone_from_sysfs_is_a_missing_port_down_until_the_flap_window_ends(dgx: SysfsTree) -> None:
+    tracker = PortTracker(flap_window_s=60.0)
+    tick(dgx, tracker, 0.0)
+    (dgx.root / "class" / "infiniband" / "mlx5_1").unlink()  # the HCA fell off the bus
+    ports = tick(dgx, tracker, 2.0)
+    gone = ports["mlx5_1"]
+    assert (gone.state, gone.phys_state, gone.down_since, gone.rates) == ("missing", "missing", 2.0, {})
+    assert len(gone.downs) == 1
+    ports = tick(dgx, tracker, 5.0)
+    found = [f for f in evaluate_ports(list(ports.values()), CFG, 5.0) if f.device == "mlx5_1"]
+    assert [(f.kind, f.reason, f.action) for f in found] == [("faulty", "ib_port_down", "drain")]
+    assert "MISSING / missing for 3s" in found[0].evidence[0]
+    assert "mlx5_3" not in {d for d, _ in reasons(ports, 5.0)}  # never up, so never missed
+    assert "mlx5_1" not in tick(dgx, tracker, 63.0)  # forgotten after the flap window
+
+
+def test_a_never_up_port_that_disappears_is_not_missed(dgx: SysfsTree) -> None:
+    tracker = PortTracker()
+    tick(dgx, tracker, 0.0)
+    (dgx.root / "class" / "infiniband" / "mlx5_3").unlink()
+    assert "mlx5_3" not in tick(dgx, tracker, 2.0)
