@@ -122,6 +122,7 @@ class GpuSample(msgspec.Struct, kw_only=True, omit_defaults=True):
     pcie_rx_kbps: float | None = None
     recovery_action: Short | None = None  # the driver's (R550+): none, gpu_reset, node_reboot, drain_p2p, ...
     mem_temp_c: float | None = None  # HBM temperature (slow ticks)
+    mem_temp_max_c: float | None = None  # HBM maximum operating temperature (NVML MEM_MAX threshold, slow)
     pcie_link: PcieLink | None = None  # generation/width now vs max (slow ticks)
     fabric: FabricInfo | None = None  # fabric-manager registration (NVSwitch systems, slow ticks)
     pids: Annotated[list[int], msgspec.Meta(max_length=MAX_LIST)] = []

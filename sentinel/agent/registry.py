@@ -30,6 +30,7 @@ from sentinel.agent.probe import HeadsAuthorizer, ProbeServer
 from sentinel.agent.sink import CollectorSink
 from sentinel.agent.source import GpuSource, HostInputs
 from sentinel.agent.tailer import LogTailer
+from sentinel.components import registry as signals
 from sentinel.components.ib.collector import IbCollector, IbPortReader
 from sentinel.components.ib.metrics import IbPortMetrics
 from sentinel.components.ib.sysfs import PortSource, SysfsPorts
@@ -41,7 +42,7 @@ from sentinel.components.netdev.metrics import NetdevMetrics
 from sentinel.components.netdev.qdisc import NetlinkQdiscs
 from sentinel.components.netdev.sysfs import SysfsNetdevs
 from sentinel.components.xid.merge import XidMerger
-from sentinel.config.agent import AgentConfig, CollectorName
+from sentinel.config.agent import AgentConfig
 from sentinel.log import get_logger
 
 log = get_logger(module="agent.registry")
@@ -69,7 +70,7 @@ class BuildContext:
 
 @dataclass(frozen=True)
 class CollectorEntry:
-    name: CollectorName
+    name: str
     #: the collector for this agent (given the ones built before it), or ``None`` when its configuration
     #: leaves it out
     build: Callable[[BuildContext, Sequence[Collector]], Collector | None]
@@ -215,17 +216,23 @@ def _fr_dumps(ctx: BuildContext, _: Sequence[Collector]) -> Collector | None:
     return FrDumpCollector(ctx.sink, watcher, max(c.collect.tick_s, 2.0))
 
 
-COLLECTORS: Final[tuple[CollectorEntry, ...]] = (
-    CollectorEntry("nvml", _nvml),
-    CollectorEntry("xid", _xid),
-    CollectorEntry("ib", _ib),
-    CollectorEntry("netdev", _netdev),
-    CollectorEntry("kmsg", _kmsg),
-    CollectorEntry("logs", _logs),
-    CollectorEntry("jobs", _jobs),
-    CollectorEntry("nccl_ras", _nccl_ras),
-    CollectorEntry("probe", _probe),
-    CollectorEntry("fr_dumps", _fr_dumps),
+#: how each collector of the registry (:data:`sentinel.components.registry.COLLECTORS`) is built
+BUILDERS: Final[dict[str, Callable[[BuildContext, Sequence[Collector]], Collector | None]]] = {
+    "nvml": _nvml,
+    "xid": _xid,
+    "ib": _ib,
+    "netdev": _netdev,
+    "kmsg": _kmsg,
+    "logs": _logs,
+    "jobs": _jobs,
+    "nccl_ras": _nccl_ras,
+    "probe": _probe,
+    "fr_dumps": _fr_dumps,
+}
+
+#: every collector, in the registry's order (a name without a builder fails at import, not at run time)
+COLLECTORS: Final[tuple[CollectorEntry, ...]] = tuple(
+    CollectorEntry(name, BUILDERS[name]) for name in signals.COLLECTORS
 )
 
 

@@ -24,26 +24,32 @@ from sentinel.aggregator.detectors.host_silent import HostSilentDetector
 from sentinel.aggregator.detectors.inventory import InventoryDetector
 from sentinel.aggregator.detectors.link_pace import LinkPaceDetector
 from sentinel.aggregator.detectors.network import NetworkDetector
-from sentinel.aggregator.detectors.straggler import StragglerDetector
-from sentinel.aggregator.detectors.stuck import Stall, StuckDetector
+from sentinel.aggregator.detectors.straggler import RankJudgement, StragglerDetector
+from sentinel.aggregator.detectors.stuck import DumpJudgement, Stall, StuckDetector
 from sentinel.aggregator.state import FleetState, HostView
 from sentinel.aggregator.verdicts import Change, Verdict, VerdictBook
+from sentinel.components import registry as signals
 from sentinel.config.aggregator import AggregatorConfig
 from sentinel.wire import Batch, Hello
 
 Listener = Callable[[Change], None]
 log = structlog.get_logger("sentinel.aggregator.engine")
 
-#: every detector, in the order a tick runs them (hardware first: a stall's culprit GPU may be faulty)
-DETECTORS: tuple[type[Detector], ...] = (
-    HardwareDetector,
-    StuckDetector,
-    StragglerDetector,
-    HostSilentDetector,
-    InventoryDetector,
-    NetworkDetector,
-    LinkPaceDetector,
-)
+_CLASSES: dict[str, type[Detector]] = {
+    cls.name: cls
+    for cls in (
+        HardwareDetector,
+        StuckDetector,
+        StragglerDetector,
+        HostSilentDetector,
+        InventoryDetector,
+        NetworkDetector,
+        LinkPaceDetector,
+    )
+}
+#: every detector of the registry (:data:`sentinel.components.registry.DETECTORS`), in the order a tick
+#: runs them; a name without a class fails at import
+DETECTORS: tuple[type[Detector], ...] = tuple(_CLASSES[name] for name in signals.DETECTORS)
 #: verdicts of these detectors are about a job and close when the job ends
 JOB_DETECTORS = frozenset({StuckDetector.name, StragglerDetector.name, LinkPaceDetector.name})
 
@@ -289,27 +295,31 @@ class Engine:
 
     @property
     def stalls(self) -> dict[str, Stall]:
-        """Jobs the stuck detector found stalled at its latest run (empty while it is switched off)."""
-        stuck = self.detectors[StuckDetector.name]
-        assert isinstance(stuck, StuckDetector)
-        return stuck.stalls if stuck.name not in self.config.detect.disabled else {}
+        """Jobs found stalled at the latest run of the enabled detectors (the stuck detector's)."""
+        out: dict[str, Stall] = {}
+        for detector in self.enabled:
+            out.update(detector.stalled_jobs())
+        return out
 
     def join_dumps(self, job: str, analysis: Mapping[str, Any] | None) -> str | None:
         """A stalled job's Flight Recorder dumps were analyzed: confirm, correct or mark its stuck verdicts
         inconclusive (applied from the next tick on); the outcome, or None when the job no longer stalls."""
-        stuck = self.detectors[StuckDetector.name]
-        assert isinstance(stuck, StuckDetector)
-        judged = stuck.join_dumps(job, analysis)
-        if judged is None:
-            return None
-        log.info("stall_dumps_joined", job=job, outcome=judged.outcome, culprits=list(judged.culprits))
-        return judged.outcome
+        for detector in self.detectors.values():
+            judged: DumpJudgement | None = detector.join_dumps(job, analysis)
+            if judged is not None:
+                log.info(
+                    "stall_dumps_joined", job=job, outcome=judged.outcome, culprits=list(judged.culprits)
+                )
+                return judged.outcome
+        return None
 
-    @property
-    def straggler(self) -> StragglerDetector:
-        detector = self.detectors[StragglerDetector.name]
-        assert isinstance(detector, StragglerDetector)
-        return detector
+    def rank_judgement(self, job: str, rank: int) -> RankJudgement | None:
+        """A rank's compute time as a detector judged it (the straggler detector's), or None."""
+        for detector in self.detectors.values():
+            judged: RankJudgement | None = detector.rank_judgement(job, rank)
+            if judged is not None:
+                return judged
+        return None
 
     def verdicts(self, state: str | None = None) -> list[Verdict]:
         if state == "open":

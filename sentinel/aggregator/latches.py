@@ -1,10 +1,10 @@
 """The fleet's latched hardware facts as state-store records: what a restart must not forget.
 
 An agent reports an Xid, a pending row remap or a rise of uncorrectable ECC errors once; the aggregator acks
-it and the agent never sends it again. The hardware detector decides from the GPU's latched view (the Xid
-policy's decision and repeat history, the ECC and row-remap readings with the ones before them, the
-NVLink/PCIe counter histories, the boot id that says whether a later Hello is a reboot). Those are kept
-here, one record per host, written when the host's inventory or a GPU's hardware facts changed — a few
+it and the agent never sends it again. The hardware detector decides from each GPU signal's memory (the Xid
+latch and repeat history, the ECC and row-remap readings with the ones before them, the NVLink/PCIe counter
+histories — stored as each signal's own msgspec struct) and the boot id that says whether a later Hello is
+a reboot. Those are kept here, one record per host, written when the host's inventory or a GPU's hardware facts changed — a few
 records per second on a healthy fleet, not 49,152.
 
 Live readings (utilisation, clocks, moving averages), jobs and ranks are not kept: the agents resend them
@@ -20,8 +20,7 @@ from collections.abc import Callable
 import msgspec
 
 from sentinel.aggregator.state import DEDUP_WINDOW, FleetState, GpuView, HostView
-from sentinel.components.xid.rule import XidDecision, XidGpuMemory, XidPolicy
-from sentinel.wire import EccCounters, RowRemap
+from sentinel.components.registry import MEMORY_TYPES
 
 
 class GpuRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -34,32 +33,21 @@ class GpuRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     state: str = "ok"
     state_t: float = 0.0
     t: float | None = None
-    ecc: EccCounters | None = None
-    ecc_prev: EccCounters | None = None
-    ecc_t: float = 0.0
-    remap: RowRemap | None = None
-    remap_prev: RowRemap | None = None
-    remap_t: float = 0.0
-    nvlink_hist: list[tuple[float, int]] = []
-    nvlink_prev: tuple[float, int] | None = None
-    pcie_hist: list[tuple[float, int]] = []
-    pcie_prev: tuple[float, int] | None = None
-    xid: XidDecision | None = None
-    xid_codes: dict[int, float] = {}
+    #: each GPU signal's memory by signal name, decoded with the registry's type for it
+    memory: dict[str, msgspec.Raw] = {}
     reset_t: float | None = None
     last_job: str | None = None
     last_rank: int | None = None
 
 
 class HostRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """One host: identity (boot id: a different one in a later Hello is a reboot), GPUs, Xid policy."""
+    """One host: identity (boot id: a different one in a later Hello is a reboot) and its GPUs."""
 
     name: str
     cluster: str = "default"
     boot_id: str = ""
     tick_s: float = 1.0
     gpus: list[GpuRecord] = []
-    xid_policy: list[XidGpuMemory] = []
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -79,18 +67,7 @@ def _gpu_record(gpu: GpuView) -> GpuRecord:
         state=gpu.state,
         state_t=gpu.state_t,
         t=_finite(gpu.t),
-        ecc=gpu.ecc,
-        ecc_prev=gpu.ecc_prev,
-        ecc_t=gpu.ecc_t,
-        remap=gpu.remap,
-        remap_prev=gpu.remap_prev,
-        remap_t=gpu.remap_t,
-        nvlink_hist=list(gpu.nvlink_hist),
-        nvlink_prev=gpu.nvlink_prev,
-        pcie_hist=list(gpu.pcie_hist),
-        pcie_prev=gpu.pcie_prev,
-        xid=gpu.xid,
-        xid_codes=dict(gpu.xid_codes),
+        memory={name: msgspec.Raw(_encoder.encode(kept)) for name, kept in gpu.memory.items()},
         reset_t=_finite(gpu.reset_t),
         last_job=gpu.last_job,
         last_rank=gpu.last_rank,
@@ -101,14 +78,14 @@ def _gpu_view(host: str, record: GpuRecord) -> GpuView:
     view = GpuView(host=host, index=record.index, uuid=record.uuid, pci_bus=record.pci_bus, name=record.name)
     view.state, view.state_t = record.state, record.state_t
     view.t = record.t if record.t is not None else -math.inf
-    view.ecc, view.ecc_prev, view.ecc_t = record.ecc, record.ecc_prev, record.ecc_t
-    view.remap, view.remap_prev, view.remap_t = record.remap, record.remap_prev, record.remap_t
-    view.nvlink_hist.extend(record.nvlink_hist)
-    view.nvlink_prev = record.nvlink_prev
-    view.pcie_hist.extend(record.pcie_hist)
-    view.pcie_prev = record.pcie_prev
-    view.xid = record.xid
-    view.xid_codes = dict(record.xid_codes)
+    for name, raw in record.memory.items():
+        kind = MEMORY_TYPES.get(name)
+        if kind is None:
+            continue  # a signal this version does not have
+        try:
+            view.memory[name] = msgspec.msgpack.decode(raw, type=kind)
+        except msgspec.ValidationError:
+            continue  # an older shape of its memory: the signal starts afresh from the next reading
     view.reset_t = record.reset_t if record.reset_t is not None else -math.inf
     view.last_job, view.last_rank = record.last_job, record.last_rank
     return view
@@ -165,7 +142,6 @@ class FleetLatches:
             boot_id=host.boot_id,
             tick_s=host.tick_s,
             gpus=[_gpu_record(gpu) for gpu in host.gpus],
-            xid_policy=host.xid_policy.export(),
         )
 
     def restore(self, records: dict[str, bytes], now: float) -> None:
@@ -175,14 +151,11 @@ class FleetLatches:
             record = _decoder.decode(data)
             if record.name in fleet.hosts:
                 continue
-            policy = XidPolicy(fleet.xid_config)
-            policy.load(record.xid_policy)
             host = HostView(
                 name=record.name,
                 cluster=record.cluster,
                 boot_id=record.boot_id,
                 tick_s=record.tick_s,
-                xid_policy=policy,
                 last_seen=now,
             )
             gpus = sorted(record.gpus[: fleet.max_gpus_per_host], key=lambda g: g.index)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import Any
 
 import msgspec
 
@@ -23,22 +25,20 @@ from sentinel.aggregator.streams import adopt_instance
 from sentinel.components.clocks.record import POWER_REASONS, THERMAL_REASONS, ClockViolations
 from sentinel.components.clocks.rule import violation_shares
 from sentinel.components.device.record import GpuSourceHealth
-from sentinel.components.fabric.record import FabricInfo
+from sentinel.components.device.signal import slow_reading
 from sentinel.components.ib.kernel import host_evidence
 from sentinel.components.ib.record import IbPort
 from sentinel.components.nccl_debug.record import DebugReadiness
 from sentinel.components.nccl_ras.record import RasStatus
 from sentinel.components.netdev.record import Netdev
-from sentinel.components.nvlink.record import NvLink
-from sentinel.components.nvlink.rule import error_total as nvlink_error_total
-from sentinel.components.nvlink.rule import rises as nvlink_rises
 from sentinel.components.pcie.record import PcieLink
-from sentinel.components.xid.rule import XidDecision, XidPolicy, XidPolicyConfig
+from sentinel.components.registry import GPU_SIGNALS
+from sentinel.components.signal import JudgeSettings
+from sentinel.components.xid.rule import XidPolicyConfig
 from sentinel.fr.heads import FrHeads
 from sentinel.wire import (
     Batch,
     Drops,
-    EccCounters,
     Event,
     GpuInfo,
     GpuSample,
@@ -47,16 +47,23 @@ from sentinel.wire import (
     Hello,
     LogLine,
     ProcInfo,
-    RowRemap,
     XidOccurred,
 )
 
+#: the GPU signals that remember samples and those that take events, in registry order
+SAMPLED = tuple(s for s in GPU_SIGNALS if s.remember is not None)
+EVENTED = tuple(s for s in GPU_SIGNALS if s.on_event is not None)
+RESETTING = tuple(s for s in SAMPLED if s.shows_reset is not None)
+#: a sample with none of the slow-tick signals' fields (most samples: fast ticks) goes only to the signals
+#: whose readings ride on every tick
+EVERY_TICK = tuple(s for s in SAMPLED if s.every_tick)
+SLOW_FIELDS = tuple(sorted({f for s in SAMPLED if not s.every_tick for f in s.reads}))
+_slow_values = attrgetter(*SLOW_FIELDS)
 DEDUP_WINDOW = 4096  # seqs above the contiguous high-water mark remembered per host
 HOST_EVENTS_KEPT = 256
 MAX_PORTS_PER_HOST = 64
 MAX_RAS_PER_BATCH = 16
 MAX_DEBUG_HOSTS_PER_JOB = 4096
-RATE_HISTORY = 64
 HEADS_LOG_SLACK = 1024  # JobView.heads_log entries kept beyond twice the job's ranks
 STEP_BASELINE_S = 10.0  # a job's step time is measured over at least this long
 #: NCCL's line prefix ``hostname:pid:tid [cudaDev]``: the pid names the process, hence the GPU and rank.
@@ -84,10 +91,7 @@ class GpuView:
     name: str = ""
     driver: str = ""
     vbios: str = ""
-    recovery_action: str | None = None
-    pcie_link: PcieLink | None = None
-    fabric: FabricInfo | None = None
-    slow_t: float = 0.0  # agent time of the latest slow reading (recovery action, link, fabric)
+    pcie_link: PcieLink | None = None  # the link as last reported (the inventory detector's capability)
     state: str = "ok"
     state_t: float = 0.0  # agent time the current state was first reported
     t: float = -math.inf  # agent time of the latest sample
@@ -107,38 +111,39 @@ class GpuView:
     #: policy → share of the interval between the last two violation readings it held the clocks back
     violation_share: dict[str, float] = field(default_factory=dict)
     violation_span_s: float = 0.0
-    ecc: EccCounters | None = None
-    ecc_prev: EccCounters | None = None  # the reading before the latest change (to see a rise)
-    ecc_t: float = 0.0
-    remap: RowRemap | None = None
-    remap_prev: RowRemap | None = None
-    remap_t: float = 0.0
-    nvlink_hist: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RATE_HISTORY))
-    nvlink_last: list[NvLink] | None = None
-    nvlink_rose: tuple[str, ...] = ()  # which links and counters rose at the latest change
-    nvlink_prev: tuple[float, int] | None = None  # latest (t, total), changed or not
-    pcie_hist: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RATE_HISTORY))
-    pcie_prev: tuple[float, int] | None = None
-    xid: XidDecision | None = None  # the signals Xid policy's decision; latched until a reset or reboot
-    xid_codes: dict[int, float] = field(default_factory=dict)  # codes seen since the last reset → first time
+    #: each GPU signal's memory by signal name (``sentinel.components.registry``): its latest reading and what
+    #: its judge needs of earlier ones (the reading before a change, a counter history, the Xid latch)
+    memory: dict[str, Any] = field(default_factory=dict)
     job: str | None = None
     rank: int | None = None
     last_job: str | None = None  # kept when the process goes away with the GPU, for the verdict
     last_rank: int | None = None
     reset_t: float = -math.inf
     dirty: bool = False
+    #: agent time of the host's latest batch while the hardware detector judges this GPU
+    reported_until: float = -math.inf
 
     @property
     def xid_key(self) -> str:
-        """The Xid policy's key for this GPU (its PCI address, as kernel lines name it)."""
+        """The GPU's key in kernel lines (its PCI address)."""
         return self.pci_bus or f"gpu-index:{self.index}"
 
     def clear_latches(self, t: float) -> None:
-        """A GPU reset or reboot was observed: what was latched is no longer evidence."""
-        self.xid = None
-        self.xid_codes.clear()
+        """A GPU reset or reboot was observed: what was latched is no longer evidence (each signal says what
+        of its memory a reset keeps)."""
+        memory = self.memory
+        for signal in GPU_SIGNALS:
+            kept = memory.get(signal.name)
+            if kept is None:
+                continue
+            if signal.on_reset is None:
+                continue
+            after = signal.on_reset(kept, t)
+            if after is None:
+                del memory[signal.name]
+            else:
+                memory[signal.name] = after
         self.reset_t = t
-        self.ecc_prev = self.remap_prev = None  # rises are judged from the reset on
         self.dirty = True
 
 
@@ -160,7 +165,6 @@ class HostView:
     stream_fresh: bool = False
     events: deque[LogEvent] = field(default_factory=lambda: deque(maxlen=HOST_EVENTS_KEPT))
     procs: list[ProcInfo] = field(default_factory=list)
-    xid_policy: XidPolicy = field(default_factory=XidPolicy)
     batches: int = 0
     duplicates: int = 0
     #: what the agent reported it had to drop (``Batch.drops``: spool full, oversize events, probe), totals
@@ -301,6 +305,8 @@ class FleetState:
         self.max_jobs = max_jobs
         self.max_ranks_per_job = max_ranks_per_job
         self.xid_config = xid_config or XidPolicyConfig()
+        #: what the GPU signals' event handlers read (the Xid policy's thresholds)
+        self.judge_settings = JudgeSettings(xid=self.xid_config)
         self.ignored = 0  # jobs/ranks beyond the bounds
         self.dirty_gpus: list[GpuView] = []
         self.unknown_gpu_samples = 0
@@ -323,13 +329,12 @@ class FleetState:
     def hello(self, hello: Hello, now: float) -> HostView:
         host = self.hosts.get(hello.host)
         if host is None:
-            host = self.hosts[hello.host] = HostView(name=hello.host, xid_policy=XidPolicy(self.xid_config))
+            host = self.hosts[hello.host] = HostView(name=hello.host)
         host.cluster = hello.cluster
         host.tick_s = hello.tick_s if hello.tick_s > 0 else 1.0
         if host.boot_id and hello.boot_id and hello.boot_id != host.boot_id:
             host.restart_numbering(hello.next_seq)
             host.clock.reset()
-            host.xid_policy.observe_reboot(hello.started_at or now)
             for gpu in host.gpus:  # a reboot clears every latched hardware fact
                 gpu.clear_latches(hello.started_at or now)
                 gpu.state = "ok"
@@ -482,50 +487,24 @@ class FleetState:
         elif gpu.ema_thermal or gpu.ema_power_cap:
             gpu.ema_thermal = 0.0 if gpu.ema_thermal < 1e-3 else gpu.ema_thermal * 0.8
             gpu.ema_power_cap = 0.0 if gpu.ema_power_cap < 1e-3 else gpu.ema_power_cap * 0.8
-        if s.pcie_replay is not None:
-            prev = gpu.pcie_prev
-            if prev is None or prev[1] != s.pcie_replay:
-                _change(gpu.pcie_hist, prev, s.t, s.pcie_replay)
-                gpu.dirty = gpu.dirty or prev is not None
-            gpu.pcie_prev = (s.t, s.pcie_replay)
-        slow = (s.recovery_action, s.pcie_link, s.fabric)
-        if slow not in ((None, None, None), (gpu.recovery_action, gpu.pcie_link, gpu.fabric)):
-            if s.pcie_link != gpu.pcie_link:
-                host = self.hosts.get(gpu.host)
-                if host is not None:
-                    host.inventory_version += 1
-            gpu.recovery_action, gpu.pcie_link, gpu.fabric = slow
-            gpu.slow_t = s.t
-            gpu.dirty = True
-        ecc = s.ecc
-        if ecc is not None and ecc is not gpu.ecc:
-            if gpu.ecc is not None and _volatile_dropped(gpu.ecc, ecc):
-                self._reset(gpu, s.t)  # volatile ECC counters restart only at a GPU reset / driver reload
-            if gpu.ecc is None or ecc != gpu.ecc:
-                gpu.ecc_prev = gpu.ecc
-                gpu.ecc_t = s.t
-                gpu.dirty = True
-            gpu.ecc = ecc
-        remap = s.remap
-        if remap is not None and remap is not gpu.remap:
-            if gpu.remap is None or remap != gpu.remap:
-                gpu.remap_prev = gpu.remap
-                gpu.remap_t = s.t
-                gpu.dirty = True
-            gpu.remap = remap
-        links = s.nvlink
-        if links is not None and links is not gpu.nvlink_last:
-            total = nvlink_error_total(links)
-            prev = gpu.nvlink_prev
-            if prev is None or prev[1] != total:
-                _change(gpu.nvlink_hist, prev, s.t, total)
-                gpu.dirty = gpu.dirty or prev is not None
-                if prev is not None and gpu.nvlink_last is not None:
-                    gpu.nvlink_rose = nvlink_rises(gpu.nvlink_last, links)
-            gpu.nvlink_last = links
-            gpu.nvlink_prev = (s.t, total)
-        elif links is not None and gpu.nvlink_prev is not None:
-            gpu.nvlink_prev = (s.t, gpu.nvlink_prev[1])  # same readings as before: only the time moves on
+        if s.pcie_link != gpu.pcie_link and slow_reading(s):
+            host = self.hosts.get(gpu.host)
+            if host is not None:
+                host.inventory_version += 1
+            gpu.pcie_link = s.pcie_link
+        memory = gpu.memory
+        slow = _slow_values(s).count(None) != len(SLOW_FIELDS)
+        for signal in RESETTING if slow else ():
+            kept = memory.get(signal.name)
+            if kept is not None and signal.shows_reset(kept, s):  # type: ignore[misc]
+                self._reset(gpu, s.t)  # e.g. volatile ECC counters restart only at a reset / driver reload
+                break
+        for signal in SAMPLED if slow else EVERY_TICK:
+            remembered = signal.remember(memory.get(signal.name), s)  # type: ignore[misc]
+            if remembered is not None:
+                memory[signal.name], changed = remembered
+                if changed:
+                    gpu.dirty = True
         violations = s.violations
         if violations is not None and violations is not gpu.violations:
             before = gpu.violations
@@ -540,15 +519,16 @@ class FleetState:
         """Apply one typed event; what the agent classified (Xid record, log line fields) is used as sent."""
         gpu = host.gpus[event.gpu] if event.gpu is not None and 0 <= event.gpu < len(host.gpus) else None
         match event:
-            case XidOccurred(record=record):
+            case XidOccurred():
                 if gpu is None or event.t < gpu.reset_t:
                     return
-                gpu.xid = host.xid_policy.observe(
-                    msgspec.structs.replace(record, pci_bus=gpu.xid_key), event.t
-                )
-                gpu.xid_codes.setdefault(record.xid, event.t)
-                gpu.dirty = True
-                self.dirty_gpus.append(gpu)
+                for signal in EVENTED:  # the xid signal's state machine
+                    remembered = signal.on_event(gpu.memory.get(signal.name), event, self.judge_settings)  # type: ignore[misc]
+                    if remembered is not None:
+                        gpu.memory[signal.name], changed = remembered
+                        gpu.dirty = gpu.dirty or changed
+                if gpu.dirty:
+                    self.dirty_gpus.append(gpu)
             case GpuStateChanged(state="lost" | "unresponsive" as state):
                 if gpu is not None:
                     if gpu.state != state:
@@ -559,7 +539,6 @@ class FleetState:
                 # real evidence of a reset: the agent saw one, or a lost GPU (which only a reset brings back)
                 # answers again. A GPU that merely stalled (unresponsive -> ok) keeps its latched Xids.
                 if gpu is not None:
-                    host.xid_policy.observe_gpu_reset(gpu.xid_key, event.t)
                     gpu.state, gpu.state_t = "ok", event.t
                     gpu.clear_latches(event.t)
                     self.dirty_gpus.append(gpu)
@@ -772,9 +751,6 @@ class FleetState:
                 job.step_base[pg.pg_name] = (seq, now)
 
     def _reset(self, gpu: GpuView, t: float) -> None:
-        host = self.hosts.get(gpu.host)
-        if host is not None:
-            host.xid_policy.observe_gpu_reset(gpu.xid_key, t)
         gpu.clear_latches(t)
 
     def take_dirty(self) -> list[GpuView]:
@@ -850,48 +826,6 @@ def _share_group_ranks(job: JobView, heads: FrHeads) -> FrHeads:
                 known[pg.pg_name] = ranks
         pgs.append(kept)
     return msgspec.structs.replace(heads, pgs=pgs)
-
-
-def _volatile_dropped(before: EccCounters, after: EccCounters) -> bool:
-    for old, new in (
-        (before.volatile_corrected, after.volatile_corrected),
-        (before.volatile_uncorrected, after.volatile_uncorrected),
-    ):
-        if old is not None and new is not None and new < old:
-            return True
-    return False
-
-
-def _change(hist: deque[tuple[float, int]], prev: tuple[float, int] | None, t: float, value: int) -> None:
-    """Record a counter change; the reading just before it is kept too, so rates start at the change."""
-    if prev is not None and (not hist or hist[-1][0] < prev[0]):
-        hist.append(prev)
-    hist.append((t, value))
-
-
-def counter_rate(
-    hist: deque[tuple[float, int]], latest: tuple[float, int] | None, window_s: float, min_span_s: float = 5.0
-) -> float:
-    """The steepest recent increase per second of a counter: over the window, or since it began rising.
-
-    Spans shorter than ``min_span_s`` count as that long, so one stray error is never a high rate while a
-    counter climbing fast is seen within a tick or two.
-    """
-    if latest is None or not hist:
-        return 0.0
-    t_now, v_now = latest
-    start = t_now - window_s
-    best = 0.0
-    at_start = hist[0][1]
-    for t, v in hist:
-        if t <= start:
-            at_start = v
-            continue
-        if v < v_now:
-            best = max(best, (v_now - v) / max(t_now - t, min_span_s))
-    if at_start < v_now:
-        best = max(best, (v_now - at_start) / max(window_s, min_span_s))
-    return best
 
 
 DROP_KINDS = ("samples", "events", "log_lines", "probe")

@@ -131,7 +131,7 @@ def _ras(job: JobView) -> dict[str, Any] | None:
 
 def _compute(engine: Engine, job: str, rank: int) -> dict[str, Any]:
     """The straggler detector's view of a rank: its median compute per step and how late that makes it."""
-    judged = engine.straggler.rank_judgement(job, rank)
+    judged = engine.rank_judgement(job, rank)
     if judged is None:
         return {"compute_ms": None, "lateness_ms": None, "slowdown": None}
     return {

@@ -1,80 +1,162 @@
-"""The registry of GPU signal components: what the agent renders, what docs list, in one order.
+"""The one registry: every signal once, and the collectors and detectors of the two daemons.
 
-Each component is a package ``sentinel/components/<name>/`` holding the signal's whole life — its record
-(``record.py``, the type on the wire and in the rules), its NVML read (``nvml.py``) or text parser
-(``parse.py``), its metric families (``metrics.py``) and its policy (``rule.py``); its tests are in
-``tests/components/<name>/``. The agent's ``/metrics`` is the concatenation of every component's families
-in this order; ``sentinel.agent.nvml`` runs the NVML reads; the aggregator's hardware detector runs the rules.
+Each signal is a package ``sentinel/components/<name>/`` whose ``signal.py`` declares its
+:class:`~sentinel.components.signal.Signal` (record, NVML read or parser, memory, judge, metric families);
+its tests are in ``tests/components/<name>/``. Derived from here, never listed again: the agent's NVML
+reads and ``/metrics`` (registry order), its collectors (:data:`COLLECTORS`, built by
+``sentinel.agent.registry``), the aggregator's detectors (:data:`DETECTORS`, built by
+``sentinel.aggregator.engine``) and the hardware detector's loop over the GPU signals, the names
+``collect.disabled`` and ``detect.disabled`` accept, and the component and metrics lists of the docs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Final
+import importlib
+from typing import Any, Final
 
-from sentinel.components.clocks import metrics as clocks_metrics
-from sentinel.components.device import metrics as device_metrics
-from sentinel.components.ecc import metrics as ecc_metrics
+from sentinel.components.clocks.signal import SIGNAL as CLOCKS
+from sentinel.components.device.signal import SIGNAL as DEVICE
+from sentinel.components.ecc.signal import SIGNAL as ECC
 from sentinel.components.exposition import MetricsView, Writer
-from sentinel.components.fabric import metrics as fabric_metrics
-from sentinel.components.nvlink import metrics as nvlink_metrics
-from sentinel.components.pcie import metrics as pcie_metrics
-from sentinel.components.rowremap import metrics as rowremap_metrics
-from sentinel.components.xid import metrics as xid_metrics
+from sentinel.components.fabric.health import SIGNAL as FABRIC_HEALTH
+from sentinel.components.fabric.signal import SIGNAL as FABRIC
+from sentinel.components.hbm.signal import SIGNAL as HBM
+from sentinel.components.ib.signal import SIGNAL as IB
+from sentinel.components.nccl_debug.signal import SIGNAL as NCCL_DEBUG
+from sentinel.components.nccl_ras.signal import SIGNAL as NCCL_RAS
+from sentinel.components.netdev.signal import SIGNAL as NETDEV
+from sentinel.components.nvlink.signal import SIGNAL as NVLINK
+from sentinel.components.pcie.signal import SIGNAL as PCIE
+from sentinel.components.rowremap.signal import SIGNAL as ROWREMAP
+from sentinel.components.signal import Signal
+from sentinel.components.xid.signal import SIGNAL as XID
 
-
-@dataclass(frozen=True)
-class Component:
-    name: str
-    #: one line for docs: what the signal is and what it can conclude
-    summary: str
-    render: Callable[[Writer, MetricsView], None]
-
-
-COMPONENTS: Final[tuple[Component, ...]] = (
-    Component(
-        "device",
-        "NVML device health: identity, lost / unresponsive / unavailable GPUs, GPU count vs expected",
-        device_metrics.render,
-    ),
-    Component(
-        "clocks",
-        "clocks, clock-event (throttle) reasons, temperature, power: thermal and power stragglers",
-        clocks_metrics.render,
-    ),
-    Component(
-        "pcie",
-        "PCIe throughput, replays, link generation / width now vs max: a flapping or mistrained link",
-        pcie_metrics.render,
-    ),
-    Component(
-        "ecc",
-        "ECC counters and retired pages: uncorrectable errors, SRAM thresholds, worn-out boards",
-        ecc_metrics.render,
-    ),
-    Component(
-        "rowremap",
-        "row remapping: pending remaps that need a reset, remap failures that need an RMA",
-        rowremap_metrics.render,
-    ),
-    Component("nvlink", "NVLink state and error counters: links down, error rates", nvlink_metrics.render),
-    Component(
-        "fabric",
-        "fabric-manager registration and clique (NVSwitch systems): an unregistered GPU hangs NCCL init",
-        fabric_metrics.render,
-    ),
-    Component(
-        "xid",
-        "Xid events from NVML and the kernel log, merged; severity and action from the one catalog",
-        xid_metrics.render,
-    ),
+#: every signal, once, in the order the agent reads and renders them
+SIGNALS: Final[tuple[Signal[Any], ...]] = (
+    DEVICE,
+    CLOCKS,
+    PCIE,
+    ECC,
+    ROWREMAP,
+    NVLINK,
+    FABRIC,
+    FABRIC_HEALTH,
+    XID,
+    HBM,
+    IB,
+    NETDEV,
+    NCCL_RAS,
+    NCCL_DEBUG,
 )
+
+#: the agent's collectors in the order it builds and runs them (``nvml`` first: it opens the GPUs); the
+#: signals name theirs, the others read the job's side (kernel log, job logs, processes, probe, dumps)
+COLLECTORS: Final[tuple[str, ...]] = (
+    "nvml",
+    "xid",
+    "ib",
+    "netdev",
+    "kmsg",
+    "logs",
+    "jobs",
+    "nccl_ras",
+    "probe",
+    "fr_dumps",
+)
+
+#: the aggregator's detectors in the order a tick runs them (hardware first: a stall's culprit GPU may be
+#: faulty); the signals name theirs, the others judge jobs and hosts
+DETECTORS: Final[tuple[str, ...]] = (
+    "hardware",
+    "stuck",
+    "straggler",
+    "host_silent",
+    "inventory",
+    "network",
+    "link_pace",
+)
+
+#: the GPU signals (read per GPU through NVML), in registry order
+GPU_SIGNALS: Final[tuple[Signal[Any], ...]] = tuple(s for s in SIGNALS if s.scope == "gpu")
+#: the GPU signals the hardware detector judges, in precedence order (a tie of kind and action between
+#: two findings of one GPU is named by the earlier)
+JUDGED: Final[tuple[Signal[Any], ...]] = tuple(
+    sorted((s for s in GPU_SIGNALS if s.judge is not None), key=lambda s: s.precedence)
+)
+#: signal name → its memory type, for the fleet's latches
+MEMORY_TYPES: Final[dict[str, type[Any]]] = {
+    s.name: s.memory_type for s in GPU_SIGNALS if s.memory_type is not None
+}
+
+
+def _check() -> None:
+    names = [s.name for s in SIGNALS]
+    if len(set(names)) != len(names):
+        raise RuntimeError(f"a signal is registered twice: {names}")
+    for signal in SIGNALS:
+        if signal.collector not in COLLECTORS or signal.detector not in DETECTORS:
+            raise RuntimeError(f"signal {signal.name}: unknown collector or detector")
+
+
+_check()
 
 
 def render_gpu_metrics(view: MetricsView) -> str:
-    """Every component's families for one host, in registry order."""
+    """Every GPU signal's families for one host, in registry order."""
     out = Writer()
-    for component in COMPONENTS:
-        component.render(out, view)
+    for signal in GPU_SIGNALS:
+        if signal.render is not None:
+            signal.render(out, view)
     return out.text()
+
+
+def families(signal: Signal[Any]) -> list[tuple[str, str, str]]:
+    """(name, type, help) of each family ``signal`` renders (what its ``render`` writes for no GPU)."""
+    if signal.render is None:
+        return []
+    out = Writer()
+    signal.render(out, MetricsView([]))
+    found: list[tuple[str, str, str]] = []
+    helps: dict[str, str] = {}
+    for line in out.text().splitlines():
+        if line.startswith("# HELP "):
+            name, _, doc = line.removeprefix("# HELP ").partition(" ")
+            helps[name] = doc
+        elif line.startswith("# TYPE "):
+            name, _, kind = line.removeprefix("# TYPE ").partition(" ")
+            found.append((name, kind, helps.get(name, "")))
+    return found
+
+
+def components_table() -> str:
+    """The docs' table of signals: name, scope, collector, detector, summary (docs/architecture.md)."""
+    rows = [
+        "| signal | scope | collector | detector | what it reads and concludes |",
+        "|---|---|---|---|---|",
+    ]
+    for s in SIGNALS:
+        rows.append(f"| `{s.name}` | {s.scope} | `{s.collector}` | `{s.detector}` | {s.summary} |")
+    return "\n".join(rows) + "\n"
+
+
+def alerts(signal: Signal[Any], settings: Any) -> list[Any]:
+    """The signal's alert rules for ``settings``: its ``alerts`` hook, else its component's ``alerts.py``
+    (``def alerts(settings) -> list[AlertRule]``), else none."""
+    hook = signal.alerts or _module_hook(signal, "alerts")
+    return hook(settings) if hook is not None else []
+
+
+def panels(signal: Signal[Any], settings: Any) -> list[Any]:
+    """The signal's dashboard panels for ``settings``, found as :func:`alerts` finds its rules."""
+    hook = signal.panels or _module_hook(signal, "panels")
+    return hook(settings) if hook is not None else []
+
+
+def _module_hook(signal: Signal[Any], name: str) -> Any:
+    try:
+        module = importlib.import_module(f"{signal.package}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not f"{signal.package}.{name}".startswith(exc.name):
+            raise  # the module exists and something it imports is missing: a real error
+        return None
+    return getattr(module, name, None)

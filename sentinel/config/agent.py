@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 import msgspec
 
-from sentinel.config.common import LogConfig, MetricsConfig
+from sentinel.config.common import LogConfig, MetricsConfig, check_names
 
 
 class AgentIdentity(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -21,11 +21,9 @@ class AgentIdentity(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     )
 
 
-#: Every collector of the agent's registry (:data:`sentinel.agent.registry.COLLECTORS`, which a test keeps
-#: equal to this list), so ``collect.disabled`` is checked while the file is read, never at run time.
-CollectorName = Literal[
-    "nvml", "xid", "ib", "netdev", "kmsg", "logs", "jobs", "nccl_ras", "probe", "fr_dumps"
-]
+#: A collector's name: one of :data:`sentinel.components.registry.COLLECTORS`, checked while the file is read
+#: (:meth:`CollectConfig.__post_init__`), never at run time; the docs list the registry's names.
+CollectorName = Annotated[str, msgspec.Meta(max_length=64, extra={"names": "collectors"})]
 
 
 class CollectConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -85,6 +83,9 @@ class CollectConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     nvml_events: Annotated[
         bool, msgspec.Meta(description="listen for Xid events on an NVML event set (a dedicated thread)")
     ] = True
+
+    def __post_init__(self) -> None:
+        check_names("collectors", self.disabled)
 
 
 class KmsgConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -15,7 +15,7 @@ from sentinel.components.ecc.rule import EccThresholds
 from sentinel.components.ib.rule import PortRuleConfig
 from sentinel.components.linkpace.rule import LinkPaceConfig
 from sentinel.components.xid.rule import XidPolicyConfig
-from sentinel.config.common import LogConfig
+from sentinel.config.common import LogConfig, check_names
 
 
 class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -376,7 +376,9 @@ class StragglerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = 0.02
 
 
-DetectorName = Literal["hardware", "stuck", "straggler", "host_silent", "inventory", "link_pace"]
+#: A detector's name: one of :data:`sentinel.components.registry.DETECTORS`, checked while the file is read
+#: (:meth:`DetectConfig.__post_init__`); the docs list the registry's names.
+DetectorName = Annotated[str, msgspec.Meta(max_length=64, extra={"names": "detectors"})]
 
 
 class DetectConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -399,6 +401,9 @@ class DetectConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     network: PortRuleConfig = msgspec.field(default_factory=PortRuleConfig)
     link_pace: LinkPaceConfig = msgspec.field(default_factory=LinkPaceConfig)
     inventory: InventoryConfig = msgspec.field(default_factory=InventoryConfig)
+
+    def __post_init__(self) -> None:
+        check_names("detectors", self.disabled)
 
 
 class IncidentsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -24,3 +24,16 @@ class MetricsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     listen_port: Annotated[
         int, msgspec.Meta(ge=0, le=65535, description="port of /metrics (0: any free)")
     ] = 9401
+
+
+def check_names(kind: str, names: list[str]) -> None:
+    """Every name in ``names`` is one of the registry's ``kind`` (``collectors`` / ``detectors``): a
+    ``ValueError`` naming the first unknown one otherwise (msgspec reports it under the key being read)."""
+    if not names:
+        return
+    from sentinel.components import registry  # the signals' modules: only when something is named
+
+    known: tuple[str, ...] = registry.COLLECTORS if kind == "collectors" else registry.DETECTORS
+    for i, name in enumerate(names):
+        if name not in known:
+            raise ValueError(f"disabled[{i}]: {name!r} is not a {kind[:-1]} (one of {', '.join(known)})")

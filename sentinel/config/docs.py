@@ -13,6 +13,12 @@ from sentinel.config.loader import env_name
 def _type_name(info: Any) -> tuple[str, str]:
     """(type, constraint) for one leaf."""
     if isinstance(info, msgspec.inspect.Metadata):
+        kind = (info.extra or {}).get("names")
+        if kind is not None:
+            from sentinel.components import registry  # the names a list of collectors/detectors accepts
+
+            known = registry.COLLECTORS if kind == "collectors" else registry.DETECTORS
+            return "one of " + ", ".join(f"`{name}`" for name in known), ""
         return _type_name(info.type)
     names = {
         msgspec.inspect.IntType: "integer",

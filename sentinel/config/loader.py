@@ -122,6 +122,10 @@ def _apply_env(data: dict[str, Any], cls: type[msgspec.Struct], prefix: str, env
         node[path[-1]] = _parse_env_value(env[name])
 
 
+#: what a struct's ``__post_init__`` raises about one of its keys: ``key[index]: message``
+_KEYED = re.compile(r"^(?P<key>[a-z_]+(?:\[\d+\])?): (?P<msg>.+)$", re.S)
+
+
 def _explain(error: msgspec.ValidationError, source: str) -> ConfigError:
     match = _AT.match(str(error))
     message = match.group("msg") if match else str(error)
@@ -131,6 +135,10 @@ def _explain(error: msgspec.ValidationError, source: str) -> ConfigError:
     if unknown:
         key = f"{key}.{unknown.group('name')}" if key else unknown.group("name")
         return ConfigError(source, key, "unknown key")
+    inner = _KEYED.match(message)  # a struct's own check names the key below its section
+    if inner:
+        key = f"{key}.{inner.group('key')}" if key else inner.group("key")
+        message = inner.group("msg")
     message = message.replace("`", "")
     return ConfigError(source, key, message[:1].lower() + message[1:])
 

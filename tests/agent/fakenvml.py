@@ -30,6 +30,7 @@ import pynvml
 P = c_void_p
 SUCCESS = 0
 NOT_SUPPORTED = 3
+FUNCTION_NOT_FOUND = 13
 INSUFFICIENT_SIZE = 7
 TIMEOUT = 10
 GPU_IS_LOST = 15
@@ -84,6 +85,8 @@ class FakeGpu:
     )
     recovery_action: int | None = 0  # None: field not supported
     mem_temp: int | None = 71  # HBM temperature field; None: not supported
+    mem_temp_max: int | None = None  # NVML_TEMPERATURE_THRESHOLD_MEM_MAX; None: not supported
+    fabric_health: int | None = None  # nvmlDeviceGetGpuFabricInfoV's healthMask; None: only the v1 call
     pcie_gen: tuple[int, int] = (5, 5)  # (now, max)
     pcie_width: tuple[int, int] = (16, 16)
     fabric: tuple[int, int, int] | None = None  # (state, status, clique); None: NOT_SUPPORTED (no NVSwitch)
@@ -336,6 +339,14 @@ class FakeNvml:
             return SUCCESS
 
         lib.nvmlDeviceGetTemperature = d("nvmlDeviceGetTemperature", temperature, c_uint, P)
+
+        def threshold(gpu: FakeGpu, kind: int, out: int) -> int:
+            if kind != pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX or gpu.mem_temp_max is None:
+                return NOT_SUPPORTED
+            _put_uint(out, gpu.mem_temp_max)
+            return SUCCESS
+
+        lib.nvmlDeviceGetTemperatureThreshold = d("nvmlDeviceGetTemperatureThreshold", threshold, c_uint, P)
         lib.nvmlDeviceGetPowerUsage = d("nvmlDeviceGetPowerUsage", uint(lambda g: g.power_mw), P)
         lib.nvmlDeviceGetEnforcedPowerLimit = d(
             "nvmlDeviceGetEnforcedPowerLimit", uint(lambda g: g.limit_mw), P
@@ -503,6 +514,18 @@ class FakeNvml:
             return SUCCESS
 
         lib.nvmlDeviceGetGpuFabricInfo = d("nvmlDeviceGetGpuFabricInfo", fabric, P)
+
+        def fabric_v(gpu: FakeGpu, out: int) -> int:
+            if gpu.fabric is None:
+                return NOT_SUPPORTED
+            if gpu.fabric_health is None:
+                return FUNCTION_NOT_FOUND  # a driver before R550: the v1 call only
+            info = pynvml.c_nvmlGpuFabricInfo_v3_t.from_address(out)
+            info.state, info.status, info.cliqueId = gpu.fabric
+            info.healthMask = gpu.fabric_health
+            return SUCCESS
+
+        lib.nvmlDeviceGetGpuFabricInfoV = d("nvmlDeviceGetGpuFabricInfoV", fabric_v, P)
 
         def event_set_create(out: int) -> int:
             c_void_p.from_address(out).value = EVENT_SET

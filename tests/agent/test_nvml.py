@@ -16,7 +16,7 @@ from sentinel.agent.nvml import NvmlSource
 from sentinel.components.device.nvml import normalize_pci_bus
 from sentinel.wire import XidOccurred
 from tests.agent.conftest import make_config
-from tests.agent.fakenvml import FakeGpu, FakeNvml
+from tests.agent.fakenvml import FakeNvml
 
 
 def test_inventory_and_fast_fields_through_pynvml(fake_nvml: FakeNvml) -> None:
@@ -179,26 +179,6 @@ async def test_xid_events_through_the_event_set(fake_nvml: FakeNvml, tmp_path: P
         line.startswith("sentinel_gpu_xid_events_total{") and 'gpu="1"' in line and 'xid="79"' in line
         for line in text.splitlines()
     )
-    await agent.shutdown()
-
-
-async def test_row_remap_states_reach_metrics(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    fake = FakeNvml([FakeGpu(index=0, remap=(0, 2, 1, 0)), FakeGpu(index=1, remap=(0, 9, 0, 1))])
-    fake.install(monkeypatch)
-    agent = Agent(make_config(tmp_path, collect={"nvml_events": False}), NvmlSource())
-    batch = await agent.step(1.0)
-    remaps = {s.gpu: s.remap for s in batch.samples}
-    assert remaps[0] is not None and remaps[0].pending and not remaps[0].failure
-    assert remaps[1] is not None and remaps[1].failure and not remaps[1].pending
-    text = agent.render_metrics().decode()
-
-    def value(name: str, gpu: int) -> str:
-        line = next(x for x in text.splitlines() if x.startswith(name + "{") and f'gpu="{gpu}"' in x)
-        return line.rsplit(" ", 1)[1]
-
-    assert value("sentinel_gpu_row_remap_pending", 0) == "1.0"
-    assert value("sentinel_gpu_row_remap_pending", 1) == "0.0"
-    assert value("sentinel_gpu_row_remap_failure", 1) == "1.0"
     await agent.shutdown()
 
 

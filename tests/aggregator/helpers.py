@@ -12,8 +12,11 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from sentinel.aggregator.detectors.straggler import StragglerDetector
+from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.listener import AggregatorSite
 from sentinel.aggregator.server import AGGREGATOR_KEY, Aggregator, create_app, make_runner
+from sentinel.aggregator.state import HostView
 from sentinel.components.xid.parse import xid_record
 from sentinel.config.aggregator import AggregatorConfig
 from sentinel.wire import (
@@ -144,3 +147,35 @@ def kernel_xid(t: float, gpu: int, code: int) -> XidOccurred:
     """An Xid as the agent sends one it read in the kernel log: classified from the driver's line."""
     text = f"NVRM: Xid (PCI:0000:1b:00): {code}"
     return XidOccurred(t=t, gpu=gpu, text=text, record=xid_record(code, text))
+
+
+class Fleet:
+    """A few hosts fed straight into an engine (no sockets): the same path as ingest."""
+
+    def __init__(self, hosts: int = 2, gpus: int = 8) -> None:
+        self.engine = Engine()
+        self.gpus = gpus
+        self.views: dict[str, HostView] = {}
+        self.seq: dict[str, int] = {}
+        for h in range(hosts):
+            name = f"h{h}"
+            self.views[name] = self.engine.hello(hello(name, gpus), 0.0)
+            self.seq[name] = 0
+
+    def send(self, host: str, t: float, **kwargs: object) -> None:
+        samples = kwargs.pop("samples", None)
+        if samples is None:
+            samples = [sample(i, t) for i in range(self.gpus)]
+        batch = Batch(seq=self.seq[host], t=t, samples=samples, **kwargs)  # type: ignore[arg-type]
+        self.seq[host] += 1
+        self.engine.ingest(self.views[host], batch, t)
+
+    def open(self) -> list[tuple[str, str | None, int | None, str]]:
+        return sorted((v.kind, v.host, v.gpu, v.reason) for v in self.engine.book.open.values())
+
+
+def straggler_of(engine: Engine) -> StragglerDetector:
+    """The engine's straggler detector, for tests that look into its memory."""
+    detector = engine.detectors["straggler"]
+    assert isinstance(detector, StragglerDetector)
+    return detector

@@ -16,7 +16,7 @@ from sentinel.aggregator.server import Aggregator
 from sentinel.aggregator.verdicts import Change, Verdict
 from sentinel.config.aggregator import AggregatorConfig, FleetConfig, IncidentsConfig
 from sentinel.wire import Batch, Drops, Hello, encode
-from tests.aggregator.helpers import TOKEN, hello, kernel_xid, sample
+from tests.aggregator.helpers import TOKEN, hello, kernel_xid, sample, straggler_of
 
 FORGET_S = 3600.0
 _decode = msgspec.msgpack.Decoder(Hello)
@@ -105,7 +105,7 @@ def test_a_forgotten_host_leaves_no_memory_in_any_detector(tmp_path: Path) -> No
     assert not any(v.host in fakes for v in engine.book.open.values())
     assert not any(h in fakes for h, _ in hardware.flagged)
     assert not any(
-        s.finding is not None and s.finding.host in fakes for s in engine.straggler.streaks.values()
+        s.finding is not None and s.finding.host in fakes for s in straggler_of(engine).streaks.values()
     )
     assert not fakes & set(network.quiet)
     assert not fakes & aggregator.pushback.marked
@@ -128,9 +128,9 @@ def test_straggler_detector_forgets_a_host_s_streaks_at_once(tmp_path: Path) -> 
         feed(aggregator, "fake-slow", float(t), clock=1200.0)
         engine.tick(float(t))
     assert any(
-        s.finding is not None and s.finding.host == "fake-slow" for s in engine.straggler.streaks.values()
+        s.finding is not None and s.finding.host == "fake-slow" for s in straggler_of(engine).streaks.values()
     )
     engine.forget_host("fake-slow", 40.0)
     assert not any(
-        s.finding is not None and s.finding.host == "fake-slow" for s in engine.straggler.streaks.values()
+        s.finding is not None and s.finding.host == "fake-slow" for s in straggler_of(engine).streaks.values()
     )

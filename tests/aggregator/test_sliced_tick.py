@@ -22,7 +22,7 @@ from sentinel.components.xid.parse import xid_record
 from sentinel.config.aggregator import AggregatorConfig, DetectConfig, FleetConfig
 from sentinel.fr.heads import FrHeads, InFlight, PgHead, StepTime
 from sentinel.wire import Batch, GpuInfo, Hello, ProcInfo, XidOccurred
-from tests.aggregator.helpers import batch, hello, running_aggregator, sample, wait_until
+from tests.aggregator.helpers import batch, hello, running_aggregator, sample, straggler_of, wait_until
 
 GPUS = 8
 RANKS = 2 * ITEMS_PER_STEP + 8 * 13  # more ranks than two steps' worth
@@ -167,7 +167,7 @@ def test_detector_memory_is_prepared_in_steps_and_snapshots_the_same_bytes() -> 
     for second in range(3):
         _feed(engine, views, second, float(second), None)
         engine.tick(second + 0.5)
-    straggler = engine.straggler
+    straggler = straggler_of(engine)
     assert sum(len(r) for r in straggler.steps.values()) > ITEMS_PER_STEP
     steps = straggler.memory_steps()
     yields = 0

@@ -17,7 +17,7 @@ from sentinel.aggregator.state import HostView
 from sentinel.aggregator.store import BuiltinsHolder, StateStore
 from sentinel.fr.heads import FrHeads, PgHead, StepTime
 from sentinel.wire import Batch, ProcInfo
-from tests.aggregator.helpers import hello, sample
+from tests.aggregator.helpers import hello, sample, straggler_of
 
 HOSTS, GPUS, STEP_S = 4, 8, 0.8
 
@@ -121,7 +121,7 @@ def test_a_1_2x_straggler_is_named_within_60_s_and_its_tensor_parallel_peers_nev
     (verdict,) = job.engine.book.open.values()
     assert verdict.gpu == 5 and verdict.reason == "unknown"
     # the measured lateness is the truth: 1.2 x 0.8 s = 160 ms late per step (median of jittered steps)
-    judged = job.engine.straggler.rank_judgement("j", 13)
+    judged = job.engine.rank_judgement("j", 13)
     assert judged is not None and 0.12 <= judged.median_s - judged.job_median_s <= 0.2
     assert "ms late per step" in verdict.evidence[0]
 
@@ -266,13 +266,13 @@ def test_a_straggler_in_progress_survives_an_aggregator_restart(tmp_path: Path) 
     job = Job()
     job.run(0.0, 120.0, {})
     assert job.run(120.0, restart_at, {13: 1.2}) == []
-    (key,) = job.engine.straggler.streaks  # the straggling rank's GPU, h1/5, and nothing else
+    (key,) = straggler_of(job.engine).streaks  # the straggling rank's GPU, h1/5, and nothing else
     assert key == ("straggler", "h1", "5")
-    streak = job.engine.straggler.streaks[key]
+    streak = straggler_of(job.engine).streaks[key]
     assert streak.hits >= 1  # the straggler is on its way to a verdict
-    steps_before = list(job.engine.straggler.steps["j"][13].compute)
+    steps_before = list(straggler_of(job.engine).steps["j"][13].compute)
     _restart(job, tmp_path, restart_at)
-    restored = job.engine.straggler
+    restored = straggler_of(job.engine)
     assert restored.streaks[key].hits == streak.hits  # its streak, not started over
     assert list(restored.steps["j"][13].compute) == steps_before  # its step history
     opened = job.run(restart_at, restart_at + 120.0, {13: 1.2})
@@ -292,17 +292,17 @@ def test_restored_memory_of_a_job_that_never_comes_back_is_forgotten(tmp_path: P
     job = Job()
     job.run(0.0, 60.0, {})
     _restart(job, tmp_path, 60.0)
-    assert "j" in job.engine.straggler.steps
+    assert "j" in straggler_of(job.engine).steps
     engine = job.engine
     for t in range(61, 400):  # the job's agents never send again
         engine.tick(float(t))
-    assert "j" not in engine.straggler.steps
+    assert "j" not in straggler_of(engine).steps
 
 
 def test_memory_of_another_shape_is_dropped_not_fatal() -> None:
     engine = Engine()
-    engine.straggler.restore({"steps": {"j": {"0": [1.0, 2.0]}}, "streaks": [[["a"], "x", 0]]})
-    assert engine.straggler.steps == {} and engine.straggler.streaks == {}
+    straggler_of(engine).restore({"steps": {"j": {"0": [1.0, 2.0]}}, "streaks": [[["a"], "x", 0]]})
+    assert straggler_of(engine).steps == {} and straggler_of(engine).streaks == {}
 
 
 def test_a_host_claiming_64_fast_gpus_makes_no_honest_host_slow() -> None:

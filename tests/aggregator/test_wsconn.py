@@ -311,8 +311,8 @@ async def test_a_ping_flood_is_answered_once_per_read_and_does_not_hold_off_the_
                 opcode, got = await _server_frame(reader)
                 if opcode == OP_PONG:
                     pongs.append(got)
-                else:
-                    acks.append(decode_aggregator_frame(got))
+                elif isinstance(frame := decode_aggregator_frame(got), Ack):  # (a verdict push may come too)
+                    acks.append(frame)
             assert acks == [Ack(seq=0)]
             # the last ping is answered; earlier ones only where a read ended with them (a few at most)
             assert pongs[-1] == pings[-1] and len(pongs) < 50 and set(pongs) <= set(pings)

@@ -25,15 +25,13 @@ import ctypes
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pynvml
 
 from sentinel.agent.source import XidEvent, XidRecord
-from sentinel.components.clocks import nvml as clocks_nvml
 from sentinel.components.device import nvml as device_nvml
-from sentinel.components.ecc import nvml as ecc_nvml
-from sentinel.components.fabric import nvml as fabric_nvml
 from sentinel.components.nvlink import nvml as nvlink_nvml
 from sentinel.components.nvml_read import (
     FieldAnswers,
@@ -42,9 +40,15 @@ from sentinel.components.nvml_read import (
     GpuSourceDown,
     field_number,
 )
-from sentinel.components.pcie import nvml as pcie_nvml
-from sentinel.components.rowremap import nvml as rowremap_nvml
+from sentinel.components.registry import GPU_SIGNALS
+from sentinel.components.signal import SlowRead
 from sentinel.wire import GpuInfo, GpuSample
+
+#: the GPU signals' NVML reads, in registry order
+_READS = [s.nvml for s in GPU_SIGNALS if s.nvml is not None]
+_FAST = [r.fast for r in _READS if r.fast is not None]
+_SLOW = [r.slow for r in _READS if r.slow is not None]
+_FIELDS = [r.fields for r in _READS if r.fields is not None]
 
 ErrorHook = Callable[[str, str], None]
 
@@ -305,7 +309,7 @@ class NvmlSource:
             raise GpuSourceDown(f"GPU {gpu}: its handle went stale twice in one read") from None
 
     def _part(self, read: Callable[[], Any]) -> Any:
-        """One component's read; None when it needs what this nvidia-ml-py lacks (an older release)."""
+        """One signal's read; None when it needs what this nvidia-ml-py lacks (an older release)."""
         try:
             return read()
         except AttributeError as exc:
@@ -315,14 +319,13 @@ class NvmlSource:
             return None
 
     def _read_fast(self, gpu: int, now: float) -> GpuSample:
+        """Every GPU signal's fast NVML read, in registry order."""
         h = self._handle(gpu)
         with self._lock:
             self._reset_required.discard(gpu)
         sample = GpuSample(gpu=gpu, t=now)
-        get, part = self._get, self._part
-        part(lambda: device_nvml.fill(get, gpu, h, sample))
-        part(lambda: clocks_nvml.fill(get, gpu, h, sample))
-        part(lambda: pcie_nvml.fill(get, gpu, h, sample))
+        for fast in _FAST:
+            self._part(partial(fast, self._get, gpu, h, sample))
         self._needs_reset(gpu, sample)
         return sample
 
@@ -332,20 +335,17 @@ class NvmlSource:
             sample.recovery_action = "gpu_reset"
 
     def _read_slow(self, gpu: int, now: float) -> GpuSample:
+        """The fast reads, then every GPU signal's slow read, in registry order."""
         sample = self._read_fast(gpu, now)
         h = self._handle(gpu)
-        get, part = self._get, self._part
-        sample.ecc = part(lambda: ecc_nvml.read_ecc(get, gpu, h))
-        sample.remap = part(lambda: rowremap_nvml.read(get, gpu, h))
-        sample.retired = part(lambda: ecc_nvml.read_retired(get, gpu, h))
         links = self._links.get(gpu) or []
-        # one field-values call per GPU for every component's fields (all links' counters included)
-        values = self.field_values(gpu, h, device_nvml.FIELDS + nvlink_nvml.field_requests(links))
-        sample.nvlink = part(lambda: nvlink_nvml.read(get, gpu, h, links, values))
-        sample.pcie_link = part(lambda: pcie_nvml.read_link(get, gpu, h))
-        sample.fabric = part(lambda: fabric_nvml.read(get, gpu, h))
-        sample.violations = part(lambda: clocks_nvml.read_violations(get, gpu, h))
-        device_nvml.fill_fields(values, sample)
+        # one field-values call per GPU for every signal's fields (all links' counters included)
+        requests = [request for fields in _FIELDS for request in fields(links)]
+        read = SlowRead(
+            get=self._get, gpu=gpu, handle=h, links=links, values=self.field_values(gpu, h, requests)
+        )
+        for slow in _SLOW:
+            self._part(partial(slow, read, sample))
         self._needs_reset(gpu, sample)
         return sample
 

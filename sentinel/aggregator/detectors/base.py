@@ -10,7 +10,7 @@ still run — and reconciles each one's findings into verdicts with :meth:`Verdi
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -89,6 +89,21 @@ class Detector(ABC):
     def switched_on(self) -> None:
         """The detector was off and is on again (a reload): what happened meanwhile must be looked at."""
         return
+
+    def stalled_jobs(self) -> Mapping[str, Any]:
+        """Jobs this detector found stalled at its latest run, job → its ``Stall`` (the stuck detector's
+        answer; others: none)."""
+        return {}
+
+    def join_dumps(self, job: str, analysis: Mapping[str, Any] | None) -> Any:
+        """A stalled job's Flight Recorder dumps were analyzed: what this detector makes of them, a
+        ``DumpJudgement`` (None: nothing, or the job no longer stalls)."""
+        return None
+
+    def rank_judgement(self, job: str, rank: int) -> Any:
+        """This detector's view of one rank's compute time, a ``RankJudgement`` (the straggler detector's;
+        others: None)."""
+        return None
 
     def job_ended(self, job: str) -> None:
         """Forget what is remembered about ``job`` (it is gone from the fleet)."""

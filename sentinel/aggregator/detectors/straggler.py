@@ -28,10 +28,11 @@ from sentinel.aggregator.detectors.base import (
     Steps,
     run_steps,
 )
-from sentinel.aggregator.state import FleetState, GpuView, JobView, RankView, counter_rate
+from sentinel.aggregator.state import FleetState, GpuView, JobView, RankView
 from sentinel.aggregator.verdicts import Finding
 from sentinel.components.clocks.rule import REASON_SHARE
 from sentinel.components.clocks.rule import describe as describe_violations
+from sentinel.components.nvlink.signal import error_rate as nvlink_error_rate
 from sentinel.components.vocab import Action
 from sentinel.config.aggregator import AggregatorConfig, HardwareConfig, StragglerConfig
 from sentinel.log import get_logger
@@ -113,8 +114,9 @@ def _reason(gpu: GpuView | None, hw: HardwareConfig) -> str:
         return "thermal"
     if max(gpu.ema_power_cap, share.get("power", 0.0)) >= REASON_SHARE:
         return "power"
-    if gpu.nvlink_prev is not None and hw.nvlink_errors_per_s > 0:
-        rate = counter_rate(gpu.nvlink_hist, gpu.nvlink_prev, hw.rate_window_s)
+    links = gpu.memory.get("nvlink")
+    if links is not None and links.prev is not None and hw.nvlink_errors_per_s > 0:
+        rate = nvlink_error_rate(links, hw.rate_window_s)
         if rate >= hw.nvlink_errors_per_s:
             return "nvlink_errors"
     return "unknown"
@@ -127,9 +129,10 @@ def _hardware_evidence(gpu: GpuView, reason: str, hw: HardwareConfig) -> list[st
         out.append("clock-event reasons: " + ", ".join(gpu.throttle))
     if gpu.violation_share:
         out.append(describe_violations(gpu.violation_share, gpu.violation_span_s))
-    if reason == "nvlink_errors" and gpu.nvlink_prev is not None:
-        rate = counter_rate(gpu.nvlink_hist, gpu.nvlink_prev, hw.rate_window_s)
-        rose = f" ({', '.join(gpu.nvlink_rose)})" if gpu.nvlink_rose else ""
+    links = gpu.memory.get("nvlink")
+    if reason == "nvlink_errors" and links is not None and links.prev is not None:
+        rate = nvlink_error_rate(links, hw.rate_window_s)
+        rose = f" ({', '.join(links.rose)})" if links.rose else ""
         out.append(f"NVLink errors at {rate:.1f}/s{rose}")
     return out
 

@@ -166,6 +166,9 @@ class StuckDetector(Detector):
             self._restored = {}
         return findings
 
+    def stalled_jobs(self) -> dict[str, Stall]:
+        return self.stalls
+
     def join_dumps(self, job: str, analysis: Mapping[str, Any] | None) -> DumpJudgement | None:
         """The job's dumps were analyzed (an incident's ``fr_dump``): judge the live verdicts with it."""
         stall = self.stalls.get(job)

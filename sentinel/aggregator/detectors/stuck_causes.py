@@ -18,11 +18,12 @@ from sentinel.aggregator.detectors.stuck_heads import (
     _Rank,
     _ranks_summary,
 )
-from sentinel.aggregator.state import FleetState, GpuView, JobView, RankView, counter_rate
+from sentinel.aggregator.state import FleetState, GpuView, JobView, RankView
 from sentinel.aggregator.verdicts import Finding
 from sentinel.components.ib.causes import stall_causes
 from sentinel.components.ib.rule import PortRuleConfig
 from sentinel.components.nccl_ras.rule import ras_evidence
+from sentinel.components.nvlink.signal import error_rate as nvlink_error_rate
 from sentinel.components.vocab import Action
 from sentinel.config.aggregator import HardwareConfig, StuckConfig
 from sentinel.fr.ops import op_name
@@ -305,9 +306,10 @@ def _unexplained(  # noqa: PLR0917
     for info in members:
         view = info.view
         gpu = fleet.gpu(view.host or "", view.gpu)
-        if gpu is None or gpu.nvlink_prev is None:
+        links = gpu.memory.get("nvlink") if gpu is not None else None
+        if links is None or links.prev is None:
             continue
-        rate = counter_rate(gpu.nvlink_hist, gpu.nvlink_prev, hw.rate_window_s)
+        rate = nvlink_error_rate(links, hw.rate_window_s)
         if rate >= hw.nvlink_errors_per_s:
             out.append(
                 finding(
@@ -317,7 +319,7 @@ def _unexplained(  # noqa: PLR0917
                     view.host,
                     view.gpu,
                     f"NVLink errors at {rate:.1f}/s on {view.host}/{view.gpu}"
-                    + (f" ({', '.join(gpu.nvlink_rose)})" if gpu.nvlink_rose else ""),
+                    + (f" ({', '.join(links.rose)})" if links.rose else ""),
                 )
             )
     if out:

@@ -24,8 +24,19 @@ def _fabric_info(h: Any) -> Any:
     return info
 
 
+def _fabric_info_v(h: Any) -> Any:
+    """The versioned call (R550+), which adds the health mask; FUNCTION_NOT_FOUND on older drivers."""
+    info = pynvml.c_nvmlGpuFabricInfo_v3_t()
+    info.version = pynvml.nvmlGpuFabricInfo_v3
+    pynvml.nvmlDeviceGetGpuFabricInfoV(h, pynvml.byref(info))
+    return info
+
+
 def read(get: Get, gpu: int, h: Any) -> FabricInfo | None:
-    info = get(gpu, "fabric", _fabric_info, h)
+    info = get(gpu, "fabric_v", _fabric_info_v, h)
+    health: int | None = int(info.healthMask) if info is not None else None
+    if info is None:
+        info = get(gpu, "fabric", _fabric_info, h)
     if info is None:
         return None
     state = _STATES.get(int(info.state), "not_supported")
@@ -36,4 +47,5 @@ def read(get: Get, gpu: int, h: Any) -> FabricInfo | None:
         status=int(info.status),
         clique_id=int(info.cliqueId),
         cluster_uuid=str(uuid.UUID(bytes=bytes(info.clusterUuid))),
+        health_mask=health,
     )

@@ -16,3 +16,5 @@ class FabricInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     status: int = 0  # an NVML return code: 0 = success
     clique_id: int = 0
     cluster_uuid: str = ""
+    #: ``nvmlDeviceGetGpuFabricInfoV``'s health mask (R550+, GB200 NVL): 2-bit fields, see ``health.py``
+    health_mask: int | None = None

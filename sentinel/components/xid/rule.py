@@ -16,8 +16,6 @@ virtual clock share the same code.
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Annotated, Final
 
@@ -128,14 +126,88 @@ class XidGpuMemory(msgspec.Struct, frozen=True, kw_only=True):
     events: list[tuple[float, int, int | None]] = []
 
 
-@dataclass
-class _Gpu:
+class XidMemory(msgspec.Struct, kw_only=True):
+    """One GPU's Xid state machine: the latch (state, reason, action, since, evidence), the repeat history
+    (``events``: time, code, pid) and the codes seen since the last reset (code → first time)."""
+
     state: GpuHealth = "ok"
     reason: str = "ok"
     action: Action = "none"
     since: float | None = None
-    evidence: list[str] = field(default_factory=list)
-    events: deque[tuple[float, int, int | None]] = field(default_factory=deque)
+    evidence: list[str] = []
+    events: list[tuple[float, int, int | None]] = []
+    codes: dict[int, float] = {}
+
+
+def observe_xid(gpu: XidMemory, record: XidRecord, now: float, cfg: XidPolicyConfig) -> bool:
+    """Account for one Xid line seen at ``now`` on the GPU whose memory is ``gpu``; True when its state rose."""
+    code = record.xid
+    if code in cfg.ignored_codes:
+        return False
+    line = f"{evidence_time(now)} Xid {code}" + (f" pid={record.pid}" if record.pid is not None else "")
+    line += f" ({record.process})" if record.process else ""
+    if code in CLEARED_BY:
+        # the condition an earlier code reported is over (Xid 162 after 163): it no longer repeats
+        gone = CLEARED_BY[code]
+        gpu.events[:] = [event for event in gpu.events if event[1] != gone]
+    nvidia = resolve(code, record.message, other_codes=frozenset(event[1] for event in gpu.events))
+    line += f" [{nvidia.evidence()}]"
+    fatal = record.fatal or (code in cfg.extra_faulty_codes and code not in APPLICATION_CODES)
+    if fatal:
+        return _raise(
+            gpu,
+            state="faulty",
+            reason=f"xid_{code}",
+            action=record.action,
+            note=f"{line}: {record.message}",
+            now=now,
+        )
+    if record.previous_xid is not None and not cfg.count_secondary:
+        return False
+    _prune(gpu, now, cfg.repeat_window_s)
+    for when, seen_code, pid in reversed(gpu.events):
+        if seen_code == code and pid == record.pid and abs(now - when) < cfg.dedupe_window_s:
+            return False
+    gpu.events.append((now, code, record.pid))
+    if len(gpu.events) > cfg.max_events_per_gpu:
+        del gpu.events[: len(gpu.events) - cfg.max_events_per_gpu]
+    count = _repeat_count(gpu, code, cfg.distinct_processes)
+    if count >= cfg.repeat_threshold:
+        note = f"{line}: {count} occurrences of Xid {code} within {cfg.repeat_window_s:g}s"
+        if cfg.distinct_processes:
+            note += " from different processes"
+        return _raise(
+            gpu, state="suspect", reason=f"xid_{code}_repeated", action="reset_gpu", note=note, now=now
+        )
+    return False
+
+
+def _prune(gpu: XidMemory, now: float, window_s: float) -> None:
+    horizon = now - window_s
+    events = gpu.events
+    cut = 0
+    while cut < len(events) and events[cut][0] < horizon:
+        cut += 1
+    if cut:
+        del events[:cut]
+
+
+def _repeat_count(gpu: XidMemory, code: int, distinct_processes: bool) -> int:
+    same = [(pid, index) for index, (_, seen, pid) in enumerate(gpu.events) if seen == code]
+    if not distinct_processes:
+        return len(same)
+    return len({pid if pid is not None else f"unknown-{index}" for pid, index in same})
+
+
+def _raise(gpu: XidMemory, *, state: GpuHealth, reason: str, action: Action, note: str, now: float) -> bool:
+    if len(gpu.evidence) < _MAX_EVIDENCE:
+        gpu.evidence.append(note)
+    changed = _STATE_RANK[state] > _STATE_RANK[gpu.state]
+    if changed:
+        gpu.state, gpu.reason, gpu.since = state, reason, now
+    if _STATE_RANK[state] >= _STATE_RANK[gpu.state] and ACTIONS.index(action) > ACTIONS.index(gpu.action):
+        gpu.action = action
+    return changed
 
 
 def evidence_time(t: float) -> str:
@@ -147,91 +219,48 @@ def evidence_time(t: float) -> str:
 
 
 class XidPolicy:
-    """Feed it Xid records and reset/reboot observations; ask it for per-GPU decisions."""
+    """Feed it Xid records and reset/reboot observations; ask it for per-GPU decisions (GPUs keyed by PCI
+    address, as kernel lines name them). The aggregator keeps one :class:`XidMemory` per GPU instead (the
+    xid signal); this keyed form serves ``sentinel logs`` and the agent's own view."""
 
     def __init__(self, config: XidPolicyConfig | None = None) -> None:
         self.config = config or XidPolicyConfig()
-        self._gpus: dict[str, _Gpu] = {}
+        self._gpus: dict[str, XidMemory] = {}
 
     def observe(self, record: XidRecord, now: float) -> XidDecision:
         """Account for one Xid line seen at ``now``."""
         key = record.pci_bus or UNKNOWN_GPU
         gpu = self._gpu(key)
-        cfg = self.config
-        code = record.xid
-        if code in cfg.ignored_codes:
-            return self._decision(key, gpu, changed=False)
-        line = f"{evidence_time(now)} Xid {code}" + (f" pid={record.pid}" if record.pid is not None else "")
-        line += f" ({record.process})" if record.process else ""
-        if code in CLEARED_BY:
-            # the condition an earlier code reported is over (Xid 162 after 163): it no longer repeats
-            gone = CLEARED_BY[code]
-            gpu.events = deque(event for event in gpu.events if event[1] != gone)
-        nvidia = resolve(code, record.message, other_codes=frozenset(event[1] for event in gpu.events))
-        line += f" [{nvidia.evidence()}]"
-        fatal = record.fatal or (code in cfg.extra_faulty_codes and code not in APPLICATION_CODES)
-        if fatal:
-            return self._raise(
-                key,
-                gpu,
-                state="faulty",
-                reason=f"xid_{code}",
-                action=record.action,
-                note=f"{line}: {record.message}",
-                now=now,
-            )
-        if record.previous_xid is not None and not cfg.count_secondary:
-            return self._decision(key, gpu, changed=False)
-        self._prune(gpu, now)
-        for when, seen_code, pid in reversed(gpu.events):
-            if seen_code == code and pid == record.pid and abs(now - when) < cfg.dedupe_window_s:
-                return self._decision(key, gpu, changed=False)
-        gpu.events.append((now, code, record.pid))
-        while len(gpu.events) > cfg.max_events_per_gpu:
-            gpu.events.popleft()
-        count = self._repeat_count(gpu, code)
-        if count >= cfg.repeat_threshold:
-            note = f"{line}: {count} occurrences of Xid {code} within {cfg.repeat_window_s:g}s"
-            if cfg.distinct_processes:
-                note += " from different processes"
-            return self._raise(
-                key,
-                gpu,
-                state="suspect",
-                reason=f"xid_{code}_repeated",
-                action="reset_gpu",
-                note=note,
-                now=now,
-            )
-        return self._decision(key, gpu, changed=False)
+        changed = observe_xid(gpu, record, now, self.config)
+        return decision(key, gpu, changed=changed)
 
     def observe_gpu_reset(self, pci_bus: str, now: float) -> XidDecision:
         """A reset of this GPU was observed: its history no longer applies."""
         gpu = self._gpu(pci_bus)
         changed = gpu.state != "ok"
-        self._gpus[pci_bus] = _Gpu(reason="gpu_reset_observed", since=now)
-        return self._decision(pci_bus, self._gpus[pci_bus], changed=changed)
+        self._gpus[pci_bus] = XidMemory(reason="gpu_reset_observed", since=now)
+        return decision(pci_bus, self._gpus[pci_bus], changed=changed)
 
     def observe_reboot(self, now: float) -> list[XidDecision]:
         """The node rebooted: every GPU starts clean."""
         decisions = []
         for key, gpu in list(self._gpus.items()):
             changed = gpu.state != "ok"
-            self._gpus[key] = _Gpu(reason="reboot_observed", since=now)
-            decisions.append(self._decision(key, self._gpus[key], changed=changed))
+            self._gpus[key] = XidMemory(reason="reboot_observed", since=now)
+            decisions.append(decision(key, self._gpus[key], changed=changed))
         return decisions
 
     def decision(self, pci_bus: str) -> XidDecision:
         """Current decision for one GPU (``ok`` when never seen)."""
         gpu = self._gpus.get(pci_bus)
-        return self._decision(pci_bus, gpu if gpu is not None else _Gpu(), changed=False)
+        return decision(pci_bus, gpu if gpu is not None else XidMemory(), changed=False)
 
     def decisions(self) -> list[XidDecision]:
         """Current decisions for every tracked GPU."""
-        return [self._decision(key, gpu, changed=False) for key, gpu in self._gpus.items()]
+        return [decision(key, gpu, changed=False) for key, gpu in self._gpus.items()]
 
     def export(self) -> list[XidGpuMemory]:
-        """Everything the policy latched and counted, for the aggregator's state store."""
+        """Everything the policy latched and counted."""
         return [
             XidGpuMemory(
                 pci_bus=key,
@@ -251,16 +280,14 @@ class XidPolicy:
             gpu = self._gpu(item.pci_bus)
             gpu.state, gpu.reason, gpu.action, gpu.since = item.state, item.reason, item.action, item.since
             gpu.evidence = list(item.evidence[:_MAX_EVIDENCE])
-            gpu.events = deque(item.events[-self.config.max_events_per_gpu :])
+            gpu.events = list(item.events[-self.config.max_events_per_gpu :])
 
-    # -- internals ------------------------------------------------------------------------------------
-
-    def _gpu(self, key: str) -> _Gpu:
+    def _gpu(self, key: str) -> XidMemory:
         gpu = self._gpus.get(key)
         if gpu is None:
             if len(self._gpus) >= self.config.max_gpus:
                 self._forget_one()
-            gpu = self._gpus[key] = _Gpu()
+            gpu = self._gpus[key] = XidMemory()
         return gpu
 
     def _forget_one(self) -> None:
@@ -270,37 +297,14 @@ class XidPolicy:
                 return
         del self._gpus[next(iter(self._gpus))]
 
-    def _prune(self, gpu: _Gpu, now: float) -> None:
-        horizon = now - self.config.repeat_window_s
-        while gpu.events and gpu.events[0][0] < horizon:
-            gpu.events.popleft()
 
-    def _repeat_count(self, gpu: _Gpu, code: int) -> int:
-        same = [(pid, index) for index, (_, seen, pid) in enumerate(gpu.events) if seen == code]
-        if not self.config.distinct_processes:
-            return len(same)
-        return len({pid if pid is not None else f"unknown-{index}" for pid, index in same})
-
-    def _raise(
-        self, key: str, gpu: _Gpu, *, state: GpuHealth, reason: str, action: Action, note: str, now: float
-    ) -> XidDecision:
-        if len(gpu.evidence) < _MAX_EVIDENCE:
-            gpu.evidence.append(note)
-        changed = _STATE_RANK[state] > _STATE_RANK[gpu.state]
-        if changed:
-            gpu.state, gpu.reason, gpu.since = state, reason, now
-        if _STATE_RANK[state] >= _STATE_RANK[gpu.state] and ACTIONS.index(action) > ACTIONS.index(gpu.action):
-            gpu.action = action
-        return self._decision(key, gpu, changed=changed)
-
-    @staticmethod
-    def _decision(key: str, gpu: _Gpu, *, changed: bool) -> XidDecision:
-        return XidDecision(
-            pci_bus=key,
-            state=gpu.state,
-            reason=gpu.reason,
-            action=gpu.action,
-            evidence=tuple(gpu.evidence),
-            changed=changed,
-            since=gpu.since,
-        )
+def decision(key: str, gpu: XidMemory, *, changed: bool) -> XidDecision:
+    return XidDecision(
+        pci_bus=key,
+        state=gpu.state,
+        reason=gpu.reason,
+        action=gpu.action,
+        evidence=tuple(gpu.evidence),
+        changed=changed,
+        since=gpu.since,
+    )

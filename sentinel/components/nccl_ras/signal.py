@@ -1,0 +1,16 @@
+"""The nccl_ras signal: NCCL's RAS service, a host-level source queried by its own collector; its status
+is the stuck detector's evidence about a stalled job."""
+
+from __future__ import annotations
+
+from sentinel.components.nccl_ras.parse import parse_status
+from sentinel.components.signal import Signal
+
+SIGNAL = Signal[None](
+    name="nccl_ras",
+    summary="NCCL RAS status of a job (NCCL >= 2.24): dead or unreachable ranks behind a stall",
+    scope="host",
+    collector="nccl_ras",
+    detector="stuck",
+    parse=parse_status,
+)

@@ -1,0 +1,111 @@
+"""The one registry and everything derived from it: a signal, collector or detector named in one place and
+missing (or different) in another fails here."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from pathlib import Path
+
+import msgspec
+
+import sentinel.components
+from sentinel.agent.registry import BUILDERS, COLLECTORS
+from sentinel.aggregator.engine import DETECTORS, Engine
+from sentinel.cli.cmd_config import render_docs
+from sentinel.components import registry
+from sentinel.components.signal import Signal
+from sentinel.config.aggregator import AggregatorConfig
+from sentinel.wire import EccCounters, FabricInfo, GpuSample, NvLink, PcieLink, RowRemap
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_every_component_package_with_a_signal_is_registered() -> None:
+    declared = set()
+    for module in pkgutil.iter_modules(sentinel.components.__path__):
+        if not module.ispkg:
+            continue
+        for name in ("signal", "health"):
+            try:
+                found = importlib.import_module(f"sentinel.components.{module.name}.{name}")
+            except ModuleNotFoundError:
+                continue
+            if hasattr(found, "SIGNAL"):
+                declared.add(found.SIGNAL.name)
+    assert declared == {s.name for s in registry.SIGNALS}
+    for signal in registry.SIGNALS:
+        importlib.import_module(signal.package)  # its component folder exists
+
+
+def test_the_daemons_run_exactly_the_registry_collectors_and_detectors() -> None:
+    assert [e.name for e in COLLECTORS] == list(registry.COLLECTORS)
+    assert set(BUILDERS) == set(registry.COLLECTORS)
+    assert [d.name for d in DETECTORS] == list(registry.DETECTORS)
+    assert {s.collector for s in registry.SIGNALS} <= set(registry.COLLECTORS)
+    assert {s.detector for s in registry.SIGNALS} <= set(registry.DETECTORS)
+
+
+def test_every_judged_gpu_signal_has_a_memory_type_for_the_latches() -> None:
+    for signal in registry.JUDGED:
+        if signal.remember is not None or signal.on_event is not None:
+            assert registry.MEMORY_TYPES[signal.name] is signal.memory_type
+
+
+def test_the_configuration_docs_name_every_collector_and_detector() -> None:
+    docs = render_docs()
+    for name in (*registry.COLLECTORS, *registry.DETECTORS):
+        assert f"`{name}`" in docs
+    assert (REPO / "docs" / "configuration.md").read_text() == docs
+
+
+def test_the_metrics_docs_list_every_family_a_signal_renders() -> None:
+    documented = (REPO / "docs" / "metrics.md").read_text()
+    for signal in registry.GPU_SIGNALS:
+        for name, _kind, _help in registry.families(signal):
+            assert f"`{name}`" in documented, f"{signal.name}: {name} missing from docs/metrics.md"
+
+
+def test_the_architecture_docs_carry_the_registry_table() -> None:
+    assert registry.components_table() in (REPO / "docs" / "architecture.md").read_text()
+
+
+def test_alert_rules_and_panels_come_from_the_hook_or_the_component_module() -> None:
+    hooked = Signal[None](name="x", summary="", alerts=lambda settings: [("rule", settings)])
+    assert registry.alerts(hooked, 7) == [("rule", 7)]
+    absent = Signal[None](name="x", summary="", component="no_such_component")
+    assert registry.alerts(absent, None) == [] and registry.panels(absent, None) == []
+
+
+def test_every_registry_detector_can_be_switched_off_by_name_network_included() -> None:
+    for name in registry.DETECTORS:
+        config = msgspec.convert({"detect": {"disabled": [name]}}, AggregatorConfig)
+        engine = Engine(config)
+        assert name in engine.detectors and name not in {d.name for d in engine.enabled}
+
+
+def test_a_signal_reads_only_the_sample_fields_it_declares() -> None:
+    """The aggregator offers a fast sample (none of the slow signals' fields) to the every-tick signals only;
+    a slow signal that read an undeclared field would miss its readings."""
+    fields = {f.name for f in msgspec.structs.fields(GpuSample)}
+    for signal in registry.GPU_SIGNALS:
+        if signal.remember is None:
+            continue
+        assert signal.reads and set(signal.reads) <= fields, signal.name
+        assert signal.remember(None, GpuSample(gpu=0, t=1.0)) is None, signal.name  # nothing it reads
+        for name in signal.reads:  # any one of its fields is a reading it must be offered
+            value = {
+                "pcie_replay": 3,
+                "recovery_action": "gpu_reset",
+                "pcie_link": PcieLink(width=8, width_max=16),
+                "fabric": FabricInfo(state="completed", health_mask=1),
+                "ecc": EccCounters(volatile_corrected=1),
+                "remap": RowRemap(correctable=1),
+                "nvlink": [NvLink(link=0)],
+                "mem_temp_c": 70.0,
+                "mem_temp_max_c": 95.0,
+            }[name]
+            offered = msgspec.structs.replace(GpuSample(gpu=0, t=1.0), **{name: value})
+            if signal.name == "hbm" and name == "mem_temp_max_c":
+                continue  # the limit alone is no reading: it is kept with the next temperature
+            assert signal.remember(None, offered) is not None, (signal.name, name)
