@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from sentinel.aggregator.claims import CountedRefusals
 from sentinel.wire import ProcInfo
-from tests.aggregator.test_detectors import Fleet, feed_cascade, heads, pg, procs
+from tests.aggregator.helpers import Fleet
+from tests.aggregator.test_detectors import feed_cascade, heads, pg, procs
 
 
 def refusals(f: Fleet) -> dict[str, int]:
