@@ -10,12 +10,16 @@ memory-capped worker processes — the bytes came over the network and are never
 
 Every size is bounded: the bytes per host are asked for within a fleet-wide budget, the answer's lists and
 bytes are bounded by the frame's decoder, and a rank seen twice (two hosts claiming it) keeps its first dump.
+A rank's dump is taken only from the host that runs it (the job's rank → host mapping when the dumps were
+asked for, :mod:`~sentinel.aggregator.claims`): another host's dump for it is refused and reported, so one
+agent cannot move a hang's blame onto another host's rank.
 """
 
 from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -65,14 +69,21 @@ def host_dir_name(host: str) -> str:
 
 
 def store_answer(
-    root: Path, host: str, answer: Answer | None, seen: set[int], budget: int
+    root: Path,
+    host: str,
+    answer: Answer | None,
+    seen: set[int],
+    budget: int,
+    *,
+    owners: Mapping[int, str] | None = None,
 ) -> tuple[dict[str, Any], int]:
     """Write one agent's dumps under ``root/<host>/``; returns (the host's report, bytes written).
 
     ``seen`` holds the ranks already stored (updated here); ``budget`` is what may still be written. The
     answer arrived typed and bounded (the frame's decoder checked every field); the report keeps what the
     agent said about its pipes (triggered, missing, failed) and what it skipped, plus the ranks stored and
-    the problems found: a rank another host already sent, a dump beyond the budget.
+    the problems found: a rank another host already sent, a dump beyond the budget, a rank that ``owners``
+    (rank → the host running it) says another host runs — those ranks also listed under ``refused``.
     """
     report: dict[str, Any] = {"dumps": [], "problems": []}
     if not isinstance(answer, FrDumpAnswer):
@@ -90,6 +101,11 @@ def store_answer(
         rank, data = dump.rank, dump.data
         if not data:
             report["problems"].append(f"{host}: rank {rank}'s dump is empty")
+            continue
+        owner = owners.get(rank) if owners is not None else None
+        if owner is not None and owner != host:
+            report["problems"].append(f"{host}: rank {rank} runs on {owner}, not here; its dump is refused")
+            report.setdefault("refused", []).append(rank)
             continue
         if rank in seen:
             report["problems"].append(f"{host}: rank {rank} already has a dump from another host; ignored")

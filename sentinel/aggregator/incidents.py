@@ -17,6 +17,7 @@ job's agents are asked for ``fr_dump`` while the snapshots are gathered; the inc
 from __future__ import annotations
 
 import asyncio
+import functools
 import gzip
 import json
 import secrets
@@ -31,6 +32,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from sentinel.aggregator.claims import dump_owners
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.evidence import ANSWER_MARGIN_S, EvidenceGate, EvidenceReport, evidence_hosts
 from sentinel.aggregator.evidence import gather as gather_evidence
@@ -527,6 +529,9 @@ class IncidentManager:
 
         seen: set[int] = set()
         budget = settings.max_total_bytes
+        fleet = self.engine.fleet
+        job = fleet.jobs.get(verdict.job or "")
+        owners = dump_owners(job.ranks) if job is not None else {}
         try:
             for next_answer in asyncio.as_completed([ask(h) for h in hosts]):
                 host, result = await next_answer
@@ -534,8 +539,18 @@ class IncidentManager:
                     report.missing_hosts.append(host)
                     continue
                 host_report, used = await asyncio.to_thread(
-                    store_answer, root, host, result.answer, seen, budget
+                    functools.partial(store_answer, owners=owners), root, host, result.answer, seen, budget
                 )
+                for rank in host_report.get("refused", ()):
+                    fleet.refusals.refused(
+                        "rank_not_owned",
+                        "fr_dump_refused",
+                        host=host,
+                        job=(verdict.job or "")[:256],
+                        rank=rank,
+                        holder=owners.get(rank),
+                        incident=incident_id,
+                    )
                 budget -= used
                 report.hosts[host] = host_report
             report.missing_hosts.sort()

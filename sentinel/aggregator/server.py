@@ -73,7 +73,10 @@ class Aggregator:
         self.metrics.attach(self.engine, lambda: len(self.by_host))
         #: every refused connection or frame: counted by reason, logged a few lines per interval
         self.refusals = RefusalLog(self.metrics)
-        self.pushback = VerdictPush(self.engine.book)
+        self.engine.fleet.refusals = self.refusals  # a host's claim on another host's rank, counted too
+        self.pushback = VerdictPush(
+            self.engine.book, learned_quorum=lambda: self.config.remediation.learned_quorum
+        )
         self.streams = AgentStreams(
             config,
             engine=self.engine,

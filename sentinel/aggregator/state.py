@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from sentinel.aggregator.claims import MAX_WAITING_CLAIMS, CountedRefusals, RefusalSink, may_speak_for
 from sentinel.aggregator.clock import HostClock
 from sentinel.aggregator.streams import adopt_instance
 from sentinel.components.clocks.record import POWER_REASONS, THERMAL_REASONS, ClockViolations
@@ -316,6 +317,10 @@ class FleetState:
         self.changed_hosts: set[str] = set()
         #: hosts whose dedup window (boot id, seq high-water mark, seqs above it) moved since the store looked
         self.window_changed: set[str] = set()
+        #: where a host's claim on another host's rank is counted and logged (the server sets its RefusalLog)
+        self.refusals: RefusalSink = CountedRefusals()
+        #: (job, rank) → the host whose process report claimed it while another ran it (:mod:`.claims`)
+        self.waiting_claims: dict[tuple[str, int], str] = {}
         #: hosts forgotten so far (the state store's holders look for records to delete only when it moved)
         self.forgotten_hosts = 0
 
@@ -366,6 +371,15 @@ class FleetState:
         host = self.hosts.get(name)
         if host is not None:
             host.connected = False
+            self._hand_over_from(name)
+
+    def _hand_over_from(self, name: str) -> None:
+        """``name`` let go of its ranks (disconnected, forgotten): claims refused meanwhile take them."""
+        for job_id, rank in list(self.waiting_claims):
+            job = self.jobs.get(job_id)
+            view = job.ranks.get(rank) if job is not None else None
+            if view is not None and view.host == name:
+                self._hand_over(job_id, rank)
 
     # -- batches --------------------------------------------------------------------------------------
 
@@ -579,6 +593,14 @@ class FleetState:
             view = self._rank(job, proc.rank) if job is not None else None
             if job is None or view is None:
                 continue
+            if not may_speak_for(view, host.name, self.hosts, by_process=True):
+                self._claim_refused("rank_claimed", "rank_claim_refused", host.name, view, proc.job_id)
+                waiting = self.waiting_claims
+                if (proc.job_id, proc.rank) in waiting or len(waiting) < MAX_WAITING_CLAIMS:
+                    waiting[(proc.job_id, proc.rank)] = host.name
+                new.add((proc.job_id, proc.rank))  # still claimed: withdrawn only when a report drops it
+                continue
+            self.waiting_claims.pop((proc.job_id, proc.rank), None)
             if proc.world_size and 0 < proc.world_size <= self.max_ranks_per_job:
                 if job.world_size != proc.world_size:
                     job.progress_version += 1
@@ -597,10 +619,47 @@ class FleetState:
             new.add((proc.job_id, proc.rank))
         for job_id, rank in old - new:
             job_view = self.jobs.get(job_id or "")
-            if job_view is not None and rank is not None and rank in job_view.ranks:
-                if job_view.ranks[rank].alive:
-                    job_view.progress_version += 1
-                job_view.ranks[rank].alive = False
+            if job_view is None or rank is None or rank not in job_view.ranks:
+                continue
+            view = job_view.ranks[rank]
+            if view.host != host.name:
+                # a claim that was refused (another host runs the rank) and is withdrawn
+                if self.waiting_claims.get((job_view.id, rank)) == host.name:
+                    del self.waiting_claims[(job_view.id, rank)]
+                continue
+            if view.alive:
+                job_view.progress_version += 1
+            view.alive = False
+            if (job_view.id, rank) in self.waiting_claims:
+                self._hand_over(job_view.id, rank)
+
+    def _hand_over(self, job_id: str, rank: int) -> None:
+        """The rank's holder let go: the host whose claim was refused runs it, if its report still says so."""
+        claimant = self.hosts.get(self.waiting_claims.pop((job_id, rank), ""))
+        job = self.jobs.get(job_id)
+        view = job.ranks.get(rank) if job is not None else None
+        if claimant is None or job is None or view is None:
+            return
+        proc = next((p for p in claimant.procs if p.job_id == job_id and p.rank == rank), None)
+        if proc is None:
+            return
+        view.host, view.gpu, view.pid, view.alive = claimant.name, proc.gpu, proc.pid, True
+        job.progress_version += 1
+        if 0 <= proc.gpu < len(claimant.gpus):
+            gpu_view = claimant.gpus[proc.gpu]
+            gpu_view.job = gpu_view.last_job = job_id
+            gpu_view.rank = gpu_view.last_rank = rank
+
+    def _claim_refused(self, reason: str, event: str, host: str, view: RankView, job_id: str) -> None:
+        self.refusals.refused(
+            reason,
+            event,
+            host=host,
+            job=job_id[:256],
+            rank=view.rank,
+            holder=view.host,
+            detail="the rank runs on its holder: another host may not speak for it",
+        )
 
     def _job(self, job_id: str, now: float) -> JobView | None:
         job = self.jobs.get(job_id)
@@ -620,6 +679,8 @@ class FleetState:
     def forget_host(self, name: str) -> None:
         """Drop everything about host ``name`` (it comes back as new if it ever connects again)."""
         host = self.hosts.pop(name, None)
+        self._hand_over_from(name)
+        self.waiting_claims = {k: v for k, v in self.waiting_claims.items() if v != name}
         self.forgotten_hosts += 1
         self.changed_hosts.discard(name)  # the state store deletes its record (forgotten_hosts moved)
         self.window_changed.discard(name)
@@ -629,6 +690,8 @@ class FleetState:
     def end_job(self, job_id: str) -> None:
         """The job is over (no process, no heads for ``job_gone_after_s``): forget it."""
         self.jobs.pop(job_id, None)
+        if self.waiting_claims:
+            self.waiting_claims = {k: v for k, v in self.waiting_claims.items() if k[0] != job_id}
 
     def _rank(self, job: JobView, rank: int) -> RankView | None:
         if rank not in job.ranks and len(job.ranks) >= self.max_ranks_per_job:
@@ -647,6 +710,9 @@ class FleetState:
         job = self._job(job_id, now)
         view = self._rank(job, heads.rank) if job is not None else None
         if job is None or view is None:
+            return
+        if not may_speak_for(view, host.name, self.hosts, by_process=False):
+            self._claim_refused("rank_not_owned", "heads_refused", host.name, view, job_id)
             return
         if heads.world_size and 0 < heads.world_size <= self.max_ranks_per_job:
             if job.world_size != heads.world_size:

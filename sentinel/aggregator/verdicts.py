@@ -46,6 +46,10 @@ class Finding:
     gpu: int | None = None
     job: str | None = None
     rank: int | None = None
+    #: None: the finding rests on what its subject reported or on configured expectations; N: it compares the
+    #: subject with a yardstick learned from the fleet (a majority, a median) that N distinct hosts other
+    #: than the subject hold — remediation acts on it only with a quorum of them
+    learned_from: int | None = None
 
 
 @dataclass(slots=True)
@@ -68,6 +72,7 @@ class Verdict:
     close_reason: str = ""
     incident: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    learned_from: int | None = None  # see Finding.learned_from
 
     @property
     def state(self) -> str:
@@ -75,25 +80,29 @@ class Verdict:
 
     def to_dict(self, t0: float = 0.0) -> dict[str, Any]:
         """Contract sections 4/5: the report fields plus id, opened_at, closed_at, state."""
-        return {
-            "id": self.id,
-            "t_s": round(self.opened_at - t0, 3),
-            "kind": self.kind,
-            "host": self.host,
-            "gpu": self.gpu,
-            "job": self.job,
-            "rank": self.rank,
-            "reason": self.reason,
-            "action": self.action,
-            "evidence": list(self.evidence),
-            "opened_at": self.opened_at,
-            "closed_at": self.closed_at,
-            "state": self.state,
-            "evidence_t": self.evidence_t,
-            "updated_at": self.updated_at,
-            "close_reason": self.close_reason,
-            "incident": self.incident,
-        } | ({"remediation": list(self.extra["remediation"])} if "remediation" in self.extra else {})
+        return (
+            {
+                "id": self.id,
+                "t_s": round(self.opened_at - t0, 3),
+                "kind": self.kind,
+                "host": self.host,
+                "gpu": self.gpu,
+                "job": self.job,
+                "rank": self.rank,
+                "reason": self.reason,
+                "action": self.action,
+                "evidence": list(self.evidence),
+                "opened_at": self.opened_at,
+                "closed_at": self.closed_at,
+                "state": self.state,
+                "evidence_t": self.evidence_t,
+                "updated_at": self.updated_at,
+                "close_reason": self.close_reason,
+                "incident": self.incident,
+            }
+            | ({"learned_from": self.learned_from} if self.learned_from is not None else {})
+            | ({"remediation": list(self.extra["remediation"])} if "remediation" in self.extra else {})
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +131,7 @@ class VerdictRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     closed_at: float | None = None
     close_reason: str = ""
     incident: str | None = None
+    learned_from: int | None = None
 
 
 class BookMeta(msgspec.Struct, kw_only=True):
@@ -240,6 +250,7 @@ class VerdictBook:
             opened_at=now,
             evidence_t=min(finding.evidence_t, now),
             updated_at=now,
+            learned_from=finding.learned_from,
         )
         self._next += 1
         self.open[finding.key] = verdict
@@ -261,6 +272,9 @@ class VerdictBook:
             if getattr(verdict, name) is None and getattr(finding, name) is not None:
                 setattr(verdict, name, getattr(finding, name))
                 changed = True
+        if finding.learned_from != verdict.learned_from:  # its backing moved (or it is configured now)
+            verdict.learned_from = finding.learned_from
+            changed = True
         if changed:
             verdict.updated_at = now
         return changed
@@ -357,4 +371,10 @@ def _merge(primary: Finding, other: Finding) -> Finding:
         gpu=primary.gpu,
         job=primary.job if primary.job is not None else other.job,
         rank=primary.rank if primary.rank is not None else other.rank,
+        learned_from=_stronger(primary.learned_from, other.learned_from),
     )
+
+
+def _stronger(a: int | None, b: int | None) -> int | None:
+    """The backing of two merged findings: the stronger one's (None, not learned, is the strongest)."""
+    return None if a is None or b is None else max(a, b)

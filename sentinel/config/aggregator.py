@@ -353,6 +353,16 @@ class StragglerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         msgspec.Meta(ge=1, description="consecutive evaluations a GPU must stand out before a verdict opens"),
     ] = 4
     min_peers: Annotated[int, msgspec.Meta(ge=3, description="fewest peers a comparison needs")] = 4
+    min_hosts: Annotated[
+        int,
+        msgspec.Meta(
+            ge=2,
+            le=100000,
+            description="the quorum of the fleet's SM clock comparison: distinct hosts whose busy GPUs of a model "
+            "make its median (each host one vote, its GPUs weighted 1/n, so a host claiming 64 GPUs moves it "
+            "as one with 8 does)",
+        ),
+    ] = 3
     max_clock_rate_error: Annotated[
         float,
         msgspec.Meta(
@@ -631,6 +641,18 @@ class RemediationConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     rules: Annotated[list[RemediationRule], msgspec.Meta(description="the policy, first match wins")] = (
         msgspec.field(default_factory=_default_rules)
     )
+    learned_quorum: Annotated[
+        int,
+        msgspec.Meta(
+            ge=1,
+            le=100000,
+            description="a verdict that compares its host with what was learned from the fleet (a driver/VBIOS "
+            "or inventory majority, a clock or compute median) is acted on only when at least this many "
+            "distinct hosts other than its own hold that yardstick; configured expectations and a host's own "
+            "evidence need none. Below it the verdict stays open, is not pushed to the host's health check, "
+            "and its drain is refused as learned_without_quorum",
+        ),
+    ] = 3
     breaker: BreakerConfig = msgspec.field(default_factory=BreakerConfig)
     resume: ResumeConfig = msgspec.field(default_factory=ResumeConfig)
     requeue: RequeueConfig = msgspec.field(default_factory=RequeueConfig)

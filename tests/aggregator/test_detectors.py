@@ -483,6 +483,7 @@ def test_a_straggler_at_its_power_limit_is_named_power_from_violation_time_alone
     verdict = next(iter(f.engine.book.open.values()))
     assert verdict.action == "drain"
     assert any("power 70% of the last 2 s (NVML violation time)" in e for e in verdict.evidence)
+    assert verdict.learned_from == 3  # slow against the median of the three other hosts' GPUs
 
 
 def test_a_straggler_without_violation_time_or_reason_bits_stays_unknown() -> None:

@@ -7,6 +7,7 @@ answers.
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import pickle
 import re
@@ -17,6 +18,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from sentinel.aggregator.claims import CountedRefusals
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.frdumps import FrDumpSettings, per_host_budget, settings_for_frame, store_answer
 from sentinel.aggregator.incidents import IncidentManager, IncidentStore
@@ -287,3 +289,55 @@ async def test_analysis_failure_marks_the_fr_part_failed_with_the_file(tmp_path:
     fr = _doc(manager, "inc-5")["fr_dump"]
     assert fr["state"] == "failed"
     assert "nccl_trace_rank_0" in fr["error"] and "input_sizes" in fr["error"]
+
+
+async def test_a_host_sending_dumps_for_another_hosts_ranks_is_refused_and_the_blame_stays(
+    tmp_path: Path,
+) -> None:
+    """host-a answers first, with its own dumps and forged ones for host-b's ranks 2 and 3 (copies of its
+    own, which would say rank 3 entered the collective): the job mapping says host-b runs them, so the
+    forged dumps are refused and counted, host-b's real dumps are kept, and the culprit stays rank 3."""
+    dumps = _corpus_dumps()
+    forged = _answer((0, 1), dumps)
+    for rank, copy_of in ((2, 0), (3, 1)):
+        forged["dumps"].append(
+            {
+                "rank": rank,
+                "name": f"nccl_trace_rank_{rank}",
+                "size": len(dumps[copy_of]),
+                "data": gzip.compress(dumps[copy_of]),
+            }
+        )
+    asked: list[Command] = []
+    manager = _manager(tmp_path, {"host-a": forged, "host-b": _answer((2, 3), dumps)}, asked)
+    answered_a = asyncio.Event()
+    real = manager.requester
+
+    async def host_a_first(host: str, command: Command, timeout: float) -> CommandResult | None:
+        if command.name == "fr_dump" and host == "host-b":
+            await answered_a.wait()  # the forged answer is there first: first dump of a rank would win
+        result = await real(host, command, timeout)
+        if command.name == "fr_dump" and host == "host-a":
+            answered_a.set()
+        return result
+
+    manager.requester = host_a_first
+    now = time.time()
+    await manager.collect("inc-forged", _verdict(now), now)
+    fr = _doc(manager, "inc-forged")["fr_dump"]
+    assert fr["hosts"]["host-a"]["dumps"] == [0, 1] and fr["hosts"]["host-a"]["refused"] == [2, 3]
+    assert "host-a: rank 3 runs on host-b, not here; its dump is refused" in fr["hosts"]["host-a"]["problems"]
+    assert fr["hosts"]["host-b"]["dumps"] == [2, 3]
+    assert fr["state"] == "done" and fr["analysis"]["culprit_ranks"] == [3]
+    refusals = manager.engine.fleet.refusals
+    assert isinstance(refusals, CountedRefusals) and refusals.counts == {"rank_not_owned": 2}
+
+
+def test_store_answer_refuses_ranks_another_host_runs(tmp_path: Path) -> None:
+    answer = FrDumpAnswer(
+        dumps=[DumpFile(rank=r, name=f"nccl_trace_rank_{r}", size=1, data=b"x") for r in (0, 1, 9)]
+    )
+    owners = {0: "a", 1: "b"}  # rank 9: no host known to run it, so nobody's dump for it is refused
+    report, _ = store_answer(tmp_path, "a", answer, set(), budget=100, owners=owners)
+    assert report["dumps"] == [0, 9] and report["refused"] == [1]
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["nccl_trace_rank_0", "nccl_trace_rank_9"]

@@ -23,17 +23,20 @@ from sentinel.aggregator.listener import AggregatorSite
 from sentinel.aggregator.server import AGGREGATOR_KEY, create_app
 from sentinel.aggregator.stream import CLOSE_HOST_NOT_ALLOWED
 from sentinel.config.aggregator import AggregatorConfig, ServerConfig
+from sentinel.fr.heads import FrHeads
 from sentinel.wire import (
     Ack,
+    Batch,
     Command,
     CommandResult,
     Hello,
+    ProcInfo,
     Snapshot,
     SnapshotRequest,
     decode_aggregator_frame,
     encode,
 )
-from tests.aggregator.helpers import batch, hello, kernel_xid, running_aggregator, wait_until
+from tests.aggregator.helpers import Running, batch, hello, kernel_xid, running_aggregator, wait_until
 from tests.support import need_binary
 
 RACK_A = "token-rack-a-0123456789"
@@ -150,34 +153,42 @@ async def test_hello_for_another_tokens_host_is_refused_and_the_real_stream_is_u
             await real_session.close()
 
 
+@asynccontextmanager
+async def two_racks(
+    running: Running,
+) -> AsyncIterator[tuple[aiohttp.ClientWebSocketResponse, aiohttp.ClientWebSocketResponse]]:
+    """rack-a-01 and rack-b-01 connected, each with its own host's token, both hellos applied."""
+    sa, a = await connect(running.stream_url, RACK_A)
+    sb, b = await connect(running.stream_url, RACK_B)
+    try:
+        await a.send_bytes(encode(hello("rack-a-01")))
+        await b.send_bytes(encode(hello("rack-b-01")))
+        await wait_until(lambda: {"rack-a-01", "rack-b-01"} <= set(running.aggregator.by_host))
+        yield a, b
+    finally:
+        await sa.close()
+        await sb.close()
+
+
 async def test_a_command_answer_from_another_connection_is_refused(tmp_path: Path) -> None:
-    async with running_aggregator(tmp_path, tokens=GRANTS) as running:
+    async with running_aggregator(tmp_path, tokens=GRANTS) as running, two_racks(running) as (victim, forger):
         aggregator = running.aggregator
-        sa, victim = await connect(running.stream_url, RACK_A)
-        sb, forger = await connect(running.stream_url, RACK_B)
-        try:
-            await victim.send_bytes(encode(hello("rack-a-01")))
-            await forger.send_bytes(encode(hello("rack-b-01")))
-            await wait_until(lambda: {"rack-a-01", "rack-b-01"} <= set(aggregator.by_host))
-            request = asyncio.create_task(
-                aggregator.request("rack-a-01", Command(id="cmd-1", request=SnapshotRequest()), timeout_s=5)
-            )
-            sent = await next_frame(victim, lambda f: not isinstance(f, Command) or f.name != "verdicts")
-            assert isinstance(sent, Command) and sent.id == "cmd-1"
-            await forger.send_bytes(
-                encode(CommandResult(id="cmd-1", answer=Snapshot(host="forged", window=(0.0, 1.0))))
-            )
-            await wait_until(lambda: rejected(aggregator, "foreign_answer") == 1)
-            assert not request.done()
-            await victim.send_bytes(
-                encode(CommandResult(id="cmd-1", answer=Snapshot(host="rack-a-01", window=(0.0, 1.0))))
-            )
-            result = await asyncio.wait_for(request, 5)
-            assert result is not None and isinstance(result.answer, Snapshot)
-            assert result.answer.host == "rack-a-01"
-        finally:
-            await sa.close()
-            await sb.close()
+        request = asyncio.create_task(
+            aggregator.request("rack-a-01", Command(id="cmd-1", request=SnapshotRequest()), timeout_s=5)
+        )
+        sent = await next_frame(victim, lambda f: not isinstance(f, Command) or f.name != "verdicts")
+        assert isinstance(sent, Command) and sent.id == "cmd-1"
+        await forger.send_bytes(
+            encode(CommandResult(id="cmd-1", answer=Snapshot(host="forged", window=(0.0, 1.0))))
+        )
+        await wait_until(lambda: rejected(aggregator, "foreign_answer") == 1)
+        assert not request.done()
+        await victim.send_bytes(
+            encode(CommandResult(id="cmd-1", answer=Snapshot(host="rack-a-01", window=(0.0, 1.0))))
+        )
+        result = await asyncio.wait_for(request, 5)
+        assert result is not None and isinstance(result.answer, Snapshot)
+        assert result.answer.host == "rack-a-01"
 
 
 async def test_a_reimaged_host_starting_at_seq_0_is_not_dropped_as_duplicates(tmp_path: Path) -> None:
@@ -349,3 +360,20 @@ async def test_a_reinstalled_agent_on_the_same_boot_is_a_new_stream_not_duplicat
             "instance-new-0002",
             40,
         )
+
+
+async def test_heads_for_another_hosts_rank_are_refused_and_counted_over_the_stream(tmp_path: Path) -> None:
+    """Each host's token is valid for itself; rack-b-01 sends heads (and a process report) for the rank
+    rack-a-01 runs: both refused, counted in sentinel_ingest_rejected_total, the rank stays rack-a-01's."""
+    async with running_aggregator(tmp_path, tokens=GRANTS) as running, two_racks(running) as (a, b):
+        aggregator = running.aggregator
+        own = ProcInfo(gpu=0, pid=11, job_id="job-7", rank=0, world_size=2)
+        await a.send_bytes(encode(Batch(seq=0, t=time.time(), procs=[own])))
+        assert await next_ack(a) == 0
+        stolen = ProcInfo(gpu=0, pid=99, job_id="job-7", rank=0, world_size=2)
+        lie = FrHeads(rank=0, t=time.time(), job_id="job-7", world_size=2, gpu=0, pgs=[])
+        await b.send_bytes(encode(Batch(seq=0, t=time.time(), procs=[stolen], heads=[lie])))
+        assert await next_ack(b) == 0
+        assert rejected(aggregator, "rank_claimed") == 1 and rejected(aggregator, "rank_not_owned") == 1
+        rank = aggregator.engine.fleet.jobs["job-7"].ranks[0]
+        assert (rank.host, rank.pid, rank.heads) == ("rack-a-01", 11, None)

@@ -303,3 +303,19 @@ def test_memory_of_another_shape_is_dropped_not_fatal() -> None:
     engine = Engine()
     straggler_of(engine).restore({"steps": {"j": {"0": [1.0, 2.0]}}, "streaks": [[["a"], "x", 0]]})
     assert straggler_of(engine).steps == {} and straggler_of(engine).streaks == {}
+
+
+def test_a_host_claiming_64_fast_gpus_makes_no_honest_host_slow() -> None:
+    """The SM-clock median behind slow_host: five honest 8-GPU hosts at 1980 MHz, one claiming 64 GPUs at
+    2600 MHz. Each host is one vote, so the median is the honest hosts' clock and none of them is slow."""
+    engine = Engine()
+    views = {f"h{i}": engine.hello(hello(f"h{i}", 8), 0.0) for i in range(5)}
+    views["liar"] = engine.hello(hello("liar", 64), 0.0)
+    for second in range(60):
+        t = float(second)
+        for name, view in views.items():
+            gpus, clock = (64, 2600.0) if name == "liar" else (8, 1980.0)
+            samples = [sample(i, t, sm_clock_mhz=clock, sm_clock_max_mhz=clock) for i in range(gpus)]
+            engine.ingest(view, Batch(seq=second, t=t, samples=samples), t)
+        engine.tick(t)
+    assert [(v.host, v.reason) for v in engine.book.open.values() if v.kind == "straggler"] == []

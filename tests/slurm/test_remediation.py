@@ -17,13 +17,16 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from sentinel.aggregator.remediation import Remediator, check_breaker, wants_drain
+from sentinel.aggregator.remediation.policy import drain_reason_of
 from sentinel.aggregator.verdicts import Finding, Verdict, VerdictBook
 from sentinel.components.vocab import VerdictKind
 from sentinel.config.aggregator import BreakerConfig, RemediationConfig, RemediationRule, ResumeConfig
-from sentinel.slurm import SlurmNode
+from sentinel.slurm import MAX_REASON_CHARS, REASON_PREFIX, SlurmNode, drain_reason
 from tests.slurm.cluster import SlurmCluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -418,6 +421,64 @@ async def test_an_unusable_lease_file_means_not_acting(idle_slurm: SlurmCluster,
 def metric_value(r: Remediator, name: str) -> float | None:
     assert r.metrics.registry is not None
     return r.metrics.registry.get_sample_value(name, {"cluster": r.metrics.cluster})
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    job=st.text(max_size=1000),
+    rank=st.none() | st.integers(0, 1 << 24),
+    gpu=st.none() | st.integers(0, 1023),
+    reason=st.text(min_size=1, max_size=64),
+)
+def test_the_verdict_id_always_survives_the_drain_reason(
+    job: str, rank: int | None, gpu: int | None, reason: str
+) -> None:
+    """Whatever job id an agent reported (any length, spaces, newlines, another verdict's id), the reason
+    sentinel sets fits Slurm's bound and ends with the whole verdict id, which resume and on-call look for."""
+    v = Verdict(
+        id="v123456",
+        key=("stuck", job, "0"),
+        detector="stuck",
+        kind="stuck",
+        reason=reason,
+        action="restart_app",
+        host="sn1",
+        gpu=gpu,
+        job=job,
+        rank=rank,
+        evidence=[],
+        opened_at=0.0,
+        evidence_t=0.0,
+        updated_at=0.0,
+    )
+    text = drain_reason_of(v)
+    assert len(text) <= MAX_REASON_CHARS and text.startswith(REASON_PREFIX)
+    assert drain_reason(text) == text  # what scontrol is given is this, unchanged
+    words = text.split()
+    assert words[-1] == v.id
+    if job and len(job) < 100:  # a job id that fits is shown whole, as one word
+        at = -2 - (2 if rank is not None else 0)  # [..., "job", job, ("rank", r), id]
+        assert words[at - 1 : at + 1] == ["job", "".join(c if "!" <= c <= "~" else "_" for c in job)]
+
+
+async def test_a_long_job_id_never_pushes_the_verdict_id_out_of_slurms_reason(
+    idle_slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    book = VerdictBook()
+    (flag := tmp_path / "validated").touch()
+    resume = ResumeConfig(enabled=True, validation_command=["test", "-e", str(flag)])
+    r = remediator(idle_slurm, tmp_path, book, resume=resume)
+    job = "array-" + "9" * 300 + " v000001"
+    finding = dataclasses.replace(hw_finding("sn3", gpu=6), job=job, rank=12345)
+    v = book.reconcile("hardware", [finding], time.time(), scope=lambda _: False)[0].verdict
+    assert await r.drain(v) == "done"
+    state, reason = idle_slurm.node_state("sn3")
+    assert "DRAIN" in state and len(reason) <= MAX_REASON_CHARS
+    assert reason.startswith("sentinel: faulty xid_79 GPU 6 job array-999") and reason.endswith(
+        f"... rank 12345 {v.id}"
+    )
+    book.close(v.key, time.time(), "evidence gone")
+    assert await r.resume(v) == "done"  # it finds its verdict id as the reason's last word
 
 
 def test_breaker_counts_re_drains_of_the_same_node() -> None:

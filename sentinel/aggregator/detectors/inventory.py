@@ -1,7 +1,8 @@
 """Inventory detector: hosts that cannot use their GPUs or have fewer than expected (a host verdict), GPUs
 whose driver or VBIOS differs from their identical peers across the fleet, and hosts whose inventory (GPU
 count, model, PCIe link capability) is not what is configured or learned for them (degraded verdicts naming
-what differs). Rules: :mod:`sentinel.components.device.inventory`.
+what differs). What is learned is voted by hosts, one vote each, and a verdict resting on it carries how many
+other hosts back it (``Finding.learned_from``). Rules: :mod:`sentinel.components.device.inventory`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from sentinel.components.device.inventory import (
     expectations,
     firmware_outliers,
     inventory_mismatches,
+    learned_backing,
 )
 from sentinel.components.vocab import verdict_kind
 from sentinel.config.aggregator import AggregatorConfig
@@ -102,7 +104,8 @@ class InventoryDetector(Detector):
             return Evaluation(list(self._last))
         findings: list[Finding] = [k.source for k in kept.values() if k.source is not None]
         identities = [identity for k in kept.values() for identity in k.identities]
-        for (host_name, index), what in sorted(firmware_outliers(identities).items()):
+        quorum = self.config.detect.inventory.min_hosts
+        for (host_name, index), what in sorted(firmware_outliers(identities, quorum).items()):
             findings.append(
                 Finding(
                     key=("inventory", host_name, str(index)),
@@ -110,10 +113,11 @@ class InventoryDetector(Detector):
                     kind="degraded",
                     reason="firmware_mismatch",
                     action="drain",
-                    evidence=tuple(what),
+                    evidence=tuple(what.evidence),
                     evidence_t=seen.now,
                     host=host_name,
                     gpu=index,
+                    learned_from=what.backing,
                 )
             )
         yield  # (the firmware comparison above and the expectations below each go over every GPU)
@@ -130,7 +134,7 @@ class InventoryDetector(Detector):
             what = inventory_mismatches(host, expected[host.host])
             if not what:
                 continue
-            gpus = {gpu for gpu, _ in what}
+            gpus = {m.gpu for m in what}
             out.append(
                 Finding(
                     key=("inventory", host.host, "expected"),
@@ -138,10 +142,11 @@ class InventoryDetector(Detector):
                     kind="degraded",
                     reason="inventory_mismatch",
                     action="drain",
-                    evidence=tuple(text for _, text in what[:16]),
+                    evidence=tuple(m.text for m in what[:16]),
                     evidence_t=now,
                     host=host.host,
                     gpu=gpus.pop() if len(gpus) == 1 and None not in gpus else None,
+                    learned_from=learned_backing(what),
                 )
             )
         return out

@@ -1,10 +1,11 @@
 """Straggler detector: the GPU, rank or host that is slower than its peers, and why.
 
 Two robust peer comparisons (median and MAD from :mod:`sentinel.stats`, so one sick GPU does not move the
-yardstick): the SM clock across identical busy GPUs (with temperature, power and throttle reasons saying
+yardstick; each host one vote, its GPUs or ranks weighted 1/n, so one host claiming many does not either): the SM clock across identical busy GPUs (with temperature, power and throttle reasons saying
 why), and each rank's own compute time per step inside its job (waiting inside a collective is not compute,
 so a peer waiting for the straggler is never blamed). Most GPUs of a host standing out together make one
 host verdict. A candidate must stand out ``persistence`` evaluations in a row to open or close a verdict.
+A finding carries how many hosts other than its own the comparison rested on (``Finding.learned_from``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from sentinel.components.nvlink.signal import error_rate as nvlink_error_rate
 from sentinel.components.vocab import Action
 from sentinel.config.aggregator import AggregatorConfig, HardwareConfig, StragglerConfig
 from sentinel.log import get_logger
-from sentinel.stats import MAD_SCALE, median, median_mad
+from sentinel.stats import MAD_SCALE, host_median_mad, median
 
 DETECTOR = "straggler"
 
@@ -414,8 +415,14 @@ class StragglerDetector(Detector):
                 continue
             judged = self.judged[job.id] = {}
             flagged: dict[int, RankJudgement] = {}
+            hosts_compared = 0  # distinct hosts of the ranks compared (the flagged rank's among them)
             for index, medians in enumerate(windows):
-                med, mad = median_mad([m for m, _ in medians.values()])
+                # each host one vote: a host reporting many ranks moves the job's median by one host at most
+                med, mad, distinct = host_median_mad(
+                    [m for m, _ in medians.values()],
+                    [ranks[r].host if r in ranks else None for r in medians],
+                )
+                hosts_compared = max(hosts_compared, distinct)
                 if med <= 0:
                     continue
                 scale = max(MAD_SCALE * mad, _MIN_SCALE_FRACTION * med)
@@ -459,6 +466,7 @@ class StragglerDetector(Detector):
                     gpu=view.gpu,
                     job=job.id,
                     rank=rank,
+                    learned_from=hosts_compared - 1,
                 )
         return out
 
@@ -477,7 +485,15 @@ def _merged(known: Finding, finding: Finding) -> Finding:
         gpu=known.gpu,
         job=finding.job,
         rank=finding.rank,
+        learned_from=_stronger(known.learned_from, finding.learned_from),
     )
+
+
+def _stronger(*backings: int | None) -> int | None:
+    """The backing of findings merged into one: the strongest (None, not learned, is the strongest)."""
+    if any(b is None for b in backings):
+        return None
+    return max(b for b in backings if b is not None)
 
 
 def _by_host(fleet: FleetState, candidates: dict[Key, Finding], cfg: StragglerConfig) -> dict[Key, Finding]:
@@ -520,6 +536,7 @@ def _by_host(fleet: FleetState, candidates: dict[Key, Finding], cfg: StragglerCo
             evidence_t=min(f.evidence_t for f in found),
             host=host_name,
             job=jobs[0] if len(jobs) == 1 else None,
+            learned_from=_stronger(*(f.learned_from for f in found)),
         )
     return candidates
 
@@ -545,8 +562,8 @@ def _candidates_by_clock(
         if len(gpus) < cfg.min_peers:
             continue
         clocks = [g.ema_clock for g in gpus if g.ema_clock is not None]
-        med, mad = median_mad(clocks)
-        if med <= 0:
+        med, mad, hosts = host_median_mad(clocks, [g.host for g in gpus if g.ema_clock is not None])
+        if med <= 0 or hosts < cfg.min_hosts:
             continue
         scale = max(MAD_SCALE * mad, 0.002 * med)
         temps = [g.ema_temp for g in gpus if g.ema_temp is not None]
@@ -567,7 +584,7 @@ def _candidates_by_clock(
             reason = _reason(gpu, hw)
             evidence = [
                 f"SM clock {clock:.0f} MHz vs {med:.0f} MHz median of {len(gpus)} busy {name or 'GPUs'} "
-                f"({drop:.0%} lower, robust z {z:.1f})"
+                f"on {hosts} hosts, one vote per host ({drop:.0%} lower, robust z {z:.1f})"
             ]
             if gpu.ema_temp is not None and med_temp is not None:
                 evidence.append(f"temperature {gpu.ema_temp:.0f} °C vs {med_temp:.0f} °C median")
@@ -587,5 +604,6 @@ def _candidates_by_clock(
                 gpu=gpu.index,
                 job=gpu.job,
                 rank=gpu.rank,
+                learned_from=hosts - 1,  # the other hosts whose GPUs make the median
             )
     return out

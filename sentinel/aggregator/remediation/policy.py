@@ -1,4 +1,5 @@
-"""Pure decisions of remediation: which verdicts drain their node, and whether the breaker allows a drain.
+"""Pure decisions of remediation: which verdicts drain their node, whether a verdict resting on what the fleet
+taught is backed by enough other hosts to be acted on, and whether the breaker allows a drain.
 
 No I/O and no clock: the verdict, the rules, Slurm's node list and ``now`` in, a decision out — so the same
 rules are tested exhaustively here and the remediator only carries them out.
@@ -7,11 +8,17 @@ rules are tested exhaustively here and the remediator only carries them out.
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sentinel.aggregator.verdicts import Verdict
 from sentinel.config.aggregator import BreakerConfig, RemediationRule
-from sentinel.slurm import SlurmNode
+from sentinel.slurm import MAX_REASON_CHARS, REASON_PREFIX, SlurmNode
+
+_NOT_IN_TOKEN = re.compile(r"[^\x21-\x7e]")
+#: what stands for the cut end of a job id in a drain reason
+_CUT = "..."
 
 
 def wants_drain(rules: Sequence[RemediationRule], kind: str, action: str, reason: str) -> bool:
@@ -24,6 +31,38 @@ def wants_drain(rules: Sequence[RemediationRule], kind: str, action: str, reason
         ):
             return rule.do == "drain"
     return False
+
+
+def backed(learned_from: int | None, quorum: int) -> bool:
+    """May a verdict be acted on at all? Yes when it rests on its host's own evidence or on configured
+    expectations (``learned_from`` None), or on a yardstick learned from the fleet that at least ``quorum``
+    hosts other than its own hold — never on one that its own host, or too few others, could have moved."""
+    return learned_from is None or learned_from >= quorum
+
+
+def _token(text: str, cap: int) -> str:
+    """``text`` as one printable ASCII token (whitespace and the rest as ``_``), at most ``cap`` characters."""
+    return _NOT_IN_TOKEN.sub("_", text[:cap])
+
+
+def drain_reason_of(verdict: Verdict, limit: int = MAX_REASON_CHARS) -> str:
+    """``sentinel: <kind> <reason> [GPU g] [job j [rank r]] <verdict id>`` — what on-call reads in sinfo -R —
+    within ``limit`` characters. The verdict id (which resume and on-call look for) is always whole and last;
+    the job id, the one part an agent chose, is cut to the room left (ending ``...``), or left out with its
+    rank when there is none. Every part is one token, so the id is the reason's last word."""
+    head = [REASON_PREFIX, _token(verdict.kind, 32), _token(verdict.reason, 64)]
+    if verdict.gpu is not None:
+        head += ["GPU", str(verdict.gpu)]
+    tail = [_token(verdict.id, 64)]
+    if verdict.job:
+        rank = ["rank", str(verdict.rank)] if verdict.rank is not None else []
+        room = limit - len(" ".join([*head, "job", "", *rank, *tail]))
+        job = _token(verdict.job, max(room, 0) + 1)
+        if len(job) > room:
+            job = job[: room - len(_CUT)] + _CUT if room > len(_CUT) else ""
+        if job:
+            head += ["job", job, *rank]
+    return " ".join([*head, *tail])[-limit:]
 
 
 @dataclass(frozen=True, slots=True)

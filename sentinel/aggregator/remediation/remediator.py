@@ -4,7 +4,8 @@ One worker task handles verdict changes in order, so two decisions never race. E
 first (already drained by sentinel: ``already``; by someone else: refused), then the circuit breaker, then
 acts or, with ``dry_run``, says what it would do; resume is opt-in and needs real evidence. Every outcome
 goes to the audit log, a counter and the verdict's ``remediation`` record. With an HA pair only the lease
-holder acts. See docs/remediation.md.
+holder acts. A verdict resting on a yardstick learned from the fleet is refused ``learned_without_quorum``
+unless ``learned_quorum`` hosts other than its own hold it (:func:`policy.backed`). See docs/remediation.md.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from sentinel.aggregator.remediation.audit import AuditLog
 from sentinel.aggregator.remediation.flapping import Held, HoldDown
 from sentinel.aggregator.remediation.lease import LeaseFile, LeaseState
-from sentinel.aggregator.remediation.policy import check_breaker, wants_drain
+from sentinel.aggregator.remediation.policy import backed, check_breaker, drain_reason_of, wants_drain
 from sentinel.aggregator.remediation.requeue import Requeuer
 from sentinel.aggregator.verdicts import Change, Verdict, VerdictBook
 from sentinel.config.aggregator import RemediationConfig
@@ -147,6 +148,8 @@ class Remediator:
         self.retry: OrderedDict[str, float] = OrderedDict()
         #: verdict ids whose drain is settled (done, dry run, already drained): never queued again
         self.settled: OrderedDict[str, None] = OrderedDict()
+        #: verdict id → the backing its drain was refused at for want of a quorum (refused once per backing)
+        self.unbacked: OrderedDict[str, int | None] = OrderedDict()
         self._queued: set[str] = set()
         #: (node, time) of every drain this aggregator did, for the breaker (re-drains of a node included)
         self.drains_done: deque[tuple[str, float]] = deque(maxlen=MAX_TRACKED)
@@ -207,6 +210,7 @@ class Remediator:
                 and verdict.id not in self.settled
                 and verdict.id not in self._queued
                 and wants_drain(self.config.rules, verdict.kind, verdict.action, verdict.reason)
+                and self._backed(verdict)
             ):
                 self._enqueue("drain", verdict)
 
@@ -302,13 +306,14 @@ class Remediator:
         if change.what in ("opened", "updated"):
             if v.id in self.settled or v.id in self._queued or not v.host:
                 return
-            if not wants_drain(self.config.rules, v.kind, v.action, v.reason):
+            if not wants_drain(self.config.rules, v.kind, v.action, v.reason) or not self._backed(v):
                 return
             if change.what == "updated" and v.id in self.retry:
                 return  # waiting for its retry time (tick)
             self._enqueue("drain", v)
         elif change.what == "closed":
             self.retry.pop(v.id, None)
+            self.unbacked.pop(v.id, None)
             resume = self.config.resume
             if resume.enabled and v.id in self.settled and v.host:
                 self._enqueue("resume", v)
@@ -327,6 +332,26 @@ class Remediator:
                 continue
             if now - tried >= self.config.retry_s and vid not in self._queued:
                 self._enqueue("drain", verdict)
+
+    def _backed(self, verdict: Verdict) -> bool:
+        """The verdict may be acted on (:func:`policy.backed`); if not, its refusal is recorded once per
+        backing, so a verdict whose quorum grows is looked at again and one that stays is not re-audited."""
+        if backed(verdict.learned_from, self.config.learned_quorum):
+            self.unbacked.pop(verdict.id, None)
+            return True
+        if verdict.id not in self.unbacked or self.unbacked[verdict.id] != verdict.learned_from:
+            self.unbacked[verdict.id] = verdict.learned_from
+            self._bound(self.unbacked)
+            self._record(
+                verdict,
+                "drain",
+                "refused",
+                "learned_without_quorum",
+                node=self.node_of(verdict.host or ""),
+                detail=f"it rests on a yardstick learned from the fleet that {verdict.learned_from} hosts "
+                f"other than {verdict.host} hold; remediation.learned_quorum is {self.config.learned_quorum}",
+            )
+        return False
 
     def _enqueue(self, op: str, verdict: Verdict) -> None:
         try:
@@ -363,15 +388,8 @@ class Remediator:
         return self.config.node_name.replace("{host}", host)
 
     def reason_of(self, verdict: Verdict) -> str:
-        """``sentinel: <kind> <reason> [GPU g] [job j [rank r]] <verdict id>`` — what on-call reads in sinfo -R."""
-        parts = ["sentinel:", verdict.kind, verdict.reason]
-        if verdict.gpu is not None:
-            parts += ["GPU", str(verdict.gpu)]
-        if verdict.job:
-            parts += ["job", verdict.job]
-            if verdict.rank is not None:
-                parts += ["rank", str(verdict.rank)]
-        return " ".join([*parts, verdict.id])
+        """The drain reason (:func:`policy.drain_reason_of`): the verdict id always survives Slurm's bound."""
+        return drain_reason_of(verdict)
 
     async def drain(self, verdict: Verdict) -> str:
         """Drain the verdict's node if the policy, Slurm's state and the breaker allow; returns the outcome."""
@@ -383,6 +401,9 @@ class Remediator:
             return "skipped"
         if not self.leading:
             return "follower"  # not settled: looked at again if this aggregator takes the lease
+        if not self._backed(verdict):  # its backing fell while it waited (a retry after the breaker)
+            self.retry.pop(verdict.id, None)
+            return "refused"
         nodes, error = await self.slurm.nodes(self.config.partition)
         if error:
             return self._failed(verdict, "drain", "slurm_unreadable", node=node, detail=error, now=now)
@@ -449,7 +470,9 @@ class Remediator:
         others = [
             v.id
             for v in self.book.open.values()
-            if v.host == verdict.host and wants_drain(self.config.rules, v.kind, v.action, v.reason)
+            if v.host == verdict.host
+            and wants_drain(self.config.rules, v.kind, v.action, v.reason)
+            and backed(v.learned_from, self.config.learned_quorum)
         ]
         if others:
             return self._record(
@@ -467,7 +490,8 @@ class Remediator:
         target, error = await self.slurm.node(node)
         if target is None:
             return self._record(verdict, "resume", "failed", "slurm_unreadable", node=node, detail=error)
-        if not target.drained_by_sentinel or verdict.id not in target.reason.split():
+        words = target.reason.split()
+        if not target.drained_by_sentinel or not words or words[-1] != verdict.id:
             return self._record(
                 verdict,
                 "resume",

@@ -5,7 +5,10 @@ PCIe link capability (maximum width and generation).
 
 Expected values come from the configuration (``[[detect.inventory.expected]]``, per host glob) or, where it
 says nothing, are learned from the fleet: the strict majority of identical hosts (same matched profile, same
-GPU model), once there are ``min_hosts`` of them. The PCIe *maximum* is compared, never the current
+GPU model), once there are ``min_hosts`` of them. Every fleet-learned value (the firmware majority too) is
+voted by hosts, one vote each, split evenly over the host's GPUs — a host claiming 64 GPUs weighs what a host
+with 8 does — and each learned value names the hosts that hold it, so a verdict says how many hosts other
+than its subject back it (remediation acts on a learned verdict only with a quorum of them). The PCIe *maximum* is compared, never the current
 generation: GPUs lower their link generation at idle to save power (normal); the maximum is what the GPU and
 its slot can train at, so an x8 riser or a Gen4 slot in a Gen5 fleet shows there whether the GPU is busy or
 not. (A current width below the maximum is the PCIe component's own rule.)
@@ -17,9 +20,9 @@ from __future__ import annotations
 
 import fnmatch
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Generic, TypeVar
 
 import msgspec
 
@@ -58,33 +61,93 @@ class GpuIdentity:
     vbios: str
 
 
-def firmware_outliers(gpus: Iterable[GpuIdentity], min_peers: int = 3) -> dict[tuple[str, int], list[str]]:
-    """GPUs whose driver or VBIOS differs from the version most of the same model run: what differs, each.
+V = TypeVar("V", bound=Hashable)
 
-    Only models with at least ``min_peers`` GPUs are judged (with two there is no majority to differ from),
-    and only a strict majority counts as the fleet's version.
+
+@dataclass(frozen=True, slots=True)
+class HostMajority(Generic[V]):
+    """A value a strict majority of hosts hold, and the hosts that hold it (most of their GPUs do)."""
+
+    value: V
+    holders: frozenset[str]
+    hosts: int  # hosts that voted
+
+    def backing(self, subject: str) -> int:
+        """Hosts other than ``subject`` that hold the value: what a verdict against ``subject`` rests on."""
+        return len(self.holders) - (subject in self.holders)
+
+
+def host_majority(votes: Mapping[str, Sequence[V]], min_hosts: int) -> HostMajority[V] | None:
+    """The value held by a strict majority of hosts, each host one vote split evenly over its values (one per
+    GPU), once at least ``min_hosts`` distinct hosts vote. However many GPUs a host claims, it moves the
+    majority by one host at most."""
+    weights: dict[V, float] = {}
+    hosts = 0
+    for values in votes.values():
+        if not values:
+            continue
+        hosts += 1
+        share = 1.0 / len(values)
+        for value in values:
+            weights[value] = weights.get(value, 0.0) + share
+    if hosts < min_hosts or not weights:
+        return None
+    value, weight = max(weights.items(), key=lambda item: item[1])
+    if weight * 2 <= hosts + 1e-9:
+        return None
+    holders = frozenset(
+        host for host, values in votes.items() if values and sum(v == value for v in values) * 2 > len(values)
+    )
+    return HostMajority(value, holders, hosts)
+
+
+@dataclass(frozen=True, slots=True)
+class FirmwareOutlier:
+    """What differs on one GPU, and how many hosts other than its own hold the version it differs from."""
+
+    evidence: list[str]
+    backing: int
+
+
+def firmware_outliers(
+    gpus: Iterable[GpuIdentity], min_hosts: int = 3
+) -> dict[tuple[str, int], FirmwareOutlier]:
+    """GPUs whose driver or VBIOS differs from the version most hosts with that model run: what differs, each.
+
+    Only models on at least ``min_hosts`` distinct hosts are judged, each host one vote (see
+    :func:`host_majority`), and only a strict majority of hosts counts as the fleet's version.
     """
-    by_model: dict[str, list[GpuIdentity]] = {}
+    by_model: dict[str, dict[str, list[GpuIdentity]]] = {}
     for g in gpus:
         if g.model:
-            by_model.setdefault(g.model, []).append(g)
-    out: dict[tuple[str, int], list[str]] = {}
-    for model, peers in by_model.items():
-        if len(peers) < min_peers:
+            by_model.setdefault(g.model, {}).setdefault(g.host, []).append(g)
+    out: dict[tuple[str, int], FirmwareOutlier] = {}
+    for model, hosts in by_model.items():
+        if len(hosts) < min_hosts:
             continue
         for attr in ("vbios", "driver"):
-            values = Counter(getattr(g, attr) for g in peers if getattr(g, attr))
-            if len(values) < 2:
+            votes = {
+                host: [getattr(g, attr) for g in peers if getattr(g, attr)] for host, peers in hosts.items()
+            }
+            if len({v for values in votes.values() for v in values}) < 2:
                 continue
-            common, count = values.most_common(1)[0]
-            if count * 2 <= sum(values.values()):
+            common = host_majority(votes, min_hosts)
+            if common is None:
                 continue
-            for g in peers:
-                value = getattr(g, attr)
-                if value and value != common:
-                    out.setdefault((g.host, g.gpu), []).append(
-                        f"{attr} {value} differs from {common} on {count} of {len(peers)} {model} GPUs"
-                    )
+            for host, peers in hosts.items():
+                backing = common.backing(host)
+                for g in peers:
+                    value = getattr(g, attr)
+                    if value and value != common.value:
+                        known = out.get((host, g.gpu))
+                        text = (
+                            f"{attr} {value} differs from {common.value}, the version of {len(common.holders)} "
+                            f"of {common.hosts} {model} hosts (one vote per host)"
+                        )
+                        out[(host, g.gpu)] = FirmwareOutlier(
+                            [*known.evidence, text] if known else [text],
+                            max(backing, known.backing) if known else backing,
+                        )
     return out
 
 
@@ -130,12 +193,18 @@ class InventoryConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     learn: Annotated[
         bool,
         msgspec.Meta(
-            description="learn what the configuration leaves out from the majority of identical hosts"
+            description="learn what the configuration leaves out from the majority of identical hosts, each "
+            "host one vote however many GPUs it claims"
         ),
     ] = True
     min_hosts: Annotated[
         int,
-        msgspec.Meta(ge=2, le=100000, description="identical hosts needed before their majority is learned"),
+        msgspec.Meta(
+            ge=2,
+            le=100000,
+            description="the quorum: distinct identical hosts needed before their majority (GPU count, PCIe "
+            "link capability, a GPU model's driver and VBIOS) is learned",
+        ),
     ] = 3
 
 
@@ -163,10 +232,18 @@ class HostFacts:
 
 @dataclass(frozen=True, slots=True)
 class Expectation:
-    """One expected value and where it came from (for the evidence)."""
+    """One expected value and where it came from (for the evidence): configured (``holders`` None) or
+    learned from the fleet, then held by ``holders``."""
 
     value: int | str
     source: str
+    holders: frozenset[str] | None = None
+
+    def backing(self, subject: str) -> int | None:
+        """None when configured; else the hosts other than ``subject`` that hold the value."""
+        if self.holders is None:
+            return None
+        return len(self.holders) - (subject in self.holders)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,20 +262,22 @@ def profile_of(host: str, profiles: list[ExpectedInventory]) -> int | None:
     return None
 
 
-def _majority(values: list[int], min_count: int) -> tuple[int, int] | None:
-    """(value, count) held by a strict majority of ``values``, if there are at least ``min_count``."""
-    if len(values) < min_count:
+def _learned(majority: HostMajority[int] | None, source: str) -> Expectation | None:
+    if majority is None:
         return None
-    value, count = Counter(values).most_common(1)[0]
-    return (value, count) if count * 2 > len(values) else None
+    return Expectation(
+        majority.value,
+        f"{source}: {len(majority.holders)} of {majority.hosts} hosts, one vote per host",
+        majority.holders,
+    )
 
 
 def expectations(hosts: list[HostFacts], config: InventoryConfig) -> dict[str, Expected]:
     """Host → what is expected of it: configured values first, learned ones for the rest.
 
     Identical hosts are those matching the same profile (or none) whose GPUs are mostly the same model; a
-    value is learned when a strict majority of at least ``min_hosts`` such hosts (for the PCIe link: of
-    their GPUs) agree on it.
+    value is learned when a strict majority of at least ``min_hosts`` such hosts agree on it, each host one
+    vote (for the PCIe link, split evenly over its GPUs: :func:`host_majority`).
     """
     groups: dict[tuple[int | None, str], list[HostFacts]] = {}
     profile_index: dict[str, int | None] = {}
@@ -209,21 +288,22 @@ def expectations(hosts: list[HostFacts], config: InventoryConfig) -> dict[str, E
     learned: dict[tuple[int | None, str], Expected] = {}
     if config.learn:
         for key, members in groups.items():
+            if len(members) < config.min_hosts:
+                continue
             model = key[1] or "unknown-model"
-            n = len(members)
-            source = f"the majority of {n} identical {model} hosts"
-            count = _majority([len(m.gpus) for m in members], config.min_hosts)
-            gpus = [g for m in members for g in m.gpus]
-            width = _majority([g.pcie_width_max for g in gpus if g.pcie_width_max], config.min_hosts)
-            gen = _majority([g.pcie_gen_max for g in gpus if g.pcie_gen_max], config.min_hosts)
-            if n < config.min_hosts:
-                count = width = gen = None
+            source = f"the majority of {len(members)} identical {model} hosts"
+            quorum = config.min_hosts
+            count = host_majority({m.host: [len(m.gpus)] for m in members}, quorum)
+            width = host_majority(
+                {m.host: [g.pcie_width_max for g in m.gpus if g.pcie_width_max] for m in members}, quorum
+            )
+            gen = host_majority(
+                {m.host: [g.pcie_gen_max for g in m.gpus if g.pcie_gen_max] for m in members}, quorum
+            )
             learned[key] = Expected(
-                gpus=Expectation(count[0], f"{source} ({count[1]} have it)") if count else None,
-                pcie_width=Expectation(width[0], f"{source} ({width[1]} of {len(gpus)} GPUs)")
-                if width
-                else None,
-                pcie_gen=Expectation(gen[0], f"{source} ({gen[1]} of {len(gpus)} GPUs)") if gen else None,
+                gpus=_learned(count, source),
+                pcie_width=_learned(width, source),
+                pcie_gen=_learned(gen, source),
             )
     out: dict[str, Expected] = {}
     for facts in hosts:
@@ -247,33 +327,63 @@ def expectations(hosts: list[HostFacts], config: InventoryConfig) -> dict[str, E
     return out
 
 
-def inventory_mismatches(facts: HostFacts, expected: Expected) -> list[tuple[int | None, str]]:
-    """What differs from what is expected, each as (GPU index or None for the host, evidence)."""
-    out: list[tuple[int | None, str]] = []
+@dataclass(frozen=True, slots=True)
+class Mismatch:
+    """One difference: the GPU (None: the host), the evidence, and the expectation's backing (None:
+    configured or the host's own GPUs; else the hosts other than this one that hold the learned value)."""
+
+    gpu: int | None
+    text: str
+    backing: int | None
+
+
+def inventory_mismatches(facts: HostFacts, expected: Expected) -> list[Mismatch]:
+    """What differs from what is expected, each with the GPU it concerns and the expectation's backing."""
+    out: list[Mismatch] = []
+    host = facts.host
     if expected.gpus is not None and len(facts.gpus) != expected.gpus.value:
-        out.append((None, f"{len(facts.gpus)} GPUs, expected {expected.gpus.value} ({expected.gpus.source})"))
+        out.append(
+            Mismatch(
+                None,
+                f"{len(facts.gpus)} GPUs, expected {expected.gpus.value} ({expected.gpus.source})",
+                expected.gpus.backing(host),
+            )
+        )
     model = expected.model.value if expected.model is not None else facts.model
     model_source = (
         expected.model.source if expected.model is not None else "the model of the host's other GPUs"
     )
     for g in facts.gpus:
         if model and g.model and g.model != model:
-            out.append((g.index, f"GPU {g.index} is {g.model}, expected {model} ({model_source})"))
+            out.append(
+                Mismatch(g.index, f"GPU {g.index} is {g.model}, expected {model} ({model_source})", None)
+            )
         width, gen = expected.pcie_width, expected.pcie_gen
         if width is not None and g.pcie_width_max is not None and g.pcie_width_max != width.value:
             out.append(
-                (
+                Mismatch(
                     g.index,
                     f"GPU {g.index} PCIe link capable of x{g.pcie_width_max}, expected x{width.value} "
                     f"({width.source})",
+                    width.backing(host),
                 )
             )
         if gen is not None and g.pcie_gen_max is not None and g.pcie_gen_max != gen.value:
             out.append(
-                (
+                Mismatch(
                     g.index,
                     f"GPU {g.index} PCIe link capable of gen {g.pcie_gen_max}, expected gen {gen.value} "
                     f"({gen.source})",
+                    gen.backing(host),
                 )
             )
     return out
+
+
+def learned_backing(mismatches: Iterable[Mismatch]) -> int | None:
+    """A verdict over ``mismatches`` rests on the strongest of them: None when one of them is configured or
+    the host's own evidence, else the largest number of other hosts behind a learned one."""
+    backings = [m.backing for m in mismatches]
+    if not backings or any(b is None for b in backings):
+        return None
+    return max(b for b in backings if b is not None)

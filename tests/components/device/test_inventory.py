@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sentinel.aggregator.engine import Engine
-from sentinel.components.device.inventory import GpuIdentity, firmware_outliers
+from sentinel.components.device.inventory import GpuIdentity, firmware_outliers, host_majority
 from sentinel.config.aggregator import AggregatorConfig
 from sentinel.wire import Batch, GpuInfo, GpuSample, GpuSourceHealth, Hello, PcieLink
 
@@ -67,13 +69,18 @@ def test_one_gpu_with_a_different_vbios_is_degraded_naming_what_differs() -> Non
         "h3",
         2,
     )
-    assert verdict.evidence == ["vbios 96.00.74.00.01 differs from 96.00.99.00.01 on 11 of 12 H100 GPUs"]
+    assert verdict.evidence == [
+        "vbios 96.00.74.00.01 differs from 96.00.99.00.01, the version of 3 of 3 H100 hosts (one vote per host)"
+    ]
+    assert verdict.learned_from == 2  # h1 and h2: the odd GPU's own host is not its backing
 
 
 def test_no_majority_no_outlier() -> None:
     gpus = [GpuIdentity("h", i, "A100", "535", "v1" if i % 2 else "v2") for i in range(4)]
     assert firmware_outliers(gpus) == {}
     assert firmware_outliers(gpus[:2]) == {}
+    split = [GpuIdentity(f"h{i}", 0, "A100", "535", "v1" if i % 2 else "v2") for i in range(4)]
+    assert firmware_outliers(split) == {}  # two hosts against two: no majority of hosts
 
 
 def test_one_gpu_with_a_different_driver_is_degraded_too() -> None:
@@ -132,9 +139,12 @@ def test_a_gpu_in_an_x8_slot_and_a_host_short_of_gpus_are_named_against_the_flee
         ("inventory_mismatch", "h4", None),
     ]
     assert found[0][3] == [
-        "GPU 2 PCIe link capable of x8, expected x16 (the majority of 4 identical H100 hosts (14 of 15 GPUs))"
+        "GPU 2 PCIe link capable of x8, expected x16 (the majority of 4 identical H100 hosts: 4 of 4 hosts, "
+        "one vote per host)"
     ]
-    assert found[1][3] == ["3 GPUs, expected 4 (the majority of 4 identical H100 hosts (3 have it))"]
+    assert found[1][3] == [
+        "3 GPUs, expected 4 (the majority of 4 identical H100 hosts: 3 of 4 hosts, one vote per host)"
+    ]
     # the current generation (1: idle) is never compared; a reseated riser closes the verdict
     _link(engine, "h3", 20.0, {})
     engine.tick(20.0)
@@ -181,3 +191,48 @@ def test_without_configuration_nothing_is_learned_from_too_few_hosts() -> None:
     _link(engine, "h1", 1.0, {0: (8, 5)})
     engine.tick(1.0)
     assert _inventory_verdicts(engine) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    honest=st.lists(st.integers(1, 16), min_size=2, max_size=12),
+    liar_gpus=st.integers(1, 1024),
+    min_hosts=st.integers(2, 4),
+)
+def test_a_host_is_one_vote_however_many_gpus_it_claims(
+    honest: list[int], liar_gpus: int, min_hosts: int
+) -> None:
+    votes = {f"h{i}": ["550"] * n for i, n in enumerate(honest)} | {"liar": ["535"] * liar_gpus}
+    found = host_majority(votes, min_hosts)
+    if len(votes) < min_hosts:
+        assert found is None
+        return
+    assert found is not None and found.value == "550" and found.hosts == len(votes)
+    assert found.holders == frozenset(votes) - {"liar"}
+    assert found.backing("liar") == len(honest) and found.backing("h0") == len(honest) - 1
+
+
+def test_a_host_split_between_two_values_gives_each_half_a_vote() -> None:
+    votes = {"a": ["x"], "b": ["y"], "c": ["x", "y"]}  # x: 1.5 of 3 hosts, no strict majority
+    assert host_majority(votes, 3) is None
+    votes["d"] = ["x", "x", "x", "y"]  # x: 2.25 of 4
+    found = host_majority(votes, 3)
+    assert found is not None and found.value == "x" and found.holders == {"a", "d"}
+
+
+def test_the_64_gpu_liar_moves_no_learned_expectation_of_the_honest_hosts() -> None:
+    """Five honest 8-GPU hosts and one that claims 64 GPUs in x8 slots at gen 4, another driver: every
+    expectation stays the honest hosts', and only the liar differs from it."""
+    engine = Engine()
+    for name in ("h1", "h2", "h3", "h4", "h5"):
+        engine.hello(_hello(name, gpus=8), 0.0)
+        _link(engine, name, 1.0, {}, gpus=8)
+    liar = _hello("liar", gpus=64)
+    liar.gpus = [msgspec.structs.replace(g, driver="535.1") for g in liar.gpus]
+    engine.hello(liar, 0.0)
+    _link(engine, "liar", 1.0, dict.fromkeys(range(64), (8, 4)), gpus=64)
+    engine.tick(1.0)
+    hosts = {v.host for v in engine.book.open.values()}
+    assert hosts == {"liar"}
+    [mismatch] = [v for v in engine.book.open.values() if v.reason == "inventory_mismatch"]
+    assert mismatch.learned_from == 5 and mismatch.evidence[0].startswith("64 GPUs, expected 8")
