@@ -5,7 +5,8 @@ ranks would be wasted work. In PyTorch's pickles every entry starts with the sam
 starts can be found in the bytes: the header and first entries (which define the memo) are decoded, then
 the newest ``keep`` entries. Any doubt returns None and the caller decodes the whole file. Whether a
 skipped entry is still pending is answered by a bytes search of the middle (:func:`_skipped_done`), with
-coalesced batch members checked against their closing entries (:class:`_Batches`). docs/flight-recorder.md
+coalesced batch members checked against their closing entries (:class:`_Batches`). Protocols 2 to 5 are
+read so (frames removed, MEMOIZE's implied indices counted: :func:`_memo_kept`). docs/flight-recorder.md
 ("Speed") describes the rules.
 """
 
@@ -200,21 +201,22 @@ def _decode_recent(view: ByteView, keep: int) -> Recent | None:
     length = int.from_bytes(first.group(1), "little") if first.group(1) is not None else first.group(2)[0]
     after = start + first.end() + length
     tag = bytes(view.get(after, after + 5))
-    prefix = None  # with MEMOIZE: the header decoded, whose memo count gives the implied indices
+    zero_filled = None  # with MEMOIZE: whether the header stored at memo index 0 (see _memo_kept)
     if tag[:1] == b"q":
         memo_index = tag[1]
     elif tag[:1] == b"r":
         memo_index = int.from_bytes(tag[1:5], "little")
     elif tag[:1] == b"\x94" and memoize:
-        prefix = _decode_prefix(view, start)
-        memo_index = len(prefix[0].memo.copy()) + 1  # (the entry dict is stored first)
+        header_memo = _decode_prefix(view, start)[0].memo.copy()
+        memo_index = len(header_memo) + 1  # (the entry dict is stored first)
+        zero_filled = 0 in header_memo
     else:
         return None
     needle = b"(" + _ref(memo_index)  # MARK then the first key: the start of an entry dict, and only of one
     marks = _Marks(view, needle, start, end)
     # entry starts are found from the front (the head) and from the back (the tail) only: the middle
     # of the file is never scanned, and the total comes from the record ids (checked below)
-    if prefix is None:
+    if zero_filled is None:
         ids = _record_ids(view, start)
     else:  # the record_id key's memo index: from the first entry decoded
         first_end = marks.from_front(1)
@@ -261,7 +263,7 @@ def _decode_recent(view: ByteView, keep: int) -> Recent | None:
             front = front + chunk[1]
     if not isinstance(tail, list) or len(tail) != keep:
         return None
-    if not _memo_kept(memo_source, tail_reader, tail_parts, memoize=memoize):
+    if not _memo_kept(tail_parts, memoize=memoize, zero_filled=zero_filled):
         return None
     # record ids consecutive from the first entry to the last: one C-level comparison per part (an
     # entry that is not a dict or has no id raises, and any doubt means a full decode)
@@ -288,11 +290,15 @@ def _decode_recent(view: ByteView, keep: int) -> Recent | None:
             names = _group_names((front + chunk[1])[:NAMES_HEAD])
     memo = memo_source.memo
 
+    def kept(parts: list[tuple[bytes, int, int]]) -> bool:
+        return _memo_kept(parts, memoize=memoize, zero_filled=zero_filled)
+
     def skipped_done() -> bool:
         try:
             return _skipped_done(
                 view.through(tail_start),
                 memo,
+                kept,
                 head=head,
                 tail=tail,
                 needle=marks.needle,
@@ -374,25 +380,35 @@ def _decode_more(
     return (reader, entries) if isinstance(entries, list) else None
 
 
-def _memo_kept(memo_source: Any, reader: Any, parts: list[tuple[bytes, int, int]], *, memoize: bool) -> bool:
-    """Whether a decode handed ``memo_source``'s memo read every reference as the full decode does. A
-    MEMOIZE (which a dump of protocol 4 or 5 holds, and any could) stores at an index the unpickler keeps
-    by itself, not the one in the file: CPython's keeps storing at index 0 after a memo is handed over.
-    References below the count stored before then read the full decode's values and those past it miss
-    (the caller decodes more); a decode that stored anywhere else, or whose bytes may refer to index 0
-    once it was overwritten, is refused. Protocols 2 and 3 store by explicit index (the full decode's):
-    only an overwritten index 0 tells of a MEMOIZE there."""
-    if all(data.find(b"\x94", a, b) < 0 for data, a, b in parts):
-        return True  # no MEMOIZE: every store names its index, as in the full decode
-    before = memo_source.memo.copy()
-    after = reader.memo.copy()
+def _memo_kept(parts: list[tuple[bytes, int, int]], *, memoize: bool, zero_filled: bool | None) -> bool:
+    """Whether a decode of ``parts`` handed another decode's memo read every reference as the full
+    decode does. A MEMOIZE (protocols 4 and 5) stores at an index the unpickler keeps by itself, not
+    one in the file: CPython's, handed a memo whose index 0 is filled (``zero_filled``), stores every
+    MEMOIZE there (:func:`_memoize_stores_at_zero`). References to the indices stored before then read
+    the full decode's values and those past them miss (the caller decodes more from the start); bytes
+    that may refer to index 0 (the top-level dict in Python's pickles) are refused. Protocols 2 and 3
+    store by explicit index, the full decode's (``memoize`` False): a MEMOIZE there is not looked for,
+    as no pickler writes one."""
     if not memoize:
-        return before.get(0) is after.get(0)
-    changed = [i for i, v in after.items() if i not in before or before[i] is not v]
-    if changed not in ([], [0]):
+        return True
+    if any(
+        data.find(b"h\x00", a, b) >= 0 or data.find(b"j\x00\x00\x00\x00", a, b) >= 0 for data, a, b in parts
+    ):
         return False
-    text = b"".join(data[a:b] for data, a, b in parts)
-    return text.find(b"h\x00") < 0 and text.find(b"j\x00\x00\x00\x00") < 0
+    return bool(zero_filled) and _memoize_stores_at_zero()
+
+
+@functools.cache
+def _memoize_stores_at_zero() -> bool:
+    """Whether this Python's unpickler, handed another's memo (index 0 filled), stores every MEMOIZE at
+    index 0 (CPython does not hand over the count it stores at) — what :func:`_memo_kept` relies on."""
+    first = plain_unpickler(b"\x80\x04\x8c\x01a\x94\x8c\x01b\x94\x86.")
+    first.load()
+    probe = plain_unpickler(b"\x80\x04\x8c\x01c\x94\x8c\x01d\x94h\x01\x87.")
+    probe.memo = first.memo
+    loaded = probe.load()
+    stored: dict[Any, Any] = probe.memo.copy()
+    return loaded == ("c", "d", "b") and stored == {0: "d", 1: "b"}
 
 
 def _group_names(entries: list[Any]) -> dict[int, list[str]]:
@@ -545,10 +561,19 @@ MAX_DECODED_SHARE = 0.5
 
 
 def _skipped_done(
-    data: bytes, memo: Any, *, head: list[Any], tail: list[Any], needle: bytes, lo: int, hi: int
+    data: bytes,
+    memo: Any,
+    kept: Callable[[list[tuple[bytes, int, int]]], bool],
+    *,
+    head: list[Any],
+    tail: list[Any],
+    needle: bytes,
+    lo: int,
+    hi: int,
 ) -> bool:
     """Whether no entry the decode skipped — the first :data:`HEAD` (decoded) and those in bytes ``[lo,
     hi)`` (the middle, never decoded in full) — leaves an op pending in the full decode's reduction.
+    ``data``: the file's bytes through ``hi``; ``kept``: :func:`_memo_kept` for a decode with ``memo``.
 
     An entry is done when it is retired, or when it is a member of a coalesced batch whose completed
     closing entry the reduction lets close it (:class:`_Batches`: ProcessGroupNCCL writes every
@@ -608,6 +633,8 @@ def _skipped_done(
         )
         reader.memo = memo
         parts = reader.load()
+        if not kept([(data, a, b) for a, b in spans]):  # (see _memo_kept)
+            return False
         if type(parts) is not list or len(parts) != len(spans):
             return False
         last = head[-1]["record_id"]
