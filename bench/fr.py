@@ -19,6 +19,14 @@ of two when a run takes under 30 s, else its one run.
     flock /tmp/sentinel-bench.lock .venv/bin/python bench/fr.py            # the issue's sets
     flock /tmp/sentinel-bench.lock .venv/bin/python bench/fr.py --sets 16384x2000 --skip-reference
     flock /tmp/sentinel-bench.lock .venv/bin/python bench/fr.py --sets 16384x2000 --skip-reference --cold
+    flock /tmp/sentinel-bench.lock .venv/bin/python bench/fr.py --protocols     # per-dump cost by format
+
+``--protocols`` writes one 8 x 2,000 set in PyTorch's layout (protocol 2), the same dumps re-pickled by
+Python's pickler with protocols 2 to 5 and written as ``_dump_fr_trace_json`` writes them, and prints the
+CPU that loading and reducing one dump costs (as ``fr analyze``'s workers do) in each format against
+protocol 2's. With ``--per-dump-worker FORMAT N`` it only decodes the set's first N dumps of that format
+(``--instructions`` counts them under ``valgrind --tool=callgrind``, ``PYTHONHASHSEED=0``: a run of
+40 dumps minus one of 20, over 20: the noise of a shared machine's wall and CPU times left out).
 
 A set is read from the page cache (it was just built), unless ``--cold``: then every file of the set is
 evicted from it before each run of either tool, as a set copied in from the cluster's storage a while ago
@@ -33,9 +41,12 @@ import functools
 import gzip
 import json
 import os
+import pickle
+import re
 import resource
 import shutil
 import struct
+import subprocess
 import sys
 import tempfile
 import threading
@@ -212,6 +223,93 @@ def build_set(source: dict[int, dict[str, Any]], ranks: int, entries: int, out: 
             (out / f"{PREFIX}{r + k * base}").write_bytes(blob)
 
 
+#: Per-dump cost of any format against PyTorch's own protocol 2 (goal of issue 42).
+PROTOCOL_GOAL = 1.5
+#: Wall time of the 16,384 x 2,000 set (goal of issue 42).
+LARGE_SET = "16384x2000"
+LARGE_SET_GOAL_S = 8.0
+#: The formats of ``--protocols``: PyTorch's own pickle, then Python's pickler, then JSON.
+FORMATS = ["torch-p2", "p2", "p3", "p4", "p5", "json"]
+
+
+def write_formats(source: dict[int, dict[str, Any]], entries: int, out: Path) -> dict[str, Path]:
+    """One set of ``len(source)`` ranks in every format of :data:`FORMATS`, each in its own folder."""
+    torch = out / "torch-p2"
+    build_set(source, len(source), entries, torch)
+    folders = {"torch-p2": torch}
+    for fmt in FORMATS[1:]:
+        folder = out / fmt
+        folder.mkdir(parents=True, exist_ok=True)
+        folders[fmt] = folder
+        for path in sorted(torch.iterdir()):
+            obj = loads_plain(path.read_bytes(), source=str(path))
+            if fmt == "json":  # as _dump_fr_trace_json writes it: compact, keys sorted
+                blob = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+                (folder / f"{path.name}.json").write_bytes(blob)
+            else:
+                (folder / path.name).write_bytes(pickle.dumps(obj, protocol=int(fmt[1:])))
+    return folders
+
+
+def _decode_files(folder: Path, n: int) -> None:
+    """Load and reduce ``n`` dumps of ``folder`` as ``fr analyze``'s workers do in a large set (msgspec
+    imported, entries checked by it: ``COERCE_FROM`` dumps or more)."""
+    from sentinel.fr.dumpset import COERCE_FROM, _coerce_for, summarize_file
+    from sentinel.fr.loader import discover
+
+    files = discover(folder)
+    coerce = _coerce_for(COERCE_FROM)
+    for k in range(n):
+        summarize_file(files[k % len(files)], coerce=coerce)
+
+
+def per_dump_cpu(folder: Path, rounds: int = 7, n: int = 40) -> float:
+    """CPU seconds to load and reduce one dump of ``folder`` (the best of ``rounds`` rounds of ``n``)."""
+    _decode_files(folder, len(list(folder.iterdir())))  # warm: imports, caches
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.process_time()
+        _decode_files(folder, n)
+        best = min(best, (time.process_time() - start) / n)
+    return best
+
+
+def per_dump_instructions(root: Path, fmt: str, entries: int, n: int = 20) -> float:
+    """Instructions to load and reduce one dump of ``fmt``, counted by callgrind: a run of 2n dumps minus
+    one of n (both past the first dumps' one-time costs), over n."""
+    counts = []
+    for k in (n, 2 * n):
+        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__]
+        cmd += ["--keep", str(root), "--entries", str(entries), "--per-dump-worker", fmt, str(k)]
+        run = subprocess.run(
+            cmd, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"}, check=True
+        )
+        counts.append(int(re.search(r"Collected : (\d+)", run.stderr).group(1)))  # type: ignore[union-attr]
+    return (counts[1] - counts[0]) / n
+
+
+def run_protocols(source: dict[int, dict[str, Any]], root: Path, entries: int, *, instructions: bool) -> int:
+    """Print each format's per-dump cost against PyTorch's protocol 2 and the goal; 1 when not met."""
+    folders = write_formats(source, entries, root / f"formats-{entries}")
+    if instructions:
+        costs = {fmt: per_dump_instructions(root, fmt, entries) for fmt in folders}
+        what, unit, scale = "instructions (callgrind, 40 minus 20 dumps)", "M instr", 1e-6
+    else:
+        costs = {fmt: per_dump_cpu(folder) for fmt, folder in folders.items()}
+        what, unit, scale = "CPU, best of 7 x 40 dumps", "ms", 1e3
+    base = costs["torch-p2"]
+    print(f"per-dump cost (load and reduce), {len(source)} ranks x {entries} entries, {what}")
+    for fmt, cost in costs.items():
+        print(f"  {fmt:>9}: {cost * scale:8.3f} {unit}  {cost / base:5.2f}x protocol 2")
+    worst = max(costs, key=lambda f: costs[f])
+    met = costs[worst] <= PROTOCOL_GOAL * base
+    print(
+        f"goal <= {PROTOCOL_GOAL}x protocol 2: {'met' if met else 'not met'} "
+        f"(worst: {worst}, {costs[worst] / base:.2f}x)"
+    )
+    return 0 if met else 1
+
+
 #: a reference run shorter than this is timed a second time without the RSS sampler
 REFERENCE_RETIME_S = 30.0
 #: Seconds of sentinel runs per set after which no further repeat is started.
@@ -339,14 +437,36 @@ def main() -> int:
         action="store_true",
         help="evict the set from the page cache before every run of either tool",
     )
+    ap.add_argument("--protocols", action="store_true", help="per-dump cost of every format (see above)")
+    ap.add_argument(
+        "--instructions",
+        action="store_true",
+        help="--protocols: count instructions (callgrind), not CPU time",
+    )
+    ap.add_argument("--entries", type=int, default=2000, help="entries per dump of --protocols")
+    ap.add_argument(
+        "--per-dump-worker",
+        nargs=2,
+        metavar=("FORMAT", "N"),
+        default=None,
+        help="decode the first N dumps of FORMAT of the --keep set (built by --protocols) and exit",
+    )
     args = ap.parse_args()
+    if args.per_dump_worker is not None:
+        fmt, n = args.per_dump_worker
+        _decode_files((args.keep or Path("/tmp/frbench")) / f"formats-{args.entries}" / fmt, int(n))
+        return 0
     # both tools start as installed programs do: with their bytecode compiled (pip compiles torch at
     # install; a checkout run with PYTHONDONTWRITEBYTECODE would recompile sentinel on every start)
-    import subprocess
-
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "sentinel")], check=True)
     source = _load_source(args.source)
     root = args.keep or Path(tempfile.mkdtemp(prefix="frbench-"))
+    if args.protocols:
+        try:
+            return run_protocols(source, root, args.entries, instructions=args.instructions)
+        finally:
+            if args.keep is None:
+                shutil.rmtree(root, ignore_errors=True)
     rows = []
     bad = 0
     try:
@@ -373,6 +493,9 @@ def main() -> int:
             verdict = _check(ours)
             bad += not verdict.startswith("ok")
             print(f"  sentinel: {ours['wall_s']:.2f} s rc={ours['rc']}  {verdict}", flush=True)
+            if spec == LARGE_SET:
+                met = ours["wall_s"] < LARGE_SET_GOAL_S
+                print(f"  goal < {LARGE_SET_GOAL_S:.0f} s: {'met' if met else 'not met'}", flush=True)
             ref = None
             if not args.skip_reference and ranks <= args.reference_max_ranks:
                 exe = shutil.which("torchfrtrace", path=str(Path(sys.executable).parent)) or "torchfrtrace"

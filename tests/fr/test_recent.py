@@ -10,6 +10,7 @@ import random
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -183,11 +184,19 @@ def _base_dump() -> bytes:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_mutated_big_pickles_never_decode_to_something_else(data: st.DataObject) -> None:
-    original = bytearray(_base_dump())
+    _mutated_decodes_as_a_full_decode(_base_dump(), data, lambda rng: rng.randrange(256))
+
+
+def _mutated_decodes_as_a_full_decode(
+    base: bytes, data: st.DataObject, byte: Callable[[random.Random], int]
+) -> None:
+    """A few bytes of ``base`` replaced by ``byte``: the newest entries, when found, are the full
+    decode's."""
+    original = bytearray(base)
     rng = random.Random(data.draw(st.integers(0, 2**32 - 1)))
     for _ in range(data.draw(st.integers(1, 4))):
         pos = rng.randrange(len(original))
-        original[pos] = rng.randrange(256)
+        original[pos] = byte(rng)
     blob = bytes(original)
     with limited_address_space(1 << 30):  # a flipped memo index can ask for gigabytes
         found = decode_recent(blob, 512)
@@ -311,3 +320,100 @@ def test_fuzz_the_skipped_entries_are_shown_retired_only_when_they_are(
         return
     skipped = loads_plain(blob)["entries"][:-128]
     assert all(e.get("retired") is True or e.get("state") == "completed" for e in skipped)
+
+
+def _dump_of(
+    n: int, *, first_id: int, late_frame_at: int | None, stuck_at: int | None, fresh_every: int
+) -> dict[str, Any]:
+    """:func:`_big_dump`'s entries from ``first_id`` (a wrapped buffer when not 0), with a string first
+    seen every ``fresh_every`` entries (0: none): a memo of thousands of indices, stored in the middle."""
+    dump: dict[str, Any] = loads_plain(_big_dump(n, late_frame_at=late_frame_at, stuck_at=stuck_at))
+    for i, e in enumerate(dump["entries"]):
+        e["record_id"] = first_id + i
+        if fresh_every and i % fresh_every == 0:
+            e["frames"] = [*e["frames"], {"name": f"step_{i}", "filename": "train.py", "line": i}]
+    return dump
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    protocol=st.sampled_from([2, 3, 4, 5]),
+    n=st.integers(700, 2600),
+    first_id=st.sampled_from([0, 1, 70_000, 2**31 + 5]),
+    late=st.one_of(st.none(), st.integers(0, 2599)),
+    stuck=st.one_of(st.none(), st.integers(0, 2599)),
+    fresh_every=st.sampled_from([0, 1, 3, 50]),
+    keep=st.sampled_from([128, 256]),
+)
+def test_every_protocol_decodes_the_newest_entries_as_a_full_decode(
+    protocol: int, n: int, first_id: int, late: int | None, stuck: int | None, fresh_every: int, keep: int
+) -> None:
+    """Python's pickler of protocols 2 to 5 (every container memoized; from 4, MEMOIZE with implied
+    indices and the file in 64 KiB frames): the newest entries, the total and the header equal the full
+    decode's, and so does "every skipped entry retired" when it is said."""
+    dump = _dump_of(n, first_id=first_id, late_frame_at=late, stuck_at=stuck, fresh_every=fresh_every)
+    blob = pickle.dumps(dump, protocol=protocol)
+    found = decode_recent(blob, keep)
+    if late is None and stuck is None and fresh_every == 0:
+        assert found is not None  # the plain layout of every protocol stays on the fast path
+    if found is None:
+        return
+    full = loads_plain(blob)
+    top, total = found[:2]
+    assert total == n
+    assert top["entries"] == full["entries"][-keep:]
+    assert {k: v for k, v in top.items() if k != "entries"} == {
+        k: v for k, v in full.items() if k != "entries"
+    }
+    if found[3]():
+        assert all(e["retired"] for e in full["entries"][:-keep])
+
+
+def test_a_framed_dump_read_from_its_file_equals_a_full_decode(tmp_path: Path) -> None:
+    """From a file (read at both ends, frames followed by 9-byte reads), protocol 5 included."""
+    dump = _dump_of(3000, first_id=9000, late_frame_at=1500, stuck_at=None, fresh_every=7)
+    for protocol in (4, 5):
+        path = tmp_path / f"t_{protocol}"
+        path.write_bytes(pickle.dumps(dump, protocol=protocol))
+        assert path.read_bytes()[2] == 0x95  # framed
+        loaded = load_dump(path, recent=128)
+        assert loaded.total_entries == 3000
+        assert loaded.entries == dump["entries"][-128:]
+
+
+@functools.cache
+def _base_dump_p4() -> bytes:
+    return pickle.dumps(loads_plain(_big_dump(1200)), protocol=4)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_mutated_framed_pickles_never_decode_to_something_else(data: st.DataObject) -> None:
+    """As :func:`test_mutated_big_pickles_never_decode_to_something_else`, for protocol 4 (frame
+    lengths, MEMOIZE and references to index 0 among the bytes flipped)."""
+    _mutated_decodes_as_a_full_decode(
+        _base_dump_p4(), data, lambda rng: rng.choice([0x00, 0x94, 0x95, ord("h"), rng.randrange(256)])
+    )
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=24,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON_VALUES, st.booleans(), st.booleans())
+def test_the_newest_json_entries_decode_as_json_does(value: Any, ascii_only: bool, dup: bool) -> None:
+    """With msgspec imported (large sets), its decoder gives json's values, types included (True is not
+    1, -0.0 is not 0), or refuses and json decodes: NaN, infinities, lone surrogates, duplicate keys."""
+    import msgspec  # noqa: F401 (imported: the decoder uses it)
+
+    from sentinel.fr.recent import _json_loads
+
+    text = json.dumps(value, ensure_ascii=ascii_only, sort_keys=True, separators=(",", ":"))
+    if dup and text.startswith("{") and text != "{}":
+        text = '{"k":1,' + text[1:-1] + ',"k":[2]}'
+    raw = text.encode("utf-8", "surrogatepass")
+    assert repr(_json_loads(raw)) == repr(json.loads(raw))
