@@ -20,11 +20,11 @@ def escape(value: str) -> str:
 
 
 def _value(v: float) -> str:
+    if v - v == 0.0:  # finite: the common case, one comparison
+        return repr(v)
     if math.isnan(v):
         return "NaN"
-    if v in (math.inf, -math.inf):
-        return "+Inf" if v > 0 else "-Inf"
-    return repr(v)
+    return "+Inf" if v > 0 else "-Inf"
 
 
 class Writer:
@@ -41,6 +41,10 @@ class Writer:
             self._parts.append(f"{name}{{{labels},{extra}}} {_value(value)}\n")
         else:
             self._parts.append(f"{name}{{{labels}}} {_value(value)}\n")
+
+    def raw(self, text: str) -> None:
+        """Lines already written (by another Writer)."""
+        self._parts.append(text)
 
     def text(self) -> str:
         return "".join(self._parts)
