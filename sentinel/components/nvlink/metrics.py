@@ -12,22 +12,23 @@ from sentinel.wire import GpuSample
 
 
 class _Rendered:
-    """The last text and the slow samples it was written from (held, so their ids stay theirs)."""
+    """The last text and the slow samples it was written from (held, so their ids stay theirs), set as one
+    tuple so that a reader never pairs one scrape's samples with another's text."""
 
-    rows: list[tuple[GpuSample, str]] = []
-    text = ""
+    last: tuple[list[tuple[GpuSample, str]], str] = ([], "")
 
 
 def render(out: Writer, view: MetricsView) -> None:
     rows = view.slow()
-    last = _Rendered
-    if len(rows) != len(last.rows) or any(
-        s is not t or lab != tlab for (s, lab), (t, tlab) in zip(rows, last.rows, strict=True)
+    kept, text = _Rendered.last
+    if len(rows) != len(kept) or any(
+        s is not t or lab != tlab for (s, lab), (t, tlab) in zip(rows, kept, strict=True)
     ):
         fresh = Writer()
         _write(fresh, rows)
-        last.rows, last.text = rows, fresh.text()
-    out.raw(last.text)
+        text = fresh.text()
+        _Rendered.last = (rows, text)
+    out.raw(text)
 
 
 def _write(out: Writer, rows: list[tuple[GpuSample, str]]) -> None:
