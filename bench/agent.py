@@ -5,8 +5,11 @@
 The agent runs in its own process (``--child``) with a simple simulated 8-GPU source, its /metrics on a
 free 127.0.0.1 port, and a real WebSocket stream to a small acking aggregator in this process. Both the agent
 and prometheus-node-exporter (started on a free 127.0.0.1 port when installed) are scraped every second,
-as Prometheus would. Figures come from psutil on each process: CPU seconds over the measured window
-(after a warm-up) and RSS at the end. Goal: under 1% of one core and under 60 MB RSS.
+as Prometheus would. Figures per process: CPU seconds (user + system, from /proc/<pid>/stat) over the
+measured window after a warm-up, and RSS at the end and at most; the load average is printed with them, as
+a busy machine still adds some CPU time. RSS grows until the ring buffer holds its whole window
+(ring.window_s, 900 s by default): ``--duration 930`` measures the steady state. The project's goal: under
+0.3% of one core and under 40 MB RSS.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from aiohttp import web
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+GOAL_CPU_PCT = 0.3
+GOAL_RSS_MB = 40.0
 
 
 def free_port() -> int:
@@ -235,8 +240,11 @@ class Measured:
         self.rss_max = 0
 
     def cpu(self) -> float:
-        times = self.proc.cpu_times()
-        return float(times.user + times.system + times.children_user + times.children_system)
+        """CPU seconds, user + system with reaped children's, from /proc/<pid>/stat (clock ticks)."""
+        stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
+        fields = stat.rsplit(")", 1)[1].split()
+        # after "pid (comm)": state is fields[0], utime/stime/cutime/cstime are stat fields 14..17
+        return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
     def start(self) -> None:
         self.cpu0, self.t0 = self.cpu(), time.monotonic()
@@ -319,6 +327,7 @@ async def measure(args: argparse.Namespace) -> int:
             if agent_proc.poll() is not None:  # a child that died measures as 0% CPU: say so instead
                 print(f"the agent exited during the warm-up (status {agent_proc.returncode}): see above")
                 return 1
+            load0 = os.getloadavg()
             for m in measured:
                 m.start()
             batches0 = aggregator.batches
@@ -330,10 +339,14 @@ async def measure(args: argparse.Namespace) -> int:
                     m.sample_rss()
                 await asyncio.sleep(1.0)
             ticks = args.duration / args.tick
+            load1 = os.getloadavg()
             print(
                 f"duration {args.duration:.0f} s, tick {args.tick:g} s, {args.gpus} simulated GPUs "
                 f"({args.source} source), "
                 f"scraped every 1 s; batches acked by the test aggregator: {aggregator.batches - batches0}"
+            )
+            print(
+                f"load average {load0[0]:.2f} at the start, {load1[0]:.2f} at the end ({os.cpu_count()} CPUs)"
             )
             print(
                 f"{'process':<15}{'CPU % of 1 core':>17}{'CPU ms/tick':>13}{'RSS MB':>9}{'max RSS MB':>12}{'scrape B':>10}"
@@ -344,9 +357,22 @@ async def measure(args: argparse.Namespace) -> int:
                     f"{m.name:<15}{r['cpu_pct_of_one_core']:>17.3f}{r['cpu_ms_per_tick']:>13.3f}"
                     f"{r['rss_mb']:>9.1f}{r['rss_max_mb']:>12.1f}{scrape_bytes[m.name]:>10}"
                 )
-            agent_report = measured[0].report(ticks)
-            ok = agent_report["cpu_pct_of_one_core"] < 1.0 and agent_report["rss_max_mb"] < 60.0
-            print(f"goal (< 1% of one core, < 60 MB RSS): {'met' if ok else 'NOT met'}")
+            reports = [m.report(ticks) for m in measured]
+            agent_report = reports[0]
+            ok = (
+                agent_report["cpu_pct_of_one_core"] < GOAL_CPU_PCT
+                and agent_report["rss_max_mb"] < GOAL_RSS_MB
+            )
+            figures = f"agent {agent_report['cpu_pct_of_one_core']:.2f}%, {agent_report['rss_max_mb']:.1f} MB"
+            if len(reports) > 1:
+                figures += (
+                    f"; node_exporter {reports[1]['cpu_pct_of_one_core']:.2f}%,"
+                    f" {reports[1]['rss_max_mb']:.1f} MB"
+                )
+            print(
+                f"goal < {GOAL_CPU_PCT:g}% of a core, < {GOAL_RSS_MB:g} MB RSS: "
+                f"{'met' if ok else 'not met'} ({figures})"
+            )
             if any(scrape_failures.values()):
                 print(f"scrape failures: {scrape_failures}")
     finally:

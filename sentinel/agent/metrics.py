@@ -13,11 +13,10 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from sentinel.components.exposition import GpuRow, MetricsView, escape
+from sentinel.components.exposition import GpuRow, MetricsView, Writer, escape, write_families
 from sentinel.components.registry import render_gpu_metrics
 from sentinel.wire import GpuInfo, GpuSample, GpuState
 
@@ -99,7 +98,10 @@ class AgentMetricsCollector(Collector):
 
     def render(self, registry: CollectorRegistry) -> bytes:
         """The whole /metrics body: the per-GPU series, then the registry's (agent health)."""
-        return self.render_gpu_text().encode() + generate_latest(registry)
+        out = Writer()
+        out.raw(self.render_gpu_text())
+        write_families(out, registry.collect())
+        return out.text().encode()
 
     def render_gpu_text(self) -> str:
         """The per-GPU series: every component's families (:mod:`sentinel.components.registry`)."""

@@ -1,8 +1,10 @@
 """The host's share of the distributed flight recorder: the last N minutes of what the agent saw.
 
 Appending must be cheap (it happens every tick for every GPU), so entries are stored as the msgpack bytes
-the agent already produced, with byte accounting; decoding to JSON only happens on the rare snapshot. The
-buffer is bounded twice: by age (``window_s``) and by total bytes (oldest entries go first).
+the agent already produced, with byte accounting; decoding to JSON only happens on the rare snapshot. GPU
+samples, the bulk of it (one per GPU per second for ``window_s``), are kept deflated against a dictionary of
+their field names, a third to a half of their msgpack size. The buffer is bounded twice: by age
+(``window_s``) and by total bytes stored (oldest entries go first).
 
 A snapshot is a :class:`sentinel.wire.Snapshot` (what ``sentinel agent snapshot`` prints as JSON and the
 aggregator merges across hosts)::
@@ -17,11 +19,13 @@ kept, or the requested ``since``; t1 = the snapshot time).
 from __future__ import annotations
 
 import bisect
+import zlib
 from collections import deque
 from collections.abc import Iterable
 from typing import Literal
 
 import msgspec
+import msgspec.inspect
 
 from sentinel.fr.heads import FrHeads
 from sentinel.wire import (
@@ -46,6 +50,40 @@ _samples = msgspec.msgpack.Decoder(GpuSample)
 _events = msgspec.msgpack.Decoder(Event)
 _heads = msgspec.msgpack.Decoder(FrHeads)
 _procs = msgspec.msgpack.Decoder(ProcsMap)
+
+
+def _field_names(root: type[msgspec.Struct]) -> bytes:
+    """The msgpack of every field name of ``root`` and the structs inside it: what every sample repeats."""
+    names: list[str] = []
+    pending: list[msgspec.inspect.Type] = [msgspec.inspect.type_info(root)]
+    seen: set[type] = set()
+    while pending:
+        info = pending.pop()
+        if isinstance(info, msgspec.inspect.StructType):
+            if info.cls in seen:
+                continue
+            seen.add(info.cls)
+            names.extend(f.encode_name for f in info.fields)
+            pending.extend(f.type for f in info.fields)
+        for attr in ("item_type", "key_type", "value_type", "types", "item_types"):
+            inner = getattr(info, attr, None)
+            if isinstance(inner, tuple):
+                pending.extend(inner)
+            elif inner is not None:
+                pending.append(inner)
+    return b"".join(_encoder.encode(name) for name in names)
+
+
+_SAMPLE_DICT = _field_names(GpuSample)
+
+
+def _deflate(data: bytes) -> bytes:
+    packer = zlib.compressobj(1, zdict=_SAMPLE_DICT)
+    return packer.compress(data) + packer.flush()
+
+
+def _inflate(data: bytes) -> bytes:
+    return zlib.decompressobj(zdict=_SAMPLE_DICT).decompress(data)
 
 
 class RingBuffer:
@@ -73,6 +111,8 @@ class RingBuffer:
         stay sorted.
         """
         data = payload if isinstance(payload, bytes) else _encoder.encode(payload)
+        if kind == "sample":
+            data = _deflate(data)
         self._insert(t, kind, data)
         self._bytes += len(data) + ENTRY_OVERHEAD
         self._evict(t)
@@ -86,14 +126,16 @@ class RingBuffer:
         """
         encode = _encoder.encode
         insert = self._insert
+        deflate = kind == "sample"
         encoded: list[bytes] = []
         added = 0
         latest: float | None = None
         for t, payload in items:
             data = encode(payload)
             encoded.append(data)
-            insert(t, kind, data)
-            added += len(data)
+            stored = _deflate(data) if deflate else data
+            insert(t, kind, stored)
+            added += len(stored)
             if latest is None or t > latest:
                 latest = t
         if latest is not None:
@@ -133,7 +175,7 @@ class RingBuffer:
 def _entry(t: float, kind: EntryType, data: bytes) -> RingEntry:
     """One stored entry, decoded back to the type it was appended as (the agent's own bytes)."""
     if kind == "sample":
-        return SampleEntry(t=t, data=_samples.decode(data))
+        return SampleEntry(t=t, data=_samples.decode(_inflate(data)))
     if kind == "event":
         return EventEntry(t=t, data=_events.decode(data))
     if kind == "heads":

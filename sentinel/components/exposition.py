@@ -8,8 +8,15 @@ families as text through a :class:`Writer`.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.openmetrics.exposition import escape_label_name, escape_metric_name
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
 from sentinel.components.device.record import GpuInfo, GpuState
 from sentinel.wire import GpuSample
@@ -20,11 +27,11 @@ def escape(value: str) -> str:
 
 
 def _value(v: float) -> str:
+    if v - v == 0.0:  # finite: the common case, one comparison
+        return repr(v)
     if math.isnan(v):
         return "NaN"
-    if v in (math.inf, -math.inf):
-        return "+Inf" if v > 0 else "-Inf"
-    return repr(v)
+    return "+Inf" if v > 0 else "-Inf"
 
 
 class Writer:
@@ -42,8 +49,53 @@ class Writer:
         else:
             self._parts.append(f"{name}{{{labels}}} {_value(value)}\n")
 
+    def raw(self, text: str) -> None:
+        """Lines already written (by another Writer)."""
+        self._parts.append(text)
+
     def text(self) -> str:
         return "".join(self._parts)
+
+
+#: a name's escaping, once per name (names and label names are few, fixed by the code)
+_metric_name = functools.lru_cache(maxsize=1024)(escape_metric_name)
+_label_name = functools.lru_cache(maxsize=1024)(escape_label_name)
+_float_text: Callable[[float], str] = floatToGoString  # Go's float formatting, as the Prometheus server's
+_SPLIT_OUT = ("_created", "_gsum", "_gcount")  # OpenMetrics samples written as gauges after their family
+_PROMETHEUS_TYPE = {"info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram", "unknown": "untyped"}
+
+
+def _sample_line(sample: Sample) -> str:
+    labels = ",".join(f'{_label_name(k)}="{escape(v)}"' for k, v in sorted(sample.labels.items()))
+    stamp = "" if sample.timestamp is None else f" {int(float(sample.timestamp) * 1000):d}"
+    braces = f"{{{labels}}}" if labels else ""
+    return f"{_metric_name(sample.name)}{braces} {_float_text(sample.value)}{stamp}\n"
+
+
+def write_families(out: Writer, families: Iterable[Metric]) -> None:
+    """prometheus-client families in the text format, as its ``generate_latest`` writes them (the same
+    bytes), with each name's escaping looked up once instead of per sample."""
+    for metric in families:
+        name, kind = metric.name, metric.type
+        if kind == "counter":
+            name += "_total"
+        elif kind == "info":
+            name += "_info"
+        doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
+        escaped = _metric_name(name)
+        out.raw(f"# HELP {escaped} {doc}\n# TYPE {escaped} {_PROMETHEUS_TYPE.get(kind, kind)}\n")
+        split: dict[str, list[str]] = {}
+        for sample in metric.samples:
+            for suffix in _SPLIT_OUT:
+                if sample.name == metric.name + suffix:
+                    split.setdefault(suffix, []).append(_sample_line(sample))
+                    break
+            else:
+                out.raw(_sample_line(sample))
+        for suffix, lines in sorted(split.items()):
+            escaped = _metric_name(metric.name + suffix)
+            out.raw(f"# HELP {escaped} {doc}\n# TYPE {escaped} gauge\n")
+            out.raw("".join(lines))
 
 
 @dataclass(slots=True)

@@ -8,7 +8,7 @@ import msgspec
 
 from sentinel.agent.ring import ENTRY_OVERHEAD, RingBuffer
 from sentinel.components.xid.parse import xid_record
-from sentinel.wire import GpuSample, XidOccurred
+from sentinel.wire import GpuSample, NvLink, XidOccurred
 
 
 def test_snapshot_document_shape_and_order() -> None:
@@ -47,3 +47,25 @@ def test_byte_bound_drops_oldest() -> None:
     entries = ring.snapshot(now=999.0).entries
     assert 5 < len(entries) < 25
     assert entries[-1].t == 999.0 and ring.evicted == 1000 - len(entries)
+
+
+def test_samples_are_kept_smaller_than_their_msgpack_and_come_back_whole() -> None:
+    samples = [
+        GpuSample(
+            gpu=gpu,
+            t=float(t),
+            util_gpu_pct=90.0 + t,
+            mem_used_bytes=60 << 30,
+            temp_c=60.0 + gpu,
+            power_w=600.5,
+            pids=[1000 + gpu],
+            nvlink=[NvLink(link=link, crc_errors=t, replay_errors=1) for link in range(18)],
+        )
+        for t in range(20)
+        for gpu in range(8)
+    ]
+    ring = RingBuffer("h", window_s=10_000, max_bytes=1 << 24)
+    encoded = ring.extend("sample", [(s.t, s) for s in samples])
+    assert encoded == [msgspec.msgpack.encode(s) for s in samples]  # the frame gets the msgpack itself
+    assert ring.size_bytes < sum(map(len, encoded)) / 2
+    assert [e.data for e in ring.snapshot(now=20.0).entries] == samples

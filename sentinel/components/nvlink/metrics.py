@@ -1,13 +1,38 @@
-"""The NVLink component's families: link up, error counters, Blackwell bit-error rates."""
+"""The NVLink component's families: link up, error counters, Blackwell bit-error rates.
+
+About a thousand series on an 8-GPU host, read on the slow tick but scraped every second: the text is kept
+and written again while the GPUs' slow samples are the same objects.
+"""
 
 from __future__ import annotations
 
 from sentinel.components.exposition import MetricsView, Writer
 from sentinel.components.nvlink.record import COUNTERS
+from sentinel.wire import GpuSample
+
+
+class _Rendered:
+    """The last text and the slow samples it was written from (held, so their ids stay theirs), set as one
+    tuple so that a reader never pairs one scrape's samples with another's text."""
+
+    last: tuple[list[tuple[GpuSample, str]], str] = ([], "")
 
 
 def render(out: Writer, view: MetricsView) -> None:
-    links = [(link, lab) for sample, lab in view.slow() for link in sample.nvlink or []]
+    rows = view.slow()
+    kept, text = _Rendered.last
+    if len(rows) != len(kept) or any(
+        s is not t or lab != tlab for (s, lab), (t, tlab) in zip(rows, kept, strict=True)
+    ):
+        fresh = Writer()
+        _write(fresh, rows)
+        text = fresh.text()
+        _Rendered.last = (rows, text)
+    out.raw(text)
+
+
+def _write(out: Writer, rows: list[tuple[GpuSample, str]]) -> None:
+    links = [(link, lab) for sample, lab in rows for link in sample.nvlink or []]
     out.family("sentinel_gpu_nvlink_up", "gauge", "1 when the NVLink link is active")
     for link, lab in links:
         out.line("sentinel_gpu_nvlink_up", lab, 1.0 if link.active else 0.0, f'link="{link.link}"')

@@ -15,6 +15,7 @@ from sentinel.components.exposition import GpuRow, MetricsView, Writer
 from sentinel.components.nvlink import metrics as nvlink_metrics
 from sentinel.components.nvlink.nvml import decode_ber
 from sentinel.components.nvml_read import GpuLostError, field_number
+from sentinel.wire import GpuSample
 from tests.agent.fakenvml import FakeGpu, FakeNvml
 
 DL_CRC = pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC
@@ -183,3 +184,30 @@ def test_any_field_value_type_decodes_or_is_refused_never_guessed(kind: int, raw
         assert number is not None
     else:
         assert number is None
+
+
+def test_a_new_slow_sample_is_scraped_with_its_own_counters(fake_nvml: FakeNvml) -> None:
+    """The NVLink text is kept between scrapes of one slow sample; the next slow read shows its counters."""
+    gpu = fake_nvml.gpus[1]
+    gpu.nvlink_fields = {(SYMBOL, 1): 5}
+    gpu.generation = "blackwell"
+    source = NvmlSource()
+    info = source.open()[1]
+
+    def scrape(sample: GpuSample) -> dict[tuple[str, str], float]:
+        view = MetricsView(
+            rows=[GpuRow(index=1, labels='gpu="1"', info=info, state="ok", fast=sample, slow=sample)]
+        )
+        out = Writer()
+        nvlink_metrics.render(out, view)
+        families = {f.name: f for f in text_string_to_metric_families(out.text())}
+        return {
+            (s.labels["link"], s.labels["type"]): s.value
+            for s in families["sentinel_gpu_nvlink_errors"].samples
+        }
+
+    first = source.read_slow(1, 1.0)
+    assert scrape(first)[("1", "symbol")] == 5
+    gpu.nvlink_fields = {(SYMBOL, 1): 9}
+    assert scrape(first)[("1", "symbol")] == 5  # the same slow sample: the same counters
+    assert scrape(source.read_slow(1, 11.0))[("1", "symbol")] == 9

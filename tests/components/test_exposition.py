@@ -1,0 +1,75 @@
+"""The families writer writes what prometheus-client's generate_latest writes, byte for byte."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+    UnknownMetricFamily,
+)
+from prometheus_client.registry import CollectorRegistry
+
+from sentinel.components.exposition import Writer, write_families
+
+names = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,20}", fullmatch=True).filter(lambda n: not n.startswith("__"))
+texts = st.text(max_size=12)
+values = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(10**20), 10**20))
+
+
+@st.composite
+def families(draw: st.DrawFn) -> list[Metric]:
+    out: list[Metric] = []
+    for _ in range(draw(st.integers(0, 4))):
+        name = draw(names)
+        doc = draw(texts)
+        labels = draw(st.lists(names, max_size=3, unique=True))
+        kind = draw(st.sampled_from(["counter", "gauge", "info", "unknown"]))
+        rows = draw(st.lists(st.tuples(st.lists(texts, min_size=len(labels), max_size=len(labels)), values)))
+        stamp = draw(st.one_of(st.none(), st.floats(0, 2e9)))
+        if kind == "counter":
+            created = draw(st.one_of(st.none(), st.floats(0, 2e9)))
+            counter = CounterMetricFamily(name, doc, labels=labels)
+            for label_values, value in rows:
+                counter.add_metric(label_values, abs(float(value)) if value == value else 0.0, created, stamp)
+            out.append(counter)
+        elif kind == "gauge":
+            gauge = GaugeMetricFamily(name, doc, labels=labels)
+            for label_values, value in rows:
+                gauge.add_metric(label_values, value, stamp)
+            out.append(gauge)
+        elif kind == "info":
+            info = InfoMetricFamily(name, doc, labels=labels)
+            for label_values, _ in rows:
+                info.add_metric(label_values, {"version": draw(texts)}, stamp)
+            out.append(info)
+        else:
+            unknown = UnknownMetricFamily(name, doc, labels=labels)
+            for label_values, value in rows:
+                unknown.add_metric(label_values, value, stamp)
+            out.append(unknown)
+    return out
+
+
+class _Fixed:
+    def __init__(self, metrics: list[Metric]) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.metrics)
+
+
+@settings(max_examples=300, deadline=None)
+@given(families())
+def test_families_are_written_as_generate_latest_writes_them(metrics: list[Metric]) -> None:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Fixed(metrics))
+    out = Writer()
+    write_families(out, registry.collect())
+    assert out.text().encode() == generate_latest(registry)
