@@ -3,7 +3,8 @@
 Ingest is the hot path (49,152 GPUs at 1 Hz on one core), so applying a batch does the least that the
 detectors need: latest readings, a few moving averages, latched hardware facts, bounded histories. Every
 structure is bounded (per-host dedup window, event deques, rate histories), so a misbehaving agent cannot
-grow the aggregator's memory.
+grow the aggregator's memory. Each GPU is a :class:`~sentinel.components.gpu_view.GpuView`, updated by the
+same functions the agent's ``sentinel health`` uses for its own GPUs.
 
 Times: ``now`` is the aggregator's clock (injected: wall time in the server, virtual time in ``sentinel
 sim``); sample and heads times are the agent's clock and are only compared with each other.
