@@ -311,7 +311,8 @@ class FleetState:
                     gpus.append(GpuView(host=host.name, index=len(gpus)))
                 n = len(gpus)
                 host.inventory_version += 1
-                apply_sample(gpus[index], sample, now, dirty)
+                if apply_sample(gpus[index], sample, now, dirty):
+                    host.inventory_version += 1
             else:
                 self.unknown_gpu_samples += 1
         for event in batch.events:
