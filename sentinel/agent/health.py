@@ -1,10 +1,10 @@
 """The node's fitness as the agent knows it, for ``sentinel health`` (Slurm HealthCheckProgram, prolog, epilog).
 
 A job launcher asking "may I run here?" must get an answer even when the aggregator is away, and the answer
-must be the one the aggregator would give. So the agent runs the aggregator's own pure hardware rules
-(:func:`sentinel.aggregator.detectors.hardware.evaluate_gpu`: the Xid policy, row remapping, ECC, a lost or
-unresponsive GPU, NVLink/PCIe error rates) over a one-host :class:`~sentinel.aggregator.state.FleetState`
-fed with its own batches, and adds the verdicts on this host that the aggregator pushes back over the stream
+must be the one the aggregator would give. So the agent keeps its GPUs' views as the aggregator does
+(:mod:`sentinel.components.gpu_view`, fed with its own batches) and runs the same hardware judgement over them
+(:func:`sentinel.components.hardware.judge_gpu`: the Xid policy, row remapping, ECC, a lost or unresponsive
+GPU, NVLink/PCIe error rates), and adds the verdicts on this host that the aggregator pushes back over the stream
 (stuck, straggler, anything only the fleet view can see). "Could not check" is never "fit": before the GPU
 source opened, or when the agent has not collected for a while, the answer is "cannot tell".
 """
@@ -15,9 +15,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sentinel.aggregator.detectors import hardware
-from sentinel.aggregator.state import FleetState, HostView
+import msgspec
+
 from sentinel.components.device.inventory import evaluate_source
+from sentinel.components.device.record import GpuSourceHealth
+from sentinel.components.gpu_view import GpuView, apply_gpu_event, apply_sample, fit_inventory
+from sentinel.components.hardware import judge_gpu, judge_settings
+from sentinel.components.signal import JudgeSettings
 from sentinel.components.vocab import verdict_kind
 from sentinel.config.aggregator import DetectConfig
 from sentinel.wire import Batch, Hello, HostVerdict, ProcInfo
@@ -28,6 +32,9 @@ UNFIT_ACTIONS = frozenset({"drain", "reset_gpu", "reboot", "rma"})
 MAX_PUSHED = 256
 #: the answer is "cannot tell" when the last collection is older than this many ticks (and 10 s)
 STALE_TICKS = 5
+#: GPUs kept per host, and how far ahead of ``now`` a stamp may be (the aggregator's defaults)
+MAX_GPUS = 64
+MAX_CLOCK_SKEW_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,27 +65,72 @@ class Reason:
         }
 
 
+class LocalGpus:
+    """This host's GPUs as its own batches describe them: the views the shared hardware judgement reads,
+    updated as the aggregator's fleet state updates its views of them."""
+
+    def __init__(self, host: str, settings: JudgeSettings) -> None:
+        self.host = host
+        self.settings = settings
+        self.gpus: list[GpuView] = []
+        self.gpu_source: GpuSourceHealth | None = None
+        self.boot_id = ""
+        self._dirty: list[GpuView] = []  # what the updates report changed; judged on demand instead
+
+    def hello(self, hello: Hello, now: float) -> None:
+        if self.boot_id and hello.boot_id and hello.boot_id != self.boot_id:
+            for gpu in self.gpus:  # a reboot clears every latched hardware fact
+                gpu.clear_latches(hello.started_at or now)
+                gpu.state = "ok"
+        self.boot_id = hello.boot_id or self.boot_id
+        fit_inventory(self.host, self.gpus, hello.gpus[:MAX_GPUS], MAX_GPUS)
+        if hello.gpu_source is not None:
+            self.gpu_source = hello.gpu_source
+
+    def apply(self, batch: Batch, now: float) -> None:
+        horizon = now + MAX_CLOCK_SKEW_S
+        gpus, dirty = self.gpus, self._dirty
+        for sample in batch.samples:
+            index = sample.gpu
+            if not sample.t <= horizon or not 0 <= index < MAX_GPUS:
+                continue  # a year ahead (or NaN) would make every later sample look old
+            while len(gpus) <= index:
+                gpus.append(GpuView(host=self.host, index=len(gpus)))
+            apply_sample(gpus[index], sample, now, dirty)
+        for event in batch.events:
+            at = event.gpu
+            if at is None or not 0 <= at < len(gpus):
+                continue
+            # an event stamped too far ahead counts at the time it was applied (the batch itself is shipped)
+            stamped = event if event.t <= horizon else msgspec.structs.replace(event, t=now)
+            apply_gpu_event(gpus[at], stamped, self.settings, dirty)
+        if batch.gpu_source is not None:
+            self.gpu_source = batch.gpu_source
+        dirty.clear()
+
+
 class LocalHealth:
-    """The aggregator's hardware rules over this host's own batches, plus the verdicts pushed back."""
+    """The shared hardware judgement over this host's own batches, plus the verdicts pushed back."""
 
     def __init__(self, host: str, detect: DetectConfig | None = None) -> None:
-        self.detect = detect or DetectConfig()
-        self.fleet = FleetState(xid_config=self.detect.xid)
+        self.detect = detect = detect or DetectConfig()
+        self.settings = judge_settings(detect.hardware, detect.ecc, detect.xid)
         self.host_name = host
-        self.view: HostView | None = None
+        self.view: LocalGpus | None = None
         self.pushed: list[HostVerdict] = []
         self.pushed_at: float | None = None
         self.procs: list[ProcInfo] = []
 
     def hello(self, hello: Hello, now: float) -> None:
         """The GPU inventory (re)opened."""
-        self.view = self.fleet.hello(hello, now)
+        if self.view is None:
+            self.view = LocalGpus(self.host_name, self.settings)
+        self.view.hello(hello, now)
 
     def apply(self, batch: Batch, now: float) -> None:
         if self.view is None:
             return
-        self.fleet.apply(self.view, batch, now)
-        self.fleet.take_dirty()  # evaluated on demand, for every GPU
+        self.view.apply(batch, now)
         if batch.procs is not None:
             self.procs = list(batch.procs)
 
@@ -97,15 +149,16 @@ class LocalHealth:
             out.append(Reason(kind, missing.reason, missing.action, "local", evidence=missing.evidence[0]))
         if self.view is not None:
             for gpu in self.view.gpus:
-                for f in hardware.evaluate_gpu(gpu, self.detect.hardware, now, self.detect.ecc):
+                for judged in judge_gpu(gpu, self.settings, now):
+                    rule = judged.finding
                     out.append(
                         Reason(
-                            kind=f.kind,
-                            reason=f.reason,
-                            action=f.action,
+                            kind=verdict_kind(rule.state),
+                            reason=rule.reason,
+                            action=rule.action,
                             source="local",
-                            gpu=f.gpu,
-                            evidence=f.evidence[0] if f.evidence else "",
+                            gpu=gpu.index,
+                            evidence=rule.evidence[0] if rule.evidence else "",
                         )
                     )
         local = {(r.gpu, r.reason) for r in out}

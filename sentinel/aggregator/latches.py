@@ -19,12 +19,13 @@ from collections.abc import Callable
 
 import msgspec
 
-from sentinel.aggregator.state import DEDUP_WINDOW, FleetState, GpuView, HostView
+from sentinel.aggregator.state import DEDUP_WINDOW, FleetState, HostView
+from sentinel.components.gpu_view import GpuView
 from sentinel.components.registry import MEMORY_TYPES
 
 
 class GpuRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """One GPU's latched facts (see :class:`sentinel.aggregator.state.GpuView` for their meaning)."""
+    """One GPU's latched facts (see :class:`sentinel.components.gpu_view.GpuView` for their meaning)."""
 
     index: int
     uuid: str = ""

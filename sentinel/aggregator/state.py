@@ -3,7 +3,8 @@
 Ingest is the hot path (49,152 GPUs at 1 Hz on one core), so applying a batch does the least that the
 detectors need: latest readings, a few moving averages, latched hardware facts, bounded histories. Every
 structure is bounded (per-host dedup window, event deques, rate histories), so a misbehaving agent cannot
-grow the aggregator's memory.
+grow the aggregator's memory. Each GPU is a :class:`~sentinel.components.gpu_view.GpuView`, updated by the
+same functions the agent's ``sentinel health`` uses for its own GPUs.
 
 Times: ``now`` is the aggregator's clock (injected: wall time in the server, virtual time in ``sentinel
 sim``); sample and heads times are the agent's clock and are only compared with each other.
@@ -14,25 +15,19 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from operator import attrgetter
-from typing import Any
 
 import msgspec
 
 from sentinel.aggregator.claims import MAX_WAITING_CLAIMS, CountedRefusals, RefusalSink, may_speak_for
 from sentinel.aggregator.clock import HostClock
 from sentinel.aggregator.streams import adopt_instance
-from sentinel.components.clocks.record import POWER_REASONS, THERMAL_REASONS, ClockViolations
-from sentinel.components.clocks.rule import violation_shares
 from sentinel.components.device.record import GpuSourceHealth
-from sentinel.components.device.signal import slow_reading
+from sentinel.components.gpu_view import GpuView, apply_gpu_event, apply_sample, fit_inventory
 from sentinel.components.ib.kernel import host_evidence
 from sentinel.components.ib.record import IbPort
 from sentinel.components.nccl_debug.record import DebugReadiness
 from sentinel.components.nccl_ras.record import RasStatus
 from sentinel.components.netdev.record import Netdev
-from sentinel.components.pcie.record import PcieLink
-from sentinel.components.registry import GPU_SIGNALS
 from sentinel.components.signal import JudgeSettings
 from sentinel.components.xid.rule import XidPolicyConfig
 from sentinel.fr.heads import FrHeads
@@ -41,7 +36,6 @@ from sentinel.wire import (
     Drops,
     Event,
     GpuInfo,
-    GpuSample,
     GpuStateChanged,
     GpuWasReset,
     Hello,
@@ -50,15 +44,6 @@ from sentinel.wire import (
     XidOccurred,
 )
 
-#: the GPU signals that remember samples and those that take events, in registry order
-SAMPLED = tuple(s for s in GPU_SIGNALS if s.remember is not None)
-EVENTED = tuple(s for s in GPU_SIGNALS if s.on_event is not None)
-RESETTING = tuple(s for s in SAMPLED if s.shows_reset is not None)
-#: a sample with none of the slow-tick signals' fields (most samples: fast ticks) goes only to the signals
-#: whose readings ride on every tick
-EVERY_TICK = tuple(s for s in SAMPLED if s.every_tick)
-SLOW_FIELDS = tuple(sorted({f for s in SAMPLED if not s.every_tick for f in s.reads}))
-_slow_values = attrgetter(*SLOW_FIELDS)
 DEDUP_WINDOW = 4096  # seqs above the contiguous high-water mark remembered per host
 HOST_EVENTS_KEPT = 256
 MAX_PORTS_PER_HOST = 64
@@ -80,71 +65,6 @@ class LogEvent:
     rank: int | None
     seq: int | None
     text: str
-
-
-@dataclass(slots=True)
-class GpuView:
-    host: str
-    index: int
-    uuid: str = ""
-    pci_bus: str = ""
-    name: str = ""
-    driver: str = ""
-    vbios: str = ""
-    pcie_link: PcieLink | None = None  # the link as last reported (the inventory detector's capability)
-    state: str = "ok"
-    state_t: float = 0.0  # agent time the current state was first reported
-    t: float = -math.inf  # agent time of the latest sample
-    seen_at: float = -math.inf
-    util: float | None = None
-    temp: float | None = None
-    power: float | None = None
-    sm_clock: float | None = None
-    throttle: list[str] = field(default_factory=list)
-    ema_clock: float | None = None
-    ema_util: float | None = None
-    ema_temp: float | None = None
-    ema_power: float | None = None
-    ema_thermal: float = 0.0
-    ema_power_cap: float = 0.0
-    violations: ClockViolations | None = None  # latest cumulative clock-policy violation time
-    #: policy → share of the interval between the last two violation readings it held the clocks back
-    violation_share: dict[str, float] = field(default_factory=dict)
-    violation_span_s: float = 0.0
-    #: each GPU signal's memory by signal name (``sentinel.components.registry``): its latest reading and what
-    #: its judge needs of earlier ones (the reading before a change, a counter history, the Xid latch)
-    memory: dict[str, Any] = field(default_factory=dict)
-    job: str | None = None
-    rank: int | None = None
-    last_job: str | None = None  # kept when the process goes away with the GPU, for the verdict
-    last_rank: int | None = None
-    reset_t: float = -math.inf
-    dirty: bool = False
-    #: agent time of the host's latest batch while the hardware detector judges this GPU
-    reported_until: float = -math.inf
-
-    @property
-    def xid_key(self) -> str:
-        """The GPU's key in kernel lines (its PCI address)."""
-        return self.pci_bus or f"gpu-index:{self.index}"
-
-    def clear_latches(self, t: float) -> None:
-        """A GPU reset or reboot was observed: what was latched is no longer evidence (each signal says what
-        of its memory a reset keeps)."""
-        memory = self.memory
-        for signal in GPU_SIGNALS:
-            kept = memory.get(signal.name)
-            if kept is None:
-                continue
-            if signal.on_reset is None:
-                continue
-            after = signal.on_reset(kept, t)
-            if after is None:
-                del memory[signal.name]
-            else:
-                memory[signal.name] = after
-        self.reset_t = t
-        self.dirty = True
 
 
 @dataclass(slots=True)
@@ -356,16 +276,7 @@ class FleetState:
         return host
 
     def _inventory(self, host: HostView, gpus: list[GpuInfo]) -> None:
-        by_index = {g.index: g for g in gpus if 0 <= g.index < self.max_gpus_per_host}
-        count = max(by_index, default=-1) + 1
-        while len(host.gpus) < count:
-            host.gpus.append(GpuView(host=host.name, index=len(host.gpus)))
-        for index, info in by_index.items():
-            view = host.gpus[index]
-            if view.uuid and view.uuid != info.uuid:  # a different board in this slot: start over
-                host.gpus[index] = view = GpuView(host=host.name, index=index)
-            view.uuid, view.pci_bus, view.name = info.uuid, info.pci_bus, info.name
-            view.driver, view.vbios = info.driver, info.vbios
+        fit_inventory(host.name, host.gpus, gpus, self.max_gpus_per_host)
 
     def disconnected(self, name: str) -> None:
         host = self.hosts.get(name)
@@ -401,18 +312,21 @@ class FleetState:
             host.last_t = max(host.last_t, batch.t)
         gpus = host.gpus
         n = len(gpus)
+        dirty = self.dirty_gpus
         for sample in batch.samples:
             index = sample.gpu
             if not sample.t <= horizon:  # a year ahead (or NaN) would make every later sample look old
                 self.future_stamped += 1
             elif 0 <= index < n:
-                self._sample(gpus[index], sample, now)
+                if apply_sample(gpus[index], sample, now, dirty):
+                    host.inventory_version += 1
             elif 0 <= index < self.max_gpus_per_host:
                 while len(gpus) <= index:
                     gpus.append(GpuView(host=host.name, index=len(gpus)))
                 n = len(gpus)
                 host.inventory_version += 1
-                self._sample(gpus[index], sample, now)
+                if apply_sample(gpus[index], sample, now, dirty):
+                    host.inventory_version += 1
             else:
                 self.unknown_gpu_samples += 1
         for event in batch.events:
@@ -446,107 +360,13 @@ class FleetState:
                     job.ras, job.ras_at = status, now
         return True
 
-    def _sample(self, gpu: GpuView, s: GpuSample, now: float) -> None:
-        if s.t < gpu.t:
-            return  # an old sample from a spooled backlog: history only, the present is already known
-        gpu.t = s.t
-        gpu.seen_at = now
-        if s.state != gpu.state:
-            previous = gpu.state
-            gpu.state = s.state
-            gpu.state_t = s.t
-            gpu.dirty = True
-            if s.state == "ok" and previous == "lost":
-                self._reset(gpu, s.t)  # a lost GPU answering again has been reset
-        if s.state != "ok":
-            if gpu.dirty:
-                self.dirty_gpus.append(gpu)
-            return
-        util, clock, temp, power = s.util_gpu_pct, s.sm_clock_mhz, s.temp_c, s.power_w
-        gpu.util, gpu.temp, gpu.power, gpu.sm_clock = util, temp, power, clock
-        throttle = s.throttle
-        gpu.throttle = throttle
-        # moving averages with a fixed weight per sample (agents sample at a fixed tick)
-        if clock is not None:
-            ema = gpu.ema_clock
-            gpu.ema_clock = clock if ema is None else ema + 0.2 * (clock - ema)
-        if util is not None:
-            ema = gpu.ema_util
-            gpu.ema_util = util if ema is None else ema + 0.2 * (util - ema)
-        if temp is not None:
-            ema = gpu.ema_temp
-            gpu.ema_temp = temp if ema is None else ema + 0.2 * (temp - ema)
-        if power is not None:
-            ema = gpu.ema_power
-            gpu.ema_power = power if ema is None else ema + 0.2 * (power - ema)
-        if throttle:
-            thermal = 1.0 if THERMAL_REASONS.intersection(throttle) else 0.0
-            capped = 1.0 if POWER_REASONS.intersection(throttle) else 0.0
-            gpu.ema_thermal += 0.2 * (thermal - gpu.ema_thermal)
-            gpu.ema_power_cap += 0.2 * (capped - gpu.ema_power_cap)
-        elif gpu.ema_thermal or gpu.ema_power_cap:
-            gpu.ema_thermal = 0.0 if gpu.ema_thermal < 1e-3 else gpu.ema_thermal * 0.8
-            gpu.ema_power_cap = 0.0 if gpu.ema_power_cap < 1e-3 else gpu.ema_power_cap * 0.8
-        if s.pcie_link != gpu.pcie_link and slow_reading(s):
-            host = self.hosts.get(gpu.host)
-            if host is not None:
-                host.inventory_version += 1
-            gpu.pcie_link = s.pcie_link
-        memory = gpu.memory
-        slow = _slow_values(s).count(None) != len(SLOW_FIELDS)
-        for signal in RESETTING if slow else ():
-            kept = memory.get(signal.name)
-            if kept is not None and signal.shows_reset(kept, s):  # type: ignore[misc]
-                self._reset(gpu, s.t)  # e.g. volatile ECC counters restart only at a reset / driver reload
-                break
-        for signal in SAMPLED if slow else EVERY_TICK:
-            remembered = signal.remember(memory.get(signal.name), s)  # type: ignore[misc]
-            if remembered is not None:
-                memory[signal.name], changed = remembered
-                if changed:
-                    gpu.dirty = True
-        violations = s.violations
-        if violations is not None and violations is not gpu.violations:
-            before = gpu.violations
-            if before is not None and violations.reference_us > before.reference_us:
-                gpu.violation_share = violation_shares(before, violations)
-                gpu.violation_span_s = (violations.reference_us - before.reference_us) / 1e6
-            gpu.violations = violations
-        if gpu.dirty:
-            self.dirty_gpus.append(gpu)
-
     def _event(self, host: HostView, event: Event, now: float) -> None:
         """Apply one typed event; what the agent classified (Xid record, log line fields) is used as sent."""
         gpu = host.gpus[event.gpu] if event.gpu is not None and 0 <= event.gpu < len(host.gpus) else None
         match event:
-            case XidOccurred():
-                if gpu is None or event.t < gpu.reset_t:
-                    return
-                for signal in EVENTED:  # the xid signal's state machine
-                    remembered = signal.on_event(gpu.memory.get(signal.name), event, self.judge_settings)  # type: ignore[misc]
-                    if remembered is not None:
-                        gpu.memory[signal.name], changed = remembered
-                        gpu.dirty = gpu.dirty or changed
-                if gpu.dirty:
-                    self.dirty_gpus.append(gpu)
-            case GpuStateChanged(state="lost" | "unresponsive" as state):
+            case XidOccurred() | GpuStateChanged() | GpuWasReset():
                 if gpu is not None:
-                    if gpu.state != state:
-                        gpu.state, gpu.state_t = state, event.t
-                    gpu.dirty = True
-                    self.dirty_gpus.append(gpu)
-            case GpuWasReset() | GpuStateChanged(state="ok", previous="lost"):
-                # real evidence of a reset: the agent saw one, or a lost GPU (which only a reset brings back)
-                # answers again. A GPU that merely stalled (unresponsive -> ok) keeps its latched Xids.
-                if gpu is not None:
-                    gpu.state, gpu.state_t = "ok", event.t
-                    gpu.clear_latches(event.t)
-                    self.dirty_gpus.append(gpu)
-            case GpuStateChanged(state="ok"):
-                if gpu is not None:
-                    gpu.state, gpu.state_t = "ok", event.t
-                    gpu.dirty = True
-                    self.dirty_gpus.append(gpu)
+                    apply_gpu_event(gpu, event, self.judge_settings, self.dirty_gpus)
             case LogLine(
                 line_kind="nccl_warn_net" | "torch_watchdog_timeout" | "nccl_warn_cuda" as line_kind
             ):
@@ -749,9 +569,6 @@ class FleetState:
                 step = (now - base[1]) / (seq - base[0])
                 job.step_s = step if job.step_s is None else job.step_s + 0.3 * (step - job.step_s)
                 job.step_base[pg.pg_name] = (seq, now)
-
-    def _reset(self, gpu: GpuView, t: float) -> None:
-        gpu.clear_latches(t)
 
     def take_dirty(self) -> list[GpuView]:
         dirty, self.dirty_gpus = self.dirty_gpus, []

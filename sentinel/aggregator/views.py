@@ -6,7 +6,8 @@ from typing import Any
 
 from sentinel.aggregator.detectors.link_pace import LinkPaceDetector
 from sentinel.aggregator.engine import Engine
-from sentinel.aggregator.state import GpuView, HostView, JobView
+from sentinel.aggregator.state import HostView, JobView
+from sentinel.components.gpu_view import GpuView
 
 _HEALTH_ORDER = {"healthy": 0, "straggler": 1, "stuck": 2, "degraded": 3, "faulty": 4, "lost": 5}
 

@@ -5,7 +5,7 @@ Each signal is a package ``sentinel/components/<name>/`` whose ``signal.py`` dec
 its tests are in ``tests/components/<name>/``. Derived from here, never listed again: the agent's NVML
 reads and ``/metrics`` (registry order), its collectors (:data:`COLLECTORS`, built by
 ``sentinel.agent.registry``), the aggregator's detectors (:data:`DETECTORS`, built by
-``sentinel.aggregator.engine``) and the hardware detector's loop over the GPU signals, the names
+``sentinel.aggregator.engine``) and the hardware judgement's loop over the GPU signals (``hardware.py``), the names
 ``collect.disabled`` and ``detect.disabled`` accept, and the component and metrics lists of the docs.
 """
 

@@ -14,8 +14,9 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from sentinel.aggregator.state import FleetState, GpuView
+from sentinel.aggregator.state import FleetState
 from sentinel.aggregator.verdicts import Finding
+from sentinel.components.gpu_view import GpuView
 from sentinel.config.aggregator import AggregatorConfig
 
 Key = tuple[str, ...]

@@ -1,5 +1,5 @@
-"""Hardware detector: one GPU's own evidence → at most one verdict for it (faulty or degraded), one loop over
-the registry's judged GPU signals (``sentinel.components.registry.JUDGED``), each judging its own memory.
+"""Hardware detector: one GPU's own evidence → at most one verdict for it (faulty or degraded), as the shared
+hardware judgement (:mod:`sentinel.components.hardware`: each judged GPU signal on its own memory) finds it.
 
 Runs on the GPUs whose hardware facts changed in the batch just applied, so a critical Xid, a lost GPU or a
 pending row remap opens its verdict in the same tick the agent reported it. Pure: the GPU's state, the
@@ -17,10 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 from sentinel.aggregator.detectors.base import Detector, Evaluation, Key, Observation
-from sentinel.aggregator.state import GpuView
 from sentinel.aggregator.verdicts import Finding
 from sentinel.components.ecc.rule import EccThresholds
-from sentinel.components.registry import JUDGED
+from sentinel.components.gpu_view import GpuView
+from sentinel.components.hardware import judge_gpu, judge_settings
 from sentinel.components.signal import JudgeSettings
 from sentinel.components.vocab import verdict_kind
 from sentinel.components.xid.rule import XidPolicyConfig
@@ -101,19 +101,6 @@ def gpu_key(host: str, gpu: int) -> tuple[str, ...]:
     return ("hw", host, str(gpu))
 
 
-def judge_settings(
-    cfg: HardwareConfig, ecc_limits: EccThresholds | None, xid: XidPolicyConfig
-) -> JudgeSettings:
-    return JudgeSettings(
-        rate_window_s=cfg.rate_window_s,
-        nvlink_errors_per_s=cfg.nvlink_errors_per_s,
-        pcie_replays_per_s=cfg.pcie_replays_per_s,
-        lost_cause_wait_s=cfg.lost_cause_wait_s,
-        ecc=ecc_limits,
-        xid=xid,
-    )
-
-
 def evaluate_gpu(
     gpu: GpuView,
     cfg: HardwareConfig,
@@ -123,36 +110,33 @@ def evaluate_gpu(
     reported_until: float | None = None,
     settings: JudgeSettings | None = None,
 ) -> list[Finding]:
-    """Every hardware problem of ``gpu`` that is true now (the book merges them into one verdict): each
-    judged GPU signal's judge on its own memory, in precedence order.
+    """Every hardware problem of ``gpu`` that is true now (the book merges them into one verdict), as
+    :func:`sentinel.components.hardware.judge_gpu` judges it, each a finding for this detector.
 
     ``reported_until``: agent time of the host's latest batch (default: the GPU's latest sample), against
     which a lost GPU's wait for its Xid is measured.
     """
     if settings is None:
         settings = judge_settings(cfg, ecc_limits, XidPolicyConfig())
-    gpu.reported_until = gpu.t if reported_until is None else reported_until
     key = gpu_key(gpu.host, gpu.index)
     job = gpu.job if gpu.job is not None else gpu.last_job
     rank = gpu.rank if gpu.job is not None else gpu.last_rank
     found: list[Finding] = []
-    memory = gpu.memory
-    for signal in JUDGED:
-        for judged in signal.judge(gpu, memory.get(signal.name), settings, now):  # type: ignore[misc]
-            rule = judged.finding
-            found.append(
-                Finding(
-                    key=key,
-                    detector=DETECTOR,
-                    kind=verdict_kind(rule.state),
-                    reason=rule.reason,
-                    action=rule.action,
-                    evidence=rule.evidence,
-                    evidence_t=judged.t,
-                    host=gpu.host,
-                    gpu=gpu.index,
-                    job=job,
-                    rank=rank,
-                )
+    for judged in judge_gpu(gpu, settings, now, reported_until=reported_until):
+        rule = judged.finding
+        found.append(
+            Finding(
+                key=key,
+                detector=DETECTOR,
+                kind=verdict_kind(rule.state),
+                reason=rule.reason,
+                action=rule.action,
+                evidence=rule.evidence,
+                evidence_t=judged.t,
+                host=gpu.host,
+                gpu=gpu.index,
+                job=job,
+                rank=rank,
             )
+        )
     return found

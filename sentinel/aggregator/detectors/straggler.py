@@ -28,10 +28,11 @@ from sentinel.aggregator.detectors.base import (
     Steps,
     run_steps,
 )
-from sentinel.aggregator.state import FleetState, GpuView, JobView, RankView
+from sentinel.aggregator.state import FleetState, JobView, RankView
 from sentinel.aggregator.verdicts import Finding
 from sentinel.components.clocks.rule import REASON_SHARE
 from sentinel.components.clocks.rule import describe as describe_violations
+from sentinel.components.gpu_view import GpuView
 from sentinel.components.nvlink.signal import error_rate as nvlink_error_rate
 from sentinel.components.vocab import Action
 from sentinel.config.aggregator import AggregatorConfig, HardwareConfig, StragglerConfig

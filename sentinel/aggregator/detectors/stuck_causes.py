@@ -18,8 +18,9 @@ from sentinel.aggregator.detectors.stuck_heads import (
     _Rank,
     _ranks_summary,
 )
-from sentinel.aggregator.state import FleetState, GpuView, JobView, RankView
+from sentinel.aggregator.state import FleetState, JobView, RankView
 from sentinel.aggregator.verdicts import Finding
+from sentinel.components.gpu_view import GpuView
 from sentinel.components.ib.causes import stall_causes
 from sentinel.components.ib.rule import PortRuleConfig
 from sentinel.components.nccl_ras.rule import ras_evidence
