@@ -12,10 +12,28 @@ is followed. So one agent cannot move a hang's blame, or a rank's progress, onto
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from sentinel.aggregator.state import HostView, RankView
+
+class RankHolder(Protocol):
+    """What of a rank's view the binding reads (:class:`~sentinel.aggregator.state.RankView`)."""
+
+    @property
+    def host(self) -> str | None: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def pid(self) -> int | None: ...
+
+
+class Connected(Protocol):
+    """What of a host's view the binding reads (:class:`~sentinel.aggregator.state.HostView`)."""
+
+    @property
+    def connected(self) -> bool: ...
+
 
 #: refused claims remembered to hand the rank over later (beyond: the oldest is forgotten)
 MAX_WAITING_CLAIMS = 4096
@@ -38,7 +56,9 @@ class CountedRefusals:
         return False
 
 
-def may_speak_for(view: RankView, claimant: str, hosts: Mapping[str, HostView], *, by_process: bool) -> bool:
+def may_speak_for(
+    view: RankHolder, claimant: str, hosts: Mapping[str, Connected], *, by_process: bool
+) -> bool:
     """May ``claimant`` report (``by_process``: its process table) or send heads and dumps for this rank?"""
     holder = view.host
     if holder is None or holder == claimant or not view.alive:
@@ -49,7 +69,7 @@ def may_speak_for(view: RankView, claimant: str, hosts: Mapping[str, HostView], 
     return by_process and view.pid is None  # a process report outranks a binding by heads alone
 
 
-def dump_owners(ranks: Mapping[int, RankView]) -> dict[int, str]:
+def dump_owners(ranks: Mapping[int, RankHolder]) -> dict[int, str]:
     """Rank → the host that runs it, for the FR dumps asked of a job's agents (ranks of unknown host left
     out: nobody's dump for them is refused)."""
     return {rank: view.host for rank, view in ranks.items() if view.host is not None}
