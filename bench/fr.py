@@ -223,9 +223,9 @@ def build_set(source: dict[int, dict[str, Any]], ranks: int, entries: int, out: 
             (out / f"{PREFIX}{r + k * base}").write_bytes(blob)
 
 
-#: Per-dump cost of any format against PyTorch's own protocol 2 (goal of issue 42).
+#: The project's goal: per-dump cost of any format against PyTorch's own protocol 2.
 PROTOCOL_GOAL = 1.5
-#: Wall time of the 16,384 x 2,000 set (goal of issue 42).
+#: The set whose wall time has a goal of its own (docs/performance.md).
 LARGE_SET = "16384x2000"
 LARGE_SET_GOAL_S = 8.0
 #: The formats of ``--protocols``: PyTorch's own pickle, then Python's pickler, then JSON.

@@ -70,7 +70,7 @@ class Costs:
     triage_s: float = 1800.0
     #: a person drains the node and requeues the job (assumption)
     manual_action_s: float = 300.0
-    #: sentinel's drain + requeue, scontrol round trips (the real-Slurm end to end: under 2 s)
+    #: sentinel's drain + requeue: scontrol round trips (tests/slurm/test_requeue_e2e.py times them)
     sentinel_action_s: float = 2.0
     #: a requeued job waits the credential lifetime before it starts again (slurm.conf cred_expire, default)
     requeue_wait_s: float = 120.0

@@ -115,7 +115,7 @@ class TickLoop:
             gc.collect()
             gc.freeze()
         elif fleet.gc_freeze_interval_s and monotonic >= self._next_gc_freeze:
-            # no collection first (one over 30 s of young objects paused the loop ~0.2 s): the few cycles
+            # no collection first (one over many seconds of young objects pauses the loop): the few cycles
             # frozen with the rest are reclaimed by the next full collection
             self._next_gc_freeze = monotonic + fleet.gc_freeze_interval_s
             gc.freeze()

@@ -26,8 +26,8 @@ DETECTOR = "stuck"
 #: share of min_wait_s that some waiting rank must have reported itself (not extrapolated by the aggregator)
 OBSERVED_WAIT_FRACTION = 0.5
 #: Work bound per job and tick: the oldest stalled collectives examined, and the absent members followed
-#: per collective. One 16 KB heads message claiming world size 131,072 with 300 in-flight seqs once cost
-#: 2.1 s per tick; a real stall is named by its oldest collectives and first culprits.
+#: per collective: a small heads message claiming a huge world with hundreds of in-flight seqs must not cost
+#: seconds per tick, and a real stall is named by its oldest collectives and first culprits.
 MAX_STALLED_EXAMINED = 8
 MAX_FOLLOWED = 256
 #: the probe's op for a wait it saw only in the per-group counters (no entry details yet)
