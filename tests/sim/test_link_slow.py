@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 from sentinel.aggregator.detectors.link_pace import LinkPaceDetector
+from sentinel.config.aggregator import AggregatorConfig
 from sentinel.sim.runner import run_scenario
 from sentinel.sim.scenario import load_scenario, load_scenario_text
 from tests.support import REPO
@@ -120,3 +121,13 @@ def test_a_rail_so_slow_the_job_stalls_is_the_stalls_network_cause() -> None:
         "port_xmit_wait" in line and "against its peers' median" in line for line in stuck[0]["evidence"]
     )
     assert {(v["host"], v["gpu"]) for v in found} == {("host-003", 6)}
+
+
+def test_the_stall_question_follows_the_link_pace_setting() -> None:
+    """The stuck detector asks the same judgement with the same settings: with ``[detect.link_pace]``
+    switched off, no standing-out rail is the stall's cause either."""
+    config = AggregatorConfig()
+    off = msgspec.structs.replace(config.detect.link_pace, enabled=False)
+    config = msgspec.structs.replace(config, detect=msgspec.structs.replace(config.detect, link_pace=off))
+    report = run_scenario(load_scenario(SCENARIOS / "link_slow_stall.toml"), config).report()
+    assert not [v for v in report["verdicts"] if v["reason"] == "link_slow"]

@@ -37,6 +37,7 @@ from sentinel.aggregator.detectors.stuck_heads import DETECTOR, Examination, Sta
 from sentinel.aggregator.state import FleetState, JobView
 from sentinel.aggregator.verdicts import Finding
 from sentinel.components.ib.rule import PortRuleConfig
+from sentinel.components.linkpace.rule import LinkPaceConfig
 from sentinel.config.aggregator import AggregatorConfig, HardwareConfig, StuckConfig
 from sentinel.log import get_logger
 
@@ -90,6 +91,7 @@ class StuckDetector(Detector):
         detect = self.config.detect
         cfg = detect.stuck
         ports = detect.network
+        links = detect.link_pace
         findings: list[Finding] = []
         stalls: dict[str, Stall] = {}
         known = self._known
@@ -103,11 +105,11 @@ class StuckDetector(Detector):
             if exam is not None and not (exam.valid(job, cfg, now) or self._churning(exam, job, now)):
                 exam = None
             if exam is not None:
-                found, stall = conclude(exam, job, seen.fleet, cfg, detect.hardware, now, ports)
+                found, stall = conclude(exam, job, seen.fleet, cfg, detect.hardware, now, ports, links=links)
             else:
                 examined: list[Examination] = []
                 found, stall = yield from evaluate_job_steps(
-                    job, seen.fleet, cfg, detect.hardware, now, ports, examined
+                    job, seen.fleet, cfg, detect.hardware, now, ports, examined, links=links
                 )
                 if examined:
                     known[job.id] = examined[0]
@@ -223,6 +225,8 @@ def evaluate_job_steps(  # noqa: PLR0917
     now: float,
     ports: PortRuleConfig | None = None,
     examined: list[Examination] | None = None,
+    *,
+    links: LinkPaceConfig | None = None,
 ) -> Steps[tuple[list[Finding], Stall | None]]:
     """The culprits of ``job``'s stall, if it is stalled now, with NCCL RAS's view of the job as evidence
     (in steps: :func:`examine_steps`; ``run_steps`` runs them in one piece).
@@ -237,4 +241,4 @@ def evaluate_job_steps(  # noqa: PLR0917
         examined.append(exam)
     if exam is None:
         return _from_watchdog(job, fleet, cfg, now)
-    return conclude(exam, job, fleet, cfg, hw, now, ports or PortRuleConfig())
+    return conclude(exam, job, fleet, cfg, hw, now, ports or PortRuleConfig(), links=links)

@@ -23,6 +23,7 @@ from sentinel.aggregator.verdicts import Finding
 from sentinel.components.gpu_view import GpuView
 from sentinel.components.ib.causes import stall_causes
 from sentinel.components.ib.rule import PortRuleConfig
+from sentinel.components.linkpace.rule import LinkPaceConfig
 from sentinel.components.nccl_ras.rule import ras_evidence
 from sentinel.components.nvlink.signal import error_rate as nvlink_error_rate
 from sentinel.components.vocab import Action
@@ -38,6 +39,8 @@ def conclude(  # noqa: PLR0917
     hw: HardwareConfig,
     now: float,
     ports: PortRuleConfig,
+    *,
+    links: LinkPaceConfig | None = None,
 ) -> tuple[list[Finding], Stall | None]:
     """The findings of an examined job at ``now``: its culprits with their hosts, GPUs and evidence as
     they are now (NCCL RAS's view of the job added), or, when every rank entered the stalled collective,
@@ -89,12 +92,22 @@ def conclude(  # noqa: PLR0917
         stall.culprits = sorted(exam.culprits)
         return _with_ras(job, cfg, now, findings), stall
     if exam.p2p_only:
-        findings = _p2p_unexplained(job, fleet, cfg, hw, now, exam, ports)
+        findings = _p2p_unexplained(job, fleet, cfg, hw, now, exam, ports, links=links)
     for pg_name, seq in exam.all_in:
         op_in, since_in, waiting_in = exam.stalled[(pg_name, seq)]
         findings.extend(
             _all_entered(
-                job, fleet, cfg, hw, now, pg_name, seq, (op_in, now - since_in, waiting_in), ranks, ports
+                job,
+                fleet,
+                cfg,
+                hw,
+                now,
+                pg_name,
+                seq,
+                (op_in, now - since_in, waiting_in),
+                ranks,
+                ports,
+                links=links,
             )
         )
         if findings:
@@ -165,12 +178,14 @@ def _all_entered(  # noqa: PLR0917
     stalled: tuple[str, float, list[int]],
     ranks: dict[int, _Rank],
     ports: PortRuleConfig,
+    *,
+    links: LinkPaceConfig | None = None,
 ) -> list[Finding]:
     op, age, waiting = stalled
     head = f"all {len(waiting)} rank(s) are inside {op} (pg {pg_name}, seq {seq}) for {age:.1f}s and none completes"
     members = [info for info in ranks.values() if pg_name in info.pgs]
     last = ("collective_stalled", "no rank, NCCL or NVLink evidence names a culprit")
-    return _unexplained(job, fleet, cfg, hw, now, ports, head, age, members, last)
+    return _unexplained(job, fleet, cfg, hw, now, ports, head, age, members, last, links=links)
 
 
 def _p2p_unexplained(  # noqa: PLR0917
@@ -181,6 +196,8 @@ def _p2p_unexplained(  # noqa: PLR0917
     now: float,
     exam: Examination,
     ports: PortRuleConfig,
+    *,
+    links: LinkPaceConfig | None = None,
 ) -> list[Finding]:
     """Every stalled rank is blocked in a send/recv and no rank can be blamed: each pending op's counterpart
     was posted (a transfer that does not complete) or its peer sits inside a collective (the heads hold no
@@ -213,7 +230,7 @@ def _p2p_unexplained(  # noqa: PLR0917
         "pending op's counterpart is posted, or its peer is inside a collective)",
         *ops,
     )
-    return _unexplained(job, fleet, cfg, hw, now, ports, head, age, members, last)
+    return _unexplained(job, fleet, cfg, hw, now, ports, head, age, members, last, links=links)
 
 
 def _unexplained(  # noqa: PLR0917
@@ -227,6 +244,8 @@ def _unexplained(  # noqa: PLR0917
     age: float,
     members: list[_Rank],
     last: tuple[str, ...],
+    *,
+    links: LinkPaceConfig | None = None,
 ) -> list[Finding]:
     """Ranks that all wait inside operations their peers entered: a rank whose heads stopped, a network
     port, NCCL NET errors or NVLink errors name the cause; with none, ``last`` (reason, why, more evidence)
@@ -270,7 +289,7 @@ def _unexplained(  # noqa: PLR0917
     for info in members:
         if info.view.host is not None:
             by_host.setdefault(info.view.host, []).append(info.view)
-    out.extend(_network_cause(job, fleet, cfg, ports, now, by_host, finding))
+    out.extend(_network_cause(job, fleet, cfg, ports, now, by_host, finding, links=links))
     if out:
         return out[: cfg.max_culprits]
     for host_name, views in sorted(by_host.items()):
@@ -339,6 +358,8 @@ def _network_cause(  # noqa: PLR0917
     now: float,
     by_host: dict[str, list[RankView]],
     finding: Callable[..., Finding],
+    *,
+    links: LinkPaceConfig | None = None,
 ) -> list[Finding]:
     """The stall's network cause: an unhealthy IB/RoCE port on one of the job's hosts (faulty ports first).
 
@@ -349,7 +370,7 @@ def _network_cause(  # noqa: PLR0917
     """
     out: list[Finding] = []
     causes = []
-    for cause in stall_causes(fleet.hosts, by_host, ports, now):
+    for cause in stall_causes(fleet.hosts, by_host, ports, now, links):
         served = [v for v in by_host.get(cause.host, []) if v.gpu in cause.gpus]
         if served or cause.finding.kind == "faulty":  # a port serving none of the job's GPUs must be down
             causes.append((cause, served))
