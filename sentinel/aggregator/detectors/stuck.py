@@ -109,7 +109,7 @@ class StuckDetector(Detector):
             else:
                 examined: list[Examination] = []
                 found, stall = yield from evaluate_job_steps(
-                    job, seen.fleet, cfg, detect.hardware, now, ports, examined, links=links
+                    job, seen.fleet, cfg, detect.hardware, now, ports, examined, links
                 )
                 if examined:
                     known[job.id] = examined[0]
@@ -225,7 +225,6 @@ def evaluate_job_steps(  # noqa: PLR0917
     now: float,
     ports: PortRuleConfig | None = None,
     examined: list[Examination] | None = None,
-    *,
     links: LinkPaceConfig | None = None,
 ) -> Steps[tuple[list[Finding], Stall | None]]:
     """The culprits of ``job``'s stall, if it is stalled now, with NCCL RAS's view of the job as evidence
