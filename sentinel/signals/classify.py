@@ -128,6 +128,16 @@ def _parsed_events(text: str) -> list[Classified]:
         for index, event in enumerate(events):
             if event.rank is None and event.kind != "xid":
                 events[index] = _with_rank(event, rank)
+    elif ("[Rank " in text or "[PG " in text) and any(
+        event.rank is None and event.kind.startswith("torch_") for event in events
+    ):
+        # A PyTorch failure the rules read from its words: the rank its own tag names (``[Rank N]``, the
+        # default group's ``[PG 0 Rank N]``), as for the lines its parser knows.
+        tagged = torch_rank(text)
+        if tagged is not None:
+            for index, event in enumerate(events):
+                if event.rank is None and event.kind.startswith("torch_"):
+                    events[index] = _with_rank(event, tagged)
     return events
 
 

@@ -14,6 +14,7 @@ from typing import Final
 from sentinel.components.ecc import rule as ecc_rule
 from sentinel.components.vocab import Severity
 from sentinel.components.xid.parse import parse_sxid
+from sentinel.components.xid.sxid import sxid_fatal
 from sentinel.signals.record import Classified, finding_event, make_event
 from sentinel.text import bounded, clip, normalize_pci, parse_int
 
@@ -66,6 +67,7 @@ _NVRM_FATAL_WORDS: Final = (
     "memory",
     "fatal",
 )
+_NON_FATAL_RE: Final = re.compile(r"\bnon[- ]?fatal\b")
 _PCIE_BW_RE: Final = re.compile(
     r"(?P<dev>\S{1,40}) (?P<bdf>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]): [\d.]{1,10} Gb/s available PCIe "
     r"bandwidth, limited by [\d.]{1,8} GT/s PCIe x(?P<width>\d{1,2}) link.{0,80}?capable of [\d.]{1,10} Gb/s with "
@@ -142,7 +144,7 @@ _DEVICE_PREFIX_RE: Final = re.compile(
     r"(?:^|[\s\]])(?P<dev>nvidia|pci|pcieport) (?P<bdf>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]): "
 )
 _FABRIC_RE: Final = re.compile(
-    r"NVSwitch (?P<kind>non-fatal|fatal) error (?P<code>\d{1,6}).{0,120}?pci bus id (?P<bdf>[0-9A-Fa-f:.]{7,20})",
+    r"NVSwitch (?P<kind>non-fatal|fatal) error (?P<code>\d{1,6})(?P<rest>.{0,120}?)pci bus id (?P<bdf>[0-9A-Fa-f:.]{7,20})",
     re.IGNORECASE,
 )
 
@@ -226,6 +228,8 @@ def kernel_events(text: str) -> list[Classified]:
     if "SXid" in text:
         sxid = parse_sxid(text)
         if sxid is not None:
+            # sxid.fatal is the SXid table's verdict (components/xid/sxid.py); one it cannot name non-fatal
+            # stops NVLink traffic through the switch until shown otherwise.
             severity: Severity = "warning" if sxid.fatal is False else "critical"
             events.append(
                 make_event(
@@ -246,8 +250,10 @@ def kernel_events(text: str) -> list[Classified]:
             bad = any(word in lowered for word in _NVRM_BAD_WORDS)
             dump = "crash dump" in lowered
             # "A GPU crash dump has been created": the driver saved the state of a failure it reported
-            # on another line (an Xid), so this line is the follow-up, not the failure.
-            fatal = bad and any(word in lowered for word in _NVRM_FATAL_WORDS)
+            # on another line (an Xid), so this line is the follow-up, not the failure. A failure the
+            # driver calls "non-fatal" is one the GPU works on through.
+            graded = _NON_FATAL_RE.sub(" ", lowered) if "fatal" in lowered else lowered
+            fatal = bad and any(word in graded for word in _NVRM_FATAL_WORDS)
             nvrm_severity: Severity = "critical" if fatal else "warning" if bad or dump else "info"
             events.append(
                 make_event(
@@ -297,11 +303,15 @@ def kernel_events(text: str) -> list[Classified]:
     if "NVSwitch" in text and "rror" in text:
         fabric = _FABRIC_RE.search(text)
         if fabric is not None:
-            fatal = fabric.group("kind").lower() == "fatal"
+            # The fabric manager's report of an SXid: the SXid table decides, as for the kernel's line.
+            code = int(fabric.group("code"))
+            word = "Fatal" if fabric.group("kind").lower() == "fatal" else "Non-fatal"
+            fatal = sxid_fatal(code, f"{word},{fabric.group('rest')}") is not False
             events.append(
                 make_event(
                     "other",
                     "critical" if fatal else "warning",
+                    sxid=code,
                     pci_bus=normalize_pci(fabric.group("bdf")),
                     reason="nvswitch_fatal" if fatal else "nvswitch_nonfatal",
                     message=clip(text),

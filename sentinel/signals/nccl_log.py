@@ -128,7 +128,7 @@ _ABORTED_RANK_RE: Final = re.compile(r"aborted on rank (\d{1,7})")
 _BLOCK_RANK_RE: Final = re.compile(r"(?m)^[ \t]*rank[ \t]*:[ \t]*(\d{1,7})")
 _BLOCK_EXIT_RE: Final = re.compile(r"(?m)^[ \t]*exitcode[ \t]*:[ \t]*(-?\d{1,5})")
 _WATCHDOG_TIMEOUT_RE: Final = re.compile(
-    r"collective\s+operation\s+timeout|milliseconds\s+before\s+timing\s+out"
+    r"collective\s+operation\s+timeout|milliseconds\s+before\s+timing\s+out|timed\s+out\s+in\s+blocking\s+wait"
 )
 _WORK_RE: Final = re.compile(r"WorkNCCL\((?P<body>(?:[^()]|\(ms\)){0,800})\)")
 _SEQNUM_RE: Final = re.compile(r"SeqNum=(-?\d{1,22})")
@@ -235,10 +235,31 @@ _TORCH_RULES: Final[tuple[tuple[tuple[str, ...], re.Pattern[str], Severity, str]
         "process_terminated_after_dump",
     ),
     (
+        # The monitor thread of the rank whose own collective timed out (or failed): "from this local
+        # rank" (torch 2.2-2.9 wordings). That is this rank's collective timeout, not a follow-up.
+        ("this local",),
+        re.compile(
+            r"Received a (?:dump|timeout) signal (?:due to a collective timeout )?from\s{1,8}this\s{0,8}local\s{0,8}rank"
+        ),
+        "critical",
+        "collective_timeout_dump",
+    ),
+    (
         ("dump signal",),
         re.compile(r"(?:Received a|Observed flight recorder) dump signal"),
         "warning",
         "dump_signal",
+    ),
+    (
+        # The dump signal's bookkeeping in the store (raising it, polling it, reading which rank raised
+        # it): the timeout it carries is reported by the watchdog's own line.
+        ("TCPStore", "signal dumping"),
+        re.compile(
+            r"(?:timeout rank ID|\"should dump\" flag|signal exception_dump)[^\n]{0,60}?TCPStore|"
+            r"PG on this rank to signal dumping"
+        ),
+        "warning",
+        "dump_signal_store",
     ),
     (
         ("Stack trace of the failed",),

@@ -86,6 +86,9 @@ _BENIGN_RE: Final = re.compile(
 )
 
 
+#: An error the line itself calls not fatal (``Non-fatal``, ``non-fatal errors on NVSwitch 3``,
+#: ``Uncorrectable (Non-Fatal)``): something wrong that work goes on through, never a fatal one.
+_NON_FATAL_RE: Final = re.compile(r"\bnon[- ]?fatal\b", re.IGNORECASE)
 _URL_RE: Final = re.compile(r"\b(?:https?|file)://\S{1,500}")
 #: A Python or C++ exception class named in the line (``RuntimeError``, ``DistBackendError``).
 _EXCEPTION_CLASS_RE: Final = re.compile(r"\b[A-Z][A-Za-z0-9]{0,40}(?:Error|Exception)\b")
@@ -104,6 +107,10 @@ def failure_severity(text: str) -> Severity | None:
     """
     cleaned = _URL_RE.sub(" ", text) if "://" in text else text
     cleaned = _BENIGN_RE.sub(" ", cleaned) if _BENIGN_RE.search(cleaned) is not None else cleaned
+    if _NON_FATAL_RE.search(cleaned) is not None:
+        # The line's own verdict on its error ("non-fatal ... uncorrectable ECC error") wins over the
+        # words that describe the error.
+        return "warning"
     if _CRITICAL_WORDS_RE.search(cleaned) is not None:
         return "critical"
     if (
@@ -539,8 +546,12 @@ def rule_events(text: str, found: list[Classified]) -> list[Classified]:
     events: list[Classified] = []
     if "xid" in lower and not any(event.kind == "xid" for event in found):
         events.extend(_xid_events(text))
-    if any(hint in lower for hint in _MEMORY_HINTS) and not any(
-        event.kind in ("ecc", "row_remap") for event in found
+    # An NVSwitch's own ECC errors are the switch's (an SXid), not a GPU's memory.
+    if (
+        any(hint in lower for hint in _MEMORY_HINTS)
+        and "nvswitch" not in lower
+        and "sxid" not in lower
+        and not any(event.kind in ("ecc", "row_remap") for event in found)
     ):
         events.extend(_memory_events(text))
     if events or any(event.reason not in _WEAK_REASONS for event in found):
@@ -602,4 +613,19 @@ def _failure_word_events(text: str, prod: Producer) -> list[Classified]:
     ):
         # A collective or communicator that timed out stops the job.
         severity = "critical"
+    if severity == "critical" and prod == "torch" and _torch_warning_level(text):
+        # PyTorch logged it at warning level: its own verdict that work goes on (a store it polls went
+        # away, a connection it retries); a crash it names is caught by the crash rule first.
+        severity = "warning"
     return [make_event(kind, severity, reason="failure_words", message=clip(text))]
+
+
+#: glog's warning level in a PyTorch C++ header (``[W1105 14:05:01.118 TCPStore.cpp:141]``,
+#: ``[W socket.cpp:663]``), behind at most a ``[rankN]:`` prefix.
+_GLOG_WARNING_HEAD_RE: Final = re.compile(
+    r"(?:^|[\s:])\[W(?:\d{3,4} \d\d:\d\d:\d\d[.\d]{0,12})? ?[\w.-]{1,80}\.(?:cpp|cc|h):\d{1,6}\]"
+)
+
+
+def _torch_warning_level(text: str) -> bool:
+    return "[W" in text and _GLOG_WARNING_HEAD_RE.search(text, 0, 400) is not None

@@ -11,7 +11,9 @@ are decided"). It prints per-field and per-family accuracy and holds each field 
 (NCCL's own format strings, PyTorch issues of many versions, NVIDIA documentation, kernel logs quoted in
 bug reports, Slurm and DCGM output, k8s/journald wrappers); ``third_real_lines.jsonl`` a third (PCIe AER
 blocks, host EDAC/MCE, NVRM firmware lines, NCCL last-error quotes, vLLM/Ray relays, wrapped torch 2.x
-watchdog lines). Both are held to the same goal.
+watchdog lines); ``unseen_lines.jsonl`` a fourth, written in the formats real producers print (PyTorch
+2.x monitor-thread and dump-signal lines, c10d/TCPStore, NCCL WARN variants, Xids with and without
+pid/name, fatal and non-fatal SXids). All are held to the same goal.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ GOAL = 0.97
 EVAL = Path(__file__).resolve().parent.parent / "data" / "logs_eval" / "eval_lines.jsonl"
 EXTRA = EVAL.with_name("extra_real_lines.jsonl")
 THIRD = EVAL.with_name("third_real_lines.jsonl")
-SETS = {"eval": EVAL, "extra": EXTRA, "third": THIRD}
+UNSEEN = EVAL.with_name("unseen_lines.jsonl")
+SETS = {"eval": EVAL, "extra": EXTRA, "third": THIRD, "unseen": UNSEEN}
 
 
 def _records(path: Path = EVAL) -> list[dict[str, Any]]:
@@ -77,11 +80,11 @@ def test_eval_set_covers_every_family_of_the_issue(name: str) -> None:
     assert len(families) >= 12, families
 
 
-@pytest.mark.parametrize("later", [EXTRA, THIRD], ids=["extra", "third"])
+@pytest.mark.parametrize("later", [EXTRA, THIRD, UNSEEN], ids=["extra", "third", "unseen"])
 def test_later_set_records_are_well_formed(later: Path) -> None:
     """Every record of a later set names where it was found, labels all eight contract fields, and is new:
     its text is in neither the shared corpus nor any set collected before it, nor twice in its own set."""
-    earlier = [corpus_path("logs", "real_lines.jsonl"), EVAL, EXTRA, THIRD]
+    earlier = [corpus_path("logs", "real_lines.jsonl"), EVAL, EXTRA, THIRD, UNSEEN]
     seen = {record["text"] for path in earlier[: earlier.index(later)] for record in _records(path)}
     records = _records(later)
     assert len({record["text"] for record in records}) == len(records)

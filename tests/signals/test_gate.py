@@ -25,11 +25,12 @@ from tests.support import corpus_path
 EVAL = Path(__file__).resolve().parent.parent / "data" / "logs_eval" / "eval_lines.jsonl"
 EXTRA = EVAL.with_name("extra_real_lines.jsonl")
 THIRD = EVAL.with_name("third_real_lines.jsonl")
+UNSEEN = EVAL.with_name("unseen_lines.jsonl")
 
 
 def _texts() -> list[str]:
     texts = []
-    for path in (corpus_path("logs", "real_lines.jsonl"), EVAL, EXTRA, THIRD):
+    for path in (corpus_path("logs", "real_lines.jsonl"), EVAL, EXTRA, THIRD, UNSEEN):
         for raw in path.read_text(encoding="utf-8").splitlines():
             if raw.strip():
                 texts.append(json.loads(raw)["text"])

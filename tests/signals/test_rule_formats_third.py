@@ -325,7 +325,9 @@ def test_pytorch_printing_the_same_result_stays_pytorch(result: str, rank: int) 
 
 
 @given(st.integers(0, 4095), st.sampled_from(["this local rank", " rank 3"]), st.booleans())
-def test_dump_announcement_is_a_follow_up(rank: int, source: str, wrapped: bool) -> None:
+def test_dump_announcement_severity_is_whose_timeout_it_is(rank: int, source: str, wrapped: bool) -> None:
+    """This rank's own timeout ("from this local rank") is a collective timeout (critical); another rank's
+    is a follow-up here (warning)."""
     text = (
         f"[rank{rank}]:[E327 17:04:16.182548526 ProcessGroupNCCL.cpp:1346] [PG 0 Rank {rank}] Received a timeout "
         f"signal from {source} and will start to dump the debug info. Last enqueued NCCL work: 2, last completed NCCL work: 1."
@@ -333,7 +335,8 @@ def test_dump_announcement_is_a_follow_up(rank: int, source: str, wrapped: bool)
     if wrapped:
         text = text.replace(" will start to ", " will start\n   to ")
     event = classify_text(text)
-    assert (event.kind, event.severity, event.rank) == ("torch_other_error", "warning", rank)
+    severity = "critical" if source == "this local rank" else "warning"
+    assert (event.kind, event.severity, event.rank) == ("torch_other_error", severity, rank)
 
 
 @given(st.integers(1, 10**9), st.integers(0, 9))
