@@ -28,7 +28,8 @@ Producer = Literal["nccl", "torch", "kernel", "lookalike", "other"]
 
 _TORCH_RE: Final = re.compile(
     r"\[rank\d|ProcessGroup|\bc10d?\b|c10::|\btorch\b|torch[._/]|torchrun|\belastic\b|\[PG |DistBackendError|"
-    r"DistNetworkError|DistStoreError|\b[Gg]loo\b|gloo/|TCPStore|NCCLUtils|ChildFailedError|\bTHC"
+    r"DistNetworkError|DistStoreError|\b[Gg]loo\b|gloo/|TCPStore|NCCLUtils|ChildFailedError|\bTHC|"
+    r"\b(?:initializing|init|destroy)[ _]process[ _]group\b|store[ _]based[ _]barrier"
 )
 _LOOKALIKE_RE: Final = re.compile(
     r"\bUC[XC]\b|\bucp_|\buct_|\bHCCL\b|\bRCCL\b|\bMSCCL|\boneCCL\b|\bCCL_(?:WARN|ERROR|INFO)|\bhccl|\brccl"
