@@ -246,20 +246,29 @@ _TORCH_RULES: Final[tuple[tuple[tuple[str, ...], re.Pattern[str], Severity, str]
     ),
     (
         ("dump signal",),
-        re.compile(r"(?:Received a|Observed flight recorder) dump signal"),
+        re.compile(r"(?:Received a(?: global)?|Observed flight recorder) dump signal"),
         "warning",
         "dump_signal",
     ),
     (
         # The dump signal's bookkeeping in the store (raising it, polling it, reading which rank raised
         # it): the timeout it carries is reported by the watchdog's own line.
-        ("TCPStore", "signal dumping"),
+        ("TCPStore", "tcpstore", "global store", "signal dumping"),
         re.compile(
-            r"(?:timeout rank ID|\"should dump\" flag|signal exception_dump)[^\n]{0,60}?TCPStore|"
+            r"(?:timeout rank ID|\"should dump\" flag|exception dump flag|signal exception_dump|"
+            r"detecting the dump signal)[^\n]{0,60}?(?:TCPStore|tcpstore|global store)|"
             r"PG on this rank to signal dumping"
         ),
         "warning",
         "dump_signal_store",
+    ),
+    (
+        # glog's FATAL level in a ProcessGroup header (``[F1105 14:10:11.20 ProcessGroupNCCL.cpp:1614]``):
+        # LOG(FATAL) aborts the process after printing, whatever the message says.
+        ("[F",),
+        re.compile(r"\[F(?:\d{3,4} \d\d:\d\d:\d\d[.\d]{0,12})? ?ProcessGroup\w{0,20}\.cpp:\d{1,6}\]"),
+        "critical",
+        "process_group_fatal_log",
     ),
     (
         ("Stack trace of the failed",),

@@ -42,6 +42,8 @@ STORE = (
     "Broadcasting signal exception_dump to other ranks via TCPStore.",
     "Failed to broadcast signal exception_dump through TCPStore.",
     "First PG on this rank to signal dumping.",
+    "First PG on this rank detecting the dump signal through tcpstore.",
+    "Failed to get exception dump flag from the global store.Connection reset by peer",
 )
 
 
@@ -176,3 +178,22 @@ def test_nvrm_non_fatal_nvlink_error_is_a_warning(link: int, b: int) -> None:
     fatal = line.replace("non-fatal", "fatal")
     assert classify_text(line).severity == "warning"
     assert classify_text(fatal).severity == "critical"
+
+
+@given(
+    rank,
+    st.sampled_from(
+        ["[F ProcessGroupNCCL.cpp:1396]", "[F1105 14:10:11.201334512 ProcessGroupNCCL.cpp:1614]"]
+    ),
+    st.sampled_from(
+        [
+            "ProcessGroupNCCL's watchdog detected a dump signal from rank 2 and notified the current rank.",
+            "ProcessGroupNCCL's watchdog detected an exception from the local rank.",
+            "Terminating the process after attempting to dump debug info, due to collective timeout or exception.",
+        ]
+    ),
+)
+def test_process_group_fatal_log_is_critical(r: int, header: str, message: str) -> None:
+    """LOG(FATAL) aborts the process after printing: whatever the message, the process is gone."""
+    fatal = classify_text(f"[rank{r}]:{header} [PG 0 Rank {r}] {message}")
+    assert (fatal.kind, fatal.severity, fatal.rank) == ("torch_other_error", "critical", r)
