@@ -144,7 +144,7 @@ _DEVICE_PREFIX_RE: Final = re.compile(
     r"(?:^|[\s\]])(?P<dev>nvidia|pci|pcieport) (?P<bdf>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]): "
 )
 _FABRIC_RE: Final = re.compile(
-    r"NVSwitch (?P<kind>non-fatal|fatal) error (?P<code>\d{1,6})(?P<rest>.{0,120}?)pci bus id (?P<bdf>[0-9A-Fa-f:.]{7,20})",
+    r"NVSwitch (?P<kind>non[- ]?fatal|fatal) error (?P<code>\d{1,6})(?P<rest>.{0,120}?)pci bus id (?P<bdf>[0-9A-Fa-f:.]{7,20})",
     re.IGNORECASE,
 )
 

@@ -146,7 +146,10 @@ def test_dcgm_nvswitch_error_severity_follows_its_word(switch: int, prefix: str)
 
 
 @given(
-    st.integers(1, 65535), st.sampled_from(["fatal", "non-fatal"]), st.integers(0, 255), st.integers(0, 63)
+    st.integers(1, 65535),
+    st.sampled_from(["fatal", "non-fatal", "non fatal"]),
+    st.integers(0, 255),
+    st.integers(0, 63),
 )
 def test_fabric_manager_error_is_graded_by_the_sxid_table(code: int, word: str, b: int, port: int) -> None:
     line = (
