@@ -229,8 +229,12 @@ _TORCH_RULES: Final[tuple[tuple[tuple[str, ...], re.Pattern[str], Severity, str]
         "collective_mismatch",
     ),
     (
-        ("Terminating the process after",),
-        re.compile(r"Terminating the process after attempting to dump debug info"),
+        # The monitor thread ending the process after a timeout, an exception or a watchdog hang; with
+        # monitoring disabled it "would have" and the hang goes on, which is no better.
+        ("Terminating the process after", "would have terminated the process"),
+        re.compile(
+            r"(?:Terminating|would have terminated) the process\s{0,4}after attempting to dump debug info"
+        ),
         "critical",
         "process_terminated_after_dump",
     ),
@@ -277,8 +281,8 @@ _TORCH_RULES: Final[tuple[tuple[tuple[str, ...], re.Pattern[str], Severity, str]
         "failed_collective_trace",
     ),
     (
-        ("flight recorder",),
-        re.compile(r"flight recorder dumps? to finish"),
+        ("flight recorder", "light recorder dump"),
+        re.compile(r"flight recorder dumps? to finish|[Ff]light recorder dump (?:did not finish|failed)"),
         "warning",
         "flight_recorder_dump_wait",
     ),

@@ -200,3 +200,22 @@ def test_process_group_fatal_log_is_critical(r: int, header: str, message: str) 
     """LOG(FATAL) aborts the process after printing: whatever the message, the process is gone."""
     fatal = classify_text(f"[rank{r}]:{header} [PG 0 Rank {r}] {message}")
     assert (fatal.kind, fatal.severity, fatal.rank) == ("torch_other_error", "critical", r)
+
+
+@given(rank, st.sampled_from(["collective timeout or exception", "ProcessGroupNCCL watchdog hang"]))
+def test_monitor_disabled_but_would_have_terminated_is_critical(r: int, reason: str) -> None:
+    """With monitoring off nothing ends the hang: as critical as the termination it would have been."""
+    text = (
+        f"[rank{r}]:[E1105 14:10:44.118230551 ProcessGroupNCCL.cpp:1620] [PG ID 0 PG GUID 0(default_pg) Rank {r}] "
+        "ProcessGroupNCCL monitor thread is disabled, but would have terminated the process after attempting to "
+        f"dump debug info, due to {reason}."
+    )
+    event = classify_text(text)
+    assert (event.kind, event.severity, event.rank) == ("torch_other_error", "critical", r)
+
+
+@given(rank, st.sampled_from(["did not finish within 15000 ms.", "failed: basic_ios::clear: iostream error"]))
+def test_flight_recorder_dump_trouble_is_a_follow_up(r: int, tail: str) -> None:
+    text = f"[rank{r}]:[E1105 14:02:44.118230551 HeartbeatMonitor.cpp:201] [PG ID 0 PG GUID 0(default_pg) Rank {r}] Flight recorder dump {tail}"
+    event = classify_text(text)
+    assert (event.kind, event.severity, event.rank) == ("torch_other_error", "warning", r)
