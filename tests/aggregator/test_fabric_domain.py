@@ -10,10 +10,11 @@ from pathlib import Path
 import aiohttp
 import msgspec
 
+from sentinel.aggregator.detectors.hardware import HardwareDetector
 from sentinel.aggregator.detectors.inventory import InventoryDetector
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.state import HostView
-from sentinel.aggregator.verdicts import Verdict
+from sentinel.aggregator.verdicts import MAX_HOSTS, Finding, Verdict, VerdictBook
 from sentinel.components.fabric.domain import FabricDomainConfig, Loss, domain_down
 from sentinel.config.aggregator import AggregatorConfig
 from sentinel.wire import Batch, FabricInfo, GpuInfo, GpuSample, Hello
@@ -206,3 +207,54 @@ async def test_the_api_serves_one_domain_verdict_with_its_hosts(tmp_path: Path) 
     assert [(v["reason"], v["host"], v["gpu"], v["hosts"]) for v in hardware] == [
         ("fabric_domain_down", None, None, ["h1", "h2", "h3"])
     ]
+
+
+def test_a_domain_verdicts_hosts_survive_the_state_store_and_stay_bounded() -> None:
+    book = VerdictBook()
+    hosts = tuple(f"n{i:04d}" for i in range(MAX_HOSTS + 5))
+    finding = Finding(
+        key=("fabric_domain", CLUSTER, "7"),
+        detector="hardware",
+        kind="faulty",
+        reason="fabric_domain_down",
+        action="drain",
+        evidence=("lost",),
+        evidence_t=1.0,
+        hosts=hosts,
+    )
+    [opened] = book.reconcile("hardware", [finding], 2.0)
+    assert opened.verdict.hosts == list(hosts[:MAX_HOSTS])
+    again = VerdictBook()
+    again.restore({k: v for k, v in book.snapshot(full=True).items() if v is not None}, 3.0)
+    [restored] = again.open.values()
+    assert restored.hosts == list(hosts[:MAX_HOSTS]) and restored.host is None
+
+
+def test_a_forgotten_host_leaves_no_domain_memory() -> None:
+    engine = _engine(min_hosts=2, window_s=60.0)
+    rack = Rack(engine, ["n1", "n2"])
+    rack.report("n1", 10.0, "in_progress")
+    rack.report("n2", 11.0, "in_progress")
+    assert [v.reason for v in _hardware(engine)] == ["fabric_domain_down"]
+    hardware = engine.detectors["hardware"]
+    assert isinstance(hardware, HardwareDetector)
+    engine.forget_host("n2", 20.0)
+    engine.tick(21.0)
+    assert all(host == "n1" for (host, _gpu) in hardware.domain)
+    assert {(r, h) for r, h, _ in _open(engine)} == {("fabric_not_registered", "n1")}
+    engine.forget_host("n1", 22.0)
+    engine.tick(23.0)
+    assert hardware.domain == {} and hardware.members == {} and hardware.losses == {}
+    assert hardware.down == set() and _hardware(engine) == []
+
+
+def test_a_domain_whose_hosts_are_all_forgotten_closes() -> None:
+    engine = _engine(min_hosts=2, window_s=60.0)
+    rack = Rack(engine, ["n1", "n2"])
+    rack.report("n1", 10.0, "in_progress")
+    rack.report("n2", 11.0, "in_progress")
+    assert [v.reason for v in _hardware(engine)] == ["fabric_domain_down"]
+    engine.forget_host("n1", 20.0)
+    engine.forget_host("n2", 20.0)
+    engine.tick(21.0)
+    assert _hardware(engine) == []

@@ -80,7 +80,7 @@ class HardwareDetector(Detector):
                     known = seen.fleet.gpu(host, index)
                     if known is not None:
                         gpus[(host, index)] = known
-        if not gpus:
+        if not gpus and not self.down:  # (a down domain is looked at again: its hosts may be gone)
             return None
         keys: set[Key] = set()
         detect = self.config.detect
