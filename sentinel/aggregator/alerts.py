@@ -3,7 +3,8 @@ health (detectors, reloads, ingest, host clocks, durable state).
 
 Thresholds that are settings come from the aggregator's configuration: the clock-rate error at which a
 host's ranks stop being judged (``detect.straggler.max_clock_rate_error``) is the rate at which its clock
-skew pages. Network verdicts (reason ``ib_*``) have their own alerts (``components/ib/alerts.py``).
+skew pages. Network verdicts (reason ``ib_*``) have their own alerts (``components/ib/alerts.py``); NVLink
+domain verdicts (reason ``fabric_domain_*``, no host: the domain's hosts are in the verdict) have theirs here.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from sentinel.ops.recording import INGEST_LAG_P99
 COMMIT_LAG_S: Final = 30
 
 GPU_BY: Final = "cluster, host, gpu, job, rank, reason, action"
+#: verdicts with alerts of their own rather than the GPU ones (ports, links, NVLink domains)
+NOT_GPU: Final = "ib_.*|link_slow|fabric_domain_.*"
 JOB_BY: Final = "cluster, job, host, gpu, rank, reason, action"
 #: seconds a host's clock may be off before it pages (a rate error is the straggler detector's setting)
 CLOCK_OFFSET_S: Final = 30
@@ -47,7 +50,7 @@ def _verdicts() -> list[AlertRule]:
             group="sentinel-gpu",
             comment="The aggregator's verdict already debounces the evidence; `for` only rides out a restart "
             "blip.\nnetwork verdicts (reason ib_*, link_slow) have their own alerts in sentinel-network, naming the port",
-            expr=f'max by ({GPU_BY}) (sentinel_verdict_open{{kind="faulty",reason!~"ib_.*|link_slow"}}) == 1',
+            expr=f'max by ({GPU_BY}) (sentinel_verdict_open{{kind="faulty",reason!~"{NOT_GPU}"}}) == 1',
             for_s=30,
             severity="critical",
             summary="GPU {{ $labels.host }}/{{ $labels.gpu }} is faulty ({{ $labels.reason }}); "
@@ -59,13 +62,38 @@ def _verdicts() -> list[AlertRule]:
         AlertRule(
             alert="SentinelGpuDegraded",
             group="sentinel-gpu",
-            expr=f'max by ({GPU_BY}) (sentinel_verdict_open{{kind="degraded",reason!~"ib_.*|link_slow"}}) == 1',
+            expr=f'max by ({GPU_BY}) (sentinel_verdict_open{{kind="degraded",reason!~"{NOT_GPU}"}}) == 1',
             for_s=degraded_for,
             severity="warning",
             summary="GPU {{ $labels.host }}/{{ $labels.gpu }} is degraded ({{ $labels.reason }})",
             description="Sentinel has judged GPU {{ $labels.gpu }} on {{ $labels.host }} degraded for "
             f"{spoken(degraded_for)} (reason {{{{ $labels.reason }}}}, job "
             '{{ or $labels.job "none" }}). Recommended action: {{ $labels.action }}.',
+        ),
+        AlertRule(
+            alert="SentinelNvlinkDomainDown",
+            group="sentinel-gpu",
+            comment="One verdict per NVLink domain whose GPUs of several hosts lost their fabric together; "
+            "its hosts are\nin the verdict (GET /api/v1/verdicts), not in the labels.",
+            expr='max by (cluster, reason, action) (sentinel_verdict_open{kind="faulty",reason="fabric_domain_down"}) '
+            "== 1",
+            for_s=30,
+            severity="critical",
+            summary="An NVLink domain lost its fabric; action: {{ $labels.action }} every host of it",
+            description="GPUs on several hosts of one NVLink domain (fabric cluster UUID and clique) lost their "
+            "fabric together (registration, route or bandwidth). The verdict names the domain and its hosts. "
+            "Recommended action: {{ $labels.action }} every host of the domain and check the NVSwitch trays and "
+            "the fabric manager.",
+        ),
+        AlertRule(
+            alert="SentinelNvlinkDomainIncomplete",
+            group="sentinel-gpu",
+            expr='max by (cluster, reason) (sentinel_verdict_open{reason="fabric_domain_incomplete"}) == 1',
+            for_s=600,
+            severity="warning",
+            summary="An NVLink domain has fewer GPUs or hosts reporting than expected",
+            description="An NVLink domain has had fewer GPUs or hosts reporting than detect.fabric_domain "
+            f"expects for {spoken(600)}; jobs sized for the whole domain cannot run there.",
         ),
         AlertRule(
             alert="SentinelJobStalled",

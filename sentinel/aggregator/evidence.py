@@ -50,8 +50,10 @@ class EvidenceReport(msgspec.Struct, kw_only=True):
 
 
 def evidence_hosts(verdict: Verdict, job_hosts: list[str], max_hosts: int) -> list[str]:
-    """The hosts asked: the verdict's own host first, then the job's, at most ``max_hosts``."""
+    """The hosts asked: the verdict's own host (or the hosts of its domain) first, then the job's, at most
+    ``max_hosts``."""
     hosts = [verdict.host] if verdict.host else []
+    hosts += [h for h in verdict.hosts if h and h not in hosts]  # a domain verdict's hosts
     hosts += [h for h in job_hosts if h and h not in hosts]
     return hosts[:max_hosts]
 

@@ -304,11 +304,12 @@ class IncidentManager:
         verdict = change.verdict
         if change.what != "opened" or verdict.kind not in TRIGGER_KINDS or not self.config.enabled:
             return
-        subject = (
-            f"job:{verdict.job}"
-            if verdict.kind == "stuck" and verdict.job
-            else f"gpu:{verdict.host}/{verdict.gpu}"
-        )
+        if verdict.kind == "stuck" and verdict.job:
+            subject = f"job:{verdict.job}"
+        elif verdict.hosts and not verdict.host:  # an NVLink domain's verdict
+            subject = "domain:" + "/".join(verdict.key)
+        else:
+            subject = f"gpu:{verdict.host}/{verdict.gpu}"
         now = self.clock()
         known = self.recent.get(subject)
         if known is not None and now - known[0] < self.config.cooldown_s:
@@ -333,6 +334,7 @@ class IncidentManager:
         hosts: list[str] = []
         if verdict.host:
             hosts.append(verdict.host)
+        hosts += [h for h in verdict.hosts if h not in hosts]  # a domain verdict's hosts
         job = self.engine.fleet.jobs.get(verdict.job or "") if verdict.job else None
         if job is not None:
             for name in sorted({r.host for r in job.ranks.values() if r.host}):

@@ -28,6 +28,8 @@ def _severity(kind: str, action: str) -> tuple[int, int]:
 
 
 MAX_EVIDENCE = 12
+#: hosts one verdict names at most (an NVLink domain of 72 GPUs has 18)
+MAX_HOSTS = 1024
 ChangeKind = Literal["opened", "updated", "closed"]
 
 
@@ -50,6 +52,9 @@ class Finding:
     #: subject with a yardstick learned from the fleet (a majority, a median) that N distinct hosts other
     #: than the subject hold — remediation acts on it only with a quorum of them
     learned_from: int | None = None
+    #: every host a verdict about a unit larger than one host names (an NVLink domain: ``host`` is None);
+    #: remediation may act on each (``remediation.drain_domains``)
+    hosts: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -73,6 +78,7 @@ class Verdict:
     incident: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     learned_from: int | None = None  # see Finding.learned_from
+    hosts: list[str] = field(default_factory=list)  # see Finding.hosts
 
     @property
     def state(self) -> str:
@@ -101,6 +107,7 @@ class Verdict:
                 "incident": self.incident,
             }
             | ({"learned_from": self.learned_from} if self.learned_from is not None else {})
+            | ({"hosts": list(self.hosts)} if self.hosts else {})
             | ({"remediation": list(self.extra["remediation"])} if "remediation" in self.extra else {})
         )
 
@@ -132,6 +139,7 @@ class VerdictRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     close_reason: str = ""
     incident: str | None = None
     learned_from: int | None = None
+    hosts: list[str] = []
 
 
 class BookMeta(msgspec.Struct, kw_only=True):
@@ -251,6 +259,7 @@ class VerdictBook:
             evidence_t=min(finding.evidence_t, now),
             updated_at=now,
             learned_from=finding.learned_from,
+            hosts=list(finding.hosts[:MAX_HOSTS]),
         )
         self._next += 1
         self.open[finding.key] = verdict
@@ -272,6 +281,10 @@ class VerdictBook:
             if getattr(verdict, name) is None and getattr(finding, name) is not None:
                 setattr(verdict, name, getattr(finding, name))
                 changed = True
+        hosts = list(finding.hosts[:MAX_HOSTS])
+        if hosts != verdict.hosts:  # a domain whose members came or went
+            verdict.hosts = hosts
+            changed = True
         if finding.learned_from != verdict.learned_from:  # its backing moved (or it is configured now)
             verdict.learned_from = finding.learned_from
             changed = True
@@ -353,6 +366,7 @@ def _record(verdict: Verdict) -> VerdictRecord:
 def _verdict(record: VerdictRecord) -> Verdict:
     verdict = msgspec.convert(record, Verdict, from_attributes=True)
     del verdict.evidence[MAX_EVIDENCE:]  # a stored record is outside input: keep the bound
+    del verdict.hosts[MAX_HOSTS:]
     return verdict
 
 
@@ -372,6 +386,7 @@ def _merge(primary: Finding, other: Finding) -> Finding:
         job=primary.job if primary.job is not None else other.job,
         rank=primary.rank if primary.rank is not None else other.rank,
         learned_from=_stronger(primary.learned_from, other.learned_from),
+        hosts=primary.hosts or other.hosts,
     )
 
 

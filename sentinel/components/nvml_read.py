@@ -17,6 +17,11 @@ class GpuLostError(Exception):
     """The GPU is gone (fallen off the bus); every further call on it will fail."""
 
 
+class GpuUnreachable(Exception):
+    """Every NVML call of a read on this GPU failed (NVML_ERROR_UNKNOWN and the like) and none answered: the
+    GPU still has its handle but the driver serves nothing on it."""
+
+
 class Get(Protocol):
     def __call__(self, gpu: int, field: str, fn: Callable[..., Any], /, *args: Any) -> Any: ...
 

@@ -16,6 +16,7 @@ from typing import Any, Final
 
 from sentinel.components.clocks.signal import SIGNAL as CLOCKS
 from sentinel.components.device.signal import SIGNAL as DEVICE
+from sentinel.components.ecc.retired import SIGNAL as RETIRED_PAGES
 from sentinel.components.ecc.signal import SIGNAL as ECC
 from sentinel.components.exposition import MetricsView, Writer
 from sentinel.components.fabric.health import SIGNAL as FABRIC_HEALTH
@@ -37,6 +38,7 @@ SIGNALS: Final[tuple[Signal[Any], ...]] = (
     CLOCKS,
     PCIE,
     ECC,
+    RETIRED_PAGES,
     ROWREMAP,
     NVLINK,
     FABRIC,

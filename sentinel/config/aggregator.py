@@ -12,6 +12,7 @@ import msgspec
 
 from sentinel.components.device.inventory import InventoryConfig
 from sentinel.components.ecc.rule import EccThresholds
+from sentinel.components.fabric.domain import FabricDomainConfig
 from sentinel.components.ib.rule import PortRuleConfig
 from sentinel.components.linkpace.rule import LinkPaceConfig
 from sentinel.components.xid.rule import XidPolicyConfig
@@ -401,6 +402,7 @@ class DetectConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     network: PortRuleConfig = msgspec.field(default_factory=PortRuleConfig)
     link_pace: LinkPaceConfig = msgspec.field(default_factory=LinkPaceConfig)
     inventory: InventoryConfig = msgspec.field(default_factory=InventoryConfig)
+    fabric_domain: FabricDomainConfig = msgspec.field(default_factory=FabricDomainConfig)
 
     def __post_init__(self) -> None:
         check_names("detectors", self.disabled)
@@ -653,6 +655,15 @@ class RemediationConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
             "and its drain is refused as learned_without_quorum",
         ),
     ] = 3
+    drain_domains: Annotated[
+        bool,
+        msgspec.Meta(
+            description="a verdict about a whole NVLink domain (fabric_domain_down, which needs reports from "
+            "detect.fabric_domain.min_hosts of its hosts) drains every host of the domain, each once and each "
+            "through the breaker, when the rules drain it; off: such a verdict drains nothing (each host's "
+            "own verdicts still do)"
+        ),
+    ] = False
     breaker: BreakerConfig = msgspec.field(default_factory=BreakerConfig)
     resume: ResumeConfig = msgspec.field(default_factory=ResumeConfig)
     requeue: RequeueConfig = msgspec.field(default_factory=RequeueConfig)

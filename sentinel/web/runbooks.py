@@ -23,6 +23,8 @@ RUNBOOK_OF_REASON_PREFIX: Final[tuple[tuple[str, str], ...]] = (
     ("row_remap_", "SentinelGpuRowRemapPending.md"),
     ("ecc_uncorrect", "SentinelGpuUncorrectableEcc.md"),
     ("xid_", "SentinelGpuCriticalXid.md"),
+    ("fabric_domain_down", "SentinelNvlinkDomainDown.md"),
+    ("fabric_domain_incomplete", "SentinelNvlinkDomainIncomplete.md"),
     ("link_slow", "SentinelLinkSlow.md"),
     ("ib_link_flap", "SentinelIbLinkFlapping.md"),
     ("ib_port_down", "SentinelIbPortDown.md"),

@@ -94,6 +94,9 @@ class FakeGpu:
     lost: bool = False
     #: nvmlDeviceGetHandleByIndex answers this NVML error code for this GPU (0: it opens)
     handle_error: int = 0
+    #: every call on the opened GPU answers this NVML error code (999 UNKNOWN: a driver that serves nothing on
+    #: it); 0: normal
+    failing: int = 0
     hang: threading.Event | None = None  # given and not set: every call blocks until it is set (released)
     #: unbound from the driver: its handle and every call on it answer GPU_IS_LOST
     unbound: bool = False
@@ -246,6 +249,8 @@ class FakeNvml:
                 gpu.hang.wait()
             if gpu.lost:
                 return GPU_IS_LOST
+            if gpu.failing:
+                return gpu.failing
             if name in gpu.unsupported:
                 return NOT_SUPPORTED
             return body(gpu, *args)

@@ -20,6 +20,7 @@ from tests.agent.fakenvml import GPU_IS_LOST, FakeGpu, FakeNvml
 
 UNINITIALIZED = 1
 INVALID_ARGUMENT = 2
+UNKNOWN = 999
 
 
 def _config(tmp_path: Path, expected: int = 0) -> AgentConfig:
@@ -182,3 +183,23 @@ def test_a_function_missing_from_an_older_nvidia_ml_py_is_not_supported(
     assert sample.temp_c == 64.0 and sample.ecc is not None
     assert ("pynvml.nvmlDeviceGetRemappedRows", "exception") in errors
     assert (0, "fabric") in source.unsupported()
+
+
+def test_a_gpu_answering_unknown_error_to_every_call_is_unavailable_until_it_answers(
+    fake_nvml: FakeNvml, tmp_path: Path
+) -> None:
+    """NVML_ERROR_UNKNOWN on every call of a GPU (nvidia-smi's "Unknown Error" everywhere) is the GPU's state:
+    unavailable, reboot; once it answers again, ok with no stale verdict."""
+    host = Host(tmp_path)
+    assert host.tick()["fit"] is True
+    fake_nvml.gpus[1].failing = UNKNOWN
+    report = host.tick()
+    assert _states(host) == {0: "ok", 1: "unavailable"}
+    assert _reasons(report) == {0: [], 1: ["gpu_unavailable"]}
+    assert report["fit"] is False
+    assert ("nvmlDeviceGetUtilizationRates", "unknown") in host.errors
+    again = host.tick()
+    assert _reasons(again) == {0: [], 1: ["gpu_unavailable"]}
+    fake_nvml.gpus[1].failing = 0
+    back = host.tick()
+    assert _states(host) == {0: "ok", 1: "ok"} and back["fit"] is True

@@ -16,7 +16,7 @@ from sentinel.cli.cmd_config import render_docs
 from sentinel.components import registry
 from sentinel.components.signal import Signal
 from sentinel.config.aggregator import AggregatorConfig
-from sentinel.wire import EccCounters, FabricInfo, GpuSample, NvLink, PcieLink, RowRemap
+from sentinel.wire import EccCounters, FabricInfo, GpuSample, NvLink, PcieLink, RetiredPages, RowRemap
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,7 +26,7 @@ def test_every_component_package_with_a_signal_is_registered() -> None:
     for module in pkgutil.iter_modules(sentinel.components.__path__):
         if not module.ispkg:
             continue
-        for name in ("signal", "health"):
+        for name in ("signal", "health", "retired"):
             try:
                 found = importlib.import_module(f"sentinel.components.{module.name}.{name}")
             except ModuleNotFoundError:
@@ -100,6 +100,7 @@ def test_a_signal_reads_only_the_sample_fields_it_declares() -> None:
                 "pcie_link": PcieLink(width=8, width_max=16),
                 "fabric": FabricInfo(state="completed", health_mask=1),
                 "ecc": EccCounters(volatile_corrected=1),
+                "retired": RetiredPages(pending=True),
                 "remap": RowRemap(correctable=1),
                 "nvlink": [NvLink(link=0)],
                 "mem_temp_c": 70.0,

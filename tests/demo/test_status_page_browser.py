@@ -20,7 +20,9 @@ from tests.support import need_binary
 NOW = 1_800_000_000.0
 
 
-def canned_app(n_hosts: int, jobs: list[dict[str, Any]] | None = None) -> web.Application:
+def canned_app(
+    n_hosts: int, jobs: list[dict[str, Any]] | None = None, more_verdicts: list[dict[str, Any]] | None = None
+) -> web.Application:
     hosts = [
         {
             "host": f"host-{i:04d}",
@@ -69,6 +71,7 @@ def canned_app(n_hosts: int, jobs: list[dict[str, Any]] | None = None) -> web.Ap
             "state": "closed",
         },
     ]
+    verdicts += more_verdicts or []
     if jobs is None:
         jobs = [
             {"id": "ft", "state": "stalled", "ranks": 32, "hosts": [f"host-{i:04d}" for i in range(12, 16)]}
@@ -318,3 +321,34 @@ async def test_a_host_search_keeps_the_jobs_on_that_host(tmp_path: Path) -> None
     assert rows(doms["host-0009"], "job") == []  # no job runs there; its lost GPU is still found
     assert [(r["host"], r["gpu"]) for r in rows(doms["host-0009"], "problem")] == [("host-0009", "3")]
     assert sorted(r["job"] for r in rows(doms[""], "job")) == ["eval", "pretrain"]
+
+
+async def test_a_domain_verdict_paints_every_host_of_the_domain(tmp_path: Path) -> None:
+    """An NVLink domain's verdict (no host, ``hosts`` every host of the domain): one row naming them, every
+    GPU of each of those hosts faulty, and a search for one of them finds it."""
+    chromium = need_binary("chromium")
+    domain = {
+        "id": "v9",
+        "kind": "faulty",
+        "host": None,
+        "gpu": None,
+        "hosts": ["host-0001", "host-0002", "host-0003", "host-0004"],
+        "reason": "fabric_domain_down",
+        "action": "drain",
+        "evidence": ["NVLink domain cluster c clique 7: 12 GPUs on 3 hosts lost their fabric together"],
+        "opened_at": NOW,
+        "state": "open",
+    }
+    server = TestServer(canned_app(16, more_verdicts=[domain]), host="127.0.0.1")
+    await server.start_server()
+    try:
+        dom = await dump_dom(chromium, str(server.make_url("/")), tmp_path / "profile")
+        found = await dump_dom(chromium, str(server.make_url("/").with_query(q="host-0003")), tmp_path / "q")
+    finally:
+        await server.close()
+    assert "4 hosts: host-0001, host-0002, host-0003, …" in dom
+    problems = {(r["host"], r["gpu"], r["state"]) for r in rows(dom, "problem")}
+    assert {("host-0003", str(g), "faulty") for g in range(8)} <= problems
+    assert ("host-0005", "all", "silent") in problems and ("host-0006", "0", "faulty") not in problems
+    assert [r["reason"] for r in rows(found, "verdict")] == ["fabric_domain_down"]
+    assert re.search(r'<a href="docs/runbooks/SentinelNvlinkDomainDown.md"[^>]*>runbook</a>', dom)

@@ -35,6 +35,7 @@ ROUTED_ALERTS = {
     "SentinelRemediationFailing", "SentinelNodeDrained", "SentinelNcclRasListenerUntrusted",
     "SentinelRemediationLeaseInvalid", "SentinelRemediationNodeHeldDown",
     "SentinelRequeueBreakerOpen", "SentinelIncidentDrainSlow", "SentinelIncidentNotResumed",
+    "SentinelNvlinkDomainDown", "SentinelNvlinkDomainIncomplete",
 }  # fmt: skip
 
 

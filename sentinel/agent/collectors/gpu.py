@@ -16,7 +16,7 @@ from sentinel.agent.collectors.base import AgentSink, Collector
 from sentinel.agent.source import GpuLostError, GpuSource
 from sentinel.agent.worker import Unresponsive, Worker
 from sentinel.components.device.record import GpuSourceHealth
-from sentinel.components.nvml_read import GpuSourceDown
+from sentinel.components.nvml_read import GpuSourceDown, GpuUnreachable
 from sentinel.log import get_logger
 from sentinel.wire import (
     MAX_TEXT_CHARS,
@@ -149,7 +149,7 @@ class GpuCollector(Collector):
         if slow:
             self._next_slow = now + self.slow_tick_s - self.interval_s / 2
         for index, view in sorted(self.sink.gpus.items()):
-            if view.state == "unavailable":
+            if view.state == "unavailable" and index not in self._workers:
                 self.sink.add_sample(GpuSample(gpu=index, t=now, state="unavailable"))
         if self.inline:
             results = [await self._read(index, now, slow) for index in sorted(self._workers)]
@@ -178,6 +178,10 @@ class GpuCollector(Collector):
         except GpuLostError as exc:
             self._transition(index, "lost", now, str(exc))
             self.sink.add_sample(GpuSample(gpu=index, t=now, state="lost"))
+            return ""
+        except GpuUnreachable as exc:
+            self._transition(index, "unavailable", now, str(exc))
+            self.sink.add_sample(GpuSample(gpu=index, t=now, state="unavailable"))
             return ""
         except Unresponsive as exc:
             self._transition(index, "unresponsive", now, str(exc))

@@ -751,6 +751,9 @@ class ReplayLibrary:
     def _processes(self, gpu: Node, count_out: int, array: int | None) -> int:
         found: list[tuple[int, int]] = []
         table = gpu.find("processes")
+        failed = ERROR_TEXTS.get((table.text or "").strip().lower()) if table is not None else None
+        if failed:
+            return failed  # the list itself could not be read ("Unknown Error" in place of its entries)
         for proc in table.findall("process_info") if table is not None else []:
             kind, pid_node, used = proc.find("type"), proc.find("pid"), proc.find("used_memory")
             if kind is None or "C" not in kind.text.upper() or pid_node is None:

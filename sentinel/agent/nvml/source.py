@@ -13,7 +13,9 @@ Every read goes through :meth:`NvmlSource._get`, which turns NVML's error model 
   (``AttributeError`` on ``pynvml``) is NOT_SUPPORTED: that read is left out, never the GPU's sample;
 - ``RESET_REQUIRED`` on a GPU's read is that GPU's state, not NVML's: the field is left empty (counted) and
   the sample carries the recovery action ``gpu_reset``, which the driver asks for there;
-- anything else is reported to ``on_error(function, error)`` (a metric) and the field is left empty.
+- anything else is reported to ``on_error(function, error)`` (a metric) and the field is left empty; a read
+  of a GPU in which every call failed so (at least :data:`UNREACHABLE_AFTER` of them) and none answered is
+  :class:`GpuUnreachable`: a driver that answers NVML_ERROR_UNKNOWN to everything serves nothing on that GPU.
 
 All methods block; the agent runs them in per-GPU worker threads with deadlines.
 """
@@ -38,6 +40,7 @@ from sentinel.components.nvml_read import (
     FieldRequest,
     GpuLostError,
     GpuSourceDown,
+    GpuUnreachable,
     field_number,
 )
 from sentinel.components.registry import GPU_SIGNALS
@@ -51,6 +54,12 @@ _SLOW = [r.slow for r in _READS if r.slow is not None]
 _FIELDS = [r.fields for r in _READS if r.fields is not None]
 
 ErrorHook = Callable[[str, str], None]
+
+#: failed calls (none answered) in one read of a GPU that make it unreachable; a read asks more than this of
+#: any GPU NVML can serve, so a few calls failing on their own never do
+UNREACHABLE_AFTER = 4
+#: batched calls whose own success says nothing of the GPU: their values count one by one
+_COUNTED_BY_VALUE = frozenset({"field_values"})
 
 _NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
 _FUNCTION_NOT_FOUND = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
@@ -99,6 +108,8 @@ class NvmlSource:
         self._unsupported: set[tuple[int, str]] = set()
         #: GPUs whose reads answered RESET_REQUIRED in the read under way
         self._reset_required: set[int] = set()
+        #: per GPU, the read under way's calls answered, calls failed, and the first failure
+        self._calls: dict[int, tuple[int, int, str]] = {}
         self._lock = threading.Lock()
         self._event_set: Any = None
         self._initialised = False
@@ -116,7 +127,7 @@ class NvmlSource:
         if key in self._unsupported:
             return None
         try:
-            return fn(*args)
+            answer = fn(*args)
         except AttributeError as exc:
             if not _missing_from_pynvml(exc):
                 raise
@@ -144,11 +155,30 @@ class NvmlSource:
                 return None
             if code in _SOURCE_DOWN:
                 raise GpuSourceDown(f"{fn.__name__}: {exc}") from None
+            self._count(gpu, answered=False, what=f"{fn.__name__}: {exc}")
             return None
         except pynvml.NVMLLibraryMismatchError:
             with self._lock:
                 self._unsupported.add(key)
             return None
+        if field not in _COUNTED_BY_VALUE:
+            self._count(gpu, answered=True)
+        return answer
+
+    def _count(self, gpu: int, *, answered: bool, what: str = "") -> None:
+        """One call of the read under way on ``gpu`` answered or failed (not NOT_SUPPORTED)."""
+        if gpu < 0:
+            return
+        with self._lock:
+            ok, failed, first = self._calls.get(gpu, (0, 0, ""))
+            self._calls[gpu] = (ok + 1, failed, first) if answered else (ok, failed + 1, first or what)
+
+    def _reachable(self, gpu: int) -> None:
+        """Raise :class:`GpuUnreachable` when the read under way had no call answered and enough failed."""
+        with self._lock:
+            ok, failed, first = self._calls.get(gpu, (0, 0, ""))
+        if ok == 0 and failed >= UNREACHABLE_AFTER:
+            raise GpuUnreachable(f"GPU {gpu}: all {failed} NVML calls of the read failed, e.g. {first}")
 
     def field_values(self, gpu: int, handle: Any, requests: list[FieldRequest]) -> FieldAnswers:
         """One ``nvmlDeviceGetFieldValues`` call for every request not known to be unsupported.
@@ -172,6 +202,7 @@ class NvmlSource:
         for (name, _, _), value in zip(wanted, values, strict=True):
             code = int(value.nvmlReturn)
             if code == pynvml.NVML_SUCCESS:
+                self._count(gpu, answered=True)
                 number = field_number(value)
                 if number is not None:
                     out[name] = number
@@ -181,6 +212,7 @@ class NvmlSource:
                 self._renew(gpu, code, "nvmlDeviceGetFieldValues")
             else:
                 self._report("nvmlDeviceGetFieldValues", pynvml.NVMLError(code))
+                self._count(gpu, answered=False, what=f"nvmlDeviceGetFieldValues: {pynvml.NVMLError(code)}")
         if unsupported:
             with self._lock:
                 self._unsupported.update((gpu, name) for name in unsupported)
@@ -323,10 +355,12 @@ class NvmlSource:
         h = self._handle(gpu)
         with self._lock:
             self._reset_required.discard(gpu)
+            self._calls.pop(gpu, None)
         sample = GpuSample(gpu=gpu, t=now)
         for fast in _FAST:
             self._part(partial(fast, self._get, gpu, h, sample))
         self._needs_reset(gpu, sample)
+        self._reachable(gpu)
         return sample
 
     def _needs_reset(self, gpu: int, sample: GpuSample) -> None:
@@ -347,6 +381,7 @@ class NvmlSource:
         for slow in _SLOW:
             self._part(partial(slow, read, sample))
         self._needs_reset(gpu, sample)
+        self._reachable(gpu)
         return sample
 
     def wait_xid_events(self, timeout_s: float) -> list[XidEvent]:

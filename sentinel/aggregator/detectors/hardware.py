@@ -10,6 +10,11 @@ and the two reach the aggregator in either order (the agent holds an Xid up to `
 kernel-log twin, the lost state rides on the next sample). A lost GPU with a fatal Xid is the Xid's verdict,
 the lost state added as evidence; a lost GPU without one is named ``gpu_lost`` only once its agent has
 reported ``lost_cause_wait_s`` past the loss, so the first verdict opened already has its final name.
+
+An NVLink domain (GB200 NVL72: GPUs sharing a fabric cluster UUID and clique id) is one failure unit: once
+GPUs of ``detect.fabric_domain.min_hosts`` hosts of a domain lose their fabric within ``window_s`` of each
+other, their fabric findings fold into one ``fabric_domain_down`` verdict naming every host of the domain
+(:mod:`sentinel.components.fabric.domain`); what else each GPU shows stays its own verdict.
 """
 
 from __future__ import annotations
@@ -19,6 +24,15 @@ from typing import Any
 from sentinel.aggregator.detectors.base import Detector, Evaluation, Key, Observation
 from sentinel.aggregator.verdicts import Finding
 from sentinel.components.ecc.rule import EccThresholds
+from sentinel.components.fabric.domain import (
+    DOMAIN_REASONS,
+    DomainDown,
+    DomainKey,
+    FabricDomainConfig,
+    Loss,
+    domain_down,
+    domain_of,
+)
 from sentinel.components.gpu_view import GpuView
 from sentinel.components.hardware import judge_gpu, judge_settings
 from sentinel.components.signal import JudgeSettings
@@ -43,6 +57,12 @@ class HardwareDetector(Detector):
         #: aggregator first saw them lost, so the wait also ends for a host that sends nothing more
         self.held: dict[tuple[str, int], float] = {}
         self.recheck_all = False
+        #: each GPU's NVLink domain as last evaluated, each domain's GPUs, and those whose fabric is lost now
+        self.domain: dict[tuple[str, int], DomainKey] = {}
+        self.members: dict[DomainKey, set[tuple[str, int]]] = {}
+        self.losses: dict[DomainKey, dict[tuple[str, int], Loss]] = {}
+        #: domains found down at their latest evaluation
+        self.down: set[DomainKey] = set()
 
     def switched_on(self) -> None:
         self.recheck_all = True  # changes made while it was off were drained unseen
@@ -60,35 +80,116 @@ class HardwareDetector(Detector):
                     known = seen.fleet.gpu(host, index)
                     if known is not None:
                         gpus[(host, index)] = known
-        if not gpus:
+        if not gpus and not self.down:  # (a down domain is looked at again: its hosts may be gone)
             return None
-        findings: list[Finding] = []
         keys: set[Key] = set()
         detect = self.config.detect
         settings = judge_settings(detect.hardware, detect.ecc, detect.xid)
-        for where, gpu in gpus.items():
-            keys.add(gpu_key(gpu.host, gpu.index))
-            its_host = seen.fleet.hosts.get(gpu.host)
-            reported = its_host.last_t if its_host is not None else gpu.t
-            if gpu.state == "lost":
-                # the agent's time, or the time the aggregator has waited since, whichever went further
-                began = self.held.setdefault(where, seen.now)
-                reported = max(reported, gpu.state_t + seen.now - began)
-            else:
-                self.held.pop(where, None)
-            found = evaluate_gpu(gpu, detect.hardware, seen.now, reported_until=reported, settings=settings)
-            if found:
-                self.flagged.add(where)
-            else:
-                self.flagged.discard(where)
-            findings.extend(found)
+        per_gpu = {where: self._judge(seen, where, gpu, settings, keys) for where, gpu in gpus.items()}
+        touched = {self.domain[where] for where in gpus if where in self.domain} | self.down
+        downs = self._domains(seen, touched, detect.fabric_domain)
+        changed = (touched & self.down) ^ set(downs)  # domains that went down or came back up
+        self.down = (self.down - touched) | set(downs)
+        for key in changed:  # their GPUs' own fabric verdicts fold into, or come back out of, the domain's
+            for where in list(self.losses.get(key, {})):
+                gpu = seen.fleet.gpu(*where)
+                if where not in per_gpu and gpu is not None:
+                    per_gpu[where] = self._judge(seen, where, gpu, settings, keys)
+        findings: list[Finding] = []
+        for where, found in per_gpu.items():
+            folded = self.domain.get(where) in self.down
+            findings.extend(f for f in found if not folded or f.reason not in DOMAIN_REASONS)
+        if not self.recheck_all:  # (after a restore, a domain is judged whole on the tick's look at all)
+            keys.update(domain_key(key) for key in touched)
+        findings.extend(domain_finding(down) for down in downs.values())
         self.flagged = {(h, i) for h, i in self.flagged if seen.fleet.gpu(h, i) is not None}
         self.held = {k: v for k, v in self.held.items() if seen.fleet.gpu(*k) is not None}
         return Evaluation(findings, scope=keys.__contains__)
 
+    def _judge(
+        self,
+        seen: Observation,
+        where: tuple[str, int],
+        gpu: GpuView,
+        settings: JudgeSettings,
+        keys: set[Key],
+    ) -> list[Finding]:
+        """One GPU's findings; its NVLink domain and fabric loss remembered."""
+        keys.add(gpu_key(gpu.host, gpu.index))
+        its_host = seen.fleet.hosts.get(gpu.host)
+        reported = its_host.last_t if its_host is not None else gpu.t
+        if gpu.state == "lost":
+            # the agent's time, or the time the aggregator has waited since, whichever went further
+            began = self.held.setdefault(where, seen.now)
+            reported = max(reported, gpu.state_t + seen.now - began)
+        else:
+            self.held.pop(where, None)
+        found = evaluate_gpu(
+            gpu, self.config.detect.hardware, seen.now, reported_until=reported, settings=settings
+        )
+        if found:
+            self.flagged.add(where)
+        else:
+            self.flagged.discard(where)
+        self._place(where, gpu, found)
+        return found
+
+    def _place(self, where: tuple[str, int], gpu: GpuView, found: list[Finding]) -> None:
+        """Remember ``gpu``'s domain and whether (since when) it lost its fabric."""
+        fabric = gpu.memory.get("fabric")
+        key = domain_of(getattr(fabric, "info", None))
+        old = self.domain.get(where)
+        if old is not None and old != key:
+            self._forget(where)
+        if key is None:
+            return
+        self.domain[where] = key
+        self.members.setdefault(key, set()).add(where)
+        lost = [f for f in found if f.reason in DOMAIN_REASONS]
+        losses = self.losses.setdefault(key, {})
+        if not lost:
+            losses.pop(where, None)
+            return
+        first = min(lost, key=lambda f: f.evidence_t)
+        known = losses.get(where)
+        t = first.evidence_t if known is None else min(known.t, first.evidence_t)
+        losses[where] = Loss(host=gpu.host, gpu=gpu.index, t=t, reason=first.reason)
+
+    def _forget(self, where: tuple[str, int]) -> None:
+        key = self.domain.pop(where, None)
+        if key is None:
+            return
+        members = self.members.get(key, set())
+        members.discard(where)
+        if not members:
+            self.members.pop(key, None)
+        losses = self.losses.get(key, {})
+        losses.pop(where, None)
+        if not losses:
+            self.losses.pop(key, None)
+
+    def _domains(
+        self, seen: Observation, touched: set[DomainKey], cfg: FabricDomainConfig
+    ) -> dict[DomainKey, DomainDown]:
+        """The touched domains that are down now (their losses, every member host)."""
+        out: dict[DomainKey, DomainDown] = {}
+        for key in touched:
+            for where in [w for w in self.members.get(key, ()) if seen.fleet.gpu(*w) is None]:
+                self._forget(where)  # gone from the fleet (its host's inventory shrank)
+            losses = self.losses.get(key)
+            if not losses:
+                continue
+            members = {host for host, _ in self.members.get(key, ())}
+            down = domain_down(key, losses.values(), members, cfg)
+            if down is not None:
+                out[key] = down
+        return out
+
     def host_forgotten(self, host: str) -> None:
         self.flagged = {(h, i) for h, i in self.flagged if h != host}
         self.held = {k: v for k, v in self.held.items() if k[0] != host}
+        for where in [w for w in self.domain if w[0] == host]:
+            self._forget(where)
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -99,6 +200,25 @@ class HardwareDetector(Detector):
 
 def gpu_key(host: str, gpu: int) -> tuple[str, ...]:
     return ("hw", host, str(gpu))
+
+
+def domain_key(key: DomainKey) -> tuple[str, ...]:
+    return ("fabric_domain", key[0], str(key[1]))
+
+
+def domain_finding(down: DomainDown) -> Finding:
+    """One verdict for a domain that lost its fabric: faulty, ``drain`` every host of it (per the
+    remediation policy's ``drain_domains``)."""
+    return Finding(
+        key=domain_key(down.key),
+        detector=DETECTOR,
+        kind="faulty",
+        reason="fabric_domain_down",
+        action="drain",
+        evidence=down.evidence(),
+        evidence_t=down.began,
+        hosts=down.hosts,
+    )
 
 
 def evaluate_gpu(

@@ -2,7 +2,9 @@
 whose driver or VBIOS differs from their identical peers across the fleet, and hosts whose inventory (GPU
 count, model, PCIe link capability) is not what is configured or learned for them (degraded verdicts naming
 what differs). What is learned is voted by hosts, one vote each, and a verdict resting on it carries how many
-other hosts back it (``Finding.learned_from``). Rules: :mod:`sentinel.components.device.inventory`.
+other hosts back it (``Finding.learned_from``). Rules: :mod:`sentinel.components.device.inventory`. With an
+NVLink domain's expected size configured (``detect.fabric_domain``), a domain with fewer GPUs or hosts
+reporting is a degraded domain verdict (:mod:`sentinel.components.fabric.domain`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from sentinel.components.device.inventory import (
     inventory_mismatches,
     learned_backing,
 )
+from sentinel.components.fabric.domain import domain_name, domain_sizes
 from sentinel.components.vocab import verdict_kind
 from sentinel.config.aggregator import AggregatorConfig
 
@@ -101,7 +104,7 @@ class InventoryDetector(Detector):
             # (after a yield the counts may match while a host forgotten meanwhile was kept again above)
             self._kept = kept = {name: k for name, k in kept.items() if name in hosts}
         if not changed and self._last is not None:
-            return Evaluation(list(self._last))
+            return Evaluation([*self._last, *self._domains(hosts, seen.now)])
         findings: list[Finding] = [k.source for k in kept.values() if k.source is not None]
         identities = [identity for k in kept.values() for identity in k.identities]
         quorum = self.config.detect.inventory.min_hosts
@@ -123,7 +126,39 @@ class InventoryDetector(Detector):
         yield  # (the firmware comparison above and the expectations below each go over every GPU)
         findings.extend(self._expected([k.facts for k in kept.values() if k.facts is not None], seen.now))
         self._last = list(findings)
-        return Evaluation(findings)
+        return Evaluation([*findings, *self._domains(hosts, seen.now)])
+
+    def _domains(self, hosts: dict[str, HostView], now: float) -> list[Finding]:
+        """One degraded verdict per NVLink domain with fewer GPUs or hosts reporting than configured (each
+        run: membership moves with the GPUs' fabric readings, not with their inventory)."""
+        cfg = self.config.detect.fabric_domain
+        if not cfg.expected_gpus and not cfg.expected_hosts:
+            return []
+        members = (
+            (host.name, g.index, getattr(g.memory.get("fabric"), "info", None))
+            for host in hosts.values()
+            for g in host.gpus
+        )
+        out: list[Finding] = []
+        for size in domain_sizes(members):
+            short = size.shortfall(cfg)
+            if not short:
+                continue
+            out.append(
+                Finding(
+                    key=("inventory", "fabric_domain", size.key[0], str(size.key[1])),
+                    detector=DETECTOR,
+                    kind="degraded",
+                    reason="fabric_domain_incomplete",
+                    action="none",
+                    evidence=(
+                        f"NVLink domain {domain_name(size.key)}: " + "; ".join(short),
+                        "reporting: " + ", ".join(size.hosts[:24]) + (" ..." if len(size.hosts) > 24 else ""),
+                    ),
+                    evidence_t=now,
+                )
+            )
+        return out
 
     def _expected(self, facts: list[HostFacts], now: float) -> list[Finding]:
         """One degraded host verdict per host whose inventory differs from what is expected of it."""

@@ -4,7 +4,8 @@ One worker task handles verdict changes in order, so two decisions never race. E
 first (already drained by sentinel: ``already``; by someone else: refused), then the circuit breaker, then
 acts or, with ``dry_run``, says what it would do; resume is opt-in and needs real evidence. Every outcome
 goes to the audit log, a counter and the verdict's ``remediation`` record. With an HA pair only the lease
-holder acts. A verdict resting on a yardstick learned from the fleet is refused ``learned_without_quorum``
+holder acts. A verdict naming several hosts (an NVLink domain's) drains each of them, as its own piece of work
+(``<verdict id>@<host>``), when ``drain_domains`` is on. A verdict resting on a yardstick learned from the fleet is refused ``learned_without_quorum``
 unless ``learned_quorum`` hosts other than its own hold it (:func:`policy.backed`). See docs/remediation.md.
 """
 
@@ -143,10 +144,11 @@ class Remediator:
         )
         self.metrics = RemediationMetrics(cluster, registry)
         self.metrics.mode.set(0 if not config.enabled else (1 if config.dry_run else 2))
-        self.queue: asyncio.Queue[tuple[str, Verdict]] = asyncio.Queue(MAX_QUEUE)
-        #: verdict id → last attempt time, for drains not done yet (retried every retry_s while open)
+        self.queue: asyncio.Queue[tuple[str, Verdict, str]] = asyncio.Queue(MAX_QUEUE)
+        #: work id (:func:`work_id`) → last attempt time, for drains not done yet (retried every retry_s while
+        #: open)
         self.retry: OrderedDict[str, float] = OrderedDict()
-        #: verdict ids whose drain is settled (done, dry run, already drained): never queued again
+        #: work ids whose drain is settled (done, dry run, already drained): never queued again
         self.settled: OrderedDict[str, None] = OrderedDict()
         #: verdict id → the backing its drain was refused at for want of a quorum (refused once per backing)
         self.unbacked: OrderedDict[str, int | None] = OrderedDict()
@@ -205,14 +207,33 @@ class Remediator:
         open no change) and on taking the lease over (the follower queued nothing). Slurm's state makes a
         drain that was already done an ``already``, never a second action."""
         for verdict in list(self.book.open.values()):
-            if (
-                verdict.host
-                and verdict.id not in self.settled
-                and verdict.id not in self._queued
-                and wants_drain(self.config.rules, verdict.kind, verdict.action, verdict.reason)
-                and self._backed(verdict)
-            ):
-                self._enqueue("drain", verdict)
+            self._drains(verdict)
+
+    def _drains(self, verdict: Verdict, *, retrying: bool = False) -> None:
+        """Queue the drain of each host ``verdict`` names that is not settled, queued or (``retrying``: the
+        tick retries it) waiting for its retry, if the policy drains it and it is backed."""
+        hosts = self._hosts_of(verdict)
+        pending = [
+            h
+            for h in hosts
+            if (wid := work_id(verdict, h)) not in self.settled
+            and wid not in self._queued
+            and (retrying or wid not in self.retry)
+        ]
+        if not pending:
+            return
+        if not wants_drain(self.config.rules, verdict.kind, verdict.action, verdict.reason):
+            return
+        if not self._backed(verdict):
+            return
+        for host in pending:
+            self._enqueue("drain", verdict, host)
+
+    def _hosts_of(self, verdict: Verdict) -> list[str]:
+        """The hosts a drain of ``verdict`` takes: its host, or every host of its domain (``drain_domains``)."""
+        if verdict.host:
+            return [verdict.host]
+        return list(verdict.hosts) if self.config.drain_domains else []
 
     async def stop(self, *, release: bool = True) -> None:
         """Stop acting; ``release``: hand the lease back so the other aggregator takes over at once (a crash
@@ -304,14 +325,10 @@ class Remediator:
             return  # a follower queues nothing: it looks at every open verdict when it takes the lease
         v = change.verdict
         if change.what in ("opened", "updated"):
-            if v.id in self.settled or v.id in self._queued or not v.host:
-                return
-            if not wants_drain(self.config.rules, v.kind, v.action, v.reason) or not self._backed(v):
-                return
-            if change.what == "updated" and v.id in self.retry:
-                return  # waiting for its retry time (tick)
-            self._enqueue("drain", v)
+            self._drains(v)  # (one waiting for its retry time is the tick's)
         elif change.what == "closed":
+            for host in v.hosts:
+                self.retry.pop(work_id(v, host), None)
             self.retry.pop(v.id, None)
             self.unbacked.pop(v.id, None)
             resume = self.config.resume
@@ -325,13 +342,14 @@ class Remediator:
             self.metrics.held_down.set(len(self.hold_down.held_nodes(now)))
         if not self.config.enabled or not self.retry or not self.leading:
             return
-        for vid, tried in list(self.retry.items()):
+        for wid, tried in list(self.retry.items()):
+            vid, _, host = wid.partition("@")
             verdict = self.book.by_id.get(vid)
             if verdict is None or verdict.state != "open":
-                self.retry.pop(vid, None)
+                self.retry.pop(wid, None)
                 continue
-            if now - tried >= self.config.retry_s and vid not in self._queued:
-                self._enqueue("drain", verdict)
+            if now - tried >= self.config.retry_s and wid not in self._queued:
+                self._enqueue("drain", verdict, host or verdict.host or "")
 
     def _backed(self, verdict: Verdict) -> bool:
         """The verdict may be acted on (:func:`policy.backed`); if not, its refusal is recorded once per
@@ -347,32 +365,33 @@ class Remediator:
                 "drain",
                 "refused",
                 "learned_without_quorum",
-                node=self.node_of(verdict.host or ""),
+                node=self.node_of(verdict.host or ",".join(verdict.hosts)),
                 detail=f"it rests on a yardstick learned from the fleet that {verdict.learned_from} hosts "
                 f"other than {verdict.host} hold; remediation.learned_quorum is {self.config.learned_quorum}",
             )
         return False
 
-    def _enqueue(self, op: str, verdict: Verdict) -> None:
+    def _enqueue(self, op: str, verdict: Verdict, host: str | None = None) -> None:
+        host = host if host is not None else verdict.host or ""
         try:
-            self.queue.put_nowait((op, verdict))
+            self.queue.put_nowait((op, verdict, host))
         except asyncio.QueueFull:
             self._record(
                 verdict, op, "refused", "queue_full", node="", detail=f"more than {MAX_QUEUE} actions queued"
             )
             return
-        self._queued.add(verdict.id)
+        self._queued.add(work_id(verdict, host))
         self.idle.clear()
 
     # -- work -----------------------------------------------------------------------------------------
 
     async def _work(self) -> None:
         while True:
-            op, verdict = await self.queue.get()
+            op, verdict, host = await self.queue.get()
             try:
                 if op == "drain":
-                    if await self.drain(verdict) in ("done", "already", "dry_run"):
-                        await self.requeuer.after_drain(verdict, self.node_of(verdict.host or ""))
+                    if await self.drain(verdict, host) in ("done", "already", "dry_run"):
+                        await self.requeuer.after_drain(verdict, self.node_of(host))
                 else:
                     await self.resume(verdict)
             except Exception as exc:  # remediation must never stop over one verdict
@@ -380,7 +399,7 @@ class Remediator:
                     verdict, op, "failed", "internal_error", node="", detail=f"{type(exc).__name__}: {exc}"
                 )
             finally:
-                self._queued.discard(verdict.id)
+                self._queued.discard(work_id(verdict, host))
                 if self.queue.empty():
                     self.idle.set()
 
@@ -391,35 +410,46 @@ class Remediator:
         """The drain reason (:func:`policy.drain_reason_of`): the verdict id always survives Slurm's bound."""
         return drain_reason_of(verdict)
 
-    async def drain(self, verdict: Verdict) -> str:
-        """Drain the verdict's node if the policy, Slurm's state and the breaker allow; returns the outcome."""
+    async def drain(self, verdict: Verdict, host: str | None = None) -> str:
+        """Drain ``host``'s node (default: the verdict's host) if the policy, Slurm's state and the breaker
+        allow; returns the outcome."""
+        host = host if host is not None else verdict.host or ""
+        wid = work_id(verdict, host)
         if self.before_drain is not None and verdict.state == "open":
             await self.before_drain(verdict)  # the incident's evidence first (bounded wait)
         now = self.clock()
-        node = self.node_of(verdict.host or "")
+        node = self.node_of(host)
         if verdict.state != "open":
             return "skipped"
         if not self.leading:
             return "follower"  # not settled: looked at again if this aggregator takes the lease
         if not self._backed(verdict):  # its backing fell while it waited (a retry after the breaker)
-            self.retry.pop(verdict.id, None)
+            self.retry.pop(wid, None)
             return "refused"
         nodes, error = await self.slurm.nodes(self.config.partition)
         if error:
-            return self._failed(verdict, "drain", "slurm_unreadable", node=node, detail=error, now=now)
+            return self._failed(
+                verdict, "drain", "slurm_unreadable", node=node, detail=error, now=now, wid=wid
+            )
         target = next((n for n in nodes if n.name == node), None)
         if target is None:
             where = f"partition {self.config.partition!r}" if self.config.partition else "Slurm"
             return self._failed(
-                verdict, "drain", "unknown_node", node=node, detail=f"{where} has no node {node!r}", now=now
+                verdict,
+                "drain",
+                "unknown_node",
+                node=node,
+                detail=f"{where} has no node {node!r}",
+                now=now,
+                wid=wid,
             )
         if target.drained_by_sentinel:
-            self._settle(verdict.id)
+            self._settle(wid)
             return self._record(
                 verdict, "drain", "already", "", node=node, detail=f"already drained: {target.reason}"
             )
         if target.unavailable:
-            self._settle(verdict.id)  # someone else's drain or down: theirs to lift, not ours to overwrite
+            self._settle(wid)  # someone else's drain or down: theirs to lift, not ours to overwrite
             return self._record(
                 verdict,
                 "drain",
@@ -431,14 +461,14 @@ class Remediator:
         check = check_breaker(self.config.breaker, nodes, node, now, self.drains_done)
         if not check.allowed:
             self.metrics.breaker_open.set(1)
-            self.retry[verdict.id] = now
+            self.retry[wid] = now
             self._bound(self.retry)
             log().error("remediation_breaker_open", node=node, verdict=verdict.id, detail=check.detail)
             return self._record(verdict, "drain", "refused", check.refusal, node=node, detail=check.detail)
         self.metrics.breaker_open.set(0)
         reason = self.reason_of(verdict)
         if self.config.dry_run:
-            self._settle(verdict.id)
+            self._settle(wid)
             return self._record(
                 verdict, "drain", "dry_run", "", node=node, detail=f"would drain with reason {reason!r}"
             )
@@ -446,8 +476,10 @@ class Remediator:
             return "follower"
         done = await self.slurm.drain(node, reason)
         if not done.ok:
-            return self._failed(verdict, "drain", "scontrol_failed", node=node, detail=done.output, now=now)
-        self._settle(verdict.id)
+            return self._failed(
+                verdict, "drain", "scontrol_failed", node=node, detail=done.output, now=now, wid=wid
+            )
+        self._settle(wid)
         self.drains_done.append((node, now))
         held = self.hold_down.drained(node, verdict.gpu, verdict.reason, now)
         outcome = self._record(verdict, "drain", "done", "", node=node, detail=reason)
@@ -554,9 +586,17 @@ class Remediator:
     # -- bookkeeping ----------------------------------------------------------------------------------
 
     def _failed(
-        self, verdict: Verdict, action: str, reason: str, *, node: str, detail: str, now: float
+        self,
+        verdict: Verdict,
+        action: str,
+        reason: str,
+        *,
+        node: str,
+        detail: str,
+        now: float,
+        wid: str | None = None,
     ) -> str:
-        self.retry[verdict.id] = now
+        self.retry[wid or verdict.id] = now
         self._bound(self.retry)
         return self._record(verdict, action, "failed", reason, node=node, detail=detail)
 
@@ -603,3 +643,9 @@ class Remediator:
         level = log().warning if outcome in ("refused", "failed") else log().info
         level(event, action=action, node=node, verdict=verdict.id, reason=reason, detail=detail[:300])
         return outcome
+
+
+def work_id(verdict: Verdict, host: str) -> str:
+    """One drain's identity: the verdict id for its own host, ``<verdict id>@<host>`` for each host of a
+    verdict that names several (verdict ids hold no ``@``)."""
+    return verdict.id if not host or host == verdict.host else f"{verdict.id}@{host}"

@@ -9,7 +9,8 @@ import msgspec
 from sentinel.components.bounds import Short
 
 #: ``lost``: NVML_ERROR_GPU_IS_LOST (fallen off the bus); ``unresponsive``: a call did not return within the
-#: agent's deadline; ``unavailable``: NVML could not open it (its handle or identity failed).
+#: agent's deadline; ``unavailable``: NVML could not open it (its handle or identity failed), or every call of
+#: a read failed (NVML_ERROR_UNKNOWN throughout: the driver serves nothing on it).
 GpuState = Literal["ok", "lost", "unresponsive", "unavailable"]
 
 

@@ -1,4 +1,6 @@
-"""Device rules: a GPU NVML says is lost, one whose calls hang, one NVML could not open."""
+"""Device rules: a GPU NVML says is lost, one whose calls hang, one NVML could not open or that answers none of
+its calls (every call NVML_ERROR_UNKNOWN: the driver serves nothing on it; a GPU reset goes through that same
+driver, so the node is rebooted to reload it)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,9 @@ def evaluate_state(state: GpuState, detail: str = "") -> Finding | None:
             severity="critical",
             action="reboot",
             reason="gpu_unavailable",
-            evidence=(f"NVML cannot open this GPU{': ' + detail if detail else ''}",),
+            evidence=(
+                f"NVML cannot open this GPU, or the driver answers none of its calls{': ' + detail if detail else ''}",
+            ),
         )
     return None
 

@@ -125,7 +125,8 @@ def compare(once: dict[str, Any], smi_xml: str) -> list[Row]:
                 continue
             rows.append(Row(index, name, str(ours), theirs, _differs(kind, ours, theirs, tolerance)))
         unsupported = set(once.get("unsupported", []))
-        rows += _clock_events(index, sample, node, unsupported)
+        if sample:  # (a GPU without a sample — unreachable, lost — has no reasons to compare)
+            rows += _clock_events(index, sample, node, unsupported)
     if len(smi_gpus) != len(once.get("inventory", [])):
         rows.append(Row(-1, "gpu_count", str(len(once.get("inventory", []))), str(len(smi_gpus)), True))
     return rows

@@ -178,18 +178,20 @@ function rebuildCells() {
   }
   model.jobOfHost = jobOfHost;
   for (const v of model.verdicts) {
-    if (v.host === null || v.host === undefined) continue;
+    const named = verdictHosts(v);
     const state = VERDICT_CELL[v.kind] ?? "degraded";
-    const host = model.hostIndex.get(String(v.host));
-    const gpus = v.gpu === null || v.gpu === undefined
-      ? (host ? host.gpus.map((g) => g.index) : [])
-      : [Number(v.gpu)];
-    for (const gpu of gpus) {
-      const key = cellKey(String(v.host), gpu);
-      let cell = cells.get(key);
-      if (!cell) { cell = { state: "unknown", verdicts: [], raw: null }; cells.set(key, cell); }
-      cell.verdicts.push(v);
-      if (RANK[state] < RANK[cell.state]) cell.state = state;
+    for (const name of named) {
+      const host = model.hostIndex.get(String(name));
+      const gpus = v.gpu === null || v.gpu === undefined
+        ? (host ? host.gpus.map((g) => g.index) : [])
+        : [Number(v.gpu)];
+      for (const gpu of gpus) {
+        const key = cellKey(String(name), gpu);
+        let cell = cells.get(key);
+        if (!cell) { cell = { state: "unknown", verdicts: [], raw: null }; cells.set(key, cell); }
+        cell.verdicts.push(v);
+        if (RANK[state] < RANK[cell.state]) cell.state = state;
+      }
     }
   }
   model.cells = cells;
@@ -271,14 +273,30 @@ function renderSummary() {
   return counts;
 }
 
+// the hosts a verdict names: its host, or (an NVLink domain's verdict) every host of the domain in `hosts`
+function verdictHosts(v) {
+  if (v.host !== null && v.host !== undefined) return [String(v.host)];
+  return Array.isArray(v.hosts) ? v.hosts.map(String) : [];
+}
+
 function renderVerdicts() {
   const q = query();
   const list = model.verdicts
-    .filter((v) => matches(q, String(v.host ?? ""), v.gpu ?? null, v.job,
-      `${v.kind} ${v.reason} ${v.action} ${v.rank ?? ""}`))
+    .filter((v) => {
+      const text = `${v.kind} ${v.reason} ${v.action} ${v.rank ?? ""}`;
+      const named = verdictHosts(v);
+      return named.length ? named.some((h) => matches(q, h, v.gpu ?? null, v.job, text))
+        : matches(q, "", v.gpu ?? null, v.job, text);
+    })
     .sort((a, b) => (toMillis(b.opened_at) ?? 0) - (toMillis(a.opened_at) ?? 0));
+  const hostText = (v) => {
+    const named = verdictHosts(v);
+    if (v.host !== null && v.host !== undefined) return String(v.host);
+    if (!named.length) return "";
+    return `${named.length} hosts: ${named.slice(0, 3).join(", ")}${named.length > 3 ? ", …" : ""}`;
+  };
   const rows = list.slice(0, MAX_ROWS).map((v) => row([
-    el("td", ago(v.opened_at)), stateCell(v.kind), v.host ?? "", v.gpu ?? "", v.job ?? "", v.rank ?? "",
+    el("td", ago(v.opened_at)), stateCell(v.kind), hostText(v), v.gpu ?? "", v.job ?? "", v.rank ?? "",
     v.reason ?? "", el("td", v.action ?? "", "state"), el("td", (v.evidence ?? []).join("; "), "evidence"),
     runbookCell(v),
   ], { kind: v.kind, host: v.host, gpu: v.gpu, job: v.job, reason: v.reason, id: v.id }));
