@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from sentinel.agent.collectors.base import Collector
+from sentinel.components.collector import Collector
 from sentinel.components.ib.metrics import IbPortMetrics
 from sentinel.components.ib.record import IbPort
 from sentinel.components.ib.sysfs import PortScan, PortSource

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-from sentinel.agent.collectors.base import Collector
+from sentinel.components.collector import Collector
 from sentinel.components.nccl_ras.client import RasError, RasNotListening, query_status
 from sentinel.components.nccl_ras.metrics import RasMetrics
 from sentinel.components.nccl_ras.owner import ProcSocketTable, SocketTable, Trust, listener_trusted

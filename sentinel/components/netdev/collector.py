@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from sentinel.agent.collectors.base import Collector
+from sentinel.components.collector import Collector
 from sentinel.components.netdev.metrics import NetdevMetrics
 from sentinel.components.netdev.record import Netdev
 from sentinel.components.netdev.sysfs import NetdevScan
