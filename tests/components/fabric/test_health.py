@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pynvml
 import pytest
 
 from sentinel.agent.nvml import NvmlSource
+from sentinel.agent.nvml.recording import load
+from sentinel.agent.nvml.replay import ReplayLibrary
 from sentinel.aggregator.engine import Engine
 from sentinel.components.fabric.health import CONDITIONS, conditions
 from sentinel.components.fabric.record import FabricInfo
 from sentinel.wire import Batch, GpuInfo, GpuSample, Hello
 from tests.agent.fakenvml import FakeNvml
+
+RECORDED = Path(__file__).parents[2] / "agent" / "data" / "nvsmi"
 
 
 def test_our_table_matches_nvml_h() -> None:
@@ -71,3 +77,22 @@ def test_an_unhealthy_route_is_a_faulty_verdict_and_clears_with_the_mask() -> No
     good = FabricInfo(state="completed", clique_id=3, health_mask=_mask(fabric_route_unhealthy=2))
     engine.ingest(host, Batch(seq=1, t=2.0, samples=[GpuSample(gpu=0, t=2.0, fabric=good)]), 2.0)
     assert not engine.book.open
+
+
+def test_gb200_fabric_health_mask_through_the_versioned_call() -> None:
+    library = ReplayLibrary(load(RECORDED / "healthy-gb200.xml"))
+    with library.installed():
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        info = pynvml.c_nvmlGpuFabricInfo_v2_t()
+        pynvml.nvmlDeviceGetGpuFabricInfoV(h, pynvml.byref(info))
+        assert (info.state, info.status, info.cliqueId) == (pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, 0, 32766)
+        degraded = (info.healthMask >> pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW) & 0x3
+        unhealthy = (info.healthMask >> pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY) & 0x3
+        assert degraded == pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_FALSE
+        assert unhealthy == pynvml.NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_FALSE
+    library = ReplayLibrary(load(RECORDED / "fabric-in-progress.xml"))
+    with library.installed():
+        info = pynvml.c_nvmlGpuFabricInfo_v2_t()
+        pynvml.nvmlDeviceGetGpuFabricInfoV(pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.byref(info))
+        assert info.state == pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS
+        assert (info.healthMask >> pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW) & 0x3 == 0
