@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeAlias, TypeVar
+
+from prometheus_client.registry import Collector as _Families
 
 T = TypeVar("T")
+#: metric families a collector exports (a ``prometheus_client`` collector)
+Families: TypeAlias = _Families
 
 
 class Worker(Protocol):
@@ -24,12 +28,6 @@ class Worker(Protocol):
     async def call(self, fn: Callable[[], T], deadline_s: float) -> T: ...
 
     def stop(self) -> None: ...
-
-
-class Families(Protocol):
-    """Metric families a collector exports (a ``prometheus_client`` collector)."""
-
-    def collect(self) -> object: ...
 
 
 class Collector(abc.ABC):

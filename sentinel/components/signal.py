@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from sentinel.components.collector import Collector
 from sentinel.components.ecc.rule import EccThresholds
 from sentinel.components.exposition import MetricsView, Writer
 from sentinel.components.nvml_read import FieldAnswers, FieldRequest, Get
@@ -95,9 +96,9 @@ def judged(finding: Finding | None, t: float) -> list[Judged]:
 
 @dataclass(frozen=True)
 class Signal(Generic[M]):
-    """One signal of the registry. Every hook is optional: a host-level signal (IB ports, NCCL RAS) has a
-    collector and a detector of its own instead of ``remember``/``judge``; a GPU signal that is only
-    rendered (clocks) has no judge."""
+    """One signal of the registry. Every hook is optional: a host-level signal (IB ports, network
+    interfaces, NCCL RAS) builds its collector (``collect``) instead of an NVML read; a GPU signal that is
+    only rendered (clocks) has no judge."""
 
     #: the component (folder) and the signal's name: its memory's key, its docs row
     name: str
@@ -113,6 +114,10 @@ class Signal(Generic[M]):
     collector: str = "nvml"
     detector: str = "hardware"
     nvml: NvmlRead | None = None
+    #: a host-level source's collector, built from the agent's build context (``config``, ``host``,
+    #: ``cluster``, ``sink``, ``inputs``, ``durable``; the component's builder declares what it reads as a
+    #: Protocol), or None when the configuration leaves it out; the agent builds it as ``collector``
+    collect: Callable[[Any], Collector | None] | None = None
     #: its text parser (``nvidia-smi -q`` text, a kernel line): text in, its record or None out
     parse: Callable[[str], Any] | None = None
     #: its memory type (a msgspec struct: stored by the fleet's latches, restored after a restart)

@@ -11,6 +11,7 @@ import msgspec
 
 import sentinel.components
 from sentinel.agent.registry import BUILDERS, COLLECTORS
+from sentinel.agent.registry import OWN as OWN_BUILDERS
 from sentinel.aggregator.engine import DETECTORS, Engine
 from sentinel.cli.cmd_config import render_docs
 from sentinel.components import registry
@@ -44,6 +45,13 @@ def test_the_daemons_run_exactly_the_registry_collectors_and_detectors() -> None
     assert [d.name for d in DETECTORS] == list(registry.DETECTORS)
     assert {s.collector for s in registry.SIGNALS} <= set(registry.COLLECTORS)
     assert {s.detector for s in registry.SIGNALS} <= set(registry.DETECTORS)
+
+
+def test_a_host_level_source_s_collector_is_built_by_its_component_never_by_the_agent() -> None:
+    from_signals = {s.collector for s in registry.SIGNALS if s.collect is not None}
+    assert from_signals == {"ib", "netdev", "nccl_ras"}
+    assert not from_signals & set(OWN_BUILDERS)
+    assert set(BUILDERS) == set(OWN_BUILDERS) | from_signals
 
 
 def test_every_judged_gpu_signal_has_a_memory_type_for_the_latches() -> None:

@@ -7,13 +7,15 @@ and the ports that could be read are still shipped.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol
 
-from sentinel.components.collector import Collector
+from sentinel.components.collector import Collector, Families
 from sentinel.components.ib.metrics import IbPortMetrics
 from sentinel.components.ib.record import IbPort
-from sentinel.components.ib.sysfs import PortScan, PortSource
+from sentinel.components.ib.sysfs import PortScan, PortSource, SysfsPorts
 from sentinel.components.ib.tracker import PortTracker
+from sentinel.config.agent import AgentConfig
 from sentinel.log import get_logger
 
 log = get_logger(module="components.ib")
@@ -22,8 +24,34 @@ MAX_LOGGED_PROBLEMS = 64
 
 class PortSink(Protocol):
     pci_to_gpu: dict[str, int]
+    #: the port history kernel lines about a port are evidence for (the collector hands over its own)
+    port_tracker: PortTracker | None
 
     def set_ports(self, ports: list[IbPort]) -> None: ...
+
+
+class SimulatedPorts(Protocol):
+    #: a simulated host's ports (None: the machine's own sysfs)
+    @property
+    def ib_ports(self) -> PortSource | None: ...
+
+
+class IbBuild(Protocol):
+    """What the ``ib`` collector is built from (the agent's build context)."""
+
+    @property
+    def config(self) -> AgentConfig: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def cluster(self) -> str: ...
+    @property
+    def sink(self) -> PortSink: ...
+    @property
+    def inputs(self) -> SimulatedPorts: ...
+    #: state that outlives a restart is kept (an existing state dir)
+    @property
+    def durable(self) -> bool: ...
 
 
 class IbPortReader:
@@ -63,3 +91,25 @@ class IbCollector(Collector):
         source.gpus = dict(self.sink.pci_to_gpu)
         scan = await self.blocking(source.read)
         self.sink.set_ports(self.reader.apply(scan, now))
+
+    def families(self) -> list[Families]:
+        return [self.reader.metrics]
+
+
+def build(ctx: IbBuild) -> IbCollector | None:
+    """IB/RoCE ports: from sysfs, or from a simulated host that offers a port source (``ib_ports``); the
+    port history goes to the sink too, for the kernel lines about a port."""
+    c = ctx.config.ib
+    if not c.enabled:
+        return None
+    sim_source = ctx.inputs.ib_ports
+    source: PortSource = sim_source if sim_source is not None else SysfsPorts(c.sysfs_root)
+    state_dir = Path(ctx.config.agent.state_dir)
+    tracker = PortTracker(
+        flap_window_s=c.flap_window_s,
+        error_window_s=c.error_window_s,
+        state_path=state_dir / "ib_ports.json" if ctx.durable and sim_source is None else None,
+    )
+    ctx.sink.port_tracker = tracker
+    metrics = IbPortMetrics(ctx.cluster, ctx.host)
+    return IbCollector(ctx.sink, IbPortReader(source, tracker, metrics), c.interval_s)

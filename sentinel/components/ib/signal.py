@@ -3,6 +3,7 @@ detector (``network``: the port rule's findings joined to hosts, GPUs and ranks)
 
 from __future__ import annotations
 
+from sentinel.components.ib.collector import build
 from sentinel.components.signal import Signal
 
 SIGNAL = Signal[None](
@@ -10,5 +11,6 @@ SIGNAL = Signal[None](
     summary="InfiniBand / RoCE ports from sysfs: links down, flaps, error rates; the port behind a stall",
     scope="host",
     collector="ib",
+    collect=build,
     detector="network",
 )

@@ -16,12 +16,13 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-from sentinel.components.collector import Collector
+from sentinel.components.collector import Collector, Families
 from sentinel.components.nccl_ras.client import RasError, RasNotListening, query_status
 from sentinel.components.nccl_ras.metrics import RasMetrics
 from sentinel.components.nccl_ras.owner import ProcSocketTable, SocketTable, Trust, listener_trusted
 from sentinel.components.nccl_ras.parse import parse_status
 from sentinel.components.nccl_ras.record import RasStatus
+from sentinel.config.agent import AgentConfig
 from sentinel.log import get_logger
 
 log = get_logger(module="components.nccl_ras")
@@ -42,6 +43,19 @@ class RasSink(Protocol):
     def ras_job_pids(self, job: str) -> list[int]: ...
 
     def add_ras(self, status: RasStatus) -> None: ...
+
+
+class RasBuild(Protocol):
+    """What the ``nccl_ras`` collector is built from (the agent's build context)."""
+
+    @property
+    def config(self) -> AgentConfig: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def cluster(self) -> str: ...
+    @property
+    def sink(self) -> RasSink: ...
 
 
 class RasCollector(Collector):
@@ -140,7 +154,27 @@ class RasCollector(Collector):
         latest[self._task_job] = status
         self.sink.add_ras(status)
 
+    def families(self) -> list[Families]:
+        return [self.metrics]
+
     def close(self) -> None:
         super().close()
         if self._task is not None:
             self._task.cancel()
+
+
+def build(ctx: RasBuild) -> RasCollector | None:
+    c = ctx.config
+    if not c.nccl_ras.enabled:
+        return None
+    r = c.nccl_ras
+    return RasCollector(
+        ctx.sink,
+        RasMetrics(ctx.cluster, ctx.host),
+        host=r.host,
+        port=r.port,
+        interval_s=r.interval_s,
+        timeout_s=r.timeout_s,
+        refused_backoff_s=r.refused_backoff_s,
+        tick_s=c.collect.tick_s,
+    )

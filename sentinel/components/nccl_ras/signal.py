@@ -3,6 +3,7 @@ is the stuck detector's evidence about a stalled job."""
 
 from __future__ import annotations
 
+from sentinel.components.nccl_ras.collector import build
 from sentinel.components.nccl_ras.parse import parse_status
 from sentinel.components.signal import Signal
 
@@ -11,6 +12,7 @@ SIGNAL = Signal[None](
     summary="NCCL RAS status of a job (NCCL >= 2.24): dead or unreachable ranks behind a stall",
     scope="host",
     collector="nccl_ras",
+    collect=build,
     detector="stuck",
     parse=parse_status,
 )

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from sentinel.components.collector import Collector
+from sentinel.components.collector import Collector, Families
 from sentinel.components.netdev.metrics import NetdevMetrics
+from sentinel.components.netdev.qdisc import NetlinkQdiscs
 from sentinel.components.netdev.record import Netdev
-from sentinel.components.netdev.sysfs import NetdevScan
+from sentinel.components.netdev.sysfs import NetdevScan, SysfsNetdevs
 from sentinel.components.netdev.tracker import NetdevRates
+from sentinel.config.agent import AgentConfig
 from sentinel.log import get_logger
 
 log = get_logger(module="components.netdev")
@@ -25,6 +27,27 @@ class NetdevSource(Protocol):
 
 class NetdevSink(Protocol):
     def set_netdevs(self, netdevs: list[Netdev]) -> None: ...
+
+
+class SimulatedHost(Protocol):
+    #: a simulated host's IB ports (its job traffic): set on a simulated host only
+    @property
+    def ib_ports(self) -> object | None: ...
+
+
+class NetdevBuild(Protocol):
+    """What the ``netdev`` collector is built from (the agent's build context)."""
+
+    @property
+    def config(self) -> AgentConfig: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def cluster(self) -> str: ...
+    @property
+    def sink(self) -> NetdevSink: ...
+    @property
+    def inputs(self) -> SimulatedHost: ...
 
 
 class NetdevCollector(Collector):
@@ -50,3 +73,16 @@ class NetdevCollector(Collector):
                 self._logged.add(problem)
                 log.warning("netdev_read_problem", problem=problem[:300])
         self.sink.set_netdevs(netdevs)
+
+    def families(self) -> list[Families]:
+        return [self.metrics]
+
+
+def build(ctx: NetdevBuild) -> NetdevCollector | None:
+    """Network interfaces from sysfs (a simulated host has none: its job traffic is on its IB ports)."""
+    c = ctx.config.netdev
+    if not c.enabled or ctx.inputs.ib_ports is not None:
+        return None
+    metrics = NetdevMetrics(ctx.cluster, ctx.host)
+    qdiscs = NetlinkQdiscs(netns=c.netns) if c.qdiscs else None
+    return NetdevCollector(ctx.sink, SysfsNetdevs(c.sysfs_root, qdiscs), metrics, c.interval_s)
