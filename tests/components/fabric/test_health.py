@@ -56,7 +56,7 @@ def test_rule_table(mask: int, reasons: list[str]) -> None:
 def test_nvml_read_of_the_mask_and_the_fallback_to_the_v1_call(fake_nvml: FakeNvml) -> None:
     completed = int(pynvml.NVML_GPU_FABRIC_STATE_COMPLETED)
     fake_nvml.gpus[0].fabric = (completed, 0, 7)
-    fake_nvml.gpus[0].fabric_health = _mask(fabric_route_unhealthy=1)
+    fake_nvml.gpus[0].extra["fabric_health"] = _mask(fabric_route_unhealthy=1)
     fake_nvml.gpus[1].fabric = (completed, 0, 7)  # an older driver: no versioned call
     source = NvmlSource()
     source.open()
@@ -64,6 +64,14 @@ def test_nvml_read_of_the_mask_and_the_fallback_to_the_v1_call(fake_nvml: FakeNv
     assert info is not None and info.health_mask == _mask(fabric_route_unhealthy=1)
     old = source.read_slow(1, 1.0).fabric
     assert old is not None and old.state == "completed" and old.health_mask is None
+    source.close()
+
+
+def test_a_gpu_without_a_fabric_answers_the_versioned_call_not_supported(fake_nvml: FakeNvml) -> None:
+    source = NvmlSource()
+    source.open()
+    assert source.read_slow(0, 1.0).fabric is None
+    assert {(0, "fabric"), (0, "fabric_v")} <= source.unsupported()  # what the device golden leaves out
     source.close()
 
 
