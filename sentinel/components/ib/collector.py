@@ -15,7 +15,6 @@ from sentinel.components.ib.metrics import IbPortMetrics
 from sentinel.components.ib.record import IbPort
 from sentinel.components.ib.sysfs import PortScan, PortSource, SysfsPorts
 from sentinel.components.ib.tracker import PortTracker
-from sentinel.config.agent import AgentConfig
 from sentinel.log import get_logger
 
 log = get_logger(module="components.ib")
@@ -36,11 +35,40 @@ class SimulatedPorts(Protocol):
     def ib_ports(self) -> PortSource | None: ...
 
 
+class IbSettings(Protocol):
+    """The agent's ``[ib]`` section."""
+
+    @property
+    def enabled(self) -> bool: ...
+    @property
+    def sysfs_root(self) -> str: ...
+    @property
+    def interval_s(self) -> float: ...
+    @property
+    def flap_window_s(self) -> float: ...
+    @property
+    def error_window_s(self) -> float: ...
+
+
+class StateDir(Protocol):
+    @property
+    def state_dir(self) -> str: ...
+
+
+class IbAgentConfig(Protocol):
+    """What the ``ib`` collector reads of the agent's configuration."""
+
+    @property
+    def ib(self) -> IbSettings: ...
+    @property
+    def agent(self) -> StateDir: ...
+
+
 class IbBuild(Protocol):
     """What the ``ib`` collector is built from (the agent's build context)."""
 
     @property
-    def config(self) -> AgentConfig: ...
+    def config(self) -> IbAgentConfig: ...
     @property
     def host(self) -> str: ...
     @property

@@ -22,7 +22,6 @@ from sentinel.components.nccl_ras.metrics import RasMetrics
 from sentinel.components.nccl_ras.owner import ProcSocketTable, SocketTable, Trust, listener_trusted
 from sentinel.components.nccl_ras.parse import parse_status
 from sentinel.components.nccl_ras.record import RasStatus
-from sentinel.config.agent import AgentConfig
 from sentinel.log import get_logger
 
 log = get_logger(module="components.nccl_ras")
@@ -45,11 +44,42 @@ class RasSink(Protocol):
     def add_ras(self, status: RasStatus) -> None: ...
 
 
+class RasSettings(Protocol):
+    """The agent's ``[nccl_ras]`` section."""
+
+    @property
+    def enabled(self) -> bool: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def interval_s(self) -> float: ...
+    @property
+    def timeout_s(self) -> float: ...
+    @property
+    def refused_backoff_s(self) -> float: ...
+
+
+class TickSettings(Protocol):
+    @property
+    def tick_s(self) -> float: ...
+
+
+class RasAgentConfig(Protocol):
+    """What the ``nccl_ras`` collector reads of the agent's configuration."""
+
+    @property
+    def nccl_ras(self) -> RasSettings: ...
+    @property
+    def collect(self) -> TickSettings: ...
+
+
 class RasBuild(Protocol):
     """What the ``nccl_ras`` collector is built from (the agent's build context)."""
 
     @property
-    def config(self) -> AgentConfig: ...
+    def config(self) -> RasAgentConfig: ...
     @property
     def host(self) -> str: ...
     @property

@@ -14,7 +14,6 @@ from sentinel.components.netdev.qdisc import NetlinkQdiscs
 from sentinel.components.netdev.record import Netdev
 from sentinel.components.netdev.sysfs import NetdevScan, SysfsNetdevs
 from sentinel.components.netdev.tracker import NetdevRates
-from sentinel.config.agent import AgentConfig
 from sentinel.log import get_logger
 
 log = get_logger(module="components.netdev")
@@ -35,11 +34,33 @@ class SimulatedHost(Protocol):
     def ib_ports(self) -> object | None: ...
 
 
+class NetdevSettings(Protocol):
+    """The agent's ``[netdev]`` section."""
+
+    @property
+    def enabled(self) -> bool: ...
+    @property
+    def sysfs_root(self) -> str: ...
+    @property
+    def interval_s(self) -> float: ...
+    @property
+    def qdiscs(self) -> bool: ...
+    @property
+    def netns(self) -> str: ...
+
+
+class NetdevAgentConfig(Protocol):
+    """What the ``netdev`` collector reads of the agent's configuration."""
+
+    @property
+    def netdev(self) -> NetdevSettings: ...
+
+
 class NetdevBuild(Protocol):
     """What the ``netdev`` collector is built from (the agent's build context)."""
 
     @property
-    def config(self) -> AgentConfig: ...
+    def config(self) -> NetdevAgentConfig: ...
     @property
     def host(self) -> str: ...
     @property
