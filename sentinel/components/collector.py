@@ -74,3 +74,22 @@ class Collector(abc.ABC):
         """Release files/sockets/threads."""
         if self._worker is not None:
             self._worker.stop()
+
+
+class SourceSettings(Protocol):
+    """A host-level source's section of the agent's configuration: whether it runs, how often it reads."""
+
+    @property
+    def enabled(self) -> bool: ...
+    @property
+    def interval_s(self) -> float: ...
+
+
+class HostBuild(Protocol):
+    """What every host-level source's builder reads of the agent's build context (a builder's own Protocol
+    adds its ``config`` sections, its ``sink`` and the rest)."""
+
+    @property
+    def host(self) -> str: ...
+    @property
+    def cluster(self) -> str: ...

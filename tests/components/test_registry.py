@@ -10,12 +10,22 @@ from pathlib import Path
 import msgspec
 
 import sentinel.components
-from sentinel.agent.registry import BUILDERS, COLLECTORS
+from sentinel.agent.metrics import AgentCounters
+from sentinel.agent.registry import BUILDERS, COLLECTORS, BuildContext
 from sentinel.agent.registry import OWN as OWN_BUILDERS
+from sentinel.agent.sink import TickSink
+from sentinel.agent.source import HostInputs
 from sentinel.aggregator.engine import DETECTORS, Engine
 from sentinel.cli.cmd_config import render_docs
 from sentinel.components import registry
+from sentinel.components.ib.collector import IbBuild
+from sentinel.components.ib.signal import SIGNAL as IB
+from sentinel.components.nccl_ras.collector import RasBuild
+from sentinel.components.nccl_ras.signal import SIGNAL as NCCL_RAS
+from sentinel.components.netdev.collector import NetdevBuild
+from sentinel.components.netdev.signal import SIGNAL as NETDEV
 from sentinel.components.signal import Signal
+from sentinel.config.agent import AgentConfig
 from sentinel.config.aggregator import AggregatorConfig
 from sentinel.wire import EccCounters, FabricInfo, GpuSample, NvLink, PcieLink, RowRemap
 
@@ -52,6 +62,34 @@ def test_a_host_level_source_s_collector_is_built_by_its_component_never_by_the_
     assert from_signals == {"ib", "netdev", "nccl_ras"}
     assert not from_signals & set(OWN_BUILDERS)
     assert set(BUILDERS) == set(OWN_BUILDERS) | from_signals
+
+
+def fits(ctx: BuildContext) -> tuple[IbBuild, NetdevBuild, RasBuild]:
+    """mypy checks here that the agent's build context is what each host-level builder reads."""
+    return ctx, ctx, ctx
+
+
+def test_the_agent_s_build_context_builds_every_host_level_collector(tmp_path: Path) -> None:
+    config = AgentConfig()
+    config.agent.state_dir = str(tmp_path)
+    config.ib.sysfs_root = config.netdev.sysfs_root = str(tmp_path / "sys")
+    sink = TickSink("h", AgentCounters())
+    ctx = BuildContext(
+        config=config,
+        host="h",
+        cluster="c",
+        source=None,  # type: ignore[arg-type]  # no GPU collector is built here
+        inputs=HostInputs(),
+        sink=sink,
+        counters=AgentCounters(),
+        lines=None,  # type: ignore[arg-type]
+        xids=None,  # type: ignore[arg-type]
+    )
+    ib, netdev, ras = fits(ctx)
+    built = [s.collect(c) for s, c in ((IB, ib), (NETDEV, netdev), (NCCL_RAS, ras)) if s.collect]
+    assert [c.name for c in built if c is not None] == ["ib", "netdev", "nccl_ras"]
+    assert sink.port_tracker is not None  # the ib collector handed over its port history
+    assert all(c is not None and c.families() for c in built)
 
 
 def test_every_judged_gpu_signal_has_a_memory_type_for_the_latches() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from sentinel.components.collector import Collector, Families
+from sentinel.components.collector import Collector, Families, HostBuild, SourceSettings
 from sentinel.components.ib.metrics import IbPortMetrics
 from sentinel.components.ib.record import IbPort
 from sentinel.components.ib.sysfs import PortScan, PortSource, SysfsPorts
@@ -35,15 +35,11 @@ class SimulatedPorts(Protocol):
     def ib_ports(self) -> PortSource | None: ...
 
 
-class IbSettings(Protocol):
+class IbSettings(SourceSettings, Protocol):
     """The agent's ``[ib]`` section."""
 
     @property
-    def enabled(self) -> bool: ...
-    @property
     def sysfs_root(self) -> str: ...
-    @property
-    def interval_s(self) -> float: ...
     @property
     def flap_window_s(self) -> float: ...
     @property
@@ -64,15 +60,11 @@ class IbAgentConfig(Protocol):
     def agent(self) -> StateDir: ...
 
 
-class IbBuild(Protocol):
+class IbBuild(HostBuild, Protocol):
     """What the ``ib`` collector is built from (the agent's build context)."""
 
     @property
     def config(self) -> IbAgentConfig: ...
-    @property
-    def host(self) -> str: ...
-    @property
-    def cluster(self) -> str: ...
     @property
     def sink(self) -> PortSink: ...
     @property

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-from sentinel.components.collector import Collector, Families
+from sentinel.components.collector import Collector, Families, HostBuild, SourceSettings
 from sentinel.components.nccl_ras.client import RasError, RasNotListening, query_status
 from sentinel.components.nccl_ras.metrics import RasMetrics
 from sentinel.components.nccl_ras.owner import ProcSocketTable, SocketTable, Trust, listener_trusted
@@ -44,17 +44,13 @@ class RasSink(Protocol):
     def add_ras(self, status: RasStatus) -> None: ...
 
 
-class RasSettings(Protocol):
+class RasSettings(SourceSettings, Protocol):
     """The agent's ``[nccl_ras]`` section."""
 
-    @property
-    def enabled(self) -> bool: ...
     @property
     def host(self) -> str: ...
     @property
     def port(self) -> int: ...
-    @property
-    def interval_s(self) -> float: ...
     @property
     def timeout_s(self) -> float: ...
     @property
@@ -75,15 +71,11 @@ class RasAgentConfig(Protocol):
     def collect(self) -> TickSettings: ...
 
 
-class RasBuild(Protocol):
+class RasBuild(HostBuild, Protocol):
     """What the ``nccl_ras`` collector is built from (the agent's build context)."""
 
     @property
     def config(self) -> RasAgentConfig: ...
-    @property
-    def host(self) -> str: ...
-    @property
-    def cluster(self) -> str: ...
     @property
     def sink(self) -> RasSink: ...
 

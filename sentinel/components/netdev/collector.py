@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from sentinel.components.collector import Collector, Families
+from sentinel.components.collector import Collector, Families, HostBuild, SourceSettings
 from sentinel.components.netdev.metrics import NetdevMetrics
 from sentinel.components.netdev.qdisc import NetlinkQdiscs
 from sentinel.components.netdev.record import Netdev
@@ -34,15 +34,11 @@ class SimulatedHost(Protocol):
     def ib_ports(self) -> object | None: ...
 
 
-class NetdevSettings(Protocol):
+class NetdevSettings(SourceSettings, Protocol):
     """The agent's ``[netdev]`` section."""
 
     @property
-    def enabled(self) -> bool: ...
-    @property
     def sysfs_root(self) -> str: ...
-    @property
-    def interval_s(self) -> float: ...
     @property
     def qdiscs(self) -> bool: ...
     @property
@@ -56,15 +52,11 @@ class NetdevAgentConfig(Protocol):
     def netdev(self) -> NetdevSettings: ...
 
 
-class NetdevBuild(Protocol):
+class NetdevBuild(HostBuild, Protocol):
     """What the ``netdev`` collector is built from (the agent's build context)."""
 
     @property
     def config(self) -> NetdevAgentConfig: ...
-    @property
-    def host(self) -> str: ...
-    @property
-    def cluster(self) -> str: ...
     @property
     def sink(self) -> NetdevSink: ...
     @property
