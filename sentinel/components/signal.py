@@ -1,11 +1,12 @@
 """The Signal contract: one signal's whole life, declared once, in its component folder.
 
 A :class:`Signal` says what the signal is (name, summary), where its reading comes from (its NVML read, its
-text parser, or a host-level collector), how a reading is remembered on the aggregator (``remember``: the
-previous reading, a counter history — the signal's own ``memory`` type, a msgspec struct, so the fleet's
-latches store it generically), how the remembered readings are judged (``judge``: pure, findings with
-severity and action from :mod:`sentinel.components.vocab`), and which metric families, alert rules and
-dashboard panels it has. :mod:`sentinel.components.registry` lists every signal once; the agent's NVML reads,
+text parser, or a host-level source's collector: ``collect``), how a reading is remembered on the
+aggregator (``remember``: the previous reading, a counter history — the signal's own ``memory`` type, a
+msgspec struct, so the fleet's latches store it generically), how the remembered readings are judged
+(``judge``: pure, findings with severity and action from :mod:`sentinel.components.vocab`; a host-level
+source's ``judge_host`` / ``stall_evidence``), and which metric families, alert rules and dashboard panels
+it has. :mod:`sentinel.components.registry` lists every signal once; the agent's NVML reads,
 its collectors, the aggregator's hardware detector, the configuration's names and the docs are derived from
 it. Nothing here imports the agent or the aggregator.
 """
