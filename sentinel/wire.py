@@ -129,7 +129,6 @@ class GpuSample(msgspec.Struct, kw_only=True, omit_defaults=True):
     pcie_rx_kbps: float | None = None
     recovery_action: Short | None = None  # the driver's (R550+): none, gpu_reset, node_reboot, drain_p2p, ...
     mem_temp_c: float | None = None  # HBM temperature (slow ticks)
-    mem_temp_max_c: float | None = None  # HBM maximum operating temperature (NVML MEM_MAX threshold, slow)
     pcie_link: PcieLink | None = None  # generation/width now vs max (slow ticks)
     fabric: FabricInfo | None = None  # fabric-manager registration (NVSwitch systems, slow ticks)
     pids: Annotated[list[int], msgspec.Meta(max_length=MAX_LIST)] = []
@@ -138,6 +137,10 @@ class GpuSample(msgspec.Struct, kw_only=True, omit_defaults=True):
     retired: RetiredPages | None = None
     nvlink: Annotated[list[NvLink], msgspec.Meta(max_length=MAX_LIST)] | None = None
     violations: ClockViolations | None = None  # cumulative clock-policy violation time (slow ticks)
+    #: numbers of the signals with no field of their own here, keyed ``<signal>.<name>``
+    #: (``components/signal.py``'s ``reading``): a new signal's readings travel without a change to this
+    #: struct; None on fast ticks
+    readings: Annotated[dict[Short, float], msgspec.Meta(max_length=MAX_LIST)] | None = None
 
 
 class _EventBase(msgspec.Struct, kw_only=True, omit_defaults=True, tag_field="kind"):

@@ -14,8 +14,7 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    # Imported on first use: components' collectors subclass sentinel.agent.collectors.base.Collector, and the
-    # agent imports those components, so importing the package must not import the agent eagerly.
+    # Imported on first use: importing the package (its GPU-source interface) must not build the whole agent.
     if name == "Agent":
         from sentinel.agent.agent import Agent
 

@@ -199,7 +199,6 @@ class Agent:
         parts = assemble(built)
         self.gpu_collector: GpuCollector | None = parts.gpu  # None: the nvml collector is disabled
         self.probe: ProbeServer | None = parts.probe  # bound on start
-        self.sink.port_tracker = parts.port_tracker
         for families in parts.families:
             self.registry.register(families)
 

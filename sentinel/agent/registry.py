@@ -16,7 +16,6 @@ from typing import Final
 
 from prometheus_client.registry import Collector as MetricFamilies
 
-from sentinel.agent.collectors.base import Collector
 from sentinel.agent.collectors.flight_recorder import FrDumpCollector, ProbeCollector
 from sentinel.agent.collectors.gpu import GpuCollector
 from sentinel.agent.collectors.jobs import JobsCollector
@@ -31,16 +30,7 @@ from sentinel.agent.sink import CollectorSink
 from sentinel.agent.source import GpuSource, HostInputs
 from sentinel.agent.tailer import LogTailer
 from sentinel.components import registry as signals
-from sentinel.components.ib.collector import IbCollector, IbPortReader
-from sentinel.components.ib.metrics import IbPortMetrics
-from sentinel.components.ib.sysfs import PortSource, SysfsPorts
-from sentinel.components.ib.tracker import PortTracker
-from sentinel.components.nccl_ras.collector import RasCollector
-from sentinel.components.nccl_ras.metrics import RasMetrics
-from sentinel.components.netdev.collector import NetdevCollector
-from sentinel.components.netdev.metrics import NetdevMetrics
-from sentinel.components.netdev.qdisc import NetlinkQdiscs
-from sentinel.components.netdev.sysfs import SysfsNetdevs
+from sentinel.components.collector import Collector
 from sentinel.components.xid.merge import XidMerger
 from sentinel.config.agent import AgentConfig
 from sentinel.log import get_logger
@@ -98,23 +88,6 @@ def _xid(ctx: BuildContext, built: Sequence[Collector]) -> Collector | None:
     return XidCollector(ctx.sink, listener, ctx.xids, ctx.config.collect.tick_s)
 
 
-def _ib(ctx: BuildContext, _: Sequence[Collector]) -> Collector | None:
-    """IB/RoCE ports: from sysfs, or from a simulated host that offers a port source (``ib_ports``)."""
-    c = ctx.config.ib
-    if not c.enabled:
-        return None
-    sim_source = ctx.inputs.ib_ports
-    source: PortSource = sim_source if sim_source is not None else SysfsPorts(c.sysfs_root)
-    state_dir = Path(ctx.config.agent.state_dir)
-    tracker = PortTracker(
-        flap_window_s=c.flap_window_s,
-        error_window_s=c.error_window_s,
-        state_path=state_dir / "ib_ports.json" if ctx.durable and sim_source is None else None,
-    )
-    metrics = IbPortMetrics(ctx.cluster, ctx.host)
-    return IbCollector(ctx.sink, IbPortReader(source, tracker, metrics), c.interval_s)
-
-
 def _kmsg(ctx: BuildContext, _: Sequence[Collector]) -> Collector | None:
     c = ctx.config
     if ctx.inputs.kernel_log is not None:
@@ -129,16 +102,6 @@ def _kmsg(ctx: BuildContext, _: Sequence[Collector]) -> Collector | None:
         journal_cursor_path=cursor.with_name("journal.cursor") if cursor is not None else None,
     )
     return KmsgCollector(reader, ctx.lines, c.collect.tick_s)
-
-
-def _netdev(ctx: BuildContext, _: Sequence[Collector]) -> Collector | None:
-    """Network interfaces from sysfs (a simulated host has none: its job traffic is on its IB ports)."""
-    c = ctx.config.netdev
-    if not c.enabled or ctx.inputs.ib_ports is not None:
-        return None
-    metrics = NetdevMetrics(ctx.cluster, ctx.host)
-    qdiscs = NetlinkQdiscs(netns=c.netns) if c.qdiscs else None
-    return NetdevCollector(ctx.sink, SysfsNetdevs(c.sysfs_root, qdiscs), metrics, c.interval_s)
 
 
 def _logs(ctx: BuildContext, _: Sequence[Collector]) -> Collector | None:
@@ -166,23 +129,6 @@ def _jobs(ctx: BuildContext, _: Sequence[Collector]) -> Collector | None:
         else JobMapper(tailed_globs=c.logs.globs, listpids=None, processes=table)  # no Slurm under a sim
     )
     return JobsCollector(ctx.sink, mapper, c.collect.procs_interval_s)
-
-
-def _nccl_ras(ctx: BuildContext, _: Sequence[Collector]) -> Collector | None:
-    c = ctx.config
-    if not c.nccl_ras.enabled:
-        return None
-    r = c.nccl_ras
-    return RasCollector(
-        ctx.sink,
-        RasMetrics(ctx.cluster, ctx.host),
-        host=r.host,
-        port=r.port,
-        interval_s=r.interval_s,
-        timeout_s=r.timeout_s,
-        refused_backoff_s=r.refused_backoff_s,
-        tick_s=c.collect.tick_s,
-    )
 
 
 def _probe(ctx: BuildContext, _: Sequence[Collector]) -> Collector | None:
@@ -216,18 +162,29 @@ def _fr_dumps(ctx: BuildContext, _: Sequence[Collector]) -> Collector | None:
     return FrDumpCollector(ctx.sink, watcher, max(c.collect.tick_s, 2.0))
 
 
-#: how each collector of the registry (:data:`sentinel.components.registry.COLLECTORS`) is built
-BUILDERS: Final[dict[str, Callable[[BuildContext, Sequence[Collector]], Collector | None]]] = {
+#: how the agent builds its own collectors (the job's side: kernel log, job logs, processes, probe, dumps)
+OWN: Final[dict[str, Callable[[BuildContext, Sequence[Collector]], Collector | None]]] = {
     "nvml": _nvml,
     "xid": _xid,
-    "ib": _ib,
-    "netdev": _netdev,
     "kmsg": _kmsg,
     "logs": _logs,
     "jobs": _jobs,
-    "nccl_ras": _nccl_ras,
     "probe": _probe,
     "fr_dumps": _fr_dumps,
+}
+
+
+def _from_signal(
+    collect: Callable[[BuildContext], Collector | None],
+) -> Callable[[BuildContext, Sequence[Collector]], Collector | None]:
+    return lambda ctx, _: collect(ctx)
+
+
+#: how each collector of the registry (:data:`sentinel.components.registry.COLLECTORS`) is built: the
+#: agent's own, and each host-level signal's ``collect`` (its component builds it)
+BUILDERS: Final[dict[str, Callable[[BuildContext, Sequence[Collector]], Collector | None]]] = {
+    **OWN,
+    **{s.collector: _from_signal(s.collect) for s in signals.SIGNALS if s.collect is not None},
 }
 
 #: every collector, in the registry's order (a name without a builder fails at import, not at run time)
@@ -259,8 +216,6 @@ class Assembly:
     """The parts of the built collectors the agent holds on to."""
 
     gpu: GpuCollector | None = None
-    #: the ib collector's port history (kernel lines about a port are evidence for it)
-    port_tracker: PortTracker | None = None
     #: the probe socket the agent binds on start (None: no socket, or a simulated host's feed)
     probe: ProbeServer | None = None
     #: the metric families the built collectors export, for the agent's registry
@@ -273,11 +228,7 @@ def assemble(collectors: Sequence[Collector]) -> Assembly:
     for collector in collectors:
         if isinstance(collector, GpuCollector):
             out.gpu = collector
-        elif isinstance(collector, IbCollector):
-            out.port_tracker = collector.reader.tracker
-            out.families.append(collector.reader.metrics)
-        elif isinstance(collector, RasCollector | NetdevCollector):
-            out.families.append(collector.metrics)
         elif isinstance(collector, ProbeCollector) and collector.feed is None:
             out.probe = collector.server
+        out.families.extend(collector.families())
     return out

@@ -32,6 +32,9 @@ class CollectorSink(AgentSink, Protocol):
     """Everything a collector of the registry may write: the agent's own collectors' :class:`AgentSink`
     plus the network components' ports and NCCL RAS answers."""
 
+    #: the ib collector's port history (it hands it over when built), for kernel lines about a port
+    port_tracker: PortTracker | None
+
     def procs(self) -> list[ProcInfo]: ...
 
     def set_ports(self, ports: list[IbPort]) -> None: ...

@@ -47,6 +47,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         p.set_defaults(func=_check if name == "check" else _show)
     docs = sub.add_parser("docs", help="print the Markdown reference of every key (docs/configuration.md)")
     docs.set_defaults(func=_docs)
+    components = sub.add_parser(
+        "components", help="print the Markdown reference of every signal of the registry (docs/components.md)"
+    )
+    components.set_defaults(func=_components)
 
 
 def _daemon_for(path: Path, explicit: str | None) -> str:
@@ -89,4 +93,11 @@ def render_docs() -> str:
 
 def _docs(_: argparse.Namespace) -> int:
     sys.stdout.write(render_docs())
+    return 0
+
+
+def _components(_: argparse.Namespace) -> int:
+    from sentinel.components.registry import components_doc
+
+    sys.stdout.write(components_doc())
     return 0

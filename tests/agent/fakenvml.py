@@ -15,6 +15,8 @@ event set.
 from __future__ import annotations
 
 import ctypes
+import importlib
+import pkgutil
 import queue
 import threading
 import time
@@ -23,11 +25,15 @@ from collections import Counter
 from collections.abc import Callable
 from ctypes import CFUNCTYPE, c_int, c_uint, c_ulonglong, c_void_p
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pynvml
 
 P = c_void_p
+#: defines one device function of the fake: ``device(name, body, *argtypes)``, ``body(gpu, *args) -> code``
+Device = Callable[..., Any]
+COMPONENT_TESTS = Path(__file__).resolve().parents[1] / "components"
 SUCCESS = 0
 NOT_SUPPORTED = 3
 FUNCTION_NOT_FOUND = 13
@@ -85,12 +91,12 @@ class FakeGpu:
     )
     recovery_action: int | None = 0  # None: field not supported
     mem_temp: int | None = 71  # HBM temperature field; None: not supported
-    mem_temp_max: int | None = None  # NVML_TEMPERATURE_THRESHOLD_MEM_MAX; None: not supported
-    fabric_health: int | None = None  # nvmlDeviceGetGpuFabricInfoV's healthMask; None: only the v1 call
     pcie_gen: tuple[int, int] = (5, 5)  # (now, max)
     pcie_width: tuple[int, int] = (16, 16)
     fabric: tuple[int, int, int] | None = None  # (state, status, clique); None: NOT_SUPPORTED (no NVSwitch)
     unsupported: set[str] = field(default_factory=set)  # NVML function names answering NOT_SUPPORTED
+    #: what the components' own fake functions answer, by name (``tests/components/<name>/fake_nvml.py``)
+    extra: dict[str, Any] = field(default_factory=dict)
     lost: bool = False
     #: nvmlDeviceGetHandleByIndex answers this NVML error code for this GPU (0: it opens)
     handle_error: int = 0
@@ -345,13 +351,6 @@ class FakeNvml:
 
         lib.nvmlDeviceGetTemperature = d("nvmlDeviceGetTemperature", temperature, c_uint, P)
 
-        def threshold(gpu: FakeGpu, kind: int, out: int) -> int:
-            if kind != pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX or gpu.mem_temp_max is None:
-                return NOT_SUPPORTED
-            _put_uint(out, gpu.mem_temp_max)
-            return SUCCESS
-
-        lib.nvmlDeviceGetTemperatureThreshold = d("nvmlDeviceGetTemperatureThreshold", threshold, c_uint, P)
         lib.nvmlDeviceGetPowerUsage = d("nvmlDeviceGetPowerUsage", uint(lambda g: g.power_mw), P)
         lib.nvmlDeviceGetEnforcedPowerLimit = d(
             "nvmlDeviceGetEnforcedPowerLimit", uint(lambda g: g.limit_mw), P
@@ -520,18 +519,6 @@ class FakeNvml:
 
         lib.nvmlDeviceGetGpuFabricInfo = d("nvmlDeviceGetGpuFabricInfo", fabric, P)
 
-        def fabric_v(gpu: FakeGpu, out: int) -> int:
-            if gpu.fabric is None:
-                return NOT_SUPPORTED
-            if gpu.fabric_health is None:
-                return FUNCTION_NOT_FOUND  # a driver before R550: the v1 call only
-            info = pynvml.c_nvmlGpuFabricInfo_v3_t.from_address(out)
-            info.state, info.status, info.cliqueId = gpu.fabric
-            info.healthMask = gpu.fabric_health
-            return SUCCESS
-
-        lib.nvmlDeviceGetGpuFabricInfoV = d("nvmlDeviceGetGpuFabricInfoV", fabric_v, P)
-
         def event_set_create(out: int) -> int:
             c_void_p.from_address(out).value = EVENT_SET
             return SUCCESS
@@ -560,4 +547,27 @@ class FakeNvml:
 
         lib.nvmlEventSetWait_v2 = self._cfunc(event_wait, P, P, c_uint)
         lib.nvmlEventSetFree = self._cfunc(lambda es: SUCCESS, P)
+        for install in component_fakes():
+            install(lib, d)
         return lib
+
+
+def _component_modules() -> list[types.ModuleType]:
+    found = []
+    for module in pkgutil.iter_modules([str(COMPONENT_TESTS)]):
+        if module.ispkg and (COMPONENT_TESTS / module.name / "fake_nvml.py").exists():
+            found.append(importlib.import_module(f"tests.components.{module.name}.fake_nvml"))
+    return found
+
+
+def component_fakes() -> list[Callable[[types.SimpleNamespace, Device], None]]:
+    """The ``install(lib, device)`` of every ``tests/components/<name>/fake_nvml.py``: the NVML functions
+    a component reads that the fake above does not answer, kept with the component's tests (a new signal's
+    read needs no change here)."""
+    return [module.install for module in _component_modules()]
+
+
+def component_unsupported() -> frozenset[str]:
+    """The reads (``agent once``'s "unsupported" keys) the components' fakes answer NOT_SUPPORTED unless a
+    test of the component's own folder sets them up: other folders' golden files leave them out."""
+    return frozenset(key for module in _component_modules() for key in module.UNSUPPORTED_BY_DEFAULT)

@@ -14,7 +14,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from sentinel.agent import Agent, GpuLostError
 from sentinel.agent.nvml import NvmlSource
 from sentinel.components.device.nvml import normalize_pci_bus
-from sentinel.wire import XidOccurred
 from tests.agent.conftest import make_config
 from tests.agent.fakenvml import FakeNvml
 
@@ -156,54 +155,4 @@ async def test_hung_call_marks_gpu_unresponsive_and_never_blocks_others(
     assert [(e.kind, getattr(e, "state", None), e.gpu) for e in batch.events] == [("gpu_state", "ok", 1)]
     assert fake_nvml.calls.total() > calls_while_hung
     assert sum(n for (gpu, _), n in fake_nvml.calls.items() if gpu == 1) > hung_gpu_calls
-    await agent.shutdown()
-
-
-async def test_xid_events_through_the_event_set(fake_nvml: FakeNvml, tmp_path: Path) -> None:
-    agent = Agent(make_config(tmp_path), NvmlSource())
-    await agent.step(1.0)
-    fake_nvml.push_xid(1, 79)
-    fake_nvml.push_xid(0, 13)
-    events: list[XidOccurred] = []
-    deadline = time.monotonic() + 5
-    while len(events) < 2 and time.monotonic() < deadline:
-        batch = await agent.step()
-        events += [e for e in batch.events if isinstance(e, XidOccurred)]
-        await asyncio.sleep(0.05)
-    assert sorted((e.gpu, e.record.xid, e.severity) for e in events) == [
-        (0, 13, "warning"),
-        (1, 79, "critical"),
-    ]
-    text = agent.render_metrics().decode()
-    assert any(
-        line.startswith("sentinel_gpu_xid_events_total{") and 'gpu="1"' in line and 'xid="79"' in line
-        for line in text.splitlines()
-    )
-    await agent.shutdown()
-
-
-async def test_nvml_and_kernel_reports_of_one_xid_become_one_event_with_the_lines_detail(
-    fake_nvml: FakeNvml, tmp_path: Path
-) -> None:
-    kmsg = tmp_path / "kmsg"
-    kmsg.write_text("")
-    config = make_config(
-        tmp_path, kmsg={"enabled": True, "path": str(kmsg)}, collect={"xid_merge_wait_s": 5.0}
-    )
-    agent = Agent(config, NvmlSource())
-    await agent.step(1.0)
-    fake_nvml.push_xid(0, 149)  # NVML's bare report comes first ...
-    deadline = time.monotonic() + 5
-    while not len(agent.xids) and time.monotonic() < deadline:
-        await agent.step()
-        await asyncio.sleep(0.02)
-    assert len(agent.xids) == 1  # ... and waits for the kernel's
-    nvml_t = agent.xids._pending[(0, 149)][1].t
-    line = "NVRM: Xid (PCI:0000:18:00): 149, pid=4242, name=python3, Nonfatal NETIR_LINK_EVT, Link 02\n"
-    with kmsg.open("a") as f:
-        f.write(line)
-    batch = await agent.step()
-    [event] = [e for e in batch.events if isinstance(e, XidOccurred)]
-    assert (event.gpu, event.record.xid, event.severity, event.t) == (0, 149, "warning", nvml_t)
-    assert event.record.pid == 4242 and event.merged is True and "Nonfatal" in event.text
     await agent.shutdown()

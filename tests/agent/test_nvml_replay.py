@@ -203,25 +203,6 @@ def test_error_strings_at_the_boundary() -> None:
             pynvml.nvmlDeviceGetUtilizationRates(h)
 
 
-def test_gb200_fabric_health_mask_through_the_versioned_call() -> None:
-    library = ReplayLibrary(load(DATA / "healthy-gb200.xml"))
-    with library.installed():
-        h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        info = pynvml.c_nvmlGpuFabricInfo_v2_t()
-        pynvml.nvmlDeviceGetGpuFabricInfoV(h, pynvml.byref(info))
-        assert (info.state, info.status, info.cliqueId) == (pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, 0, 32766)
-        degraded = (info.healthMask >> pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW) & 0x3
-        unhealthy = (info.healthMask >> pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY) & 0x3
-        assert degraded == pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_FALSE
-        assert unhealthy == pynvml.NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_FALSE
-    library = ReplayLibrary(load(DATA / "fabric-in-progress.xml"))
-    with library.installed():
-        info = pynvml.c_nvmlGpuFabricInfo_v2_t()
-        pynvml.nvmlDeviceGetGpuFabricInfoV(pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.byref(info))
-        assert info.state == pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS
-        assert (info.healthMask >> pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW) & 0x3 == 0
-
-
 def test_the_library_is_restored_after_the_replay() -> None:
     before = pynvml.nvmlLib
     with ReplayLibrary(load(DATA / "healthy-h100.xml")).installed():

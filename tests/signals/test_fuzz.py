@@ -13,9 +13,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sentinel.components.ecc.parse import parse_ecc, parse_retired_pages
-from sentinel.components.rowremap.parse import parse_row_remap
-from sentinel.components.xid.parse import parse_sxid, parse_xid
 from sentinel.signals import LogScanner, classify_line, classify_text, scan_bytes
 
 FRAGMENTS = [
@@ -124,12 +121,7 @@ def test_text_entry_points_never_raise(text: str) -> None:
     for call in (
         classify_line,
         classify_text,
-        parse_xid,
-        parse_sxid,
-        parse_ecc,
-        parse_row_remap,
-        parse_retired_pages,
-    ):
+    ):  # the components' own parsers: tests/components/*/test_fuzz.py
         _timed(call, text)
 
 

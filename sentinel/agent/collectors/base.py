@@ -1,5 +1,5 @@
-"""The collector contract: what every collector is (a name, a cadence, :meth:`Collector.collect`) and what it
-feeds (:class:`AgentSink`), and :class:`Collectors`, which runs the due ones each tick.
+"""What the agent's collectors feed (:class:`AgentSink`) and :class:`Collectors`, which runs the due ones
+each tick (the collector contract itself is :mod:`sentinel.components.collector`).
 
 A collector never raises out of :meth:`Collectors.run_due`: a failure is logged, counted as success=0
 (``sentinel_agent_collector_{duration_seconds,success}``), and the next tick runs it again. Inline mode
@@ -10,14 +10,13 @@ hang is declared, not enacted) and collectors run one after the other.
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import time
-from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from sentinel.agent.metrics import AgentCounters, GpuView
-from sentinel.agent.worker import GpuWorker, InlineWorker, Worker
+from sentinel.agent.worker import GpuWorker, InlineWorker
+from sentinel.components.collector import Collector
 from sentinel.components.device.record import GpuSourceHealth
 from sentinel.components.ib.kernel import PortLogLine
 from sentinel.fr.heads import FrHeads
@@ -25,7 +24,6 @@ from sentinel.log import get_logger
 from sentinel.wire import Event, GpuInfo, GpuSample, ProcInfo
 
 log = get_logger(module="agent.collectors")
-T = TypeVar("T")
 
 
 class AgentSink(Protocol):
@@ -57,44 +55,6 @@ class AgentSink(Protocol):
         ...
 
 
-class Collector(abc.ABC):
-    """Base: ``name``, ``interval_s``; subclasses implement :meth:`collect`.
-
-    Blocking file-system work goes through :meth:`blocking`: a worker thread of this collector with a
-    deadline. Reading /proc/<pid>/environ of a process stuck in the GPU driver, or a log file on a hung NFS
-    mount, can block for good; the collector then reports failure each tick while its thread stays stuck,
-    instead of freezing the tick (and, through the systemd watchdog, restarting the agent into the same hang).
-    """
-
-    name = "collector"
-    blocking_deadline_s = 5.0
-
-    def __init__(self, interval_s: float) -> None:
-        self.interval_s = interval_s
-        self.next_run = 0.0
-        #: set by :class:`Collectors` in inline mode: blocking calls run on the caller's thread
-        self.inline = False
-        self._worker: Worker | None = None
-
-    @abc.abstractmethod
-    async def collect(self, now: float) -> None:
-        """Read this collector's source once and record what it found."""
-
-    def new_worker(self, name: str) -> Worker:
-        """A worker for blocking calls: a thread with a deadline, or inline under the virtual clock."""
-        return InlineWorker(name) if self.inline else GpuWorker(name)
-
-    async def blocking(self, fn: Callable[[], T]) -> T:
-        if self._worker is None:
-            self._worker = self.new_worker(f"collector-{self.name}")
-        return await self._worker.call(fn, self.blocking_deadline_s)
-
-    def close(self) -> None:
-        """Release files/sockets/threads."""
-        if self._worker is not None:
-            self._worker.stop()
-
-
 class Collectors:
     """Runs every due collector of a tick concurrently (inline: one after the other) and records
     duration/success."""
@@ -107,6 +67,7 @@ class Collectors:
 
     def add(self, collector: Collector) -> None:
         collector.inline = self.inline
+        collector.workers = InlineWorker if self.inline else GpuWorker
         self.items.append(collector)
 
     def get(self, name: str) -> Collector | None:

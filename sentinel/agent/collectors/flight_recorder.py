@@ -6,10 +6,11 @@ A simulated host's probe datagrams go through the same validation and authorisat
 
 from __future__ import annotations
 
-from sentinel.agent.collectors.base import AgentSink, Collector
+from sentinel.agent.collectors.base import AgentSink
 from sentinel.agent.frdump import FrDumpWatcher
 from sentinel.agent.probe import ProbeServer
 from sentinel.agent.source import DatagramFeed
+from sentinel.components.collector import Collector
 
 
 class ProbeCollector(Collector):

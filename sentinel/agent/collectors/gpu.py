@@ -12,9 +12,10 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from sentinel.agent.collectors.base import AgentSink, Collector
+from sentinel.agent.collectors.base import AgentSink
 from sentinel.agent.source import GpuLostError, GpuSource
-from sentinel.agent.worker import Unresponsive, Worker
+from sentinel.agent.worker import Unresponsive
+from sentinel.components.collector import Collector, Worker
 from sentinel.components.device.record import GpuSourceHealth
 from sentinel.components.nvml_read import GpuSourceDown, GpuUnreachable
 from sentinel.log import get_logger

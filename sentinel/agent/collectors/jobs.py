@@ -6,8 +6,9 @@ stuck in the driver, so it runs in the collector's worker with a deadline.
 
 from __future__ import annotations
 
-from sentinel.agent.collectors.base import AgentSink, Collector
+from sentinel.agent.collectors.base import AgentSink
 from sentinel.agent.jobs import JobMapper
+from sentinel.components.collector import Collector
 
 
 class JobsCollector(Collector):

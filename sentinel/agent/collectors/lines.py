@@ -8,12 +8,13 @@ noted as evidence for the port's records, and NCCL / PyTorch lines are matched t
 from __future__ import annotations
 
 from sentinel.agent.classify import LineClassifier, log_line
-from sentinel.agent.collectors.base import AgentSink, Collector
+from sentinel.agent.collectors.base import AgentSink
 from sentinel.agent.collectors.xid import record_xid
 from sentinel.agent.kernel_window import KernelWindow
 from sentinel.agent.metrics import AgentCounters
 from sentinel.agent.source import KernelLog, LogLines
 from sentinel.components.bounds import MAX_SHORT_CHARS
+from sentinel.components.collector import Collector
 from sentinel.components.ib.kernel import port_log_line
 from sentinel.components.xid.merge import XidMerger, XidReport
 from sentinel.wire import MAX_TEXT_CHARS, Severity

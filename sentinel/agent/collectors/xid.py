@@ -10,8 +10,9 @@ from __future__ import annotations
 import collections
 import threading
 
-from sentinel.agent.collectors.base import AgentSink, Collector
+from sentinel.agent.collectors.base import AgentSink
 from sentinel.agent.source import GpuSource, XidEvent
+from sentinel.components.collector import Collector
 from sentinel.components.xid.merge import XidMerger, XidReport
 from sentinel.components.xid.parse import xid_record
 from sentinel.log import get_logger

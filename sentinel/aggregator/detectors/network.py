@@ -1,66 +1,73 @@
-"""Network detector: each host's IB/RoCE ports → one verdict per unhealthy port, naming what it serves.
+"""Network detector: each host-level signal of the registry judged by it (the IB/RoCE ports) → one verdict
+per finding, keyed by the host and what on the host it is about.
 
-The policy is the port component's (:mod:`sentinel.components.ib.rule`); this module joins its findings to
-the fleet: the host, the device and port, the GPUs the port serves (PCI topology, from the agent) and the
-job ranks on those GPUs, the kernel's mlx5 / IB lines about that HCA as evidence, and the action.
-
-The join itself (:mod:`sentinel.components.ib.causes`) is shared with the stuck detector, which asks it
-whether a port on one of a stalled job's hosts explains a collective nobody completes.
+The policy and the join to the fleet (the GPUs a port serves, the job ranks on them, the kernel's lines
+about the HCA) are the signal's (``judge_host``: :mod:`sentinel.components.ib.judge`); this module runs it
+for every host and remembers which hosts were healthy at their latest reading, to skip them until the next.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from sentinel.aggregator.detectors.base import Detector, Evaluation, Observation
 from sentinel.aggregator.state import FleetState
 from sentinel.aggregator.verdicts import Finding
-from sentinel.components.ib.causes import host_causes
-from sentinel.components.ib.rule import PortRuleConfig
+from sentinel.components import registry
 from sentinel.config.aggregator import AggregatorConfig
 
 DETECTOR = "network"
-
-
-def port_key(host: str, device: str, port: int) -> tuple[str, ...]:
-    return ("net", host, device, str(port))
+#: the host-level signals this detector judges, in registry order
+JUDGED = tuple(s for s in registry.SIGNALS if s.detector == DETECTOR and s.judge_host is not None)
 
 
 def evaluate(
-    fleet: FleetState, cfg: PortRuleConfig, now: float, quiet: dict[str, float] | None = None
+    fleet: FleetState, detect: Any, now: float, quiet: dict[str, tuple[float, ...]] | None = None
 ) -> list[Finding]:
-    """One finding per unhealthy port (the verdict book keeps the worst per port).
+    """Every finding of the judged signals on every host (the verdict book keeps the worst per key).
 
-    ``quiet`` (host → ports_t) remembers hosts whose ports were all healthy at that reading; they are not
-    judged again until a new reading arrives (a healthy port cannot turn unhealthy with time alone).
+    ``quiet`` (host → the signals' reading times) remembers hosts that were healthy at those readings; they
+    are not judged again until a new reading arrives (a healthy reading cannot turn unhealthy with time
+    alone).
     """
     findings: list[Finding] = []
     for host in fleet.hosts.values():
-        if quiet is not None and quiet.get(host.name) == host.ports_t:
+        stamps = _stamps(host)
+        if quiet is not None and stamps is not None and quiet.get(host.name) == stamps:
             continue
-        causes = host_causes(host, cfg, now)
-        if quiet is not None:
-            if causes:
+        judged = [j for signal in JUDGED if signal.judge_host for j in signal.judge_host(host, detect, now)]
+        if quiet is not None and stamps is not None:
+            if judged:
                 quiet.pop(host.name, None)
             else:
-                quiet[host.name] = host.ports_t
-        for cause in causes:
-            f = cause.finding
-            jobs = sorted({job for job, _ in cause.ranks})
+                quiet[host.name] = stamps
+        for j in judged:
             findings.append(
                 Finding(
-                    key=port_key(host.name, f.device, f.port),
+                    key=("net", host.name, *j.subject),
                     detector=DETECTOR,
-                    kind=f.kind,
-                    reason=f.reason,
-                    action=f.action,
-                    evidence=cause.evidence,
-                    evidence_t=cause.evidence_t,
+                    kind=j.kind,
+                    reason=j.reason,
+                    action=j.action,
+                    evidence=j.evidence,
+                    evidence_t=j.evidence_t,
                     host=host.name,
-                    gpu=cause.gpus[0] if len(cause.gpus) == 1 else None,
-                    job=jobs[0] if len(jobs) == 1 else None,
-                    rank=cause.ranks[0][1] if len(cause.ranks) == 1 else None,
+                    gpu=j.gpu,
+                    job=j.job,
+                    rank=j.rank,
                 )
             )
     return findings
+
+
+def _stamps(host: Any) -> tuple[float, ...] | None:
+    """The judged signals' latest reading times of ``host`` (None: one of them cannot tell)."""
+    stamps = []
+    for signal in JUDGED:
+        if signal.reading_t is None:
+            return None
+        stamps.append(signal.reading_t(host))
+    return tuple(stamps)
 
 
 class NetworkDetector(Detector):
@@ -71,7 +78,7 @@ class NetworkDetector(Detector):
 
     def __init__(self, config: AggregatorConfig) -> None:
         super().__init__(config)
-        self.quiet: dict[str, float] = {}
+        self.quiet: dict[str, tuple[float, ...]] = {}
 
     def configure(self, config: AggregatorConfig) -> None:
         super().configure(config)
@@ -86,4 +93,4 @@ class NetworkDetector(Detector):
     def evaluate(self, seen: Observation) -> Evaluation:
         if len(self.quiet) > 2 * len(seen.fleet.hosts) + 1024:
             self.quiet = {h: t for h, t in self.quiet.items() if h in seen.fleet.hosts}
-        return Evaluation(evaluate(seen.fleet, self.config.detect.network, seen.now, self.quiet))
+        return Evaluation(evaluate(seen.fleet, self.config.detect, seen.now, self.quiet))

@@ -20,11 +20,11 @@ from sentinel.aggregator.detectors.stuck_heads import (
 )
 from sentinel.aggregator.state import FleetState, JobView, RankView
 from sentinel.aggregator.verdicts import Finding
+from sentinel.components import registry
 from sentinel.components.gpu_view import GpuView
 from sentinel.components.ib.causes import stall_causes
 from sentinel.components.ib.rule import PortRuleConfig
 from sentinel.components.linkpace.rule import LinkPaceConfig
-from sentinel.components.nccl_ras.rule import ras_evidence
 from sentinel.components.nvlink.signal import error_rate as nvlink_error_rate
 from sentinel.components.vocab import Action
 from sentinel.config.aggregator import HardwareConfig, StuckConfig
@@ -90,7 +90,7 @@ def conclude(  # noqa: PLR0917
                 )
             )
         stall.culprits = sorted(exam.culprits)
-        return _with_ras(job, cfg, now, findings), stall
+        return _with_stall_evidence(job, cfg, now, findings), stall
     if exam.p2p_only:
         findings = _p2p_unexplained(job, fleet, cfg, hw, now, exam, ports, links=links)
     for pg_name, seq in exam.all_in:
@@ -113,11 +113,17 @@ def conclude(  # noqa: PLR0917
         if findings:
             break
     stall.culprits = sorted({f.rank for f in findings if f.rank is not None})
-    return _with_ras(job, cfg, now, findings), stall
+    return _with_stall_evidence(job, cfg, now, findings), stall
 
 
-def _with_ras(job: JobView, cfg: StuckConfig, now: float, findings: list[Finding]) -> list[Finding]:
-    extra = ras_evidence(job.ras, now - job.ras_at, cfg.net_error_window_s) if findings else []
+#: the signals that add evidence to a stall's verdict (NCCL RAS), in registry order
+STALL_EVIDENCE = tuple(s.stall_evidence for s in registry.SIGNALS if s.stall_evidence is not None)
+
+
+def _with_stall_evidence(
+    job: JobView, cfg: StuckConfig, now: float, findings: list[Finding]
+) -> list[Finding]:
+    extra = [line for evidence in STALL_EVIDENCE for line in evidence(job, cfg, now)] if findings else []
     if extra:
         return [replace(f, evidence=(*f.evidence, *extra)) for f in findings]
     return findings

@@ -13,7 +13,7 @@ from typing import Final
 import msgspec
 
 from sentinel.components.hbm import nvml
-from sentinel.components.signal import GpuFacts, Judged, JudgeSettings, NvmlRead, Signal
+from sentinel.components.signal import GpuFacts, Judged, JudgeSettings, NvmlRead, Signal, reading
 from sentinel.components.vocab import Finding
 from sentinel.wire import GpuSample
 
@@ -44,9 +44,8 @@ def remember(memory: HbmMemory | None, sample: GpuSample) -> tuple[HbmMemory, bo
     temp = sample.mem_temp_c
     if temp is None:
         return None
-    limit = (
-        sample.mem_temp_max_c if sample.mem_temp_max_c is not None else (memory.limit_c if memory else None)
-    )
+    read_limit = reading(sample, nvml.LIMIT)
+    limit = read_limit if read_limit is not None else (memory.limit_c if memory else None)
     was = memory is not None and memory.hot
     now_hot = hot(temp, limit, was)
     since = sample.t if now_hot != was or memory is None else memory.since
@@ -74,7 +73,7 @@ SIGNAL = Signal[HbmMemory](
     summary="HBM temperature against the memory's own maximum (NVML MEM_MAX threshold): a cooling problem",
     nvml=NvmlRead(slow=nvml.read),
     memory_type=HbmMemory,
-    reads=("mem_temp_c", "mem_temp_max_c"),
+    reads=("mem_temp_c", "readings"),
     remember=remember,
     judge=judge,
     precedence=70,

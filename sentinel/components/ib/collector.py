@@ -7,12 +7,13 @@ and the ports that could be read are still shipped.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol
 
-from sentinel.agent.collectors.base import Collector
+from sentinel.components.collector import Collector, Families, HostBuild, SourceSettings
 from sentinel.components.ib.metrics import IbPortMetrics
 from sentinel.components.ib.record import IbPort
-from sentinel.components.ib.sysfs import PortScan, PortSource
+from sentinel.components.ib.sysfs import PortScan, PortSource, SysfsPorts
 from sentinel.components.ib.tracker import PortTracker
 from sentinel.log import get_logger
 
@@ -22,8 +23,55 @@ MAX_LOGGED_PROBLEMS = 64
 
 class PortSink(Protocol):
     pci_to_gpu: dict[str, int]
+    #: the port history kernel lines about a port are evidence for (the collector hands over its own)
+    port_tracker: PortTracker | None
 
     def set_ports(self, ports: list[IbPort]) -> None: ...
+
+
+class SimulatedPorts(Protocol):
+    #: a simulated host's ports (None: the machine's own sysfs)
+    @property
+    def ib_ports(self) -> PortSource | None: ...
+
+
+class IbSettings(SourceSettings, Protocol):
+    """The agent's ``[ib]`` section."""
+
+    @property
+    def sysfs_root(self) -> str: ...
+    @property
+    def flap_window_s(self) -> float: ...
+    @property
+    def error_window_s(self) -> float: ...
+
+
+class StateDir(Protocol):
+    @property
+    def state_dir(self) -> str: ...
+
+
+class IbAgentConfig(Protocol):
+    """What the ``ib`` collector reads of the agent's configuration."""
+
+    @property
+    def ib(self) -> IbSettings: ...
+    @property
+    def agent(self) -> StateDir: ...
+
+
+class IbBuild(HostBuild, Protocol):
+    """What the ``ib`` collector is built from (the agent's build context)."""
+
+    @property
+    def config(self) -> IbAgentConfig: ...
+    @property
+    def sink(self) -> PortSink: ...
+    @property
+    def inputs(self) -> SimulatedPorts: ...
+    #: state that outlives a restart is kept (an existing state dir)
+    @property
+    def durable(self) -> bool: ...
 
 
 class IbPortReader:
@@ -63,3 +111,25 @@ class IbCollector(Collector):
         source.gpus = dict(self.sink.pci_to_gpu)
         scan = await self.blocking(source.read)
         self.sink.set_ports(self.reader.apply(scan, now))
+
+    def families(self) -> list[Families]:
+        return [self.reader.metrics]
+
+
+def build(ctx: IbBuild) -> IbCollector | None:
+    """IB/RoCE ports: from sysfs, or from a simulated host that offers a port source (``ib_ports``); the
+    port history goes to the sink too, for the kernel lines about a port."""
+    c = ctx.config.ib
+    if not c.enabled:
+        return None
+    sim_source = ctx.inputs.ib_ports
+    source: PortSource = sim_source if sim_source is not None else SysfsPorts(c.sysfs_root)
+    state_dir = Path(ctx.config.agent.state_dir)
+    tracker = PortTracker(
+        flap_window_s=c.flap_window_s,
+        error_window_s=c.error_window_s,
+        state_path=state_dir / "ib_ports.json" if ctx.durable and sim_source is None else None,
+    )
+    ctx.sink.port_tracker = tracker
+    metrics = IbPortMetrics(ctx.cluster, ctx.host)
+    return IbCollector(ctx.sink, IbPortReader(source, tracker, metrics), c.interval_s)

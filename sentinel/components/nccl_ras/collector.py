@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-from sentinel.agent.collectors.base import Collector
+from sentinel.components.collector import Collector, Families, HostBuild, SourceSettings
 from sentinel.components.nccl_ras.client import RasError, RasNotListening, query_status
 from sentinel.components.nccl_ras.metrics import RasMetrics
 from sentinel.components.nccl_ras.owner import ProcSocketTable, SocketTable, Trust, listener_trusted
@@ -42,6 +42,42 @@ class RasSink(Protocol):
     def ras_job_pids(self, job: str) -> list[int]: ...
 
     def add_ras(self, status: RasStatus) -> None: ...
+
+
+class RasSettings(SourceSettings, Protocol):
+    """The agent's ``[nccl_ras]`` section."""
+
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def timeout_s(self) -> float: ...
+    @property
+    def refused_backoff_s(self) -> float: ...
+
+
+class TickSettings(Protocol):
+    @property
+    def tick_s(self) -> float: ...
+
+
+class RasAgentConfig(Protocol):
+    """What the ``nccl_ras`` collector reads of the agent's configuration."""
+
+    @property
+    def nccl_ras(self) -> RasSettings: ...
+    @property
+    def collect(self) -> TickSettings: ...
+
+
+class RasBuild(HostBuild, Protocol):
+    """What the ``nccl_ras`` collector is built from (the agent's build context)."""
+
+    @property
+    def config(self) -> RasAgentConfig: ...
+    @property
+    def sink(self) -> RasSink: ...
 
 
 class RasCollector(Collector):
@@ -140,7 +176,27 @@ class RasCollector(Collector):
         latest[self._task_job] = status
         self.sink.add_ras(status)
 
+    def families(self) -> list[Families]:
+        return [self.metrics]
+
     def close(self) -> None:
         super().close()
         if self._task is not None:
             self._task.cancel()
+
+
+def build(ctx: RasBuild) -> RasCollector | None:
+    c = ctx.config
+    if not c.nccl_ras.enabled:
+        return None
+    r = c.nccl_ras
+    return RasCollector(
+        ctx.sink,
+        RasMetrics(ctx.cluster, ctx.host),
+        host=r.host,
+        port=r.port,
+        interval_s=r.interval_s,
+        timeout_s=r.timeout_s,
+        refused_backoff_s=r.refused_backoff_s,
+        tick_s=c.collect.tick_s,
+    )

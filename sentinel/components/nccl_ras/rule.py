@@ -8,6 +8,8 @@ evidence next to a stall the heads already show, never a verdict of its own.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from sentinel.components.nccl_ras.record import RasProcess, RasRankRef, RasStatus
 
 MAX_NAMED = 8
@@ -62,3 +64,26 @@ def ras_evidence(status: RasStatus | None, age_s: float, max_age_s: float) -> li
     if status.timeouts:
         out.append(f"{head}: {status.timeouts} RAS timeout(s) while gathering data")
     return out[:6]
+
+
+class RasJob(Protocol):
+    """What the stall evidence reads of a job: NCCL RAS's latest answer about it and when it arrived."""
+
+    @property
+    def ras(self) -> RasStatus | None: ...
+
+    #: aggregator clock when the answer arrived
+    @property
+    def ras_at(self) -> float: ...
+
+
+class StallSettings(Protocol):
+    """The stuck detector's setting the evidence reads: how old an answer may be."""
+
+    @property
+    def net_error_window_s(self) -> float: ...
+
+
+def stall_evidence(job: RasJob, settings: StallSettings, now: float) -> list[str]:
+    """The evidence RAS's latest answer about a stalled job adds to its verdict."""
+    return ras_evidence(job.ras, now - job.ras_at, settings.net_error_window_s)

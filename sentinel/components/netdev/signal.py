@@ -4,6 +4,7 @@ that stands out while the job runs slower in communication)."""
 
 from __future__ import annotations
 
+from sentinel.components.netdev.collector import build
 from sentinel.components.signal import Signal
 
 SIGNAL = Signal[None](
@@ -11,5 +12,6 @@ SIGNAL = Signal[None](
     summary="network interfaces from sysfs and their qdiscs: the TCP link that slows a job",
     scope="host",
     collector="netdev",
+    collect=build,
     detector="link_pace",
 )

@@ -21,8 +21,11 @@ class _Rendered:
 def render(out: Writer, view: MetricsView) -> None:
     rows = view.slow()
     kept, text = _Rendered.last
-    if len(rows) != len(kept) or any(
-        s is not t or lab != tlab for (s, lab), (t, tlab) in zip(rows, kept, strict=True)
+    # no text yet: nothing written, not even the families (a host with no slow sample yet)
+    if (
+        not text
+        or len(rows) != len(kept)
+        or any(s is not t or lab != tlab for (s, lab), (t, tlab) in zip(rows, kept, strict=True))
     ):
         fresh = Writer()
         _write(fresh, rows)

@@ -6,7 +6,9 @@ import pytest
 
 from sentinel.agent.nvml import NvmlSource
 from sentinel.aggregator.engine import Engine
+from sentinel.components.hbm.nvml import LIMIT
 from sentinel.components.hbm.signal import HYSTERESIS_C, hot, remember
+from sentinel.components.signal import reading
 from sentinel.wire import Batch, GpuInfo, GpuSample, Hello
 from tests.agent.fakenvml import FakeNvml
 
@@ -27,7 +29,7 @@ def test_rule_table(temp: float, limit: float | None, was_hot: bool, expected: b
 
 
 def test_memory_keeps_the_limit_and_the_time_it_became_hot() -> None:
-    first = remember(None, GpuSample(gpu=0, t=1.0, mem_temp_c=80.0, mem_temp_max_c=95.0))
+    first = remember(None, GpuSample(gpu=0, t=1.0, mem_temp_c=80.0, readings={LIMIT: 95.0}))
     assert first is not None and first[0].limit_c == 95.0 and not first[0].hot
     hot_now = remember(first[0], GpuSample(gpu=0, t=2.0, mem_temp_c=96.0))  # limit remembered
     assert hot_now is not None and hot_now[1] and hot_now[0].hot and hot_now[0].since == 2.0
@@ -37,13 +39,13 @@ def test_memory_keeps_the_limit_and_the_time_it_became_hot() -> None:
 
 
 def test_nvml_read_of_the_limit(fake_nvml: FakeNvml) -> None:
-    fake_nvml.gpus[0].mem_temp_max = 95
+    fake_nvml.gpus[0].extra["mem_temp_max"] = 95
     source = NvmlSource()
     source.open()
     sample = source.read_slow(0, 1.0)
-    assert (sample.mem_temp_c, sample.mem_temp_max_c) == (71.0, 95.0)
+    assert (sample.mem_temp_c, reading(sample, LIMIT)) == (71.0, 95.0)
     other = source.read_slow(1, 1.0)
-    assert other.mem_temp_max_c is None and (1, "mem_temp_max") in source.unsupported()
+    assert reading(other, LIMIT) is None and (1, "mem_temp_max") in source.unsupported()
     source.close()
 
 
@@ -52,13 +54,13 @@ def test_hot_hbm_opens_a_degraded_verdict_and_cooling_closes_it() -> None:
     host = engine.hello(Hello(host="h", gpus=[GpuInfo(index=0, uuid="GPU-0", pci_bus="0000:18:00")]), 0.0)
     engine.ingest(
         host,
-        Batch(seq=0, t=1.0, samples=[GpuSample(gpu=0, t=1.0, mem_temp_c=80.0, mem_temp_max_c=95.0)]),
+        Batch(seq=0, t=1.0, samples=[GpuSample(gpu=0, t=1.0, mem_temp_c=80.0, readings={LIMIT: 95.0})]),
         1.0,
     )
     assert not engine.book.open
     engine.ingest(
         host,
-        Batch(seq=1, t=2.0, samples=[GpuSample(gpu=0, t=2.0, mem_temp_c=97.0, mem_temp_max_c=95.0)]),
+        Batch(seq=1, t=2.0, samples=[GpuSample(gpu=0, t=2.0, mem_temp_c=97.0, readings={LIMIT: 95.0})]),
         2.0,
     )
     [verdict] = engine.book.open.values()
@@ -66,7 +68,7 @@ def test_hot_hbm_opens_a_degraded_verdict_and_cooling_closes_it() -> None:
     assert "97 C" in verdict.evidence[0] and "95 C" in verdict.evidence[0]
     engine.ingest(
         host,
-        Batch(seq=2, t=3.0, samples=[GpuSample(gpu=0, t=3.0, mem_temp_c=85.0, mem_temp_max_c=95.0)]),
+        Batch(seq=2, t=3.0, samples=[GpuSample(gpu=0, t=3.0, mem_temp_c=85.0, readings={LIMIT: 95.0})]),
         3.0,
     )
     assert not engine.book.open
