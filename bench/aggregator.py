@@ -267,6 +267,7 @@ class JobModel:
         step = self.COMPUTE_S + self.COMM_S
         self.hang_step = int((hang_at - start) / step) + 1  # the first collective the hung rank never enters
         self.straggle_step = int((straggle_at - start) / step) + 1
+        self._steps: dict[tuple[bool, int, int], list[Any]] = {}
 
     def step_start(self, job: int, seq: int) -> float:
         """When step ``seq`` (its compute) begins."""
@@ -303,19 +304,24 @@ class JobModel:
             entered = begun + compute  # the straggler's peers enter early and wait for it
             if now >= entered:
                 in_flight = [InFlight(seq=seq, op="allreduce", age_s=now - entered, state="started")]
-        jitter = ((rank * 2654435761 + completed) % 1000) / 1000 * 0.02
-        steps = [
-            StepTime(
-                seq=s,
-                compute_s=(
-                    self.COMPUTE_S * self.slowdown
-                    if job == 1 and rank == self.slow and s >= self.straggle_step
-                    else self.COMPUTE_S
+        bucket = (rank * 2654435761 + completed) % 1000
+        slow = job == 1 and rank == self.slow
+        key = (slow, completed, bucket)
+        steps = self._steps.get(key)
+        if steps is None:  # ranks of one jitter bucket share their (frozen) step list: the generator's cost
+            if len(self._steps) > 16384:
+                self._steps.clear()
+            jitter = bucket / 1000 * 0.02
+            steps = self._steps[key] = [
+                StepTime(
+                    seq=s,
+                    compute_s=(
+                        self.COMPUTE_S * self.slowdown if slow and s >= self.straggle_step else self.COMPUTE_S
+                    )
+                    + jitter,
                 )
-                + jitter,
-            )
-            for s in range(max(0, completed - 7), completed + 1)
-        ]
+                for s in range(max(0, completed - 7), completed + 1)
+            ]
         pg = PgHead(
             pg_name="0",
             pg_desc="default_pg",
