@@ -11,6 +11,7 @@ both the verdict latency and the ack latency is under 1 s.
     .venv/bin/python bench/aggregator.py --quick         # 256 and 1024 hosts, 10 s each
     .venv/bin/python bench/aggregator.py --hosts 6144 --duration 60
     .venv/bin/python bench/aggregator.py --jobs --hosts 1024 --duration 75   # the job workload, reduced
+    .venv/bin/python bench/aggregator.py --ingest 256 --duration 6           # decode + ingest per batch
 
 The full-scale measurement (a quiet machine, two free cores; ~6 minutes): ramps the host count with both
 jobs up to 12,288 hosts (98,304 GPUs, two 49,152-rank jobs) and prints the largest sustained, the hardware
@@ -771,6 +772,72 @@ def engine_only(hosts: int, seconds: int) -> None:
     )
 
 
+def ingest_only(hosts: int, seconds: int, build_only: bool) -> None:
+    """Decode and ingest the job workload's frames (half of each second's batches with 8 heads), no tick:
+    the per-batch cost of the ingest path. Under ``valgrind --tool=callgrind`` (``PYTHONHASHSEED=0``), the
+    instructions of a run minus those of the same run with ``--build-only`` (frames built, nothing
+    ingested) are the ingest path's, independent of the machine's load."""
+    import gc
+
+    import msgspec
+
+    from sentinel.aggregator.engine import Engine
+    from sentinel.aggregator.tick_loop import _no_automatic_full_collections
+    from sentinel.wire import Batch, GpuInfo, GpuSample, Hello, ProcInfo, decode_agent_frame, encode
+
+    engine = Engine()
+    gpus = [
+        GpuInfo(index=g, uuid=f"GPU-{g}", pci_bus=f"0000:{0x18 + g:02x}:00", name="H100") for g in range(GPUS)
+    ]
+    views = [engine.hello(Hello(host=f"bench-{i:05d}", gpus=gpus, boot_id="b"), 0.0) for i in range(hosts)]
+    template = [
+        GpuSample(gpu=g, t=0.0, util_gpu_pct=98.0 + g * 0.1, util_mem_pct=40.0, temp_c=64.0 + g * 0.3,
+                  power_w=640.0 + g, power_limit_w=700.0, sm_clock_mhz=1980.0 - g, sm_clock_max_mhz=1980.0,
+                  pstate=0, pcie_replay=0)
+        for g in range(GPUS)
+    ]  # fmt: skip
+    ranks = max(GPUS, hosts * GPUS // 2 // GPUS * GPUS)
+    model = JobModel(ranks, 0.0, 1e9, 1e9, 1.0)
+    per_job = ranks // GPUS
+    frames: list[list[bytes]] = []
+    for second in range(seconds):
+        t = float(second)
+        samples = [msgspec.structs.replace(sample, t=t) for sample in template]
+        out = []
+        for i in range(hosts):
+            job = min(1, i // per_job)
+            base = (i - job * per_job) * GPUS
+            procs = (
+                [ProcInfo(gpu=g, pid=100000 + base + g, job_id=f"bench-job-{job}", rank=base + g,
+                          local_rank=g, world_size=ranks) for g in range(GPUS)]
+                if second == 0
+                else None
+            )  # fmt: skip
+            heads = (
+                [model.heads(job, base + g, g, t + i / hosts) for g in range(GPUS)]
+                if (second + i) % 2 == 0
+                else []
+            )
+            out.append(encode(Batch(seq=second, t=t, samples=samples, heads=heads, procs=procs)))
+        frames.append(out)
+    if build_only:
+        return
+    gc.collect()
+    gc.freeze()
+    spent = 0.0
+    with _no_automatic_full_collections(True):  # as the server's tick loop runs
+        for second, out in enumerate(frames):
+            t = float(second)
+            started = time.process_time()
+            for i, (view, frame) in enumerate(zip(views, out, strict=True)):
+                engine.ingest(view, decode_agent_frame(frame), t + i / hosts)  # type: ignore[arg-type]
+            spent += time.process_time() - started
+            gc.freeze()
+    print(
+        f"decode + ingest, {hosts} hosts x {GPUS} GPUs, {seconds} s: {spent / (hosts * seconds) * 1e6:.1f} µs of CPU per batch"
+    )
+
+
 def engine_jobs(hosts: int, seconds: int, job_ranks: int, slowdown: float, warmup: float) -> dict[str, Any]:
     """The job workload through the engine without sockets: what one core spends per second of fleet time.
 
@@ -965,6 +1032,17 @@ def main() -> int:
     parser.add_argument(
         "--profile", type=Path, help="cProfile the aggregator process; pstats of the last level written here"
     )
+    parser.add_argument(
+        "--ingest",
+        type=int,
+        metavar="HOSTS",
+        help="decode and ingest HOSTS' batches for --duration s, no tick",
+    )
+    parser.add_argument(
+        "--build-only",
+        action="store_true",
+        help="with --ingest: build the frames only (callgrind's baseline)",
+    )
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--generate", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -986,6 +1064,9 @@ def main() -> int:
         )
         return 0
     PIN[0] = args.pin
+    if args.ingest:
+        ingest_only(args.ingest, int(args.duration), args.build_only)
+        return 0
     if args.engine and args.jobs:
         sizes = [int(x) for x in args.hosts.split(",") if x] or [6144]
         results = [
