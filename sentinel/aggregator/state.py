@@ -527,22 +527,37 @@ class FleetState:
                 job_id = host.gpus[gpu].job
             if job_id is None:
                 return
-        job = self._job(job_id, now)
-        view = self._rank(job, heads.rank) if job is not None else None
-        if job is None or view is None:
+        # (every rank's heads every 2 s: the lookups of a known job and rank are inlined)
+        job = self.jobs.get(job_id)
+        if job is None:
+            job = self._job(job_id, now)
+            if job is None:
+                return
+        else:
+            job.last_seen = now
+        view = job.ranks.get(heads.rank)
+        if view is None:
+            view = self._rank(job, heads.rank)
+            if view is None:
+                return
+        name = host.name
+        if view.host != name and not may_speak_for(view, name, self.hosts, by_process=False):
+            self._claim_refused("rank_not_owned", "heads_refused", name, view, job_id)
             return
-        if not may_speak_for(view, host.name, self.hosts, by_process=False):
-            self._claim_refused("rank_not_owned", "heads_refused", host.name, view, job_id)
-            return
-        if heads.world_size and 0 < heads.world_size <= self.max_ranks_per_job:
-            if job.world_size != heads.world_size:
+        world = heads.world_size
+        if world and 0 < world <= self.max_ranks_per_job:
+            if job.world_size != world:
                 job.progress_version += 1
-            job.world_size = heads.world_size
+            job.world_size = world
         old = view.heads
-        view.heads, view.heads_at = _share_group_ranks(job, heads), now
-        if old is None or not same_progress(old, view.heads):
+        for pg in heads.pgs:
+            if pg.ranks:
+                heads = _share_group_ranks(job, heads)
+                break
+        view.heads, view.heads_at = heads, now
+        if old is None or not same_progress(old, heads):
             job.progress_version += 1
-        view.host = host.name
+        view.host = name
         if heads.gpu is not None:
             view.gpu = heads.gpu
         job.heads_version += 1

@@ -30,6 +30,12 @@ RESETTING = tuple(s for s in SAMPLED if s.shows_reset is not None)
 EVERY_TICK = tuple(s for s in SAMPLED if s.every_tick)
 SLOW_FIELDS = tuple(sorted({f for s in SAMPLED if not s.every_tick for f in s.reads}))
 _slow_values = attrgetter(*SLOW_FIELDS)
+#: what ``_slow_values`` reads from a fast tick's sample
+_NO_SLOW_VALUES = (None,) * len(SLOW_FIELDS)
+#: (name, function) pairs of the signals above, bound once for the per-sample loop
+_SAMPLED: tuple[tuple[str, Any], ...] = tuple((s.name, s.remember) for s in SAMPLED)
+_EVERY_TICK: tuple[tuple[str, Any], ...] = tuple((s.name, s.remember) for s in EVERY_TICK)
+_RESETTING: tuple[tuple[str, Any], ...] = tuple((s.name, s.shows_reset) for s in RESETTING)
 
 
 @dataclass(slots=True)
@@ -114,19 +120,24 @@ def fit_inventory(host: str, gpus: list[GpuView], infos: list[GpuInfo], max_gpus
 
 def apply_sample(gpu: GpuView, s: GpuSample, now: float, dirty_gpus: list[GpuView]) -> bool:
     """Fold one sample into ``gpu`` (appended to ``dirty_gpus`` when its hardware facts changed); True when
-    it changed the GPU's PCIe link as reported (the host's inventory)."""
-    if s.t < gpu.t:
+    it changed the GPU's PCIe link as reported (the host's inventory).
+
+    The aggregator runs this for every GPU of the fleet every second: locals over attribute reads, the
+    signals' (name, remember) pairs bound once, the slow-tick test as one tuple comparison."""
+    t = s.t
+    if t < gpu.t:
         return False  # an old sample from a spooled backlog: history only, the present is already known
-    gpu.t = s.t
+    gpu.t = t
     gpu.seen_at = now
-    if s.state != gpu.state:
+    state = s.state
+    if state != gpu.state:
         previous = gpu.state
-        gpu.state = s.state
-        gpu.state_t = s.t
+        gpu.state = state
+        gpu.state_t = t
         gpu.dirty = True
-        if s.state == "ok" and previous == "lost":
-            gpu.clear_latches(s.t)  # a lost GPU answering again has been reset
-    if s.state != "ok":
+        if state == "ok" and previous == "lost":
+            gpu.clear_latches(t)  # a lost GPU answering again has been reset
+    if state != "ok":
         if gpu.dirty:
             dirty_gpus.append(gpu)
         return False
@@ -160,16 +171,19 @@ def apply_sample(gpu: GpuView, s: GpuSample, now: float, dirty_gpus: list[GpuVie
         link_changed = True
         gpu.pcie_link = s.pcie_link
     memory = gpu.memory
-    slow = _slow_values(s).count(None) != len(SLOW_FIELDS)
-    for signal in RESETTING if slow else ():
-        kept = memory.get(signal.name)
-        if kept is not None and signal.shows_reset(kept, s):  # type: ignore[misc]
-            gpu.clear_latches(s.t)  # e.g. volatile ECC counters restart only at a reset / driver reload
-            break
-    for signal in SAMPLED if slow else EVERY_TICK:
-        remembered = signal.remember(memory.get(signal.name), s)  # type: ignore[misc]
+    if _slow_values(s) != _NO_SLOW_VALUES:
+        for name, shows_reset in _RESETTING:
+            kept = memory.get(name)
+            if kept is not None and shows_reset(kept, s):
+                gpu.clear_latches(t)  # e.g. volatile ECC counters restart only at a reset / driver reload
+                break
+        signals = _SAMPLED
+    else:
+        signals = _EVERY_TICK
+    for name, remember in signals:
+        remembered = remember(memory.get(name), s)
         if remembered is not None:
-            memory[signal.name], changed = remembered
+            memory[name], changed = remembered
             if changed:
                 gpu.dirty = True
     violations = s.violations

@@ -13,6 +13,7 @@ import msgspec
 from prometheus_client import generate_latest
 
 from sentinel.aggregator.detectors.base import ITEMS_PER_STEP, Observation
+from sentinel.aggregator.detectors.link_pace import LinkPaceDetector
 from sentinel.aggregator.engine import Engine
 from sentinel.aggregator.server import Aggregator
 from sentinel.aggregator.state import HostView
@@ -228,3 +229,31 @@ def test_findings_about_a_host_forgotten_between_a_detectors_steps_open_no_verdi
     assert hung_host not in engine.fleet.hosts
     assert not [v for v in engine.book.open.values() if v.host == hung_host]
     assert engine._forgotten_in_run is None  # only hosts forgotten during a run are dropped from its findings
+
+
+def test_the_link_pace_pass_over_a_large_jobs_ranks_is_sliced() -> None:
+    """Its evaluation walks every rank of every job (the hosts they run on, their compute per step, the
+    links serving them): a job of more than two steps' worth of ranks yields between them, and the sliced
+    run finds what the run in one piece finds."""
+    sliced, whole = Engine(), Engine()
+    sliced_views, whole_views = _fleet(sliced), _fleet(whole)
+    for second in range(3):
+        _feed(sliced, sliced_views, second, float(second), None)
+        _feed(whole, whole_views, second, float(second), None)
+    steps = sliced.detectors["link_pace"].evaluate_steps(Observation(sliced.fleet, 3.0, (), tick=True))
+    yields = 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            sliced_found = done.value
+            break
+        yields += 1
+    whole_found = whole.detectors["link_pace"].evaluate(Observation(whole.fleet, 3.0, (), tick=True))
+    assert yields >= RANKS // ITEMS_PER_STEP, yields
+    assert sliced_found is not None and whole_found is not None
+    assert sliced_found.findings == whole_found.findings
+    sliced_pace, whole_pace = sliced.detectors["link_pace"], whole.detectors["link_pace"]
+    assert isinstance(sliced_pace, LinkPaceDetector) and isinstance(whole_pace, LinkPaceDetector)
+    assert sliced_pace.job_hosts == whole_pace.job_hosts
+    assert len(sliced_pace.job_hosts) == RANKS // GPUS

@@ -17,7 +17,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from sentinel.aggregator.detectors.base import Detector, Evaluation, Key, Observation
+from sentinel.aggregator.detectors.base import (
+    ITEMS_PER_STEP,
+    Detector,
+    Evaluation,
+    Key,
+    Observation,
+    Steps,
+    run_steps,
+)
 from sentinel.aggregator.state import FleetState, HostView, JobView
 from sentinel.aggregator.verdicts import Finding
 from sentinel.components.linkpace.load import netdev_load, port_load
@@ -95,14 +103,31 @@ def _step_group(job: JobView) -> tuple[int, float] | None:
     return max(progress.values(), default=None)
 
 
-def _compute_s(job: JobView) -> float | None:
-    """The ranks' median compute per step (each rank's median over the steps its latest heads carry)."""
+def _compute_s(job: JobView) -> Steps[float | None]:
+    """The ranks' median compute per step (each rank's median over the steps its latest heads carry); a
+    yield every :data:`ITEMS_PER_STEP` ranks."""
     per_rank = []
-    for view in job.ranks.values():
+    for index, view in enumerate(list(job.ranks.values())):
+        if index % ITEMS_PER_STEP == ITEMS_PER_STEP - 1:
+            yield
         heads = view.heads
         if heads is not None and heads.steps:
             per_rank.append(median([s.compute_s for s in heads.steps]))
     return median(per_rank) if per_rank else None
+
+
+def _job_hosts(fleet: FleetState) -> Steps[set[str]]:
+    """The hosts running a rank of some job; a yield every :data:`ITEMS_PER_STEP` ranks."""
+    out: set[str] = set()
+    counted = 0
+    for job in list(fleet.jobs.values()):
+        for view in list(job.ranks.values()):
+            counted += 1
+            if counted % ITEMS_PER_STEP == 0:
+                yield
+            if view.host is not None:
+                out.add(view.host)
+    return out
 
 
 def step_time(points: list[tuple[float, int]], now: float) -> float | None:
@@ -163,6 +188,11 @@ class LinkPaceDetector(Detector):
         }  # fmt: skip
 
     def evaluate(self, seen: Observation) -> Evaluation | None:
+        return run_steps(self.evaluate_steps(seen))
+
+    def evaluate_steps(self, seen: Observation) -> Steps[Evaluation | None]:
+        """Sliced over the jobs' ranks (a yield every :data:`ITEMS_PER_STEP`): the hosts they run on, their
+        compute per step and the links serving them are each a pass over every rank of every job."""
         cfg = self.config.detect.link_pace
         fleet, now = seen.fleet, seen.now
         for name in self.job_hosts:
@@ -177,22 +207,21 @@ class LinkPaceDetector(Detector):
         if not cfg.enabled:
             self.streaks.clear()
             return Evaluation([])
-        self.job_hosts = {
-            v.host for job in fleet.jobs.values() for v in job.ranks.values() if v.host is not None
-        }
+        self.job_hosts = yield from _job_hosts(fleet)
         for name in [h for h in self.links if h not in self.job_hosts]:
             del self.links[name]
             self.seen_at.pop(name, None)
         hits: dict[Key, LinkFinding] = {}
         for job in list(fleet.jobs.values()):
-            pace = self._pace(job, cfg, now)
+            pace = yield from self._pace(job, cfg, now)
             if pace is None:
                 continue
-            links = self._job_links(fleet, job, cfg)
+            links = yield from self._job_links(fleet, job, cfg)
             found = judge(pace, links, cfg)
             held = bool(found) or (pace_evidence(pace, cfg) is not None and bool(standouts(links, cfg)))
-            if not held:
-                self.paces[job.id].windows.append((now, pace.step_s, pace.compute_s))
+            history = self.paces.get(job.id)  # (None: the job ended while the run was sliced)
+            if not held and history is not None:
+                history.windows.append((now, pace.step_s, pace.compute_s))
             for f in found:
                 hits[(DETECTOR, f.host, f.link, f.job)] = f
         return Evaluation(self._streaks(hits, cfg, now))
@@ -230,10 +259,12 @@ class LinkPaceDetector(Detector):
             history = links[key] = LinkHistory()
         history.readings.append((t, data, waits))
 
-    def _job_links(self, fleet: FleetState, job: JobView, cfg: LinkPaceConfig) -> list[LinkLoad]:
+    def _job_links(self, fleet: FleetState, job: JobView, cfg: LinkPaceConfig) -> Steps[list[LinkLoad]]:
         by_host: dict[str, dict[int, int]] = {}  # host → gpu → rank
         ranks_on: dict[str, list[int]] = {}
-        for view in job.ranks.values():
+        for index, view in enumerate(list(job.ranks.values())):
+            if index % ITEMS_PER_STEP == ITEMS_PER_STEP - 1:
+                yield
             if view.host is None or not view.alive:
                 continue
             ranks_on.setdefault(view.host, []).append(view.rank)
@@ -293,7 +324,7 @@ class LinkPaceDetector(Detector):
             history.windows.clear()
             history.progress.append((when, seq))
 
-    def _pace(self, job: JobView, cfg: LinkPaceConfig, now: float) -> JobPace | None:
+    def _pace(self, job: JobView, cfg: LinkPaceConfig, now: float) -> Steps[JobPace | None]:
         history = self.paces.get(job.id)
         if history is None:
             return None
@@ -309,7 +340,7 @@ class LinkPaceDetector(Detector):
         step_s = step_time(recent, now)
         if step_s is None:
             return None
-        compute = _compute_s(job)
+        compute = yield from _compute_s(job)
         old = [w for w in windows if w[0] <= now - cfg.window_s]
         if len(old) < 3 or old[-1][0] - old[0][0] < cfg.window_s:
             windows.append((now, step_s, compute))

@@ -325,10 +325,13 @@ class StragglerDetector(Detector):
         elif steps.heads_at >= view.heads_at:
             return
         steps.heads_at = view.heads_at
+        last_seq = steps.last_seq
+        compute = steps.compute
         for step in heads.steps:
-            if step.seq > steps.last_seq:
-                steps.compute.append(step.compute_s)
-                steps.last_seq = step.seq
+            if step.seq > last_seq:
+                compute.append(step.compute_s)
+                last_seq = step.seq
+        steps.last_seq = last_seq
 
     # -- judging ----------------------------------------------------------------------------------------
 
@@ -419,15 +422,18 @@ class StragglerDetector(Detector):
             hosts_compared = 0  # distinct hosts of the ranks compared (the flagged rank's among them)
             for index, medians in enumerate(windows):
                 # each host one vote: a host reporting many ranks moves the job's median by one host at most
-                med, mad, distinct = host_median_mad(
-                    [m for m, _ in medians.values()],
-                    [ranks[r].host if r in ranks else None for r in medians],
-                )
+                values = [m for m, _ in medians.values()]
+                owners = [ranks[r].host if r in ranks else None for r in medians]
+                yield
+                med, mad, distinct = host_median_mad(values, owners)
+                yield
                 hosts_compared = max(hosts_compared, distinct)
                 if med <= 0:
                     continue
                 scale = max(MAD_SCALE * mad, _MIN_SCALE_FRACTION * med)
-                for rank, (own, n) in medians.items():
+                for position, (rank, (own, n)) in enumerate(medians.items()):
+                    if position % ITEMS_PER_STEP == ITEMS_PER_STEP - 1:
+                        yield
                     z = (own - med) / scale
                     if index == 1:
                         judged[rank] = (own, med, n, z)
@@ -563,15 +569,19 @@ def _candidates_by_clock(
         if len(gpus) < cfg.min_peers:
             continue
         clocks = [g.ema_clock for g in gpus if g.ema_clock is not None]
-        med, mad, hosts = host_median_mad(clocks, [g.host for g in gpus if g.ema_clock is not None])
+        busy_hosts = [g.host for g in gpus if g.ema_clock is not None]
+        yield
+        med, mad, hosts = host_median_mad(clocks, busy_hosts)
+        yield  # (each median below sorts every busy GPU's readings: a step each)
         if med <= 0 or hosts < cfg.min_hosts:
             continue
         scale = max(MAD_SCALE * mad, 0.002 * med)
         temps = [g.ema_temp for g in gpus if g.ema_temp is not None]
-        powers = [g.ema_power for g in gpus if g.ema_power is not None]
         med_temp = median(temps) if temps else None
+        yield
+        powers = [g.ema_power for g in gpus if g.ema_power is not None]
         med_power = median(powers) if powers else None
-        yield  # (the medians above sort every busy GPU's readings)
+        yield
         for index, gpu in enumerate(gpus):
             if index % ITEMS_PER_STEP == ITEMS_PER_STEP - 1:
                 yield
