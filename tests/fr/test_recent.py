@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from sentinel.fr.dumpset import analyze_dir, limited_address_space
 from sentinel.fr.errors import FrFormatError
+from sentinel.fr.jsonfields import ENTRY_KEYS
 from sentinel.fr.loader import load_dump
 from sentinel.fr.recent import HEAD, NAMES_HEAD, ByteView, _record_ids, decode_recent, decode_recent_json
 from sentinel.fr.safepickle import loads_plain
@@ -238,10 +239,15 @@ def test_real_torch_dump_of_2000_entries(tmp_path: Path) -> None:
     assert found[1] == len(full["entries"]) == 2000
     assert found[0]["entries"] == full["entries"][-512:]
     raw_json = (tmp_path / "nccl_trace_rank_0.json").read_bytes()
-    found_json = decode_recent_json(raw_json, 512)
+    newest_json = json.loads(raw_json)["entries"][-512:]
+    found_json = decode_recent_json(raw_json, 512, fields_only=False)
     assert found_json is not None
     assert found_json[1] == 2000
-    assert found_json[0]["entries"] == json.loads(raw_json)["entries"][-512:]
+    assert found_json[0]["entries"] == newest_json
+    # by default only the keys the analysis reads (msgspec is imported: sentinel.fr.jsonfields)
+    read = decode_recent_json(raw_json, 512)
+    assert read is not None
+    assert read[0]["entries"] == [{k: v for k, v in e.items() if k in ENTRY_KEYS} for e in newest_json]
     (tmp_path / "nccl_trace_rank_0.json").rename(tmp_path / "elsewhere.json")
     fast = analyze_dir(tmp_path, workers=1).to_json()
     assert fast == analyze_dir(tmp_path, workers=1, recent=None).to_json()
@@ -251,10 +257,15 @@ def test_real_torch_dump_of_2000_entries(tmp_path: Path) -> None:
 def test_json_newest_entries_equal_a_full_decode() -> None:
     dump = loads_plain(_big_dump(1500))
     raw = json.dumps(dump, sort_keys=True, separators=(",", ":")).encode()
-    found = decode_recent_json(raw, 512)
+    newest = json.loads(raw)["entries"][-512:]
+    found = decode_recent_json(raw, 512, fields_only=False)
     assert found is not None
     assert found[1] == 1500
-    assert found[0]["entries"] == json.loads(raw)["entries"][-512:]
+    assert found[0]["entries"] == newest
+    read = decode_recent_json(raw, 512)
+    assert read is not None
+    assert read[0]["entries"] == [{k: v for k, v in e.items() if k in ENTRY_KEYS} for e in newest]
+    assert any(k not in ENTRY_KEYS for e in newest for k in e)
     assert decode_recent_json(raw.replace(b'"collective_seq_id"', b'"seq_id"'), 512) is None
 
 
