@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import operator
 import os
 import pickle
 import re
@@ -249,9 +250,14 @@ def _decode_recent(view: ByteView, keep: int) -> Recent | None:
     while True:
         tail_reader = plain_unpickler([(b"\x80\x02](", 0, 4), *tail_parts, (b"e.", 0, 2)])
         # hand over the memo as the proxy: CPython 3.11 drops the values when a plain dict is assigned
+        handed = None if memoize else memo_source.memo.copy()
         tail_reader.memo = memo_source.memo
         try:
             tail = tail_reader.load()
+            if handed is not None and not _explicit_memo_kept(
+                handed, tail_reader, lambda: b"".join([b"\x80\x02](", *_joined(tail_parts), b"e."])
+            ):
+                return None
             break
         except pickle.UnpicklingError as exc:
             if "Memo value not found" not in str(exc) or decoded_end >= tail_start:
@@ -381,8 +387,13 @@ def _decode_more(
         whole, entries = _decode_prefix(view, hi)
         return None if entries is None or len(entries) < before else (whole, entries[before:])
     reader = plain_unpickler([(b"\x80\x02](", 0, 4), view.span(lo, hi), (b"e.", 0, 2)])
+    handed = memo_source.memo.copy()
     reader.memo = memo_source.memo
     entries = reader.load()
+    if not _explicit_memo_kept(
+        handed, reader, lambda: b"".join([b"\x80\x02](", *_joined([view.span(lo, hi)]), b"e."])
+    ):
+        return None
     return (reader, entries) if isinstance(entries, list) else None
 
 
@@ -402,6 +413,38 @@ def _memo_kept(parts: list[tuple[bytes, int, int]], *, memoize: bool, zero_fille
     ):
         return False
     return bool(zero_filled) and _memoize_stores_at_zero()
+
+
+def _joined(parts: list[tuple[bytes, int, int]]) -> list[bytes]:
+    return [bytes(memoryview(data)[a:b]) for data, a, b in parts]
+
+
+def _explicit_memo_kept(handed: dict[int, Any], reader: Any, stream: Callable[[], bytes]) -> bool:
+    """Whether a decode of protocol 2 or 3 bytes by ``reader``, handed the memo ``handed`` (a copy taken
+    before), read every reference as the full decode does although it did not start at the file's start.
+    These protocols store by explicit index, the full decode's, but the unpickler runs a MEMOIZE in any
+    protocol: it stores at the count of slots it filled itself since it was handed the memo (CPython keeps
+    no count of the handed ones), where the full decode stores at the count of every slot filled before,
+    another index, read back otherwise by a later reference. With F slots filled that ``handed`` lacked,
+    every MEMOIZE stored in a slot from 0 to F. A pickler's BINPUTs fill fresh indices above every slot
+    filled before, so where the fresh ones all lie above F (a decode of the newest entries, behind the
+    skipped middle), the slots from 0 to F hold ``handed``'s objects still, or stay empty: then no
+    MEMOIZE stored anything else. Otherwise (a MEMOIZE, or a decode right behind the first entries) the
+    decoded ``stream`` is read opcode by opcode for a MEMOIZE, which only a hand-made file holds. Not seen: a MEMOIZE of the very object its
+    slot holds already (it changes nothing here) followed by a reference to where the full decode
+    stored it, which a file whose memo indices skip some (no pickler's) can make hold a value here."""
+    after: dict[int, Any] = reader.memo.copy()
+    slots = range(len(after) - len(handed) + 1)  # (slots are only ever added)
+    # each holds handed's object, or is empty in both (one C-level pass)
+    missing = itertools.repeat(_MISSING)
+    if all(map(operator.is_, map(after.get, slots, missing), map(handed.get, slots, missing))):
+        return True
+    import pickletools  # (here: not a cost of every analysis)
+
+    return not any(op.code == "\x94" for op, _, _ in pickletools.genops(stream()))
+
+
+_MISSING = object()
 
 
 @functools.cache
@@ -634,12 +677,14 @@ def _skipped_done(
         spans = _spans(data, needle, hits, lo, hi, from_lo=bool(batches.open))
         if spans is None:
             return False
-        reader = plain_unpickler(
-            b"".join([b"\x80\x02]("] + [b"](" + data[a:b] + b"e" for a, b in spans] + [b"e."])
-        )
+        stream = b"".join([b"\x80\x02]("] + [b"](" + data[a:b] + b"e" for a, b in spans] + [b"e."])
+        reader = plain_unpickler(stream)
+        handed = memo.copy()
         reader.memo = memo
         parts = reader.load()
         if not kept([(data, a, b) for a, b in spans]):  # (see _memo_kept)
+            return False
+        if data[1] < 4 and not _explicit_memo_kept(handed, reader, lambda: stream):  # (data[1]: protocol)
             return False
         if type(parts) is not list or len(parts) != len(spans):
             return False

@@ -6,6 +6,7 @@ import functools
 import gzip
 import json
 import pickle
+import pickletools
 import random
 import subprocess
 import sys
@@ -428,3 +429,64 @@ def test_the_newest_json_entries_decode_as_json_does(value: Any, ascii_only: boo
         text = '{"k":1,' + text[1:-1] + ',"k":[2]}'
     raw = text.encode("utf-8", "surrogatepass")
     assert repr(_json_loads(raw)) == repr(json.loads(raw))
+
+
+@functools.cache
+def _ops_p2(protocol: int) -> tuple[bytes, list[tuple[str, Any, int, int]]]:
+    """A wrapped dump pickled by Python's pickler with ``protocol`` (2 or 3: explicit memo indices),
+    cut into its opcodes: (name, argument, start, end)."""
+    blob = pickle.dumps(
+        _dump_of(1200, first_id=5000, late_frame_at=None, stuck_at=None, fresh_every=0), protocol=protocol
+    )
+    ops = [(op.name, arg, pos or 0) for op, arg, pos in pickletools.genops(blob)]
+    ends = [pos for _, _, pos in ops[1:]] + [len(blob)]
+    return blob, [(name, arg, pos, end) for (name, arg, pos), end in zip(ops, ends, strict=True)]
+
+
+def _ref_bytes(index: int) -> bytes:
+    return b"h" + bytes([index]) if index < 256 else b"j" + index.to_bytes(4, "little")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(protocol=st.sampled_from([2, 3]), data=st.data())
+def test_memoize_in_an_explicit_index_pickle_decodes_as_a_full_decode(
+    protocol: int, data: st.DataObject
+) -> None:
+    """Hand-made protocol 2 and 3 streams: MEMOIZE (whose index is implied by the count of objects
+    stored before: no pickler of these protocols writes it) in place of a BINPUT or after one, in the
+    header, the first entries, the skipped middle or the newest entries, and references to the indices
+    it implies or to index 0. The newest-entries decode, handed the first entries' memo, is the full
+    decode's or refuses."""
+    blob, ops = _ops_p2(protocol)
+    puts = [i for i, op in enumerate(ops) if op[0] in ("BINPUT", "LONG_BINPUT")]
+    gets = [i for i, op in enumerate(ops) if op[0] in ("BINGET", "LONG_BINGET")]
+    zone = data.draw(st.sampled_from(["head", "middle", "tail"]))
+    n = len(ops)
+    bounds = {"head": (0, n // 50), "middle": (n // 4, 3 * n // 4), "tail": (n - n // 10, n)}
+    lo, hi = bounds[zone]
+    rng = random.Random(data.draw(st.integers(0, 2**32 - 1)))
+    in_zone = [i for i in puts if lo <= i < hi] or puts
+    edits: dict[int, bytes] = {}
+    for _ in range(data.draw(st.integers(1, 6))):
+        i = rng.choice(in_zone)
+        raw = blob[ops[i][2] : ops[i][3]]
+        edits[i] = b"\x94" if rng.random() < 0.5 else raw + b"\x94"
+    gets_in_zone = [i for i in gets if lo <= i < hi] or gets
+    memo_size = len(puts)
+    for _ in range(data.draw(st.integers(0, 4))):
+        i = rng.choice(gets_in_zone)
+        target = rng.choice([0, 1, memo_size, memo_size + 1, rng.randrange(memo_size + 2)])
+        edits[i] = _ref_bytes(target)
+    crafted = b"".join(edits.get(i, blob[op[2] : op[3]]) for i, op in enumerate(ops))
+    with limited_address_space(1 << 30):
+        found = decode_recent(crafted, 128)
+        if found is None:
+            return
+        try:
+            full = loads_plain(crafted)
+        except FrFormatError:
+            return  # the full decode fails elsewhere in the file (e.g. in the skipped middle)
+    assert found[0]["entries"] == full["entries"][-128:]
+    assert {k: v for k, v in found[0].items() if k != "entries"} == {
+        k: v for k, v in full.items() if k != "entries"
+    }
