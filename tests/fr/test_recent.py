@@ -199,16 +199,24 @@ def _mutated_decodes_as_a_full_decode(
     for _ in range(data.draw(st.integers(1, 4))):
         pos = rng.randrange(len(original))
         original[pos] = byte(rng)
-    blob = bytes(original)
+    _decodes_as_a_full_decode(bytes(original), 512)
+
+
+def _decodes_as_a_full_decode(blob: bytes, keep: int) -> None:
+    """The newest ``keep`` entries of ``blob`` and its header, when found, are the full decode's (or the
+    full decode fails)."""
     with limited_address_space(1 << 30):  # a flipped memo index can ask for gigabytes
-        found = decode_recent(blob, 512)
+        found = decode_recent(blob, keep)
         if found is None:
             return
         try:
             full = loads_plain(blob)
         except FrFormatError:
             return  # the full decode fails elsewhere in the file (e.g. in the skipped middle)
-    assert found[0]["entries"] == full["entries"][-512:]
+    assert found[0]["entries"] == full["entries"][-keep:]
+    assert {k: v for k, v in found[0].items() if k != "entries"} == {
+        k: v for k, v in full.items() if k != "entries"
+    }
 
 
 def test_real_torch_dump_of_2000_entries(tmp_path: Path) -> None:
@@ -477,16 +485,4 @@ def test_memoize_in_an_explicit_index_pickle_decodes_as_a_full_decode(
         i = rng.choice(gets_in_zone)
         target = rng.choice([0, 1, memo_size, memo_size + 1, rng.randrange(memo_size + 2)])
         edits[i] = _ref_bytes(target)
-    crafted = b"".join(edits.get(i, blob[op[2] : op[3]]) for i, op in enumerate(ops))
-    with limited_address_space(1 << 30):
-        found = decode_recent(crafted, 128)
-        if found is None:
-            return
-        try:
-            full = loads_plain(crafted)
-        except FrFormatError:
-            return  # the full decode fails elsewhere in the file (e.g. in the skipped middle)
-    assert found[0]["entries"] == full["entries"][-128:]
-    assert {k: v for k, v in found[0].items() if k != "entries"} == {
-        k: v for k, v in full.items() if k != "entries"
-    }
+    _decodes_as_a_full_decode(b"".join(edits.get(i, blob[op[2] : op[3]]) for i, op in enumerate(ops)), 128)
