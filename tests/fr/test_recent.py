@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +25,7 @@ from sentinel.fr.jsonfields import ENTRY_KEYS
 from sentinel.fr.loader import load_dump
 from sentinel.fr.recent import HEAD, NAMES_HEAD, ByteView, _record_ids, decode_recent, decode_recent_json
 from sentinel.fr.safepickle import loads_plain
+from sentinel.fr.summary import summarize
 from tests.fr.synth import entry
 from tests.support import TORCH_PROCESS_TIMEOUT_S, need_module
 
@@ -486,3 +488,28 @@ def test_memoize_in_an_explicit_index_pickle_decodes_as_a_full_decode(
         target = rng.choice([0, 1, memo_size, memo_size + 1, rng.randrange(memo_size + 2)])
         edits[i] = _ref_bytes(target)
     _decodes_as_a_full_decode(b"".join(edits.get(i, blob[op[2] : op[3]]) for i, op in enumerate(ops)), 128)
+
+
+def test_a_json_dump_refused_names_the_field_the_file_holds_first(tmp_path: Path) -> None:
+    """Decoded into the fields the analysis reads (msgspec imported), an entry's keys come in the
+    struct's order; a dump refused so is read again as the file holds it, so the error names the bad
+    field that comes first in the file, as without msgspec."""
+    from sentinel.fr.dumpset import summarize_file
+    from sentinel.fr.loader import DumpFile
+
+    dump = _dump_of(1500, first_id=7000, late_frame_at=None, stuck_at=None, fresh_every=0)
+    # torch's first key, then two fields msgspec checks, in the other order than the struct declares
+    first = ("collective_seq_id", "time_discovered_started_ns", "op_id")
+    dump["entries"] = [{**{k: e.get(k) for k in first}, **e} for e in dump["entries"]]
+    dump["entries"][-1]["time_discovered_started_ns"] = dump["entries"][-1]["op_id"] = "not a number"
+    path = tmp_path / "nccl_trace_rank_0.json"
+    path.write_text(json.dumps(dump, separators=(",", ":")))  # compact as torch writes it, keys unsorted
+    assert load_dump(path, recent=128).fields_only  # (the newest entries alone, their fields only)
+    with pytest.raises(FrFormatError) as fast:
+        summarize_file(DumpFile(str(path), 0, "nccl_trace_rank_"), 128, coerce=True)
+    assert "time_discovered_started_ns" in str(fast.value)
+    plain = load_dump(path, recent=128, fields_only=False)
+    assert not plain.fields_only
+    with pytest.raises(FrFormatError) as slow:
+        summarize(plain, coerce=True)
+    assert str(fast.value) == str(slow.value)
