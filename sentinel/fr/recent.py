@@ -951,8 +951,12 @@ def _decode_recent_json(view: ByteView, keep: int, fields_only: bool) -> Recent 
     # the total from the record ids of the first and the last entry (as for a pickle), the last one read
     # from the bytes first (a guess, checked against the decoded entries below): too few entries to skip,
     # and the newest are not decoded
-    back = view.back
-    last_at = back.rfind(b'"record_id":')
+    while True:  # behind the last entry: the trailer, whose pg_config lists every rank of the world
+        back = view.back
+        last_at = back.rfind(b'"record_id":')
+        if last_at >= 0 or view.size - len(back) <= first:
+            break
+        view._grow_back(2 * len(back))
     last = None if last_at < 0 else _JSON_RECORD_ID.match(back, last_at)
     if type(first_id) is not int or last is None:
         return None

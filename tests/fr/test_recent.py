@@ -513,3 +513,19 @@ def test_a_json_dump_refused_names_the_field_the_file_holds_first(tmp_path: Path
     with pytest.raises(FrFormatError) as slow:
         summarize(plain, coerce=True)
     assert str(fast.value) == str(slow.value)
+
+
+def test_a_json_trailer_larger_than_the_first_read_of_the_back(tmp_path: Path) -> None:
+    """pg_config lists every rank of the world group: at 100,000 ranks the trailer alone is larger
+    than the back first read; the newest entries are still read from both ends."""
+    dump = _dump_of(1500, first_id=7000, late_frame_at=None, stuck_at=None, fresh_every=0)
+    ranks = json.dumps(list(range(100_000)))
+    assert len(ranks) > ByteView.JSON_BACK
+    dump["pg_config"] = {"0": {"name": "0", "desc": "default_pg", "ranks": ranks}}
+    path = tmp_path / "nccl_trace_rank_0.json"
+    path.write_text(json.dumps(dump, sort_keys=True, separators=(",", ":")))
+    fast = load_dump(path, recent=128)
+    assert fast.total_entries == 1500
+    assert fast.pg_config == dump["pg_config"]
+    newest = json.loads(path.read_text())["entries"][-128:]
+    assert fast.entries == [{k: v for k, v in e.items() if k in ENTRY_KEYS} for e in newest]
