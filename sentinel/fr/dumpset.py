@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from sentinel.fr.analysis import analyze
+from sentinel.fr.errors import FrFormatError
 from sentinel.fr.loader import DumpFile, PathLike, discover, load_dump
 from sentinel.fr.rank_summary import RankSummary
 from sentinel.fr.readahead import ReadAhead
@@ -61,7 +62,15 @@ def summarize_file(
     read_ahead: ReadAhead | None = None,
 ) -> RankSummary:
     """Load and reduce one dump file (only its newest ``recent`` entries when that is enough)."""
-    return summarize(load_dump(dump.path, dump.rank, recent=recent, read_ahead=read_ahead), coerce=coerce)
+    raw = load_dump(dump.path, dump.rank, recent=recent, read_ahead=read_ahead)
+    try:
+        return summarize(raw, coerce=coerce)
+    except FrFormatError:
+        if not raw.fields_only:
+            raise
+    # refused: named from the entries as the file holds them (see RawDump.fields_only)
+    raw = load_dump(dump.path, dump.rank, recent=recent, fields_only=False)
+    return summarize(raw, coerce=coerce)
 
 
 def _decode_one(

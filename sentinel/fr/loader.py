@@ -79,6 +79,7 @@ class RawDump:
 
     __slots__ = (
         "entries",
+        "fields_only",
         "is_json",
         "pg_config",
         "pg_names",
@@ -114,6 +115,10 @@ class RawDump:
         # only the newest entries were decoded, and completed send/recv entries were among those skipped:
         # the analysis of a set in which a rank waits needs them (sentinel.fr.dumpset.summarize_dir)
         self.skipped_p2p = False
+        # the entries may hold only the keys the analysis reads, in another order than the file's
+        # (sentinel.fr.jsonfields): a dump refused so is read again without (which entry and field an
+        # error names first follows the order of the file's keys)
+        self.fields_only = False
 
     @property
     def n_entries(self) -> int:
@@ -371,13 +376,15 @@ def load_dump(
     recent: int | None = None,
     *,
     read_ahead: ReadAhead | None = None,
+    fields_only: bool = True,
 ) -> RawDump:
     """Read, decode and shape-check one dump file. ``rank`` defaults to the number ending its name.
 
     With ``recent``, a large pickle may be decoded only for its newest ``recent`` entries (see
     :mod:`sentinel.fr.recent`), when they contain every collective a group still waits in.
     ``read_ahead``: the decoding process's :class:`~sentinel.fr.readahead.ReadAhead`, told whether this
-    dump was in the page cache and what of it was read.
+    dump was in the page cache and what of it was read. ``fields_only``: the newest entries of a JSON dump
+    may be decoded into the keys the analysis reads only (:attr:`RawDump.fields_only`).
     """
     path = _fspath(path)
     if rank is None:
@@ -394,10 +401,16 @@ def load_dump(
                 magic = os.pread(fd, 2, 0) if read_ahead is None else read_ahead.first_bytes(fd, 2)
             except OSError as exc:
                 raise FrFormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
-            if magic[:1] == bytes([PICKLE_PROTO]):  # read at both ends only, never in the middle
+            is_json = magic[:1] == b"{"
+            if is_json or magic[:1] == bytes([PICKLE_PROTO]):  # read at both ends, the middle if needed
                 tried = True
-                view = ByteView(fd=fd, size=size)
-                dump = _recent_dump(decode_recent(view, recent), path, rank, False)
+                view = ByteView(fd=fd, size=size, back=ByteView.JSON_BACK if is_json else ByteView.CHUNK // 2)
+                found = (
+                    decode_recent_json(view, recent, fields_only=fields_only)
+                    if is_json
+                    else decode_recent(view, recent)
+                )
+                dump = _recent_dump(found, path, rank, is_json, fields_only=is_json and fields_only)
                 if dump is not None:
                     if read_ahead is not None:
                         read_ahead.decoded(len(view.front), len(view.back))
@@ -413,8 +426,12 @@ def load_dump(
     if recent is not None and not tried:
         # a file read whole (smaller than a read of its two ends, or gzipped: the expanded bytes)
         is_json = data[:1] == b"{"
-        found = decode_recent_json(data, recent) if is_json else decode_recent(data, recent)
-        dump = _recent_dump(found, path, rank, is_json)
+        found = (
+            decode_recent_json(data, recent, fields_only=fields_only)
+            if is_json
+            else decode_recent(data, recent)
+        )
+        dump = _recent_dump(found, path, rank, is_json, fields_only=is_json and fields_only)
         if dump is not None:
             return dump
     obj, is_json = decode(data, source=str(path))
@@ -434,12 +451,15 @@ def _no_read_ahead(fd: int) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
 
 
-def _recent_dump(found: Recent | None, path: str, rank: int, is_json: bool) -> RawDump | None:
+def _recent_dump(
+    found: Recent | None, path: str, rank: int, is_json: bool, *, fields_only: bool = False
+) -> RawDump | None:
     """The dump of the newest entries, when :func:`decode_recent` found them and they are enough."""
     if found is None:
         return None
     top, total, names, skipped_done, skipped = found
     dump = parse_dump(top, rank=rank, source=str(path), is_json=is_json)
+    dump.fields_only = fields_only
     dump.total_entries = total
     dump.pg_names = names
     return dump if _recent_is_enough(dump, skipped_done, skipped) else None

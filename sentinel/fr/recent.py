@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import operator
 import os
 import pickle
 import re
@@ -84,13 +85,19 @@ class ByteView:
 
     CHUNK = 1 << 16
 
-    def __init__(self, data: bytes | None = None, *, fd: int = -1, size: int = 0) -> None:
+    #: The back first read from a JSON dump: its newest entries repeat their stack frames in full, and
+    #: growing the back copies what it holds.
+    JSON_BACK = 1 << 18
+
+    def __init__(
+        self, data: bytes | None = None, *, fd: int = -1, size: int = 0, back: int = CHUNK // 2
+    ) -> None:
         self.fd = fd
         self.size = len(data) if data is not None else size
         self.front = data if data is not None else b""
         self.back = data if data is not None else b""
         if data is None:
-            self._grow_back(self.CHUNK // 2)
+            self._grow_back(back)
 
     def _grow_front(self, want: int) -> None:
         have = len(self.front)
@@ -243,9 +250,14 @@ def _decode_recent(view: ByteView, keep: int) -> Recent | None:
     while True:
         tail_reader = plain_unpickler([(b"\x80\x02](", 0, 4), *tail_parts, (b"e.", 0, 2)])
         # hand over the memo as the proxy: CPython 3.11 drops the values when a plain dict is assigned
+        handed = None if memoize else memo_source.memo.copy()
         tail_reader.memo = memo_source.memo
         try:
             tail = tail_reader.load()
+            if handed is not None and not _explicit_memo_kept(
+                handed, tail_reader, lambda: b"".join([b"\x80\x02](", *_joined(tail_parts), b"e."])
+            ):
+                return None
             break
         except pickle.UnpicklingError as exc:
             if "Memo value not found" not in str(exc) or decoded_end >= tail_start:
@@ -375,8 +387,13 @@ def _decode_more(
         whole, entries = _decode_prefix(view, hi)
         return None if entries is None or len(entries) < before else (whole, entries[before:])
     reader = plain_unpickler([(b"\x80\x02](", 0, 4), view.span(lo, hi), (b"e.", 0, 2)])
+    handed = memo_source.memo.copy()
     reader.memo = memo_source.memo
     entries = reader.load()
+    if not _explicit_memo_kept(
+        handed, reader, lambda: b"".join([b"\x80\x02](", *_joined([view.span(lo, hi)]), b"e."])
+    ):
+        return None
     return (reader, entries) if isinstance(entries, list) else None
 
 
@@ -396,6 +413,38 @@ def _memo_kept(parts: list[tuple[bytes, int, int]], *, memoize: bool, zero_fille
     ):
         return False
     return bool(zero_filled) and _memoize_stores_at_zero()
+
+
+def _joined(parts: list[tuple[bytes, int, int]]) -> list[bytes]:
+    return [bytes(memoryview(data)[a:b]) for data, a, b in parts]
+
+
+def _explicit_memo_kept(handed: dict[int, Any], reader: Any, stream: Callable[[], bytes]) -> bool:
+    """Whether a decode of protocol 2 or 3 bytes by ``reader``, handed the memo ``handed`` (a copy taken
+    before), read every reference as the full decode does although it did not start at the file's start.
+    These protocols store by explicit index, the full decode's, but the unpickler runs a MEMOIZE in any
+    protocol: it stores at the count of slots it filled itself since it was handed the memo (CPython keeps
+    no count of the handed ones), where the full decode stores at the count of every slot filled before,
+    another index, read back otherwise by a later reference. With F slots filled that ``handed`` lacked,
+    every MEMOIZE stored in a slot from 0 to F. A pickler's BINPUTs fill fresh indices above every slot
+    filled before, so where the fresh ones all lie above F (a decode of the newest entries, behind the
+    skipped middle), the slots from 0 to F hold ``handed``'s objects still, or stay empty: then no
+    MEMOIZE stored anything else. Otherwise (a MEMOIZE, or a decode right behind the first entries) the
+    decoded ``stream`` is read opcode by opcode for a MEMOIZE, which only a hand-made file holds. Not seen: a MEMOIZE of the very object its
+    slot holds already (it changes nothing here) followed by a reference to where the full decode
+    stored it, which a file whose memo indices skip some (no pickler's) can make hold a value here."""
+    after: dict[int, Any] = reader.memo.copy()
+    slots = range(len(after) - len(handed) + 1)  # (slots are only ever added)
+    # each holds handed's object, or is empty in both (one C-level pass)
+    missing = itertools.repeat(_MISSING)
+    if all(map(operator.is_, map(after.get, slots, missing), map(handed.get, slots, missing))):
+        return True
+    import pickletools  # (here: not a cost of every analysis)
+
+    return not any(op.code == "\x94" for op, _, _ in pickletools.genops(stream()))
+
+
+_MISSING = object()
 
 
 @functools.cache
@@ -628,12 +677,14 @@ def _skipped_done(
         spans = _spans(data, needle, hits, lo, hi, from_lo=bool(batches.open))
         if spans is None:
             return False
-        reader = plain_unpickler(
-            b"".join([b"\x80\x02]("] + [b"](" + data[a:b] + b"e" for a, b in spans] + [b"e."])
-        )
+        stream = b"".join([b"\x80\x02]("] + [b"](" + data[a:b] + b"e" for a, b in spans] + [b"e."])
+        reader = plain_unpickler(stream)
+        handed = memo.copy()
         reader.memo = memo
         parts = reader.load()
         if not kept([(data, a, b) for a, b in spans]):  # (see _memo_kept)
+            return False
+        if data[1] < 4 and not _explicit_memo_kept(handed, reader, lambda: stream):  # (data[1]: protocol)
             return False
         if type(parts) is not list or len(parts) != len(spans):
             return False
@@ -867,35 +918,64 @@ def _dict_start(before: bytes, pos: int) -> int:
 _JSON_ENTRY = b'{"collective_seq_id":'
 
 
-def decode_recent_json(data: bytes, keep: int) -> Recent | None:
+def decode_recent_json(data: bytes | ByteView, keep: int, *, fields_only: bool = True) -> Recent | None:
     """The same for ``_dump_fr_trace_json`` output (keys sorted, no memo): the document is spliced to its
-    header, the newest ``keep`` entries and its trailer, and parsed once. None when in doubt."""
+    header, the newest ``keep`` entries and its trailer, and parsed once. None when in doubt.
+    ``fields_only``: the entries may hold only the keys the analysis reads (see :func:`_json_loads`)."""
     try:
-        return _decode_recent_json(data, keep)
+        return _decode_recent_json(data if isinstance(data, ByteView) else ByteView(data), keep, fields_only)
     except Exception:  # any doubt: the caller decodes the whole file
         return None
 
 
-def _decode_recent_json(data: bytes, keep: int) -> Recent | None:
-    start = data.find(b'"entries":[' + _JSON_ENTRY, 0, 1 << 16)
+_JSON_RECORD_ID = re.compile(rb'"record_id":(\d{1,19})[,}]')
+
+
+def _decode_recent_json(view: ByteView, keep: int, fields_only: bool) -> Recent | None:
+    # read at both ends, as a pickle is: the header and first entry from the front, the newest entries and
+    # the trailer (pg_config, pg_status, version: keys sorted) from the back; the middle is read only to
+    # show every skipped entry retired (skipped_done)
+    if not view.front:
+        view._grow_front(view.CHUNK)
+    start = view.front.find(b'"entries":[' + _JSON_ENTRY, 0, 1 << 16)
     if start < 0:
         return None
     first = start + len(b'"entries":[')
-    total = data.count(_JSON_ENTRY, first)
+    head_end = view.find(_JSON_ENTRY, first + 1, view.size)  # the first entry, for group names
+    if head_end < 0:
+        return None
+    first_entry = _json_loads(bytes(view.get(first, head_end - 1)), fields_only, entry=True)
+    if not isinstance(first_entry, dict):
+        return None
+    first_id = first_entry.get("record_id")
+    # the total from the record ids of the first and the last entry (as for a pickle), the last one read
+    # from the bytes first (a guess, checked against the decoded entries below): too few entries to skip,
+    # and the newest are not decoded
+    while True:  # behind the last entry: the trailer, whose pg_config lists every rank of the world
+        back = view.back
+        last_at = back.rfind(b'"record_id":')
+        if last_at >= 0 or view.size - len(back) <= first:
+            break
+        view._grow_back(2 * len(back))
+    last = None if last_at < 0 else _JSON_RECORD_ID.match(back, last_at)
+    if type(first_id) is not int or last is None:
+        return None
+    total = int(last[1]) - first_id + 1
     if total < max(MIN_ENTRIES, keep + 16):
         return None
-    cut = len(data)
-    for _ in range(keep):
-        cut = data.rfind(_JSON_ENTRY, first, cut)
-    head_end = data.find(_JSON_ENTRY, first + 1)  # the first entry, for group names
-    obj = _json_loads(data[:first] + data[cut:])
-    first_entry = json.loads(data[first : head_end - 1])
+    cut = _nth_from_back(view, _JSON_ENTRY, keep, head_end)
+    if cut is None:
+        return None
+    base = view.size - len(view.back)
+    if cut < base:  # (cannot be: the back was searched)
+        return None
+    # one copy: the header, then the newest entries and the trailer as read
+    obj = _json_loads(view.front[:first] + memoryview(view.back)[cut - base :], fields_only)
     entries = obj.get("entries") if isinstance(obj, dict) else None
-    if not isinstance(entries, list) or len(entries) != keep or not isinstance(first_entry, dict):
+    if not isinstance(entries, list) or len(entries) != keep:
         return None
     ids = [e.get("record_id") if isinstance(e, dict) else None for e in entries]
-    first_id = first_entry.get("record_id")
-    if type(first_id) is not int or ids != list(range(first_id + total - keep, first_id + total)):
+    if ids != list(range(first_id + total - keep, first_id + total)):
         return None
     names: dict[int, list[str]] = {}
     pg = first_entry.get("process_group")
@@ -906,21 +986,48 @@ def _decode_recent_json(data: bytes, keep: int) -> Recent | None:
     def skipped_done() -> bool:
         """Every skipped entry retired: in JSON a string cannot hold an unescaped quote, so the text
         ``"retired":true`` is the key with the value true and nothing else (torch writes it compact, in
-        every entry, keys sorted); as many of those as skipped entries, and no other ``"retired"`` (another
-        value, spacing, a nested copy), or the caller decodes the whole file."""
+        every entry, keys sorted); as many of those as skipped entries (which also shows that the middle
+        holds as many entries as the record ids count), and no other ``"retired"`` (another value,
+        spacing, a nested copy), or the caller decodes the whole file."""
+        data = view.through(cut)
         ok = data.count(b'"retired":true', first, cut)
         return ok == skipped and data.count(b'"retired"', first, cut) == ok
 
     return obj, total, names, skipped_done, None
 
 
-def _json_loads(text: bytes) -> Any:
+def _nth_from_back(view: ByteView, needle: bytes, n: int, lo: int) -> int | None:
+    """Offset of the ``n``-th ``needle`` counted from the end of the file, at ``lo`` or after (None when
+    there are fewer); the back of ``view`` grows as the search needs it, and no byte is searched twice
+    (a needle across the old start of the back is found once the back holds it)."""
+    cut = view.size
+    while n:
+        back = view.back
+        base = view.size - len(back)
+        pos = back.rfind(needle, max(lo - base, 0), cut - base)
+        if pos >= 0:
+            cut = pos + base
+            n -= 1
+        elif base <= lo:
+            return None
+        else:
+            view._grow_back(2 * len(back))
+    return cut
+
+
+def _json_loads(text: bytes, fields_only: bool = False, *, entry: bool = False) -> Any:
     """:func:`json.loads`, by msgspec's decoder when msgspec is imported already (``fr analyze`` imports
-    it for large sets: :data:`sentinel.fr.dumpset.COERCE_FROM`), which decodes the newest entries 3-4x
-    faster to the same values; what it refuses (NaN, 1e400, lone surrogate escapes) json decodes."""
+    it for large sets: :data:`sentinel.fr.dumpset.COERCE_FROM`), to the same values; what it refuses
+    (NaN, 1e400, lone surrogate escapes) json decodes. ``fields_only``: into the entry keys the analysis
+    reads only (:mod:`sentinel.fr.jsonfields`), their stack frames skipped; ``entry``: ``text`` is one
+    entry."""
     msgspec = sys.modules.get("msgspec")
     if msgspec is not None:
         try:
+            if fields_only:
+                from sentinel.fr.jsonfields import loads_dump, loads_entry
+
+                return loads_entry(text) if entry else loads_dump(text)
             return msgspec.json.decode(text)
         except Exception:  # noqa: S110 (json decides, as without msgspec)
             pass

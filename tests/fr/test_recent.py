@@ -6,6 +6,7 @@ import functools
 import gzip
 import json
 import pickle
+import pickletools
 import random
 import subprocess
 import sys
@@ -14,14 +15,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sentinel.fr.dumpset import analyze_dir, limited_address_space
 from sentinel.fr.errors import FrFormatError
+from sentinel.fr.jsonfields import ENTRY_KEYS
 from sentinel.fr.loader import load_dump
 from sentinel.fr.recent import HEAD, NAMES_HEAD, ByteView, _record_ids, decode_recent, decode_recent_json
 from sentinel.fr.safepickle import loads_plain
+from sentinel.fr.summary import summarize
 from tests.fr.synth import entry
 from tests.support import TORCH_PROCESS_TIMEOUT_S, need_module
 
@@ -197,16 +201,24 @@ def _mutated_decodes_as_a_full_decode(
     for _ in range(data.draw(st.integers(1, 4))):
         pos = rng.randrange(len(original))
         original[pos] = byte(rng)
-    blob = bytes(original)
+    _decodes_as_a_full_decode(bytes(original), 512)
+
+
+def _decodes_as_a_full_decode(blob: bytes, keep: int) -> None:
+    """The newest ``keep`` entries of ``blob`` and its header, when found, are the full decode's (or the
+    full decode fails)."""
     with limited_address_space(1 << 30):  # a flipped memo index can ask for gigabytes
-        found = decode_recent(blob, 512)
+        found = decode_recent(blob, keep)
         if found is None:
             return
         try:
             full = loads_plain(blob)
         except FrFormatError:
             return  # the full decode fails elsewhere in the file (e.g. in the skipped middle)
-    assert found[0]["entries"] == full["entries"][-512:]
+    assert found[0]["entries"] == full["entries"][-keep:]
+    assert {k: v for k, v in found[0].items() if k != "entries"} == {
+        k: v for k, v in full.items() if k != "entries"
+    }
 
 
 def test_real_torch_dump_of_2000_entries(tmp_path: Path) -> None:
@@ -238,10 +250,15 @@ def test_real_torch_dump_of_2000_entries(tmp_path: Path) -> None:
     assert found[1] == len(full["entries"]) == 2000
     assert found[0]["entries"] == full["entries"][-512:]
     raw_json = (tmp_path / "nccl_trace_rank_0.json").read_bytes()
-    found_json = decode_recent_json(raw_json, 512)
+    newest_json = json.loads(raw_json)["entries"][-512:]
+    found_json = decode_recent_json(raw_json, 512, fields_only=False)
     assert found_json is not None
     assert found_json[1] == 2000
-    assert found_json[0]["entries"] == json.loads(raw_json)["entries"][-512:]
+    assert found_json[0]["entries"] == newest_json
+    # by default only the keys the analysis reads (msgspec is imported: sentinel.fr.jsonfields)
+    read = decode_recent_json(raw_json, 512)
+    assert read is not None
+    assert read[0]["entries"] == [{k: v for k, v in e.items() if k in ENTRY_KEYS} for e in newest_json]
     (tmp_path / "nccl_trace_rank_0.json").rename(tmp_path / "elsewhere.json")
     fast = analyze_dir(tmp_path, workers=1).to_json()
     assert fast == analyze_dir(tmp_path, workers=1, recent=None).to_json()
@@ -251,10 +268,15 @@ def test_real_torch_dump_of_2000_entries(tmp_path: Path) -> None:
 def test_json_newest_entries_equal_a_full_decode() -> None:
     dump = loads_plain(_big_dump(1500))
     raw = json.dumps(dump, sort_keys=True, separators=(",", ":")).encode()
-    found = decode_recent_json(raw, 512)
+    newest = json.loads(raw)["entries"][-512:]
+    found = decode_recent_json(raw, 512, fields_only=False)
     assert found is not None
     assert found[1] == 1500
-    assert found[0]["entries"] == json.loads(raw)["entries"][-512:]
+    assert found[0]["entries"] == newest
+    read = decode_recent_json(raw, 512)
+    assert read is not None
+    assert read[0]["entries"] == [{k: v for k, v in e.items() if k in ENTRY_KEYS} for e in newest]
+    assert any(k not in ENTRY_KEYS for e in newest for k in e)
     assert decode_recent_json(raw.replace(b'"collective_seq_id"', b'"seq_id"'), 512) is None
 
 
@@ -417,3 +439,93 @@ def test_the_newest_json_entries_decode_as_json_does(value: Any, ascii_only: boo
         text = '{"k":1,' + text[1:-1] + ',"k":[2]}'
     raw = text.encode("utf-8", "surrogatepass")
     assert repr(_json_loads(raw)) == repr(json.loads(raw))
+
+
+@functools.cache
+def _ops_p2(protocol: int) -> tuple[bytes, list[tuple[str, Any, int, int]]]:
+    """A wrapped dump pickled by Python's pickler with ``protocol`` (2 or 3: explicit memo indices),
+    cut into its opcodes: (name, argument, start, end)."""
+    blob = pickle.dumps(
+        _dump_of(1200, first_id=5000, late_frame_at=None, stuck_at=None, fresh_every=0), protocol=protocol
+    )
+    ops = [(op.name, arg, pos or 0) for op, arg, pos in pickletools.genops(blob)]
+    ends = [pos for _, _, pos in ops[1:]] + [len(blob)]
+    return blob, [(name, arg, pos, end) for (name, arg, pos), end in zip(ops, ends, strict=True)]
+
+
+def _ref_bytes(index: int) -> bytes:
+    return b"h" + bytes([index]) if index < 256 else b"j" + index.to_bytes(4, "little")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(protocol=st.sampled_from([2, 3]), data=st.data())
+def test_memoize_in_an_explicit_index_pickle_decodes_as_a_full_decode(
+    protocol: int, data: st.DataObject
+) -> None:
+    """Hand-made protocol 2 and 3 streams: MEMOIZE (whose index is implied by the count of objects
+    stored before: no pickler of these protocols writes it) in place of a BINPUT or after one, in the
+    header, the first entries, the skipped middle or the newest entries, and references to the indices
+    it implies or to index 0. The newest-entries decode, handed the first entries' memo, is the full
+    decode's or refuses."""
+    blob, ops = _ops_p2(protocol)
+    puts = [i for i, op in enumerate(ops) if op[0] in ("BINPUT", "LONG_BINPUT")]
+    gets = [i for i, op in enumerate(ops) if op[0] in ("BINGET", "LONG_BINGET")]
+    zone = data.draw(st.sampled_from(["head", "middle", "tail"]))
+    n = len(ops)
+    bounds = {"head": (0, n // 50), "middle": (n // 4, 3 * n // 4), "tail": (n - n // 10, n)}
+    lo, hi = bounds[zone]
+    rng = random.Random(data.draw(st.integers(0, 2**32 - 1)))
+    in_zone = [i for i in puts if lo <= i < hi] or puts
+    edits: dict[int, bytes] = {}
+    for _ in range(data.draw(st.integers(1, 6))):
+        i = rng.choice(in_zone)
+        raw = blob[ops[i][2] : ops[i][3]]
+        edits[i] = b"\x94" if rng.random() < 0.5 else raw + b"\x94"
+    gets_in_zone = [i for i in gets if lo <= i < hi] or gets
+    memo_size = len(puts)
+    for _ in range(data.draw(st.integers(0, 4))):
+        i = rng.choice(gets_in_zone)
+        target = rng.choice([0, 1, memo_size, memo_size + 1, rng.randrange(memo_size + 2)])
+        edits[i] = _ref_bytes(target)
+    _decodes_as_a_full_decode(b"".join(edits.get(i, blob[op[2] : op[3]]) for i, op in enumerate(ops)), 128)
+
+
+def test_a_json_dump_refused_names_the_field_the_file_holds_first(tmp_path: Path) -> None:
+    """Decoded into the fields the analysis reads (msgspec imported), an entry's keys come in the
+    struct's order; a dump refused so is read again as the file holds it, so the error names the bad
+    field that comes first in the file, as without msgspec."""
+    from sentinel.fr.dumpset import summarize_file
+    from sentinel.fr.loader import DumpFile
+
+    dump = _dump_of(1500, first_id=7000, late_frame_at=None, stuck_at=None, fresh_every=0)
+    # torch's first key, then two fields msgspec checks, in the other order than the struct declares
+    first = ("collective_seq_id", "time_discovered_started_ns", "op_id")
+    dump["entries"] = [{**{k: e.get(k) for k in first}, **e} for e in dump["entries"]]
+    dump["entries"][-1]["time_discovered_started_ns"] = dump["entries"][-1]["op_id"] = "not a number"
+    path = tmp_path / "nccl_trace_rank_0.json"
+    path.write_text(json.dumps(dump, separators=(",", ":")))  # compact as torch writes it, keys unsorted
+    assert load_dump(path, recent=128).fields_only  # (the newest entries alone, their fields only)
+    with pytest.raises(FrFormatError) as fast:
+        summarize_file(DumpFile(str(path), 0, "nccl_trace_rank_"), 128, coerce=True)
+    assert "time_discovered_started_ns" in str(fast.value)
+    plain = load_dump(path, recent=128, fields_only=False)
+    assert not plain.fields_only
+    with pytest.raises(FrFormatError) as slow:
+        summarize(plain, coerce=True)
+    assert str(fast.value) == str(slow.value)
+
+
+def test_a_json_trailer_larger_than_the_first_read_of_the_back(tmp_path: Path) -> None:
+    """pg_config lists every rank of the world group: at 100,000 ranks the trailer alone is larger
+    than the back first read; the newest entries are still read from both ends."""
+    dump = _dump_of(1500, first_id=7000, late_frame_at=None, stuck_at=None, fresh_every=0)
+    ranks = json.dumps(list(range(100_000)))
+    assert len(ranks) > ByteView.JSON_BACK
+    dump["pg_config"] = {"0": {"name": "0", "desc": "default_pg", "ranks": ranks}}
+    path = tmp_path / "nccl_trace_rank_0.json"
+    path.write_text(json.dumps(dump, sort_keys=True, separators=(",", ":")))
+    fast = load_dump(path, recent=128)
+    assert fast.total_entries == 1500
+    assert fast.pg_config == dump["pg_config"]
+    newest = json.loads(path.read_text())["entries"][-128:]
+    assert fast.entries == [{k: v for k, v in e.items() if k in ENTRY_KEYS} for e in newest]
