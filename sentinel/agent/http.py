@@ -20,10 +20,10 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
-from prometheus_client import CONTENT_TYPE_LATEST
 
 from sentinel.agent.metrics import AgentCounters
 from sentinel.components.device.record import GpuSourceHealth
+from sentinel.components.families import CONTENT_TYPE_LATEST
 from sentinel.log import get_logger
 from sentinel.wire import FrDumpAnswer, Snapshot
 

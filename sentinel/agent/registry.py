@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from prometheus_client.registry import Collector as MetricFamilies
-
 from sentinel.agent.collectors.base import Collector
 from sentinel.agent.collectors.flight_recorder import FrDumpCollector, ProbeCollector
 from sentinel.agent.collectors.gpu import GpuCollector
@@ -31,6 +29,7 @@ from sentinel.agent.sink import CollectorSink
 from sentinel.agent.source import GpuSource, HostInputs
 from sentinel.agent.tailer import LogTailer
 from sentinel.components import registry as signals
+from sentinel.components.families import Collector as MetricFamilies
 from sentinel.components.ib.collector import IbCollector, IbPortReader
 from sentinel.components.ib.metrics import IbPortMetrics
 from sentinel.components.ib.sysfs import PortSource, SysfsPorts

@@ -12,7 +12,6 @@ past either it is killed and the stack is reported as not read.
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import selectors
 import shutil
@@ -97,6 +96,8 @@ def find_py_spy(configured: str = "") -> str | None:
     if found:
         return found
     candidates = [Path(sys.executable).parent / "py-spy", Path(sys.prefix) / "bin" / "py-spy"]
+    import importlib.metadata  # here: its imports (email, zipfile) are memory the agent keeps for one lookup
+
     try:  # installed with this package (the ``stacks`` extra): the wheel's own record names the binary
         files = importlib.metadata.distribution("py-spy").files or []
         candidates += [Path(str(f.locate())) for f in files if f.name == "py-spy"]
