@@ -160,7 +160,17 @@ class PySpy:
     """:class:`StackReader` over the ``py-spy`` binary (``binary``: its path; "" finds it)."""
 
     def __init__(self, binary: str = "") -> None:
-        self.binary = find_py_spy(binary)
+        self._configured = binary
+        self._found = False
+        self._binary: str | None = None
+
+    @property
+    def binary(self) -> str | None:
+        """The binary, looked up on the first stack read (the lookup reads package metadata, whose modules
+        an agent that never reads a stack would keep in memory)."""
+        if not self._found:
+            self._binary, self._found = find_py_spy(self._configured), True
+        return self._binary
 
     def __call__(self, pid: int, timeout_s: float, max_bytes: int) -> tuple[list[ThreadStack], str]:
         if self.binary is None:
