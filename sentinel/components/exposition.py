@@ -67,8 +67,25 @@ _SPLIT_OUT = ("_created", "_gsum", "_gcount")  # OpenMetrics samples written as 
 _PROMETHEUS_TYPE = {"info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram", "unknown": "untyped"}
 
 
+#: a label set's text, by its (name, value) pairs in the family's order: most series keep theirs from one
+#: scrape to the next, so the sort and escaping happen once (bounded: cleared when full)
+_label_texts: dict[tuple[tuple[str, str], ...], str] = {}
+_MAX_LABEL_TEXTS = 8192
+
+
+def _labels_text(labels: dict[str, str]) -> str:
+    key = tuple(labels.items())
+    text = _label_texts.get(key)
+    if text is None:
+        text = ",".join(f'{_label_name(k)}="{escape(v)}"' for k, v in sorted(key))
+        if len(_label_texts) >= _MAX_LABEL_TEXTS:
+            _label_texts.clear()
+        _label_texts[key] = text
+    return text
+
+
 def _sample_line(sample: SampleLike) -> str:
-    labels = ",".join(f'{_label_name(k)}="{escape(v)}"' for k, v in sorted(sample.labels.items()))
+    labels = _labels_text(sample.labels)
     stamp = "" if sample.timestamp is None else f" {int(float(sample.timestamp) * 1000):d}"
     braces = f"{{{labels}}}" if labels else ""
     return f"{_metric_name(sample.name)}{braces} {_float_text(sample.value)}{stamp}\n"
