@@ -265,6 +265,9 @@ async def connect(
             head = await reader.readuntil(b"\r\n\r\n")
         except asyncio.LimitOverrunError:
             raise HandshakeError(0, "handshake answer too long") from None
+        except asyncio.IncompleteReadError:
+            # e.g. a server that wants a client certificate refuses it after TLS 1.3's handshake
+            raise ConnectionError("the server closed the connection during the upgrade") from None
         if len(head) > MAX_HANDSHAKE_BYTES:
             raise HandshakeError(0, "handshake answer too long")
         status_line, *header_lines = head.decode("latin-1").split("\r\n")

@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import ssl
 import struct
+import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -218,3 +221,32 @@ async def test_http_endpoint_bounds_and_keep_alive() -> None:
                 assert r.status == 431
     finally:
         await http.cleanup()
+
+
+async def test_mutual_tls_stream_to_the_real_aggregator(tmp_path: Path) -> None:
+    """The agent's client over wss:// with this host's certificate (``stream.tls_cert_file``): acked; without
+    a certificate the TLS handshake fails; the certificate's host may not claim another (close 4003)."""
+    from sentinel.agent.shipper import ssl_context
+    from sentinel.wire import Ack, decode_aggregator_frame, encode
+    from tests.aggregator.helpers import batch, hello
+    from tests.aggregator.test_identity import SHARED, make_pki, mtls_aggregator
+
+    make_pki(tmp_path)
+    async with mtls_aggregator(tmp_path) as (_, url):
+        ca = str(tmp_path / "ca.pem")
+        cert, key = str(tmp_path / "rack-a-01.pem"), str(tmp_path / "rack-a-01.key")
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            ws = await connect(url, headers=SHARED, ssl_context=ssl_context(url, ca), max_msg_size=1 << 20)
+            await ws.send_bytes(encode(hello("rack-a-01")))
+            if await ws.receive() is None:
+                raise ConnectionError(f"closed {ws.close_code}")
+        context = ssl_context(url, ca, cert, key)
+        ws = await connect(url, headers=SHARED, ssl_context=context, max_msg_size=1 << 20)
+        await ws.send_bytes(encode(hello("rack-b-01")))
+        assert await ws.receive() is None and ws.close_code == 4003
+        ws = await connect(url, headers=SHARED, ssl_context=context, max_msg_size=1 << 20)
+        await ws.send_bytes(encode(hello("rack-a-01")))
+        await ws.send_bytes(encode(batch(0, time.time())))
+        answer = await ws.receive()
+        assert answer is not None and decode_aggregator_frame(answer) == Ack(seq=0)
+        await ws.close()
