@@ -198,7 +198,11 @@ class HttpServer:
             async with asyncio.timeout(REQUEST_TIMEOUT_S):
                 await reader.readexactly(length)
         url = urlsplit(target)
-        query = {k: v[0] for k, v in parse_qs(url.query, max_num_fields=16).items()}
+        try:
+            query = {k: v[0] for k, v in parse_qs(url.query, max_num_fields=16).items()}
+        except ValueError:
+            await self._send(writer, Response(400, b"too many query fields", "text/plain"), False)
+            return False
         lookup = "GET" if method == "HEAD" else method
         handler = self.handlers.get((lookup, url.path))
         if handler is None:

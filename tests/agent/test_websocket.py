@@ -219,6 +219,9 @@ async def test_http_endpoint_bounds_and_keep_alive() -> None:
                 assert r.status == 413
             async with session.get(f"http://127.0.0.1:{port}/hello", headers={"X-Big": "y" * 10000}) as r:
                 assert r.status == 431
+            many = "&".join(f"f{i}=1" for i in range(40))
+            async with session.get(f"http://127.0.0.1:{port}/hello?{many}") as r:
+                assert r.status == 400
     finally:
         await http.cleanup()
 
