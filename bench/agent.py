@@ -25,11 +25,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import psutil
-from aiohttp import web
+
+if TYPE_CHECKING:  # the measuring side's; the agent's process (--child) must not carry aiohttp's memory
+    from aiohttp import web
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -218,6 +219,9 @@ class AckingAggregator:
         self.batches = 0
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
+        import aiohttp
+        from aiohttp import web
+
         from sentinel.wire import Ack, Batch, decode_agent_frame, encode
 
         ws = web.WebSocketResponse()
@@ -264,6 +268,9 @@ class Measured:
 
 
 async def measure(args: argparse.Namespace) -> int:
+    import aiohttp
+    from aiohttp import web
+
     state = tempfile.mkdtemp(prefix="sentinel-bench-")
     aggregator = AckingAggregator()
     app = web.Application()

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import msgspec
 
 from sentinel.agent.kernel_window import KernelWindow
-from sentinel.agent.nvml.smi_snapshot import snapshot_xml
 from sentinel.agent.stacks import StackReader
 from sentinel.log import get_logger
 from sentinel.wire import (
@@ -206,6 +205,9 @@ class EvidenceCapture:
         return entry
 
     def _gpu(self, index: int, reads: GpuReads | None) -> GpuSnapshot:
+        # here: XML (ElementTree, expat) is memory an agent would otherwise keep for the rare evidence capture
+        from sentinel.agent.nvml.smi_snapshot import snapshot_xml
+
         if reads is None:
             return GpuSnapshot(gpu=index, error="no such GPU on this host")
         latest = reads.fast or reads.slow

@@ -13,10 +13,14 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector, CollectorRegistry
-
 from sentinel.components.exposition import GpuRow, MetricsView, Writer, escape, write_families
+from sentinel.components.families import (
+    Collector,
+    CollectorRegistry,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+)
 from sentinel.components.registry import render_gpu_metrics
 from sentinel.wire import GpuInfo, GpuSample, GpuState
 
@@ -233,6 +237,6 @@ class AgentMetricsCollector(Collector):
 
 
 def make_registry(collector: AgentMetricsCollector) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
+    registry = CollectorRegistry()
     registry.register(collector)
     return registry

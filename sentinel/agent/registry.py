@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from prometheus_client.registry import Collector as MetricFamilies
-
 from sentinel.agent.collectors.flight_recorder import FrDumpCollector, ProbeCollector
 from sentinel.agent.collectors.gpu import GpuCollector
 from sentinel.agent.collectors.jobs import JobsCollector
@@ -31,6 +29,7 @@ from sentinel.agent.source import GpuSource, HostInputs
 from sentinel.agent.tailer import LogTailer
 from sentinel.components import registry as signals
 from sentinel.components.collector import Collector
+from sentinel.components.families import Collector as MetricFamilies
 from sentinel.components.xid.merge import XidMerger
 from sentinel.config.agent import AgentConfig
 from sentinel.log import get_logger

@@ -3,7 +3,8 @@
 Appending must be cheap (it happens every tick for every GPU), so entries are stored as the msgpack bytes
 the agent already produced, with byte accounting; decoding to JSON only happens on the rare snapshot. GPU
 samples, the bulk of it (one per GPU per second for ``window_s``), are kept deflated against a dictionary of
-their field names, a third to a half of their msgpack size. The buffer is bounded twice: by age
+their field names, each tick's samples as one block: a deflate stream costs about as much to start as to
+fill with a few samples, and the GPUs of one tick repeat each other. The buffer is bounded twice: by age
 (``window_s``) and by total bytes stored (oldest entries go first).
 
 A snapshot is a :class:`sentinel.wire.Snapshot` (what ``sentinel agent snapshot`` prints as JSON and the
@@ -46,7 +47,7 @@ EntryType = Literal["sample", "event", "heads", "procs"]
 ENTRY_OVERHEAD = 96
 
 _encoder = msgspec.msgpack.Encoder()
-_samples = msgspec.msgpack.Decoder(GpuSample)
+_samples = msgspec.msgpack.Decoder(list[GpuSample])
 _events = msgspec.msgpack.Decoder(Event)
 _heads = msgspec.msgpack.Decoder(FrHeads)
 _procs = msgspec.msgpack.Decoder(ProcsMap)
@@ -86,19 +87,33 @@ def _inflate(data: bytes) -> bytes:
     return zlib.decompressobj(zdict=_SAMPLE_DICT).decompress(data)
 
 
+def _array_header(n: int) -> bytes:
+    """The msgpack array header of ``n`` items: with it, the samples' concatenated msgpack is one list."""
+    if n < 16:
+        return bytes([0x90 | n])
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+#: one stored entry: (time, type, bytes, the time of each sample of a sample block, else None)
+Stored = tuple[float, EntryType, bytes, tuple[float, ...] | None]
+
+
 class RingBuffer:
-    """Time-ordered entries of (t, type, msgpack bytes), bounded by age and bytes."""
+    """Time-ordered entries of (t, type, msgpack bytes), bounded by age and bytes; GPU samples in blocks."""
 
     def __init__(self, host: str, window_s: float, max_bytes: int) -> None:
         self.host = host
         self.window_s = window_s
         self.max_bytes = max_bytes
-        self._entries: deque[tuple[float, EntryType, bytes]] = deque()
+        self._entries: deque[Stored] = deque()
         self._bytes = 0
+        self._count = 0
         self.evicted = 0
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return self._count
 
     @property
     def size_bytes(self) -> int:
@@ -112,9 +127,9 @@ class RingBuffer:
         """
         data = payload if isinstance(payload, bytes) else _encoder.encode(payload)
         if kind == "sample":
-            data = _deflate(data)
-        self._insert(t, kind, data)
-        self._bytes += len(data) + ENTRY_OVERHEAD
+            self._insert((t, kind, _deflate(_array_header(1) + data), (t,)))
+        else:
+            self._insert((t, kind, data, None))
         self._evict(t)
 
     def extend(self, kind: EntryType, items: Iterable[tuple[float, msgspec.Struct]]) -> list[bytes]:
@@ -125,57 +140,64 @@ class RingBuffer:
         (:func:`sentinel.agent.batch.fit_frame`) rather than encoding every sample twice.
         """
         encode = _encoder.encode
-        insert = self._insert
-        deflate = kind == "sample"
-        encoded: list[bytes] = []
-        added = 0
-        latest: float | None = None
-        for t, payload in items:
-            data = encode(payload)
-            encoded.append(data)
-            stored = _deflate(data) if deflate else data
-            insert(t, kind, stored)
-            added += len(stored)
-            if latest is None or t > latest:
-                latest = t
-        if latest is not None:
-            self._bytes += added + ENTRY_OVERHEAD * len(encoded)
-            self._evict(latest)
+        pairs = [(t, encode(payload)) for t, payload in items]
+        if not pairs:
+            return []
+        encoded = [data for _, data in pairs]
+        if kind == "sample":
+            times = tuple(t for t, _ in pairs)
+            block = _deflate(_array_header(len(encoded)) + b"".join(encoded))
+            self._insert((max(times), kind, block, times))
+        else:
+            for t, data in pairs:
+                self._insert((t, kind, data, None))
+        self._evict(max(t for t, _ in pairs))
         return encoded
 
-    def _insert(self, t: float, kind: EntryType, data: bytes) -> None:
+    def _insert(self, entry: Stored) -> None:
         """One entry at its place in time (normally the end: an out-of-order one goes where it belongs, so
         snapshots stay sorted)."""
         entries = self._entries
+        t = entry[0]
         if not entries or entries[-1][0] <= t:
-            entries.append((t, kind, data))
+            entries.append(entry)
         else:
-            entries.insert(bisect.bisect_right([e[0] for e in entries], t), (t, kind, data))
+            entries.insert(bisect.bisect_right([e[0] for e in entries], t), entry)
+        self._bytes += len(entry[2]) + ENTRY_OVERHEAD * (len(entry[3]) if entry[3] else 1)
+        self._count += len(entry[3]) if entry[3] else 1
 
     def _evict(self, now: float) -> None:
         horizon = now - self.window_s
         entries = self._entries
         while entries and (self._bytes > self.max_bytes or entries[0][0] < horizon):
-            _, _, data = entries.popleft()
-            self._bytes -= len(data) + ENTRY_OVERHEAD
-            self.evicted += 1
+            _, _, data, times = entries.popleft()
+            count = len(times) if times else 1
+            self._bytes -= len(data) + ENTRY_OVERHEAD * count
+            self._count -= count
+            self.evicted += count
 
     def snapshot(self, now: float, since: float | None = None) -> Snapshot:
         """The snapshot (see the module docstring), entries with ``t >= since``."""
         self._evict(now)
-        start = since if since is not None else (self._entries[0][0] if self._entries else now)
+        oldest = max(since, now - self.window_s) if since is not None else now - self.window_s
         entries: list[RingEntry] = []
-        for t, kind, data in self._entries:
-            if since is not None and t < since:
-                continue
-            entries.append(_entry(t, kind, data))
+        for t, kind, data, times in self._entries:
+            if times is not None:
+                entries.extend(
+                    SampleEntry(t=ts, data=sample)
+                    for ts, sample in zip(times, _samples.decode(_inflate(data)), strict=True)
+                    if ts >= oldest
+                )
+            elif t >= oldest:
+                entries.append(_entry(t, kind, data))
+        entries.sort(key=lambda e: e.t)  # a block sits at its newest sample's time: the others go before it
+        start = since if since is not None else (entries[0].t if entries else now)
         return Snapshot(host=self.host, window=(start, now), entries=entries)
 
 
 def _entry(t: float, kind: EntryType, data: bytes) -> RingEntry:
-    """One stored entry, decoded back to the type it was appended as (the agent's own bytes)."""
-    if kind == "sample":
-        return SampleEntry(t=t, data=_samples.decode(_inflate(data)))
+    """One stored entry other than samples, decoded back to the type it was appended as (the agent's own
+    bytes)."""
     if kind == "event":
         return EventEntry(t=t, data=_events.decode(data))
     if kind == "heads":

@@ -20,11 +20,11 @@ import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import aiohttp
 import msgspec
 
 from sentinel.agent.metrics import AgentCounters
 from sentinel.agent.spool import Spool
+from sentinel.agent.websocket import HandshakeError, ProtocolError, WebSocket, connect
 from sentinel.config.agent import StreamConfig
 from sentinel.config.loader import read_bounded
 from sentinel.log import get_logger
@@ -67,10 +67,10 @@ def read_token(path: str) -> str | None:
     raise TokenFileError(f"token file {path} holds no token")
 
 
-def ssl_context(url: str, ca_file: str, cert_file: str = "", key_file: str = "") -> ssl.SSLContext | bool:
+def ssl_context(url: str, ca_file: str, cert_file: str = "", key_file: str = "") -> ssl.SSLContext | None:
     """TLS for a wss:// aggregator: its CA, and this host's client certificate where mutual TLS is used."""
     if not url.startswith("wss://"):
-        return False
+        return None
     context = ssl.create_default_context(cafile=ca_file or None)
     if cert_file:
         context.load_cert_chain(cert_file, key_file or None)
@@ -173,7 +173,7 @@ class AggregatorStream:
         self.ready = ready
         self.acked = 0
         self._stopping = False
-        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._ws: WebSocket | None = None
         self._inflight: set[int] = set()
         self._command_tasks: set[asyncio.Task[None]] = set()
         self.connections = 0
@@ -194,53 +194,48 @@ class AggregatorStream:
             task.add_done_callback(self._command_tasks.discard)
 
     @staticmethod
-    async def _close_ws(ws: aiohttp.ClientWebSocketResponse) -> None:
+    async def _close_ws(ws: WebSocket) -> None:
         await ws.close()
 
     async def run(self) -> None:
         await self.ready.wait()
         delay = self.config.backoff_initial_s
-        async with aiohttp.ClientSession() as session:
-            while not self._stopping:
-                acked_before = self.acked
-                try:
-                    await self._connection(session)
-                except asyncio.CancelledError:
-                    raise
-                except TokenFileError as exc:
-                    self._refused("token_file", str(exc))
-                except aiohttp.WSServerHandshakeError as exc:
-                    if exc.status in (401, 403):
-                        self._refused(
-                            "unauthorized",
-                            f"the aggregator refused the token in {self.config.token_file} "
-                            f"(HTTP {exc.status}); check that file against the aggregator's tokens file",
-                        )
-                    else:
-                        self.last_error = f"{type(exc).__name__}: {exc}"
-                        log.warning(
-                            "aggregator_connection_failed",
-                            url=self.url,
-                            error=self.last_error,
-                        )
-                except (aiohttp.ClientError, OSError, TimeoutError, msgspec.DecodeError, ValueError) as exc:
+        while not self._stopping:
+            acked_before = self.acked
+            try:
+                await self._connection()
+            except asyncio.CancelledError:
+                raise
+            except TokenFileError as exc:
+                self._refused("token_file", str(exc))
+            except HandshakeError as exc:
+                if exc.status in (401, 403):
+                    self._refused(
+                        "unauthorized",
+                        f"the aggregator refused the token in {self.config.token_file} "
+                        f"(HTTP {exc.status}); check that file against the aggregator's tokens file",
+                    )
+                else:
                     self.last_error = f"{type(exc).__name__}: {exc}"
                     log.warning("aggregator_connection_failed", url=self.url, error=self.last_error)
-                except Exception as exc:  # a bug here must not end streaming for the agent's lifetime
-                    self.last_error = f"{type(exc).__name__}: {exc}"
-                    log.error("shipper_failed", url=self.url, error=self.last_error)
-                finally:
-                    self._ws = None
-                    self._set_connected(False)
-                    self._inflight.clear()
-                if self._stopping:
-                    break
-                if self.acked > acked_before:
-                    delay = self.config.backoff_initial_s
-                sleep = random.uniform(0, delay)
-                delay = min(delay * 2, self.config.backoff_max_s)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wait_stop(), sleep)
+            except (ProtocolError, OSError, TimeoutError, msgspec.DecodeError, ValueError) as exc:
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.warning("aggregator_connection_failed", url=self.url, error=self.last_error)
+            except Exception as exc:  # a bug here must not end streaming for the agent's lifetime
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.error("shipper_failed", url=self.url, error=self.last_error)
+            finally:
+                self._ws = None
+                self._set_connected(False)
+                self._inflight.clear()
+            if self._stopping:
+                break
+            if self.acked > acked_before:
+                delay = self.config.backoff_initial_s
+            sleep = random.uniform(0, delay)
+            delay = min(delay * 2, self.config.backoff_max_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wait_stop(), sleep)
 
     def _set_connected(self, up: bool) -> None:
         counters = self.counters
@@ -265,24 +260,23 @@ class AggregatorStream:
             self._wake.clear()
             await self._wake.wait()
 
-    async def _connection(self, session: aiohttp.ClientSession) -> None:
+    async def _connection(self) -> None:
         headers = {}
         token = read_token(self.config.token_file)
         if token:
             headers["Authorization"] = f"Bearer {token}"
         ws = await asyncio.wait_for(
-            session.ws_connect(
+            connect(
                 self.url,
                 headers=headers,
-                ssl=ssl_context(
+                ssl_context=ssl_context(
                     self.url,
                     self.config.ca_file,
                     self.config.tls_cert_file,
                     self.config.tls_key_file,
                 ),
-                heartbeat=30.0,
                 max_msg_size=MAX_FRAME_BYTES,
-                autoping=True,
+                heartbeat_s=30.0,
             ),
             self.config.connect_timeout_s,
         )
@@ -308,7 +302,7 @@ class AggregatorStream:
         finally:
             await ws.close()
 
-    async def _write(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+    async def _write(self, ws: WebSocket) -> None:
         sent_upto = -1
         while not ws.closed:
             self._wake.clear()
@@ -326,14 +320,10 @@ class AggregatorStream:
                 return
             await self._wake.wait()
 
-    async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        async for message in ws:
-            if message.type != aiohttp.WSMsgType.BINARY:
-                if message.type == aiohttp.WSMsgType.ERROR:
-                    raise ConnectionError(f"websocket error: {ws.exception()}")
-                continue
+    async def _read(self, ws: WebSocket) -> None:
+        while (message := await ws.receive()) is not None:
             try:
-                frame = decode_aggregator_frame(message.data)
+                frame = decode_aggregator_frame(message)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 log.warning("aggregator_frame_invalid", url=self.url, error=str(exc))
                 continue
@@ -358,7 +348,7 @@ class AggregatorStream:
             return
         log.warning("aggregator_closed", url=self.url, code=ws.close_code)
 
-    async def _command(self, ws: aiohttp.ClientWebSocketResponse, command: Command) -> None:
+    async def _command(self, ws: WebSocket, command: Command) -> None:
         try:
             result = await self.on_command(command)
         except Exception as exc:
@@ -370,7 +360,7 @@ class AggregatorStream:
             )
         try:
             await ws.send_bytes(data)
-        except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
+        except (ConnectionError, OSError, RuntimeError) as exc:
             log.warning("command_result_not_sent", command=command.name, error=str(exc))
 
     async def drain(self, timeout_s: float) -> None:

@@ -12,7 +12,6 @@ past either it is killed and the stack is reported as not read.
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import selectors
 import shutil
@@ -97,6 +96,8 @@ def find_py_spy(configured: str = "") -> str | None:
     if found:
         return found
     candidates = [Path(sys.executable).parent / "py-spy", Path(sys.prefix) / "bin" / "py-spy"]
+    import importlib.metadata  # here: its imports (email, zipfile) are memory the agent keeps for one lookup
+
     try:  # installed with this package (the ``stacks`` extra): the wheel's own record names the binary
         files = importlib.metadata.distribution("py-spy").files or []
         candidates += [Path(str(f.locate())) for f in files if f.name == "py-spy"]
@@ -159,7 +160,17 @@ class PySpy:
     """:class:`StackReader` over the ``py-spy`` binary (``binary``: its path; "" finds it)."""
 
     def __init__(self, binary: str = "") -> None:
-        self.binary = find_py_spy(binary)
+        self._configured = binary
+        self._found = False
+        self._binary: str | None = None
+
+    @property
+    def binary(self) -> str | None:
+        """The binary, looked up on the first stack read (the lookup reads package metadata, whose modules
+        an agent that never reads a stack would keep in memory)."""
+        if not self._found:
+            self._binary, self._found = find_py_spy(self._configured), True
+        return self._binary
 
     def __call__(self, pid: int, timeout_s: float, max_bytes: int) -> tuple[list[ThreadStack], str]:
         if self.binary is None:

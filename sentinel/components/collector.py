@@ -12,10 +12,10 @@ import abc
 from collections.abc import Callable
 from typing import Protocol, TypeAlias, TypeVar
 
-from prometheus_client.registry import Collector as _Families
+from sentinel.components.families import Collector as _Families
 
 T = TypeVar("T")
-#: metric families a collector exports (a ``prometheus_client`` collector)
+#: metric families a collector exports (rendered by the agent's own exposition)
 Families: TypeAlias = _Families
 
 

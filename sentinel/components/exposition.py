@@ -1,6 +1,6 @@
 """What a component's ``metrics.py`` writes with: the Prometheus text format (0.0.4), written directly.
 
-prometheus-client's generic path (a Sample tuple and label escaping per series) is costly per series, and
+A generic path (a Sample tuple and label escaping per series) is costly per series, and
 with NVLink counters an 8-GPU host has about a thousand series scraped every second.
 So the agent escapes each GPU's label set once (:attr:`GpuRow.labels`) and every component appends its
 families as text through a :class:`Writer`.
@@ -13,12 +13,14 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from prometheus_client.metrics_core import Metric
-from prometheus_client.openmetrics.exposition import escape_label_name, escape_metric_name
-from prometheus_client.samples import Sample
-from prometheus_client.utils import floatToGoString
-
 from sentinel.components.device.record import GpuInfo, GpuState
+from sentinel.components.families import (
+    Family,
+    SampleLike,
+    escape_label_name,
+    escape_metric_name,
+    float_to_go_string,
+)
 from sentinel.wire import GpuSample
 
 
@@ -60,21 +62,39 @@ class Writer:
 #: a name's escaping, once per name (names and label names are few, fixed by the code)
 _metric_name = functools.lru_cache(maxsize=1024)(escape_metric_name)
 _label_name = functools.lru_cache(maxsize=1024)(escape_label_name)
-_float_text: Callable[[float], str] = floatToGoString  # Go's float formatting, as the Prometheus server's
+_float_text: Callable[[float], str] = float_to_go_string  # Go's float formatting, as the Prometheus server's
 _SPLIT_OUT = ("_created", "_gsum", "_gcount")  # OpenMetrics samples written as gauges after their family
 _PROMETHEUS_TYPE = {"info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram", "unknown": "untyped"}
 
 
-def _sample_line(sample: Sample) -> str:
-    labels = ",".join(f'{_label_name(k)}="{escape(v)}"' for k, v in sorted(sample.labels.items()))
+#: a label set's text, by its (name, value) pairs in the family's order: most series keep theirs from one
+#: scrape to the next, so the sort and escaping happen once (bounded: cleared when full)
+_label_texts: dict[tuple[tuple[str, str], ...], str] = {}
+_MAX_LABEL_TEXTS = 8192
+
+
+def _labels_text(labels: dict[str, str]) -> str:
+    key = tuple(labels.items())
+    text = _label_texts.get(key)
+    if text is None:
+        text = ",".join(f'{_label_name(k)}="{escape(v)}"' for k, v in sorted(key))
+        if len(_label_texts) >= _MAX_LABEL_TEXTS:
+            _label_texts.clear()
+        _label_texts[key] = text
+    return text
+
+
+def _sample_line(sample: SampleLike) -> str:
+    labels = _labels_text(sample.labels)
     stamp = "" if sample.timestamp is None else f" {int(float(sample.timestamp) * 1000):d}"
     braces = f"{{{labels}}}" if labels else ""
     return f"{_metric_name(sample.name)}{braces} {_float_text(sample.value)}{stamp}\n"
 
 
-def write_families(out: Writer, families: Iterable[Metric]) -> None:
-    """prometheus-client families in the text format, as its ``generate_latest`` writes them (the same
-    bytes), with each name's escaping looked up once instead of per sample."""
+def write_families(out: Writer, families: Iterable[Family]) -> None:
+    """Metric families (:mod:`sentinel.components.families`, or prometheus-client's) in the text format, as
+    prometheus-client's ``generate_latest`` writes them (the same bytes), with each name's escaping looked up
+    once instead of per sample."""
     for metric in families:
         name, kind = metric.name, metric.type
         if kind == "counter":

@@ -69,3 +69,23 @@ def test_samples_are_kept_smaller_than_their_msgpack_and_come_back_whole() -> No
     assert encoded == [msgspec.msgpack.encode(s) for s in samples]  # the frame gets the msgpack itself
     assert ring.size_bytes < sum(map(len, encoded)) / 2
     assert [e.data for e in ring.snapshot(now=20.0).entries] == samples
+
+
+def test_a_ticks_samples_and_events_come_back_in_time_order() -> None:
+    ring = RingBuffer("h", window_s=20, max_bytes=1 << 20)
+    ring.extend("event", [(4.5, XidOccurred(t=4.5, gpu=1, record=xid_record(79)))])
+    ring.extend("sample", [(4.0, GpuSample(gpu=0, t=4.0)), (5.0, GpuSample(gpu=1, t=5.0))])
+    ring.extend("sample", [(14.2, GpuSample(gpu=0, t=14.2)), (14.9, GpuSample(gpu=1, t=14.9))])
+    assert len(ring) == 5
+    snapshot = ring.snapshot(now=15.0)
+    assert [(e.t, type(e).__name__) for e in snapshot.entries] == [
+        (4.0, "SampleEntry"),
+        (4.5, "EventEntry"),
+        (5.0, "SampleEntry"),
+        (14.2, "SampleEntry"),
+        (14.9, "SampleEntry"),
+    ]
+    assert snapshot.window == (4.0, 15.0)
+    assert [e.t for e in ring.snapshot(now=15.0, since=14.5).entries] == [14.9]
+    # the age bound holds per sample, although a tick's samples are stored together
+    assert [e.t for e in ring.snapshot(now=24.6).entries] == [5.0, 14.2, 14.9]

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import aiohttp
 import structlog
-from prometheus_client import generate_latest
 
 from sentinel.agent import Agent
 from sentinel.wire import Command, SampleEntry, Snapshot, SnapshotRequest
@@ -88,7 +87,7 @@ async def test_missing_wrong_or_foreign_token_names_the_file_and_host_and_counts
     for entry in refusals:
         assert entry["host"] == "host-test" and entry["token_file"] == str(token)
         assert str(token) in entry["problem"] and entry["log_level"] == "error"
-    text = generate_latest(agent.registry).decode()
+    text = agent.render_metrics().decode()
     assert (
         'sentinel_agent_stream_refused_total{cluster="default",host="host-test",reason="host_not_allowed"}'
         in text

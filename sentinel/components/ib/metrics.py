@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
+from sentinel.components.families import Collector, CounterMetricFamily, GaugeMetricFamily, Metric
 from sentinel.components.ib.record import DATA_WORD_BYTES, ERROR_COUNTERS, IbPort
 
 PORT_STATES = ("active", "down", "init", "armed")

@@ -6,9 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
+from sentinel.components.families import Collector, CounterMetricFamily, GaugeMetricFamily, Metric
 from sentinel.components.nccl_ras.record import RasStatus
 
 RESULTS = ("ok", "not_listening", "untrusted", "error")

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
+from sentinel.components.families import Collector, CounterMetricFamily, GaugeMetricFamily, Metric
 from sentinel.components.netdev.record import ERROR_COUNTERS, QDISC_COUNTERS, Netdev
 
 LABELS = ["cluster", "host", "netdev"]
