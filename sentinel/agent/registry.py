@@ -31,6 +31,8 @@ from sentinel.agent.sink import CollectorSink
 from sentinel.agent.source import GpuSource, HostInputs
 from sentinel.agent.tailer import LogTailer
 from sentinel.components import registry as signals
+from sentinel.components.fabric.collector import FabricManagerCollector, FabricManagerMetrics
+from sentinel.components.fabric.manager import Systemctl, UnitReader
 from sentinel.components.ib.collector import IbCollector, IbPortReader
 from sentinel.components.ib.metrics import IbPortMetrics
 from sentinel.components.ib.sysfs import PortSource, SysfsPorts
@@ -141,6 +143,16 @@ def _netdev(ctx: BuildContext, _: Sequence[Collector]) -> Collector | None:
     return NetdevCollector(ctx.sink, SysfsNetdevs(c.sysfs_root, qdiscs), metrics, c.interval_s)
 
 
+def _fabric_manager(ctx: BuildContext, _: Sequence[Collector]) -> Collector | None:
+    """The fabric manager's service: through systemd, or a simulated host's answer (``fabric_manager``)."""
+    c = ctx.config.fabric_manager
+    if not c.enabled or (ctx.inputs.simulated and ctx.inputs.fabric_manager is None):
+        return None
+    reader: UnitReader = ctx.inputs.fabric_manager or Systemctl()
+    metrics = FabricManagerMetrics(ctx.cluster, ctx.host)
+    return FabricManagerCollector(ctx.sink, reader, metrics, c.interval_s)
+
+
 def _logs(ctx: BuildContext, _: Sequence[Collector]) -> Collector | None:
     c = ctx.config
     if ctx.inputs.job_logs is not None:
@@ -222,6 +234,7 @@ BUILDERS: Final[dict[str, Callable[[BuildContext, Sequence[Collector]], Collecto
     "xid": _xid,
     "ib": _ib,
     "netdev": _netdev,
+    "fabric_manager": _fabric_manager,
     "kmsg": _kmsg,
     "logs": _logs,
     "jobs": _jobs,
@@ -276,7 +289,7 @@ def assemble(collectors: Sequence[Collector]) -> Assembly:
         elif isinstance(collector, IbCollector):
             out.port_tracker = collector.reader.tracker
             out.families.append(collector.reader.metrics)
-        elif isinstance(collector, RasCollector | NetdevCollector):
+        elif isinstance(collector, RasCollector | NetdevCollector | FabricManagerCollector):
             out.families.append(collector.metrics)
         elif isinstance(collector, ProbeCollector) and collector.feed is None:
             out.probe = collector.server

@@ -46,8 +46,9 @@ def _verdicts() -> list[AlertRule]:
             alert="SentinelGpuFaulty",
             group="sentinel-gpu",
             comment="The aggregator's verdict already debounces the evidence; `for` only rides out a restart "
-            "blip.\nnetwork verdicts (reason ib_*, link_slow) have their own alerts in sentinel-network, naming the port",
-            expr=f'max by ({GPU_BY}) (sentinel_verdict_open{{kind="faulty",reason!~"ib_.*|link_slow"}}) == 1',
+            "blip.\nnetwork verdicts (reason ib_*, link_slow) have their own alerts in sentinel-network, naming the port;"
+            "\nthe switch and fabric manager host verdicts (sxid_*, fabric_manager_down) theirs (components/fabric)",
+            expr=f'max by ({GPU_BY}) (sentinel_verdict_open{{kind="faulty",reason!~"ib_.*|link_slow|sxid_.*|fabric_manager_down"}}) == 1',
             for_s=30,
             severity="critical",
             summary="GPU {{ $labels.host }}/{{ $labels.gpu }} is faulty ({{ $labels.reason }}); "
@@ -59,7 +60,7 @@ def _verdicts() -> list[AlertRule]:
         AlertRule(
             alert="SentinelGpuDegraded",
             group="sentinel-gpu",
-            expr=f'max by ({GPU_BY}) (sentinel_verdict_open{{kind="degraded",reason!~"ib_.*|link_slow"}}) == 1',
+            expr=f'max by ({GPU_BY}) (sentinel_verdict_open{{kind="degraded",reason!~"ib_.*|link_slow|sxid_.*|fabric_manager_down"}}) == 1',
             for_s=degraded_for,
             severity="warning",
             summary="GPU {{ $labels.host }}/{{ $labels.gpu }} is degraded ({{ $labels.reason }})",

@@ -35,6 +35,8 @@ ROUTED_ALERTS = {
     "SentinelRemediationFailing", "SentinelNodeDrained", "SentinelNcclRasListenerUntrusted",
     "SentinelRemediationLeaseInvalid", "SentinelRemediationNodeHeldDown",
     "SentinelRequeueBreakerOpen", "SentinelIncidentDrainSlow", "SentinelIncidentNotResumed",
+    "SentinelFabricManagerDown", "SentinelNvSwitchFatal", "SentinelNvSwitchErrorsRepeating",
+    "SentinelIbHcaFailed",
 }  # fmt: skip
 
 
