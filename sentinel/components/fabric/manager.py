@@ -68,8 +68,14 @@ def status_after(previous: FabricManagerStatus | None, unit: UnitState, now: flo
     return FabricManagerStatus(present=unit.present, running=unit.running, state=state, since=now)
 
 
+#: systemctl's environment: none of the agent's (``NOTIFY_SOCKET`` would let its own sd_notify reach the
+#: agent's service manager on failure)
+_ENV: Final = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "LC_ALL": "C", "SYSTEMD_PAGER": ""}
+
+
 class Systemctl:
-    """:class:`UnitReader` over ``systemctl show`` (no shell, a deadline, its failure an empty answer)."""
+    """:class:`UnitReader` over ``systemctl show`` (no shell, a clean environment, a deadline, its failure
+    an empty answer)."""
 
     def show(self, unit: str) -> str:
         try:
@@ -79,6 +85,7 @@ class Systemctl:
                 text=True,
                 timeout=TIMEOUT_S,
                 check=False,
+                env=_ENV,
             )
         except (OSError, subprocess.SubprocessError):
             return ""

@@ -149,25 +149,18 @@ def switch_finding(sxid: int, switch: str, severity: Severity, count: int, thres
     where = f"NVSwitch {switch or '(address not printed)'}"
     if severity == "critical":
         rule = SWITCH_ACTIONS["fatal"]
-        return Finding(
-            state=rule.health,
-            severity=rule.severity,
-            action=rule.action,
-            reason=f"sxid_{sxid}",
-            evidence=(
-                f"{where}: fatal SXid {sxid}; the host's GPUs lost their NVLink peers through it",
-                f"NVIDIA: {rule.nvidia}",
-            ),
-        )
-    if count < threshold:
+        what = f"{where}: fatal SXid {sxid}; the host's GPUs lost their NVLink peers through it"
+    elif count >= threshold:
+        rule = SWITCH_ACTIONS["non_fatal"]
+        what = f"{where}: {count} non-fatal SXid {sxid} within the window"
+    else:
         return None
-    rule = SWITCH_ACTIONS["non_fatal"]
     return Finding(
         state=rule.health,
         severity=rule.severity,
         action=rule.action,
         reason=f"sxid_{sxid}",
-        evidence=(f"{where}: {count} non-fatal SXid {sxid} within the window", f"NVIDIA: {rule.nvidia}"),
+        evidence=(what, f"NVIDIA: {rule.nvidia}"),
     )
 
 
