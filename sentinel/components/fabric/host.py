@@ -16,7 +16,7 @@ import msgspec
 
 from sentinel.components.fabric.record import FabricManagerStatus
 from sentinel.components.vocab import Finding
-from sentinel.components.xid.sxid import CONTINUED, switch_finding
+from sentinel.components.xid.sxid import CONTINUED, DATA, switch_finding
 
 #: switches remembered per host (an HGX baseboard has 4, an NVL72 tray 2; a made-up address is one more)
 MAX_SWITCHES: Final = 16
@@ -67,7 +67,9 @@ class SwitchMemory:
 
     def note(self, switch: str, sxid: int, severity: str, reason: str | None, t: float) -> None:
         """One classified SXid line: a fatal one is remembered (the first per switch), a non-fatal one
-        counted; an event's continuation lines (data words, severity number) are not counted again."""
+        counted; an event's data line is nothing more, its severity line is not counted again."""
+        if reason == DATA:
+            return
         log = self.switches.get(switch)
         if log is None:
             if len(self.switches) >= MAX_SWITCHES:

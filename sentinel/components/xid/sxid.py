@@ -68,7 +68,7 @@ class SwitchAction(msgspec.Struct, frozen=True, kw_only=True):
     why: str = ""
 
 
-#: fatal / non-fatal / the continuation lines of an event -> the line's severity and the host's verdict.
+#: fatal / non-fatal / an event's data line -> the line's severity and the host's verdict.
 SWITCH_ACTIONS: Final[dict[str, SwitchAction]] = {
     "fatal": SwitchAction(
         severity="critical",
@@ -87,19 +87,22 @@ SWITCH_ACTIONS: Final[dict[str, SwitchAction]] = {
         why="counted per switch; only a repeating one (detect.fabric.nonfatal_sxids within "
         "detect.fabric.nonfatal_window_s) makes the host degraded, with no action",
     ),
-    "continuation": SwitchAction(
-        severity="warning",
+    "data": SwitchAction(
+        severity="critical",
         health="ok",
         action="none",
-        nvidia="the data or severity line of an SXid reported on the line before",
-        why="the event is judged on its first line; its data words are not counted again",
+        nvidia="the register words of an SXid reported on the line before",
+        why="critical unless NVIDIA lists the code as non-fatal (the line does not say); the event is judged "
+        "and counted on its first line, so a data line makes no verdict and asks for nothing",
     ),
 }
 
 
-#: the reason of an event's continuation line (its data words, its severity number): the aggregator does not
-#: count it as another SXid of its switch
+#: the reason of an event's severity line (``Severity N Engine instance ...``): it can make a switch fatal
+#: (when its first line was lost), but the aggregator does not count it as another non-fatal SXid
 CONTINUED: Final = "sxid_continued"
+#: the reason of an event's data line: no verdict at all
+DATA: Final = "sxid_data"
 
 
 class SXidJudgement(msgspec.Struct, frozen=True, kw_only=True):
@@ -128,18 +131,19 @@ def sxid_fatal(code: int, rest: str) -> bool | None:
 
 
 def judge_sxid(code: int, rest: str) -> SXidJudgement:
-    """The line's judgement: ``rest`` is the text after the code. A data line continues the event its first
-    line reported (a warning at most: its severity is that line's); a line nobody calls non-fatal is fatal."""
+    """The line's judgement: ``rest`` is the text after the code. An event's severity line continues it
+    (``sxid_continued``); its data line only adds register words (``sxid_data``, no action); a line nobody
+    calls non-fatal is fatal."""
     fatal = sxid_fatal(code, rest)
-    data = fatal is None and _DATA_RE.match(rest) is not None
+    data = _DATA_RE.match(rest) is not None
     continuation = data or _SEVERITY_RE.match(rest[:40]) is not None
-    rule = SWITCH_ACTIONS["continuation" if data else "non_fatal" if fatal is False else "fatal"]
+    rule = SWITCH_ACTIONS["non_fatal" if fatal is False else "fatal"]
     return SXidJudgement(
         fatal=fatal,
         continuation=continuation,
         severity=rule.severity,
-        action=rule.action,
-        reason=CONTINUED if continuation else f"sxid_{code}",
+        action="none" if data else rule.action,
+        reason=DATA if data else CONTINUED if continuation else f"sxid_{code}",
     )
 
 
