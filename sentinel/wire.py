@@ -20,7 +20,7 @@ from sentinel.components.bounds import MAX_LIST, Short
 from sentinel.components.clocks.record import ClockViolations
 from sentinel.components.device.record import GpuInfo, GpuSourceHealth, GpuState
 from sentinel.components.ecc.record import EccCounters, RetiredPages
-from sentinel.components.fabric.record import FabricInfo
+from sentinel.components.fabric.record import FabricInfo, FabricManagerStatus
 from sentinel.components.ib.record import IbPort
 from sentinel.components.nccl_debug.record import DebugReadiness
 from sentinel.components.nccl_ras.record import RasStatus
@@ -192,6 +192,8 @@ class LogLine(_EventBase, tag="log"):
     cuda_dev: int | None = None
     peer: Short | None = None
     ran_for_ms: int | None = None
+    #: an NVSwitch SXid line's code (``pci_bus`` is then the switch's address, never a GPU's)
+    sxid: int | None = None
 
 
 class GpuStateChanged(_EventBase, tag="gpu_state"):
@@ -285,6 +287,8 @@ class Batch(msgspec.Struct, tag="batch", kw_only=True, omit_defaults=True):
     #: network interfaces (class/net statistics with rates); None: not read this tick
     netdevs: Annotated[list[Netdev], msgspec.Meta(max_length=MAX_NETDEVS)] | None = None
     ras: list[RasStatus] = []
+    #: the NVSwitch fabric manager's service state; None: not read this tick (or the agent does not check)
+    fabric_manager: FabricManagerStatus | None = None
     gpu_source: GpuSourceHealth | None = (
         None  # None: unchanged since the last batch  # NCCL RAS answers that arrived since the last batch
     )

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from sentinel.components.device.record import GpuSourceHealth
+from sentinel.components.fabric.record import FabricManagerStatus
 from sentinel.components.ib.record import IbPort
 from sentinel.components.nccl_ras.record import RasStatus
 from sentinel.components.netdev.record import Netdev
@@ -42,6 +43,8 @@ class TickFindings:
     #: network interfaces when the netdev collector read them this tick
     netdevs: list[Netdev] | None = None
     ras: list[RasStatus] = field(default_factory=list)
+    #: the fabric manager's service state when the fabric_manager collector read it this tick
+    fabric_manager: FabricManagerStatus | None = None
     #: set when the GPU source's health changed this tick
     gpu_source: GpuSourceHealth | None = None
     events_over_cap: int = 0
@@ -106,6 +109,7 @@ def build_batch(
         ports=tick.ports,
         netdevs=tick.netdevs,
         ras=tick.ras,
+        fabric_manager=tick.fabric_manager,
         gpu_source=tick.gpu_source,
     )
 

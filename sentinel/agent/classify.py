@@ -40,6 +40,7 @@ FIELDS = (
     "local_rank",
     "peer",
     "ran_for_ms",
+    "sxid",
 )
 SEVERITIES = ("info", "warning", "critical")
 
@@ -88,7 +89,7 @@ class LineClassifier:
 
 
 FieldValue = str | int | float | bool | None
-_INT_FIELDS = ("xid", "rank", "local_rank", "seq", "timeout_ms", "pid", "cuda_dev", "ran_for_ms")
+_INT_FIELDS = ("xid", "rank", "local_rank", "seq", "timeout_ms", "pid", "cuda_dev", "ran_for_ms", "sxid")
 _STR_FIELDS = ("reason", "pci_bus", "op", "peer")
 
 

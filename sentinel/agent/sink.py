@@ -16,6 +16,7 @@ from sentinel.agent.batch import TickFindings
 from sentinel.agent.collectors.base import AgentSink
 from sentinel.agent.metrics import AgentCounters, GpuView
 from sentinel.components.device.record import GpuSourceHealth
+from sentinel.components.fabric.record import FabricManagerStatus
 from sentinel.components.ib.kernel import PortLogLine
 from sentinel.components.ib.record import IbPort
 from sentinel.components.ib.tracker import PortTracker
@@ -40,6 +41,8 @@ class CollectorSink(AgentSink, Protocol):
     def set_ports(self, ports: list[IbPort]) -> None: ...
 
     def set_netdevs(self, netdevs: list[Netdev]) -> None: ...
+
+    def set_fabric_manager(self, status: FabricManagerStatus) -> None: ...
 
     def add_ras(self, status: RasStatus) -> None: ...
 
@@ -114,6 +117,9 @@ class TickSink:
 
     def set_netdevs(self, netdevs: list[Netdev]) -> None:
         self._tick.netdevs = netdevs
+
+    def set_fabric_manager(self, status: FabricManagerStatus) -> None:
+        self._tick.fabric_manager = status
 
     def note_port_line(self, line: PortLogLine, now: float) -> None:
         if self.port_tracker is not None:

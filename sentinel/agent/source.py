@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the collectors these feed import this module
     from sentinel.agent.jobs import ProcessTable
     from sentinel.agent.kmsg import KmsgRecord
     from sentinel.agent.probe import Credentials
+    from sentinel.components.fabric.manager import UnitReader
     from sentinel.components.ib.sysfs import PortSource
 
 __all__ = [
@@ -163,6 +164,8 @@ class HostInputs:
     processes: ProcessTable | None = None
     probe: DatagramFeed | None = None
     ib_ports: PortSource | None = None
+    #: the fabric manager's ``systemctl show`` answers (a simulated host's)
+    fabric_manager: UnitReader | None = None
     #: the host's ``/proc/sys/kernel/random/boot_id`` (each simulated host boots on its own)
     boot_id: str | None = None
     #: a simulated host runs no PyTorch ranks, so ``fr_dump`` answers that there is nothing to dump

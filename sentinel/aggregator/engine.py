@@ -20,6 +20,7 @@ import structlog
 
 from sentinel.aggregator.detectors.base import Detector, Evaluation, Observation
 from sentinel.aggregator.detectors.hardware import HardwareDetector
+from sentinel.aggregator.detectors.host_health import HostHealthDetector
 from sentinel.aggregator.detectors.host_silent import HostSilentDetector
 from sentinel.aggregator.detectors.inventory import InventoryDetector
 from sentinel.aggregator.detectors.link_pace import LinkPaceDetector
@@ -42,6 +43,7 @@ _CLASSES: dict[str, type[Detector]] = {
         StuckDetector,
         StragglerDetector,
         HostSilentDetector,
+        HostHealthDetector,
         InventoryDetector,
         NetworkDetector,
         LinkPaceDetector,

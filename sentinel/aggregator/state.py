@@ -22,7 +22,10 @@ from sentinel.aggregator.claims import MAX_WAITING_CLAIMS, CountedRefusals, Refu
 from sentinel.aggregator.clock import HostClock
 from sentinel.aggregator.streams import adopt_instance
 from sentinel.components.device.record import GpuSourceHealth
+from sentinel.components.fabric.host import SwitchMemory
+from sentinel.components.fabric.record import FabricManagerStatus
 from sentinel.components.gpu_view import GpuView, apply_gpu_event, apply_sample, fit_inventory
+from sentinel.components.ib.hca import HcaMemory
 from sentinel.components.ib.kernel import host_evidence
 from sentinel.components.ib.record import IbPort
 from sentinel.components.nccl_debug.record import DebugReadiness
@@ -103,6 +106,13 @@ class HostView:
     #: bumped when what the inventory detector reads changes: the GPUs (count, model, driver, VBIOS, PCIe
     #: link capability) or the GPU source's health; it rebuilds only those hosts' facts
     inventory_version: int = 0
+    #: the NVSwitch driver's SXids by switch since the host's boot (components/fabric/host.py)
+    switches: SwitchMemory = field(default_factory=SwitchMemory)
+    #: the mlx5 HCA health lines since the host's boot (components/ib/hca.py)
+    hcas: HcaMemory = field(default_factory=HcaMemory)
+    #: the fabric manager's service state, the latest reading (agent time ``fabric_manager_t``)
+    fabric_manager: FabricManagerStatus | None = None
+    fabric_manager_t: float = -math.inf
 
     def restart_numbering(self, next_seq: int) -> None:
         """A new boot: seqs from ``next_seq`` on are new, even below the old high-water mark.
@@ -255,6 +265,7 @@ class FleetState:
         if host.boot_id and hello.boot_id and hello.boot_id != host.boot_id:
             host.restart_numbering(hello.next_seq)
             host.clock.reset()
+            host.switches, host.hcas = SwitchMemory(), HcaMemory()  # a reboot resets switches and HCAs
             for gpu in host.gpus:  # a reboot clears every latched hardware fact
                 gpu.clear_latches(hello.started_at or now)
                 gpu.state = "ok"
@@ -353,6 +364,8 @@ class FleetState:
         if batch.netdevs is not None and host.netdevs_t <= batch.t <= horizon:
             host.netdevs = {d.name: d for d in batch.netdevs}
             host.netdevs_t = batch.t
+        if batch.fabric_manager is not None and host.fabric_manager_t <= batch.t <= horizon:
+            host.fabric_manager, host.fabric_manager_t = batch.fabric_manager, batch.t
         for status in batch.ras[:MAX_RAS_PER_BATCH]:
             if status.job:
                 job = self._job(status.job, now)
@@ -384,7 +397,10 @@ class FleetState:
                         text=event.text[:512],
                     )
                 )
+            case LogLine(line_kind="other", sxid=int(sxid)):
+                host.switches.note(event.pci_bus or "", sxid, event.severity, event.reason, event.t)
             case LogLine(line_kind="other", reason=reason) if host_evidence(event.text, reason):
+                host.hcas.note(reason or "", event.text, event.t)
                 # HCA lines no port record carries (the agent attaches the others to their port)
                 host.events.append(
                     LogEvent(

@@ -20,6 +20,7 @@ from sentinel.components.ecc.retired import SIGNAL as RETIRED_PAGES
 from sentinel.components.ecc.signal import SIGNAL as ECC
 from sentinel.components.exposition import MetricsView, Writer
 from sentinel.components.fabric.health import SIGNAL as FABRIC_HEALTH
+from sentinel.components.fabric.manager_signal import SIGNAL as FABRIC_MANAGER
 from sentinel.components.fabric.signal import SIGNAL as FABRIC
 from sentinel.components.hbm.signal import SIGNAL as HBM
 from sentinel.components.ib.signal import SIGNAL as IB
@@ -47,6 +48,7 @@ SIGNALS: Final[tuple[Signal[Any], ...]] = (
     HBM,
     IB,
     NETDEV,
+    FABRIC_MANAGER,
     NCCL_RAS,
     NCCL_DEBUG,
 )
@@ -58,6 +60,7 @@ COLLECTORS: Final[tuple[str, ...]] = (
     "xid",
     "ib",
     "netdev",
+    "fabric_manager",
     "kmsg",
     "logs",
     "jobs",
@@ -73,6 +76,7 @@ DETECTORS: Final[tuple[str, ...]] = (
     "stuck",
     "straggler",
     "host_silent",
+    "host_health",
     "inventory",
     "network",
     "link_pace",

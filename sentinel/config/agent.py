@@ -288,6 +288,13 @@ class NetdevConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = ""
 
 
+class FabricManagerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The NVSwitch fabric manager's service (``systemctl show nvidia-fabricmanager``), where the unit exists."""
+
+    enabled: Annotated[bool, msgspec.Meta(description="read the fabric manager's service state")] = True
+    interval_s: Annotated[float, msgspec.Meta(ge=1, le=3600, description="read interval")] = 15.0
+
+
 class NcclRasConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Queries of NCCL's RAS service (NCCL >= 2.24) while a job's rank 0 runs on the host."""
 
@@ -324,4 +331,5 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     systemd: SystemdConfig = msgspec.field(default_factory=SystemdConfig)
     ib: IbConfig = msgspec.field(default_factory=IbConfig)
     netdev: NetdevConfig = msgspec.field(default_factory=NetdevConfig)
+    fabric_manager: FabricManagerConfig = msgspec.field(default_factory=FabricManagerConfig)
     nccl_ras: NcclRasConfig = msgspec.field(default_factory=NcclRasConfig)

@@ -13,6 +13,7 @@ import msgspec
 from sentinel.components.device.inventory import InventoryConfig
 from sentinel.components.ecc.rule import EccThresholds
 from sentinel.components.fabric.domain import FabricDomainConfig
+from sentinel.components.fabric.host import FabricRuleConfig
 from sentinel.components.ib.rule import PortRuleConfig
 from sentinel.components.linkpace.rule import LinkPaceConfig
 from sentinel.components.xid.rule import XidPolicyConfig
@@ -403,6 +404,7 @@ class DetectConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     link_pace: LinkPaceConfig = msgspec.field(default_factory=LinkPaceConfig)
     inventory: InventoryConfig = msgspec.field(default_factory=InventoryConfig)
     fabric_domain: FabricDomainConfig = msgspec.field(default_factory=FabricDomainConfig)
+    fabric: FabricRuleConfig = msgspec.field(default_factory=FabricRuleConfig)
 
     def __post_init__(self) -> None:
         check_names("detectors", self.disabled)

@@ -19,6 +19,7 @@ from sentinel.aggregator.remediation import alerts as remediation_alerts
 from sentinel.components.alerting import AlertRule, Group, Rule, render_groups
 from sentinel.components.device import alerts as device_alerts
 from sentinel.components.ecc import alerts as ecc_alerts
+from sentinel.components.fabric import alerts as fabric_alerts
 from sentinel.components.ib import alerts as ib_alerts
 from sentinel.components.linkpace import alerts as linkpace_alerts
 from sentinel.components.nccl_ras import alerts as nccl_ras_alerts
@@ -46,6 +47,7 @@ ALERT_SOURCES: Final[tuple[AlertSource, ...]] = (
     AlertSource("ecc", lambda s: ecc_alerts.alerts(s.aggregator.detect.ecc)),
     AlertSource("xid", lambda _s: xid_alerts.alerts()),
     AlertSource("device", lambda _s: device_alerts.alerts()),
+    AlertSource("fabric", lambda s: fabric_alerts.alerts(s.aggregator.detect.fabric)),
     AlertSource("ib", lambda s: ib_alerts.alerts(s.aggregator.detect.network)),
     AlertSource("linkpace", lambda _s: linkpace_alerts.alerts()),
     AlertSource("nccl_ras", lambda _s: nccl_ras_alerts.alerts()),

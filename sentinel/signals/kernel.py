@@ -12,9 +12,10 @@ import re
 from typing import Final
 
 from sentinel.components.ecc import rule as ecc_rule
+from sentinel.components.ib.hca import hca_condition
 from sentinel.components.vocab import Severity
 from sentinel.components.xid.parse import parse_sxid
-from sentinel.components.xid.sxid import sxid_fatal
+from sentinel.components.xid.sxid import judge_sxid, sxid_fatal
 from sentinel.signals.record import Classified, finding_event, make_event
 from sentinel.text import bounded, clip, normalize_pci, parse_int
 
@@ -72,17 +73,6 @@ _PCIE_BW_RE: Final = re.compile(
     r"(?P<dev>\S{1,40}) (?P<bdf>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]): [\d.]{1,10} Gb/s available PCIe "
     r"bandwidth, limited by [\d.]{1,8} GT/s PCIe x(?P<width>\d{1,2}) link.{0,80}?capable of [\d.]{1,10} Gb/s with "
     r"[\d.]{1,8} GT/s PCIe x(?P<cap>\d{1,2}) link"
-)
-_MLX_BAD_RE: Final = re.compile(
-    r"Cable error|High Temperature|module event\[error\]|Port module event.{0,40}error"
-)
-#: The HCA itself stopped working (every port on it is unusable): its health poll missed its count, a
-#: firmware command timed out (``ENABLE_HCA(0x104) timeout``), the firmware hit a fatal error or an assert.
-_MLX_HCA_FAILED_RE: Final = re.compile(
-    r"health compromised|reached miss count|unrecoverable hardware error|\bfirmware (?:fatal|assert)|"
-    r"\bFW (?:fatal|assert|syndrome)|fw_fatal|\bassert_var\b|"
-    r"\b[A-Z][A-Z0-9_]{2,40}\(0x[0-9A-Fa-f]{1,6}\)(?: op_mod\(0x[0-9A-Fa-f]{1,4}\))? timeout\b",
-    re.IGNORECASE,
 )
 _MLX_DOWN_RE: Final = re.compile(r"mlx5\w{0,20}.{0,120}?(?:Link DOWN|link down)")
 _HUNG_TASK_RE: Final = re.compile(r"\btask \S{1,80} blocked for more than \d{1,6} seconds")
@@ -228,16 +218,15 @@ def kernel_events(text: str) -> list[Classified]:
     if "SXid" in text:
         sxid = parse_sxid(text)
         if sxid is not None:
-            # sxid.fatal is the SXid table's verdict (components/xid/sxid.py); one it cannot name non-fatal
-            # stops NVLink traffic through the switch until shown otherwise.
-            severity: Severity = "warning" if sxid.fatal is False else "critical"
+            judged = judge_sxid(sxid.sxid, sxid.message)
             events.append(
                 make_event(
                     "other",
-                    severity,
+                    judged.severity,
                     pci_bus=sxid.pci_bus,
                     sxid=sxid.sxid,
-                    reason=f"sxid_{sxid.sxid}",
+                    reason=judged.reason,
+                    action=judged.action,
                     message=sxid.message,
                 )
             )
@@ -286,12 +275,9 @@ def kernel_events(text: str) -> list[Classified]:
                 )
             )
     if "mlx5_core" in text or "mlx5_port" in text or "Cable" in text or "module event" in text:
-        if _MLX_HCA_FAILED_RE.search(text) is not None:
-            events.append(make_event("other", "critical", reason="ib_hca_failure", message=clip(text)))
-        elif _MLX_BAD_RE.search(text) is not None:
-            # the transceiver reports trouble (a cable error, a high temperature): the port degrades or its
-            # link drops, like a link going down; the HCA and its other ports carry on
-            events.append(make_event("other", "warning", reason="ib_port_hardware", message=clip(text)))
+        hca = hca_condition(text)
+        if hca is not None:
+            events.append(make_event("other", hca.severity, reason=hca.reason, message=clip(text)))
         elif ("Link DOWN" in text or "link down" in text) and _MLX_DOWN_RE.search(text) is not None:
             events.append(make_event("other", "warning", reason="ib_link_down", message=clip(text)))
         else:

@@ -50,6 +50,15 @@ POWER_VIOLATION_NOISE = 0.001
 #: kernel log priorities (NVRM prints Xids at KERN_WARNING, mlx5_core its module errors at KERN_ERR)
 KERN_ERR = 3
 KERN_WARNING = 4
+#: the NVSwitches' PCI buses (0xc5 onwards: above every simulated GPU's and HCA's)
+SWITCH_BUS_BASE = 0xC5
+#: what the switch driver says after a few fatal SXids' codes (the rest: a generic description)
+SXID_TEXT = {
+    24007: "sourcetrack timeout error",
+    20034: "LTSSM Fault Up",
+    12028: "egress non-posted PRIV error",
+    26006: "SOE HALTED",
+}
 
 
 @dataclass
@@ -199,6 +208,10 @@ class ClusterSim:
         self.applied.append(fault)
         if fault.kind == "host_down":
             host.down_at = t
+            return
+        if fault.kind == "sxid_fatal":
+            assert fault.sxid is not None
+            host.kernel_lines.extend((t, KERN_ERR, line) for line in sxid_lines(fault.sxid))
             return
         if fault.gpu is None:  # a host-wide fault: every GPU of the host at once (a slow host)
             for index in range(len(host.gpus)):
@@ -445,6 +458,17 @@ class ClusterSim:
     def iter_gpus(self) -> Iterator[GpuSim]:
         for host in self.hosts:
             yield from host.gpus
+
+
+def sxid_lines(sxid: int, switch: int = 2, link: int = 30) -> list[str]:
+    """A fatal SXid as the nvidia-nvswitch driver prints it: the event with its word, then its severity
+    and data lines (the switch sits on a bus no simulated GPU uses)."""
+    head = f"nvidia-nvswitch{switch}: SXid (PCI:0000:{SWITCH_BUS_BASE + switch:02x}:00.0)"
+    return [
+        f"{head}: {sxid}, Fatal, Link {link:02d} {SXID_TEXT.get(sxid, 'fatal switch error')}",
+        f"{head}: {sxid}, Severity 1 Engine instance {link:02d} Sub-engine instance 00",
+        f"{head}: {sxid}, Data {{0x{0x1000_0000 + link:08x}, 0x00000100, 0x00000000}}",
+    ]
 
 
 def _nic_bus(gpu_bus: str) -> str:

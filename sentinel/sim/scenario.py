@@ -31,11 +31,12 @@ FaultKind = Literal[
     "port_down",
     "link_slow",
     "nic_lost",
+    "sxid_fatal",
 ]
 FAULT_KINDS: tuple[str, ...] = FaultKind.__args__  # type: ignore[attr-defined]
 
 #: Faults that concern the whole host (``gpu`` must be omitted).
-HOST_FAULTS = frozenset({"host_down"})
+HOST_FAULTS = frozenset({"host_down", "sxid_fatal"})
 #: Faults that hit one GPU, or every GPU of the host when ``gpu`` is omitted (a slow host).
 HOST_OR_GPU_FAULTS = frozenset({"straggler"})
 #: Parameters each kind requires; any other kind-specific parameter is refused.
@@ -47,8 +48,9 @@ REQUIRED_PARAMS: dict[str, tuple[str, ...]] = {
     "straggler": ("slowdown",),
     "link_degraded": ("rate_gbps",),
     "link_slow": ("slowdown",),
+    "sxid_fatal": ("sxid",),
 }
-PARAMS = ("xid", "count", "rate_per_s", "clock_mhz", "slowdown", "rate_gbps")
+PARAMS = ("xid", "count", "rate_per_s", "clock_mhz", "slowdown", "rate_gbps", "sxid")
 MAX_HOSTS = 16384
 MAX_GPUS_PER_HOST = 16
 MAX_DURATION_S = 7 * 86400.0
@@ -103,6 +105,8 @@ class FaultSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     clock_mhz: Annotated[float, msgspec.Meta(gt=0, le=5000)] | None = None
     slowdown: Annotated[float, msgspec.Meta(gt=1, le=100)] | None = None
     rate_gbps: Annotated[float, msgspec.Meta(gt=0, le=3200)] | None = None
+    #: sxid_fatal: the NVSwitch SXid the switch driver logs
+    sxid: Annotated[int, msgspec.Meta(ge=1, le=99999)] | None = None
     #: link_slow only: the port's error and congestion counters stay flat (only its throughput tells)
     silent: bool = False
 

@@ -36,6 +36,8 @@ ROUTED_ALERTS = {
     "SentinelRemediationLeaseInvalid", "SentinelRemediationNodeHeldDown",
     "SentinelRequeueBreakerOpen", "SentinelIncidentDrainSlow", "SentinelIncidentNotResumed",
     "SentinelNvlinkDomainDown", "SentinelNvlinkDomainIncomplete",
+    "SentinelFabricManagerDown", "SentinelNvSwitchFatal", "SentinelNvSwitchErrorsRepeating",
+    "SentinelIbHcaFailed",
 }  # fmt: skip
 
 

@@ -29,6 +29,7 @@ EXPECTED: dict[str, tuple[frozenset[str], float]] = {
     "hang": (frozenset({"stuck"}), HANG_S),
     "nccl_net_error": (frozenset({"stuck"}), HANG_S),
     "host_down": (frozenset({"host_silent"}), SILENT_S),
+    "sxid_fatal": (frozenset({"faulty"}), HARDWARE_S),
 }
 
 

@@ -47,6 +47,7 @@ EXPECTED: dict[str, tuple[frozenset[str], float] | None] = {
     "link_degraded": (frozenset({"degraded"}), NETWORK_S),
     "link_slow": (frozenset({"degraded"}), LINK_SLOW_S),
     "nic_lost": (frozenset({"faulty", "stuck"}), NETWORK_S),
+    "sxid_fatal": (frozenset({"faulty"}), HARDWARE_S),
 }
 
 

@@ -6,6 +6,8 @@ from typing import Literal
 
 import msgspec
 
+from sentinel.components.bounds import Short
+
 FabricState = Literal["not_supported", "not_started", "in_progress", "completed"]
 
 
@@ -18,3 +20,13 @@ class FabricInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     cluster_uuid: str = ""
     #: ``nvmlDeviceGetGpuFabricInfoV``'s health mask (R550+, GB200 NVL): 2-bit fields, see ``health.py``
     health_mask: int | None = None
+
+
+class FabricManagerStatus(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What the agent ships: whether the host has the fabric manager, whether it runs, its systemd state
+    (``active/running``, ``failed/failed``, ``inactive/dead``) and since when (agent time) it is so."""
+
+    present: bool
+    running: bool
+    state: Short = ""
+    since: float = 0.0

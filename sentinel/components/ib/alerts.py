@@ -38,6 +38,19 @@ def alerts(settings: PortRuleConfig) -> list[AlertRule]:
             "the device and port. Recommended action: {{ $labels.action }}.",
         ),
         AlertRule(
+            alert="SentinelIbHcaFailed",
+            group="sentinel-network",
+            comment="the host-health detector's verdict on an mlx5 HCA that died or whose firmware failed "
+            "(components/ib/hca.py):\nevery port on it is gone",
+            expr=f'max by ({VERDICT_BY}) (sentinel_verdict_open{{kind="faulty",reason=~"ib_hca_.*"}}) == 1',
+            for_s=0,
+            severity="critical",
+            summary="An HCA on {{ $labels.host }} failed ({{ $labels.reason }}); action: {{ $labels.action }}",
+            description="The mlx5 driver on {{ $labels.host }} reported its HCA dead or its firmware failed "
+            "({{ $labels.reason }}): every port on it is unusable. The verdict's evidence has the kernel lines. "
+            "Recommended action: {{ $labels.action }}, then reboot; replace the HCA if it fails again.",
+        ),
+        AlertRule(
             alert="SentinelIbLinkFlapping",
             group="sentinel-network",
             comment="the agent counts losses of link (link_downed and observed transitions) over its flap "

@@ -20,7 +20,12 @@ import msgspec
 PORT_REASONS: Final = frozenset({"link_down", "ib_link_down", "ib_port_hardware"})
 #: every reason of a kernel line about an HCA: its ports' links, its queues' completion errors and the HCA
 #: itself failing (health poll missed, firmware command timeout, firmware fatal error)
-HCA_REASONS: Final = PORT_REASONS | {"ib_completion_error", "ib_hca_failure"}
+HCA_REASONS: Final = PORT_REASONS | {
+    "ib_completion_error",
+    "ib_hca_failure",
+    "ib_hca_fw_fatal",
+    "ib_hca_cmd_timeout",
+}
 MAX_TEXT: Final = 300
 
 _MLX5_RE: Final = re.compile(
