@@ -18,6 +18,8 @@ from sentinel.agent.source import HostInputs
 from sentinel.aggregator.engine import DETECTORS, Engine
 from sentinel.cli.cmd_config import render_docs
 from sentinel.components import registry
+from sentinel.components.fabric.collector import FabricManagerBuild
+from sentinel.components.fabric.manager_signal import SIGNAL as FABRIC_MANAGER
 from sentinel.components.ib.collector import IbBuild
 from sentinel.components.ib.signal import SIGNAL as IB
 from sentinel.components.nccl_ras.collector import RasBuild
@@ -37,12 +39,10 @@ def test_every_component_package_with_a_signal_is_registered() -> None:
     for module in pkgutil.iter_modules(sentinel.components.__path__):
         if not module.ispkg:
             continue
-        for name in ("signal", "health", "retired"):
-            try:
-                found = importlib.import_module(f"sentinel.components.{module.name}.{name}")
-            except ModuleNotFoundError:
-                continue
-            if hasattr(found, "SIGNAL"):
+        package = importlib.import_module(f"sentinel.components.{module.name}")
+        for sub in pkgutil.iter_modules(package.__path__):
+            found = importlib.import_module(f"sentinel.components.{module.name}.{sub.name}")
+            if isinstance(getattr(found, "SIGNAL", None), Signal):
                 declared.add(found.SIGNAL.name)
     assert declared == {s.name for s in registry.SIGNALS}
     for signal in registry.SIGNALS:
@@ -59,14 +59,14 @@ def test_the_daemons_run_exactly_the_registry_collectors_and_detectors() -> None
 
 def test_a_host_level_source_s_collector_is_built_by_its_component_never_by_the_agent() -> None:
     from_signals = {s.collector for s in registry.SIGNALS if s.collect is not None}
-    assert from_signals == {"ib", "netdev", "nccl_ras"}
+    assert from_signals == {"ib", "netdev", "nccl_ras", "fabric_manager"}
     assert not from_signals & set(OWN_BUILDERS)
     assert set(BUILDERS) == set(OWN_BUILDERS) | from_signals
 
 
-def fits(ctx: BuildContext) -> tuple[IbBuild, NetdevBuild, RasBuild]:
+def fits(ctx: BuildContext) -> tuple[IbBuild, NetdevBuild, RasBuild, FabricManagerBuild]:
     """mypy checks here that the agent's build context is what each host-level builder reads."""
-    return ctx, ctx, ctx
+    return ctx, ctx, ctx, ctx
 
 
 def test_the_agent_s_build_context_builds_every_host_level_collector(tmp_path: Path) -> None:
@@ -85,9 +85,11 @@ def test_the_agent_s_build_context_builds_every_host_level_collector(tmp_path: P
         lines=None,  # type: ignore[arg-type]
         xids=None,  # type: ignore[arg-type]
     )
-    ib, netdev, ras = fits(ctx)
+    ib, netdev, ras, fabric_manager = fits(ctx)
     built = [s.collect(c) for s, c in ((IB, ib), (NETDEV, netdev), (NCCL_RAS, ras)) if s.collect]
     assert [c.name for c in built if c is not None] == ["ib", "netdev", "nccl_ras"]
+    manager = FABRIC_MANAGER.collect(fabric_manager) if FABRIC_MANAGER.collect else None
+    assert manager is not None and manager.name == "fabric_manager" and manager.families()
     assert sink.port_tracker is not None  # the ib collector handed over its port history
     assert all(c is not None and c.families() for c in built)
 

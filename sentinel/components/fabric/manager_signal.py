@@ -9,6 +9,7 @@ from sentinel.components.signal import Signal
 
 SIGNAL = Signal[None](
     name="fabric_manager",
+    component="fabric",
     summary="the NVSwitch fabric manager's service state: a host whose fabric manager is down",
     scope="host",
     collector="fabric_manager",

@@ -8,6 +8,7 @@ import asyncio
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sentinel.agent.worker import InlineWorker
 from sentinel.components.fabric.collector import FabricManagerCollector, FabricManagerMetrics
 from sentinel.components.fabric.manager import UNIT, parse_show, status_after
 from sentinel.components.fabric.record import FabricManagerStatus
@@ -64,7 +65,7 @@ class Shipped:
 
 
 def run(collector: FabricManagerCollector, now: float) -> None:
-    collector.inline = True  # blocking calls on this thread, as under the simulator's virtual clock
+    collector.workers = InlineWorker  # blocking calls on this thread, as under the simulator's virtual clock
     asyncio.run(collector.collect(now))
 
 
