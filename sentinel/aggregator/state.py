@@ -29,7 +29,8 @@ from sentinel.components.nccl_debug.record import DebugReadiness
 from sentinel.components.nccl_ras.record import RasStatus
 from sentinel.components.netdev.record import Netdev
 from sentinel.components.signal import JudgeSettings
-from sentinel.components.xid.rule import XidPolicyConfig
+from sentinel.components.xid.rule import XidMemory, XidPolicyConfig, observe_sympathetic
+from sentinel.components.xid.storm import XidStorms
 from sentinel.fr.heads import FrHeads
 from sentinel.wire import (
     Batch,
@@ -202,6 +203,10 @@ class JobView:
         return view
 
 
+#: the xid signal's name: its memory in each GpuView
+XID_SIGNAL = "xid"
+
+
 class FleetState:
     """All hosts, GPUs and jobs; mutated only through its methods (:meth:`hello`, :meth:`apply`, ...).
 
@@ -227,6 +232,10 @@ class FleetState:
         self.xid_config = xid_config or XidPolicyConfig()
         #: what the GPU signals' event handlers read (the Xid policy's thresholds)
         self.judge_settings = JudgeSettings(xid=self.xid_config)
+        #: Xid bursts across the GPUs of one job (else one host): the origin judged, its echoes not
+        self.xid_storms = XidStorms(
+            window_s=self.xid_config.storm_window_s, min_gpus=self.xid_config.storm_min_gpus
+        )
         self.ignored = 0  # jobs/ranks beyond the bounds
         self.dirty_gpus: list[GpuView] = []
         self.unknown_gpu_samples = 0
@@ -364,7 +373,10 @@ class FleetState:
         """Apply one typed event; what the agent classified (Xid record, log line fields) is used as sent."""
         gpu = host.gpus[event.gpu] if event.gpu is not None and 0 <= event.gpu < len(host.gpus) else None
         match event:
-            case XidOccurred() | GpuStateChanged() | GpuWasReset():
+            case XidOccurred():
+                if gpu is not None and event.t >= gpu.reset_t:
+                    self._xid(host, gpu, event, now)
+            case GpuStateChanged() | GpuWasReset():
                 if gpu is not None:
                     apply_gpu_event(gpu, event, self.judge_settings, self.dirty_gpus)
             case LogLine(
@@ -496,8 +508,28 @@ class FleetState:
         silent = [h for h in self.hosts.values() if not h.connected and now - h.last_seen > after_s]
         return [h.name for h in sorted(silent, key=lambda h: h.last_seen)]
 
+    def _xid(self, host: HostView, gpu: GpuView, event: XidOccurred, now: float) -> None:
+        """An Xid on ``gpu``: judged by its signal, unless it is the echo of another GPU's error in a burst
+        of the same job (:mod:`sentinel.components.xid.storm`)."""
+        job = gpu.job if gpu.job is not None else gpu.last_job
+        scope = f"job:{job}" if job is not None else f"host:{host.name}"
+        role, burst = self.xid_storms.observe(
+            scope, job, host=host.name, gpu=gpu.index, code=event.record.xid, t=event.t, now=now
+        )
+        if role != "sympathetic":
+            apply_gpu_event(gpu, event, self.judge_settings, self.dirty_gpus)
+            return
+        origin = burst.origin
+        memory = gpu.memory.get(XID_SIGNAL)
+        if not isinstance(memory, XidMemory):
+            memory = gpu.memory[XID_SIGNAL] = XidMemory()
+        observe_sympathetic(
+            memory, event.record, event.t, f"{origin.host} GPU {origin.gpu} Xid {origin.code}", event.count
+        )
+
     def forget_host(self, name: str) -> None:
         """Drop everything about host ``name`` (it comes back as new if it ever connects again)."""
+        self.xid_storms.forget_host(name)
         host = self.hosts.pop(name, None)
         self._hand_over_from(name)
         self.waiting_claims = {k: v for k, v in self.waiting_claims.items() if v != name}

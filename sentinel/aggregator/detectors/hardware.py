@@ -24,6 +24,7 @@ from sentinel.components.hardware import judge_gpu, judge_settings
 from sentinel.components.signal import JudgeSettings
 from sentinel.components.vocab import verdict_kind
 from sentinel.components.xid.rule import XidPolicyConfig
+from sentinel.components.xid.storm import STORM_REASON, Burst
 from sentinel.config.aggregator import AggregatorConfig, HardwareConfig
 
 DETECTOR = "hardware"
@@ -43,6 +44,8 @@ class HardwareDetector(Detector):
         #: aggregator first saw them lost, so the wait also ends for a host that sends nothing more
         self.held: dict[tuple[str, int], float] = {}
         self.recheck_all = False
+        #: keys of the storm verdicts found last time (a storm that is over closes its verdict)
+        self.storm_keys: set[Key] = set()
 
     def switched_on(self) -> None:
         self.recheck_all = True  # changes made while it was off were drained unseen
@@ -60,10 +63,16 @@ class HardwareDetector(Detector):
                     known = seen.fleet.gpu(host, index)
                     if known is not None:
                         gpus[(host, index)] = known
-        if not gpus:
-            return None
         findings: list[Finding] = []
         keys: set[Key] = set()
+        if seen.tick:
+            storms = storm_findings(seen.fleet.xid_storms.storms(seen.now), seen.fleet.xid_storms.window_s)
+            keys |= self.storm_keys
+            self.storm_keys = {f.key for f in storms}
+            keys |= self.storm_keys
+            findings.extend(storms)
+        if not gpus:
+            return Evaluation(findings, scope=keys.__contains__) if keys else None
         detect = self.config.detect
         settings = judge_settings(detect.hardware, detect.ecc, detect.xid)
         for where, gpu in gpus.items():
@@ -94,7 +103,27 @@ class HardwareDetector(Detector):
         return {
             "flagged": sorted([h, i] for h, i in self.flagged),
             "held": sorted([h, i] for h, i in self.held),
+            "storms": sorted(list(key) for key in self.storm_keys),
         }
+
+
+def storm_findings(storms: list[Burst], window_s: float) -> list[Finding]:
+    """One informational verdict per Xid storm, naming its origin GPU: never a drain (action none)."""
+    return [
+        Finding(
+            key=("xid_storm", storm.scope),
+            detector=DETECTOR,
+            kind="degraded",
+            reason=STORM_REASON,
+            action="none",
+            evidence=tuple(storm.evidence(window_s)),
+            evidence_t=storm.first_t,
+            host=storm.origin.host,
+            gpu=storm.origin.gpu,
+            job=storm.job,
+        )
+        for storm in storms
+    ]
 
 
 def gpu_key(host: str, gpu: int) -> tuple[str, ...]:
