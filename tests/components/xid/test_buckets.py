@@ -221,7 +221,12 @@ def test_the_policy_puts_nvidias_bucket_in_the_evidence_and_162_clears_163() -> 
     reengaged = parse_xid("NVRM: Xid (PCI:0000:5e:00): 162, Power Smoothing re-engaged")
     assert disengaged is not None and reengaged is not None
     opened = cleared.observe(disengaged, 1.0)  # a warning of its own, nothing to act on
-    assert (opened.state, opened.reason, opened.action, opened.changed) == ("suspect", "xid_163", "none", True)
+    assert (opened.state, opened.reason, opened.action, opened.changed) == (
+        "suspect",
+        "xid_163",
+        "none",
+        True,
+    )
     cleared.observe(disengaged, 10.0)
     closed = cleared.observe(reengaged, 20.0)  # the pair resolves: the warning closes
     assert (closed.state, closed.reason) == ("ok", "ok")
