@@ -22,7 +22,9 @@ import sys
 import time
 import tracemalloc
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 
@@ -31,11 +33,14 @@ sys.path.insert(0, str(REPO))
 
 from sentinel.agent.agent import Agent  # noqa: E402
 from sentinel.aggregator.engine import Engine  # noqa: E402
+from sentinel.aggregator.state import HostView  # noqa: E402
 from sentinel.sim.cluster import KERN_WARNING  # noqa: E402
 from sentinel.sim.host import SimCluster, simulated_agent_config  # noqa: E402
 from sentinel.sim.runner import VirtualClock  # noqa: E402
 from sentinel.sim.scenario import load_scenario_text  # noqa: E402
-from sentinel.wire import XidOccurred  # noqa: E402
+from sentinel.wire import Batch, XidOccurred  # noqa: E402
+
+T = TypeVar("T")
 
 SCENARIO = """
 duration_s = 40
@@ -61,6 +66,12 @@ class Run(msgspec.Struct, kw_only=True):
     verdicts: int = 0
 
 
+def ingest(engine: Engine, view: HostView, batch: Batch, t: float) -> None:
+    """The aggregator's share of one tick: the host's batch applied, the detectors run."""
+    engine.ingest(view, batch, t)
+    engine.tick(t)
+
+
 def run(lines: int, window_s: float, *, traced: bool) -> Run:
     """One pass: agent and engine side by side, each part's CPU (or, ``traced``, its allocation peak)."""
     scenario = load_scenario_text(SCENARIO, "xid_flood")
@@ -78,7 +89,7 @@ def run(lines: int, window_s: float, *, traced: bool) -> Run:
     parts = {"agent": 0.0, "aggregator": 0.0}
     peaks = {"agent": 0, "aggregator": 0}
 
-    def measured(part: str, work: Callable[[], object]) -> object:
+    def measured(part: str, work: Callable[[], T]) -> T:
         if traced:
             tracemalloc.start()
         started = time.process_time()
@@ -95,14 +106,12 @@ def run(lines: int, window_s: float, *, traced: bool) -> Run:
         sim.advance(t)
         if t == FLOOD_AT_S:
             sim.model.hosts[0].kernel_lines.extend((t, KERN_WARNING, line) for _ in range(lines))
-        batch = measured("agent", lambda: agent.step_inline(clock.t))
-        for event in batch.events:  # type: ignore[attr-defined]
+        batch = measured("agent", partial(agent.step_inline, t))
+        for event in batch.events:
             if isinstance(event, XidOccurred):
                 out.events += 1
                 out.occurrences += event.count
-        measured(
-            "aggregator", lambda batch=batch: (engine.ingest(view, batch, clock.t), engine.tick(clock.t))
-        )  # type: ignore[misc]
+        measured("aggregator", partial(ingest, engine, view, batch, t))
         t += 1.0
     agent.collectors.close()
     out.agent_cpu_s, out.aggregator_cpu_s = parts["agent"], parts["aggregator"]
