@@ -48,6 +48,20 @@ def send(
     engine.ingest(views[host], Batch(seq=seq, t=t, samples=[], events=list(events)), t)  # type: ignore[arg-type]
 
 
+async def snapshot(host: str, command: Command, timeout: float) -> CommandResult | None:
+    """An agent's answer to the incident's snapshot request: an empty ring."""
+    return CommandResult(id=command.id, answer=Snapshot(host=host, window=(0.0, 1.0)))
+
+
+def incidents(engine: Engine, state_dir: Path) -> IncidentManager:
+    """The incident manager on ``engine``'s verdicts, its agents answering with empty rings."""
+    manager = IncidentManager(
+        engine, IncidentStore(state_dir), snapshot, IncidentsConfig(evidence=False), clock=lambda: T0 + 3
+    )
+    engine.listeners.append(manager.on_change)
+    return manager
+
+
 def test_a_teardown_storm_is_one_informational_verdict_naming_its_first_gpu() -> None:
     hosts = ["host-a", "host-b", "host-c"]
     engine, views = engine_with_job(hosts)
@@ -125,14 +139,8 @@ def test_reports_further_apart_than_the_window_are_separate_bursts() -> None:
 def test_a_storm_is_one_incident_with_its_origin_and_reach(tmp_path: Path) -> None:
     engine, views = engine_with_job(["host-a", "host-b"])
 
-    async def requester(host: str, command: Command, timeout: float) -> CommandResult | None:
-        return CommandResult(id=command.id, answer=Snapshot(host=host, window=(0.0, 1.0)))
-
     async def run() -> None:
-        manager = IncidentManager(
-            engine, IncidentStore(tmp_path), requester, IncidentsConfig(evidence=False), clock=lambda: T0 + 3
-        )
-        engine.listeners.append(manager.on_change)
+        manager = incidents(engine, tmp_path)
         send(engine, views, "host-a", 2, T0 + 1, [xid(g, 45, T0 + 1 + g / 10) for g in range(8)])
         send(engine, views, "host-b", 2, T0 + 2, [xid(g, 45, T0 + 1.9 + g / 10) for g in range(8)])
         engine.tick(T0 + 3)
@@ -159,14 +167,8 @@ def test_a_storm_is_one_incident_with_its_origin_and_reach(tmp_path: Path) -> No
 def test_a_storm_around_a_real_fault_joins_the_faults_incident(tmp_path: Path) -> None:
     engine, views = engine_with_job(["host-a"])
 
-    async def requester(host: str, command: Command, timeout: float) -> CommandResult | None:
-        return CommandResult(id=command.id, answer=Snapshot(host=host, window=(0.0, 1.0)))
-
     async def run() -> None:
-        manager = IncidentManager(
-            engine, IncidentStore(tmp_path), requester, IncidentsConfig(evidence=False), clock=lambda: T0 + 3
-        )
-        engine.listeners.append(manager.on_change)
+        manager = incidents(engine, tmp_path)
         send(engine, views, "host-a", 2, T0 + 1, [xid(2, 95, T0 + 1, "Uncontained memory error")])
         send(engine, views, "host-a", 3, T0 + 2, [xid(g, 95, T0 + 1.5) for g in range(8) if g != 2])
         engine.tick(T0 + 3)

@@ -65,35 +65,27 @@ xid = 95
     assert all(v["action"] != "drain" for v in opened if (v["host"], v["gpu"]) != ("host-000", 0))
 
 
-def test_an_application_xid_back_after_every_reset_never_escalates() -> None:
-    opened = verdicts(
-        """
+def recurring(code: int, every_s: float, duration_s: int) -> list[dict[str, object]]:
+    """Xid ``code`` on host-001 GPU 2 from 20 s on, the GPU reset after each, back every ``every_s``."""
+    fault = f"""
 [[faults]]
 at_s = 20.0
 host = "host-001"
 gpu = 2
 kind = "xid_recurring"
-xid = 13
-every_s = 15.0
-""",
-        duration_s=120,
-    )
+xid = {code}
+every_s = {every_s}
+"""
+    return verdicts(fault, duration_s=duration_s)
+
+
+def test_an_application_xid_back_after_every_reset_never_escalates() -> None:
+    opened = recurring(13, 15.0, 120)
     assert [v for v in opened if v["kind"] == "faulty" or v["action"] == "rma"] == []
 
 
 def test_xid_79_back_after_its_reset_goes_to_rma() -> None:
-    opened = verdicts(
-        """
-[[faults]]
-at_s = 20.0
-host = "host-001"
-gpu = 2
-kind = "xid_recurring"
-xid = 79
-every_s = 30.0
-""",
-        duration_s=70,
-    )
+    opened = recurring(79, 30.0, 70)
     mine = [(v["reason"], v["action"]) for v in opened if (v["host"], v["gpu"]) == ("host-001", 2)]
     assert ("xid_79", "reboot") in mine or ("xid_79", "reset_gpu") in mine, mine
     assert ("xid_79_recurring", "rma") in mine, mine
