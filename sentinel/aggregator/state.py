@@ -22,14 +22,20 @@ from sentinel.aggregator.claims import MAX_WAITING_CLAIMS, CountedRefusals, Refu
 from sentinel.aggregator.clock import HostClock
 from sentinel.aggregator.streams import adopt_instance
 from sentinel.components.device.record import GpuSourceHealth
-from sentinel.components.gpu_view import GpuView, apply_gpu_event, apply_sample, fit_inventory
+from sentinel.components.gpu_view import (
+    GpuView,
+    apply_gpu_event,
+    apply_sample,
+    apply_xid_in_burst,
+    fit_inventory,
+)
 from sentinel.components.ib.kernel import host_evidence
 from sentinel.components.ib.record import IbPort
 from sentinel.components.nccl_debug.record import DebugReadiness
 from sentinel.components.nccl_ras.record import RasStatus
 from sentinel.components.netdev.record import Netdev
 from sentinel.components.signal import JudgeSettings
-from sentinel.components.xid.rule import XidMemory, XidPolicyConfig, observe_sympathetic
+from sentinel.components.xid.rule import XidPolicyConfig
 from sentinel.components.xid.storm import XidStorms
 from sentinel.fr.heads import FrHeads
 from sentinel.wire import (
@@ -203,10 +209,6 @@ class JobView:
         return view
 
 
-#: the xid signal's name: its memory in each GpuView
-XID_SIGNAL = "xid"
-
-
 class FleetState:
     """All hosts, GPUs and jobs; mutated only through its methods (:meth:`hello`, :meth:`apply`, ...).
 
@@ -374,8 +376,10 @@ class FleetState:
         gpu = host.gpus[event.gpu] if event.gpu is not None and 0 <= event.gpu < len(host.gpus) else None
         match event:
             case XidOccurred():
-                if gpu is not None and event.t >= gpu.reset_t:
-                    self._xid(host, gpu, event, now)
+                if gpu is not None:
+                    apply_xid_in_burst(
+                        gpu, event, self.judge_settings, self.dirty_gpus, storms=self.xid_storms, now=now
+                    )
             case GpuStateChanged() | GpuWasReset():
                 if gpu is not None:
                     apply_gpu_event(gpu, event, self.judge_settings, self.dirty_gpus)
@@ -507,25 +511,6 @@ class FleetState:
         """Disconnected hosts with no frame for ``after_s``, longest silent first."""
         silent = [h for h in self.hosts.values() if not h.connected and now - h.last_seen > after_s]
         return [h.name for h in sorted(silent, key=lambda h: h.last_seen)]
-
-    def _xid(self, host: HostView, gpu: GpuView, event: XidOccurred, now: float) -> None:
-        """An Xid on ``gpu``: judged by its signal, unless it is the echo of another GPU's error in a burst
-        of the same job (:mod:`sentinel.components.xid.storm`)."""
-        job = gpu.job if gpu.job is not None else gpu.last_job
-        scope = f"job:{job}" if job is not None else f"host:{host.name}"
-        role, burst = self.xid_storms.observe(
-            scope, job, host=host.name, gpu=gpu.index, code=event.record.xid, t=event.t, now=now
-        )
-        if role != "sympathetic":
-            apply_gpu_event(gpu, event, self.judge_settings, self.dirty_gpus)
-            return
-        origin = burst.origin
-        memory = gpu.memory.get(XID_SIGNAL)
-        if not isinstance(memory, XidMemory):
-            memory = gpu.memory[XID_SIGNAL] = XidMemory()
-        observe_sympathetic(
-            memory, event.record, event.t, f"{origin.host} GPU {origin.gpu} Xid {origin.code}", event.count
-        )
 
     def forget_host(self, name: str) -> None:
         """Drop everything about host ``name`` (it comes back as new if it ever connects again)."""

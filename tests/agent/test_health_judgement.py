@@ -75,6 +75,27 @@ def test_the_agent_and_the_aggregator_reach_the_same_findings() -> None:
     assert 1 not in {g for g, *_ in seen[4]} and 2 in {g for g, *_ in seen[4]}
 
 
+def test_a_storm_of_echoes_fails_only_its_origin_here_as_at_the_aggregator() -> None:
+    """One GPU's uncontained error (Xid 95) echoed by the host's other GPUs within a second: the node's
+    health check names the origin only, so Slurm's health program does not fail the node for every GPU."""
+    detect = DetectConfig()
+    fleet = FleetState(xid_config=detect.xid)
+    health = LocalHealth(HOST, detect)
+    t0 = 1_000.0
+    view = fleet.hello(_hello(), t0)
+    health.hello(_hello(), t0)
+    events: list[Event] = [_xid(t0 + 1 + gpu / 10, gpu, 95) for gpu in range(GPUS)]
+    fleet.apply(view, _batch(1, t0 + 2, events), t0 + 2)
+    health.apply(_batch(1, t0 + 2, events), t0 + 2)
+    agent = {(r.gpu, r.kind, r.reason) for r in health.reasons(t0 + 2)}
+    aggregator = {
+        (f.gpu, f.kind, f.reason)
+        for gpu in view.gpus
+        for f in evaluate_gpu(gpu, detect.hardware, t0 + 2, detect.ecc, reported_until=gpu.t)
+    }
+    assert agent == aggregator == {(0, "faulty", "xid_95")}
+
+
 def test_the_agents_health_does_not_load_the_aggregator() -> None:
     code = (
         "import sys, sentinel.agent.health\n"
