@@ -145,7 +145,8 @@ def host_name(index: int) -> str:
 def fault_to_dict(fault: FaultSpec) -> dict[str, Any]:
     """The fault as injected, without the parameters it does not use (for reports)."""
     data: dict[str, Any] = {"at_s": fault.at_s, "host": fault.host, "gpu": fault.gpu, "kind": fault.kind}
-    if fault.hosts is not None:
+    if fault.hosts is not None:  # a multi-host fault names its hosts instead of one host
+        del data["host"]
         data["hosts"] = list(fault.hosts)
     for param in PARAMS:
         value = getattr(fault, param)

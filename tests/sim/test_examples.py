@@ -155,7 +155,10 @@ def test_xid_storm_is_one_verdict_naming_its_origin() -> None:
     """A teardown's Xid 45 on all 32 GPUs of four hosts: one informational verdict naming the first GPU, with
     the storm's count; no GPU faulty, nothing a drain would act on."""
     result = run_scenario(load_scenario(SCENARIOS / "xid_storm.toml"))
-    opened = result.report()["verdicts"]
+    data = result.report()
+    hosts = ["host-000", "host-001", "host-002", "host-003"]
+    assert data["faults"] == [{"at_s": 60.0, "gpu": None, "kind": "xid_storm", "hosts": hosts, "xid": 45}]
+    opened = data["verdicts"]
     assert [(v["kind"], v["host"], v["gpu"], v["reason"], v["action"]) for v in opened] == [
         ("degraded", "host-000", 0, "xid_storm", "none")
     ]
