@@ -169,6 +169,9 @@ class XidOccurred(_EventBase, tag="xid"):
 
     record: XidRecord
     merged: bool = False  # NVML and the kernel log both reported it: kernel detail, NVML time
+    #: occurrences this event stands for: a flood of one Xid on one GPU is coalesced by the agent into one
+    #: event per window, its repeats counted here
+    count: Annotated[int, msgspec.Meta(ge=1, le=2**40)] = 1
 
 
 class LogLine(_EventBase, tag="log"):

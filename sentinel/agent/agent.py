@@ -157,7 +157,9 @@ class Agent:
         self.expected_gpus_path: Path | None = state_dir / "gpus.expected" if durable else None
         self.kmsg_cursor_path: Path | None = state_dir / "kmsg.cursor" if durable else None
         self.xids = XidMerger(
-            wait_s=config.collect.xid_merge_wait_s, window_s=config.collect.xid_dedup_window_s
+            wait_s=config.collect.xid_merge_wait_s,
+            window_s=config.collect.xid_dedup_window_s,
+            flood_window_s=config.collect.xid_flood_window_s,
         )
         #: every recent kernel line, for incident evidence (:mod:`sentinel.agent.evidence`)
         self.kernel_window = KernelWindow()

@@ -19,12 +19,19 @@ import msgspec
 
 from sentinel.components.device.inventory import evaluate_source
 from sentinel.components.device.record import GpuSourceHealth
-from sentinel.components.gpu_view import GpuView, apply_gpu_event, apply_sample, fit_inventory
+from sentinel.components.gpu_view import (
+    GpuView,
+    apply_gpu_event,
+    apply_sample,
+    apply_xid_in_burst,
+    fit_inventory,
+)
 from sentinel.components.hardware import judge_gpu, judge_settings
 from sentinel.components.signal import JudgeSettings
 from sentinel.components.vocab import verdict_kind
+from sentinel.components.xid.storm import XidStorms
 from sentinel.config.aggregator import DetectConfig
-from sentinel.wire import Batch, Hello, HostVerdict, ProcInfo
+from sentinel.wire import Batch, Hello, HostVerdict, ProcInfo, XidOccurred
 
 #: actions that make a node unfit for new work; ``none`` and ``restart_app`` concern a job, not the node
 UNFIT_ACTIONS = frozenset({"drain", "reset_gpu", "reboot", "rma"})
@@ -76,6 +83,10 @@ class LocalGpus:
         self.gpu_source: GpuSourceHealth | None = None
         self.boot_id = ""
         self._dirty: list[GpuView] = []  # what the updates report changed; judged on demand instead
+        #: this host's Xid bursts: a storm's echoes fail no GPU here either
+        self.xid_storms = XidStorms(
+            window_s=settings.xid.storm_window_s, min_gpus=settings.xid.storm_min_gpus
+        )
 
     def hello(self, hello: Hello, now: float) -> None:
         if self.boot_id and hello.boot_id and hello.boot_id != self.boot_id:
@@ -103,7 +114,10 @@ class LocalGpus:
                 continue
             # an event stamped too far ahead counts at the time it was applied (the batch itself is shipped)
             stamped = event if event.t <= horizon else msgspec.structs.replace(event, t=now)
-            apply_gpu_event(gpus[at], stamped, self.settings, dirty)
+            if isinstance(stamped, XidOccurred):
+                apply_xid_in_burst(gpus[at], stamped, self.settings, dirty, storms=self.xid_storms, now=now)
+            else:
+                apply_gpu_event(gpus[at], stamped, self.settings, dirty)
         if batch.gpu_source is not None:
             self.gpu_source = batch.gpu_source
         dirty.clear()

@@ -8,6 +8,9 @@ and ``sentinel incident``.
 Snapshots come from the network: their shape is checked entry by entry, sizes are bounded, and a host that
 does not answer in time is listed as missing rather than holding the incident back.
 
+An Xid storm (one job's GPUs reporting application or sympathetic Xids within seconds) is one incident for
+the job, whatever the number of its GPUs: it names the origin and counts the GPUs and hosts (``storm``).
+
 A stuck job's incident also gets a job-wide Flight Recorder dump (:mod:`sentinel.aggregator.frdumps`): the
 job's agents are asked for ``fr_dump`` while the snapshots are gathered; the incident is saved with
 ``fr_dump.state = "collecting"`` as soon as the timeline is merged, then saved again with the dumps' analysis
@@ -45,6 +48,7 @@ from sentinel.aggregator.frdumps import (
 )
 from sentinel.aggregator.goodput import Phases
 from sentinel.aggregator.verdicts import Change, Verdict
+from sentinel.components.xid.storm import STORM_REASON, Burst
 from sentinel.config.aggregator import IncidentsConfig
 from sentinel.log import get_logger
 from sentinel.wire import (
@@ -100,6 +104,40 @@ class FrDumpReport(msgspec.Struct, kw_only=True):
     joined: str | None = None
 
 
+class StormReport(msgspec.Struct, kw_only=True):
+    """An Xid storm's incident: where it began and how far it reached (its verdict names the same origin)."""
+
+    origin_host: str
+    origin_gpu: int
+    origin_xid: int
+    origin_t: float
+    gpus: int
+    hosts: int
+    reports: int
+    #: reports on GPUs other than the origin, not judged on their own
+    sympathetic: int
+    codes: dict[int, int]
+    first_t: float
+    last_t: float
+
+
+def storm_report(burst: Burst) -> StormReport:
+    origin = burst.origin
+    return StormReport(
+        origin_host=origin.host,
+        origin_gpu=origin.gpu,
+        origin_xid=origin.code,
+        origin_t=origin.t,
+        gpus=burst.gpu_count,
+        hosts=len(burst.hosts),
+        reports=burst.reports,
+        sympathetic=burst.sympathetic,
+        codes=dict(burst.codes),
+        first_t=burst.first_t,
+        last_t=burst.last_t,
+    )
+
+
 class Incident(msgspec.Struct, kw_only=True):
     """The distributed flight recorder's record of one faulty GPU or stalled job (stored as gzip JSON)."""
 
@@ -118,6 +156,8 @@ class Incident(msgspec.Struct, kw_only=True):
     gpu_seconds_lost: float | None = None
     #: what the named hosts captured before any drain (stacks, kernel window, GPU snapshots)
     evidence: EvidenceReport | None = None
+    #: an Xid storm's origin and reach
+    storm: StormReport | None = None
 
     def summary(self) -> dict[str, Any]:
         """The incident as ``GET /api/v1/incidents`` lists it: without its timeline, with its size."""
@@ -196,8 +236,11 @@ class IncidentStore:
             db.execute(
                 "CREATE TABLE IF NOT EXISTS incidents ("
                 "id TEXT PRIMARY KEY, created_at REAL NOT NULL, kind TEXT, reason TEXT, job TEXT, host TEXT, "
-                "gpu INTEGER, hosts TEXT, verdicts TEXT, entries INTEGER, missing TEXT, file TEXT)"
+                "gpu INTEGER, hosts TEXT, verdicts TEXT, entries INTEGER, missing TEXT, file TEXT, storm TEXT)"
             )
+            columns = {row[1] for row in db.execute("PRAGMA table_info(incidents)")}
+            if "storm" not in columns:  # an index written before incidents carried storms
+                db.execute("ALTER TABLE incidents ADD COLUMN storm TEXT")
 
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self.db_path, timeout=10)
@@ -211,7 +254,8 @@ class IncidentStore:
         first = incident.verdicts[0] if incident.verdicts else {}
         with self._connect() as db:
             db.execute(
-                "INSERT OR REPLACE INTO incidents VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                "INSERT OR REPLACE INTO incidents (id, created_at, kind, reason, job, host, gpu, hosts, verdicts, "
+                "entries, missing, file, storm) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     incident.id,
                     incident.created_at,
@@ -225,13 +269,14 @@ class IncidentStore:
                     len(incident.timeline),
                     json.dumps(incident.missing_hosts),
                     name,
+                    _json_encoder.encode(incident.storm).decode() if incident.storm is not None else None,
                 ),
             )
 
     def list(self, limit: int = 200) -> list[dict[str, Any]]:
         with self._connect() as db:
             rows = db.execute(
-                "SELECT id, created_at, kind, reason, job, host, gpu, hosts, verdicts, entries, missing "
+                "SELECT id, created_at, kind, reason, job, host, gpu, hosts, verdicts, entries, missing, storm "
                 "FROM incidents ORDER BY created_at DESC LIMIT ?",
                 (limit,),
             ).fetchall()
@@ -248,6 +293,7 @@ class IncidentStore:
                 "verdicts": json.loads(r[8] or "[]"),
                 "entries": r[9],
                 "missing_hosts": json.loads(r[10] or "[]"),
+                **({"storm": json.loads(r[11])} if r[11] else {}),
             }
             for r in rows
         ]
@@ -273,7 +319,8 @@ class IncidentStore:
 
 
 class IncidentManager:
-    """Turns opened faulty/stuck verdicts into incidents (at most one per job or GPU per cooldown)."""
+    """Turns opened faulty/stuck verdicts and Xid storms into incidents (at most one per job, GPU or storm per
+    cooldown; a storm whose origin GPU's fault has one already joins it)."""
 
     def __init__(
         self,
@@ -302,9 +349,16 @@ class IncidentManager:
 
     def on_change(self, change: Change) -> None:
         verdict = change.verdict
-        if change.what != "opened" or verdict.kind not in TRIGGER_KINDS or not self.config.enabled:
+        storm = verdict.reason == STORM_REASON
+        if change.what != "opened" or not (verdict.kind in TRIGGER_KINDS or storm) or not self.config.enabled:
             return
-        if verdict.kind == "stuck" and verdict.job:
+        if storm:
+            subject = "storm:" + "/".join(verdict.key)
+            origin = self.recent.get(f"gpu:{verdict.host}/{verdict.gpu}")
+            if origin is not None and self.clock() - origin[0] < self.config.cooldown_s:
+                verdict.incident = origin[1]  # the origin's own fault already has the incident
+                return
+        elif verdict.kind == "stuck" and verdict.job:
             subject = f"job:{verdict.job}"
         elif verdict.hosts and not verdict.host:  # an NVLink domain's verdict
             subject = "domain:" + "/".join(verdict.key)
@@ -487,6 +541,7 @@ class IncidentManager:
             problems=problems,
             timeline=timeline,
             fr_dump=FrDumpReport(state="collecting") if fr_pending else None,
+            storm=self._storm(verdict),
         )
         await self._save(incident)
         log().info(
@@ -499,6 +554,13 @@ class IncidentManager:
         if self.on_saved is not None:
             self.on_saved(incident)
         return incident
+
+    def _storm(self, verdict: Verdict) -> StormReport | None:
+        """The storm behind a storm verdict as it stands now (it may have grown since the verdict opened)."""
+        if verdict.reason != STORM_REASON or len(verdict.key) < 2:
+            return None
+        burst = self.engine.fleet.xid_storms.bursts.get(verdict.key[1])
+        return storm_report(burst) if burst is not None else None
 
     async def _fr_dump(
         self, incident_id: str, verdict: Verdict, hosts: list[str], now: float, settings: FrDumpSettings

@@ -24,7 +24,13 @@ from sentinel.aggregator.streams import adopt_instance
 from sentinel.components.device.record import GpuSourceHealth
 from sentinel.components.fabric.host import SwitchMemory
 from sentinel.components.fabric.record import FabricManagerStatus
-from sentinel.components.gpu_view import GpuView, apply_gpu_event, apply_sample, fit_inventory
+from sentinel.components.gpu_view import (
+    GpuView,
+    apply_gpu_event,
+    apply_sample,
+    apply_xid_in_burst,
+    fit_inventory,
+)
 from sentinel.components.ib.hca import HcaMemory
 from sentinel.components.ib.kernel import host_evidence
 from sentinel.components.ib.record import IbPort
@@ -33,6 +39,7 @@ from sentinel.components.nccl_ras.record import RasStatus
 from sentinel.components.netdev.record import Netdev
 from sentinel.components.signal import JudgeSettings
 from sentinel.components.xid.rule import XidPolicyConfig
+from sentinel.components.xid.storm import XidStorms
 from sentinel.fr.heads import FrHeads
 from sentinel.wire import (
     Batch,
@@ -237,6 +244,10 @@ class FleetState:
         self.xid_config = xid_config or XidPolicyConfig()
         #: what the GPU signals' event handlers read (the Xid policy's thresholds)
         self.judge_settings = JudgeSettings(xid=self.xid_config)
+        #: Xid bursts across the GPUs of one job (else one host): the origin judged, its echoes not
+        self.xid_storms = XidStorms(
+            window_s=self.xid_config.storm_window_s, min_gpus=self.xid_config.storm_min_gpus
+        )
         self.ignored = 0  # jobs/ranks beyond the bounds
         self.dirty_gpus: list[GpuView] = []
         self.unknown_gpu_samples = 0
@@ -377,7 +388,12 @@ class FleetState:
         """Apply one typed event; what the agent classified (Xid record, log line fields) is used as sent."""
         gpu = host.gpus[event.gpu] if event.gpu is not None and 0 <= event.gpu < len(host.gpus) else None
         match event:
-            case XidOccurred() | GpuStateChanged() | GpuWasReset():
+            case XidOccurred():
+                if gpu is not None:
+                    apply_xid_in_burst(
+                        gpu, event, self.judge_settings, self.dirty_gpus, storms=self.xid_storms, now=now
+                    )
+            case GpuStateChanged() | GpuWasReset():
                 if gpu is not None:
                     apply_gpu_event(gpu, event, self.judge_settings, self.dirty_gpus)
             case LogLine(
@@ -514,6 +530,7 @@ class FleetState:
 
     def forget_host(self, name: str) -> None:
         """Drop everything about host ``name`` (it comes back as new if it ever connects again)."""
+        self.xid_storms.forget_host(name)
         host = self.hosts.pop(name, None)
         self._hand_over_from(name)
         self.waiting_claims = {k: v for k, v in self.waiting_claims.items() if v != name}

@@ -19,11 +19,15 @@ from sentinel.components.device.signal import slow_reading
 from sentinel.components.pcie.record import PcieLink
 from sentinel.components.registry import GPU_SIGNALS
 from sentinel.components.signal import JudgeSettings
+from sentinel.components.xid.rule import XidMemory, observe_sympathetic
+from sentinel.components.xid.storm import XidStorms
 from sentinel.wire import Event, GpuInfo, GpuSample, GpuStateChanged, GpuWasReset, XidOccurred
 
 #: the GPU signals that remember samples and those that take events, in registry order
 SAMPLED = tuple(s for s in GPU_SIGNALS if s.remember is not None)
 EVENTED = tuple(s for s in GPU_SIGNALS if s.on_event is not None)
+#: the xid signal's name: its memory in ``GpuView.memory``
+XID = "xid"
 RESETTING = tuple(s for s in SAMPLED if s.shows_reset is not None)
 #: a sample with none of the slow-tick signals' fields (most samples: fast ticks) goes only to the signals
 #: whose readings ride on every tick
@@ -196,6 +200,36 @@ def apply_sample(gpu: GpuView, s: GpuSample, now: float, dirty_gpus: list[GpuVie
     if gpu.dirty:
         dirty_gpus.append(gpu)
     return link_changed
+
+
+def apply_xid_in_burst(
+    gpu: GpuView,
+    event: XidOccurred,
+    settings: JudgeSettings,
+    dirty_gpus: list[GpuView],
+    *,
+    storms: XidStorms,
+    now: float,
+) -> None:
+    """An Xid on ``gpu``, seen among its job's (else its host's) other Xids: judged by the xid signal, unless
+    it is the echo of another GPU's error in the same burst (:mod:`sentinel.components.xid.storm`)."""
+    if event.t < gpu.reset_t:
+        return
+    job = gpu.job if gpu.job is not None else gpu.last_job
+    scope = f"job:{job}" if job is not None else f"host:{gpu.host}"
+    role, burst = storms.observe(
+        scope, job, host=gpu.host, gpu=gpu.index, code=event.record.xid, t=event.t, now=now
+    )
+    if role != "sympathetic":
+        apply_gpu_event(gpu, event, settings, dirty_gpus)
+        return
+    memory = gpu.memory.get(XID)
+    if not isinstance(memory, XidMemory):
+        memory = gpu.memory[XID] = XidMemory()
+    origin = burst.origin
+    observe_sympathetic(
+        memory, event.record, event.t, f"{origin.host} GPU {origin.gpu} Xid {origin.code}", event.count
+    )
 
 
 def apply_gpu_event(gpu: GpuView, event: Event, settings: JudgeSettings, dirty_gpus: list[GpuView]) -> None:

@@ -71,6 +71,16 @@ class CollectConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "the host's first inventory and kept in the state directory",
         ),
     ] = 0
+    xid_flood_window_s: Annotated[
+        float,
+        msgspec.Meta(
+            ge=0,
+            le=600,
+            description="repeats of one Xid line (same GPU, code, process and text) within this many seconds "
+            "of its first occurrence are sent as one event with their count, one event per window for as long "
+            "as the flood lasts; the first occurrence is sent at once. 0: every occurrence is an event",
+        ),
+    ] = 10.0
     xid_merge_wait_s: Annotated[
         float,
         msgspec.Meta(

@@ -36,6 +36,7 @@ ACCEPTED_KINDS: Mapping[str, frozenset[str]] = {
     "hang": frozenset({"stuck"}),
     "nccl_net_error": frozenset({"stuck", "degraded", "faulty"}),
     "host_down": frozenset({"host_silent"}),
+    "xid_recurring": frozenset({"faulty"}),
 }
 
 #: How long after a fault a correct detector has to name it (the aggregator issue's bounds: hardware 3 s,
@@ -88,7 +89,10 @@ class Fault:
     @property
     def expects_verdict(self) -> bool:
         """False for faults a correct aggregator leaves alone: an application Xid (13, 31, 43, 45) is the
-        program's error, not the GPU's, and must not make the GPU faulty."""
+        program's error, not the GPU's, and must not make the GPU faulty; a storm is one informational
+        verdict, never a GPU's fault."""
+        if self.kind == "xid_storm":
+            return False
         if self.kind == "xid":
             code = self.params.get("xid")
             return not (isinstance(code, int) and xid_info(code).cause == "application")

@@ -47,6 +47,11 @@ XID_ROW_REMAP_FAILURE = 64
 #: and the power policy's nudges on every GPU (a fraction of a percent: noise, far below a straggler reason)
 THERMAL_VIOLATION_SHARE = 0.95
 POWER_VIOLATION_NOISE = 0.001
+#: an xid_storm's reports are spread over this many seconds (a teardown reaches every GPU within seconds)
+STORM_SPREAD_S = 3.0
+#: an xid_recurring GPU is reset this long after each occurrence (the operator's or the remedy's reset), and
+#: NVML cannot reach it for one tick meanwhile: the agent sees it lost, then answering again
+RESET_AFTER_S = 4.0
 #: kernel log priorities (NVRM prints Xids at KERN_WARNING, mlx5_core its module errors at KERN_ERR)
 KERN_ERR = 3
 KERN_WARNING = 4
@@ -72,6 +77,9 @@ class GpuSim:
     temp_off: float
     power_off: float
     lost_at: float = INF
+    #: NVML cannot reach the GPU in [reset_from, reset_until): it is being reset
+    reset_from: float = INF
+    reset_until: float = INF
     nvml_hang_at: float = INF
     throttle_clock: float | None = None
     throttle_since: float = INF
@@ -91,6 +99,10 @@ class GpuSim:
     pid: int = 0
     pool: dict[tuple[str, float | None], list[GpuSample]] = field(default_factory=dict)
     pool_i: int = 0
+
+    def unreachable(self, t: float) -> bool:
+        """NVML calls fail with GPU_IS_LOST at ``t``: fallen off the bus, or in the middle of a reset."""
+        return t >= self.lost_at or self.reset_from <= t < self.reset_until
 
     def violations(self, t: float) -> ClockViolations:
         """NVML's cumulative violation time at ``t``, in closed form (no per-tick state): heat holding the
@@ -203,8 +215,11 @@ class ClusterSim:
         self.now = t
 
     def apply(self, fault: FaultSpec) -> None:
-        host = self.by_name[fault.host]
         t = fault.at_s
+        if fault.kind == "xid_storm":
+            self._storm(fault)
+            return
+        host = self.by_name[fault.host]
         self.applied.append(fault)
         if fault.kind == "host_down":
             host.down_at = t
@@ -228,6 +243,15 @@ class ClusterSim:
                 gpu.lost_at = t
             if fault.xid in XID_KILLS_PROCESS and rank is not None:
                 rank.dead_at = min(rank.dead_at, t)
+        elif kind == "xid_recurring":
+            assert fault.xid is not None and fault.every_s is not None
+            self._raise_xid(host, gpu, t, fault.xid)
+            # the GPU is reset a few seconds later, and its process starts again on the clean GPU
+            lost = fault.xid in XID_GPU_LOST  # fallen off the bus: unreachable until the reset
+            gpu.reset_from = t if lost else t + RESET_AFTER_S
+            gpu.reset_until = t + RESET_AFTER_S + self.tick_s
+            gpu.pid ^= 1 << 21  # another process than the one the Xid killed
+            self._schedule(msgspec.structs.replace(fault, at_s=t + fault.every_s))
         elif kind == "gpu_lost":
             gpu.lost_at = t
             if rank is not None:
@@ -311,6 +335,22 @@ class ClusterSim:
         if rank is not None and gpu.job is not None:
             gpu.job.touch(rank.rank)
             host.procs_version += 1
+
+    def _storm(self, fault: FaultSpec) -> None:
+        """Every GPU of the storm's hosts raises its Xid within ``STORM_SPREAD_S``, host by host, GPU by GPU
+        (the first GPU of the first host first): one Xid fault per GPU, scheduled."""
+        assert fault.hosts is not None and fault.xid is not None
+        self.applied.append(fault)
+        targets = [(name, g.index) for name in fault.hosts for g in self.by_name[name].gpus]
+        step = STORM_SPREAD_S / max(1, len(targets))
+        for i, (name, index) in enumerate(targets):
+            at = fault.at_s + i * step
+            self._schedule(FaultSpec(at_s=at, host=name, gpu=index, kind="xid", xid=fault.xid))
+
+    def _schedule(self, fault: FaultSpec) -> None:
+        """A fault that follows from another (a storm's reports, a recurrence), applied when due."""
+        self.pending.append(fault)
+        self.pending.sort(key=lambda f: f.at_s)
 
     def _rank(self, gpu: GpuSim) -> RankSim | None:
         if gpu.job is None or gpu.rank is None:

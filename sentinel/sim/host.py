@@ -159,7 +159,7 @@ class SimHost:
         inventory = self.cluster.model.inventory(self.host)
         # a GPU that fell off the bus does not come back with a re-initialisation: NVML cannot reach it
         return [
-            msgspec.structs.replace(info, error="GPU is lost") if t >= gpu.lost_at else info
+            msgspec.structs.replace(info, error="GPU is lost") if gpu.unreachable(t) else info
             for info, gpu in zip(inventory, self.host.gpus, strict=True)
         ]
 
@@ -168,7 +168,7 @@ class SimHost:
         t = cluster.advance(now)
         with cluster.lock:
             view = self.host.gpus[gpu]
-            if t >= view.lost_at:
+            if view.unreachable(t):
                 raise GpuLostError(f"GPU {gpu}: GPU is lost")
             if t < view.nvml_hang_at:
                 sample = cluster.model.sample(self.host, view, t, slow)

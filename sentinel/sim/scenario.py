@@ -32,6 +32,8 @@ FaultKind = Literal[
     "link_slow",
     "nic_lost",
     "sxid_fatal",
+    "xid_storm",
+    "xid_recurring",
 ]
 FAULT_KINDS: tuple[str, ...] = FaultKind.__args__  # type: ignore[attr-defined]
 
@@ -39,6 +41,8 @@ FAULT_KINDS: tuple[str, ...] = FaultKind.__args__  # type: ignore[attr-defined]
 HOST_FAULTS = frozenset({"host_down", "sxid_fatal"})
 #: Faults that hit one GPU, or every GPU of the host when ``gpu`` is omitted (a slow host).
 HOST_OR_GPU_FAULTS = frozenset({"straggler"})
+#: Faults that name a list of hosts (``hosts``) instead of one ``host``; every GPU of them is hit.
+MULTI_HOST_FAULTS = frozenset({"xid_storm"})
 #: Parameters each kind requires; any other kind-specific parameter is refused.
 REQUIRED_PARAMS: dict[str, tuple[str, ...]] = {
     "xid": ("xid",),
@@ -49,8 +53,10 @@ REQUIRED_PARAMS: dict[str, tuple[str, ...]] = {
     "link_degraded": ("rate_gbps",),
     "link_slow": ("slowdown",),
     "sxid_fatal": ("sxid",),
+    "xid_storm": ("xid",),
+    "xid_recurring": ("xid", "every_s"),
 }
-PARAMS = ("xid", "count", "rate_per_s", "clock_mhz", "slowdown", "rate_gbps", "sxid")
+PARAMS = ("xid", "count", "rate_per_s", "clock_mhz", "slowdown", "rate_gbps", "sxid", "every_s")
 MAX_HOSTS = 16384
 MAX_GPUS_PER_HOST = 16
 MAX_DURATION_S = 7 * 86400.0
@@ -96,8 +102,10 @@ class JobSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class FaultSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     at_s: Annotated[float, msgspec.Meta(ge=0)]
-    host: str
     kind: FaultKind
+    #: the host faulted (every kind but ``xid_storm``, which names ``hosts``)
+    host: str = ""
+    hosts: Annotated[list[str], msgspec.Meta(max_length=MAX_HOSTS)] | None = None
     gpu: Annotated[int, msgspec.Meta(ge=0)] | None = None
     xid: Annotated[int, msgspec.Meta(ge=1, le=65535)] | None = None
     count: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] | None = None
@@ -107,6 +115,8 @@ class FaultSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rate_gbps: Annotated[float, msgspec.Meta(gt=0, le=3200)] | None = None
     #: sxid_fatal: the NVSwitch SXid the switch driver logs
     sxid: Annotated[int, msgspec.Meta(ge=1, le=99999)] | None = None
+    #: xid_recurring: seconds between one occurrence (and the GPU's reset after it) and the next
+    every_s: Annotated[float, msgspec.Meta(ge=5, le=1e6)] | None = None
     #: link_slow only: the port's error and congestion counters stay flat (only its throughput tells)
     silent: bool = False
 
@@ -139,6 +149,9 @@ def host_name(index: int) -> str:
 def fault_to_dict(fault: FaultSpec) -> dict[str, Any]:
     """The fault as injected, without the parameters it does not use (for reports)."""
     data: dict[str, Any] = {"at_s": fault.at_s, "host": fault.host, "gpu": fault.gpu, "kind": fault.kind}
+    if fault.hosts is not None:  # a multi-host fault names its hosts instead of one host
+        del data["host"]
+        data["hosts"] = list(fault.hosts)
     for param in PARAMS:
         value = getattr(fault, param)
         if value is not None:
@@ -212,13 +225,17 @@ def _check(scenario: Scenario, source: str) -> None:
         where = f"faults[{i}]"
         if not math.isfinite(fault.at_s):
             raise ScenarioError(source, f"{where}.at_s", "must be finite")
-        if fault.host not in known:
+        if fault.kind in MULTI_HOST_FAULTS:
+            _check_hosts(fault, where, source, names)
+        elif fault.hosts is not None:
+            raise ScenarioError(source, f"{where}.hosts", f"not a parameter of kind {fault.kind}: use host")
+        elif fault.host not in known:
             raise ScenarioError(
                 source,
                 f"{where}.host",
                 f"host {fault.host!r} out of range (cluster has {names[0]}..{names[-1]})",
             )
-        if fault.kind in HOST_FAULTS:
+        if fault.kind in HOST_FAULTS or fault.kind in MULTI_HOST_FAULTS:
             if fault.gpu is not None:
                 raise ScenarioError(source, f"{where}.gpu", f"{fault.kind} is a host fault: omit gpu")
         elif fault.gpu is None and fault.kind not in HOST_OR_GPU_FAULTS:
@@ -236,6 +253,24 @@ def _check(scenario: Scenario, source: str) -> None:
             raise ScenarioError(source, f"{where}.silent", f"not a parameter of kind {fault.kind}")
         if fault.kind in ("hang", "straggler", "nccl_net_error") and fault.host not in host_owner:
             raise ScenarioError(source, f"{where}.host", f"{fault.kind} needs a job on {fault.host}")
+
+
+def _check_hosts(fault: FaultSpec, where: str, source: str, names: list[str]) -> None:
+    """A multi-host fault names ``hosts`` (known, each once) and neither ``host`` nor ``gpu``."""
+    if fault.host:
+        raise ScenarioError(source, f"{where}.host", f"{fault.kind} names hosts (a list), not host")
+    if not fault.hosts:
+        raise ScenarioError(source, f"{where}.hosts", f"required for kind {fault.kind}")
+    known = set(names)
+    seen: set[str] = set()
+    for h, name in enumerate(fault.hosts):
+        if name not in known:
+            raise ScenarioError(
+                source, f"{where}.hosts[{h}]", f"unknown host {name!r} (cluster has {names[0]}..{names[-1]})"
+            )
+        if name in seen:
+            raise ScenarioError(source, f"{where}.hosts[{h}]", f"host {name!r} listed twice")
+        seen.add(name)
 
 
 def _parse_toml(text: str, source: str) -> dict[str, Any]:

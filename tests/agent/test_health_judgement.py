@@ -8,7 +8,7 @@ import sys
 
 from sentinel.agent.health import LocalHealth
 from sentinel.aggregator.detectors.hardware import evaluate_gpu
-from sentinel.aggregator.state import FleetState
+from sentinel.aggregator.state import FleetState, HostView
 from sentinel.components.xid.parse import xid_record
 from sentinel.config.aggregator import DetectConfig
 from sentinel.wire import Batch, Event, GpuInfo, GpuSample, GpuStateChanged, GpuWasReset, Hello, XidOccurred
@@ -41,13 +41,19 @@ def _xid(t: float, gpu: int, code: int) -> XidOccurred:
     return XidOccurred(t=t, gpu=gpu, text=text, record=xid_record(code, text))
 
 
-def test_the_agent_and_the_aggregator_reach_the_same_findings() -> None:
+def _both(t0: float) -> tuple[DetectConfig, FleetState, HostView, LocalHealth]:
+    """The aggregator's fleet state and the agent's health, both greeted by the host at ``t0``."""
     detect = DetectConfig()
     fleet = FleetState(xid_config=detect.xid)
     health = LocalHealth(HOST, detect)
-    t0 = 1_000.0
     view = fleet.hello(_hello(), t0)
     health.hello(_hello(), t0)
+    return detect, fleet, view, health
+
+
+def test_the_agent_and_the_aggregator_reach_the_same_findings() -> None:
+    t0 = 1_000.0
+    detect, fleet, view, health = _both(t0)
     script: list[tuple[float, list[Event], frozenset[int]]] = [
         (t0 + 1, [], frozenset()),
         # GPU 1 falls off the bus with its Xid; GPU 2 has an uncorrectable ECC Xid; GPU 3 is lost, no cause
@@ -73,6 +79,23 @@ def test_the_agent_and_the_aggregator_reach_the_same_findings() -> None:
     assert {g for g, *_ in seen[2]} >= {1, 2}
     assert 3 in {g for g, *_ in seen[3]}  # the lost GPU named once its wait ran out
     assert 1 not in {g for g, *_ in seen[4]} and 2 in {g for g, *_ in seen[4]}
+
+
+def test_a_storm_of_echoes_fails_only_its_origin_here_as_at_the_aggregator() -> None:
+    """One GPU's uncontained error (Xid 95) echoed by the host's other GPUs within a second: the node's
+    health check names the origin only, so Slurm's health program does not fail the node for every GPU."""
+    t0 = 1_000.0
+    detect, fleet, view, health = _both(t0)
+    events: list[Event] = [_xid(t0 + 1 + gpu / 10, gpu, 95) for gpu in range(GPUS)]
+    fleet.apply(view, _batch(1, t0 + 2, events), t0 + 2)
+    health.apply(_batch(1, t0 + 2, events), t0 + 2)
+    agent = {(r.gpu, r.kind, r.reason) for r in health.reasons(t0 + 2)}
+    aggregator = {
+        (f.gpu, f.kind, f.reason)
+        for gpu in view.gpus
+        for f in evaluate_gpu(gpu, detect.hardware, t0 + 2, detect.ecc, reported_until=gpu.t)
+    }
+    assert agent == aggregator == {(0, "faulty", "xid_95")}
 
 
 def test_the_agents_health_does_not_load_the_aggregator() -> None:

@@ -30,6 +30,7 @@ EXPECTED: dict[str, tuple[frozenset[str], float]] = {
     "nccl_net_error": (frozenset({"stuck"}), HANG_S),
     "host_down": (frozenset({"host_silent"}), SILENT_S),
     "sxid_fatal": (frozenset({"faulty"}), HARDWARE_S),
+    "xid_recurring": (frozenset({"faulty"}), HARDWARE_S),
 }
 
 
@@ -37,6 +38,8 @@ def expected(fault: FaultSpec) -> tuple[frozenset[str], float] | None:
     """What must name ``fault`` and how soon; None when nothing may (an application Xid)."""
     if fault.kind == "xid":
         return None if fault.xid in APPLICATION_CODES else (frozenset({"faulty"}), HARDWARE_S)
+    if fault.kind == "xid_storm":
+        return None  # a storm is one informational verdict on its origin, never a GPU's fault
     return EXPECTED[fault.kind]
 
 
@@ -53,6 +56,9 @@ def explained(verdict: dict[str, Any], faults: list[FaultSpec]) -> bool:
     stuck verdict on the GPU of a fault that kills the process (Xid 79) is the same fault seen by the job.
     """
     for fault in faults:
+        storm = fault.kind == "xid_storm" and verdict["reason"] == "xid_storm" and verdict["action"] == "none"
+        if storm and verdict["host"] in (fault.hosts or []):
+            return True
         if expected(fault) is None or verdict["host"] != fault.host:
             continue
         if fault.gpu is None and verdict["gpu"] is None:

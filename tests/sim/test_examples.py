@@ -48,6 +48,10 @@ EXPECTED: dict[str, tuple[frozenset[str], float] | None] = {
     "link_slow": (frozenset({"degraded"}), LINK_SLOW_S),
     "nic_lost": (frozenset({"faulty", "stuck"}), NETWORK_S),
     "sxid_fatal": (frozenset({"faulty"}), HARDWARE_S),
+    # found when it occurs, like an Xid; its escalation to rma is test_recurring_xid_escalates_to_rma
+    "xid_recurring": (frozenset({"faulty"}), HARDWARE_S),
+    # no GPU of a storm may be named: its one storm verdict is test_xid_storm_is_one_verdict_naming_its_origin
+    "xid_storm": None,
 }
 
 
@@ -55,6 +59,16 @@ def expected(fault: FaultSpec) -> tuple[frozenset[str], float] | None:
     if fault.kind == "xid":
         return None if fault.xid in APPLICATION_XIDS else (frozenset({"faulty"}), HARDWARE_S)
     return EXPECTED[fault.kind]
+
+
+def storm_verdict(verdict: dict[str, Any], faults: list[FaultSpec]) -> bool:
+    """The one informational verdict a storm may have: reason xid_storm, action none, on one of its hosts."""
+    return (
+        verdict["reason"] == "xid_storm"
+        and verdict["kind"] == "degraded"
+        and verdict["action"] == "none"
+        and any(f.kind == "xid_storm" and verdict["host"] in (f.hosts or []) for f in faults)
+    )
 
 
 @cache
@@ -107,9 +121,11 @@ def test_no_verdict_blames_a_healthy_gpu_or_a_waiting_peer(path: Path) -> None:
     """Every verdict names a faulted host (and for GPU faults that GPU); stuck ones name the culprit rank."""
     scenario = load_scenario(path)
     faulted_gpus = {(f.host, f.gpu) for f in scenario.faults if f.gpu is not None and expected(f) is not None}
-    faulted_hosts = {f.host for f in scenario.faults if f.gpu is None}
+    faulted_hosts = {f.host for f in scenario.faults if f.gpu is None and f.kind != "xid_storm"}
     for verdict in report(path)["verdicts"]:
         where = (verdict["host"], verdict["gpu"])
+        if storm_verdict(verdict, scenario.faults):
+            continue
         if verdict["gpu"] is None:
             assert verdict["host"] in faulted_hosts, f"{path.stem}: unexpected verdict {verdict}"
         else:
@@ -122,8 +138,10 @@ def test_no_verdict_blames_a_healthy_gpu_or_a_waiting_peer(path: Path) -> None:
 def test_application_xids_never_make_a_gpu_faulty(path: Path) -> None:
     scenario = load_scenario(path)
     app_gpus = {(f.host, f.gpu) for f in scenario.faults if f.kind == "xid" and f.xid in APPLICATION_XIDS}
+    app_hosts = {h for f in scenario.faults if f.kind == "xid_storm" for h in f.hosts or []}
     for verdict in report(path)["verdicts"]:
         assert (verdict["host"], verdict["gpu"]) not in app_gpus or verdict["kind"] != "faulty"
+        assert verdict["host"] not in app_hosts or verdict["kind"] != "faulty", verdict
 
 
 @pytest.mark.parametrize("path", FAULT_SCENARIOS, ids=lambda p: p.stem)
@@ -132,6 +150,40 @@ def test_every_verdict_reason_is_a_code_the_wire_accepts(path: Path) -> None:
     agent (``HostVerdict.reason``), and would split alert labels; every detector must speak codes."""
     for verdict in report(path)["verdicts"]:
         assert msgspec.convert(verdict["reason"], ReasonCode) == verdict["reason"]
+
+
+def test_xid_storm_is_one_verdict_naming_its_origin() -> None:
+    """A teardown's Xid 45 on all 32 GPUs of four hosts: one informational verdict naming the first GPU, with
+    the storm's count; no GPU faulty, nothing a drain would act on."""
+    result = run_scenario(load_scenario(SCENARIOS / "xid_storm.toml"))
+    data = result.report()
+    hosts = ["host-000", "host-001", "host-002", "host-003"]
+    assert data["faults"] == [{"at_s": 60.0, "gpu": None, "kind": "xid_storm", "hosts": hosts, "xid": 45}]
+    opened = data["verdicts"]
+    assert [(v["kind"], v["host"], v["gpu"], v["reason"], v["action"]) for v in opened] == [
+        ("degraded", "host-000", 0, "xid_storm", "none")
+    ]
+    assert 60.0 <= opened[0]["t_s"] <= 60.0 + HARDWARE_S
+    assert result.engine is not None
+    (storm,) = [v for v in result.engine.verdicts() if v.reason == "xid_storm"]
+    assert "from 32 GPUs on 4 hosts" in storm.evidence[0] and "Xid 45 x32" in storm.evidence[0]
+    assert storm.evidence[1].startswith("origin: host-000 GPU 0, Xid 45")
+
+
+def test_recurring_xid_escalates_to_rma() -> None:
+    """Xid 48, a reset, Xid 48 again 30 s later: rma, the earlier occurrence and the reset as evidence."""
+    scenario = load_scenario(SCENARIOS / "xid_recurring.toml")
+    (fault,) = scenario.faults
+    assert fault.every_s is not None
+    verdicts = [v for v in report(SCENARIOS / "xid_recurring.toml")["verdicts"] if names(v, fault)]
+    assert [(v["reason"], v["action"]) for v in verdicts] == [
+        ("xid_48", "reset_gpu"),
+        ("xid_48_recurring", "rma"),
+    ]
+    again = verdicts[1]
+    assert 0 <= again["t_s"] - (fault.at_s + fault.every_s) <= HARDWARE_S
+    history = again["evidence"][-1]
+    assert "came back after 1 GPU reset" in history and f"Xid 48 at t+{fault.at_s:.1f}s" in history
 
 
 def test_stuck_rank_is_the_culprit_with_rank_and_job() -> None:

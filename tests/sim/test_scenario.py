@@ -97,6 +97,48 @@ BAD = [
         "already runs",
     ),
     ('seed = "seven"\n', "seed", "expected int"),
+    (
+        '[[faults]]\nat_s = 1.0\nhost = "host-001"\nhosts = ["host-001"]\nkind = "xid_storm"\nxid = 45\n',
+        "faults[0].host",
+        "names hosts",
+    ),
+    ('[[faults]]\nat_s = 1.0\nkind = "xid_storm"\nxid = 45\n', "faults[0].hosts", "required"),
+    (
+        '[[faults]]\nat_s = 1.0\nhosts = ["host-001", "host-077"]\nkind = "xid_storm"\nxid = 45\n',
+        "faults[0].hosts[1]",
+        "unknown host",
+    ),
+    (
+        '[[faults]]\nat_s = 1.0\nhosts = ["host-001", "host-001"]\nkind = "xid_storm"\nxid = 45\n',
+        "faults[0].hosts[1]",
+        "twice",
+    ),
+    (
+        '[[faults]]\nat_s = 1.0\nhosts = ["host-001"]\ngpu = 0\nkind = "xid_storm"\nxid = 45\n',
+        "faults[0].gpu",
+        "omit gpu",
+    ),
+    ('[[faults]]\nat_s = 1.0\nhosts = ["host-001"]\nkind = "xid_storm"\n', "faults[0].xid", "required"),
+    (
+        '[[faults]]\nat_s = 1.0\nhosts = ["host-001"]\ngpu = 0\nkind = "gpu_lost"\n',
+        "faults[0].hosts",
+        "use host",
+    ),
+    (
+        '[[faults]]\nat_s = 1.0\nhost = "host-001"\ngpu = 0\nkind = "xid_recurring"\nxid = 48\n',
+        "faults[0].every_s",
+        "required",
+    ),
+    (
+        '[[faults]]\nat_s = 1.0\nhost = "host-001"\ngpu = 0\nkind = "xid_recurring"\nxid = 48\nevery_s = 1.0\n',
+        "faults[0].every_s",
+        ">= 5",
+    ),
+    (
+        '[[faults]]\nat_s = 1.0\nhost = "host-001"\ngpu = 0\nkind = "xid"\nxid = 48\nevery_s = 10.0\n',
+        "faults[0].every_s",
+        "not a parameter",
+    ),
 ]
 
 
@@ -174,10 +216,22 @@ _fault = st.fixed_dictionaries(
         "at_s": st.floats(allow_nan=True, allow_infinity=True),
         "host": st.sampled_from(["host-000", "host-003", "host-999", "", "h"]),
         "kind": st.sampled_from(
-            ["xid", "gpu_lost", "hang", "host_down", "straggler", "nvlink_errors", "zap"]
+            [
+                "xid",
+                "gpu_lost",
+                "hang",
+                "host_down",
+                "straggler",
+                "nvlink_errors",
+                "zap",
+                "xid_storm",
+                "xid_recurring",
+            ]
         ),
     },
     optional={
+        "hosts": st.lists(st.sampled_from(["host-000", "host-003", "host-999", "", 7]), max_size=4),
+        "every_s": st.floats(allow_nan=True),
         "gpu": st.integers(min_value=-2, max_value=20),
         "xid": st.integers(min_value=-5, max_value=70000),
         "slowdown": st.floats(allow_nan=True),

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import collections
 import threading
+from dataclasses import replace
 
 from sentinel.agent.collectors.base import AgentSink
 from sentinel.agent.source import GpuSource, XidEvent
 from sentinel.components.collector import Collector
 from sentinel.components.xid.merge import XidMerger, XidReport
-from sentinel.components.xid.parse import xid_record
+from sentinel.components.xid.parse import XidRecord, xid_record
 from sentinel.log import get_logger
 from sentinel.wire import MAX_TEXT_CHARS, XidOccurred
 
@@ -102,20 +103,36 @@ class XidCollector(Collector):
 def record_xid(sink: AgentSink, merger: XidMerger, report: XidReport, now: float) -> None:
     """Offer one Xid report (NVML or kernel log) to the merger; emit whatever became ready."""
     for ready in merger.offer(report, now):
-        emit_xid(sink, ready)
+        emit_xid(sink, merger, ready)
 
 
 def flush_xids(sink: AgentSink, merger: XidMerger, now: float) -> None:
-    """Emit the reports whose wait for their twin is over (called once per tick)."""
+    """Emit the reports whose wait for their twin is over, and the repeats of floods whose window ended
+    (called once per tick)."""
     for ready in merger.due(now):
-        emit_xid(sink, ready)
+        emit_xid(sink, merger, ready)
+    for last, repeats in merger.flood.due(now):
+        send_xid(sink, replace(last, count=repeats))
 
 
-def emit_xid(sink: AgentSink, report: XidReport) -> None:
-    """One Xid event carrying its classified record: the kernel line's parse, else the catalog's entry."""
+def emit_xid(sink: AgentSink, merger: XidMerger, report: XidReport) -> None:
+    """One Xid occurrence: sent at once, unless it repeats a line of its GPU within the flood window, where
+    it is counted into the flood's next event."""
     text = report.text or f"NVML Xid {report.xid} on GPU {report.gpu}"
     record = xid_record(report.xid, text if report.from_kernel else "", report.pci_bus or None)
     sink.counters.xid[(report.gpu, report.xid, record.severity)] += 1
+    send, pushed = merger.flood.offer((report.gpu, report.xid, record.pid, record.message), report, report.t)
+    for last, repeats in pushed:
+        send_xid(sink, replace(last, count=repeats))
+    if send:
+        send_xid(sink, report, record)
+
+
+def send_xid(sink: AgentSink, report: XidReport, record: XidRecord | None = None) -> None:
+    """One Xid event carrying its classified record: the kernel line's parse, else the catalog's entry."""
+    text = report.text or f"NVML Xid {report.xid} on GPU {report.gpu}"
+    if record is None:
+        record = xid_record(report.xid, text if report.from_kernel else "", report.pci_bus or None)
     sink.add_event(
         XidOccurred(
             t=report.t,
@@ -125,5 +142,6 @@ def emit_xid(sink: AgentSink, report: XidReport) -> None:
             text=text[:MAX_TEXT_CHARS],
             record=record,
             merged=report.merged,
+            count=report.count,
         )
     )

@@ -38,6 +38,7 @@ from sentinel.components.hardware import judge_gpu, judge_settings
 from sentinel.components.signal import JudgeSettings
 from sentinel.components.vocab import verdict_kind
 from sentinel.components.xid.rule import XidPolicyConfig
+from sentinel.components.xid.storm import STORM_REASON, Burst
 from sentinel.config.aggregator import AggregatorConfig, HardwareConfig
 
 DETECTOR = "hardware"
@@ -63,6 +64,8 @@ class HardwareDetector(Detector):
         self.losses: dict[DomainKey, dict[tuple[str, int], Loss]] = {}
         #: domains found down at their latest evaluation
         self.down: set[DomainKey] = set()
+        #: keys of the storm verdicts found last time (a storm that is over closes its verdict)
+        self.storm_keys: set[Key] = set()
 
     def switched_on(self) -> None:
         self.recheck_all = True  # changes made while it was off were drained unseen
@@ -80,9 +83,16 @@ class HardwareDetector(Detector):
                     known = seen.fleet.gpu(host, index)
                     if known is not None:
                         gpus[(host, index)] = known
-        if not gpus and not self.down:  # (a down domain is looked at again: its hosts may be gone)
-            return None
+        findings: list[Finding] = []
         keys: set[Key] = set()
+        if seen.tick:
+            storms = storm_findings(seen.fleet.xid_storms.storms(seen.now), seen.fleet.xid_storms.window_s)
+            keys |= self.storm_keys
+            self.storm_keys = {f.key for f in storms}
+            keys |= self.storm_keys
+            findings.extend(storms)
+        if not gpus and not self.down:  # (a down domain is looked at again: its hosts may be gone)
+            return Evaluation(findings, scope=keys.__contains__) if keys else None
         detect = self.config.detect
         settings = judge_settings(detect.hardware, detect.ecc, detect.xid)
         per_gpu = {where: self._judge(seen, where, gpu, settings, keys) for where, gpu in gpus.items()}
@@ -95,7 +105,6 @@ class HardwareDetector(Detector):
                 gpu = seen.fleet.gpu(*where)
                 if where not in per_gpu and gpu is not None:
                     per_gpu[where] = self._judge(seen, where, gpu, settings, keys)
-        findings: list[Finding] = []
         for where, found in per_gpu.items():
             folded = self.domain.get(where) in self.down
             findings.extend(f for f in found if not folded or f.reason not in DOMAIN_REASONS)
@@ -195,7 +204,27 @@ class HardwareDetector(Detector):
         return {
             "flagged": sorted([h, i] for h, i in self.flagged),
             "held": sorted([h, i] for h, i in self.held),
+            "storms": sorted(list(key) for key in self.storm_keys),
         }
+
+
+def storm_findings(storms: list[Burst], window_s: float) -> list[Finding]:
+    """One informational verdict per Xid storm, naming its origin GPU: never a drain (action none)."""
+    return [
+        Finding(
+            key=("xid_storm", storm.scope),
+            detector=DETECTOR,
+            kind="degraded",
+            reason=STORM_REASON,
+            action="none",
+            evidence=tuple(storm.evidence(window_s)),
+            evidence_t=storm.first_t,
+            host=storm.origin.host,
+            gpu=storm.origin.gpu,
+            job=storm.job,
+        )
+        for storm in storms
+    ]
 
 
 def gpu_key(host: str, gpu: int) -> tuple[str, ...]:

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
+from sentinel.components.xid.flood import XidFlood
+
 Source = str  # "nvml" or a kernel-log source ("kmsg")
 
 
@@ -30,6 +32,8 @@ class XidReport:
     pci_bus: str = ""
     #: both sources reported it (set on the merged event)
     merged: bool = False
+    #: occurrences it stands for (a flood's repeats, counted by :class:`~sentinel.components.xid.flood.XidFlood`)
+    count: int = 1
 
     @property
     def from_kernel(self) -> bool:
@@ -38,8 +42,16 @@ class XidReport:
 
 class XidMerger:
     def __init__(
-        self, *, wait_s: float = 2.0, window_s: float = 10.0, max_pending: int = 1024, max_recent: int = 4096
+        self,
+        *,
+        wait_s: float = 2.0,
+        window_s: float = 10.0,
+        max_pending: int = 1024,
+        max_recent: int = 4096,
+        flood_window_s: float = 10.0,
     ) -> None:
+        #: what the merged reports go through next: a flood of one Xid becomes one report per window
+        self.flood: XidFlood[XidReport] = XidFlood(window_s=flood_window_s)
         self.wait_s = wait_s
         self.window_s = max(window_s, wait_s)
         self.max_pending = max_pending

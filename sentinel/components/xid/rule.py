@@ -8,7 +8,12 @@
   reach suspect this way, never faulty.
 * The state only goes up. It clears when a GPU reset or a reboot is observed (the agent sees the driver
   reload or NVML's reset), never because time passed: a GPU that fell off the bus an hour ago is no
-  healthier now.
+  healthier now. The one exception is a paired code: Xid 162 (power smoothing re-engaged) closes the
+  warning its Xid 163 (disengaged) opened.
+* A fatal code that comes back on the same GPU after a reset, within ``recurrence_window_s``, is the GPU's
+  own: the reset did not cure it -> **faulty** with action ``rma`` and the history (occurrences, resets) as
+  evidence (NVIDIA: investigate, RMA). The history survives the reset that clears the latch.
+* A storm's echo (:mod:`~sentinel.components.xid.storm`) is counted and noted, never judged.
 
 Time is always passed in (seconds, any epoch), so the agent, the aggregator and the simulator with its
 virtual clock share the same code.
@@ -28,6 +33,12 @@ from sentinel.components.xid.parse import XidRecord
 
 _STATE_RANK: Final[dict[str, int]] = {"ok": 0, "suspect": 1, "faulty": 2}
 _MAX_EVIDENCE: Final = 16
+#: occurrences and resets a GPU's recurrence history keeps
+_MAX_HISTORY: Final = 16
+#: codes counted per GPU at most (a flood of made-up codes cannot grow the map)
+_MAX_CODES: Final = 64
+#: codes that open a warning until their pair clears it (163, cleared by 162)
+OPENS_UNTIL_CLEARED: Final = frozenset(CLEARED_BY.values())
 UNKNOWN_GPU: Final = "unknown"
 
 
@@ -97,6 +108,35 @@ class XidPolicyConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         int,
         msgspec.Meta(ge=8, description="Recent events kept per GPU for repeat counting (bounds memory)."),
     ] = 1024
+    recurrence_window_s: Annotated[
+        float,
+        msgspec.Meta(
+            ge=0,
+            description="A fatal Xid that comes back on the same GPU after a GPU reset, within this many "
+            "seconds of its earlier occurrence, escalates to rma with the history as evidence (NVIDIA: "
+            "investigate, RMA): the reset did not cure it. Seven days: a board that fails the same way again "
+            "within a week of its reset is not cured by resets. 0: never.",
+        ),
+    ] = 7 * 86400.0
+    storm_window_s: Annotated[
+        float,
+        msgspec.Meta(
+            gt=0,
+            le=600,
+            description="Xid reports of one job (else one host) closer than this to each other are one burst: "
+            "its origin (the first non-sympathetic error) is judged, the application and sympathetic reports "
+            "on its other GPUs are the origin's echoes and are not. Ten seconds: a job's teardown reaches "
+            "every GPU within a few.",
+        ),
+    ] = 10.0
+    storm_min_gpus: Annotated[
+        int,
+        msgspec.Meta(
+            ge=2,
+            description="GPUs a burst must reach to be a storm: one informational verdict and one incident "
+            "naming its origin and counting its GPUs and hosts.",
+        ),
+    ] = 4
 
 
 class XidDecision(msgspec.Struct, frozen=True, kw_only=True):
@@ -128,7 +168,10 @@ class XidGpuMemory(msgspec.Struct, frozen=True, kw_only=True):
 
 class XidMemory(msgspec.Struct, kw_only=True):
     """One GPU's Xid state machine: the latch (state, reason, action, since, evidence), the repeat history
-    (``events``: time, code, pid) and the codes seen since the last reset (code → first time)."""
+    (``events``: time, code, pid), the codes seen since the last reset (code → first time) and how often
+    (``counts``, a flood's repeats included), the storm echoes seen (``sympathetic``), and what a reset does
+    not clear: the fatal occurrences (``history``: time, code) and the resets (``resets``) within the
+    recurrence window."""
 
     state: GpuHealth = "ok"
     reason: str = "ok"
@@ -137,6 +180,41 @@ class XidMemory(msgspec.Struct, kw_only=True):
     evidence: list[str] = []
     events: list[tuple[float, int, int | None]] = []
     codes: dict[int, float] = {}
+    counts: dict[int, int] = {}
+    sympathetic: int = 0
+    history: list[tuple[float, int]] = []
+    resets: list[float] = []
+
+
+def count_xid(gpu: XidMemory, code: int, t: float, count: int = 1) -> None:
+    """Note ``count`` occurrences of ``code`` (bounded: at most ``_MAX_CODES`` codes per GPU)."""
+    if code in gpu.counts or len(gpu.counts) < _MAX_CODES:
+        gpu.codes.setdefault(code, t)
+        gpu.counts[code] = gpu.counts.get(code, 0) + count
+
+
+def observe_sympathetic(gpu: XidMemory, record: XidRecord, now: float, origin: str, count: int = 1) -> None:
+    """A storm's echo on this GPU: counted and noted once, never judged (it is ``origin``'s error)."""
+    count_xid(gpu, record.xid, now, count)
+    gpu.sympathetic += count
+    if gpu.sympathetic == count and len(gpu.evidence) < _MAX_EVIDENCE:
+        gpu.evidence.append(f"{evidence_time(now)} Xid {record.xid}: an echo of {origin}, not judged here")
+
+
+def reset_memory(gpu: XidMemory, t: float) -> XidMemory:
+    """The memory after a GPU reset at ``t``: the latch cleared — unless the GPU already went to rma for a
+    recurring Xid, which no reset cures —, the recurrence history kept (the latest ``_MAX_HISTORY``
+    occurrences and resets; the window applies when a code comes back)."""
+    if gpu.state == "faulty" and gpu.action == "rma" and gpu.reason.endswith("_recurring"):
+        return gpu
+    if not gpu.history:
+        return XidMemory(reason="gpu_reset_observed", since=t)
+    resets = gpu.resets[-_MAX_HISTORY:]
+    if not resets or t - resets[-1] >= 1.0:  # one reset seen twice (NVML's answer and the reinit) is one
+        resets = [*resets[-(_MAX_HISTORY - 1) :], t]
+    return XidMemory(
+        reason="gpu_reset_observed", since=t, history=list(gpu.history[-_MAX_HISTORY:]), resets=resets
+    )
 
 
 def observe_xid(gpu: XidMemory, record: XidRecord, now: float, cfg: XidPolicyConfig) -> bool:
@@ -147,13 +225,32 @@ def observe_xid(gpu: XidMemory, record: XidRecord, now: float, cfg: XidPolicyCon
     line = f"{evidence_time(now)} Xid {code}" + (f" pid={record.pid}" if record.pid is not None else "")
     line += f" ({record.process})" if record.process else ""
     if code in CLEARED_BY:
-        # the condition an earlier code reported is over (Xid 162 after 163): it no longer repeats
+        # the condition an earlier code reported is over (Xid 162 after 163): it no longer repeats, and the
+        # warning it opened closes
         gone = CLEARED_BY[code]
         gpu.events[:] = [event for event in gpu.events if event[1] != gone]
+        if gpu.reason == f"xid_{gone}" and gpu.state == "suspect":
+            gpu.state, gpu.reason, gpu.action, gpu.since = "ok", "ok", "none", now
+            if len(gpu.evidence) < _MAX_EVIDENCE:
+                gpu.evidence.append(f"{line}: clears Xid {gone}")
+            return False
     nvidia = resolve(code, record.message, other_codes=frozenset(event[1] for event in gpu.events))
     line += f" [{nvidia.evidence()}]"
     fatal = record.fatal or (code in cfg.extra_faulty_codes and code not in APPLICATION_CODES)
     if fatal:
+        recurred = _recurrence(gpu, code, now, cfg.recurrence_window_s)
+        if len(gpu.history) >= _MAX_HISTORY:
+            del gpu.history[0]
+        gpu.history.append((now, code))
+        if recurred:
+            return _raise(
+                gpu,
+                state="faulty",
+                reason=f"xid_{code}_recurring",
+                action="rma",
+                note=f"{line}: {record.message}; {recurred}",
+                now=now,
+            )
         return _raise(
             gpu,
             state="faulty",
@@ -162,10 +259,14 @@ def observe_xid(gpu: XidMemory, record: XidRecord, now: float, cfg: XidPolicyCon
             note=f"{line}: {record.message}",
             now=now,
         )
+    if code in OPENS_UNTIL_CLEARED:
+        return _raise(gpu, state="suspect", reason=f"xid_{code}", action=record.action, note=line, now=now)
     if record.previous_xid is not None and not cfg.count_secondary:
         return False
     _prune(gpu, now, cfg.repeat_window_s)
     for when, seen_code, pid in reversed(gpu.events):
+        if now - when >= cfg.dedupe_window_s:
+            break  # events are kept in time order: nothing older is within the dedupe window
         if seen_code == code and pid == record.pid and abs(now - when) < cfg.dedupe_window_s:
             return False
     gpu.events.append((now, code, record.pid))
@@ -180,6 +281,23 @@ def observe_xid(gpu: XidMemory, record: XidRecord, now: float, cfg: XidPolicyCon
             gpu, state="suspect", reason=f"xid_{code}_repeated", action="reset_gpu", note=note, now=now
         )
     return False
+
+
+def _recurrence(gpu: XidMemory, code: int, now: float, window_s: float) -> str:
+    """The history that makes this occurrence of ``code`` a recurrence ("" when it is not): an earlier one
+    on this GPU within ``window_s``, and a reset of the GPU between the two."""
+    earlier = [when for when, seen in gpu.history if seen == code and now - when <= window_s]
+    if not earlier:
+        return ""
+    resets = [when for when in gpu.resets if earlier[0] < when <= now]
+    if not resets:
+        return ""
+    times = ", ".join(evidence_time(when) for when in earlier)
+    reset_times = ", ".join(evidence_time(when) for when in resets)
+    return (
+        f"Xid {code} came back after {len(resets)} GPU reset{'s' if len(resets) > 1 else ''} "
+        f"(Xid {code} at {times}; reset at {reset_times}): the reset does not cure it, NVIDIA: investigate, RMA"
+    )
 
 
 def _prune(gpu: XidMemory, now: float, window_s: float) -> None:
@@ -238,7 +356,7 @@ class XidPolicy:
         """A reset of this GPU was observed: its history no longer applies."""
         gpu = self._gpu(pci_bus)
         changed = gpu.state != "ok"
-        self._gpus[pci_bus] = XidMemory(reason="gpu_reset_observed", since=now)
+        self._gpus[pci_bus] = reset_memory(gpu, now)
         return decision(pci_bus, self._gpus[pci_bus], changed=changed)
 
     def observe_reboot(self, now: float) -> list[XidDecision]:
@@ -246,7 +364,7 @@ class XidPolicy:
         decisions = []
         for key, gpu in list(self._gpus.items()):
             changed = gpu.state != "ok"
-            self._gpus[key] = XidMemory(reason="reboot_observed", since=now)
+            self._gpus[key] = msgspec.structs.replace(reset_memory(gpu, now), reason="reboot_observed")
             decisions.append(decision(key, self._gpus[key], changed=changed))
         return decisions
 

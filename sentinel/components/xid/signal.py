@@ -9,7 +9,7 @@ from sentinel.components.vocab import Finding, Severity, worse_action
 from sentinel.components.xid import metrics
 from sentinel.components.xid.catalog import GPU_LOST_CODES, xid_info
 from sentinel.components.xid.parse import parse_xid
-from sentinel.components.xid.rule import XidMemory, observe_xid
+from sentinel.components.xid.rule import XidMemory, count_xid, observe_xid, reset_memory
 from sentinel.wire import Event, XidOccurred
 
 #: the kernel's announcements of what the row-remap counters say precisely: the rowremap signal's finding
@@ -24,12 +24,12 @@ def on_event(
         return None
     gpu = memory if memory is not None else XidMemory()
     observe_xid(gpu, event.record, event.t, settings.xid)
-    gpu.codes.setdefault(event.record.xid, event.t)
+    count_xid(gpu, event.record.xid, event.t, event.count)
     return gpu, True
 
 
 def on_reset(memory: XidMemory, t: float) -> XidMemory:
-    return XidMemory(reason="gpu_reset_observed", since=t)
+    return reset_memory(memory, t)
 
 
 def rule_meaning(reason: str) -> str:
@@ -54,7 +54,10 @@ def judge(gpu: GpuFacts, memory: XidMemory | None, settings: JudgeSettings, now:
     reading = remap.cur if remap is not None else None
     if reading is not None and (reading.pending or reading.failure) and memory.reason in REMAP_REASONS:
         return []
-    codes = ", ".join(f"Xid {code}" for code in sorted(memory.codes))
+    codes = ", ".join(
+        f"Xid {code}" + (f" x{memory.counts[code]}" if memory.counts.get(code, 1) > 1 else "")
+        for code in sorted(memory.codes)
+    )
     evidence = [f"{memory.reason} ({rule_meaning(memory.reason)}); seen since the last reset: {codes}"]
     evidence += memory.evidence[-3:]
     action = memory.action

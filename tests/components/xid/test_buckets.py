@@ -220,14 +220,20 @@ def test_the_policy_puts_nvidias_bucket_in_the_evidence_and_162_clears_163() -> 
     disengaged = parse_xid("NVRM: Xid (PCI:0000:5e:00): 163, Power Smoothing disengaged")
     reengaged = parse_xid("NVRM: Xid (PCI:0000:5e:00): 162, Power Smoothing re-engaged")
     assert disengaged is not None and reengaged is not None
-    cleared.observe(disengaged, 1.0)
+    opened = cleared.observe(disengaged, 1.0)  # a warning of its own, nothing to act on
+    assert (opened.state, opened.reason, opened.action, opened.changed) == (
+        "suspect",
+        "xid_163",
+        "none",
+        True,
+    )
     cleared.observe(disengaged, 10.0)
-    cleared.observe(reengaged, 20.0)
-    assert cleared.observe(disengaged, 30.0).state == "ok"  # the earlier two no longer count
-    unpaired = XidPolicy()
-    for t in (1.0, 10.0, 30.0):
-        last = unpaired.observe(disengaged, t)
-    assert last.state == "suspect"
+    closed = cleared.observe(reengaged, 20.0)  # the pair resolves: the warning closes
+    assert (closed.state, closed.reason) == ("ok", "ok")
+    assert "Xid 162" in closed.evidence[-1] and "clears Xid 163" in closed.evidence[-1]
+    assert cleared.observe(disengaged, 30.0).reason == "xid_163"  # disengaged again: a new warning
+    alone = XidPolicy().observe(reengaged, 5.0)  # re-engaged with nothing open: nothing to say
+    assert alone.state == "ok" and not alone.changed
 
 
 def test_the_docs_table_is_generated_from_the_bucket_table() -> None:

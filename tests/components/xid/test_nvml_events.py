@@ -62,3 +62,32 @@ async def test_nvml_and_kernel_reports_of_one_xid_become_one_event_with_the_line
     assert (event.gpu, event.record.xid, event.severity, event.t) == (0, 149, "warning", nvml_t)
     assert event.record.pid == 4242 and event.merged is True and "Nonfatal" in event.text
     await agent.shutdown()
+
+
+async def test_a_flood_of_one_xid_line_is_one_event_per_window_with_its_count(
+    fake_nvml: FakeNvml, tmp_path: Path
+) -> None:
+    """5,000 copies of one Xid 95 line: the first is sent at once, the rest as one event counting them."""
+    kmsg = tmp_path / "kmsg"
+    line = "NVRM: Xid (PCI:0000:18:00): 95, pid=4242, name=python3, Uncontained memory error\n"
+    kmsg.write_text("")
+    config = make_config(
+        tmp_path,
+        kmsg={"enabled": True, "path": str(kmsg)},
+        collect={"xid_merge_wait_s": 0.0, "xid_flood_window_s": 10.0, "nvml_events": False},
+    )
+    agent = Agent(config, NvmlSource())
+    await agent.step(1.0)
+    with kmsg.open("a") as f:
+        f.write(line * 5000)
+    events: list[XidOccurred] = []
+    for now in (2.0, 3.0, 4.0, 13.0, 14.0, 30.0):
+        batch = await agent.step(now)
+        events += [e for e in batch.events if isinstance(e, XidOccurred)]
+    assert [(e.gpu, e.record.xid, e.count) for e in events] == [(0, 95, 1), (0, 95, 4999)]
+    assert events[1].record.pid == 4242
+    with kmsg.open("a") as f:  # the same line after the flood ended: sent at once again
+        f.write(line)
+    batch = await agent.step(31.0)
+    assert [e.count for e in batch.events if isinstance(e, XidOccurred)] == [1]
+    await agent.shutdown()
