@@ -6,7 +6,7 @@ read and skips every other key while it parses, building no objects for it. The 
 plain dicts of the keys that were present. Their values are the ones :func:`json.loads` gives (the
 fields are untyped), so the reduction sees the same dicts without the keys it ignores. Nesting, size and
 syntax stay as bounded as in a full decode: the skipped values are parsed too, and msgspec refuses what
-nests too deeply. Only imported where msgspec already is (see :func:`sentinel.fr.recent._json_loads`).
+nests too deeply. Only imported where msgspec already is (see :func:`sentinel.fr.recent_json._json_loads`).
 """
 
 from __future__ import annotations

@@ -35,9 +35,9 @@ from sentinel.fr.recent import (
     Recent,
     continues_skipped,
     decode_recent,
-    decode_recent_json,
     newest_of_decoded,
 )
+from sentinel.fr.recent_json import decode_recent_json
 from sentinel.fr.records import TYPE_CHECKING, NamedTuple
 from sentinel.fr.safepickle import PICKLE_PROTO, loads_plain
 

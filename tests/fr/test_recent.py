@@ -23,7 +23,8 @@ from sentinel.fr.dumpset import analyze_dir, limited_address_space
 from sentinel.fr.errors import FrFormatError
 from sentinel.fr.jsonfields import ENTRY_KEYS
 from sentinel.fr.loader import load_dump
-from sentinel.fr.recent import HEAD, NAMES_HEAD, ByteView, _record_ids, decode_recent, decode_recent_json
+from sentinel.fr.recent import HEAD, NAMES_HEAD, ByteView, _record_ids, decode_recent
+from sentinel.fr.recent_json import decode_recent_json
 from sentinel.fr.safepickle import loads_plain
 from sentinel.fr.summary import summarize
 from tests.fr.synth import entry
@@ -432,7 +433,7 @@ def test_the_newest_json_entries_decode_as_json_does(value: Any, ascii_only: boo
     1, -0.0 is not 0), or refuses and json decodes: NaN, infinities, lone surrogates, duplicate keys."""
     import msgspec  # noqa: F401 (imported: the decoder uses it)
 
-    from sentinel.fr.recent import _json_loads
+    from sentinel.fr.recent_json import _json_loads
 
     text = json.dumps(value, ensure_ascii=ascii_only, sort_keys=True, separators=(",", ":"))
     if dup and text.startswith("{") and text != "{}":
