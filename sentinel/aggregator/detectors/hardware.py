@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from sentinel.aggregator.detectors.base import Detector, Evaluation, Key, Observation
+from sentinel.aggregator.detectors.host_health import host_finding
 from sentinel.aggregator.verdicts import Finding
 from sentinel.components.ecc.rule import EccThresholds
 from sentinel.components.fabric.domain import (
@@ -242,16 +243,7 @@ class HardwareDetector(Detector):
                 )
                 if judged is not None:
                     rule, t = judged
-                    out[host] = Finding(
-                        key=host_fabric_key(host),
-                        detector=DETECTOR,
-                        kind=verdict_kind(rule.state),
-                        reason=rule.reason,
-                        action=rule.action,
-                        evidence=rule.evidence,
-                        evidence_t=t,
-                        host=host,
-                    )
+                    out[host] = host_finding(host_fabric_key(host), host, rule, t, DETECTOR)
         return out
 
     def host_forgotten(self, host: str) -> None:
