@@ -20,8 +20,8 @@ GRACE = 120.0
 class Host:
     """An HGX host whose GPUs report their fabric registration (no NVLink domain)."""
 
-    def __init__(self, engine: Engine, name: str = "h0") -> None:
-        self.engine, self.name, self.seq = engine, name, 0
+    def __init__(self, engine: Engine, name: str = "h0", cluster: str = "") -> None:
+        self.engine, self.name, self.seq, self.cluster = engine, name, 0, cluster
         gpus = [GpuInfo(index=i, uuid=f"GPU-{name}-{i}", pci_bus=f"0000:{i:02x}:00") for i in range(GPUS)]
         self.view: HostView = engine.hello(Hello(host=name, gpus=gpus), 0.0)
         self.report(0.0, "completed")
@@ -33,7 +33,10 @@ class Host:
         gpus: range = range(GPUS),
         manager: FabricManagerStatus | None = None,
     ) -> None:
-        samples = [GpuSample(gpu=i, t=t, fabric=FabricInfo(state=state, clique_id=1)) for i in gpus]
+        samples = [
+            GpuSample(gpu=i, t=t, fabric=FabricInfo(state=state, clique_id=1, cluster_uuid=self.cluster))
+            for i in gpus
+        ]
         self.engine.ingest(self.view, Batch(seq=self.seq, t=t, samples=samples, fabric_manager=manager), t)
         self.seq += 1
         self.engine.tick(t)
@@ -103,3 +106,14 @@ def test_the_rule_needs_every_reporting_gpu_and_the_grace() -> None:
     assert judge_host_fabric(lost, None, cfg, 3.0 + GRACE - 0.5) is None
     assert judge_host_fabric([*lost, fine], None, cfg, 1e6) is None
     assert judge_host_fabric([lost[0], unsupported], None, cfg, 1e6) is None  # one GPU: its own verdict
+
+
+def test_hosts_of_a_domain_found_down_are_the_domain_verdict_not_host_verdicts() -> None:
+    engine = _engine()
+    cluster = "5d0f3c2a-8e4b-4f1a-9c6d-7b2e1a0f9e84"
+    hosts = [Host(engine, f"n{i}", cluster) for i in range(3)]
+    for i, host in enumerate(hosts):
+        host.report(10.0 + i, "not_started")
+    for host in hosts:
+        host.report(20.0 + GRACE, "not_started")
+    assert _open(engine) == [("fabric_domain_down", None, None)]
