@@ -20,7 +20,7 @@ COMMIT_LAG_S: Final = 30
 
 GPU_BY: Final = "cluster, host, gpu, job, rank, reason, action"
 #: verdicts with alerts of their own rather than the GPU ones (ports, links, NVLink domains)
-NOT_GPU: Final = "ib_.*|link_slow|fabric_domain_.*|sxid_.*|fabric_manager_down"
+NOT_GPU: Final = "ib_.*|link_slow|fabric_domain_.*|sxid_.*|fabric_manager_down|fabric_not_completed"
 JOB_BY: Final = "cluster, job, host, gpu, rank, reason, action"
 #: seconds a host's clock may be off before it pages (a rate error is the straggler detector's setting)
 CLOCK_OFFSET_S: Final = 30

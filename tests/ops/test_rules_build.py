@@ -37,6 +37,7 @@ ROUTED_ALERTS = {
     "SentinelRequeueBreakerOpen", "SentinelIncidentDrainSlow", "SentinelIncidentNotResumed",
     "SentinelNvlinkDomainDown", "SentinelNvlinkDomainIncomplete",
     "SentinelFabricManagerDown", "SentinelNvSwitchFatal", "SentinelNvSwitchErrorsRepeating",
+    "SentinelFabricNotCompleted",
     "SentinelIbHcaFailed",
 }  # fmt: skip
 

@@ -14,7 +14,9 @@ reported ``lost_cause_wait_s`` past the loss, so the first verdict opened alread
 An NVLink domain (GB200 NVL72: GPUs sharing a fabric cluster UUID and clique id) is one failure unit: once
 GPUs of ``detect.fabric_domain.min_hosts`` hosts of a domain lose their fabric within ``window_s`` of each
 other, their fabric findings fold into one ``fabric_domain_down`` verdict naming every host of the domain
-(:mod:`sentinel.components.fabric.domain`); what else each GPU shows stays its own verdict.
+(:mod:`sentinel.components.fabric.domain`); what else each GPU shows stays its own verdict. Likewise every
+GPU of one host unregistered for ``detect.fabric.not_completed_after_s`` is one ``fabric_not_completed`` host
+verdict (:func:`sentinel.components.fabric.host.judge_host_fabric`), unless their domain's verdict names it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from sentinel.aggregator.detectors.base import Detector, Evaluation, Key, Observation
+from sentinel.aggregator.detectors.host_health import host_finding
 from sentinel.aggregator.verdicts import Finding
 from sentinel.components.ecc.rule import EccThresholds
 from sentinel.components.fabric.domain import (
@@ -33,6 +36,8 @@ from sentinel.components.fabric.domain import (
     domain_down,
     domain_of,
 )
+from sentinel.components.fabric.host import GpuFabric, judge_host_fabric
+from sentinel.components.fabric.rule import NOT_REGISTERED
 from sentinel.components.gpu_view import GpuView
 from sentinel.components.hardware import judge_gpu, judge_settings
 from sentinel.components.signal import JudgeSettings
@@ -64,6 +69,8 @@ class HardwareDetector(Detector):
         self.losses: dict[DomainKey, dict[tuple[str, int], Loss]] = {}
         #: domains found down at their latest evaluation
         self.down: set[DomainKey] = set()
+        #: hosts whose GPUs' fabric registration is down as a whole at their latest evaluation
+        self.hosts_down: set[str] = set()
         #: keys of the storm verdicts found last time (a storm that is over closes its verdict)
         self.storm_keys: set[Key] = set()
 
@@ -91,7 +98,9 @@ class HardwareDetector(Detector):
             self.storm_keys = {f.key for f in storms}
             keys |= self.storm_keys
             findings.extend(storms)
-        if not gpus and not self.down:  # (a down domain is looked at again: its hosts may be gone)
+        if (
+            not gpus and not self.down and not self.hosts_down
+        ):  # (a down domain is looked at again: its hosts may be gone)
             return Evaluation(findings, scope=keys.__contains__) if keys else None
         detect = self.config.detect
         settings = judge_settings(detect.hardware, detect.ecc, detect.xid)
@@ -105,9 +114,27 @@ class HardwareDetector(Detector):
                 gpu = seen.fleet.gpu(*where)
                 if where not in per_gpu and gpu is not None:
                     per_gpu[where] = self._judge(seen, where, gpu, settings, keys)
+        hosts = {host for host, _ in per_gpu} | self.hosts_down
+        hosts_down = self._hosts_down(seen, hosts)
+        for host in (
+            hosts & self.hosts_down
+        ) ^ hosts_down.keys():  # their GPUs' fabric verdicts fold or return
+            view = seen.fleet.hosts.get(host)
+            for gpu in view.gpus if view is not None else ():
+                if (host, gpu.index) not in per_gpu:
+                    per_gpu[(host, gpu.index)] = self._judge(seen, (host, gpu.index), gpu, settings, keys)
+        self.hosts_down = (self.hosts_down - hosts) | hosts_down.keys()
         for where, found in per_gpu.items():
             folded = self.domain.get(where) in self.down
-            findings.extend(f for f in found if not folded or f.reason not in DOMAIN_REASONS)
+            host_folded = where[0] in self.hosts_down
+            findings.extend(
+                f
+                for f in found
+                if not (folded and f.reason in DOMAIN_REASONS)
+                and not (host_folded and f.reason == NOT_REGISTERED)
+            )
+        keys.update(host_fabric_key(host) for host in hosts)
+        findings.extend(hosts_down.values())
         if not self.recheck_all:  # (after a restore, a domain is judged whole on the tick's look at all)
             keys.update(domain_key(key) for key in touched)
         findings.extend(domain_finding(down) for down in downs.values())
@@ -194,7 +221,33 @@ class HardwareDetector(Detector):
                 out[key] = down
         return out
 
+    def _hosts_down(self, seen: Observation, hosts: set[str]) -> dict[str, Finding]:
+        """The ``hosts`` whose GPUs are all unregistered from the fabric past the grace, and not in a domain
+        found down (whose verdict names them already): each one's host verdict."""
+        out: dict[str, Finding] = {}
+        for host in hosts:
+            view = seen.fleet.hosts.get(host)
+            if view is None:
+                continue
+            fabric: list[GpuFabric] = []
+            for gpu in view.gpus:
+                memory = gpu.memory.get("fabric")
+                info = getattr(memory, "info", None)
+                if info is not None:
+                    fabric.append(GpuFabric(gpu=gpu.index, info=info, t=getattr(memory, "t", 0.0)))
+                if self.domain.get((host, gpu.index)) in self.down:
+                    break
+            else:
+                judged = judge_host_fabric(
+                    fabric, view.fabric_manager, self.config.detect.fabric, view.last_t
+                )
+                if judged is not None:
+                    rule, t = judged
+                    out[host] = host_finding(host_fabric_key(host), host, rule, t, DETECTOR)
+        return out
+
     def host_forgotten(self, host: str) -> None:
+        self.hosts_down.discard(host)
         self.flagged = {(h, i) for h, i in self.flagged if h != host}
         self.held = {k: v for k, v in self.held.items() if k[0] != host}
         for where in [w for w in self.domain if w[0] == host]:
@@ -229,6 +282,10 @@ def storm_findings(storms: list[Burst], window_s: float) -> list[Finding]:
 
 def gpu_key(host: str, gpu: int) -> tuple[str, ...]:
     return ("hw", host, str(gpu))
+
+
+def host_fabric_key(host: str) -> tuple[str, ...]:
+    return ("fabric_host", host)
 
 
 def domain_key(key: DomainKey) -> tuple[str, ...]:

@@ -20,16 +20,19 @@ from sentinel.components.vocab import verdict_kind
 DETECTOR = "host_health"
 
 
-def _finding(key: tuple[str, ...], host: HostView, rule: RuleFinding, t: float) -> Finding:
+def host_finding(
+    key: tuple[str, ...], host: str, rule: RuleFinding, t: float, detector: str = DETECTOR
+) -> Finding:
+    """A component's finding about a whole host (no GPU) as ``detector``'s verdict finding."""
     return Finding(
         key=key,
-        detector=DETECTOR,
+        detector=detector,
         kind=verdict_kind(rule.state),
         reason=rule.reason,
         action=rule.action,
         evidence=rule.evidence,
         evidence_t=t,
-        host=host.name,
+        host=host,
     )
 
 
@@ -38,12 +41,14 @@ def evaluate_host(host: HostView, settings: FabricRuleConfig) -> list[Finding]:
     found: list[Finding] = []
     now = host.last_t
     for switch, rule, t in judge_switches(host.switches, settings, now):
-        found.append(_finding(("nvswitch", host.name, switch), host, rule, t))
+        found.append(host_finding(("nvswitch", host.name, switch), host.name, rule, t))
     manager = judge_manager(host.fabric_manager, settings, now)
     if manager is not None and host.fabric_manager is not None:
-        found.append(_finding(("fabric_manager", host.name), host, manager, host.fabric_manager.since))
+        found.append(
+            host_finding(("fabric_manager", host.name), host.name, manager, host.fabric_manager.since)
+        )
     for rule, t in judge_hcas(host.hcas):
-        found.append(_finding(("hca", host.name, rule.reason), host, rule, t))
+        found.append(host_finding(("hca", host.name, rule.reason), host.name, rule, t))
     return found
 
 

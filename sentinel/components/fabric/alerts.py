@@ -1,6 +1,7 @@
 """NVSwitch fabric alerts: the fabric manager not running (the agent's own gauge, so a fabric manager down
 for days pages even with the aggregator's verdict switched off) and the host-health detector's switch
-verdicts (a fatal SXid; non-fatal ones repeating).
+verdicts (a fatal SXid; non-fatal ones repeating) and the hardware detector's host verdict of no GPU
+registered with the fabric.
 
 The fabric manager's wait is the verdict's own setting (:attr:`FabricRuleConfig.manager_down_after_s
 <sentinel.components.fabric.host.FabricRuleConfig.manager_down_after_s>`, ``[detect.fabric]``).
@@ -11,10 +12,12 @@ from __future__ import annotations
 from typing import Final
 
 from sentinel.components.alerting import AlertRule, spoken
-from sentinel.components.fabric.host import FabricRuleConfig
+from sentinel.components.fabric.host import FABRIC_NOT_COMPLETED, FabricRuleConfig
 
 #: the host verdicts of the switches (components/xid/sxid.py's reasons); the GPU alerts leave them out
 SWITCH_REASONS: Final = "sxid_.*"
+#: the host verdict of a host none of whose GPUs is registered with the fabric
+NOT_COMPLETED: Final = FABRIC_NOT_COMPLETED.reason
 HOST_BY: Final = "cluster, host, reason, action"
 #: the shortest wait before the fabric manager alert fires (a restart takes seconds)
 MIN_DOWN_S: Final = 60
@@ -37,6 +40,23 @@ def alerts(settings: FabricRuleConfig) -> list[AlertRule]:
             description="The NVSwitch fabric manager on {{ $labels.host }} has not been running for "
             f"{spoken(down_for)} (systemd state {{{{ $labels.state }}}}): new CUDA jobs cannot start on its "
             "NVLink fabric. Restart nvidia-fabricmanager; journalctl -u nvidia-fabricmanager says why it stopped.",
+        ),
+        AlertRule(
+            alert="SentinelFabricNotCompleted",
+            group="sentinel-gpu",
+            comment="the hardware detector's host verdict: every GPU of the host unregistered from the NVLink "
+            "fabric for\ndetect.fabric.not_completed_after_s; their GPU verdicts fold into it",
+            expr=f'max by ({HOST_BY}) (sentinel_verdict_open{{kind="faulty",reason="{NOT_COMPLETED}"}}) == 1',
+            for_s=0,
+            severity="critical",
+            summary="No GPU of {{ $labels.host }} is registered with the NVLink fabric; action: "
+            "{{ $labels.action }}",
+            description="Every GPU of {{ $labels.host }} that reports a fabric state has not completed its "
+            f"fabric registration for {spoken(int(settings.not_completed_after_s))} or more: the fabric "
+            "manager has not configured the host's NVSwitches and NCCL init over NVLink hangs. The verdict's "
+            "evidence names the GPUs, their state and the fabric manager's. Recommended action: "
+            "{{ $labels.action }}, then restart nvidia-fabricmanager (journalctl -u nvidia-fabricmanager says "
+            "why it failed).",
         ),
         AlertRule(
             alert="SentinelNvSwitchFatal",

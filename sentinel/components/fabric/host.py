@@ -3,7 +3,9 @@
 
 One verdict per host and switch, never one per GPU: a fatal SXid takes the NVLink peers of every GPU on the
 baseboard, so the switch is named, not its eight GPUs. What is remembered is bounded (switches per host,
-non-fatal occurrences per switch) and forgotten at the host's next boot, which resets the switches.
+non-fatal occurrences per switch) and forgotten at the host's next boot, which resets the switches. Every
+GPU of a host unregistered from the fabric for a while is the host's fault too (its fabric manager did not set
+up the switches), one verdict rather than one per GPU.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from typing import Annotated, Final
 
 import msgspec
 
-from sentinel.components.fabric.record import FabricManagerStatus
+from sentinel.components.fabric.record import FabricInfo, FabricManagerStatus
+from sentinel.components.fabric.rule import evaluate_fabric
 from sentinel.components.vocab import Finding
 from sentinel.components.xid.sxid import CONTINUED, DATA, switch_finding
 
@@ -45,6 +48,16 @@ class FabricRuleConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
             le=86400,
             description="the fabric manager not running this long (agent time) on a host that has it makes "
             "the host faulty (a restart in progress is shorter)",
+        ),
+    ] = 120.0
+    not_completed_after_s: Annotated[
+        float,
+        msgspec.Meta(
+            ge=0,
+            le=86400,
+            description="every GPU of a host that reports a fabric state (at least 2) not registered "
+            "(not completed or failed) this long (agent time) makes the host faulty "
+            "(fabric_not_completed), their GPUs' own fabric verdicts folded into it",
         ),
     ] = 120.0
 
@@ -136,3 +149,50 @@ def judge_manager(
         "(system not yet initialized) and GPUs that lose their fabric registration cannot rejoin; restart "
         "nvidia-fabricmanager (journalctl -u nvidia-fabricmanager says why it stopped)",
     )
+
+
+FABRIC_NOT_COMPLETED: Final = Finding(
+    state="faulty",
+    severity="critical",
+    action="drain",
+    reason="fabric_not_completed",
+)
+#: GPUs reporting a fabric state a host needs before all of them failing is the host's fault, not a GPU's
+MIN_FABRIC_GPUS: Final = 2
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFabric:
+    """One GPU's fabric registration as last reported and the agent time it was first reported so."""
+
+    gpu: int
+    info: FabricInfo
+    t: float
+
+
+def judge_host_fabric(
+    gpus: list[GpuFabric], manager: FabricManagerStatus | None, settings: FabricRuleConfig, now: float
+) -> tuple[Finding, float] | None:
+    """(finding, since when) when every GPU of the host that reports a fabric state (``not_supported`` ones
+    say nothing; at least :data:`MIN_FABRIC_GPUS`) has been unregistered for ``not_completed_after_s``
+    (agent time ``now``): the fabric manager did not configure the host's switches."""
+    judged = [g for g in gpus if g.info.state != "not_supported"]
+    if len(judged) < MIN_FABRIC_GPUS or any(evaluate_fabric(g.info) is None for g in judged):
+        return None
+    since = max(g.t for g in judged)
+    if now - since < settings.not_completed_after_s:
+        return None
+    states = ", ".join(
+        f"GPU {g.gpu} {g.info.state}" + (f" (NVML error {g.info.status})" if g.info.status else "")
+        for g in sorted(judged, key=lambda g: g.gpu)
+    )
+    if manager is None or not manager.present:
+        fm = "the fabric manager's service state is not known"
+    else:
+        fm = f"nvidia-fabricmanager is {manager.state or ('running' if manager.running else 'not running')}"
+    return FABRIC_NOT_COMPLETED.because(
+        f"all {len(judged)} GPUs of the host are not registered with the NVLink fabric for "
+        f"{now - since:.0f}s: {states}",
+        f"{fm}; the fabric manager has not configured the host's NVSwitches: NCCL init over NVLink hangs "
+        "(journalctl -u nvidia-fabricmanager says why)",
+    ), since

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 from sentinel.components.fabric.record import FabricInfo
 from sentinel.components.vocab import Finding
+
+#: the reason of a GPU not registered with the fabric (a host's GPUs all so fold into one host verdict)
+NOT_REGISTERED: Final = "fabric_not_registered"
 
 
 def evaluate_fabric(info: FabricInfo) -> Finding | None:
@@ -17,7 +22,7 @@ def evaluate_fabric(info: FabricInfo) -> Finding | None:
         state="faulty",
         severity="critical",
         action="reset_gpu",
-        reason="fabric_not_registered",
+        reason=NOT_REGISTERED,
         evidence=(
             f"{why} (clique {info.clique_id}): NCCL init over NVLink hangs; check nvidia-fabricmanager",
         ),
