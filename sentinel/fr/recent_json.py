@@ -8,9 +8,12 @@ from __future__ import annotations
 import json
 import re
 import sys
-from typing import Any
 
 from sentinel.fr.recent import MIN_ENTRIES, ByteView, Recent
+from sentinel.fr.records import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 _JSON_ENTRY = b'{"collective_seq_id":'
 
