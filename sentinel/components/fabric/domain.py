@@ -16,14 +16,17 @@ from typing import Annotated, Any, Final
 
 import msgspec
 
+from sentinel.components.fabric.health import CONDITIONS as HEALTH_CONDITIONS
 from sentinel.components.fabric.record import FabricInfo
+from sentinel.components.fabric.rule import NOT_REGISTERED
 
 #: (cluster UUID, clique id): one NVLink domain
 DomainKey = tuple[str, int]
 #: the per-GPU fabric reasons that are the domain's when it loses its fabric as a whole: registration not
-#: completed or failed, a route unhealthy, the health mask's degraded bandwidth
+#: completed or failed, and every health-mask condition that asks for an action (a route unhealthy, the
+#: bandwidth degraded; a recovery in progress asks for none)
 DOMAIN_REASONS: Final = frozenset(
-    {"fabric_not_registered", "fabric_route_unhealthy", "fabric_degraded_bandwidth"}
+    {NOT_REGISTERED, *(reason for _, reason, _, _, action, _ in HEALTH_CONDITIONS if action != "none")}
 )
 #: hosts named in a domain finding's evidence line (every one is in ``hosts``)
 EVIDENCE_HOSTS = 24
