@@ -226,7 +226,7 @@ def apply_xid_in_burst(
     memory = gpu.memory.get(XID)
     if not isinstance(memory, XidMemory):
         memory = gpu.memory[XID] = XidMemory()
-    origin = burst.origin
+    origin = burst.echoed(gpu.host, event.record.xid)
     observe_sympathetic(
         memory, event.record, event.t, f"{origin.host} GPU {origin.gpu} Xid {origin.code}", event.count
     )

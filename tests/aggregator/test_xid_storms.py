@@ -105,6 +105,16 @@ def test_a_real_fault_first_stays_its_gpus_fault_and_the_echoes_are_not_judged()
     assert echo is not None and echo.memory["xid"].state == "ok" and echo.memory["xid"].sympathetic == 1
 
 
+def test_another_hosts_earlier_error_cannot_silence_an_uncontained_error_here() -> None:
+    """host-b claims an Xid 79 first; host-a's own Xid 95 a second later is still host-a's verdict."""
+    engine, views = engine_with_job(["host-a", "host-b"])
+    send(engine, views, "host-b", 2, T0 + 1, [xid(0, 79, T0 + 1, "GPU has fallen off the bus.")])
+    send(engine, views, "host-a", 2, T0 + 2, [xid(2, 95, T0 + 2, "Uncontained memory error")])
+    engine.tick(T0 + 3)
+    faulty = sorted((v.host, v.gpu, v.reason) for v in engine.verdicts("open") if v.kind == "faulty")
+    assert faulty == [("host-a", 2, "xid_95"), ("host-b", 0, "xid_79")]
+
+
 def test_a_stronger_error_later_in_the_burst_becomes_the_origin() -> None:
     """The first report is a teardown's Xid 45; the GPU that fell off the bus (79) is the origin."""
     engine, views = engine_with_job(["host-a"])

@@ -124,9 +124,9 @@ class XidPolicyConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             gt=0,
             le=600,
             description="Xid reports of one job (else one host) closer than this to each other are one burst: "
-            "its origin (the first non-sympathetic error) is judged, the application and sympathetic reports "
-            "on its other GPUs are the origin's echoes and are not. Ten seconds: a job's teardown reaches "
-            "every GPU within a few.",
+            "its origin (the first report of the strongest kind) is judged; the application reports on its "
+            "other GPUs are the origin's echoes and are not, nor are the sympathetic ones after their own "
+            "host's first hardware report. Ten seconds: a job's teardown reaches every GPU within a few.",
         ),
     ] = 10.0
     storm_min_gpus: Annotated[

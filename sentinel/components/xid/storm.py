@@ -5,8 +5,10 @@ error (Xid 95) is reported again by the GPUs that shared the work, which NVIDIA'
 (sympathetic)". Judged GPU by GPU, each report would be a verdict and a drain. :class:`XidStorms` groups the
 reports of one scope (the job, else the host) that follow each other within ``storm_window_s``: the burst's
 *origin* is the first report of its strongest kind (a non-sympathetic error over a sympathetic hardware
-report over an application error), judged as usual; a sympathetic or application report on any other GPU
-is the origin's echo and is not judged on its own. A burst that reached ``storm_min_gpus`` GPUs is a storm.
+report over an application error), judged as usual. An application report on any other GPU of the scope is
+the origin's echo and is not judged on its own. A sympathetic report is an echo only of its own host's
+first hardware report (the GPUs that shared its memory): nothing one host reports can keep another host's
+GPU from being judged. A burst that reached ``storm_min_gpus`` GPUs is a storm.
 
 Pure (times passed in) and bounded: at most ``max_storms`` bursts, each counting at most ``MAX_MEMBERS``
 GPUs by name (the rest only in its counts).
@@ -50,6 +52,17 @@ class StormOrigin(msgspec.Struct, frozen=True, kw_only=True):
     t: float
 
 
+def _stronger(a: StormOrigin, b: StormOrigin) -> bool:
+    """``a`` outranks ``b``: a stronger kind, or of the same kind, earlier."""
+    mine, theirs = strength(a.code), strength(b.code)
+    return mine > theirs or (mine == theirs and a.t < b.t)
+
+
+def _leads(ahead: StormOrigin | None, here: StormOrigin) -> bool:
+    """``ahead`` (a host's first hardware report) is another GPU's and ``here`` cannot outrank it."""
+    return ahead is not None and ahead.gpu != here.gpu and not _stronger(here, ahead)
+
+
 class Burst(msgspec.Struct, kw_only=True):
     """The Xid reports of one scope within the window of each other."""
 
@@ -60,6 +73,8 @@ class Burst(msgspec.Struct, kw_only=True):
     #: the aggregator's time of the latest report (a burst is over ``window`` after it)
     seen_at: float
     origin: StormOrigin
+    #: per host, its first report of the strongest hardware kind (what its sympathetic reports echo)
+    host_origins: dict[str, StormOrigin] = {}
     #: "host/gpu" → reports
     gpus: dict[str, int] = {}
     hosts: dict[str, int] = {}
@@ -71,6 +86,12 @@ class Burst(msgspec.Struct, kw_only=True):
     @property
     def gpu_count(self) -> int:
         return len(self.gpus)
+
+    def echoed(self, host: str, code: int) -> StormOrigin:
+        """The report that an echo with ``code`` on ``host`` repeats."""
+        if strength(code) == 1:
+            return self.host_origins.get(host, self.origin)
+        return self.origin
 
     def evidence(self, window_s: float) -> list[str]:
         """What a storm's verdict says: the origin, the spread, the codes."""
@@ -102,7 +123,8 @@ class XidStorms:
         self, scope: str, job: str | None, *, host: str, gpu: int, code: int, t: float, now: float
     ) -> tuple[Role, Burst]:
         """One Xid report: ``origin`` (judged: it is, or is now, the burst's origin), ``sympathetic`` (an
-        echo of the origin on another GPU: not judged on its own) or ``own`` (the GPU's own error, judged)."""
+        echo on another GPU: not judged on its own; :meth:`Burst.echoed` says of what) or ``own`` (judged:
+        the GPU's own error, or the first hardware report of its host)."""
         burst = self.bursts.get(scope)
         if burst is not None and not (burst.first_t - self.window_s <= t <= burst.last_t + self.window_s):
             del self.bursts[scope]
@@ -124,13 +146,17 @@ class XidStorms:
                     burst.origin = here
             elif mine > theirs or (mine == theirs and mine < 2 and t < origin.t):
                 burst.origin, role = here, "origin"  # a stronger (or, of the same kind, earlier) report
-            elif mine < 2:
+            elif mine == 0 or (mine == 1 and _leads(burst.host_origins.get(host), here)):
                 role = "sympathetic"
                 burst.sympathetic += 1
             else:
                 role = "own"
             burst.first_t, burst.last_t = min(burst.first_t, t), max(burst.last_t, t)
             burst.seen_at = max(burst.seen_at, now)
+        if strength(code) >= 1 and (host in burst.host_origins or len(burst.host_origins) < MAX_MEMBERS):
+            ahead = burst.host_origins.get(host)
+            if ahead is None or _stronger(here, ahead):
+                burst.host_origins[host] = here
         name = f"{host}/{gpu}"
         if name in burst.gpus or len(burst.gpus) < MAX_MEMBERS:
             burst.gpus[name] = burst.gpus.get(name, 0) + 1

@@ -48,6 +48,20 @@ def test_a_stronger_report_takes_the_origin_and_an_own_error_is_judged() -> None
     assert (burst.origin.gpu, burst.origin.code) == (2, 79)
 
 
+def test_a_sympathetic_report_echoes_only_its_own_hosts_first_error() -> None:
+    """Another host's earlier error cannot explain away an uncontained error here; a teardown spreads."""
+    tracker = storms()
+    tracker.observe("job:a", "a", host="liar", gpu=0, code=79, t=1.0, now=1.0)
+    role, burst = tracker.observe("job:a", "a", host="h", gpu=3, code=95, t=1.2, now=1.2)
+    assert role == "own"  # the first hardware report of its host: judged
+    assert tracker.observe("job:a", "a", host="h", gpu=5, code=95, t=1.3, now=1.3)[0] == "sympathetic"
+    assert (burst.echoed("h", 95).host, burst.echoed("h", 95).gpu) == ("h", 3)
+    assert tracker.observe("job:a", "a", host="liar", gpu=1, code=95, t=1.3, now=1.3)[0] == "sympathetic"
+    assert tracker.observe("job:a", "a", host="h", gpu=4, code=45, t=1.4, now=1.4)[0] == "sympathetic"
+    assert burst.echoed("h", 45).host == "liar"
+    assert (burst.origin.host, burst.sympathetic, burst.reports) == ("liar", 3, 5)
+
+
 def test_an_earlier_report_arriving_late_is_the_origin() -> None:
     """Hosts' batches arrive in any order: of reports of one kind, the earliest is the origin."""
     tracker = storms()
@@ -93,5 +107,8 @@ def test_bounded_and_the_origin_is_never_weaker_than_a_report_it_leads(
         assert role in ("origin", "sympathetic", "own")
         if role == "sympathetic":
             assert strength(code) <= strength(burst.origin.code) and strength(code) < 2
+            # a sympathetic report echoes an earlier or stronger hardware report of its own host
+            echoed = burst.echoed(f"h{host}", code)
+            assert strength(code) == 0 or (echoed.host == f"h{host}" and echoed.gpu != gpu)
         assert len(tracker.bursts) <= 3
         assert burst.gpu_count <= min(MAX_MEMBERS, 32) and burst.reports >= burst.sympathetic
