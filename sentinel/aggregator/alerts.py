@@ -3,15 +3,16 @@ health (detectors, reloads, ingest, host clocks, durable state).
 
 Thresholds that are settings come from the aggregator's configuration: the clock-rate error at which a
 host's ranks stop being judged (``detect.straggler.max_clock_rate_error``) is the rate at which its clock
-skew pages. Network verdicts (reason ``ib_*``) have their own alerts (``components/ib/alerts.py``); NVLink
-domain verdicts (reason ``fabric_domain_*``, no host: the domain's hosts are in the verdict) have theirs here.
+skew pages. A verdict whose reason another alert takes (``AlertRule.takes_reasons``: ports, links, switches,
+the fabric manager) is left out of the GPU alerts; NVLink domain verdicts (reason ``fabric_domain_*``, no
+host: the domain's hosts are in the verdict) have their alerts here.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from sentinel.components.alerting import AlertRule, spoken
+from sentinel.components.alerting import AlertRule, reasons_taken, spoken
 from sentinel.config.aggregator import AggregatorConfig
 from sentinel.ops.recording import INGEST_LAG_P99
 
@@ -19,8 +20,6 @@ from sentinel.ops.recording import INGEST_LAG_P99
 COMMIT_LAG_S: Final = 30
 
 GPU_BY: Final = "cluster, host, gpu, job, rank, reason, action"
-#: verdicts with alerts of their own rather than the GPU ones (ports, links, NVLink domains)
-NOT_GPU: Final = "ib_.*|link_slow|fabric_domain_.*|sxid_.*|fabric_manager_down|fabric_not_completed"
 JOB_BY: Final = "cluster, job, host, gpu, rank, reason, action"
 #: seconds a host's clock may be off before it pages (a rate error is the straggler detector's setting)
 CLOCK_OFFSET_S: Final = 30
@@ -37,20 +36,22 @@ def clock_skew_expr(settings: AggregatorConfig) -> str:
     )
 
 
-def alerts(settings: AggregatorConfig) -> list[AlertRule]:
-    """The aggregator's alerts for its configuration ``settings``."""
-    return [*_verdicts(), *_health(settings)]
+def alerts(settings: AggregatorConfig, elsewhere: list[AlertRule] | None = None) -> list[AlertRule]:
+    """The aggregator's alerts for its configuration ``settings``; the GPU alerts leave out the reasons that
+    the alerts ``elsewhere`` (every other owner's) or the domain alerts here take."""
+    domains = _domains()
+    return [*_gpus(reasons_taken([*domains, *(elsewhere or [])])), *domains, *_jobs(), *_health(settings)]
 
 
-def _verdicts() -> list[AlertRule]:
-    degraded_for, straggler_for = 600, 300
+def _gpus(not_gpu: str) -> list[AlertRule]:
+    degraded_for = 600
     return [
         AlertRule(
             alert="SentinelGpuFaulty",
             group="sentinel-gpu",
             comment="The aggregator's verdict already debounces the evidence; `for` only rides out a restart "
             "blip.\nnetwork verdicts (reason ib_*, link_slow) have their own alerts in sentinel-network, naming the port",
-            expr=f'max by ({GPU_BY}) (sentinel_verdict_open{{kind="faulty",reason!~"{NOT_GPU}"}}) == 1',
+            expr=f'max by ({GPU_BY}) (sentinel_verdict_open{{kind="faulty",reason!~"{not_gpu}"}}) == 1',
             for_s=30,
             severity="critical",
             summary="GPU {{ $labels.host }}/{{ $labels.gpu }} is faulty ({{ $labels.reason }}); "
@@ -62,7 +63,7 @@ def _verdicts() -> list[AlertRule]:
         AlertRule(
             alert="SentinelGpuDegraded",
             group="sentinel-gpu",
-            expr=f'max by ({GPU_BY}) (sentinel_verdict_open{{kind="degraded",reason!~"{NOT_GPU}"}}) == 1',
+            expr=f'max by ({GPU_BY}) (sentinel_verdict_open{{kind="degraded",reason!~"{not_gpu}"}}) == 1',
             for_s=degraded_for,
             severity="warning",
             summary="GPU {{ $labels.host }}/{{ $labels.gpu }} is degraded ({{ $labels.reason }})",
@@ -70,31 +71,12 @@ def _verdicts() -> list[AlertRule]:
             f"{spoken(degraded_for)} (reason {{{{ $labels.reason }}}}, job "
             '{{ or $labels.job "none" }}). Recommended action: {{ $labels.action }}.',
         ),
-        AlertRule(
-            alert="SentinelNvlinkDomainDown",
-            group="sentinel-gpu",
-            comment="One verdict per NVLink domain whose GPUs of several hosts lost their fabric together; "
-            "its hosts are\nin the verdict (GET /api/v1/verdicts), not in the labels.",
-            expr='max by (cluster, reason, action) (sentinel_verdict_open{kind="faulty",reason="fabric_domain_down"}) '
-            "== 1",
-            for_s=30,
-            severity="critical",
-            summary="An NVLink domain lost its fabric; action: {{ $labels.action }} every host of it",
-            description="GPUs on several hosts of one NVLink domain (fabric cluster UUID and clique) lost their "
-            "fabric together (registration, route or bandwidth). The verdict names the domain and its hosts. "
-            "Recommended action: {{ $labels.action }} every host of the domain and check the NVSwitch trays and "
-            "the fabric manager.",
-        ),
-        AlertRule(
-            alert="SentinelNvlinkDomainIncomplete",
-            group="sentinel-gpu",
-            expr='max by (cluster, reason) (sentinel_verdict_open{reason="fabric_domain_incomplete"}) == 1',
-            for_s=600,
-            severity="warning",
-            summary="An NVLink domain has fewer GPUs or hosts reporting than expected",
-            description="An NVLink domain has had fewer GPUs or hosts reporting than detect.fabric_domain "
-            f"expects for {spoken(600)}; jobs sized for the whole domain cannot run there.",
-        ),
+    ]
+
+
+def _jobs() -> list[AlertRule]:
+    straggler_for = 300
+    return [
         AlertRule(
             alert="SentinelJobStalled",
             group="sentinel-jobs",
@@ -139,6 +121,38 @@ def _verdicts() -> list[AlertRule]:
             description="The aggregator has received nothing from host {{ $labels.host }} (reason "
             "{{ $labels.reason }}): the host, its network or its agent is down. Recommended action: "
             "{{ $labels.action }}.",
+        ),
+    ]
+
+
+def _domains() -> list[AlertRule]:
+    return [
+        AlertRule(
+            alert="SentinelNvlinkDomainDown",
+            group="sentinel-gpu",
+            comment="One verdict per NVLink domain whose GPUs of several hosts lost their fabric together; "
+            "its hosts are\nin the verdict (GET /api/v1/verdicts), not in the labels.",
+            expr='max by (cluster, reason, action) (sentinel_verdict_open{kind="faulty",reason="fabric_domain_down"}) '
+            "== 1",
+            for_s=30,
+            severity="critical",
+            takes_reasons="fabric_domain_down",
+            summary="An NVLink domain lost its fabric; action: {{ $labels.action }} every host of it",
+            description="GPUs on several hosts of one NVLink domain (fabric cluster UUID and clique) lost their "
+            "fabric together (registration, route or bandwidth). The verdict names the domain and its hosts. "
+            "Recommended action: {{ $labels.action }} every host of the domain and check the NVSwitch trays and "
+            "the fabric manager.",
+        ),
+        AlertRule(
+            alert="SentinelNvlinkDomainIncomplete",
+            group="sentinel-gpu",
+            expr='max by (cluster, reason) (sentinel_verdict_open{reason="fabric_domain_incomplete"}) == 1',
+            for_s=600,
+            severity="warning",
+            takes_reasons="fabric_domain_incomplete",
+            summary="An NVLink domain has fewer GPUs or hosts reporting than expected",
+            description="An NVLink domain has had fewer GPUs or hosts reporting than detect.fabric_domain "
+            f"expects for {spoken(600)}; jobs sized for the whole domain cannot run there.",
         ),
     ]
 

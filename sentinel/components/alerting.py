@@ -37,6 +37,12 @@ RecordName = Annotated[str, msgspec.Meta(pattern=r"^[a-z_]+:[a-z0-9_]+:[a-z0-9_]
 Seconds = Annotated[int, msgspec.Meta(ge=0)]
 
 
+def reasons_taken(rules: list[AlertRule]) -> str:
+    """The regex of every reason that ``rules`` page for in place of the GPU alerts (never empty)."""
+    taken = sorted({rule.takes_reasons for rule in rules if rule.takes_reasons})
+    return "|".join(taken) or "$^"
+
+
 def runbook_path(alert: str) -> str:
     """The runbook of ``alert``: ``docs/runbooks/<alert>.md``."""
     return f"{RUNBOOKS_DIR}/{alert}.md"
@@ -74,6 +80,9 @@ class AlertRule(msgspec.Struct, frozen=True, kw_only=True):
     description: str
     #: why the expression is what it is, written above it in the rule file
     comment: str = ""
+    #: the verdict reasons (a PromQL regex) this alert pages for in place of the GPU faulty and degraded
+    #: alerts, which leave them out (a port's, a link's, a switch's, a domain's verdict); not rendered
+    takes_reasons: str = ""
 
     @property
     def runbook_url(self) -> str:

@@ -42,7 +42,7 @@ class AlertSource:
 
 #: every owner of alerts, in the order their alerts appear within a group
 ALERT_SOURCES: Final[tuple[AlertSource, ...]] = (
-    AlertSource("aggregator", lambda s: aggregator_alerts.alerts(s.aggregator)),
+    AlertSource("aggregator", lambda s: aggregator_alerts.alerts(s.aggregator, _others(s))),
     AlertSource("rowremap", lambda _s: rowremap_alerts.alerts()),
     AlertSource("ecc", lambda s: ecc_alerts.alerts(s.aggregator.detect.ecc)),
     AlertSource("xid", lambda _s: xid_alerts.alerts()),
@@ -79,6 +79,13 @@ pulled by the global Prometheus through /federate (match[]={__name__=~"cluster.*
 fleet dashboard reads 15 clusters x a few series instead of every GPU's. `max by` folds the two
 aggregators of an HA pair, which report the same verdicts.""",
 }
+
+
+def _others(settings: OpsSettings) -> list[AlertRule]:
+    """Every owner's alerts but the aggregator's (whose GPU alerts leave out the reasons these take)."""
+    return [
+        rule for source in ALERT_SOURCES if source.owner != "aggregator" for rule in source.build(settings)
+    ]
 
 
 def alert_rules(settings: OpsSettings | None = None) -> list[AlertRule]:

@@ -3,6 +3,7 @@ writes YAML that reads back as exactly the declared rules, and every alert's run
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import msgspec
@@ -11,8 +12,10 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sentinel.aggregator import alerts as aggregator_alerts
 from sentinel.cli import main
 from sentinel.components.alerting import GROUPS, AlertRule, RecordingRule, duration, scalar, spoken
+from sentinel.config.aggregator import AggregatorConfig
 from sentinel.ops.rules import RULES_FILE, alert_rules, all_rules, is_current, missing_runbooks, render
 from sentinel.ops.settings import OpsSettings
 from tests.ops.rulefiles import load_yaml
@@ -187,3 +190,50 @@ def test_cli_bad_configuration_is_one_line_error(tmp_path: Path, capsys: pytest.
     err = capsys.readouterr().err
     assert "flap_downs" in err and err.count("\n") == 1
     assert not (tmp_path / "x").exists()
+
+
+def gpu_alert_excludes(rules: list[AlertRule]) -> str:
+    """The regex of reasons the GPU faulty alert leaves out, as rendered."""
+    (faulty,) = [r for r in rules if r.alert == "SentinelGpuFaulty"]
+    return faulty.expr.split('reason!~"', 1)[1].split('"', 1)[0]
+
+
+def test_the_gpu_alerts_leave_out_exactly_the_reasons_other_alerts_take() -> None:
+    """Port, link, switch, fabric-manager and domain verdicts page through their own alerts only."""
+    excluded = re.compile(gpu_alert_excludes(alert_rules()))
+    taken = [
+        "ib_port_down",
+        "ib_hca_dead",
+        "link_slow",
+        "sxid_24007",
+        "fabric_manager_down",
+        "fabric_not_completed",
+        "fabric_domain_down",
+        "fabric_domain_incomplete",
+    ]
+    assert [r for r in taken if not excluded.fullmatch(r)] == []
+    gpu = [
+        "xid_79",
+        "xid_95_recurring",
+        "gpu_lost",
+        "row_remap_failure",
+        "ecc_uncorrectable",
+        "fabric_unregistered",
+    ]
+    assert [r for r in gpu if excluded.fullmatch(r)] == []
+
+
+def test_a_new_alert_that_takes_reasons_removes_them_from_the_gpu_alerts() -> None:
+    mine = AlertRule(
+        alert="SentinelPsuFailed",
+        group="sentinel-gpu",
+        expr="vector(1)",
+        for_s=0,
+        severity="critical",
+        summary="s",
+        description="d",
+        takes_reasons="psu_.*",
+    )
+    before = gpu_alert_excludes(aggregator_alerts.alerts(AggregatorConfig()))
+    after = gpu_alert_excludes(aggregator_alerts.alerts(AggregatorConfig(), [mine]))
+    assert "psu_" not in before and after.split("|") == sorted([*before.split("|"), "psu_.*"])

@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Final
 
 from sentinel.components.alerting import AlertRule, spoken
-from sentinel.components.fabric.host import FABRIC_NOT_COMPLETED, FabricRuleConfig
+from sentinel.components.fabric.host import FABRIC_NOT_COMPLETED, MANAGER_DOWN, FabricRuleConfig
 
-#: the host verdicts of the switches (components/xid/sxid.py's reasons); the GPU alerts leave them out
+#: the host verdicts of the switches (components/xid/sxid.py's reasons)
 SWITCH_REASONS: Final = "sxid_.*"
 #: the host verdict of a host none of whose GPUs is registered with the fabric
 NOT_COMPLETED: Final = FABRIC_NOT_COMPLETED.reason
@@ -36,6 +36,7 @@ def alerts(settings: FabricRuleConfig) -> list[AlertRule]:
             for_s=down_for,
             severity="critical",
             action="drain",
+            takes_reasons=MANAGER_DOWN.reason,  # the host verdict of the same fact
             summary="nvidia-fabricmanager is not running on {{ $labels.host }} ({{ $labels.state }})",
             description="The NVSwitch fabric manager on {{ $labels.host }} has not been running for "
             f"{spoken(down_for)} (systemd state {{{{ $labels.state }}}}): new CUDA jobs cannot start on its "
@@ -49,6 +50,7 @@ def alerts(settings: FabricRuleConfig) -> list[AlertRule]:
             expr=f'max by ({HOST_BY}) (sentinel_verdict_open{{kind="faulty",reason="{NOT_COMPLETED}"}}) == 1',
             for_s=0,
             severity="critical",
+            takes_reasons=NOT_COMPLETED,
             summary="No GPU of {{ $labels.host }} is registered with the NVLink fabric; action: "
             "{{ $labels.action }}",
             description="Every GPU of {{ $labels.host }} that reports a fabric state has not completed its "
@@ -66,6 +68,7 @@ def alerts(settings: FabricRuleConfig) -> list[AlertRule]:
             expr=f'max by ({HOST_BY}) (sentinel_verdict_open{{kind="faulty",reason=~"{SWITCH_REASONS}"}}) == 1',
             for_s=0,
             severity="critical",
+            takes_reasons=SWITCH_REASONS,
             summary="An NVSwitch on {{ $labels.host }} reported a fatal SXid ({{ $labels.reason }}); "
             "action: {{ $labels.action }}",
             description="The NVSwitch driver on {{ $labels.host }} logged a fatal {{ $labels.reason }}: the "

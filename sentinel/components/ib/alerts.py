@@ -68,6 +68,7 @@ def alerts(settings: PortRuleConfig) -> list[AlertRule]:
             group="sentinel-network",
             expr=f'max by ({VERDICT_BY}) (sentinel_verdict_open{{kind="degraded",reason=~"ib_.*"}}) == 1',
             for_s=DEGRADED_FOR_S,
+            takes_reasons="ib_.*",  # and with it every port verdict, faulty included
             severity="warning",
             summary="An IB/RoCE port on {{ $labels.host }} is degraded ({{ $labels.reason }})",
             description='A port on {{ $labels.host }} (serving GPU {{ or $labels.gpu "several" }}, job '

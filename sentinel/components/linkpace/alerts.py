@@ -17,6 +17,7 @@ def alerts() -> list[AlertRule]:
             expr=f'max by ({VERDICT_BY}) (sentinel_verdict_open{{kind="degraded",reason="link_slow"}}) == 1',
             for_s=60,
             severity="warning",
+            takes_reasons="link_slow",
             summary="A link on {{ $labels.host }} slows job {{ $labels.job }}",
             description="A port or interface on {{ $labels.host }} (serving GPU "
             '{{ or $labels.gpu "several" }}, rank {{ or $labels.rank "several" }}) stands out among job '
