@@ -302,7 +302,14 @@ class FabricManagerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     """The NVSwitch fabric manager's service (``systemctl show nvidia-fabricmanager``), where the unit exists."""
 
     enabled: Annotated[bool, msgspec.Meta(description="read the fabric manager's service state")] = True
-    interval_s: Annotated[float, msgspec.Meta(ge=1, le=3600, description="read interval")] = 15.0
+    interval_s: Annotated[
+        float,
+        msgspec.Meta(
+            ge=1,
+            le=3600,
+            description="read interval while the unit exists (a host without it asks again every 5 minutes)",
+        ),
+    ] = 15.0
 
 
 class NcclRasConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

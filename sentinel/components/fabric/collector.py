@@ -1,14 +1,16 @@
 """The agent's ``fabric_manager`` collector: the fabric manager's service state, read off the loop through
 an injected :class:`~sentinel.components.fabric.manager.UnitReader`, exported and shipped.
 
-A host without the unit (no NVSwitch) exports and ships nothing; a failed read is an empty answer (the
-unit reads as absent), counted in ``sentinel_fabric_manager_read_errors_total`` and logged once.
+A host without the unit (no NVSwitch) exports and ships nothing, and asks systemd again only every
+:data:`ABSENT_RECHECK_S` (one ``systemctl`` process every 15 s on every GPU host without a switch would be
+most of the collector's cost, for a unit that appears only with a driver install). A failed read is an empty
+answer (the unit reads as absent), counted in ``sentinel_fabric_manager_read_errors_total`` and logged once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Final, Protocol
 
 from sentinel.components.collector import Collector, Families, HostBuild, SourceSettings
 from sentinel.components.fabric.manager import UNIT, Systemctl, UnitReader, parse_show, status_after
@@ -18,6 +20,9 @@ from sentinel.components.families import CounterMetricFamily, GaugeMetricFamily,
 from sentinel.log import get_logger
 
 log = get_logger(module="components.fabric")
+
+#: how often a host whose fabric manager unit is absent (or unreadable) asks again, seconds
+ABSENT_RECHECK_S: Final = 300.0
 
 
 class FabricManagerSink(Protocol):
@@ -61,6 +66,7 @@ class FabricManagerCollector(Collector):
         self, sink: FabricManagerSink, reader: UnitReader, metrics: FabricManagerMetrics, interval_s: float
     ) -> None:
         super().__init__(interval_s)
+        self.present_interval_s = interval_s
         self.sink = sink
         self.reader = reader
         self.metrics = metrics
@@ -75,6 +81,10 @@ class FabricManagerCollector(Collector):
         previous = self.metrics.status
         status = status_after(previous, unit, now)
         self.metrics.status = status
+        # the scheduler reads the interval after each run
+        self.interval_s = (
+            self.present_interval_s if status.present else max(self.present_interval_s, ABSENT_RECHECK_S)
+        )
         if status.present or (previous is not None and previous.present):
             self.sink.set_fabric_manager(status)
 

@@ -8,8 +8,14 @@ import asyncio
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sentinel.agent.collectors.base import Collectors
+from sentinel.agent.metrics import AgentCounters
 from sentinel.agent.worker import InlineWorker
-from sentinel.components.fabric.collector import FabricManagerCollector, FabricManagerMetrics
+from sentinel.components.fabric.collector import (
+    ABSENT_RECHECK_S,
+    FabricManagerCollector,
+    FabricManagerMetrics,
+)
 from sentinel.components.fabric.manager import UNIT, parse_show, status_after
 from sentinel.components.fabric.record import FabricManagerStatus
 
@@ -84,3 +90,20 @@ def test_the_collector_exports_and_ships_only_where_the_unit_exists() -> None:
     ]
     [up] = next(iter(metrics.collect())).samples
     assert (up.labels["state"], up.value) == ("failed/failed", 0.0)
+
+
+def test_a_host_without_the_unit_asks_systemd_only_every_few_minutes() -> None:
+    """Through the agent's collector scheduler on a virtual clock: every 15 s while the unit exists, every
+    ABSENT_RECHECK_S while it does not, and back to 15 s once it appears."""
+    reader = Answers(*([ABSENT] * 4 + [RUNNING] * 100))
+    collectors = Collectors(AgentCounters(), tick_s=1.0, inline=True)
+    collectors.add(FabricManagerCollector(Shipped(), reader, FabricManagerMetrics("c1", "h0"), 15.0))
+    asked_at: list[int] = []
+    for t in range(0, 1300):
+        before = len(reader.asked)
+        asyncio.run(collectors.run_due(float(t)))
+        if len(reader.asked) > before:
+            asked_at.append(t)
+    absent = int(ABSENT_RECHECK_S)
+    assert asked_at[:5] == [0, absent, 2 * absent, 3 * absent, 4 * absent]
+    assert asked_at[5:8] == [4 * absent + 15, 4 * absent + 30, 4 * absent + 45]
