@@ -102,9 +102,16 @@ class FrameReader:
         self.parts_size = 0
 
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:
-        """The messages completed by ``data``; raises :class:`FrameError` on the first violation."""
-        buf = self.buffer
-        buf += data
+        """The messages completed by ``data``; raises :class:`FrameError` on the first violation.
+
+        With nothing buffered (an agent's batch comes in one read) the frames are read from ``data`` itself
+        and only an incomplete tail is copied into the buffer."""
+        buf: bytes | bytearray
+        if self.buffer:
+            buf = self.buffer
+            buf += data
+        else:
+            buf = data
         out: list[tuple[int, bytes]] = []
         pos = 0
         end = len(buf)
@@ -164,8 +171,11 @@ class FrameReader:
                 if fin:
                     out.append((self.parts_opcode, b"".join(self.parts)))
                     self.parts, self.parts_opcode, self.parts_size = [], 0, 0
-        if pos:
-            del buf[:pos]
+        if buf is self.buffer:
+            if pos:
+                del self.buffer[:pos]
+        elif pos < end:
+            self.buffer += buf[pos:]
         return out
 
 
