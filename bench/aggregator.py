@@ -177,6 +177,18 @@ def _watch_stalls(path: Path) -> None:
 # -- load generator process -----------------------------------------------------------------------------
 
 
+def _masked(payload: bytes, key: bytes = b"\x5a\x17\xc3\x88") -> bytes:
+    """A client frame as an agent's WebSocket sends it: binary, masked (XOR: masking is unmasking)."""
+    n = len(payload)
+    if n < 126:
+        head = bytes((0x82, 0x80 | n))
+    elif n < 65536:
+        head = bytes((0x82, 0x80 | 126)) + n.to_bytes(2, "big")
+    else:
+        head = bytes((0x82, 0x80 | 127)) + n.to_bytes(8, "big")
+    return head + key + unmask(payload, key)
+
+
 class _Client(asyncio.Protocol):
     """A minimal WebSocket client on a raw asyncio transport: the generator's cost per batch must stay far
     below the aggregator's, so one process can play thousands of agents. Client frames are masked with a
@@ -238,15 +250,8 @@ class _Client(asyncio.Protocol):
             self.upgraded.set_exception(ConnectionError("closed during handshake"))
 
     def send(self, payload: bytes) -> None:
-        n = len(payload)
-        if n < 126:
-            header = bytes((0x82, 0x80 | n))
-        elif n < 65536:
-            header = bytes((0x82, 0x80 | 126)) + n.to_bytes(2, "big")
-        else:
-            header = bytes((0x82, 0x80 | 127)) + n.to_bytes(8, "big")
         assert self.transport is not None
-        self.transport.write(header + self.mask + unmask(payload, self.mask))  # (XOR: masking is unmasking)
+        self.transport.write(_masked(payload, self.mask))
 
 
 class JobModel:
@@ -775,24 +780,21 @@ def engine_only(hosts: int, seconds: int) -> None:
     )
 
 
-def ingest_only(hosts: int, seconds: int, build_only: bool) -> None:
-    """Decode and ingest the job workload's frames (half of each second's batches with 8 heads), no tick:
-    the per-batch cost of the ingest path. Under ``valgrind --tool=callgrind`` (``PYTHONHASHSEED=0``), the
-    instructions of a run minus those of the same run with ``--build-only`` (frames built, nothing
-    ingested) are the ingest path's, independent of the machine's load."""
-    import gc
+def _gpu_infos() -> list[Any]:
+    from sentinel.wire import GpuInfo
 
-    import msgspec
-
-    from sentinel.aggregator.engine import Engine
-    from sentinel.aggregator.tick_loop import _no_automatic_full_collections
-    from sentinel.wire import Batch, GpuInfo, GpuSample, Hello, ProcInfo, decode_agent_frame, encode
-
-    engine = Engine()
-    gpus = [
+    return [
         GpuInfo(index=g, uuid=f"GPU-{g}", pci_bus=f"0000:{0x18 + g:02x}:00", name="H100") for g in range(GPUS)
     ]
-    views = [engine.hello(Hello(host=f"bench-{i:05d}", gpus=gpus, boot_id="b"), 0.0) for i in range(hosts)]
+
+
+def _job_frames(hosts: int, seconds: int) -> list[list[bytes]]:
+    """``--ingest`` and ``--stream``'s frames, second by second: each host's 8 samples, the process map in
+    its first batch, and half the hosts' batches each second with the 8 heads of two jobs' ranks."""
+    import msgspec
+
+    from sentinel.wire import Batch, GpuSample, ProcInfo, encode
+
     template = [
         GpuSample(gpu=g, t=0.0, util_gpu_pct=98.0 + g * 0.1, util_mem_pct=40.0, temp_c=64.0 + g * 0.3,
                   power_w=640.0 + g, power_limit_w=700.0, sm_clock_mhz=1980.0 - g, sm_clock_max_mhz=1980.0,
@@ -823,6 +825,24 @@ def ingest_only(hosts: int, seconds: int, build_only: bool) -> None:
             )
             out.append(encode(Batch(seq=second, t=t, samples=samples, heads=heads, procs=procs)))
         frames.append(out)
+    return frames
+
+
+def ingest_only(hosts: int, seconds: int, build_only: bool) -> None:
+    """Decode and ingest the job workload's frames (half of each second's batches with 8 heads), no tick:
+    the per-batch cost of the ingest path. Under ``valgrind --tool=callgrind`` (``PYTHONHASHSEED=0``), the
+    instructions of a run minus those of the same run with ``--build-only`` (frames built, nothing
+    ingested) are the ingest path's, independent of the machine's load."""
+    import gc
+
+    from sentinel.aggregator.engine import Engine
+    from sentinel.aggregator.tick_loop import _no_automatic_full_collections
+    from sentinel.wire import Hello, decode_agent_frame
+
+    engine = Engine()
+    gpus = _gpu_infos()
+    views = [engine.hello(Hello(host=f"bench-{i:05d}", gpus=gpus, boot_id="b"), 0.0) for i in range(hosts)]
+    frames = _job_frames(hosts, seconds)
     if build_only:
         return
     gc.collect()
@@ -839,21 +859,6 @@ def ingest_only(hosts: int, seconds: int, build_only: bool) -> None:
     print(
         f"decode + ingest, {hosts} hosts x {GPUS} GPUs, {seconds} s: {spent / (hosts * seconds) * 1e6:.1f} µs of CPU per batch"
     )
-
-
-def _masked(payload: bytes, key: bytes = b"\x5a\x17\xc3\x88") -> bytes:
-    """A client frame as an agent's WebSocket sends it: binary, masked with a non-zero key."""
-    n = len(payload)
-    if n < 126:
-        head = bytes((0x82, 0x80 | n))
-    elif n < 65536:
-        head = bytes((0x82, 0x80 | 126)) + n.to_bytes(2, "big")
-    else:
-        head = bytes((0x82, 0x80 | 127)) + n.to_bytes(8, "big")
-    masked = (
-        int.from_bytes(payload, "little") ^ int.from_bytes((key * (n // 4 + 1))[:n], "little")
-    ).to_bytes(n, "little")
-    return head + key + masked
 
 
 class _CountingTransport:
@@ -895,51 +900,18 @@ def stream_path(hosts: int, seconds: int, build_only: bool) -> None:
     import functools
     import gc
 
-    import msgspec
-
     from sentinel.aggregator.server import Aggregator
     from sentinel.aggregator.stream import Connection
     from sentinel.aggregator.tick_loop import _no_automatic_full_collections
     from sentinel.aggregator.wsconn import AgentSocket
     from sentinel.config.aggregator import AggregatorConfig, IncidentsConfig
     from sentinel.log import setup_logging
-    from sentinel.wire import Batch, GpuInfo, GpuSample, Hello, ProcInfo, encode
+    from sentinel.wire import Hello, encode
 
     setup_logging("aggregator", "warning")
-    gpus = [
-        GpuInfo(index=g, uuid=f"GPU-{g}", pci_bus=f"0000:{0x18 + g:02x}:00", name="H100") for g in range(GPUS)
-    ]
+    gpus = _gpu_infos()
     hellos = [_masked(encode(Hello(host=f"bench-{i:05d}", gpus=gpus, boot_id="b"))) for i in range(hosts)]
-    template = [
-        GpuSample(gpu=g, t=0.0, util_gpu_pct=98.0 + g * 0.1, util_mem_pct=40.0, temp_c=64.0 + g * 0.3,
-                  power_w=640.0 + g, power_limit_w=700.0, sm_clock_mhz=1980.0 - g, sm_clock_max_mhz=1980.0,
-                  pstate=0, pcie_replay=0)
-        for g in range(GPUS)
-    ]  # fmt: skip
-    ranks = max(GPUS, hosts * GPUS // 2 // GPUS * GPUS)
-    model = JobModel(ranks, 0.0, 1e9, 1e9, 1.0)
-    per_job = ranks // GPUS
-    frames: list[list[bytes]] = []
-    for second in range(seconds):
-        t = float(second)
-        samples = [msgspec.structs.replace(sample, t=t) for sample in template]
-        out = []
-        for i in range(hosts):
-            job = min(1, i // per_job)
-            base = (i - job * per_job) * GPUS
-            procs = (
-                [ProcInfo(gpu=g, pid=100000 + base + g, job_id=f"bench-job-{job}", rank=base + g,
-                          local_rank=g, world_size=ranks) for g in range(GPUS)]
-                if second == 0
-                else None
-            )  # fmt: skip
-            heads = (
-                [model.heads(job, base + g, g, t + i / hosts) for g in range(GPUS)]
-                if (second + i) % 2 == 0
-                else []
-            )
-            out.append(_masked(encode(Batch(seq=second, t=t, samples=samples, heads=heads, procs=procs))))
-        frames.append(out)
+    frames = [[_masked(frame) for frame in second] for second in _job_frames(hosts, seconds)]
     if build_only:
         return
     now = [0.0]
