@@ -12,6 +12,7 @@ both the verdict latency and the ack latency is under 1 s.
     .venv/bin/python bench/aggregator.py --hosts 6144 --duration 60
     .venv/bin/python bench/aggregator.py --jobs --hosts 1024 --duration 75   # the job workload, reduced
     .venv/bin/python bench/aggregator.py --ingest 256 --duration 6           # decode + ingest per batch
+    .venv/bin/python bench/aggregator.py --stream 512 --duration 4           # a batch's path after the kernel
 
 The full-scale measurement (a quiet machine, two free cores; ~6 minutes): ramps the host count with both
 jobs up to 12,288 hosts (98,304 GPUs, two 49,152-rank jobs) and prints the largest sustained, the hardware
