@@ -12,6 +12,7 @@ both the verdict latency and the ack latency is under 1 s.
     .venv/bin/python bench/aggregator.py --hosts 6144 --duration 60
     .venv/bin/python bench/aggregator.py --jobs --hosts 1024 --duration 75   # the job workload, reduced
     .venv/bin/python bench/aggregator.py --ingest 256 --duration 6           # decode + ingest per batch
+    .venv/bin/python bench/aggregator.py --stream 512 --duration 4           # a batch's path after the kernel
 
 The full-scale measurement (a quiet machine, two free cores; ~6 minutes): ramps the host count with both
 jobs up to 12,288 hosts (98,304 GPUs, two 49,152-rank jobs) and prints the largest sustained, the hardware
@@ -46,6 +47,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from sentinel.aggregator.wsconn import unmask
 from sentinel.components.xid.parse import xid_record
 from sentinel.wire import GpuWasReset, XidOccurred
 
@@ -176,10 +178,23 @@ def _watch_stalls(path: Path) -> None:
 # -- load generator process -----------------------------------------------------------------------------
 
 
+def _masked(payload: bytes, key: bytes = b"\x5a\x17\xc3\x88") -> bytes:
+    """A client frame as an agent's WebSocket sends it: binary, masked (XOR: masking is unmasking)."""
+    n = len(payload)
+    if n < 126:
+        head = bytes((0x82, 0x80 | n))
+    elif n < 65536:
+        head = bytes((0x82, 0x80 | 126)) + n.to_bytes(2, "big")
+    else:
+        head = bytes((0x82, 0x80 | 127)) + n.to_bytes(8, "big")
+    return head + key + unmask(payload, key)
+
+
 class _Client(asyncio.Protocol):
     """A minimal WebSocket client on a raw asyncio transport: the generator's cost per batch must stay far
-    below the aggregator's, so one process can play thousands of agents. Client frames use a zero masking
-    key (valid framing; the aggregator does not care which key a client picks)."""
+    below the aggregator's, so one process can play thousands of agents. Client frames are masked with a
+    key of the client's own, as an agent's WebSocket masks them (unmasking is part of the aggregator's
+    cost; a zero key would let it skip that)."""
 
     def __init__(self, name: str, key: str, on_ack: Any) -> None:
         self.name = name
@@ -189,6 +204,7 @@ class _Client(asyncio.Protocol):
         self.buffer = bytearray()
         self.upgraded = asyncio.get_event_loop().create_future()
         self.closed = False
+        self.mask = os.urandom(4)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -235,15 +251,8 @@ class _Client(asyncio.Protocol):
             self.upgraded.set_exception(ConnectionError("closed during handshake"))
 
     def send(self, payload: bytes) -> None:
-        n = len(payload)
-        if n < 126:
-            header = bytes((0x82, 0x80 | n))
-        elif n < 65536:
-            header = bytes((0x82, 0x80 | 126)) + n.to_bytes(2, "big")
-        else:
-            header = bytes((0x82, 0x80 | 127)) + n.to_bytes(8, "big")
         assert self.transport is not None
-        self.transport.write(header + b"\x00\x00\x00\x00" + payload)
+        self.transport.write(_masked(payload, self.mask))
 
 
 class JobModel:
@@ -772,24 +781,21 @@ def engine_only(hosts: int, seconds: int) -> None:
     )
 
 
-def ingest_only(hosts: int, seconds: int, build_only: bool) -> None:
-    """Decode and ingest the job workload's frames (half of each second's batches with 8 heads), no tick:
-    the per-batch cost of the ingest path. Under ``valgrind --tool=callgrind`` (``PYTHONHASHSEED=0``), the
-    instructions of a run minus those of the same run with ``--build-only`` (frames built, nothing
-    ingested) are the ingest path's, independent of the machine's load."""
-    import gc
+def _gpu_infos() -> list[Any]:
+    from sentinel.wire import GpuInfo
 
-    import msgspec
-
-    from sentinel.aggregator.engine import Engine
-    from sentinel.aggregator.tick_loop import _no_automatic_full_collections
-    from sentinel.wire import Batch, GpuInfo, GpuSample, Hello, ProcInfo, decode_agent_frame, encode
-
-    engine = Engine()
-    gpus = [
+    return [
         GpuInfo(index=g, uuid=f"GPU-{g}", pci_bus=f"0000:{0x18 + g:02x}:00", name="H100") for g in range(GPUS)
     ]
-    views = [engine.hello(Hello(host=f"bench-{i:05d}", gpus=gpus, boot_id="b"), 0.0) for i in range(hosts)]
+
+
+def _job_frames(hosts: int, seconds: int) -> list[list[bytes]]:
+    """``--ingest`` and ``--stream``'s frames, second by second: each host's 8 samples, the process map in
+    its first batch, and half the hosts' batches each second with the 8 heads of two jobs' ranks."""
+    import msgspec
+
+    from sentinel.wire import Batch, GpuSample, ProcInfo, encode
+
     template = [
         GpuSample(gpu=g, t=0.0, util_gpu_pct=98.0 + g * 0.1, util_mem_pct=40.0, temp_c=64.0 + g * 0.3,
                   power_w=640.0 + g, power_limit_w=700.0, sm_clock_mhz=1980.0 - g, sm_clock_max_mhz=1980.0,
@@ -820,6 +826,24 @@ def ingest_only(hosts: int, seconds: int, build_only: bool) -> None:
             )
             out.append(encode(Batch(seq=second, t=t, samples=samples, heads=heads, procs=procs)))
         frames.append(out)
+    return frames
+
+
+def ingest_only(hosts: int, seconds: int, build_only: bool) -> None:
+    """Decode and ingest the job workload's frames (half of each second's batches with 8 heads), no tick:
+    the per-batch cost of the ingest path. Under ``valgrind --tool=callgrind`` (``PYTHONHASHSEED=0``), the
+    instructions of a run minus those of the same run with ``--build-only`` (frames built, nothing
+    ingested) are the ingest path's, independent of the machine's load."""
+    import gc
+
+    from sentinel.aggregator.engine import Engine
+    from sentinel.aggregator.tick_loop import _no_automatic_full_collections
+    from sentinel.wire import Hello, decode_agent_frame
+
+    engine = Engine()
+    gpus = _gpu_infos()
+    views = [engine.hello(Hello(host=f"bench-{i:05d}", gpus=gpus, boot_id="b"), 0.0) for i in range(hosts)]
+    frames = _job_frames(hosts, seconds)
     if build_only:
         return
     gc.collect()
@@ -835,6 +859,112 @@ def ingest_only(hosts: int, seconds: int, build_only: bool) -> None:
             gc.freeze()
     print(
         f"decode + ingest, {hosts} hosts x {GPUS} GPUs, {seconds} s: {spent / (hosts * seconds) * 1e6:.1f} µs of CPU per batch"
+    )
+
+
+class _CountingTransport:
+    """What an upgraded agent connection writes to, minus the kernel: bytes counted, nothing sent."""
+
+    def __init__(self) -> None:
+        self.written = 0
+
+    def write(self, data: bytes) -> None:
+        self.written += len(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+class _Previous:
+    """The protocol an AgentSocket replaced (aiohttp's request handler in the server)."""
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        pass
+
+
+def stream_path(hosts: int, seconds: int, build_only: bool) -> None:
+    """The aggregator's whole per-batch path after the kernel, without ticks: each host's masked frames
+    handed to its connection's ``AgentSocket.data_received`` (framing, unmasking, bounds, decode, ingest),
+    and every batch acked through the durable store's group commit (one a second, the writer thread's SQLite
+    commit included) onto a transport that counts the bytes. The job workload of ``--ingest``. Under
+    ``valgrind --tool=callgrind`` (``PYTHONHASHSEED=0``), minus the same run with ``--build-only``: the
+    instructions one batch costs the aggregator between the socket's read and the ack's write."""
+    import functools
+    import gc
+
+    from sentinel.aggregator.server import Aggregator
+    from sentinel.aggregator.stream import Connection
+    from sentinel.aggregator.tick_loop import _no_automatic_full_collections
+    from sentinel.aggregator.wsconn import AgentSocket
+    from sentinel.config.aggregator import AggregatorConfig, IncidentsConfig
+    from sentinel.log import setup_logging
+    from sentinel.wire import Hello, encode
+
+    setup_logging("aggregator", "warning")
+    gpus = _gpu_infos()
+    hellos = [_masked(encode(Hello(host=f"bench-{i:05d}", gpus=gpus, boot_id="b"))) for i in range(hosts)]
+    frames = [[_masked(frame) for frame in second] for second in _job_frames(hosts, seconds)]
+    if build_only:
+        return
+    now = [0.0]
+    config = AggregatorConfig(incidents=IncidentsConfig(enabled=False))
+
+    async def main(state_dir: Path) -> tuple[float, int, int]:
+        aggregator = Aggregator(
+            config, tokens=[f"{TOKEN} bench-*"], clock=lambda: now[0], state_dir=state_dir
+        )
+        streams, acks = aggregator.streams, aggregator.acks
+        grants = streams.grants_for(f"Bearer {TOKEN}")
+        sockets: list[AgentSocket] = []
+        transports: list[_CountingTransport] = []
+        for _ in range(hosts):
+            transport = _CountingTransport()
+            conn = Connection(None, "127.0.0.1", grants)  # type: ignore[arg-type]
+            conn.ws = AgentSocket(
+                transport,  # type: ignore[arg-type]
+                _Previous(),  # type: ignore[arg-type]
+                max_message=config.limits.max_frame_bytes,
+                write_limit=1 << 30,
+                on_message=functools.partial(streams._on_message, conn),
+                on_problem=functools.partial(streams._on_socket_problem, conn),
+            )
+            sockets.append(conn.ws)
+            transports.append(transport)
+        for socket_, hello in zip(sockets, hellos, strict=True):
+            socket_.data_received(hello)
+        gc.collect()
+        gc.freeze()
+        spent = 0.0
+        with _no_automatic_full_collections(True):  # as the server's tick loop runs
+            for second, out in enumerate(frames):
+                started = time.process_time()
+                for i, (socket_, frame) in enumerate(zip(sockets, out, strict=True)):
+                    now[0] = second + i / hosts
+                    socket_.data_received(frame)
+                await acks.drain(30.0)  # one group commit: flushed, committed by the writer, acks written
+                spent += time.process_time() - started
+                gc.freeze()
+        for socket_ in sockets:
+            socket_.close()
+        assert aggregator.store is not None
+        aggregator.store.close()
+        return spent, acks.sent, sum(t.written for t in transports)
+
+    with tempfile.TemporaryDirectory(prefix="sentinel-bench-") as tmp:
+        spent, acked, written = asyncio.run(main(Path(tmp)))
+    batches = hosts * seconds
+    print(
+        f"stream path (frame, decode, ingest, durable ack), {hosts} hosts x {GPUS} GPUs, {seconds} s: "
+        f"{spent / batches * 1e6:.1f} µs of CPU per batch; {acked}/{batches} acked, {written} bytes written"
     )
 
 
@@ -1039,9 +1169,15 @@ def main() -> int:
         help="decode and ingest HOSTS' batches for --duration s, no tick",
     )
     parser.add_argument(
+        "--stream",
+        type=int,
+        metavar="HOSTS",
+        help="the whole per-batch path after the kernel (frames, ingest, durable acks) for --duration s",
+    )
+    parser.add_argument(
         "--build-only",
         action="store_true",
-        help="with --ingest: build the frames only (callgrind's baseline)",
+        help="with --ingest or --stream: build the frames only (callgrind's baseline)",
     )
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--generate", help=argparse.SUPPRESS)
@@ -1066,6 +1202,9 @@ def main() -> int:
     PIN[0] = args.pin
     if args.ingest:
         ingest_only(args.ingest, int(args.duration), args.build_only)
+        return 0
+    if args.stream:
+        stream_path(args.stream, int(args.duration), args.build_only)
         return 0
     if args.engine and args.jobs:
         sizes = [int(x) for x in args.hosts.split(",") if x] or [6144]

@@ -125,9 +125,11 @@ class DurableAcks:
     def _send(self, sink: AckSink, seq: int) -> None:
         if sink.closed:
             return  # gone: the agent resends it on its next connection
-        with contextlib.suppress(ConnectionError):
+        try:
             sink.send(encode(Ack(seq=seq)))
-            self.sent += 1
+        except ConnectionError:
+            return
+        self.sent += 1
 
     async def drain(self, timeout_s: float) -> bool:
         """A clean stop: commit what was applied and send the acks it covers (False: the disk did not take it

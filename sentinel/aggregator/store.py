@@ -160,6 +160,12 @@ Write = tuple[str, bool, dict[str, bytes | None]]
 #: what opens the database (injected by tests that need SQLite itself to run out of room)
 Connect = Callable[[Path], sqlite3.Connection]
 
+#: write a record, replacing the key's earlier value (an upsert where SQLite has them, 3.24 on)
+_UPSERT = (
+    "INSERT INTO records VALUES (?,?,?) ON CONFLICT (holder, key) DO UPDATE SET value = excluded.value"
+    if sqlite3.sqlite_version_info >= (3, 24, 0)
+    else "INSERT OR REPLACE INTO records VALUES (?,?,?)"
+)
 #: the columns of each table this sentinel reads, in order
 TABLES = {"meta": ("name", "value"), "records": ("holder", "key", "value")}
 #: a failed commit is retried after this long, doubling up to RETRY_MAX_S (every attempt counted and alerted)
@@ -469,8 +475,8 @@ class StateStore:
                 kept = [(name, key, value) for key, value in changes.items() if value is not None]
                 if gone:
                     db.executemany("DELETE FROM records WHERE holder=? AND key=?", gone)
-                if kept:
-                    db.executemany("INSERT OR REPLACE INTO records VALUES (?,?,?)", kept)
+                if kept:  # (an upsert: REPLACE would delete and re-insert every changed row)
+                    db.executemany(_UPSERT, kept)
             db.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(sqlite3.Error):

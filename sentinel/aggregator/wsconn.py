@@ -59,13 +59,36 @@ def accept_key(key: str) -> str | None:
     ).decode("ascii")
 
 
-def unmask(payload: bytes, key: bytes) -> bytes:
-    """XOR ``payload`` with the 4-byte masking ``key`` (as one big-integer XOR: C speed, no Python loop)."""
+def _compiled_mask() -> Callable[[bytes, bytearray], None] | None:
+    """aiohttp's compiled in-place WebSocket XOR, when the installed aiohttp has one (None: it has not)."""
+    try:
+        from aiohttp._websocket.mask import _websocket_mask_cython  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    mask: Callable[[bytes, bytearray], None] = _websocket_mask_cython
+    return mask
+
+
+_MASK_IN_PLACE = _compiled_mask()
+
+
+def unmask_int(payload: bytes, key: bytes) -> bytes:
+    """:func:`unmask` as one big-integer XOR (C speed, no Python loop; ~3 µs a kilobyte)."""
     n = len(payload)
-    if not n or key == _ZERO_MASK:
-        return payload
     repeated = (key * (n // 4 + 1))[:n]
     return (int.from_bytes(payload, "little") ^ int.from_bytes(repeated, "little")).to_bytes(n, "little")
+
+
+def unmask(payload: bytes, key: bytes) -> bytes:
+    """XOR ``payload`` with the 4-byte masking ``key``: aiohttp's compiled loop when it has one (an agent's
+    4 kB batch in under a microsecond), else :func:`unmask_int`."""
+    if not payload or key == _ZERO_MASK:
+        return payload
+    if _MASK_IN_PLACE is None:
+        return unmask_int(payload, key)
+    data = bytearray(payload)
+    _MASK_IN_PLACE(key, data)
+    return bytes(data)
 
 
 def frame(opcode: int, payload: bytes) -> bytes:
@@ -102,9 +125,16 @@ class FrameReader:
         self.parts_size = 0
 
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:
-        """The messages completed by ``data``; raises :class:`FrameError` on the first violation."""
-        buf = self.buffer
-        buf += data
+        """The messages completed by ``data``; raises :class:`FrameError` on the first violation.
+
+        With nothing buffered (an agent's batch comes in one read) the frames are read from ``data`` itself
+        and only an incomplete tail is copied into the buffer."""
+        buf: bytes | bytearray
+        if self.buffer:
+            buf = self.buffer
+            buf += data
+        else:
+            buf = data
         out: list[tuple[int, bytes]] = []
         pos = 0
         end = len(buf)
@@ -164,8 +194,11 @@ class FrameReader:
                 if fin:
                     out.append((self.parts_opcode, b"".join(self.parts)))
                     self.parts, self.parts_opcode, self.parts_size = [], 0, 0
-        if pos:
-            del buf[:pos]
+        if buf is self.buffer:
+            if pos:
+                del self.buffer[:pos]
+        elif pos < end:
+            self.buffer += buf[pos:]
         return out
 
 

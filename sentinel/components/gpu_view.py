@@ -9,6 +9,7 @@ either daemon. Pure: no I/O, times are the agent's clock, ``now`` is the caller'
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
@@ -34,6 +35,8 @@ RESETTING = tuple(s for s in SAMPLED if s.shows_reset is not None)
 EVERY_TICK = tuple(s for s in SAMPLED if s.every_tick)
 SLOW_FIELDS = tuple(sorted({f for s in SAMPLED if not s.every_tick for f in s.reads}))
 _slow_values = attrgetter(*SLOW_FIELDS)
+if not {"recovery_action", "pcie_link", "fabric"} <= set(SLOW_FIELDS):  # what slow_reading looks at
+    raise ImportError("a slow reading's fields must be among the slow-tick signals' reads")
 #: what ``_slow_values`` reads from a fast tick's sample
 _NO_SLOW_VALUES = (None,) * len(SLOW_FIELDS)
 #: (name, function) pairs of the signals above, bound once for the per-sample loop
@@ -60,7 +63,9 @@ class GpuView:
     temp: float | None = None
     power: float | None = None
     sm_clock: float | None = None
-    throttle: list[str] = field(default_factory=list)
+    #: the clock-event reasons of the latest sample (an empty tuple, not the sample's empty list: a list per
+    #: GPU kept alive for a second is work for every young garbage collection)
+    throttle: Sequence[str] = ()
     ema_clock: float | None = None
     ema_util: float | None = None
     ema_temp: float | None = None
@@ -148,7 +153,7 @@ def apply_sample(gpu: GpuView, s: GpuSample, now: float, dirty_gpus: list[GpuVie
     util, clock, temp, power = s.util_gpu_pct, s.sm_clock_mhz, s.temp_c, s.power_w
     gpu.util, gpu.temp, gpu.power, gpu.sm_clock = util, temp, power, clock
     throttle = s.throttle
-    gpu.throttle = throttle
+    gpu.throttle = throttle if throttle else ()
     # moving averages with a fixed weight per sample (agents sample at a fixed tick)
     if clock is not None:
         ema = gpu.ema_clock
@@ -171,11 +176,11 @@ def apply_sample(gpu: GpuView, s: GpuSample, now: float, dirty_gpus: list[GpuVie
         gpu.ema_thermal = 0.0 if gpu.ema_thermal < 1e-3 else gpu.ema_thermal * 0.8
         gpu.ema_power_cap = 0.0 if gpu.ema_power_cap < 1e-3 else gpu.ema_power_cap * 0.8
     link_changed = False
-    if s.pcie_link != gpu.pcie_link and slow_reading(s):
-        link_changed = True
-        gpu.pcie_link = s.pcie_link
     memory = gpu.memory
-    if _slow_values(s) != _NO_SLOW_VALUES:
+    if _slow_values(s) != _NO_SLOW_VALUES:  # (a slow reading carries one of SLOW_FIELDS)
+        if s.pcie_link != gpu.pcie_link and slow_reading(s):
+            link_changed = True
+            gpu.pcie_link = s.pcie_link
         for name, shows_reset in _RESETTING:
             kept = memory.get(name)
             if kept is not None and shows_reset(kept, s):

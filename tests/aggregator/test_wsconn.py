@@ -33,6 +33,7 @@ from sentinel.aggregator.wsconn import (
     FrameReader,
     accept_key,
     unmask,
+    unmask_int,
 )
 from sentinel.config.aggregator import AggregatorConfig, LimitsConfig
 from sentinel.wire import Ack, Command, SnapshotRequest, decode_aggregator_frame, encode
@@ -116,7 +117,16 @@ def test_arbitrary_bytes_give_messages_or_a_frame_error_and_stay_bounded(
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=2000), st.binary(min_size=4, max_size=4))
 def test_unmask_is_the_bytewise_xor(payload: bytes, key: bytes) -> None:
-    assert unmask(payload, key) == bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+    """Both ways of unmasking (aiohttp's compiled loop where it has one, the big-integer XOR otherwise)."""
+    expected = bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+    assert unmask(payload, key) == expected
+    assert unmask_int(payload, key) == expected
+
+
+def test_unmask_uses_the_compiled_loop_of_the_installed_aiohttp() -> None:
+    """The aiohttp this sentinel is installed with has the compiled loop (the pure integer XOR costs a
+    4 kB batch ~11 µs, a tenth of the aggregator's whole per-batch budget)."""
+    assert wsconn._MASK_IN_PLACE is not None
 
 
 @pytest.mark.parametrize(
