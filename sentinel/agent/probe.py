@@ -93,15 +93,17 @@ class HeadsAuthorizer:
                 return None, f"pid {creds.pid} runs job {mine.job_id!r}, not {heads.job_id[:80]!r}"
             if heads.rank is not None and mine.rank is not None and heads.rank != mine.rank:
                 return None, f"pid {creds.pid} is rank {mine.rank}, not {heads.rank}"
+            if heads.pid == creds.pid and heads.job_id == mine.job_id:
+                return heads, ""  # what the replace below would make (heads are frozen)
             return msgspec.structs.replace(heads, pid=creds.pid, job_id=mine.job_id), ""
         job = heads.job_id
         if job is None:
-            return msgspec.structs.replace(heads, pid=creds.pid), ""
+            return _with_pid(heads, creds.pid), ""
         owners = {self.owner_uid(p.pid) for p in procs if p.job_id == job} - {None}
         if owners:
             if creds.uid not in owners:
                 return None, f"uid {creds.uid} (pid {creds.pid}) may not speak for job {job[:80]!r}"
-            return msgspec.structs.replace(heads, pid=creds.pid), ""
+            return _with_pid(heads, creds.pid), ""
         owner = self._owners.get(job)
         if owner is None:
             self._owners[job] = owner = creds.uid
@@ -111,7 +113,12 @@ class HeadsAuthorizer:
             self._owners.move_to_end(job)
         if owner != creds.uid:
             return None, f"job {job[:80]!r} is spoken for by uid {owner}, not uid {creds.uid}"
-        return msgspec.structs.replace(heads, pid=creds.pid), ""
+        return _with_pid(heads, creds.pid), ""
+
+
+def _with_pid(heads: FrHeads, pid: int) -> FrHeads:
+    """``heads`` with the kernel's pid of its sender (the same object when it says so already)."""
+    return heads if heads.pid == pid else msgspec.structs.replace(heads, pid=pid)
 
 
 def _decoded_size(heads: FrHeads, raw: int) -> int:

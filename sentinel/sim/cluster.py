@@ -413,14 +413,13 @@ class ClusterSim:
         tick by tick: realistic spread for the detectors at a fraction of the cost of fresh noise.
         """
         job, rank = gpu.job, gpu.rank
-        activity = job.activity(rank, t) if job is not None and rank is not None else "idle"
-        point = "busy" if activity in ("compute", "wait") else activity
+        point = job.load(rank, t) if job is not None and rank is not None else "idle"
         key = (point, gpu.throttle_clock)
         pool = gpu.pool.get(key)
         if pool is None:
             pool = gpu.pool[key] = [self._reading(host, gpu, point) for _ in range(POOL)]
-        gpu.pool_i = (gpu.pool_i + POOL_STEP) % POOL
-        template = pool[gpu.pool_i]
+        gpu.pool_i = i = (gpu.pool_i + POOL_STEP) % POOL
+        template = pool[i]
         if slow:
             return msgspec.structs.replace(
                 template,

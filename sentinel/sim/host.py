@@ -165,13 +165,16 @@ class SimHost:
 
     def _read(self, gpu: int, now: float, slow: bool) -> GpuSample:
         cluster = self.cluster
-        t = cluster.advance(now)
+        model = cluster.model
+        t = now - cluster.started_at
+        if t > model.now:
+            cluster.advance(now)
         with cluster.lock:
             view = self.host.gpus[gpu]
             if view.unreachable(t):
                 raise GpuLostError(f"GPU {gpu}: GPU is lost")
             if t < view.nvml_hang_at:
-                sample = cluster.model.sample(self.host, view, t, slow)
+                sample = model.sample(self.host, view, t, slow)
                 return sample if t == now else msgspec.structs.replace(sample, t=now)
         if cluster.inline:
             raise CallBlocks(f"GPU {gpu}: simulated NVML hang")
@@ -188,6 +191,8 @@ class SimHost:
         cluster = self.cluster
         if cluster.inline:
             cluster.advance(cluster.clock())
+            if not self.host.xids:  # nothing raised, and an inline source never waits
+                return []
         with cluster.changed:
             if not self.host.xids and not self.closed.is_set() and timeout_s > 0:
                 cluster.changed.wait(timeout_s)
@@ -352,6 +357,7 @@ class SimProbe:
         self.host = host
         self._next = 0.0
         self._encoder = msgspec.msgpack.Encoder()
+        self._creds: dict[int, Credentials] = {}  # by sender pid
 
     def receive(self, now: float) -> list[tuple[bytes, Credentials | None]]:
         if now < self._next:
@@ -361,10 +367,14 @@ class SimProbe:
         t = cluster.advance(now)
         encode = self._encoder.encode
         out: list[tuple[bytes, Credentials | None]] = []
+        creds = self._creds
         with cluster.lock:
             for pid, heads in cluster.model.sent_heads(self.host.host, t):
                 sent = heads if t == now else msgspec.structs.replace(heads, t=now)
-                out.append((encode(sent), Credentials(pid=pid, uid=RANK_UID, gid=RANK_UID)))
+                sender = creds.get(pid)
+                if sender is None:
+                    sender = creds[pid] = Credentials(pid=pid, uid=RANK_UID, gid=RANK_UID)
+                out.append((encode(sent), sender))
         return out
 
 

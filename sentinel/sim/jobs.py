@@ -63,6 +63,9 @@ class Iteration:
     world_done: float = INF
     world_stalled_by_net: bool = False
     enter: list[float] | None = None  # healthy ranks' entry times, computed once per iteration
+    #: what heads repeat, made once per iteration: healthy ranks' step times, groups' heads out of flight
+    steps: dict[int, StepTime] = field(default_factory=dict)
+    idle_heads: dict[tuple[int, bool, bool], PgHead] = field(default_factory=dict)
 
 
 class JobSim:
@@ -224,6 +227,13 @@ class JobSim:
             return "hung" if t >= r.hang_at else "compute"
         return "compute" if t < e else "wait"
 
+    def load(self, rank: int, t: float) -> str:
+        """busy | hung | dead: the GPU's operating point (:meth:`activity` with compute and wait as one)."""
+        if rank not in self.modified:  # a healthy rank computes or waits, always
+            return "busy"
+        activity = self.activity(rank, t)
+        return "busy" if activity in ("compute", "wait") else activity
+
     def heads(self, rank: int, t: float, pid: int | None = None) -> FrHeads | None:
         """The rank's flight-recorder heads at ``t`` as its probe sends them (no host or GPU: the agent fills
         those in); None once its process is gone."""
@@ -239,22 +249,14 @@ class JobSim:
             g = rank // self.tp
             entered = t >= e
             done = t >= tp_done
-            flight = (
-                [InFlight(seq=k, op="allreduce", age_s=t - e, state="started")]
-                if entered and not done
-                else []
-            )
-            pgs.append(
-                PgHead(
-                    pg_name=self.tp_pg[g],
-                    pg_desc="tensor_parallel",
-                    ranks=self.tp_members[g],
-                    last_enqueued_seq=k if entered else k - 1,
-                    last_started_seq=k if entered else k - 1,
-                    last_completed_seq=k if done else k - 1,
-                    in_flight=flight,
+            if entered and not done:
+                pgs.append(
+                    self._pg_head(
+                        g, k, entered, done, [InFlight(seq=k, op="allreduce", age_s=t - e, state="started")]
+                    )
                 )
-            )
+            else:
+                pgs.append(self._idle_head(g, k, entered, done))
             world_entry = tp_done
         else:
             world_entry = e + self.comm_tp if e < INF else INF
@@ -262,28 +264,20 @@ class JobSim:
             world_entry = INF
         entered_w = t >= world_entry
         done_w = t >= it.world_done
-        flight_w = (
-            [InFlight(seq=k, op="allreduce", age_s=t - world_entry, state="started")]
-            if entered_w and not done_w
-            else []
-        )
-        pgs.append(
-            PgHead(
-                pg_name="0",
-                pg_desc="default_pg",
-                last_enqueued_seq=k if entered_w else k - 1,
-                last_started_seq=k if entered_w else k - 1,
-                last_completed_seq=k if done_w else k - 1,
-                in_flight=flight_w,
-            )
-        )
+        if entered_w and not done_w:
+            flight_w = [InFlight(seq=k, op="allreduce", age_s=t - world_entry, state="started")]
+            pgs.append(self._pg_head(-1, k, entered_w, done_w, flight_w))
+        else:
+            pgs.append(self._idle_head(-1, k, entered_w, done_w))
         steps = []
         for past in self.history:
-            entered_at = self.enter_tp(rank, past)
-            if entered_at < INF:
-                steps.append(StepTime(seq=past.k, compute_s=entered_at - past.start))
+            step = self._step(rank, past)
+            if step is not None:
+                steps.append(step)
         if e <= t:
-            steps.append(StepTime(seq=k, compute_s=e - it.start))
+            step = self._step(rank, it)
+            if step is not None:
+                steps.append(step)
         return FrHeads(
             rank=rank,
             t=t,
@@ -294,3 +288,44 @@ class JobSim:
             pgs=pgs,
             steps=steps[-STEPS_IN_HEADS:],
         )
+
+    def _step(self, rank: int, it: Iteration) -> StepTime | None:
+        """How long ``rank`` computed before entering iteration ``it``'s collective (None: it never did);
+        a healthy rank's is made once per iteration."""
+        if it.enter is not None and rank not in self.modified:
+            step = it.steps.get(rank)
+            if step is None:
+                step = it.steps[rank] = StepTime(seq=it.k, compute_s=it.enter[rank] - it.start)
+            return step
+        entered = self.enter_tp(rank, it)
+        return StepTime(seq=it.k, compute_s=entered - it.start) if entered < INF else None
+
+    def _pg_head(self, g: int, k: int, entered: bool, done: bool, in_flight: list[InFlight]) -> PgHead:
+        """Tensor-parallel group ``g``'s head (-1: the world group) in iteration ``k``."""
+        if g < 0:
+            return PgHead(
+                pg_name="0",
+                pg_desc="default_pg",
+                last_enqueued_seq=k if entered else k - 1,
+                last_started_seq=k if entered else k - 1,
+                last_completed_seq=k if done else k - 1,
+                in_flight=in_flight,
+            )
+        return PgHead(
+            pg_name=self.tp_pg[g],
+            pg_desc="tensor_parallel",
+            ranks=self.tp_members[g],
+            last_enqueued_seq=k if entered else k - 1,
+            last_started_seq=k if entered else k - 1,
+            last_completed_seq=k if done else k - 1,
+            in_flight=in_flight,
+        )
+
+    def _idle_head(self, g: int, k: int, entered: bool, done: bool) -> PgHead:
+        """:meth:`_pg_head` with nothing in flight: the same for every member, made once per iteration."""
+        idle = self.it.idle_heads
+        key = (g, entered, done)
+        head = idle.get(key)
+        if head is None:
+            head = idle[key] = self._pg_head(g, k, entered, done, [])
+        return head

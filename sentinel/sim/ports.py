@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
+
 from sentinel.components.ib.record import DATA_WORD_BYTES, PortReading
 from sentinel.components.ib.sysfs import PortScan
 
@@ -56,6 +58,7 @@ class SimPort:
     silent: bool = False
     lost_at: float = INF
     _healthy: PortReading | None = None
+    _busy: PortReading | None = None
 
     def _flaps(self, t: float) -> tuple[int, bool]:
         """Drops started by ``t`` and whether the link is down at ``t``."""
@@ -65,11 +68,35 @@ class SimPort:
         return int(since // FLAP_PERIOD_S) + 1, since % FLAP_PERIOD_S < FLAP_DOWN_S
 
     def reading(self, t: float) -> PortReading:
-        if t < min(self.down_at, self.flap_at, self.degraded_at, self.busy_from, self.slow_at):
-            if self._healthy is None:  # before any fault the port reads the same every time
-                self._healthy = self._read(t)
-            return self._healthy
+        if t < min(self.down_at, self.flap_at, self.degraded_at, self.slow_at):
+            if t < self.busy_from:
+                if self._healthy is None:  # before any fault or traffic the port reads the same every time
+                    self._healthy = self._read(t)
+                return self._healthy
+            if self._busy is None:  # before any fault a busy port differs only in its traffic counters
+                self._busy = self._read(t)
+                return self._busy
+            return msgspec.structs.replace(self._busy, counters=self._busy_counters(t - self.busy_from))
         return self._read(t)
+
+    @staticmethod
+    def _busy_counters(busy: float) -> dict[str, int]:
+        """:meth:`_read`'s counters of a port carrying traffic for ``busy`` seconds with no fault."""
+        half = int(BUSY_BYTES_PER_S * busy / DATA_WORD_BYTES / 2)
+        return {
+            "link_downed": 0,
+            "link_error_recovery": 0,
+            "local_link_integrity_errors": 0,
+            "port_rcv_errors": 0,
+            "port_rcv_remote_physical_errors": 0,
+            "port_xmit_discards": 0,
+            "symbol_error": 0,
+            "port_xmit_data": half,
+            "port_rcv_data": half,
+            "port_xmit_wait": int(BUSY_WAIT_PER_S * busy),
+            "np_cnp_sent": 0,
+            "out_of_sequence": 0,
+        }
 
     def _read(self, t: float) -> PortReading:
         drops, flapping_down = self._flaps(t)

@@ -187,3 +187,33 @@ def test_simhost_implements_the_gpu_source() -> None:
     thread.join(2.0)
     assert not thread.is_alive() and result
     cluster.close()
+
+
+def test_heads_read_every_tick_are_the_heads_read_once() -> None:
+    """What a rank's heads say at t does not depend on whether they were read before (per-iteration parts
+    are made once and kept), also across a fault that changes a rank after its heads were read."""
+    text = scenario(fault("straggler", 29.0, slowdown=1.5) + fault("hang", 40.0, host="host-002", gpu=5))
+    polled, fresh = ClusterSim(load_scenario_text(text)), ClusterSim(load_scenario_text(text))
+    for step in range(0, 61):
+        polled.advance(step * 0.5)
+        fresh.advance(step * 0.5)
+        for host in polled.hosts:
+            polled.heads(host, step * 0.5)
+    for host_polled, host_fresh in zip(polled.hosts, fresh.hosts, strict=True):
+        assert polled.heads(host_polled, 30.0) == fresh.heads(host_fresh, 30.0)
+        assert polled.heads(host_polled, 30.0)  # every rank is alive and speaking
+
+
+def test_a_ports_repeated_readings_are_the_models_readings() -> None:
+    """A port read before any fault (whose unchanging parts are kept) reads what the full model computes,
+    idle, busy, and after faults that change it."""
+    text = scenario(
+        fault("link_slow", 30.0, slowdown=2.0) + fault("link_flap", 50.0, host="host-002", gpu=1),
+        extra="start_s = 10.0",
+    )
+    model = ClusterSim(load_scenario_text(text))
+    for t in [0.0, 5.0, 10.0, 11.0, 12.5, 29.0, 31.0, 49.0, 52.0, 70.0]:
+        model.advance(t)
+        for host in model.hosts:
+            for port in host.ports:
+                assert port.reading(t) == port._read(t)

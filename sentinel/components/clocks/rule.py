@@ -8,6 +8,9 @@ it sits at its power limit 70% of the time" is told from "slow for no reason the
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable
+
 from sentinel.components.clocks.record import VIOLATION_NAMES, ClockViolations
 
 #: a policy holding the clocks back this share of the interval or more is the slow GPU's reason
@@ -24,12 +27,16 @@ def violation_shares(prev: ClockViolations, cur: ClockViolations) -> dict[str, f
     if span_ns <= 0:
         return {}
     out: dict[str, float] = {}
-    for name in VIOLATION_NAMES:
-        before, after = getattr(prev, name), getattr(cur, name)
+    for name, before, after in zip(VIOLATION_NAMES, _policies(prev), _policies(cur), strict=True):
         if before is None or after is None or after < before:
             continue
         out[name] = min(1.0, (after - before) / span_ns)
     return out
+
+
+#: a reading's violation time per policy, in the order of VIOLATION_NAMES (the aggregator asks every GPU's
+#: slow reading)
+_policies: Callable[[ClockViolations], tuple[int | None, ...]] = operator.attrgetter(*VIOLATION_NAMES)
 
 
 def describe(shares: dict[str, float], span_s: float) -> str:
