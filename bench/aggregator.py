@@ -13,6 +13,7 @@ both the verdict latency and the ack latency is under 1 s.
     .venv/bin/python bench/aggregator.py --jobs --hosts 1024 --duration 75   # the job workload, reduced
     .venv/bin/python bench/aggregator.py --ingest 256 --duration 6           # decode + ingest per batch
     .venv/bin/python bench/aggregator.py --stream 512 --duration 4           # a batch's path after the kernel
+    .venv/bin/python bench/aggregator.py --processes 2 --pin --duration 20   # 2 processes on one port vs 1
 
 The full-scale measurement (a quiet machine, two free cores; ~6 minutes): ramps the host count with both
 jobs up to 12,288 hosts (98,304 GPUs, two 49,152-rank jobs) and prints the largest sustained, the hardware
@@ -29,6 +30,11 @@ batch (half the hosts each second). Steps take 1 s (0.8 s compute, 0.2 s allredu
 rank waits in it); from the warmup on one rank of job 1 computes ``--slowdown`` times longer (a straggler:
 its peers wait for it inside the collective). Reported: time from the hang to the stuck verdict naming that
 rank, time from the straggler's start to the straggler verdict naming it, and the aggregator's RSS.
+
+``--processes N`` runs each level twice: one aggregator process (the reference), then N sharing the stream
+port with SO_REUSEPORT (``server.reuse_port``), each a whole engine for the hosts the kernel hands it and
+each answering this driver on a port of its own; per process it prints the CPU, the connections and batches
+it took and its RSS. Hosts only: with no correlator a job's ranks would be split between the engines.
 """
 
 from __future__ import annotations

@@ -1,13 +1,17 @@
 """server.reuse_port: aggregator processes on one machine share the listening port (SO_REUSEPORT).
 
 Two aggregator apps stand for two processes here: each binds its own socket to the port the way the daemon
-does (``make_site``), and the kernel hands each agent's connection to one of them.
+does (``make_site``), and the kernel hands each agent's connection to one of them. Two real daemons
+(``sentinel aggregator run``) show the setting reaches the listener from the configuration file.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -86,3 +90,41 @@ async def test_two_aggregators_share_the_port_and_both_accept_agents(tmp_path: P
         assert took[0].isdisjoint(took[1])
         assert took[0] | took[1] == set(hosts)
         assert not any(ws.closed for ws in streams)
+
+
+def daemon(tmp_path: Path, name: str, port: int) -> tuple[subprocess.Popen[str], int]:
+    """``sentinel aggregator run`` with ``server.reuse_port = true`` on ``port``: the process, its bound port."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{TOKEN}\n")
+    path = tmp_path / f"{name}.toml"
+    path.write_text(
+        f'[server]\nlisten_port = {port}\nreuse_port = true\ntokens_file = "{tokens}"\n'
+        f'state_dir = "{tmp_path / name}"\n'
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sentinel", "aggregator", "run", "--config", str(path)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        record = json.loads(line)
+        if record.get("event") == "aggregator_listening":
+            return proc, int(record["addresses"][0].rsplit(":", 1)[1])
+    proc.wait(timeout=10)
+    raise AssertionError(f"{name} did not listen (exit {proc.returncode})")
+
+
+def test_two_daemons_with_reuse_port_listen_on_one_port(tmp_path: Path) -> None:
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        first, port = daemon(tmp_path, "a", 0)
+        procs.append(first)
+        second, same = daemon(tmp_path, "b", port)
+        procs.append(second)
+        assert same == port
+        assert first.poll() is None and second.poll() is None
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=20)
