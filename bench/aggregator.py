@@ -13,6 +13,7 @@ both the verdict latency and the ack latency is under 1 s.
     .venv/bin/python bench/aggregator.py --jobs --hosts 1024 --duration 75   # the job workload, reduced
     .venv/bin/python bench/aggregator.py --ingest 256 --duration 6           # decode + ingest per batch
     .venv/bin/python bench/aggregator.py --stream 512 --duration 4           # a batch's path after the kernel
+    .venv/bin/python bench/aggregator.py --processes 2 --pin --duration 20   # 2 processes on one port vs 1
 
 The full-scale measurement (a quiet machine, two free cores; ~6 minutes): ramps the host count with both
 jobs up to 12,288 hosts (98,304 GPUs, two 49,152-rank jobs) and prints the largest sustained, the hardware
@@ -29,6 +30,11 @@ batch (half the hosts each second). Steps take 1 s (0.8 s compute, 0.2 s allredu
 rank waits in it); from the warmup on one rank of job 1 computes ``--slowdown`` times longer (a straggler:
 its peers wait for it inside the collective). Reported: time from the hang to the stuck verdict naming that
 rank, time from the straggler's start to the straggler verdict naming it, and the aggregator's RSS.
+
+``--processes N`` runs each level twice: one aggregator process (the reference), then N sharing the stream
+port with SO_REUSEPORT (``server.reuse_port``), each a whole engine for the hosts the kernel hands it and
+each answering this driver on a port of its own; per process it prints the CPU, the connections and batches
+it took and its RSS. Hosts only: with no correlator a job's ranks would be split between the engines.
 """
 
 from __future__ import annotations
@@ -90,20 +96,28 @@ def percentile(values: list[float], q: float) -> float:
 # -- aggregator process ---------------------------------------------------------------------------------
 
 
-def serve(workdir: Path, core: int, profile: Path | None = None) -> None:
+def serve(workdir: Path, core: int, profile: Path | None = None, share_port: int | None = None) -> None:
+    """One aggregator process; ``share_port`` (0: any free port): listen with SO_REUSEPORT (``server.reuse_port``)
+    beside the other processes of ``--processes``, and answer this driver's HTTP on a port of its own (a request
+    to the shared port reaches whichever process the kernel picks)."""
     pin(core)
     raise_nofile()
     from aiohttp import web
 
     from sentinel.aggregator.listener import AggregatorSite
     from sentinel.aggregator.loop import run as run_loop
-    from sentinel.aggregator.server import create_app
+    from sentinel.aggregator.server import create_app, make_site
     from sentinel.config.aggregator import AggregatorConfig, IncidentsConfig, LimitsConfig, ServerConfig
     from sentinel.log import setup_logging
 
     setup_logging("aggregator", "warning")
     config = AggregatorConfig(
-        server=ServerConfig(listen_host="127.0.0.1", listen_port=0, state_dir=str(workdir)),
+        server=ServerConfig(
+            listen_host="127.0.0.1",
+            listen_port=share_port or 0,
+            reuse_port=share_port is not None,
+            state_dir=str(workdir),
+        ),
         incidents=IncidentsConfig(enabled=False),
         limits=LimitsConfig(  # every simulated host connects from 127.0.0.1
             max_streams_per_peer=1 << 20, max_connections_per_peer=1 << 20
@@ -114,9 +128,12 @@ def serve(workdir: Path, core: int, profile: Path | None = None) -> None:
         app = create_app(config, tokens=[TOKEN])
         runner = web.AppRunner(app, access_log=None, handle_signals=True)
         await runner.setup()
-        site = AggregatorSite(runner, "127.0.0.1", 0, backlog=4096)
+        site = make_site(runner, backlog=4096)
         await site.start()
         port = runner.addresses[0][1]
+        if share_port is not None:
+            await AggregatorSite(runner, "127.0.0.1", 0).start()
+            (workdir / "admin").write_text(str(runner.addresses[1][1]))
         if os.environ.get("SENTINEL_BENCH_STALLS"):
             _watch_stalls(workdir / "stalls.txt")
         (workdir / "port").write_text(str(port))
@@ -562,31 +579,47 @@ def run_level(
     job_ranks: int = 0,
     slowdown: float = 1.5,
     profile: Path | None = None,
+    processes: int = 1,
 ) -> dict[str, Any]:
     import psutil
 
     with tempfile.TemporaryDirectory(prefix="sentinel-bench-") as tmp:
         workdir = Path(tmp)
         cores = sorted(os.sched_getaffinity(0))
-        agg_core, gen_core = (cores[0], cores[-1]) if PIN[0] else (-1, -1)
+        agg_cores = [cores[i % len(cores)] if PIN[0] else -1 for i in range(processes)]
+        gen_core = cores[-1] if PIN[0] else -1
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        server = subprocess.Popen(
-            [
-                sys.executable, __file__, "--serve", str(workdir), "--core", str(agg_core),
-                *(["--profile", str(profile)] if profile is not None else []),
-            ],
-            env=env,
-        )  # fmt: skip
+        servers: list[subprocess.Popen[bytes]] = []
         gen: subprocess.Popen[bytes] | None = None
-        try:
+
+        def start_server(i: int, share_port: int | None) -> tuple[int, int]:
+            """Aggregator process i: (its stream port, its own HTTP port)."""
+            home = workdir / f"agg{i}"
+            home.mkdir()
+            server = subprocess.Popen(
+                [
+                    sys.executable, __file__, "--serve", str(home), "--core", str(agg_cores[i]),
+                    *(["--profile", str(profile)] if profile is not None and i == 0 else []),
+                    *(["--share-port", str(share_port)] if share_port is not None else []),
+                ],
+                env=env,
+            )  # fmt: skip
+            servers.append(server)
             deadline = time.time() + 30
-            while not (workdir / "port").exists():
+            while not (home / "port").exists():
                 if time.time() > deadline or server.poll() is not None:
                     raise RuntimeError("aggregator did not start")
                 time.sleep(0.1)
-            port = int((workdir / "port").read_text())
-            base = f"http://127.0.0.1:{port}"
-            proc = psutil.Process(server.pid)
+            port = int((home / "port").read_text())
+            admin = home / "admin"
+            return port, int(admin.read_text()) if admin.exists() else port
+
+        try:
+            shared = processes > 1
+            port, admin = start_server(0, 0 if shared else None)
+            admins = [admin] + [start_server(i, port)[1] for i in range(1, processes)]
+            bases = [f"http://127.0.0.1:{a}" for a in admins]
+            procs = [psutil.Process(server.pid) for server in servers]
             out = workdir / "gen.json"
             gen = subprocess.Popen(
                 [
@@ -604,22 +637,27 @@ def run_level(
                 time.sleep(0.05)
             start = float((workdir / "load.start").read_text())
             time.sleep(max(0.0, start + warmup - time.time()))
-            cpu0, gcpu0, t0 = proc.cpu_times(), gen_proc.cpu_times(), time.time()
-            applied0 = _counter(fetch(base + "/metrics").decode(), "sentinel_ingest_batches_total")
+            cpu0, gcpu0, t0 = [p.cpu_times() for p in procs], gen_proc.cpu_times(), time.time()
+            loaded = [fetch(b + "/metrics").decode() for b in bases]  # every host connected, the warmup over
+            applied0 = [_counter(m, "sentinel_ingest_batches_total") for m in loaded]
             while not (workdir / "load.stop").exists() and gen.poll() is None:
                 time.sleep(0.05)
-            cpu1, gcpu1, elapsed = proc.cpu_times(), gen_proc.cpu_times(), time.time() - t0
-            applied1 = _counter(fetch(base + "/metrics").decode(), "sentinel_ingest_batches_total")
-            rss = proc.memory_info().rss
-            if (workdir / "stalls.txt").exists():
-                Path(os.environ["SENTINEL_BENCH_STALLS"]).write_text((workdir / "stalls.txt").read_text())
+            cpu1, gcpu1, elapsed = [p.cpu_times() for p in procs], gen_proc.cpu_times(), time.time() - t0
+            applied1 = [
+                _counter(fetch(b + "/metrics").decode(), "sentinel_ingest_batches_total") for b in bases
+            ]
+            rss = [p.memory_info().rss for p in procs]
+            if (workdir / "agg0" / "stalls.txt").exists():
+                Path(os.environ["SENTINEL_BENCH_STALLS"]).write_text(
+                    (workdir / "agg0" / "stalls.txt").read_text()
+                )
             gen.wait(timeout=60)
             stats = json.loads(out.read_text())
-            verdicts = json.loads(fetch(base + "/api/v1/verdicts"))["verdicts"]
-            metrics = fetch(base + "/metrics").decode()
+            verdicts = [v for b in bases for v in json.loads(fetch(b + "/api/v1/verdicts"))["verdicts"]]
+            metrics = [fetch(b + "/metrics").decode() for b in bases]
         finally:
             # a level that failed must not leave its generator streaming into the next one
-            for child in (gen, server):
+            for child in (gen, *servers):
                 if child is None or child.poll() is not None:
                     continue
                 child.terminate()
@@ -627,6 +665,19 @@ def run_level(
                     child.wait(10)
                 except subprocess.TimeoutExpired:
                     child.kill()
+    cpu = [a.user + a.system - b.user - b.system for a, b in zip(cpu1, cpu0, strict=True)]
+    applied = [a - b for a, b in zip(applied1, applied0, strict=True)]
+    each = [
+        {
+            "core": agg_cores[i],
+            "cpu": round(cpu[i] / elapsed, 3),
+            "batches": int(applied[i]),
+            "connections": int(_counter(loaded[i], "sentinel_agents_connected")),
+            "us_per_batch": round(cpu[i] / max(1.0, applied[i]) * 1e6, 1),
+            "rss_mb": round(rss[i] / 2**20, 1),
+        }
+        for i in range(processes)
+    ]
     latencies = []
     missed = 0
     for host, gpu, t_sent in stats["faults"]:
@@ -642,10 +693,13 @@ def run_level(
             latencies.append(min(hits))
         else:
             missed += 1
-    tick_p99 = _histogram_quantile(metrics, "sentinel_aggregator_tick_duration_seconds", 0.99)
+    tick_p99 = max(_histogram_quantile(m, "sentinel_aggregator_tick_duration_seconds", 0.99) for m in metrics)
     detector_p99 = {
-        name: _histogram_quantile(
-            metrics, "sentinel_aggregator_detector_duration_seconds", 0.99, f'detector="{name}"'
+        name: max(
+            _histogram_quantile(
+                m, "sentinel_aggregator_detector_duration_seconds", 0.99, f'detector="{name}"'
+            )
+            for m in metrics
         )
         for name in ("hardware", "stuck", "straggler", "inventory", "network", "host_silent")
     }
@@ -668,12 +722,12 @@ def run_level(
         "verdict_max_s": max(latencies) if latencies else float("nan"),
         "tick_p99_s": tick_p99,
         "detector_p99_s": detector_p99,
-        "aggregator_cpu": round((cpu1.user + cpu1.system - cpu0.user - cpu0.system) / elapsed, 3),
-        "aggregator_us_per_batch": round(
-            (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / max(1.0, applied1 - applied0) * 1e6, 1
-        ),
+        "aggregator_cpu": round(sum(cpu) / elapsed, 3),
+        "aggregator_us_per_batch": round(sum(cpu) / max(1.0, sum(applied)) * 1e6, 1),
         "generator_cpu": round((gcpu1.user + gcpu1.system - gcpu0.user - gcpu0.system) / elapsed, 3),
-        "aggregator_rss_mb": round(rss / 2**20, 1),
+        "generator_core": gen_core,
+        "aggregator_rss_mb": round(max(rss) / 2**20, 1),
+        "processes": each,
     }
     jobs = stats.get("jobs")
     if jobs:
@@ -714,6 +768,41 @@ def run_level(
         )
     )
     return result
+
+
+def processes_level(hosts: int, duration: float, warmup: float, processes: int) -> dict[str, Any]:
+    """One level on one process (the reference) and on ``processes`` processes sharing the port; prints both."""
+    cores = sorted(os.sched_getaffinity(0))
+    print(
+        f"{hosts} hosts at 1 Hz, {duration:g} s: 1 aggregator process (reference), then {processes} sharing "
+        f"one port (SO_REUSEPORT, no coordinator: hosts only, the job detectors would see split jobs); "
+        f"cores available {cores}, load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+    runs = {}
+    for n in (1, processes):
+        r = run_level(hosts, duration, warmup, processes=n)
+        runs[n] = r
+        gen_core = r["generator_core"]
+        shares = [i for i, p in enumerate(r["processes"]) if gen_core >= 0 and p["core"] == gen_core]
+        print(
+            f"  {n} process{'es' if n > 1 else ''}: sent {r['batches_sent']}/{r['batches_expected']}, acked "
+            f"{r['batches_acked']}, ack p50/p99 {r['ack_p50_s'] * 1000:.1f}/{r['ack_p99_s'] * 1000:.1f} ms, "
+            f"hardware verdict p99 {r['verdict_p99_s'] * 1000:.1f} ms ({r['verdict_n']} faults, "
+            f"{r['verdict_missed']} missed), generator CPU {r['generator_cpu']:.2f}"
+            f"{f' on core {gen_core}' if gen_core >= 0 else ' (not pinned)'}"
+            f"{f' shared with process {shares}' if shares else ''}; sustained: {'yes' if r['sustained'] else 'NO'}",
+            flush=True,
+        )
+        for i, p in enumerate(r["processes"]):
+            where = f" (core {p['core']})" if p["core"] >= 0 else ""
+            print(
+                f"    process {i}{where}: "
+                f"CPU {p['cpu']:.2f}, {p['connections']} connections, {p['batches']} batches "
+                f"({p['us_per_batch']:.1f} µs CPU each), RSS {p['rss_mb']:.0f} MB",
+                flush=True,
+            )
+    return {"hosts": hosts, "reference": runs[1], "shared": runs[processes]}
 
 
 def _counter(text: str, name: str) -> float:
@@ -1179,13 +1268,22 @@ def main() -> int:
         action="store_true",
         help="with --ingest or --stream: build the frames only (callgrind's baseline)",
     )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="N aggregator processes sharing one port (SO_REUSEPORT, server.reuse_port), each a whole engine "
+        "for the hosts the kernel gives it; each level also runs one process as the reference. Hosts only: "
+        "no --jobs (default levels 3072,6144)",
+    )
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--share-port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--generate", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--core", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve, args.core, args.profile)
+        serve(args.serve, args.core, args.profile, args.share_port)
         return 0
     if args.generate:
         generate(
@@ -1210,6 +1308,17 @@ def main() -> int:
         sizes = [int(x) for x in args.hosts.split(",") if x] or [6144]
         results = [
             engine_jobs(h, int(args.duration), args.job_ranks, args.slowdown, args.warmup) for h in sizes
+        ]
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2))
+        return 0
+    if args.processes > 1:
+        if args.jobs:
+            parser.error("--processes is hosts only: with no correlator a job's ranks split between engines")
+        levels = [int(x) for x in args.hosts.split(",") if x] or [3072, 6144]
+        results = [
+            processes_level(h, args.duration, min(args.warmup, args.duration / 3), args.processes)
+            for h in levels
         ]
         if args.json:
             args.json.write_text(json.dumps(results, indent=2))

@@ -26,7 +26,7 @@ from sentinel.aggregator.goodput import GoodputLedger
 from sentinel.aggregator.identity import TokenBook, TokenGrant, as_grants, load_api_tokens, load_tokens
 from sentinel.aggregator.incidents import IncidentManager, IncidentStore
 from sentinel.aggregator.latches import FleetLatches, FleetSeqWindows
-from sentinel.aggregator.listener import PEER_GATE_KEY, PeerGate
+from sentinel.aggregator.listener import PEER_GATE_KEY, AggregatorSite, PeerGate
 from sentinel.aggregator.metrics import AggregatorMetrics
 from sentinel.aggregator.pushback import VerdictPush
 from sentinel.aggregator.refusals import RefusalLog
@@ -311,6 +311,15 @@ def make_runner(app: web.Application, **kwargs: Any) -> web.AppRunner:
     limits = app[AGGREGATOR_KEY].config.limits
     kwargs.setdefault("access_log", None)
     return web.AppRunner(app, keepalive_timeout=limits.header_timeout_s, **kwargs)
+
+
+def make_site(runner: web.AppRunner, **kwargs: Any) -> AggregatorSite:
+    """The listener of ``server.listen_host``:``server.listen_port`` for a runner of the aggregator's app,
+    shared with other aggregator processes on this machine when ``server.reuse_port`` (SO_REUSEPORT)."""
+    server = runner.app[AGGREGATOR_KEY].config.server
+    return AggregatorSite(
+        runner, server.listen_host, server.listen_port, reuse_port=server.reuse_port, **kwargs
+    )
 
 
 def create_app(

@@ -16,10 +16,9 @@ import time
 from pathlib import Path
 
 from sentinel.aggregator.identity import TokenError, server_ssl_context
-from sentinel.aggregator.listener import AggregatorSite
 from sentinel.aggregator.loop import LoopErrorLimiter
 from sentinel.aggregator.loop import run as run_loop
-from sentinel.aggregator.server import AGGREGATOR_KEY, create_app, make_runner
+from sentinel.aggregator.server import AGGREGATOR_KEY, create_app, make_runner, make_site
 from sentinel.aggregator.store import StoreError
 from sentinel.config import ConfigError, load_aggregator_config
 from sentinel.config.aggregator import AggregatorConfig
@@ -101,12 +100,7 @@ async def serve(config: AggregatorConfig, *, config_path: Path | None = None) ->
     limiter.install(asyncio.get_running_loop())
     await runner.setup()
     try:
-        site = AggregatorSite(
-            runner,
-            config.server.listen_host,
-            config.server.listen_port,
-            ssl_context=ssl_context,
-        )
+        site = make_site(runner, ssl_context=ssl_context)
         await site.start()
         addresses = [f"{a[0]}:{a[1]}" for a in runner.addresses if isinstance(a, tuple)]
         log.info("aggregator_listening", addresses=addresses, state_dir=config.server.state_dir)

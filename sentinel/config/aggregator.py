@@ -35,6 +35,16 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "never the agent's /var/lib/sentinel, also when run outside systemd"
         ),
     ] = "/var/lib/sentinel-aggregator"
+    reuse_port: Annotated[
+        bool,
+        msgspec.Meta(
+            description="bind listen_port with SO_REUSEPORT, so that several aggregator processes on one "
+            "machine share it and the kernel spreads the agents' connections among them; each process is a "
+            "whole engine for the hosts it accepts and needs its own state_dir. A host's reconnect may land "
+            "on another process, and a job's ranks are split between them (its stuck and straggler detectors "
+            "see only part of it): docs/aggregator.md, 'More than one core on one machine'"
+        ),
+    ] = False
     api_token_file: Annotated[
         str,
         msgspec.Meta(
