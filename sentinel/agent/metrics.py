@@ -13,7 +13,14 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from sentinel.components.exposition import GpuRow, MetricsView, Writer, escape, write_families
+from sentinel.components.exposition import (
+    GpuRow,
+    KeptFamilies,
+    MetricsView,
+    Writer,
+    escape,
+    write_families,
+)
 from sentinel.components.families import (
     Collector,
     CollectorRegistry,
@@ -93,6 +100,8 @@ class AgentMetricsCollector(Collector):
         self.gpus = gpus
         self.counters = counters
         #: signal name → (what its text was written from, the slow samples held, the text): see render_gpu_text
+        #: the registry's families as written at the last scrape (a family with equal samples is not rewritten)
+        self._family_texts: KeptFamilies = {}
         self._slow_texts: dict[
             str, tuple[tuple[tuple[str, str, bool, int], ...], list[GpuSample | None], str]
         ] = {}
@@ -108,7 +117,7 @@ class AgentMetricsCollector(Collector):
         """The whole /metrics body: the per-GPU series, then the registry's (agent health)."""
         out = Writer()
         out.raw(self.render_gpu_text())
-        write_families(out, registry.collect())
+        write_families(out, registry.collect(), self._family_texts)
         return out.text().encode()
 
     def render_gpu_text(self) -> str:

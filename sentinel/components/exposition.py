@@ -96,33 +96,76 @@ def _sample_line(sample: SampleLike) -> str:
     return f"{_series_text(sample.name, sample.labels)}{text} {stamp:d}\n"
 
 
-def write_families(out: Writer, families: Iterable[Family]) -> None:
+#: a family's text by its name, with what it was written from: (type, help, samples, the positions of the
+#: samples whose value is -0.0, text)
+KeptFamilies = dict[str, tuple[str, str, list[SampleLike], list[int], str]]
+
+
+def _negative_zeros(samples: list[SampleLike]) -> list[int]:
+    """Where ``samples`` hold -0.0 (equal to 0.0, but written otherwise)."""
+    return [i for i, s in enumerate(samples) if s.value == 0 and math.copysign(1.0, s.value) < 0]
+
+
+def write_families(out: Writer, families: Iterable[Family], kept: KeptFamilies | None = None) -> None:
     """Metric families (:mod:`sentinel.components.families`, or prometheus-client's) in the text format, as
     prometheus-client's ``generate_latest`` writes them (the same bytes), with each series' text up to its
-    value kept from one scrape to the next."""
+    value kept from one scrape to the next.
+
+    ``kept`` (the caller's, from its last call) holds each family's text with the samples it was written
+    from: a family whose samples are equal is not written again. It is replaced by this call's families.
+    """
     lines: list[str] = []
+    fresh: KeptFamilies = {}
     for metric in families:
-        name, kind = metric.name, metric.type
-        if kind == "counter":
-            name += "_total"
-        elif kind == "info":
-            name += "_info"
-        doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
-        escaped = _metric_name(name)
-        lines.append(f"# HELP {escaped} {doc}\n# TYPE {escaped} {_PROMETHEUS_TYPE.get(kind, kind)}\n")
-        split_names = {metric.name + suffix: suffix for suffix in _SPLIT_OUT}
-        split: dict[str, list[str]] = {}
-        for sample in metric.samples:
-            suffix = split_names.get(sample.name)
-            if suffix is None:
-                lines.append(_sample_line(sample))
-            else:
-                split.setdefault(suffix, []).append(_sample_line(sample))
-        for suffix, split_lines in sorted(split.items()):
-            escaped = _metric_name(metric.name + suffix)
-            lines.append(f"# HELP {escaped} {doc}\n# TYPE {escaped} gauge\n")
-            lines.extend(split_lines)
+        samples = list(metric.samples)
+        last = kept.get(metric.name) if kept is not None else None
+        # equal samples write the same text (their values compare as numbers: -0.0 is equal to 0.0)
+        if (
+            last is not None
+            and last[:3] == (metric.type, metric.documentation, samples)
+            and last[3] == _negative_zeros(samples)
+        ):
+            lines.append(last[4])
+            fresh[metric.name] = last
+            continue
+        text = _family_text(metric, samples)
+        lines.append(text)
+        if kept is not None:
+            fresh[metric.name] = (
+                metric.type,
+                metric.documentation,
+                samples,
+                _negative_zeros(samples),
+                text,
+            )
+    if kept is not None:
+        kept.clear()
+        kept.update(fresh)
     out.raw("".join(lines))
+
+
+def _family_text(metric: Family, samples: list[SampleLike]) -> str:
+    name, kind = metric.name, metric.type
+    if kind == "counter":
+        name += "_total"
+    elif kind == "info":
+        name += "_info"
+    doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
+    escaped = _metric_name(name)
+    lines = [f"# HELP {escaped} {doc}\n# TYPE {escaped} {_PROMETHEUS_TYPE.get(kind, kind)}\n"]
+    split_names = {metric.name + suffix: suffix for suffix in _SPLIT_OUT}
+    split: dict[str, list[str]] = {}
+    for sample in samples:
+        suffix = split_names.get(sample.name)
+        if suffix is None:
+            lines.append(_sample_line(sample))
+        else:
+            split.setdefault(suffix, []).append(_sample_line(sample))
+    for suffix, split_lines in sorted(split.items()):
+        escaped = _metric_name(metric.name + suffix)
+        lines.append(f"# HELP {escaped} {doc}\n# TYPE {escaped} gauge\n")
+        lines.extend(split_lines)
+    return "".join(lines)
 
 
 @dataclass(slots=True)
