@@ -46,10 +46,11 @@ class Writer:
         self._parts.append(f"# HELP {name} {doc}\n# TYPE {name} {kind}\n")
 
     def line(self, name: str, labels: str, value: float, extra: str = "") -> None:
+        text = repr(value) if value - value == 0.0 else _value(value)  # finite: _value's repr, inline
         if extra:
-            self._parts.append(f"{name}{{{labels},{extra}}} {_value(value)}\n")
+            self._parts.append(f"{name}{{{labels},{extra}}} {text}\n")
         else:
-            self._parts.append(f"{name}{{{labels}}} {_value(value)}\n")
+            self._parts.append(f"{name}{{{labels}}} {text}\n")
 
     def raw(self, text: str) -> None:
         """Lines already written (by another Writer)."""
