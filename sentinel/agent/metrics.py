@@ -13,7 +13,14 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from sentinel.components.exposition import GpuRow, MetricsView, Writer, escape, write_families
+from sentinel.components.exposition import (
+    GpuRow,
+    KeptFamilies,
+    MetricsView,
+    Writer,
+    escape,
+    write_families,
+)
 from sentinel.components.families import (
     Collector,
     CollectorRegistry,
@@ -21,7 +28,7 @@ from sentinel.components.families import (
     GaugeMetricFamily,
     Metric,
 )
-from sentinel.components.registry import render_gpu_metrics
+from sentinel.components.registry import GPU_SIGNALS
 from sentinel.wire import GpuInfo, GpuSample, GpuState
 
 GPU_LABELS = ["cluster", "host", "gpu", "uuid", "pci_bus", "job", "rank"]
@@ -92,6 +99,12 @@ class AgentMetricsCollector(Collector):
         self.host = host
         self.gpus = gpus
         self.counters = counters
+        #: signal name → (what its text was written from, the slow samples held, the text): see render_gpu_text
+        #: the registry's families as written at the last scrape (a family with equal samples is not rewritten)
+        self._family_texts: KeptFamilies = {}
+        self._slow_texts: dict[
+            str, tuple[tuple[tuple[str, str, bool, int], ...], list[GpuSample | None], str]
+        ] = {}
 
     def describe(self) -> list[Metric]:
         return []  # unchecked collector: families depend on the GPUs present
@@ -104,11 +117,13 @@ class AgentMetricsCollector(Collector):
         """The whole /metrics body: the per-GPU series, then the registry's (agent health)."""
         out = Writer()
         out.raw(self.render_gpu_text())
-        write_families(out, registry.collect())
+        write_families(out, registry.collect(), self._family_texts)
         return out.text().encode()
 
     def render_gpu_text(self) -> str:
-        """The per-GPU series: every component's families (:mod:`sentinel.components.registry`)."""
+        """The per-GPU series: every GPU signal's families (:mod:`sentinel.components.registry`), in registry
+        order; a signal that read only the slow samples keeps its text while they, the GPUs' labels and
+        states are the same."""
         xids: dict[int, dict[tuple[int, str], int]] = defaultdict(dict)
         for (gpu_index, code, severity), count in self.counters.xid.items():
             xids[gpu_index][(code, severity)] = count
@@ -124,7 +139,27 @@ class AgentMetricsCollector(Collector):
             )
             for index, view in sorted(self.gpus.items())
         ]
-        return render_gpu_metrics(MetricsView(rows))
+        # what a slow-only render reads (the slow samples by identity: the cache holds them, so ids stay theirs)
+        slow_key = tuple((r.labels, r.state, r.fast is not None, id(r.slow)) for r in rows)
+        slow = [r.slow for r in rows]
+        out = Writer()
+        for signal in GPU_SIGNALS:
+            if signal.render is None:
+                continue
+            kept = self._slow_texts.get(signal.name)
+            if kept is not None and kept[0] == slow_key:
+                out.raw(kept[2])
+                continue
+            fresh = Writer()
+            view = MetricsView(rows)
+            signal.render(fresh, view)
+            text = fresh.text()
+            if view.read_beyond_slow:
+                self._slow_texts.pop(signal.name, None)
+            else:
+                self._slow_texts[signal.name] = (slow_key, slow, text)
+            out.raw(text)
+        return out.text()
 
     def _agent_families(self) -> Iterator[Metric]:
         c = self.counters

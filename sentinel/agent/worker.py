@@ -69,10 +69,11 @@ class GpuWorker:
         future: asyncio.Future[T] = loop.create_future()
         self._queue.put((fn, loop, future))
         try:
-            return await asyncio.wait_for(asyncio.shield(future), deadline_s)
+            # past the deadline the future is cancelled: the thread's late result finds it done (_settle)
+            async with asyncio.timeout(deadline_s):
+                return await future
         except TimeoutError:
             self.hung = True
-            future.add_done_callback(_consume)
             raise Unresponsive(f"{self.name}: no answer within {deadline_s:g} s") from None
 
     def stop(self) -> None:
@@ -87,12 +88,6 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
         future.set_exception(error)
     else:
         future.set_result(result)
-
-
-def _consume(future: asyncio.Future[Any]) -> None:
-    """Retrieve a late result nobody waits for, so asyncio does not log it as never retrieved."""
-    if not future.cancelled():
-        future.exception()
 
 
 class CallBlocks(Exception):

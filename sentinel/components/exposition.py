@@ -46,10 +46,11 @@ class Writer:
         self._parts.append(f"# HELP {name} {doc}\n# TYPE {name} {kind}\n")
 
     def line(self, name: str, labels: str, value: float, extra: str = "") -> None:
+        text = repr(value) if value - value == 0.0 else _value(value)  # finite: _value's repr, inline
         if extra:
-            self._parts.append(f"{name}{{{labels},{extra}}} {_value(value)}\n")
+            self._parts.append(f"{name}{{{labels},{extra}}} {text}\n")
         else:
-            self._parts.append(f"{name}{{{labels}}} {_value(value)}\n")
+            self._parts.append(f"{name}{{{labels}}} {text}\n")
 
     def raw(self, text: str) -> None:
         """Lines already written (by another Writer)."""
@@ -67,55 +68,105 @@ _SPLIT_OUT = ("_created", "_gsum", "_gcount")  # OpenMetrics samples written as 
 _PROMETHEUS_TYPE = {"info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram", "unknown": "untyped"}
 
 
-#: a label set's text, by its (name, value) pairs in the family's order: most series keep theirs from one
-#: scrape to the next, so the sort and escaping happen once (bounded: cleared when full)
-_label_texts: dict[tuple[tuple[str, str], ...], str] = {}
-_MAX_LABEL_TEXTS = 8192
+#: a series' text up to its value (``name{labels} ``), by its name and (label, value) pairs in the family's
+#: order: most series keep theirs from one scrape to the next, so the sort and escaping happen once (bounded:
+#: cleared when full)
+_series_texts: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
+_MAX_SERIES_TEXTS = 8192
 
 
-def _labels_text(labels: dict[str, str]) -> str:
-    key = tuple(labels.items())
-    text = _label_texts.get(key)
+def _series_text(name: str, labels: dict[str, str]) -> str:
+    key = (name, tuple(labels.items()))
+    text = _series_texts.get(key)
     if text is None:
-        text = ",".join(f'{_label_name(k)}="{escape(v)}"' for k, v in sorted(key))
-        if len(_label_texts) >= _MAX_LABEL_TEXTS:
-            _label_texts.clear()
-        _label_texts[key] = text
+        pairs = ",".join(f'{_label_name(k)}="{escape(v)}"' for k, v in sorted(key[1]))
+        text = f"{_metric_name(name)}{{{pairs}}} " if pairs else f"{_metric_name(name)} "
+        if len(_series_texts) >= _MAX_SERIES_TEXTS:
+            _series_texts.clear()
+        _series_texts[key] = text
     return text
 
 
 def _sample_line(sample: SampleLike) -> str:
-    labels = _labels_text(sample.labels)
-    stamp = "" if sample.timestamp is None else f" {int(float(sample.timestamp) * 1000):d}"
-    braces = f"{{{labels}}}" if labels else ""
-    return f"{_metric_name(sample.name)}{braces} {_float_text(sample.value)}{stamp}\n"
+    value = sample.value
+    # Go writes these as Python's repr does (no exponent below 1e6): the common case, without a call
+    text = repr(value) if type(value) is float and -math.inf < value < 1e6 else _float_text(value)
+    if sample.timestamp is None:
+        return f"{_series_text(sample.name, sample.labels)}{text}\n"
+    stamp = int(float(sample.timestamp) * 1000)
+    return f"{_series_text(sample.name, sample.labels)}{text} {stamp:d}\n"
 
 
-def write_families(out: Writer, families: Iterable[Family]) -> None:
+#: a family's text by its name, with what it was written from: (type, help, samples, the positions of the
+#: samples whose value is -0.0, text)
+KeptFamilies = dict[str, tuple[str, str, list[SampleLike], list[int], str]]
+
+
+def _negative_zeros(samples: list[SampleLike]) -> list[int]:
+    """Where ``samples`` hold -0.0 (equal to 0.0, but written otherwise)."""
+    return [i for i, s in enumerate(samples) if s.value == 0 and math.copysign(1.0, s.value) < 0]
+
+
+def write_families(out: Writer, families: Iterable[Family], kept: KeptFamilies | None = None) -> None:
     """Metric families (:mod:`sentinel.components.families`, or prometheus-client's) in the text format, as
-    prometheus-client's ``generate_latest`` writes them (the same bytes), with each name's escaping looked up
-    once instead of per sample."""
+    prometheus-client's ``generate_latest`` writes them (the same bytes), with each series' text up to its
+    value kept from one scrape to the next.
+
+    ``kept`` (the caller's, from its last call) holds each family's text with the samples it was written
+    from: a family whose samples are equal is not written again. It is replaced by this call's families.
+    """
+    lines: list[str] = []
+    fresh: KeptFamilies = {}
     for metric in families:
-        name, kind = metric.name, metric.type
-        if kind == "counter":
-            name += "_total"
-        elif kind == "info":
-            name += "_info"
-        doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
-        escaped = _metric_name(name)
-        out.raw(f"# HELP {escaped} {doc}\n# TYPE {escaped} {_PROMETHEUS_TYPE.get(kind, kind)}\n")
-        split: dict[str, list[str]] = {}
-        for sample in metric.samples:
-            for suffix in _SPLIT_OUT:
-                if sample.name == metric.name + suffix:
-                    split.setdefault(suffix, []).append(_sample_line(sample))
-                    break
-            else:
-                out.raw(_sample_line(sample))
-        for suffix, lines in sorted(split.items()):
-            escaped = _metric_name(metric.name + suffix)
-            out.raw(f"# HELP {escaped} {doc}\n# TYPE {escaped} gauge\n")
-            out.raw("".join(lines))
+        samples = list(metric.samples)
+        last = kept.get(metric.name) if kept is not None else None
+        # equal samples write the same text (their values compare as numbers: -0.0 is equal to 0.0)
+        if (
+            last is not None
+            and last[:3] == (metric.type, metric.documentation, samples)
+            and last[3] == _negative_zeros(samples)
+        ):
+            lines.append(last[4])
+            fresh[metric.name] = last
+            continue
+        text = _family_text(metric, samples)
+        lines.append(text)
+        if kept is not None:
+            fresh[metric.name] = (
+                metric.type,
+                metric.documentation,
+                samples,
+                _negative_zeros(samples),
+                text,
+            )
+    if kept is not None:
+        kept.clear()
+        kept.update(fresh)
+    out.raw("".join(lines))
+
+
+def _family_text(metric: Family, samples: list[SampleLike]) -> str:
+    name, kind = metric.name, metric.type
+    if kind == "counter":
+        name += "_total"
+    elif kind == "info":
+        name += "_info"
+    doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
+    escaped = _metric_name(name)
+    lines = [f"# HELP {escaped} {doc}\n# TYPE {escaped} {_PROMETHEUS_TYPE.get(kind, kind)}\n"]
+    split_names = {metric.name + suffix: suffix for suffix in _SPLIT_OUT}
+    split: dict[str, list[str]] = {}
+    for sample in samples:
+        suffix = split_names.get(sample.name)
+        if suffix is None:
+            lines.append(_sample_line(sample))
+        else:
+            split.setdefault(suffix, []).append(_sample_line(sample))
+    for suffix, split_lines in sorted(split.items()):
+        escaped = _metric_name(metric.name + suffix)
+        lines.append(f"# HELP {escaped} {doc}\n# TYPE {escaped} gauge\n")
+        lines.extend(split_lines)
+    return "".join(lines)
 
 
 @dataclass(slots=True)
@@ -132,23 +183,37 @@ class GpuRow:
     xids: dict[tuple[int, str], int] = field(default_factory=dict)
 
 
-@dataclass(slots=True)
 class MetricsView:
-    """Every GPU of the host (``rows``) and those answering NVML with a sample (``ok``)."""
+    """Every GPU of the host (``rows``) and those answering NVML with a sample (``ok``).
 
-    rows: list[GpuRow]
+    It notes whether a render read more than :meth:`slow` (``read_beyond_slow``): a family written from the
+    slow samples alone is the same text while they are, which the agent keeps between scrapes.
+    """
+
+    __slots__ = ("_rows", "read_beyond_slow")
+
+    def __init__(self, rows: list[GpuRow]) -> None:
+        self._rows = rows
+        self.read_beyond_slow = False
+
+    @property
+    def rows(self) -> list[GpuRow]:
+        self.read_beyond_slow = True
+        return self._rows
 
     @property
     def ok(self) -> list[GpuRow]:
-        return [r for r in self.rows if r.state == "ok" and r.fast is not None]
+        self.read_beyond_slow = True
+        return [r for r in self._rows if r.state == "ok" and r.fast is not None]
 
     def fast(self) -> list[tuple[GpuSample, str]]:
-        return [(r.fast, r.labels) for r in self.rows if r.state == "ok" and r.fast is not None]
+        self.read_beyond_slow = True
+        return [(r.fast, r.labels) for r in self._rows if r.state == "ok" and r.fast is not None]
 
     def slow(self) -> list[tuple[GpuSample, str]]:
         return [
             (r.slow, r.labels)
-            for r in self.rows
+            for r in self._rows
             if r.state == "ok" and r.fast is not None and r.slow is not None
         ]
 

@@ -107,15 +107,6 @@ def _check() -> None:
 _check()
 
 
-def render_gpu_metrics(view: MetricsView) -> str:
-    """Every GPU signal's families for one host, in registry order."""
-    out = Writer()
-    for signal in GPU_SIGNALS:
-        if signal.render is not None:
-            signal.render(out, view)
-    return out.text()
-
-
 def families(signal: Signal[Any]) -> list[tuple[str, str, str]]:
     """(name, type, help) of each family ``signal`` renders (what its ``render`` writes for no GPU)."""
     if signal.render is None:

@@ -10,7 +10,8 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from sentinel.agent import Agent
-from sentinel.wire import ProcInfo
+from sentinel.agent.metrics import AgentCounters, AgentMetricsCollector, GpuView, make_registry
+from sentinel.wire import EccCounters, GpuInfo, GpuSample, NvLink, ProcInfo
 from tests.agent.conftest import make_config
 from tests.agent.fakes import FakeSource
 from tests.support import need_binary
@@ -120,3 +121,44 @@ async def test_control_api_snapshot_and_health(tmp_path: Path) -> None:
     assert doc["host"] == "host-test" and health["ok"] is True
     assert {e["type"] for e in doc["entries"]} >= {"sample"}
     assert [e["t"] for e in doc["entries"]] == sorted(e["t"] for e in doc["entries"])
+
+
+def test_text_kept_between_scrapes_is_what_a_fresh_render_writes() -> None:
+    """The agent keeps slow-only families' text and unchanged families between scrapes: after every change
+    of fast sample, slow sample, job, GPU state or counter, its body is a fresh collector's."""
+    info = GpuInfo(index=0, uuid="GPU-0", pci_bus="0000:18:00", name="Fake", nvlinks=2)
+    view = GpuView(info)
+    counters = AgentCounters()
+    kept = AgentMetricsCollector("c1", "h1", {0: view}, counters)
+    kept_registry = make_registry(kept)
+
+    def fast(temp: float) -> GpuSample:
+        return GpuSample(gpu=0, t=temp, temp_c=temp, util_gpu_pct=50.0)
+
+    def slow(crc: int) -> GpuSample:
+        sample = fast(60.0)
+        sample.ecc = EccCounters(volatile_corrected=crc)
+        sample.nvlink = [NvLink(link=link, crc_errors=crc + link) for link in range(2)]
+        return sample
+
+    def check() -> str:
+        fresh = AgentMetricsCollector("c1", "h1", {0: view}, counters)
+        body = kept.render(kept_registry).decode()
+        assert body == fresh.render(make_registry(fresh)).decode()
+        return body
+
+    view.fast, view.slow = fast(50.0), slow(3)
+    assert 'link="1",type="crc"} 4.0' in check()
+    view.fast = fast(51.0)  # a new fast sample, the same slow one
+    body = check()
+    assert "sentinel_gpu_temperature_celsius{" in body and "} 51.0\n" in body
+    view.slow = slow(7)
+    assert 'link="1",type="crc"} 8.0' in check()
+    view.job, view.rank = "train-a", "3"
+    assert 'job="train-a",rank="3",link="0",type="crc"} 7.0' in check()
+    counters.batches_sent += 1
+    assert 'sentinel_agent_batches_sent_total{cluster="c1",host="h1"} 1.0' in check()
+    view.state = "lost"
+    assert "sentinel_gpu_nvlink_errors_total{" not in check()
+    view.state = "ok"
+    assert 'link="0",type="crc"} 7.0' in check()

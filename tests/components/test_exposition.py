@@ -16,7 +16,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import CollectorRegistry
 
-from sentinel.components.exposition import Writer, write_families
+from sentinel.components.exposition import KeptFamilies, Writer, write_families
 
 names = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,20}", fullmatch=True).filter(lambda n: not n.startswith("__"))
 texts = st.text(max_size=12)
@@ -73,3 +73,30 @@ def test_families_are_written_as_generate_latest_writes_them(metrics: list[Metri
     out = Writer()
     write_families(out, registry.collect())
     assert out.text().encode() == generate_latest(registry)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(families(), min_size=1, max_size=4), st.data())
+def test_families_kept_between_scrapes_are_written_as_generate_latest_writes_them(
+    scrapes: list[list[Metric]], data: st.DataObject
+) -> None:
+    """A writer keeping its families' text across scrapes writes each scrape as generate_latest does, also
+    when a scrape repeats the last one's families."""
+    kept: KeptFamilies = {}
+    for metrics in scrapes:
+        for current in (metrics, metrics if data.draw(st.booleans()) else []):
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(_Fixed(current))
+            out = Writer()
+            write_families(out, registry.collect(), kept)
+            assert out.text().encode() == generate_latest(registry)
+
+
+def test_a_kept_family_follows_the_sign_of_zero() -> None:
+    kept: KeptFamilies = {}
+    for value in (-0.0, 0.0, -0.0):
+        gauge = GaugeMetricFamily("g", "a gauge")
+        gauge.add_metric([], value)
+        out = Writer()
+        write_families(out, [gauge], kept)
+        assert out.text().endswith(f"g {value!r}\n")

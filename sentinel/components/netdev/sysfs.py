@@ -32,7 +32,7 @@ class NetdevFormatError(ValueError):
     """A file whose content is not what the kernel writes there."""
 
 
-def read_small(path: Path) -> str:
+def read_small(path: str | Path) -> str:
     """A sysfs attribute's text: a regular file, opened non-blocking, at most :data:`MAX_FILE_BYTES`."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
@@ -62,7 +62,7 @@ def parse_speed(text: str) -> int | None:
     return parse_counter(value)
 
 
-def _names(directory: Path, limit: int) -> list[str]:
+def _names(directory: str | Path, limit: int) -> list[str]:
     try:
         names = sorted(n for n in os.listdir(directory) if _NAME.match(n))
     except OSError:
@@ -96,7 +96,7 @@ class SysfsNetdevs:
             scan.errors.append(f"{base}: more than {MAX_NETDEVS} interfaces, the rest ignored")
             names = names[:MAX_NETDEVS]
         for name in names:
-            reading = self._one(base / name, name, scan)
+            reading = self._one(f"{base}/{name}", name, scan)
             if reading is not None:
                 scan.netdevs.append(reading)
         if self.qdiscs is not None and scan.netdevs:
@@ -109,8 +109,9 @@ class SysfsNetdevs:
         return scan
 
     @staticmethod
-    def _one(path: Path, name: str, scan: NetdevScan) -> NetdevReading | None:
-        stats = path / "statistics"
+    def _one(path: str, name: str, scan: NetdevScan) -> NetdevReading | None:
+        # plain strings, not Paths: a few dozen files an interface, every read
+        stats = f"{path}/statistics"
         counter_names = _names(stats, MAX_COUNTERS + 1)
         if not counter_names:
             return None  # not an interface directory (or one without statistics): nothing to judge
@@ -122,22 +123,22 @@ class SysfsNetdevs:
             if counter not in READ_COUNTERS:
                 continue
             try:
-                counters[counter] = parse_counter(read_small(stats / counter))
+                counters[counter] = parse_counter(read_small(f"{stats}/{counter}"))
             except (OSError, NetdevFormatError) as exc:
-                scan.errors.append(f"{stats / counter}: {getattr(exc, 'strerror', None) or exc}")
+                scan.errors.append(f"{stats}/{counter}: {getattr(exc, 'strerror', None) or exc}")
         operstate = ""
         try:
-            text = read_small(path / "operstate")
+            text = read_small(f"{path}/operstate")
             operstate = text if _OPERSTATE.match(text) else ""
         except (OSError, NetdevFormatError) as exc:
-            scan.errors.append(f"{path / 'operstate'}: {getattr(exc, 'strerror', None) or exc}")
+            scan.errors.append(f"{path}/operstate: {getattr(exc, 'strerror', None) or exc}")
         speed: int | None = None
         # virtual devices and downed links refuse speed (EINVAL): no speed, no problem
         with contextlib.suppress(OSError, NetdevFormatError):
-            speed = parse_speed(read_small(path / "speed"))
+            speed = parse_speed(read_small(f"{path}/speed"))
         ifindex = 0
         with contextlib.suppress(OSError, NetdevFormatError):
-            ifindex = parse_counter(read_small(path / "ifindex")) & 0x7FFFFFFF
+            ifindex = parse_counter(read_small(f"{path}/ifindex")) & 0x7FFFFFFF
         return NetdevReading(
             name=name, operstate=operstate, speed_mbps=speed, counters=counters, ifindex=ifindex
         )
