@@ -73,15 +73,15 @@ _MASK_IN_PLACE = _compiled_mask()
 
 
 def unmask_int(payload: bytes, key: bytes) -> bytes:
-    """:func:`unmask` as one big-integer XOR (C speed, no Python loop; ~3 µs a kilobyte)."""
+    """:func:`unmask` as one big-integer XOR (C speed, no Python loop, but a big integer per message)."""
     n = len(payload)
     repeated = (key * (n // 4 + 1))[:n]
     return (int.from_bytes(payload, "little") ^ int.from_bytes(repeated, "little")).to_bytes(n, "little")
 
 
 def unmask(payload: bytes, key: bytes) -> bytes:
-    """XOR ``payload`` with the 4-byte masking ``key``: aiohttp's compiled loop when it has one (an agent's
-    4 kB batch in under a microsecond), else :func:`unmask_int`."""
+    """XOR ``payload`` with the 4-byte masking ``key``: aiohttp's compiled loop when it has one (an order of
+    magnitude cheaper per batch: docs/performance.md), else :func:`unmask_int`."""
     if not payload or key == _ZERO_MASK:
         return payload
     if _MASK_IN_PLACE is None:

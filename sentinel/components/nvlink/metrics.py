@@ -1,7 +1,6 @@
 """The NVLink component's families: link up, error counters, Blackwell bit-error rates.
 
-About a thousand series on an 8-GPU host, read on the slow tick but scraped every second: the text is kept
-and written again while the GPUs' slow samples are the same objects.
+About a thousand series on an 8-GPU host, read on the slow tick but scraped every second.
 """
 
 from __future__ import annotations
@@ -11,27 +10,10 @@ from sentinel.components.nvlink.record import COUNTERS
 from sentinel.wire import GpuSample
 
 
-class _Rendered:
-    """The last text and the slow samples it was written from (held, so their ids stay theirs), set as one
-    tuple so that a reader never pairs one scrape's samples with another's text."""
-
-    last: tuple[list[tuple[GpuSample, str]], str] = ([], "")
-
-
 def render(out: Writer, view: MetricsView) -> None:
-    rows = view.slow()
-    kept, text = _Rendered.last
-    # no text yet: nothing written, not even the families (a host with no slow sample yet)
-    if (
-        not text
-        or len(rows) != len(kept)
-        or any(s is not t or lab != tlab for (s, lab), (t, tlab) in zip(rows, kept, strict=True))
-    ):
-        fresh = Writer()
-        _write(fresh, rows)
-        text = fresh.text()
-        _Rendered.last = (rows, text)
-    out.raw(text)
+    """Written from the slow samples only: the agent keeps the text between slow ticks
+    (:class:`~sentinel.components.exposition.KeptFamilies`)."""
+    _write(out, view.slow())  # the families even with no GPU yet
 
 
 def _write(out: Writer, rows: list[tuple[GpuSample, str]]) -> None:

@@ -213,11 +213,10 @@ def test_a_new_slow_sample_is_scraped_with_its_own_counters(fake_nvml: FakeNvml)
     assert scrape(source.read_slow(1, 11.0))[("1", "symbol")] == 9
 
 
-def test_a_host_with_no_gpu_yet_still_gets_the_nvlink_families(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_host_with_no_gpu_yet_still_gets_the_nvlink_families() -> None:
     from sentinel.components.exposition import MetricsView, Writer
     from sentinel.components.nvlink import metrics
 
-    monkeypatch.setattr(metrics._Rendered, "last", ([], ""))  # a fresh agent: nothing rendered yet
     out = Writer()
     metrics.render(out, MetricsView([]))
     assert "# TYPE sentinel_gpu_nvlink_up gauge" in out.text()
