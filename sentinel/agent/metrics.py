@@ -99,9 +99,9 @@ class AgentMetricsCollector(Collector):
         self.host = host
         self.gpus = gpus
         self.counters = counters
-        #: signal name → (what its text was written from, the slow samples held, the text): see render_gpu_text
         #: the registry's families as written at the last scrape (a family with equal samples is not rewritten)
         self._family_texts: KeptFamilies = {}
+        #: signal name → (what its text was written from, the slow samples held, the text): see render_gpu_text
         self._slow_texts: dict[
             str, tuple[tuple[tuple[str, str, bool, int], ...], list[GpuSample | None], str]
         ] = {}

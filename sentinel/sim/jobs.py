@@ -302,19 +302,11 @@ class JobSim:
 
     def _pg_head(self, g: int, k: int, entered: bool, done: bool, in_flight: list[InFlight]) -> PgHead:
         """Tensor-parallel group ``g``'s head (-1: the world group) in iteration ``k``."""
-        if g < 0:
-            return PgHead(
-                pg_name="0",
-                pg_desc="default_pg",
-                last_enqueued_seq=k if entered else k - 1,
-                last_started_seq=k if entered else k - 1,
-                last_completed_seq=k if done else k - 1,
-                in_flight=in_flight,
-            )
+        world = g < 0
         return PgHead(
-            pg_name=self.tp_pg[g],
-            pg_desc="tensor_parallel",
-            ranks=self.tp_members[g],
+            pg_name="0" if world else self.tp_pg[g],
+            pg_desc="default_pg" if world else "tensor_parallel",
+            ranks=None if world else self.tp_members[g],
             last_enqueued_seq=k if entered else k - 1,
             last_started_seq=k if entered else k - 1,
             last_completed_seq=k if done else k - 1,

@@ -76,35 +76,32 @@ class SimPort:
             if self._busy is None:  # before any fault a busy port differs only in its traffic counters
                 self._busy = self._read(t)
                 return self._busy
-            return msgspec.structs.replace(self._busy, counters=self._busy_counters(t - self.busy_from))
+            return msgspec.structs.replace(self._busy, counters=self._counters(t, 0))
         return self._read(t)
-
-    @staticmethod
-    def _busy_counters(busy: float) -> dict[str, int]:
-        """:meth:`_read`'s counters of a port carrying traffic for ``busy`` seconds with no fault."""
-        half = int(BUSY_BYTES_PER_S * busy / DATA_WORD_BYTES / 2)
-        return {
-            "link_downed": 0,
-            "link_error_recovery": 0,
-            "local_link_integrity_errors": 0,
-            "port_rcv_errors": 0,
-            "port_rcv_remote_physical_errors": 0,
-            "port_xmit_discards": 0,
-            "symbol_error": 0,
-            "port_xmit_data": half,
-            "port_rcv_data": half,
-            "port_xmit_wait": int(BUSY_WAIT_PER_S * busy),
-            "np_cnp_sent": 0,
-            "out_of_sequence": 0,
-        }
 
     def _read(self, t: float) -> PortReading:
         drops, flapping_down = self._flaps(t)
         down = t >= self.down_at
         drops += 1 if down else 0
         rate = self.degraded_rate if t >= self.degraded_at else RATE_GBPS
-        symbol = int((t - self.degraded_at) * SYMBOL_ERRORS_PER_S) if t >= self.degraded_at else 0
         state, phys = ("down", "disabled") if down or flapping_down else ("active", "linkup")
+        return PortReading(
+            device=self.device,
+            port=1,
+            state=state,
+            phys_state=phys,
+            rate_gbps=rate,
+            link_layer="InfiniBand",
+            counters=self._counters(t, drops),
+            pci_bus=self.pci_bus,
+            numa_node=0 if self.gpu < 4 else 1,
+            gpus=[self.gpu],
+            locality="pcie_switch",
+        )
+
+    def _counters(self, t: float, drops: int) -> dict[str, int]:
+        """The port's counters at ``t``, ``drops`` losses of link so far."""
+        symbol = int((t - self.degraded_at) * SYMBOL_ERRORS_PER_S) if t >= self.degraded_at else 0
         busy = max(0.0, t - self.busy_from)
         slow = max(0.0, t - self.slow_at) if busy else 0.0
         words = (BUSY_BYTES_PER_S * (busy - slow + slow / self.slowdown)) / DATA_WORD_BYTES
@@ -117,28 +114,16 @@ class SimPort:
             "out_of_sequence": int(SLOW_OUT_OF_SEQUENCE_PER_S * loud),
         }
         symbol += int(SLOW_SYMBOL_ERRORS_PER_S * loud)
-        return PortReading(
-            device=self.device,
-            port=1,
-            state=state,
-            phys_state=phys,
-            rate_gbps=rate,
-            link_layer="InfiniBand",
-            counters={
-                "link_downed": drops,
-                "link_error_recovery": 0,
-                "local_link_integrity_errors": 0,
-                "port_rcv_errors": 0,
-                "port_rcv_remote_physical_errors": 0,
-                "port_xmit_discards": 0,
-                "symbol_error": symbol,
-                **traffic,
-            },
-            pci_bus=self.pci_bus,
-            numa_node=0 if self.gpu < 4 else 1,
-            gpus=[self.gpu],
-            locality="pcie_switch",
-        )
+        return {
+            "link_downed": drops,
+            "link_error_recovery": 0,
+            "local_link_integrity_errors": 0,
+            "port_rcv_errors": 0,
+            "port_rcv_remote_physical_errors": 0,
+            "port_xmit_discards": 0,
+            "symbol_error": symbol,
+            **traffic,
+        }
 
     def removed_line(self) -> str:
         """The kernel line mlx5_core prints when the HCA falls off the bus (PCI error recovery)."""
