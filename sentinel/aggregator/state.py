@@ -642,8 +642,8 @@ MAX_GROUPS_PER_JOB = 4096
 def same_progress(old: FrHeads, new: FrHeads) -> bool:
     """Whether ``new`` shows the same collective progress as ``old``: the same groups at the same enqueued,
     started and completed seqs with the same collectives in flight. Only the ages and stamps may differ: a
-    stalled rank resends exactly this every 2 s, and re-examining a 24,576-rank stall for it cost a third of
-    a core per tick (bench/aggregator.py --engine --jobs)."""
+    stalled rank resends exactly this every 2 s, and re-examining a whole job's stall for it on every tick
+    would cost the stuck detector in proportion to the job's ranks."""
     if old.world_size != new.world_size or len(old.pgs) != len(new.pgs):
         return False
     for a, b in zip(old.pgs, new.pgs, strict=True):
