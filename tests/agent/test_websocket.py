@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import ssl
 import struct
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -59,6 +60,23 @@ def server_frame(opcode: int, payload: bytes, *, fin: bool = True, masked: bool 
     return first + length + payload
 
 
+@contextlib.asynccontextmanager
+async def aiohttp_serving(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> AsyncIterator[int]:
+    """An aiohttp server on 127.0.0.1 answering ``GET /s`` with ``handler``; yields its port."""
+    app = web.Application()
+    app.router.add_get("/s", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()
+
+
 async def test_echo_through_aiohttp_with_the_bearer_token() -> None:
     seen: list[str] = []
 
@@ -70,14 +88,7 @@ async def test_echo_through_aiohttp_with_the_bearer_token() -> None:
             await ws.send_bytes(message.data[::-1])
         return ws
 
-    app = web.Application()
-    app.router.add_get("/s", stream)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
+    async with aiohttp_serving(stream) as port:
         ws = await connect(
             f"ws://127.0.0.1:{port}/s",
             headers={"Authorization": "Bearer t0k"},
@@ -91,27 +102,16 @@ async def test_echo_through_aiohttp_with_the_bearer_token() -> None:
         await ws.close()
         assert ws.closed and ws.close_code == 1000
         assert seen == ["Bearer t0k"]
-    finally:
-        await runner.cleanup()
 
 
 async def test_refused_upgrade_reports_the_status() -> None:
     async def stream(_: web.Request) -> web.Response:
         return web.Response(status=401)
 
-    app = web.Application()
-    app.router.add_get("/s", stream)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
+    async with aiohttp_serving(stream) as port:
         with pytest.raises(HandshakeError) as refused:
             await connect(f"ws://127.0.0.1:{port}/s", headers={}, ssl_context=None, max_msg_size=1024)
         assert refused.value.status == 401
-    finally:
-        await runner.cleanup()
 
 
 async def test_ping_answered_fragments_joined_and_close_code_kept() -> None:
