@@ -1,10 +1,11 @@
 """The agent's ``fabric_manager`` collector: the fabric manager's service state, read off the loop through
 an injected :class:`~sentinel.components.fabric.manager.UnitReader`, exported and shipped.
 
-A host without the unit (no NVSwitch) exports and ships nothing, and asks systemd again only every
-:data:`ABSENT_RECHECK_S` (one ``systemctl`` process every 15 s on every GPU host without a switch would be
+A host without the unit (no NVSwitch) exports and ships nothing, and once systemd has said so asks again
+only every :data:`ABSENT_RECHECK_S` (one ``systemctl`` process every 15 s on every GPU host without a switch would be
 most of the collector's cost, for a unit that appears only with a driver install). A failed read is an empty
-answer (the unit reads as absent), counted in ``sentinel_fabric_manager_read_errors_total`` and logged once.
+answer (the unit reads as absent, but is asked again at the usual interval), counted in
+``sentinel_fabric_manager_read_errors_total`` and logged once.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from sentinel.log import get_logger
 
 log = get_logger(module="components.fabric")
 
-#: how often a host whose fabric manager unit is absent (or unreadable) asks again, seconds
+#: how often a host whose systemd has no fabric manager unit asks again, seconds
 ABSENT_RECHECK_S: Final = 300.0
 
 
@@ -81,9 +82,9 @@ class FabricManagerCollector(Collector):
         previous = self.metrics.status
         status = status_after(previous, unit, now)
         self.metrics.status = status
-        # the scheduler reads the interval after each run
+        # the scheduler reads the interval after each run; a failed read is asked again soon
         self.interval_s = (
-            self.present_interval_s if status.present else max(self.present_interval_s, ABSENT_RECHECK_S)
+            max(self.present_interval_s, ABSENT_RECHECK_S) if unit.absent else self.present_interval_s
         )
         if status.present or (previous is not None and previous.present):
             self.sink.set_fabric_manager(status)

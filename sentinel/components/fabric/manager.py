@@ -36,6 +36,11 @@ class UnitState(msgspec.Struct, frozen=True, kw_only=True):
         return self.load == "loaded"
 
     @property
+    def absent(self) -> bool:
+        """systemd answered and has no such unit (not a failed read: that says nothing)."""
+        return self.load == "not-found"
+
+    @property
     def running(self) -> bool:
         return self.active == "active" and self.sub in ("running", "")
 

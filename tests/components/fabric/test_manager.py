@@ -92,18 +92,31 @@ def test_the_collector_exports_and_ships_only_where_the_unit_exists() -> None:
     assert (up.labels["state"], up.value) == ("failed/failed", 0.0)
 
 
-def test_a_host_without_the_unit_asks_systemd_only_every_few_minutes() -> None:
-    """Through the agent's collector scheduler on a virtual clock: every 15 s while the unit exists, every
-    ABSENT_RECHECK_S while it does not, and back to 15 s once it appears."""
-    reader = Answers(*([ABSENT] * 4 + [RUNNING] * 100))
+def asked_times(reader: Answers, seconds: int) -> list[int]:
+    """The seconds at which the agent's collector scheduler (1 s ticks, virtual clock) asked ``reader``."""
     collectors = Collectors(AgentCounters(), tick_s=1.0, inline=True)
     collectors.add(FabricManagerCollector(Shipped(), reader, FabricManagerMetrics("c1", "h0"), 15.0))
     asked_at: list[int] = []
-    for t in range(0, 1300):
+    for t in range(seconds):
         before = len(reader.asked)
         asyncio.run(collectors.run_due(float(t)))
         if len(reader.asked) > before:
             asked_at.append(t)
+    return asked_at
+
+
+def test_a_host_without_the_unit_asks_systemd_only_every_few_minutes() -> None:
+    """Through the agent's collector scheduler on a virtual clock: every 15 s while the unit exists, every
+    ABSENT_RECHECK_S while it does not, and back to 15 s once it appears."""
+    reader = Answers(*([ABSENT] * 4 + [RUNNING] * 100))
+    asked_at = asked_times(reader, 1300)
     absent = int(ABSENT_RECHECK_S)
     assert asked_at[:5] == [0, absent, 2 * absent, 3 * absent, 4 * absent]
     assert asked_at[5:8] == [4 * absent + 15, 4 * absent + 30, 4 * absent + 45]
+
+
+def test_a_failed_read_is_asked_again_at_the_usual_interval() -> None:
+    """Only systemd saying the unit does not exist slows the reads: a read that failed says nothing."""
+    reader = Answers(*([""] * 3 + [RUNNING] * 10))
+    asked_at = asked_times(reader, 100)
+    assert asked_at[:5] == [0, 15, 30, 45, 60]
