@@ -186,6 +186,7 @@ def scalar(key: str, text: str, indent: int) -> list[str]:
         lines = text.split("\n")
         if (
             lines[0]
+            and lines[-1]  # a literal block (strip chomping) would lose a trailing line break
             and not lines[0][0].isspace()
             and all(line == line.rstrip() and line.isprintable() for line in lines)
         ):
