@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Final
 
 from sentinel.components.alerting import AlertRule, reasons_taken, spoken
+from sentinel.components.fabric.domain import DOMAIN_DOWN, DOMAIN_INCOMPLETE
 from sentinel.config.aggregator import AggregatorConfig
 from sentinel.ops.recording import INGEST_LAG_P99
 
@@ -132,11 +133,11 @@ def _domains() -> list[AlertRule]:
             group="sentinel-gpu",
             comment="One verdict per NVLink domain whose GPUs of several hosts lost their fabric together; "
             "its hosts are\nin the verdict (GET /api/v1/verdicts), not in the labels.",
-            expr='max by (cluster, reason, action) (sentinel_verdict_open{kind="faulty",reason="fabric_domain_down"}) '
-            "== 1",
+            expr="max by (cluster, reason, action) "
+            f'(sentinel_verdict_open{{kind="faulty",reason="{DOMAIN_DOWN.reason}"}}) == 1',
             for_s=30,
-            severity="critical",
-            takes_reasons="fabric_domain_down",
+            severity=DOMAIN_DOWN.severity,
+            takes_reasons=DOMAIN_DOWN.reason,
             summary="An NVLink domain lost its fabric; action: {{ $labels.action }} every host of it",
             description="GPUs on several hosts of one NVLink domain (fabric cluster UUID and clique) lost their "
             "fabric together (registration, route or bandwidth). The verdict names the domain and its hosts. "
@@ -146,10 +147,10 @@ def _domains() -> list[AlertRule]:
         AlertRule(
             alert="SentinelNvlinkDomainIncomplete",
             group="sentinel-gpu",
-            expr='max by (cluster, reason) (sentinel_verdict_open{reason="fabric_domain_incomplete"}) == 1',
+            expr=f'max by (cluster, reason) (sentinel_verdict_open{{reason="{DOMAIN_INCOMPLETE.reason}"}}) == 1',
             for_s=600,
-            severity="warning",
-            takes_reasons="fabric_domain_incomplete",
+            severity=DOMAIN_INCOMPLETE.severity,
+            takes_reasons=DOMAIN_INCOMPLETE.reason,
             summary="An NVLink domain has fewer GPUs or hosts reporting than expected",
             description="An NVLink domain has had fewer GPUs or hosts reporting than detect.fabric_domain "
             f"expects for {spoken(600)}; jobs sized for the whole domain cannot run there.",

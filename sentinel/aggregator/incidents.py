@@ -48,7 +48,7 @@ from sentinel.aggregator.frdumps import (
 )
 from sentinel.aggregator.goodput import Phases
 from sentinel.aggregator.verdicts import Change, Verdict
-from sentinel.components.xid.storm import STORM_REASON, Burst
+from sentinel.components.xid.storm import STORM, Burst
 from sentinel.config.aggregator import IncidentsConfig
 from sentinel.log import get_logger
 from sentinel.wire import (
@@ -349,7 +349,7 @@ class IncidentManager:
 
     def on_change(self, change: Change) -> None:
         verdict = change.verdict
-        storm = verdict.reason == STORM_REASON
+        storm = verdict.reason == STORM.reason
         if change.what != "opened" or not (verdict.kind in TRIGGER_KINDS or storm) or not self.config.enabled:
             return
         if storm:
@@ -557,7 +557,7 @@ class IncidentManager:
 
     def _storm(self, verdict: Verdict) -> StormReport | None:
         """The storm behind a storm verdict as it stands now (it may have grown since the verdict opened)."""
-        if verdict.reason != STORM_REASON or len(verdict.key) < 2:
+        if verdict.reason != STORM.reason or len(verdict.key) < 2:
             return None
         burst = self.engine.fleet.xid_storms.bursts.get(verdict.key[1])
         return storm_report(burst) if burst is not None else None

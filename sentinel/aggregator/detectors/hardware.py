@@ -28,6 +28,7 @@ from sentinel.aggregator.detectors.host_health import host_finding
 from sentinel.aggregator.verdicts import Finding
 from sentinel.components.ecc.rule import EccThresholds
 from sentinel.components.fabric.domain import (
+    DOMAIN_DOWN,
     DOMAIN_REASONS,
     DomainDown,
     DomainKey,
@@ -43,7 +44,7 @@ from sentinel.components.hardware import judge_gpu, judge_settings
 from sentinel.components.signal import JudgeSettings
 from sentinel.components.vocab import verdict_kind
 from sentinel.components.xid.rule import XidPolicyConfig
-from sentinel.components.xid.storm import STORM_REASON, Burst
+from sentinel.components.xid.storm import STORM, Burst
 from sentinel.config.aggregator import AggregatorConfig, HardwareConfig
 
 DETECTOR = "hardware"
@@ -267,9 +268,9 @@ def storm_findings(storms: list[Burst], window_s: float) -> list[Finding]:
         Finding(
             key=("xid_storm", storm.scope),
             detector=DETECTOR,
-            kind="degraded",
-            reason=STORM_REASON,
-            action="none",
+            kind=verdict_kind(STORM.state),
+            reason=STORM.reason,
+            action=STORM.action,
             evidence=tuple(storm.evidence(window_s)),
             evidence_t=storm.first_t,
             host=storm.origin.host,
@@ -298,9 +299,9 @@ def domain_finding(down: DomainDown) -> Finding:
     return Finding(
         key=domain_key(down.key),
         detector=DETECTOR,
-        kind="faulty",
-        reason="fabric_domain_down",
-        action="drain",
+        kind=verdict_kind(DOMAIN_DOWN.state),
+        reason=DOMAIN_DOWN.reason,
+        action=DOMAIN_DOWN.action,
         evidence=down.evidence(),
         evidence_t=down.began,
         hosts=down.hosts,

@@ -32,7 +32,7 @@ from sentinel.components.device.inventory import (
     inventory_mismatches,
     learned_backing,
 )
-from sentinel.components.fabric.domain import domain_name, domain_sizes
+from sentinel.components.fabric.domain import DOMAIN_INCOMPLETE, domain_name, domain_sizes
 from sentinel.components.vocab import verdict_kind
 from sentinel.config.aggregator import AggregatorConfig
 
@@ -148,9 +148,9 @@ class InventoryDetector(Detector):
                 Finding(
                     key=("inventory", "fabric_domain", size.key[0], str(size.key[1])),
                     detector=DETECTOR,
-                    kind="degraded",
-                    reason="fabric_domain_incomplete",
-                    action="none",
+                    kind=verdict_kind(DOMAIN_INCOMPLETE.state),
+                    reason=DOMAIN_INCOMPLETE.reason,
+                    action=DOMAIN_INCOMPLETE.action,
                     evidence=(
                         f"NVLink domain {domain_name(size.key)}: " + "; ".join(short),
                         "reporting: " + ", ".join(size.hosts[:24]) + (" ..." if len(size.hosts) > 24 else ""),

@@ -19,6 +19,7 @@ import msgspec
 from sentinel.components.fabric.health import CONDITIONS as HEALTH_CONDITIONS
 from sentinel.components.fabric.record import FabricInfo
 from sentinel.components.fabric.rule import NOT_REGISTERED
+from sentinel.components.vocab import Finding
 
 #: (cluster UUID, clique id): one NVLink domain
 DomainKey = tuple[str, int]
@@ -27,6 +28,12 @@ DomainKey = tuple[str, int]
 #: bandwidth degraded; a recovery in progress asks for none)
 DOMAIN_REASONS: Final = frozenset(
     {NOT_REGISTERED, *(reason for _, reason, _, _, action, _ in HEALTH_CONDITIONS if action != "none")}
+)
+#: a domain that lost its fabric: one failure unit, drained whole (per ``remediation.drain_domains``)
+DOMAIN_DOWN: Final = Finding(state="faulty", severity="critical", action="drain", reason="fabric_domain_down")
+#: a domain with fewer GPUs or hosts reporting than expected: jobs sized for it cannot run, nothing to act on
+DOMAIN_INCOMPLETE: Final = Finding(
+    state="suspect", severity="warning", action="none", reason="fabric_domain_incomplete"
 )
 #: hosts named in a domain finding's evidence line (every one is in ``hosts``)
 EVIDENCE_HOSTS = 24

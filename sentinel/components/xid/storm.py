@@ -21,6 +21,7 @@ from typing import Final, Literal
 
 import msgspec
 
+from sentinel.components.vocab import Finding
 from sentinel.components.xid.buckets import nvidia_buckets
 from sentinel.components.xid.catalog import APPLICATION_CODES
 from sentinel.components.xid.nvidia import NVIDIA_XIDS
@@ -29,8 +30,8 @@ from sentinel.components.xid.nvidia import NVIDIA_XIDS
 SYMPATHETIC_CODES: Final = frozenset(row[0] for row in NVIDIA_XIDS if "SYMPATHETIC" in row[4].upper())
 #: GPUs a burst names one by one; beyond, they are counted only
 MAX_MEMBERS: Final = 16384
-#: the reason of a storm's verdict
-STORM_REASON: Final = "xid_storm"
+#: a storm's verdict: informational, on its origin GPU; never a drain
+STORM: Final = Finding(state="suspect", severity="warning", action="none", reason="xid_storm")
 
 Role = Literal["origin", "sympathetic", "own"]
 
