@@ -53,6 +53,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from sentinel import rfc6455
 from sentinel.aggregator.wsconn import unmask
 from sentinel.components.xid.parse import xid_record
 from sentinel.wire import GpuWasReset, XidOccurred
@@ -196,15 +197,8 @@ def _watch_stalls(path: Path) -> None:
 
 
 def _masked(payload: bytes, key: bytes = b"\x5a\x17\xc3\x88") -> bytes:
-    """A client frame as an agent's WebSocket sends it: binary, masked (XOR: masking is unmasking)."""
-    n = len(payload)
-    if n < 126:
-        head = bytes((0x82, 0x80 | n))
-    elif n < 65536:
-        head = bytes((0x82, 0x80 | 126)) + n.to_bytes(2, "big")
-    else:
-        head = bytes((0x82, 0x80 | 127)) + n.to_bytes(8, "big")
-    return head + key + unmask(payload, key)
+    """A client frame as an agent's WebSocket sends it: binary, masked (the compiled XOR, as in the server)."""
+    return rfc6455.frame(rfc6455.OP_BINARY, payload, key, unmask)
 
 
 class _Client(asyncio.Protocol):

@@ -11,21 +11,28 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import hashlib
 import os
 import ssl
 import struct
 from urllib.parse import urlsplit
 
-GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-MAX_HANDSHAKE_BYTES = 16 * 1024
-CLOSE_NORMAL = 1000
-CLOSE_PROTOCOL_ERROR = 1002
-CLOSE_TOO_BIG = 1009
-CLOSE_ABNORMAL = 1006
-CLOSE_TIMEOUT_S = 5.0
+from sentinel.rfc6455 import (
+    CLOSE_ABNORMAL,
+    CLOSE_NORMAL,
+    CLOSE_PROTOCOL,
+    CLOSE_TOO_BIG,
+    OP_BINARY,
+    OP_CLOSE,
+    OP_CONTINUATION,
+    OP_PING,
+    OP_PONG,
+    OP_TEXT,
+    accept_for,
+    frame,
+)
 
-OP_CONTINUATION, OP_TEXT, OP_BINARY, OP_CLOSE, OP_PING, OP_PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
+MAX_HANDSHAKE_BYTES = 16 * 1024
+CLOSE_TIMEOUT_S = 5.0
 
 
 class HandshakeError(Exception):
@@ -38,29 +45,6 @@ class HandshakeError(Exception):
 
 class ProtocolError(Exception):
     """The server broke the framing rules (masked frame, oversized message, bad opcode)."""
-
-
-def mask(payload: bytes, key: bytes) -> bytes:
-    """``payload`` XOR the repeated 4-byte ``key`` (one big-integer XOR instead of a loop over bytes)."""
-    n = len(payload)
-    if not n:
-        return b""
-    repeated = (key * (n // 4 + 1))[:n]
-    return (int.from_bytes(payload, "little") ^ int.from_bytes(repeated, "little")).to_bytes(n, "little")
-
-
-def frame(opcode: int, payload: bytes) -> bytes:
-    """One final, masked client frame."""
-    n = len(payload)
-    head = bytes([0x80 | opcode])
-    if n < 126:
-        head += bytes([0x80 | n])
-    elif n < 1 << 16:
-        head += bytes([0x80 | 126]) + struct.pack("!H", n)
-    else:
-        head += bytes([0x80 | 127]) + struct.pack("!Q", n)
-    key = os.urandom(4)
-    return head + key + mask(payload, key)
 
 
 class WebSocket:
@@ -91,7 +75,7 @@ class WebSocket:
 
     async def _send(self, opcode: int, payload: bytes) -> None:
         # one write() per frame: frames from concurrent senders never interleave
-        self._writer.write(frame(opcode, payload))
+        self._writer.write(frame(opcode, payload, os.urandom(4)))
         await self._writer.drain()
 
     async def receive(self) -> bytes | None:
@@ -104,7 +88,7 @@ class WebSocket:
                 self._abort(CLOSE_ABNORMAL)
                 return None
             except ProtocolError as exc:
-                await self._fail(CLOSE_TOO_BIG if "too large" in str(exc) else CLOSE_PROTOCOL_ERROR)
+                await self._fail(CLOSE_TOO_BIG if "too large" in str(exc) else CLOSE_PROTOCOL)
                 raise
             finally:
                 self._receiving = False
@@ -282,9 +266,7 @@ async def connect(
             name, sep, value = line.partition(":")
             if sep:
                 answer[name.strip().lower()] = value.strip()
-        expected = base64.b64encode(
-            hashlib.sha1(key.encode() + GUID, usedforsecurity=False).digest()
-        ).decode()
+        expected = accept_for(key)
         if answer.get("upgrade", "").lower() != "websocket" or answer.get("sec-websocket-accept") != expected:
             raise HandshakeError(status, "invalid upgrade answer")
         if answer.get("sec-websocket-extensions"):

@@ -31,15 +31,10 @@ from sentinel.aggregator.metrics import AggregatorMetrics
 from sentinel.aggregator.pushback import VerdictPush
 from sentinel.aggregator.refusals import RefusalLog
 from sentinel.aggregator.state import HostView
-from sentinel.aggregator.wsconn import (
-    CLOSE_PROTOCOL,
-    OP_BINARY,
-    AgentSocket,
-    accept_key,
-    handshake_response,
-)
+from sentinel.aggregator.wsconn import AgentSocket, accept_key, handshake_response
 from sentinel.config.aggregator import AggregatorConfig, LimitsConfig
 from sentinel.log import get_logger
+from sentinel.rfc6455 import CLOSE_PROTOCOL, OP_BINARY
 from sentinel.wire import Batch, Command, CommandResult, Hello, decode_agent_frame, encode
 
 

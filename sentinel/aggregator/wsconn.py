@@ -12,28 +12,30 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import hashlib
 from collections.abc import Callable
 
-OP_CONTINUATION = 0x0
-OP_TEXT = 0x1
-OP_BINARY = 0x2
-OP_CLOSE = 0x8
-OP_PING = 0x9
-OP_PONG = 0xA
-
-CLOSE_NORMAL = 1000
-CLOSE_PROTOCOL = 1002
-CLOSE_INVALID_DATA = 1007
-CLOSE_TOO_BIG = 1009
-CLOSE_ABNORMAL = 1006  # never sent: the connection ended without a close frame
+from sentinel.rfc6455 import (
+    CLOSE_ABNORMAL,
+    CLOSE_INVALID_DATA,
+    CLOSE_NORMAL,
+    CLOSE_PROTOCOL,
+    CLOSE_TOO_BIG,
+    OP_BINARY,
+    OP_CLOSE,
+    OP_CONTINUATION,
+    OP_PING,
+    OP_PONG,
+    OP_TEXT,
+    accept_for,
+    frame,
+    xor_mask,
+)
 
 #: a close frame the peer never answers: the socket is closed this long after ours went out, and aborted
 #: this long after that if its queued bytes have still not been read
 CLOSE_WAIT_S = 2.0
 #: most frames one message may come in (aiohttp's client sends each message in one)
 MAX_FRAGMENTS = 1024
-_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 _ZERO_MASK = b"\x00\x00\x00\x00"
 
 
@@ -54,9 +56,7 @@ def accept_key(key: str) -> str | None:
         return None
     if len(raw) != 16:
         return None
-    return base64.b64encode(
-        hashlib.sha1(key.strip().encode("ascii") + _GUID, usedforsecurity=False).digest()
-    ).decode("ascii")
+    return accept_for(key.strip())
 
 
 def _compiled_mask() -> Callable[[bytes, bytearray], None] | None:
@@ -72,33 +72,16 @@ def _compiled_mask() -> Callable[[bytes, bytearray], None] | None:
 _MASK_IN_PLACE = _compiled_mask()
 
 
-def unmask_int(payload: bytes, key: bytes) -> bytes:
-    """:func:`unmask` as one big-integer XOR (C speed, no Python loop, but a big integer per message)."""
-    n = len(payload)
-    repeated = (key * (n // 4 + 1))[:n]
-    return (int.from_bytes(payload, "little") ^ int.from_bytes(repeated, "little")).to_bytes(n, "little")
-
-
 def unmask(payload: bytes, key: bytes) -> bytes:
     """XOR ``payload`` with the 4-byte masking ``key``: aiohttp's compiled loop when it has one (an order of
-    magnitude cheaper per batch: docs/performance.md), else :func:`unmask_int`."""
+    magnitude cheaper per batch: docs/performance.md), else :func:`~sentinel.rfc6455.xor_mask`."""
     if not payload or key == _ZERO_MASK:
         return payload
     if _MASK_IN_PLACE is None:
-        return unmask_int(payload, key)
+        return xor_mask(payload, key)
     data = bytearray(payload)
     _MASK_IN_PLACE(key, data)
     return bytes(data)
-
-
-def frame(opcode: int, payload: bytes) -> bytes:
-    """A whole, unmasked server frame."""
-    n = len(payload)
-    if n < 126:
-        return bytes((0x80 | opcode, n)) + payload
-    if n < 65536:
-        return bytes((0x80 | opcode, 126)) + n.to_bytes(2, "big") + payload
-    return bytes((0x80 | opcode, 127)) + n.to_bytes(8, "big") + payload
 
 
 def close_payload(code: int, message: bytes = b"") -> bytes:

@@ -19,7 +19,9 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sentinel.agent.websocket import GUID, HandshakeError, ProtocolError, connect, mask
+from sentinel.agent.websocket import HandshakeError, ProtocolError, connect
+from sentinel.rfc6455 import GUID
+from sentinel.rfc6455 import xor_mask as mask
 
 Peer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

@@ -17,25 +17,21 @@ from hypothesis import strategies as st
 
 from sentinel.aggregator import wsconn
 from sentinel.aggregator.stream import Connection
-from sentinel.aggregator.wsconn import (
+from sentinel.aggregator.wsconn import MAX_FRAGMENTS, FrameError, FrameReader, accept_key, unmask
+from sentinel.config.aggregator import AggregatorConfig, LimitsConfig
+from sentinel.rfc6455 import (
     CLOSE_INVALID_DATA,
     CLOSE_NORMAL,
     CLOSE_PROTOCOL,
     CLOSE_TOO_BIG,
-    MAX_FRAGMENTS,
     OP_BINARY,
     OP_CLOSE,
     OP_CONTINUATION,
     OP_PING,
     OP_PONG,
     OP_TEXT,
-    FrameError,
-    FrameReader,
-    accept_key,
-    unmask,
-    unmask_int,
+    xor_mask,
 )
-from sentinel.config.aggregator import AggregatorConfig, LimitsConfig
 from sentinel.wire import Ack, Command, SnapshotRequest, decode_aggregator_frame, encode
 from tests.aggregator.helpers import TOKEN, Running, agent, batch, hello, running_aggregator, wait_until
 
@@ -120,7 +116,7 @@ def test_unmask_is_the_bytewise_xor(payload: bytes, key: bytes) -> None:
     """Both ways of unmasking (aiohttp's compiled loop where it has one, the big-integer XOR otherwise)."""
     expected = bytes(b ^ key[i % 4] for i, b in enumerate(payload))
     assert unmask(payload, key) == expected
-    assert unmask_int(payload, key) == expected
+    assert xor_mask(payload, key) == expected
 
 
 def test_unmask_uses_the_compiled_loop_of_the_installed_aiohttp() -> None:
