@@ -17,7 +17,7 @@ from typing import Final
 
 import msgspec
 
-from sentinel.components.vocab import Action, Finding, GpuHealth, Severity
+from sentinel.components.vocab import Action, Finding, GpuHealth, Severity, verdict_kind
 
 
 class HcaCondition(msgspec.Struct, frozen=True, kw_only=True):
@@ -142,8 +142,8 @@ def hca_finding(reason: str, lines: list[str]) -> Finding | None:
 
 def markdown_table() -> str:
     """The mlx5 table as docs/network.md shows it."""
-    verdicts = {"faulty": "faulty", "suspect": "degraded", "ok": "none (port evidence)"}
     rows = ["| reason | line severity | host verdict | action | meaning |", "|---|---|---|---|---|"]
     for c in CONDITIONS:
-        rows.append(f"| `{c.reason}` | {c.severity} | {verdicts[c.health]} | `{c.action}` | {c.meaning} |")
+        verdict = "none (port evidence)" if c.health == "ok" else verdict_kind(c.health)
+        rows.append(f"| `{c.reason}` | {c.severity} | {verdict} | `{c.action}` | {c.meaning} |")
     return "\n".join(rows) + "\n"
