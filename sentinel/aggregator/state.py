@@ -588,8 +588,16 @@ class FleetState:
                 heads = _share_group_ranks(job, heads)
                 break
         view.heads, view.heads_at = heads, now
-        if old is None or not same_progress(old, heads):
+        if old is None:
             job.progress_version += 1
+        else:
+            # (a running job's first group completes another collective between two heads: that settles it
+            # without the whole comparison)
+            before, after = old.pgs, heads.pgs
+            if (before and after and before[0].last_completed_seq != after[0].last_completed_seq) or not (
+                same_progress(old, heads)
+            ):
+                job.progress_version += 1
         view.host = name
         if heads.gpu is not None:
             view.gpu = heads.gpu
