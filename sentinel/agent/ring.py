@@ -3,9 +3,10 @@
 Appending must be cheap (it happens every tick for every GPU), so entries are stored as the msgpack bytes
 the agent already produced, with byte accounting; decoding to JSON only happens on the rare snapshot. GPU
 samples, the bulk of it (one per GPU per second for ``window_s``), are kept deflated against a dictionary of
-their field names, each tick's samples as one block: a deflate stream costs about as much to start as to
-fill with a few samples, and the GPUs of one tick repeat each other. The buffer is bounded twice: by age
-(``window_s``) and by total bytes stored (oldest entries go first).
+their field names, several ticks' samples as one block: a deflate stream costs about as much to start as to
+fill with a few samples, and the GPUs of one tick and of the ticks after it repeat each other. The newest
+samples wait as msgpack until they make a block of :data:`GROUP_BYTES` (an eighth of the byte bound at most).
+The buffer is bounded twice: by age (``window_s``) and by total bytes stored (oldest entries go first).
 
 A snapshot is a :class:`sentinel.wire.Snapshot` (what ``sentinel agent snapshot`` prints as JSON and the
 aggregator merges across hosts)::
@@ -22,7 +23,7 @@ from __future__ import annotations
 import bisect
 import zlib
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 import msgspec
@@ -96,8 +97,12 @@ def _array_header(n: int) -> bytes:
     return b"\xdd" + n.to_bytes(4, "big")
 
 
-#: one stored entry: (time, type, bytes, the time of each sample of a sample block, else None)
-Stored = tuple[float, EntryType, bytes, tuple[float, ...] | None]
+#: one stored entry: (time, type, bytes, the time of each sample of a sample block else None, the order it
+#: came in: one number, or each sample's for a block)
+Stored = tuple[float, EntryType, bytes, tuple[float, ...] | None, int | tuple[int, ...]]
+
+#: the newest samples' msgpack (with their per-entry overhead) makes a deflated block at this size
+GROUP_BYTES = 64 * 1024
 
 
 class RingBuffer:
@@ -110,7 +115,14 @@ class RingBuffer:
         self._entries: deque[Stored] = deque()
         self._bytes = 0
         self._count = 0
+        self._order = 0
         self.evicted = 0
+        #: samples not in a block yet: their msgpack, times and arrival order, and bytes counted for them
+        self._group_at = min(GROUP_BYTES, max_bytes // 8)
+        self._pending: list[bytes] = []
+        self._pending_times: list[float] = []
+        self._pending_order: list[int] = []
+        self._pending_bytes = 0
 
     def __len__(self) -> int:
         return self._count
@@ -127,9 +139,9 @@ class RingBuffer:
         """
         data = payload if isinstance(payload, bytes) else _encoder.encode(payload)
         if kind == "sample":
-            self._insert((t, kind, _deflate(_array_header(1) + data), (t,)))
+            self._add_samples([t], [data])
         else:
-            self._insert((t, kind, data, None))
+            self._insert((t, kind, data, None, self._next_order()))
         self._evict(t)
 
     def extend(self, kind: EntryType, items: Iterable[tuple[float, msgspec.Struct]]) -> list[bytes]:
@@ -140,19 +152,53 @@ class RingBuffer:
         (:func:`sentinel.agent.batch.fit_frame`) rather than encoding every sample twice.
         """
         encode = _encoder.encode
-        pairs = [(t, encode(payload)) for t, payload in items]
-        if not pairs:
+        times: list[float] = []
+        encoded: list[bytes] = []
+        for t, payload in items:
+            times.append(t)
+            encoded.append(encode(payload))
+        if not encoded:
             return []
-        encoded = [data for _, data in pairs]
         if kind == "sample":
-            times = tuple(t for t, _ in pairs)
-            block = _deflate(_array_header(len(encoded)) + b"".join(encoded))
-            self._insert((max(times), kind, block, times))
+            self._add_samples(times, encoded)
         else:
-            for t, data in pairs:
-                self._insert((t, kind, data, None))
-        self._evict(max(t for t, _ in pairs))
+            for t, data in zip(times, encoded, strict=True):
+                self._insert((t, kind, data, None, self._next_order()))
+        self._evict(max(times))
         return encoded
+
+    def _next_order(self) -> int:
+        self._order += 1
+        return self._order
+
+    def _add_samples(self, times: list[float], encoded: list[bytes]) -> None:
+        """One tick's samples into the pending group (one arrival number for them all); a full group
+        becomes a block."""
+        n = len(encoded)
+        size = sum(map(len, encoded)) + ENTRY_OVERHEAD * n
+        self._pending.extend(encoded)
+        self._pending_times.extend(times)
+        self._pending_order.extend([self._next_order()] * n)
+        self._pending_bytes += size
+        self._bytes += size
+        self._count += n
+        if self._pending_bytes >= self._group_at:
+            self._seal()
+
+    def _seal(self) -> None:
+        """The pending samples as one deflated block, placed at its newest sample's time."""
+        pending = self._pending
+        if not pending:
+            return
+        times = tuple(self._pending_times)
+        block = _deflate(_array_header(len(pending)) + b"".join(pending))
+        self._bytes -= self._pending_bytes
+        self._count -= len(pending)
+        self._insert((max(times), "sample", block, times, tuple(self._pending_order)))
+        self._pending = []
+        self._pending_times = []
+        self._pending_order = []
+        self._pending_bytes = 0
 
     def _insert(self, entry: Stored) -> None:
         """One entry at its place in time (normally the end: an out-of-order one goes where it belongs, so
@@ -170,7 +216,7 @@ class RingBuffer:
         horizon = now - self.window_s
         entries = self._entries
         while entries and (self._bytes > self.max_bytes or entries[0][0] < horizon):
-            _, _, data, times = entries.popleft()
+            _, _, data, times, _ = entries.popleft()
             count = len(times) if times else 1
             self._bytes -= len(data) + ENTRY_OVERHEAD * count
             self._count -= count
@@ -180,19 +226,35 @@ class RingBuffer:
         """The snapshot (see the module docstring), entries with ``t >= since``."""
         self._evict(now)
         oldest = max(since, now - self.window_s) if since is not None else now - self.window_s
-        entries: list[RingEntry] = []
-        for t, kind, data, times in self._entries:
+        keyed: list[tuple[float, int, RingEntry]] = []
+        for t, kind, data, times, order in self._entries:
             if times is not None:
-                entries.extend(
-                    SampleEntry(t=ts, data=sample)
-                    for ts, sample in zip(times, _samples.decode(_inflate(data)), strict=True)
-                    if ts >= oldest
-                )
+                assert isinstance(order, tuple)
+                _keep_samples(keyed, times, order, _samples.decode(_inflate(data)), oldest)
             elif t >= oldest:
-                entries.append(_entry(t, kind, data))
-        entries.sort(key=lambda e: e.t)  # a block sits at its newest sample's time: the others go before it
+                assert isinstance(order, int)
+                keyed.append((t, order, _entry(t, kind, data)))
+        if self._pending:
+            raw = _array_header(len(self._pending)) + b"".join(self._pending)
+            _keep_samples(keyed, self._pending_times, self._pending_order, _samples.decode(raw), oldest)
+        keyed.sort(key=lambda k: (k[0], k[1]))  # by time, then in the order they came
+        entries = [entry for _, _, entry in keyed]
         start = since if since is not None else (entries[0].t if entries else now)
         return Snapshot(host=self.host, window=(start, now), entries=entries)
+
+
+def _keep_samples(
+    keyed: list[tuple[float, int, RingEntry]],
+    times: Sequence[float],
+    order: Sequence[int],
+    samples: list[GpuSample],
+    oldest: float,
+) -> None:
+    keyed.extend(
+        (ts, n, SampleEntry(t=ts, data=sample))
+        for ts, n, sample in zip(times, order, samples, strict=True)
+        if ts >= oldest
+    )
 
 
 def _entry(t: float, kind: EntryType, data: bytes) -> RingEntry:

@@ -89,3 +89,34 @@ def test_a_ticks_samples_and_events_come_back_in_time_order() -> None:
     assert [e.t for e in ring.snapshot(now=15.0, since=14.5).entries] == [14.9]
     # the age bound holds per sample, although a tick's samples are stored together
     assert [e.t for e in ring.snapshot(now=24.6).entries] == [5.0, 14.2, 14.9]
+
+
+def test_samples_in_blocks_and_not_yet_in_one_come_back_in_the_order_they_came() -> None:
+    # a small byte bound makes blocks of a few ticks: some samples are in sealed blocks, the newest not yet
+    ring = RingBuffer("h", window_s=1000, max_bytes=1 << 18)
+    expected: list[tuple[float, str, int]] = []
+    for tick in range(200):
+        t = float(tick)
+        ring.extend("sample", [(t, GpuSample(gpu=gpu, t=t, temp_c=40.0 + tick)) for gpu in range(4)])
+        expected += [(t, "SampleEntry", gpu) for gpu in range(4)]
+        if tick % 7 == 0:  # an event at the tick's own time goes after that tick's samples, as it came
+            ring.extend("event", [(t, XidOccurred(t=t, gpu=tick % 4, record=xid_record(79)))])
+            expected.append((t, "EventEntry", tick % 4))
+    # both kinds of storage are exercised: sealed blocks and samples not in one yet
+    assert ring._pending and sum(1 for e in ring._entries if e[1] == "sample") > 1
+    entries = ring.snapshot(now=199.0).entries
+    assert [(e.t, type(e).__name__, getattr(e.data, "gpu", None)) for e in entries] == expected
+    assert all(e.data.temp_c == 40.0 + e.t for e in entries if isinstance(e.data, GpuSample))
+    assert len(ring) == len(expected) and ring.size_bytes <= ring.max_bytes
+
+
+def test_byte_bound_holds_with_blocks_being_filled() -> None:
+    ring = RingBuffer("h", window_s=10_000, max_bytes=1 << 16)
+    for tick in range(3000):
+        t = float(tick)
+        ring.extend("sample", [(t, GpuSample(gpu=gpu, t=t, temp_c=float(tick % 50))) for gpu in range(8)])
+        assert ring.size_bytes <= ring.max_bytes
+    entries = ring.snapshot(now=2999.0).entries
+    assert entries[-1].t == 2999.0 and ring.evicted == 8 * 3000 - len(entries) == 8 * 3000 - len(ring)
+    times = [e.t for e in entries]
+    assert times == sorted(times) and len(set(times)) * 8 == len(times)  # whole ticks, oldest gone first

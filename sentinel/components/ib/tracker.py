@@ -34,6 +34,7 @@ STATE_VERSION = 1
 #: persist at least this often even when nothing verdict-relevant changed (error samples move on)
 PERSIST_EVERY_S = 60.0
 MAX_STATE_BYTES = 4 * 1024 * 1024
+_ERRORS = frozenset(ERROR_COUNTERS)
 
 
 @dataclass
@@ -157,6 +158,9 @@ class PortTracker:
             )
             h.record = record
             return record
+        moved = self._only_traffic_moved(h, r, now) if record is not None else None
+        if moved is not None:
+            return moved
         up = r.up
         rates: dict[str, float] = {}
         prev = h.counters
@@ -235,6 +239,59 @@ class PortTracker:
             seen_up=h.seen_up,
             down_since=h.down_since,
             kernel_log=[text for _, text in h.kernel],
+        )
+        return h.record
+
+    def _only_traffic_moved(self, h: _History, r: PortReading, now: float) -> IbPort | None:
+        """A busy port's record when, since the previous reading of the up port, only counters outside
+        :data:`ERROR_COUNTERS` changed, none went back, and no down, kernel line or error sample is due: what
+        the full path of :meth:`_one` would build, without rebuilding what stays the same. None otherwise."""
+        last, record, prev, counters = h.reading, h.record, h.counters, r.counters
+        if (
+            last is None
+            or record is None
+            or h.up is not True
+            or h.down_since is not None
+            or not h.seen_up
+            or h.downs
+            or h.kernel
+            or not r.up
+            or len(counters) != len(prev)
+            or now - h.samples[-1][0] >= self.error_window_s / (MAX_ERROR_SAMPLES - 1)
+            or (len(h.samples) > 1 and now - h.samples[1][0] >= self.error_window_s)
+        ):
+            return None
+        if not (
+            r.device == last.device
+            and r.port == last.port
+            and r.state == last.state
+            and r.phys_state == last.phys_state
+            and r.rate_gbps == last.rate_gbps
+            and r.link_layer == last.link_layer
+            and r.netdev == last.netdev
+            and r.pci_bus == last.pci_bus
+            and r.numa_node == last.numa_node
+            and r.gpus == last.gpus
+            and r.locality == last.locality
+        ):
+            return None
+        dt = now - h.t
+        per_s = 1.0 / dt if dt > 0 else 0.0
+        rates: dict[str, float] = {}
+        for name, value in counters.items():  # the same names as before (as many, each known)
+            before = prev.get(name)
+            if before is None or value < before or (value != before and name in _ERRORS):
+                return None
+            rates[name] = (value - before) * per_s
+        if not per_s:
+            rates = {}
+        h.counters, h.t, h.reading = dict(counters), now, r
+        h.record = msgspec.structs.replace(
+            record,
+            counters=counters,
+            t=now,
+            rates=rates,
+            window_s=min(self.error_window_s, max(0.0, now - h.samples[0][0])),
         )
         return h.record
 

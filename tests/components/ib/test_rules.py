@@ -150,3 +150,32 @@ def test_a_never_up_port_that_disappears_is_not_missed(dgx: SysfsTree) -> None:
     tick(dgx, tracker, 0.0)
     (dgx.root / "class" / "infiniband" / "mlx5_3").unlink()
     assert "mlx5_3" not in tick(dgx, tracker, 2.0)
+
+
+def test_a_busy_port_between_errors_downs_and_a_counter_reset(dgx: SysfsTree) -> None:
+    tracker = PortTracker(error_window_s=3600.0)
+    first = tick(dgx, tracker, 0.0)["mlx5_0"]
+    for t in range(1, 6):  # traffic only: every read's rates, the window still growing, no error
+        dgx.add("mlx5_0", "port_xmit_data", 1000 * t)
+        dgx.add("mlx5_0", "port_rcv_data", 500)
+        port = tick(dgx, tracker, float(t))["mlx5_0"]
+        assert port.counters == {**first.counters, **{n: dgx.counter("mlx5_0", n) for n in first.counters}}
+        assert port.rates["port_xmit_data"] == 1000.0 * t and port.rates["port_rcv_data"] == 500.0
+        assert port.rates["symbol_error"] == 0.0 and port.window_increase == {}
+        assert (port.t, port.window_s, port.downs, port.down_since) == (float(t), float(t), [], None)
+    dgx.add("mlx5_0", "symbol_error", 4)
+    dgx.add("mlx5_0", "port_xmit_data", 10)
+    port = tick(dgx, tracker, 6.0)["mlx5_0"]
+    assert port.window_increase == {"symbol_error": 4} and port.rates["symbol_error"] == 4.0
+    dgx.add("mlx5_0", "port_xmit_data", 20)
+    port = tick(dgx, tracker, 8.0)["mlx5_0"]  # the errors stay counted in the window while traffic moves
+    assert port.window_increase == {"symbol_error": 4}
+    assert port.rates["symbol_error"] == 0.0 and port.rates["port_xmit_data"] == 10.0
+    dgx.set("mlx5_0", "counters/port_xmit_data", 5)  # went back: a driver reload zeroed the counters
+    port = tick(dgx, tracker, 9.0)["mlx5_0"]
+    assert port.rates == {} and port.window_increase == {} and port.window_s == 0.0
+    dgx.link_down("mlx5_0")
+    dgx.add("mlx5_0", "port_rcv_data", 7)
+    port = tick(dgx, tracker, 10.0)["mlx5_0"]
+    assert (port.downs, port.down_since, port.rates["port_rcv_data"]) == ([10.0], 10.0, 7.0)
+    assert ("mlx5_0", "ib_port_down") in reasons({"mlx5_0": port}, 10.0 + CFG.down_after_s)
