@@ -21,6 +21,7 @@ from sentinel.sim.host import SimCluster, simulated_agent_config
 from sentinel.sim.runner import RING_WINDOW_S, VirtualClock, simulated_agents
 from sentinel.sim.scenario import load_scenario_text
 from sentinel.wire import Batch, Event, GpuStateChanged, LogLine, XidOccurred
+from tests.support import sent
 
 SCENARIO = """
 seed = 5
@@ -58,7 +59,7 @@ def _run(until: float) -> dict[str, list[Batch]]:
         clock.t = t
         sim.advance(t)
         for agent in agents:
-            batches[agent.host].append(agent.step_inline(t))
+            batches[agent.host].append(sent(agent.step_inline(t)))
         t += 1.0
     return batches
 
@@ -96,7 +97,7 @@ def test_xid_79_arriving_after_the_lost_state_still_names_the_verdict() -> None:
         t = float(step)
         clock.t = t
         sim.advance(t)
-        batch = agent.step_inline(t)
+        batch = sent(agent.step_inline(t))
         for event in batch.events:
             if event.gpu == 1 and isinstance(event, GpuStateChanged) and event.state == "lost":
                 arrived.setdefault("gpu_lost", t)
