@@ -107,6 +107,7 @@ class Outbox:
             ring.append(now, "procs", ProcsMap(procs=batch.procs))
         self.counters.queue_depth["ring_entries"] = len(ring)
         if not final and self._hold(batch, encoded.samples):
+            self.counters.queue_depth["held_ticks"] = self.held_ticks
             return None
         if self._held:
             batch = msgspec.structs.replace(batch, samples=self._held + batch.samples)
@@ -114,6 +115,8 @@ class Outbox:
                 samples=self._held_encoded + encoded.samples, events=encoded.events, heads=encoded.heads
             )
         self._held, self._held_encoded, self._held_bytes, self.held_ticks = [], [], 0, 0
+        if self.coalesce_ticks > 1:
+            self.counters.queue_depth["held_ticks"] = 0
         batch = msgspec.structs.replace(batch, seq=self.seq.allocate())
         fitted = fit_frame(batch, MAX_BATCH_BYTES, encoded)
         if fitted.heads_cut or fitted.events_cut:

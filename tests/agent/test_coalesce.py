@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from sentinel.agent.agent import Agent
 from sentinel.agent.batch import MAX_BATCH_BYTES, TickFindings, build_batch, fit_frame
 from sentinel.agent.metrics import AgentCounters
+from sentinel.agent.nvml import NvmlSource
 from sentinel.agent.outbox import Outbox, routine
 from sentinel.agent.ring import RingBuffer
 from sentinel.agent.spool import SeqAllocator, Spool
@@ -37,6 +38,7 @@ from sentinel.wire import (
     decode_agent_frame,
 )
 from tests.agent.conftest import make_config
+from tests.agent.fakenvml import FakeNvml
 from tests.agent.fakes import FakeHost, FakeSource
 
 KINDS = ("routine", "event", "heads", "procs", "slow", "violations", "lost", "drops")
@@ -161,9 +163,10 @@ def test_a_tick_that_is_not_routine_sends_at_once_with_what_is_held(tmp_path: Pa
 def test_the_final_tick_sends_what_is_held(tmp_path: Path) -> None:
     box = _outbox(tmp_path, 10)
     assert _tick(box, 1.0) is None
-    assert box.held_ticks == 1
+    assert box.held_ticks == box.counters.queue_depth["held_ticks"] == 1
     sent = _tick(box, 2.0, final=True)
-    assert sent is not None and _ticks_in(sent) == [1.0, 2.0] and box.held_ticks == 0
+    assert sent is not None and _ticks_in(sent) == [1.0, 2.0]
+    assert box.held_ticks == box.counters.queue_depth["held_ticks"] == 0
 
 
 def test_coalesce_one_spools_every_tick_as_before(tmp_path: Path) -> None:
@@ -180,6 +183,7 @@ def test_coalesce_one_spools_every_tick_as_before(tmp_path: Path) -> None:
         expected.append(fit_frame(before).data)
     assert box.spool is not None
     assert [box.spool.read(seq) for seq in box.spool.seqs()] == expected
+    assert "held_ticks" not in box.counters.queue_depth  # the agent's metrics unchanged too
 
 
 def test_a_64_gpu_host_coalescing_10_ticks_stays_within_a_frame(tmp_path: Path) -> None:
@@ -265,3 +269,18 @@ async def test_the_agent_holds_routine_ticks_and_sends_an_xid_at_once(tmp_path: 
     assert all(len(_ticks_in(b)) <= 3 for b in batches)
     assert xid_batch.t == max(_ticks_in(xid_batch))
     assert returned[-1] is not None and agent.outbox.held_ticks == 0
+
+
+def test_nvml_fast_reads_are_routine_and_slow_reads_are_not(fake_nvml: FakeNvml) -> None:
+    """Through the real NVML source (pynvml faked at the library boundary): a fast read fills none of the
+    slow-read fields, so healthy hosts do coalesce; every slow read is sent at once."""
+    source = NvmlSource()
+    source.open()
+    try:
+        fast = [source.read_fast(g, 10.0) for g in (0, 1)]
+        slow = [source.read_slow(g, 11.0) for g in (0, 1)]
+    finally:
+        source.close()
+    assert routine(Batch(seq=0, t=10.0, samples=fast))
+    for sample in slow:
+        assert not routine(Batch(seq=0, t=11.0, samples=[sample]))
