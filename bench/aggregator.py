@@ -7,10 +7,17 @@ seconds later); ingest-to-verdict latency is the verdict's open time minus the t
 on that batch. A level is sustained when the generator kept its rate, every batch was acked, and the p99 of
 both the verdict latency and the ack latency is under 1 s.
 
+``--coalesce N`` makes the generator behave as agents with ``stream.coalesce_ticks = N``: a host's first
+tick, a tick with a fault event or with its heads due, and the Nth tick held go out at once, as one batch
+carrying the held ticks' samples (each with its own time) before this tick's; other ticks are held. The rate
+is judged on the ticks made, the acks on the batches sent, and the verdict latency from the Xid batch's stamp
+(an event is never held).
+
     .venv/bin/python bench/aggregator.py                 # ramp 1024 .. 8192 hosts, 30 s each
     .venv/bin/python bench/aggregator.py --quick         # 256 and 1024 hosts, 10 s each
     .venv/bin/python bench/aggregator.py --hosts 6144 --duration 60
     .venv/bin/python bench/aggregator.py --jobs --hosts 1024 --duration 75   # the job workload, reduced
+    .venv/bin/python bench/aggregator.py --jobs --hosts 6144 --coalesce 2    # two ticks a batch
     .venv/bin/python bench/aggregator.py --ingest 256 --duration 6           # decode + ingest per batch
     .venv/bin/python bench/aggregator.py --stream 512 --duration 4           # a batch's path after the kernel
     .venv/bin/python bench/aggregator.py --processes 2 --pin --duration 20   # 2 processes on one port vs 1
@@ -373,11 +380,14 @@ def generate(
     core: int,
     job_ranks: int = 0,
     slowdown: float = 1.5,
+    coalesce: int = 1,
 ) -> None:
     pin(core)
     raise_nofile()
     import base64
     import urllib.parse
+
+    from msgspec.structs import replace
 
     from sentinel.wire import (
         Ack,
@@ -401,6 +411,8 @@ def generate(
         "faults": [],
         "late_sends": 0,
         "heads": 0,
+        "ticks": 0,
+        "coalesce": coalesce,
     }
     samples = [
         GpuSample(
@@ -485,6 +497,8 @@ def generate(
             faults.setdefault(k, []).append((target, gpu, True))
             faults.setdefault(k + 3, []).append((target, gpu, False))
         seqs = [0] * hosts
+        #: per host, the times of the routine ticks held (agents with stream.coalesce_ticks > 1)
+        held: list[list[float]] = [[] for _ in range(hosts)]
         slot = 0.005  # send in 5 ms slices, hosts spread evenly over each second
         per_slice = hosts * slot
         tick = 0
@@ -521,12 +535,20 @@ def generate(
                         stats["faults"].append((client.name, gpu, now))
                     else:
                         events.append(GpuWasReset(t=now, gpu=gpu))
+                stats["ticks"] += 1
                 seq = seqs[i]
+                job = i // hosts_per_job if model is not None and hosts_per_job else 2
+                heads_due = (
+                    model is not None and job < 2 and (second + i) % 2 == 0
+                )  # every 2 s, half the hosts
+                waiting = held[i]
+                if not (events or heads_due or seq == 0 or len(waiting) + 1 >= coalesce):
+                    waiting.append(now)  # routine: held for the next batch (the first tick is a slow one)
+                    continue
                 seqs[i] = seq + 1
                 sent_at[(client.name, seq)] = now
                 heads: list[Any] = []
                 procs = None
-                job = i // hosts_per_job if model is not None and hosts_per_job else 2
                 if model is not None and job < 2:
                     base_rank = (i - job * hosts_per_job) * GPUS
                     if seq == 0:  # the process map once: GPU -> job/rank (as the agent's job collector)
@@ -535,11 +557,17 @@ def generate(
                                      rank=base_rank + g, local_rank=g, world_size=job_ranks)
                             for g in range(GPUS)
                         ]  # fmt: skip
-                    if (second + i) % 2 == 0:  # heads every 2 s, half the hosts each second
+                    if heads_due:
                         heads = [model.heads(job, base_rank + g, g, now) for g in range(GPUS)]
                         stats["heads"] += len(heads)
+                batch_samples = samples
+                if coalesce > 1:  # each tick's samples with its own time, the held ones first
+                    batch_samples = [replace(s, t=t) for t in (*waiting, now) for s in samples]
+                    waiting.clear()
                 client.send(
-                    encode(Batch(seq=seq, t=now, samples=samples, events=events, heads=heads, procs=procs))
+                    encode(
+                        Batch(seq=seq, t=now, samples=batch_samples, events=events, heads=heads, procs=procs)
+                    )
                 )
                 stats["sent"] += 1
             tick += 1
@@ -574,6 +602,7 @@ def run_level(
     slowdown: float = 1.5,
     profile: Path | None = None,
     processes: int = 1,
+    coalesce: int = 1,
 ) -> dict[str, Any]:
     import psutil
 
@@ -621,6 +650,7 @@ def run_level(
                     "--hosts", str(hosts), "--duration", str(duration), "--warmup", str(warmup),
                     "--out", str(out), "--core", str(gen_core),
                     "--job-ranks", str(job_ranks), "--slowdown", str(slowdown),
+                    "--coalesce", str(coalesce),
                 ],
                 env=env,
             )  # fmt: skip
@@ -697,11 +727,17 @@ def run_level(
         )
         for name in ("hardware", "stuck", "straggler", "inventory", "network", "host_silent")
     }
-    expected = hosts * duration
+    # the generator kept its rate when it made every host's ticks; the batches those ticks called for (one
+    # per tick, or fewer with --coalesce) scale with the ticks made, so sent/expected is ticks made/due
+    ticks_expected = hosts * duration
+    expected = stats["sent"] * ticks_expected / max(1, stats["ticks"])
     result = {
         "hosts": hosts,
         "gpus": hosts * GPUS,
         "duration_s": duration,
+        "coalesce": coalesce,
+        "ticks": stats["ticks"],
+        "ticks_expected": int(ticks_expected),
         "batches_sent": stats["sent"],
         "batches_expected": int(expected),
         "batches_acked": stats["acked"],
@@ -745,7 +781,7 @@ def run_level(
         )
     result["sustained"] = bool(
         stats["connect_errors"] == 0
-        and stats["sent"] >= 0.98 * expected
+        and stats["ticks"] >= 0.98 * ticks_expected
         and stats["acked"] >= 0.99 * stats["sent"]
         and missed == 0
         and latencies
@@ -1270,6 +1306,15 @@ def main() -> int:
         "for the hosts the kernel gives it; each level also runs one process as the reference. Hosts only: "
         "no --jobs (default levels 3072,6144)",
     )
+    parser.add_argument(
+        "--coalesce",
+        type=int,
+        default=1,
+        choices=range(1, 11),
+        metavar="N",
+        help="the generator behaves as agents with stream.coalesce_ticks = N: a host's batch goes out when "
+        "its heads are due, with a fault event, or with N ticks in it (default 1: every tick)",
+    )
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--share-port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--generate", help=argparse.SUPPRESS)
@@ -1289,6 +1334,7 @@ def main() -> int:
             args.core,
             args.job_ranks,
             args.slowdown,
+            args.coalesce,
         )
         return 0
     PIN[0] = args.pin
@@ -1307,6 +1353,8 @@ def main() -> int:
             args.json.write_text(json.dumps(results, indent=2))
         return 0
     if args.processes > 1:
+        if args.coalesce != 1:
+            parser.error("--processes runs every tick at once: no --coalesce")
         if args.jobs:
             parser.error("--processes is hosts only: with no correlator a job's ranks split between engines")
         levels = [int(x) for x in args.hosts.split(",") if x] or [3072, 6144]
@@ -1327,7 +1375,7 @@ def main() -> int:
     print(
         f"cores available: {sorted(os.sched_getaffinity(0))} "
         f"({'aggregator and generator pinned to a core each' if args.pin else 'not pinned'}); "
-        f"load average before: {os.getloadavg()[0]:.1f}"
+        f"load average before: {os.getloadavg()[0]:.1f}; agents' stream.coalesce_ticks = {args.coalesce}"
     )
     header = (
         f"{'hosts':>6} {'GPUs':>6} {'sent/exp':>13} {'acked':>7} {'ack p99':>9} {'verdict p50/p99/max (n)':>26} "
@@ -1338,13 +1386,21 @@ def main() -> int:
     best = 0
     for hosts in levels:
         ranks = min(args.job_ranks, hosts * GPUS // 2) // GPUS * GPUS if args.jobs else 0
-        r = run_level(hosts, duration, min(args.warmup, duration / 3), ranks, args.slowdown, args.profile)
+        r = run_level(
+            hosts,
+            duration,
+            min(args.warmup, duration / 3),
+            ranks,
+            args.slowdown,
+            args.profile,
+            coalesce=args.coalesce,
+        )
         results.append(r)
         print(
             f"{r['hosts']:>6} {r['gpus']:>6} {r['batches_sent']:>6}/{r['batches_expected']:<6} {r['batches_acked']:>7} "
             f"{r['ack_p99_s'] * 1000:>7.1f}ms {r['verdict_p50_s'] * 1000:>5.1f}/{r['verdict_p99_s'] * 1000:.1f}/{r['verdict_max_s'] * 1000:.1f}ms "
             f"({r['verdict_n']:>2}) {r['tick_p99_s']:>7.3f}s {r['aggregator_cpu']:>7.2f} {r['aggregator_us_per_batch']:>8.1f} {r['generator_cpu']:>7.2f} {r['aggregator_rss_mb']:>7.1f}  "
-            f"{'yes' if r['sustained'] else 'NO'}",
+            f"{'yes' if r['sustained'] else 'NO'}  (coalesce {r['coalesce']}, {r['ticks']}/{r['ticks_expected']} ticks)",
             flush=True,
         )
         print(

@@ -107,6 +107,7 @@ def run(lines: int, window_s: float, *, traced: bool) -> Run:
         if t == FLOOD_AT_S:
             sim.model.hosts[0].kernel_lines.extend((t, KERN_WARNING, line) for _ in range(lines))
         batch = measured("agent", partial(agent.step_inline, t))
+        assert batch is not None  # stream.coalesce_ticks is 1: every tick is sent
         for event in batch.events:
             if isinstance(event, XidOccurred):
                 out.events += 1

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from sentinel.wire import Batch
+
 REPO = Path(__file__).resolve().parent.parent
 #: a test's subprocess that imports torch: a few seconds quiet, over a minute on a loaded 2-core CI machine
 #: (the import alone took 28-60 s at load 5, and a 120 s bound was within 15 s of failing); bounded below
@@ -73,3 +75,9 @@ def write_journal(path: Path, entries: list[dict[str, str | int]]) -> None:
         capture_output=True,
         timeout=60,
     )
+
+
+def sent(batch: Batch | None) -> Batch:
+    """The batch an agent's tick spooled (:meth:`sentinel.agent.agent.Agent.step`): fails if it was held."""
+    assert batch is not None, "the agent held this tick (stream.coalesce_ticks)"
+    return batch

@@ -9,8 +9,9 @@ can run many agents in one process on simulated hosts::
     for a in agents: a.request_stop()
 
 ``sentinel sim`` (virtual clock) builds them with ``inline=True`` (no thread, no event loop) and drives the
-ticks itself: ``batch = agent.step_inline(now)``, then feeds the batch to the aggregator's engine in-process
-(with ``stream.enabled = false``) after :meth:`Agent.hello` whenever the inventory changed.
+ticks itself: ``batch = agent.step_inline(now)``, then feeds the batch (None: the tick was held, see
+``stream.coalesce_ticks``) to the aggregator's engine in-process (with ``stream.enabled = false``) after
+:meth:`Agent.hello` whenever the inventory changed.
 
 This module wires the parts and runs the daemon's lifecycle; the parts do the work: the collectors
 (:mod:`.registry`) write into a :class:`~sentinel.agent.sink.TickSink`, each tick's batch goes through the
@@ -142,7 +143,9 @@ class Agent:
             self.seq = SeqAllocator(state_dir / "seq" if durable else None)
             self.instance_id = stream_instance(state_dir / "instance" if durable else None)
         #: each tick's batch: numbered, kept in the ring, fitted to a frame, spooled
-        self.outbox = Outbox(self.ring, self.seq, self.spool, self.counters)
+        self.outbox = Outbox(
+            self.ring, self.seq, self.spool, self.counters, coalesce_ticks=config.stream.coalesce_ticks
+        )
         self.shipper: Shipper | None = None
         if self.spool is not None:
             self.shipper = Shipper(
@@ -227,8 +230,9 @@ class Agent:
 
     # -- one tick -------------------------------------------------------------------------------------------
 
-    def step_inline(self, now: float) -> Batch:
-        """One tick on the caller's thread, without an event loop (an ``inline`` agent: ``sentinel sim``).
+    def step_inline(self, now: float) -> Batch | None:
+        """One tick on the caller's thread, without an event loop (an ``inline`` agent: ``sentinel sim``);
+        returns what :meth:`step` does.
 
         Every collector of an inline agent completes without waiting (its blocking calls run in place, a
         simulated hang is declared by the source), so :meth:`step`'s coroutine finishes on its first resume;
@@ -240,16 +244,19 @@ class Agent:
         try:
             coro.send(None)
         except StopIteration as done:
-            batch: Batch = done.value
+            batch: Batch | None = done.value
             return batch
         coro.close()
         raise RuntimeError("an inline agent's tick tried to wait (a collector left the inline path)")
 
-    async def step(self, now: float | None = None, *, final: bool = False) -> Batch:
-        """Run the due collectors once and return this tick's batch (also kept in the ring and spooled).
+    async def step(self, now: float | None = None, *, final: bool = False) -> Batch | None:
+        """Run the due collectors once; returns the batch spooled this tick, or None when the tick was held.
 
-        ``final`` (the last tick before shutdown) also emits the Xids still waiting for their NVML/kernel
-        twin: an Xid that lands just before SIGTERM must reach the spool, not die in the merge window.
+        Every tick's findings go to the ring buffer. A routine tick is held when ``stream.coalesce_ticks``
+        allows (:class:`~sentinel.agent.outbox.Outbox`): its samples go out with the next batch spooled,
+        which is then returned. ``final`` (the last tick before shutdown) never holds: it spools what is held,
+        and also emits the Xids still waiting for their NVML/kernel twin: an Xid that lands just before
+        SIGTERM must reach the spool, not die in the merge window.
         """
         now = self.clock() if now is None else now
         await self.collectors.run_due(now)
@@ -270,13 +277,14 @@ class Agent:
         except Exception as exc:  # a rule bug must not stop the tick; health says "cannot tell" meanwhile
             self.counters.collector_success["health"] = False
             log.error("health_apply_failed", error=f"{type(exc).__name__}: {exc}")
-        batch = self.outbox.keep(batch, heads, now)
+        sent = self.outbox.keep(batch, heads, now, final=final)
         self.counters.last_tick = now
         self.counters.ticks += 1
         if self.shipper is not None:
             self.shipper.ready.set()
-            self.shipper.wake()
-        return batch
+            if sent is not None:
+                self.shipper.wake()
+        return sent
 
     def render_metrics(self) -> bytes:
         """The /metrics body (text format): per-GPU series and the agent's own health."""
@@ -416,7 +424,7 @@ class Agent:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), delay)
         finally:
-            if len(self.xids):
+            if len(self.xids) or self.outbox.held_ticks:
                 try:
                     await self.step(final=True)
                 except Exception as exc:

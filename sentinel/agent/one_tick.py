@@ -28,7 +28,7 @@ def health_after_one_tick(config: AgentConfig, source: GpuSource, now: float) ->
         agent=replace(config.agent, state_dir=""),
         collect=replace(config.collect, disabled=list(_OTHERS), nvml_events=False),
         metrics=replace(config.metrics, listen_host=config.metrics.listen_host or "127.0.0.1"),
-        stream=replace(config.stream, enabled=False),
+        stream=replace(config.stream, enabled=False, coalesce_ticks=1),  # one tick: nothing held
         systemd=replace(config.systemd, notify=False),
     )
     agent = Agent(config, source, clock=lambda: now, inline=True)

@@ -229,6 +229,19 @@ class StreamConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_inflight: Annotated[
         int, msgspec.Meta(ge=1, le=100000, description="batches sent and not yet acked at most")
     ] = 256
+    coalesce_ticks: Annotated[
+        int,
+        msgspec.Meta(
+            ge=1,
+            le=10,
+            description="routine ticks (fast GPU samples only, every GPU state ok) are held and sent with the "
+            "next batch, at most this many ticks in one batch; anything else (an event, FR heads, a process "
+            "map, a slow reading, port/netdev/fabric manager/RAS readings, drops, a GPU source change) sends "
+            "at once with what was held; 1 sends every tick at once. Above 1 it cuts the aggregator's "
+            "per-batch cost on large clusters; samples then arrive up to this many ticks minus one late "
+            "(keep it times collect.tick_s well under the aggregator's fleet.host_silent_after_s)",
+        ),
+    ] = 1
 
 
 class RingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -156,8 +156,9 @@ def run_scenario(
                 if agent.inventory_changes != greeted[i]:  # the stream reconnects with the new inventory
                     greeted[i] = agent.inventory_changes
                     views[i] = engine.hello(agent.hello(), t)
-                samples += len(batch.samples)
-                engine.ingest(views[i], batch, t)
+                if batch is not None:  # None: held for the next batch (stream.coalesce_ticks)
+                    samples += len(batch.samples)
+                    engine.ingest(views[i], batch, t)
             engine.tick(t)
             if progress is not None and step % report_every == 0:
                 progress(t)

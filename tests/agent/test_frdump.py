@@ -12,6 +12,7 @@ from sentinel.fr.heads import FrHeads
 from sentinel.wire import Command, FrDumpAnswer, FrDumpRequest, ProcInfo
 from tests.agent.conftest import make_config
 from tests.agent.fakes import FakeSource
+from tests.support import sent
 
 
 def test_watcher_reports_new_dumps_only(tmp_path: Path) -> None:
@@ -119,7 +120,7 @@ async def test_fr_dump_command_collects_the_jobs_dumps(tmp_path: Path) -> None:
         agent.sink.set_inventory(FakeSource(gpus=8).open())
         # the probe's heads say rank 6 of job "j" runs here (LOCAL_RANK 2); NVML reports no pid
         agent.sink.add_heads([FrHeads(rank=6, t=1.0, job_id="j", local_rank=2, pid=4242)])
-        batch = await agent.step(10.0)
+        batch = sent(await agent.step(10.0))
         assert [(h.rank, h.host, h.gpu) for h in batch.heads] == [(6, "host-test", 2)]
         (dumps / "rank_6").write_bytes(b"\x80\x02dump")
         result = await agent.handle_command(
@@ -144,6 +145,6 @@ async def test_heads_gpu_from_nvml_mapping_wins_over_local_rank(tmp_path: Path) 
             FrHeads(rank=2, t=1.0, job_id="j", local_rank=9, pid=78),  # no such GPU slot: unknown
         ]
     )
-    batch = await agent.step(10.0)
+    batch = sent(await agent.step(10.0))
     assert [(h.rank, h.gpu) for h in batch.heads] == [(1, 3), (2, None)]
     await agent.shutdown()

@@ -16,6 +16,7 @@ from sentinel.agent.nvml import NvmlSource
 from sentinel.components.device.nvml import normalize_pci_bus
 from tests.agent.conftest import make_config
 from tests.agent.fakenvml import FakeNvml
+from tests.support import sent
 
 
 def test_inventory_and_fast_fields_through_pynvml(fake_nvml: FakeNvml) -> None:
@@ -105,10 +106,10 @@ def test_pci_bus_normalisation() -> None:
 
 async def test_agent_marks_lost_gpu_and_reports_it(fake_nvml: FakeNvml, tmp_path: Path) -> None:
     agent = Agent(make_config(tmp_path, collect={"nvml_events": False}), NvmlSource())
-    first = await agent.step(1.0)
+    first = sent(await agent.step(1.0))
     assert {s.state for s in first.samples} == {"ok"}
     fake_nvml.gpus[0].lost = True
-    batch = await agent.step(2.0)
+    batch = sent(await agent.step(2.0))
     states = {s.gpu: s.state for s in batch.samples}
     assert states == {0: "lost", 1: "ok"}
     assert [(e.kind, getattr(e, "state", None), e.gpu) for e in batch.events] == [("gpu_state", "lost", 0)]
@@ -129,7 +130,7 @@ async def test_hung_call_marks_gpu_unresponsive_and_never_blocks_others(
     release = threading.Event()
     fake_nvml.gpus[1].hang = release
     started = time.monotonic()
-    batch = await agent.step(2.0)
+    batch = sent(await agent.step(2.0))
     assert time.monotonic() - started < 5.0  # the deadline, not the hang, bounds the tick
     assert {s.gpu: s.state for s in batch.samples} == {0: "ok", 1: "unresponsive"}
     assert [(e.kind, getattr(e, "state", None), e.gpu) for e in batch.events] == [
@@ -138,7 +139,7 @@ async def test_hung_call_marks_gpu_unresponsive_and_never_blocks_others(
     calls_while_hung = fake_nvml.calls.total()
     for t in range(3, 6):  # the loop and GPU 0 keep going; nothing is queued behind the hung call
         started = time.monotonic()
-        batch = await agent.step(float(t))
+        batch = sent(await agent.step(float(t)))
         assert time.monotonic() - started < 1.0  # not waiting on the hung call, nor another 1.5 s deadline
         assert {s.gpu: s.state for s in batch.samples} == {0: "ok", 1: "unresponsive"}
     hung_gpu_calls = sum(n for (gpu, _), n in fake_nvml.calls.items() if gpu == 1)
@@ -150,7 +151,7 @@ async def test_hung_call_marks_gpu_unresponsive_and_never_blocks_others(
         and time.monotonic() < deadline
     ):
         await asyncio.sleep(0.01)
-    batch = await agent.step(6.0)
+    batch = sent(await agent.step(6.0))
     assert {s.gpu: s.state for s in batch.samples} == {0: "ok", 1: "ok"}
     assert [(e.kind, getattr(e, "state", None), e.gpu) for e in batch.events] == [("gpu_state", "ok", 1)]
     assert fake_nvml.calls.total() > calls_while_hung

@@ -25,6 +25,7 @@ from sentinel.fr.heads import FrHeads, InFlight, PgHead
 from sentinel.wire import HeadsEntry, XidOccurred
 from tests.agent.conftest import make_config
 from tests.agent.fakes import FakeHost, FakeProcess, FakeSource
+from tests.support import sent
 
 HEADS = FrHeads(
     rank=5,
@@ -95,7 +96,7 @@ async def test_socket_forwards_heads_with_host_and_gpu(tmp_path: Path) -> None:
     assert agent.probe is not None
     while agent.probe.received < 2 and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
-    batch = await agent.step(1.0)
+    batch = sent(await agent.step(1.0))
     rank.kill()
     rank.wait()
     assert [(h.host, h.gpu, h.rank) for h in batch.heads] == [("host-test", 1, 5), ("host-test", 1, 5)]
@@ -122,7 +123,7 @@ async def test_host_inputs_replace_the_os_boundaries_under_the_same_collectors(t
         host.inputs(),
     )
     assert agent.probe is None and agent.collectors.get("kmsg") is not None
-    batch = await agent.step(1.0)
+    batch = sent(await agent.step(1.0))
     assert batch.procs is not None
     assert [(p.gpu, p.pid, p.job_id, p.rank) for p in batch.procs] == [(0, 77, "job-x", 0)]
     assert not [e for e in batch.events if e.kind == "xid"]  # waits for NVML's report of the same Xid
@@ -130,10 +131,10 @@ async def test_host_inputs_replace_the_os_boundaries_under_the_same_collectors(t
         msgspec.structs.replace(HEADS, pid=77, rank=0, job_id="job-x"),
         msgspec.structs.replace(HEADS, pid=77, rank=3, job_id="job-x"),  # pid 77 is rank 0: refused
     ]
-    batch = await agent.step(1.5)
+    batch = sent(await agent.step(1.5))
     assert [(h.gpu, h.host, h.rank) for h in batch.heads] == [(0, "host-test", 0)]
     assert not (tmp_path / "unused.sock").exists()
-    later = await agent.step(1.0 + agent.config.collect.xid_merge_wait_s)
+    later = sent(await agent.step(1.0 + agent.config.collect.xid_merge_wait_s))
     xids = [e for e in later.events if isinstance(e, XidOccurred)]
     assert [(e.gpu, e.record.xid, e.source, e.record.pid) for e in xids] == [(0, 79, "kmsg", 1)]
     await agent.shutdown()
@@ -198,7 +199,7 @@ async def test_socket_is_0660_and_heads_are_checked_against_the_senders_credenti
         while agent.probe.received + agent.probe.refused < 3 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         assert agent.probe.refused == 2 and agent.probe.received == 1
-        batch = await agent.step(1.0)
+        batch = sent(await agent.step(1.0))
         assert [(h.job_id, h.rank) for h in batch.heads] == [("nobodys-job", 0)]
         assert batch.heads[0].pid not in (None, 1)  # the kernel's pid, not the claimed one
         assert batch.drops is not None and batch.drops.probe == 2

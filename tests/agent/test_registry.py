@@ -12,6 +12,7 @@ from sentinel.components import registry
 from sentinel.config import ConfigError, load_agent_config
 from tests.agent.conftest import make_config
 from tests.agent.fakes import FakeSource
+from tests.support import sent
 
 
 def test_the_agent_builds_exactly_the_registry_collectors() -> None:
@@ -29,7 +30,7 @@ async def test_disabled_collectors_are_neither_built_nor_run(tmp_path: Path) -> 
     agent = Agent(config, FakeSource(gpus=2))
     names = {c.name for c in agent.collectors.items}
     assert "logs" not in names and "xid" not in names and "nvml" in names
-    batch = await agent.step(1.0)
+    batch = sent(await agent.step(1.0))
     assert len(batch.samples) == 2  # the others run as before
     assert "logs" not in agent.counters.collector_success
     await agent.shutdown()
@@ -39,7 +40,7 @@ async def test_without_nvml_the_agent_still_runs_and_health_says_why_it_cannot_t
     agent = Agent(make_config(tmp_path, collect={"disabled": ["nvml"]}), FakeSource(gpus=2))
     assert agent.gpu_collector is None
     assert {c.name for c in agent.collectors.items}.isdisjoint({"nvml", "xid"})  # Xids need NVML's GPUs
-    batch = await agent.step(1.0)
+    batch = sent(await agent.step(1.0))
     assert batch.samples == []
     report = agent.health_report()
     assert report["fit"] is None and "nvml collector is disabled" in str(report)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from sentinel.agent.tailer import LogTailer
 from sentinel.wire import LogLine
+from tests.support import sent
 
 
 def _write(path: Path, text: str, mode: str = "a") -> None:
@@ -122,7 +123,7 @@ async def test_agent_classifies_tailed_lines(tmp_path: Path) -> None:
     assert agent.sink.gpu_of_pid(4242) == 2
     _write(log, "node7:4242:1300 [3] NCCL INFO Channel 00/0 : 0[3] -> 1[4] via P2P/IPC\n")
     _write(log, NET_WARN.format(pid=4242) + "\n" + WATCHDOG + "\n")
-    batch = await agent.step(2.0)
+    batch = sent(await agent.step(2.0))
     kinds = [(e.kind, getattr(e, "line_kind", None), e.severity, e.gpu) for e in batch.events]
     assert kinds == [
         ("log", "nccl_warn_net", "critical", 2),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
+import msgspec
 import pytest
 
 from sentinel.agent.agent import Agent
@@ -21,6 +22,7 @@ from sentinel.sim.host import SimCluster, simulated_agent_config
 from sentinel.sim.runner import RING_WINDOW_S, VirtualClock, simulated_agents
 from sentinel.sim.scenario import load_scenario_text
 from sentinel.wire import Batch, Event, GpuStateChanged, LogLine, XidOccurred
+from tests.support import sent
 
 SCENARIO = """
 seed = 5
@@ -58,7 +60,7 @@ def _run(until: float) -> dict[str, list[Batch]]:
         clock.t = t
         sim.advance(t)
         for agent in agents:
-            batches[agent.host].append(agent.step_inline(t))
+            batches[agent.host].append(sent(agent.step_inline(t)))
         t += 1.0
     return batches
 
@@ -96,7 +98,7 @@ def test_xid_79_arriving_after_the_lost_state_still_names_the_verdict() -> None:
         t = float(step)
         clock.t = t
         sim.advance(t)
-        batch = agent.step_inline(t)
+        batch = sent(agent.step_inline(t))
         for event in batch.events:
             if event.gpu == 1 and isinstance(event, GpuStateChanged) and event.state == "lost":
                 arrived.setdefault("gpu_lost", t)
@@ -171,3 +173,52 @@ def test_step_inline_needs_an_inline_agent() -> None:
     finally:
         agent.collectors.close()
         sim.close()
+
+
+def _engine_fed_by_agents(coalesce: int, until: float) -> tuple[Engine, dict[str, float], int]:
+    """The scenario's hosts through real inline agents with ``stream.coalesce_ticks``; the engine ingests what
+    each tick spooled (None: held), as ``sentinel sim`` does. Returns the engine, when each hardware verdict
+    opened, and how many ticks were held."""
+    clock = VirtualClock()
+    scenario = load_scenario_text(SCENARIO)
+    sim = SimCluster(scenario, started_at=0.0, clock=clock, inline=True)
+    agents = []
+    for host in sim.hosts:
+        config = simulated_agent_config(host.name, tick_s=scenario.tick_s, ring_window_s=RING_WINDOW_S)
+        config = msgspec.structs.replace(
+            config, stream=msgspec.structs.replace(config.stream, coalesce_ticks=coalesce)
+        )
+        agents.append(Agent(config, host, host.inputs(), clock, inline=True))
+    engine = Engine()
+    views = [engine.hello(agent.hello(), 0.0) for agent in agents]
+    opened: dict[str, float] = {}
+    held = 0
+    t = 0.0
+    while t <= until:
+        clock.t = t
+        sim.advance(t)
+        for agent, view in zip(agents, views, strict=True):
+            batch = agent.step_inline(t)
+            if batch is None:
+                held += 1
+                continue
+            engine.ingest(view, batch, t)
+        engine.tick(t)
+        for v in engine.book.open.values():
+            if v.detector == "hardware":
+                opened.setdefault(f"{v.host}/{v.gpu}/{v.reason}", t)
+        t += 1.0
+    for agent in agents:
+        agent.collectors.close()
+    return engine, opened, held
+
+
+def test_coalescing_agents_hold_routine_ticks_and_the_hardware_verdicts_open_as_promptly() -> None:
+    """The simulated agents read slow counters every other tick, so coalescing holds the fast ticks between
+    them; the Xid, the lost GPU and the hung NVML call go out at once, and their verdicts open on the same
+    tick as with every tick sent."""
+    _, every_tick, none_held = _engine_fed_by_agents(1, 8.0)
+    engine, coalesced, held = _engine_fed_by_agents(3, 8.0)
+    assert none_held == 0 and held > 0
+    assert coalesced == every_tick and any("xid_79" in key for key in coalesced)
+    assert all(gpu.t >= 7.0 for host in engine.fleet.hosts.values() for gpu in host.gpus)

@@ -32,6 +32,7 @@ from sentinel.cli import main
 from sentinel.wire import Batch, XidOccurred
 from tests.agent.conftest import make_config
 from tests.agent.fakenvml import FakeNvml, component_unsupported
+from tests.support import sent
 
 NVML_NOW_US = 1_800_000_000_000_000  # the fixture host's NVML clock (violation readings are stamped with it)
 
@@ -142,17 +143,17 @@ async def test_xid_pair_and_a_gpu_lost_at_open(fake_nvml: FakeNvml, tmp_path: Pa
     kmsg.write_text("")
     fake_nvml.gpus.append(type(fake_nvml.gpus[0])(index=2, handle_error=999))
     agent = _agent(tmp_path, kmsg)
-    batches = [await agent.step(1.0)]
+    batches = [sent(await agent.step(1.0))]
     fake_nvml.push_xid(0, 149)
     for _ in range(100):
         if len(agent.xids):
             break
-        batches.append(await agent.step(1.1))
+        batches.append(sent(await agent.step(1.1)))
         await __import__("asyncio").sleep(0.02)
     with kmsg.open("a") as f:
         f.write(LINE_149 + "\n" + LINE_48 + "\n")
-    batches.append(await agent.step(1.2))  # 149 merged now; 48 (kernel only) waits for NVML's twin
-    batches.append(await agent.step(2.0))  # 48's wait is over: sent alone
+    batches.append(sent(await agent.step(1.2)))  # 149 merged now; 48 (kernel only) waits for NVML's twin
+    batches.append(sent(await agent.step(2.0)))  # 48's wait is over: sent alone
     _check("xid_pair_gpu_lost_at_open", [b for b in _view(batches) if b["events"] or b.get("gpu_source")])
     _check("xid_pair_gpu_lost_at_open.metrics", _gpu_metrics(agent), "prom")
     await agent.shutdown()
@@ -172,17 +173,17 @@ async def test_xid_pairs_154_to_none_and_13_keep_the_kernel_lines_detail(
     kmsg = tmp_path / "kmsg"
     kmsg.write_text("")
     agent = _agent(tmp_path, kmsg)
-    batches = [await agent.step(1.0)]
+    batches = [sent(await agent.step(1.0))]
     fake_nvml.push_xid(1, 154)
     fake_nvml.push_xid(1, 13)
     for _ in range(100):  # bounded: until the listener thread has handed both NVML reports over
         if len(agent.xids) >= 2:
             break
-        batches.append(await agent.step(1.1))
+        batches.append(sent(await agent.step(1.1)))
         await asyncio.sleep(0.02)
     with kmsg.open("a") as f:
         f.write(LINE_154 + "\n" + LINE_13 + "\n")
-    batches.append(await agent.step(1.2))
+    batches.append(sent(await agent.step(1.2)))
     events = [e for b in batches for e in b.events if isinstance(e, XidOccurred)]
     assert sorted(e.record.xid for e in events) == [13, 154]  # one event per occurrence
     assert {e.record.xid: e.severity for e in events}[154] != "critical"
@@ -197,15 +198,15 @@ async def test_nvml_gone_and_back(fake_nvml: FakeNvml, tmp_path: Path) -> None:
     kmsg.write_text("")
     fake_nvml.init_error = 9  # driver not loaded
     agent = _agent(tmp_path, kmsg, nvml_events=False)
-    batches = [await agent.step(1.0)]
+    batches = [sent(await agent.step(1.0))]
     fake_nvml.init_error = 0
-    batches.append(await agent.step(1.2))
+    batches.append(sent(await agent.step(1.2)))
     fake_nvml.gpus[1].lost = True
-    batches.append(await agent.step(1.4))
+    batches.append(sent(await agent.step(1.4)))
     fake_nvml.down = 1  # a driver reload: NVML uninitialised
-    batches.append(await agent.step(1.6))
+    batches.append(sent(await agent.step(1.6)))
     fake_nvml.gpus[1].lost = False
-    batches.append(await agent.step(1.8))  # re-initialised: the lost GPU is back, i.e. it was reset
+    batches.append(sent(await agent.step(1.8)))  # re-initialised: the lost GPU is back, i.e. it was reset
     _check("nvml_gone_and_back", _view(batches))
     await agent.shutdown()
 
@@ -215,12 +216,12 @@ async def test_kernel_log_cursor_across_an_agent_restart(fake_nvml: FakeNvml, tm
     kmsg = tmp_path / "kmsg"
     kmsg.write_text(LINE_149 + "\n")  # before the agent ever ran, this boot: read (the whole ring)
     first = _agent(tmp_path, kmsg, nvml_events=False, xid_merge_wait_s=0.0)
-    seen = _view([await first.step(1.0)])
+    seen = _view([sent(await first.step(1.0))])
     await first.shutdown()
     with kmsg.open("a") as f:
         f.write(LINE_48 + "\n")  # lands while the agent is down
     second = _agent(tmp_path, kmsg, nvml_events=False, xid_merge_wait_s=0.0)
-    seen += _view([await second.step(2.0)])  # only the new line: nothing lost, nothing repeated
+    seen += _view([sent(await second.step(2.0))])  # only the new line: nothing lost, nothing repeated
     await second.shutdown()
     cursor = json.loads((tmp_path / "state" / "kmsg.cursor").read_text())
     assert cursor["boot_id"] == BOOT
@@ -231,7 +232,7 @@ async def test_kernel_log_cursor_across_an_agent_restart(fake_nvml: FakeNvml, tm
         reader = getattr(collector, "reader", None)
         if reader is not None and hasattr(reader, "boot_id"):
             reader.boot_id = "another-boot"
-    batch = await third.step(3.0)
+    batch = sent(await third.step(3.0))
     assert sorted(e.record.xid for e in batch.events if isinstance(e, XidOccurred)) == [48, 149]
     await third.shutdown()
 
@@ -250,7 +251,7 @@ async def test_a_reset_clears_a_latched_xid_and_a_transient_stall_does_not(
 
     async def step(t: float, what: str) -> None:
         nonlocal host
-        batch = await agent.step(t)
+        batch = sent(await agent.step(t))
         if host is None:
             host = engine.hello(agent._hello(0), t)
         engine.ingest(host, batch, t)

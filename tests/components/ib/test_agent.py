@@ -8,6 +8,7 @@ from sentinel.agent import Agent
 from tests.agent.conftest import make_config
 from tests.agent.fakes import FakeSource
 from tests.components.ib.conftest import SysfsTree
+from tests.support import sent
 
 
 def _agent(tmp_path: Path, tree: SysfsTree) -> Agent:
@@ -19,13 +20,13 @@ def _agent(tmp_path: Path, tree: SysfsTree) -> Agent:
 async def test_ports_ship_with_nvml_numbering_and_metrics(tmp_path: Path, dgx: SysfsTree) -> None:
     agent = _agent(tmp_path, dgx)
     try:
-        batch = await agent.step(100.0)
+        batch = sent(await agent.step(100.0))
         assert batch.ports is not None
         by = {p.device: p for p in batch.ports}
         assert by["mlx5_0"].gpus == [0]  # FakeSource's GPU 0 is at 0000:18:00, behind mlx5_0's switch
         assert by["mlx5_1"].gpus == []  # no NVML GPU behind it, and no NUMA match either
         dgx.add("mlx5_0", "symbol_error", 4)
-        batch = await agent.step(102.0)
+        batch = sent(await agent.step(102.0))
         assert batch.ports is not None
         assert {p.device: p for p in batch.ports}["mlx5_0"].rates["symbol_error"] == 2.0
         text = agent.render_metrics().decode()
@@ -51,7 +52,7 @@ async def test_link_downs_survive_an_agent_restart(tmp_path: Path, dgx: SysfsTre
     restarted = _agent(tmp_path, dgx)
     try:
         dgx.add("mlx5_1", "link_downed", 1)
-        batch = await restarted.step(20.0)
+        batch = sent(await restarted.step(20.0))
         assert batch.ports is not None
         assert len({p.device: p for p in batch.ports}["mlx5_1"].downs) == 3
     finally:

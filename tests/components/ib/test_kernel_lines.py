@@ -24,6 +24,7 @@ from sentinel.signals import classify_line
 from tests.agent.conftest import make_config
 from tests.agent.fakes import FakeSource
 from tests.components.ib.conftest import SysfsTree
+from tests.support import sent
 
 # (line, kind, severity, pci_bus, name, port) — kind and severity by the README's rules: a link going
 # down or a cable unplugged is a warning, a transceiver error critical; mlx5 is "other".
@@ -183,10 +184,10 @@ async def test_agent_carries_a_kernel_link_down_to_the_port_and_its_finding(
     )
     agent = Agent(config, FakeSource(gpus=2))
     try:
-        first = await agent.step(100.0)
+        first = sent(await agent.step(100.0))
         dgx.link_down("mlx5_1")
         await agent.step(102.0)
-        batch = await agent.step(105.0)
+        batch = sent(await agent.step(105.0))
         assert batch.ports is not None
         port = {p.device: p for p in batch.ports}["mlx5_1"]
         assert port.kernel_log == [
@@ -235,7 +236,7 @@ async def test_a_kernel_line_reaches_the_port_verdict_once(tmp_path: Path, dgx: 
         for t in (100.0, 102.0, 105.0):
             if t == 102.0:
                 dgx.link_down("mlx5_1")
-            engine.ingest(host, await agent.step(t), t)
+            engine.ingest(host, sent(await agent.step(t)), t)
         changes = engine.tick(105.0)
     finally:
         await agent.shutdown()

@@ -24,6 +24,7 @@ from sentinel.components.netdev.sysfs import (
 from sentinel.components.netdev.tracker import NetdevRates
 from tests.agent.conftest import make_config
 from tests.agent.fakes import FakeSource
+from tests.support import sent
 
 TREE = Path(__file__).parent / "tree"
 
@@ -144,7 +145,7 @@ async def test_the_agent_ships_its_interfaces_with_rates_and_metrics(tmp_path: P
     config = make_config(tmp_path, netdev={"sysfs_root": str(tree), "interval_s": 0.1})
     agent = Agent(config, FakeSource(gpus=1))
     try:
-        batch = await agent.step(100.0)
+        batch = sent(await agent.step(100.0))
         assert batch.netdevs is not None and {d.name for d in batch.netdevs} == {
             "eth0",
             "veth-a",
@@ -152,7 +153,7 @@ async def test_the_agent_ships_its_interfaces_with_rates_and_metrics(tmp_path: P
         }
         path = stat_file(tree, "veth-a", "rx_bytes")
         path.write_text(f"{int(path.read_text()) + 4000}\n")
-        batch = await agent.step(102.0)
+        batch = sent(await agent.step(102.0))
         assert batch.netdevs is not None
         assert {d.name: d for d in batch.netdevs}["veth-a"].rates["rx_bytes"] == 2000.0
         text = agent.render_metrics().decode()

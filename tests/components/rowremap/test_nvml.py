@@ -10,13 +10,14 @@ from sentinel.agent import Agent
 from sentinel.agent.nvml import NvmlSource
 from tests.agent.conftest import make_config
 from tests.agent.fakenvml import FakeGpu, FakeNvml
+from tests.support import sent
 
 
 async def test_row_remap_states_reach_metrics(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     fake = FakeNvml([FakeGpu(index=0, remap=(0, 2, 1, 0)), FakeGpu(index=1, remap=(0, 9, 0, 1))])
     fake.install(monkeypatch)
     agent = Agent(make_config(tmp_path, collect={"nvml_events": False}), NvmlSource())
-    batch = await agent.step(1.0)
+    batch = sent(await agent.step(1.0))
     remaps = {s.gpu: s.remap for s in batch.samples}
     assert remaps[0] is not None and remaps[0].pending and not remaps[0].failure
     assert remaps[1] is not None and remaps[1].failure and not remaps[1].pending

@@ -12,6 +12,7 @@ from sentinel.agent.nvml import NvmlSource
 from sentinel.wire import XidOccurred
 from tests.agent.conftest import make_config
 from tests.agent.fakenvml import FakeNvml
+from tests.support import sent
 
 
 async def test_xid_events_through_the_event_set(fake_nvml: FakeNvml, tmp_path: Path) -> None:
@@ -22,7 +23,7 @@ async def test_xid_events_through_the_event_set(fake_nvml: FakeNvml, tmp_path: P
     events: list[XidOccurred] = []
     deadline = time.monotonic() + 5
     while len(events) < 2 and time.monotonic() < deadline:
-        batch = await agent.step()
+        batch = sent(await agent.step())
         events += [e for e in batch.events if isinstance(e, XidOccurred)]
         await asyncio.sleep(0.05)
     assert sorted((e.gpu, e.record.xid, e.severity) for e in events) == [
@@ -57,7 +58,7 @@ async def test_nvml_and_kernel_reports_of_one_xid_become_one_event_with_the_line
     line = "NVRM: Xid (PCI:0000:18:00): 149, pid=4242, name=python3, Nonfatal NETIR_LINK_EVT, Link 02\n"
     with kmsg.open("a") as f:
         f.write(line)
-    batch = await agent.step()
+    batch = sent(await agent.step())
     [event] = [e for e in batch.events if isinstance(e, XidOccurred)]
     assert (event.gpu, event.record.xid, event.severity, event.t) == (0, 149, "warning", nvml_t)
     assert event.record.pid == 4242 and event.merged is True and "Nonfatal" in event.text
@@ -82,12 +83,12 @@ async def test_a_flood_of_one_xid_line_is_one_event_per_window_with_its_count(
         f.write(line * 5000)
     events: list[XidOccurred] = []
     for now in (2.0, 3.0, 4.0, 13.0, 14.0, 30.0):
-        batch = await agent.step(now)
+        batch = sent(await agent.step(now))
         events += [e for e in batch.events if isinstance(e, XidOccurred)]
     assert [(e.gpu, e.record.xid, e.count) for e in events] == [(0, 95, 1), (0, 95, 4999)]
     assert events[1].record.pid == 4242
     with kmsg.open("a") as f:  # the same line after the flood ended: sent at once again
         f.write(line)
-    batch = await agent.step(31.0)
+    batch = sent(await agent.step(31.0))
     assert [e.count for e in batch.events if isinstance(e, XidOccurred)] == [1]
     await agent.shutdown()
