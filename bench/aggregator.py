@@ -25,10 +25,12 @@ is judged on the ticks made, the acks on the batches sent, and the verdict laten
 The full-scale measurement (a quiet machine, two free cores; ~6 minutes): ramps the host count with both
 jobs up to 12,288 hosts (98,304 GPUs, two 49,152-rank jobs) and prints the largest sustained, the hardware
 ingest-to-verdict p99, the time to the hang and to the 1.2x straggler verdicts and the aggregator's RSS and
-CPU per level:
+CPU per level (with agents sending every tick, and with ``stream.coalesce_ticks = 2``):
 
     flock /tmp/sentinel-bench.lock .venv/bin/python bench/aggregator.py --jobs --pin \\
         --hosts 3072,6144,12288 --all --duration 60 --json bench-jobs.json
+    flock /tmp/sentinel-bench.lock .venv/bin/python bench/aggregator.py --jobs --pin --coalesce 2 \\
+        --hosts 3072,6144,12288 --all --duration 60 --json bench-jobs-coalesced.json
 
 ``--jobs`` adds the seeds' workload: two jobs of ``--job-ranks`` ranks (49,152: 6,144 hosts x 8 GPUs each;
 half the level's GPUs each when it has fewer hosts) whose ranks send Flight Recorder heads every 2 s in their host's
