@@ -36,6 +36,13 @@ def _value(v: float) -> str:
     return "+Inf" if v > 0 else "-Inf"
 
 
+#: the text of a nonzero finite float value, as :meth:`Writer.line` writes it: most values (clocks, limits,
+#: sizes, flags) repeat from one scrape to the next, and a lookup is cheaper than ``repr`` (bounded: cleared
+#: when full; zero is not kept, as -0.0 would find 0.0's text)
+_value_texts: dict[float, str] = {}
+_MAX_VALUE_TEXTS = 4096
+
+
 class Writer:
     """Accumulates exposition lines."""
 
@@ -46,7 +53,13 @@ class Writer:
         self._parts.append(f"# HELP {name} {doc}\n# TYPE {name} {kind}\n")
 
     def line(self, name: str, labels: str, value: float, extra: str = "") -> None:
-        text = repr(value) if value - value == 0.0 else _value(value)  # finite: _value's repr, inline
+        text = _value_texts.get(value) if type(value) is float else None
+        if text is None:
+            text = repr(value) if value - value == 0.0 else _value(value)  # finite: _value's repr, inline
+            if value and type(value) is float and value - value == 0.0:
+                if len(_value_texts) >= _MAX_VALUE_TEXTS:
+                    _value_texts.clear()
+                _value_texts[value] = text
         if extra:
             self._parts.append(f"{name}{{{labels},{extra}}} {text}\n")
         else:

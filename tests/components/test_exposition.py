@@ -100,3 +100,16 @@ def test_a_kept_family_follows_the_sign_of_zero() -> None:
         out = Writer()
         write_families(out, [gauge], kept)
         assert out.text().endswith(f"g {value!r}\n")
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(values, max_size=30))
+def test_a_line_writes_each_value_as_its_repr_however_often_it_was_written(row: list[float]) -> None:
+    """Values repeat from one scrape to the next (and -0.0 equals 0.0, 1 equals 1.0): each line is still
+    written from its own value."""
+    for value in [*row, *row, -0.0, 0.0, 1, 1.0, -0.0]:
+        out = Writer()
+        out.line("g", 'gpu="0"', value)
+        finite = value - value == 0
+        text = repr(value) if finite else ("NaN" if value != value else ("+Inf" if value > 0 else "-Inf"))
+        assert out.text() == f'g{{gpu="0"}} {text}\n'
