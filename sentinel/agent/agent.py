@@ -414,7 +414,8 @@ class Agent:
                     next_tick = loop.time()
                     delay = 0
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await self._stop.wait()
         finally:
             if len(self.xids):
                 try:
