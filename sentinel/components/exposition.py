@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
 from sentinel.components.device.record import GpuInfo, GpuState
@@ -234,12 +234,47 @@ class MetricsView:
 #: (GpuSample attribute, metric, help, multiplier, divisor)
 Gauge = tuple[str, str, str, float, float]
 
+#: text written before, by everything it was written from: a family or a GPU's lines whose values did not
+#: change since the last scrape (most of them) is looked up, not written again (bounded: cleared when full)
+_blocks: dict[Hashable, str] = {}
+_MAX_BLOCKS = 4096
+
+
+def kept_block(key: Hashable) -> str | None:
+    """The text kept under ``key`` (everything it was written from: names, labels, :func:`value_key` of
+    each value), if any."""
+    return _blocks.get(key)
+
+
+def forget_blocks() -> None:
+    """Drop every kept text (the next scrape writes everything afresh)."""
+    _blocks.clear()
+
+
+def keep_block(key: Hashable, text: str) -> str:
+    if len(_blocks) >= _MAX_BLOCKS:
+        _blocks.clear()
+    _blocks[key] = text
+    return text
+
+
+def value_key(value: float | None) -> float | str | None:
+    """A value as a key part that tells apart what is written apart: equal numbers write the same text
+    except 0.0 and -0.0 (and 0), which are keyed by their text."""
+    return value if value or value is None else repr(value)
+
 
 def gauges(out: Writer, rows: list[tuple[GpuSample, str]], table: tuple[Gauge, ...]) -> None:
     """Families of one plain number per GPU."""
     for attr, name, doc, mul, div in table:
-        out.family(name, "gauge", doc)
-        for sample, labels in rows:
-            value = getattr(sample, attr)
-            if value is not None:
-                out.line(name, labels, float(value) / div if div != 1 else float(value) * mul)
+        values = [getattr(sample, attr) for sample, _ in rows]
+        key = (name, mul, div, *[(labels, value_key(v)) for (_, labels), v in zip(rows, values, strict=True)])
+        text = kept_block(key)
+        if text is None:
+            fresh = Writer()
+            fresh.family(name, "gauge", doc)
+            for (_, labels), value in zip(rows, values, strict=True):
+                if value is not None:
+                    fresh.line(name, labels, float(value) / div if div != 1 else float(value) * mul)
+            text = keep_block(key, fresh.text())
+        out.raw(text)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from prometheus_client.core import (
@@ -16,7 +16,18 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import CollectorRegistry
 
-from sentinel.components.exposition import KeptFamilies, Writer, write_families
+from sentinel.components.clocks import metrics as clocks_metrics
+from sentinel.components.clocks.record import ClockViolations
+from sentinel.components.device import metrics as device_metrics
+from sentinel.components.exposition import (
+    GpuRow,
+    KeptFamilies,
+    MetricsView,
+    Writer,
+    forget_blocks,
+    write_families,
+)
+from sentinel.wire import GpuInfo, GpuSample
 
 names = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,20}", fullmatch=True).filter(lambda n: not n.startswith("__"))
 texts = st.text(max_size=12)
@@ -113,3 +124,48 @@ def test_a_line_writes_each_value_as_its_repr_however_often_it_was_written(row: 
         finite = value - value == 0
         text = repr(value) if finite else ("NaN" if value != value else ("+Inf" if value > 0 else "-Inf"))
         assert out.text() == f'g{{gpu="0"}} {text}\n'
+
+
+zeros_and_more = st.sampled_from([0.0, -0.0, 1.0, 62.5, 1e7, float("nan"), None])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.sampled_from(["power_cap", "sw_thermal", "hw_slowdown", "unknown"]), max_size=3),
+            zeros_and_more,
+            st.sampled_from(["ok", "lost", "unresponsive"]),
+            st.one_of(st.none(), st.integers(0, 3), st.just(-0.0)),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+@example([(["power_cap"], 0.0, "ok", 0), ([], -0.0, "ok", -0.0), (["power_cap"], 0.0, "lost", None)])
+def test_gpu_families_kept_between_scrapes_are_written_as_afresh(
+    scrapes: list[tuple[list[str], float | None, str, float | None]],
+) -> None:
+    """Each scrape of changing readings (throttle reasons, values with either zero, states, violation
+    times) writes what a first scrape of the same readings writes."""
+    for throttle, value, state, violation in scrapes:
+        sample = GpuSample(
+            gpu=0,
+            t=1.0,
+            throttle=throttle,
+            temp_c=value,
+            util_gpu_pct=value,
+            violations=ClockViolations(reference_us=1, power=violation, thermal=0),  # type: ignore[arg-type]
+        )
+        info = GpuInfo(index=0, uuid="GPU-0", pci_bus="0000:18:00", name="H100")
+        rows = [GpuRow(index=0, labels='gpu="0"', info=info, state=state, fast=sample, slow=sample)]  # type: ignore[arg-type]
+        kept = _render_gpu(rows)  # with what the scrapes before kept
+        forget_blocks()
+        assert kept == _render_gpu(rows)
+
+
+def _render_gpu(rows: list[GpuRow]) -> str:
+    out = Writer()
+    for render in (clocks_metrics.render, device_metrics.render):
+        render(out, MetricsView(rows))
+    return out.text()
