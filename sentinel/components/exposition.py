@@ -100,10 +100,20 @@ def _series_text(name: str, labels: dict[str, str]) -> str:
     return text
 
 
+#: :data:`_value_texts` for the families' samples, in Go's formatting (the same text below 1e6)
+_go_texts: dict[float, str] = {}
+
+
 def _sample_line(sample: SampleLike) -> str:
     value = sample.value
-    # Go writes these as Python's repr does (no exponent below 1e6): the common case, without a call
-    text = repr(value) if type(value) is float and -math.inf < value < 1e6 else _float_text(value)
+    text = _go_texts.get(value) if type(value) is float else None
+    if text is None:
+        # Go writes these as Python's repr does (no exponent below 1e6): the common case, without a call
+        text = repr(value) if type(value) is float and -math.inf < value < 1e6 else _float_text(value)
+        if value and type(value) is float and value - value == 0.0:
+            if len(_go_texts) >= _MAX_VALUE_TEXTS:
+                _go_texts.clear()
+            _go_texts[value] = text
     if sample.timestamp is None:
         return f"{_series_text(sample.name, sample.labels)}{text}\n"
     stamp = int(float(sample.timestamp) * 1000)
