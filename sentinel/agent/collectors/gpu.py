@@ -153,26 +153,10 @@ class GpuCollector(Collector):
             if view.state == "unavailable" and index not in self._workers:
                 self.sink.add_sample(GpuSample(gpu=index, t=now, state="unavailable"))
         read = self.source.read_slow if slow else self.source.read_fast
-        indices: list[int] = []
-        for index in sorted(self._workers):
-            if self.sink.gpus[index].state == "lost" and not slow:
-                self.sink.add_sample(GpuSample(gpu=index, t=now, state="lost"))
-            else:
-                indices.append(index)
-        # every GPU's read at once, each on its own worker with the same deadline: a hung GPU holds none of
-        # the others' answers, and the loop is woken once for the round
-        answers = await call_each(
-            [(self._workers[i], functools.partial(read, i, now)) for i in indices], self.timeout_s
-        )
-        results: list[str] = []
-        failed: Exception | None = None
-        for index, (sample, error) in zip(indices, answers, strict=True):
-            try:
-                results.append(self._answer(index, now, slow, sample, error))
-            except Exception as exc:
-                failed = failed or exc
-        if failed is not None:
-            raise failed
+        if self.inline:
+            results = [await self._read(index, now, slow, read) for index in sorted(self._workers)]
+        else:
+            results = await self._read_round(now, slow, read)
         down = next((r for r in results if r), "")
         if not down and slow:
             views = [v for v in self.sink.gpus.values() if v.state != "unavailable"]
@@ -181,6 +165,46 @@ class GpuCollector(Collector):
         if down:
             await self._reinit(now, down)
             raise RuntimeError(f"GPU source down: {down}")
+
+    async def _read(self, index: int, now: float, slow: bool, read: Callable[[int, float], GpuSample]) -> str:
+        """Read one GPU; returns why NVML as a whole is down, if this read found it so."""
+        if self.sink.gpus[index].state == "lost" and not slow:
+            self.sink.add_sample(GpuSample(gpu=index, t=now, state="lost"))
+            return ""
+        try:
+            sample = await self._workers[index].call(functools.partial(read, index, now), self.timeout_s)
+        except Exception as exc:
+            return self._answer(index, now, slow, None, exc)
+        return self._answer(index, now, slow, sample, None)
+
+    async def _read_round(self, now: float, slow: bool, read: Callable[[int, float], GpuSample]) -> list[str]:
+        """Every GPU's read at once, each on its own worker with the same deadline (a hung GPU holds none of
+        the others' answers, and the loop is woken once for the round); the answers applied in GPU order."""
+        indices = sorted(self._workers)
+        asked = [i for i in indices if not (self.sink.gpus[i].state == "lost" and not slow)]
+        answers = dict(
+            zip(
+                asked,
+                await call_each(
+                    [(self._workers[i], functools.partial(read, i, now)) for i in asked], self.timeout_s
+                ),
+                strict=True,
+            )
+        )
+        results: list[str] = []
+        failed: Exception | None = None
+        for index in indices:
+            answer = answers.get(index)
+            if answer is None:  # lost: asked again only on a slow tick
+                self.sink.add_sample(GpuSample(gpu=index, t=now, state="lost"))
+                continue
+            try:
+                results.append(self._answer(index, now, slow, *answer))
+            except Exception as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
+        return results
 
     def _answer(
         self, index: int, now: float, slow: bool, sample: GpuSample | None, error: BaseException | None
