@@ -40,7 +40,7 @@ def _value(v: float) -> str:
 #: sizes, flags) repeat from one scrape to the next, and a lookup is cheaper than ``repr`` (bounded: cleared
 #: when full; zero is not kept, as -0.0 would find 0.0's text)
 _value_texts: dict[float, str] = {}
-_MAX_VALUE_TEXTS = 4096
+_MAX_VALUE_TEXTS = 1024
 
 
 class Writer:
@@ -244,16 +244,19 @@ class MetricsView:
 #: (GpuSample attribute, metric, help, multiplier, divisor)
 Gauge = tuple[str, str, str, float, float]
 
-#: text written before, by everything it was written from: a family or a GPU's lines whose values did not
-#: change since the last scrape (most of them) is looked up, not written again (bounded: cleared when full)
-_blocks: dict[Hashable, str] = {}
+#: per place in the body (a family, or one GPU's lines of a family: ``slot``), the text last written there and
+#: everything it was written from (``key``): lines whose values did not change since the last scrape (most of
+#: them) are looked up, not written again. One text a place, so what it holds does not grow with time
+#: (bounded in places too: cleared when full)
+_blocks: dict[Hashable, tuple[Hashable, str]] = {}
 _MAX_BLOCKS = 4096
 
 
-def kept_block(key: Hashable) -> str | None:
-    """The text kept under ``key`` (everything it was written from: names, labels, :func:`value_key` of
-    each value), if any."""
-    return _blocks.get(key)
+def kept_block(slot: Hashable, key: Hashable) -> str | None:
+    """The text last kept at ``slot``, if it was written from ``key`` (labels, :func:`value_key` of each
+    value, whatever else it depends on)."""
+    kept = _blocks.get(slot)
+    return kept[1] if kept is not None and kept[0] == key else None
 
 
 def forget_blocks() -> None:
@@ -261,10 +264,10 @@ def forget_blocks() -> None:
     _blocks.clear()
 
 
-def keep_block(key: Hashable, text: str) -> str:
-    if len(_blocks) >= _MAX_BLOCKS:
+def keep_block(slot: Hashable, key: Hashable, text: str) -> str:
+    if len(_blocks) >= _MAX_BLOCKS and slot not in _blocks:
         _blocks.clear()
-    _blocks[key] = text
+    _blocks[slot] = (key, text)
     return text
 
 
@@ -278,13 +281,14 @@ def gauges(out: Writer, rows: list[tuple[GpuSample, str]], table: tuple[Gauge, .
     """Families of one plain number per GPU."""
     for attr, name, doc, mul, div in table:
         values = [getattr(sample, attr) for sample, _ in rows]
-        key = (name, mul, div, *[(labels, value_key(v)) for (_, labels), v in zip(rows, values, strict=True)])
-        text = kept_block(key)
+        slot = (name, *[labels for _, labels in rows])
+        key = (doc, mul, div, *[value_key(v) for v in values])
+        text = kept_block(slot, key)
         if text is None:
             fresh = Writer()
             fresh.family(name, "gauge", doc)
             for (_, labels), value in zip(rows, values, strict=True):
                 if value is not None:
                     fresh.line(name, labels, float(value) / div if div != 1 else float(value) * mul)
-            text = keep_block(key, fresh.text())
+            text = keep_block(slot, key, fresh.text())
         out.raw(text)

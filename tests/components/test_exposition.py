@@ -16,6 +16,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import CollectorRegistry
 
+from sentinel.components import exposition
 from sentinel.components.clocks import metrics as clocks_metrics
 from sentinel.components.clocks.record import ClockViolations
 from sentinel.components.device import metrics as device_metrics
@@ -169,3 +170,20 @@ def _render_gpu(rows: list[GpuRow]) -> str:
     for render in (clocks_metrics.render, device_metrics.render):
         render(out, MetricsView(rows))
     return out.text()
+
+
+def test_kept_gpu_lines_are_one_text_a_place_however_the_values_change() -> None:
+    """What is kept between scrapes does not grow with the agent's uptime: a changing reading replaces its
+    text (one per family and GPU), and the value texts stay bounded."""
+    forget_blocks()
+    info = GpuInfo(index=0, uuid="GPU-0", pci_bus="0000:18:00", name="H100")
+    sizes = []
+    for tick in range(300):
+        value = 40.0 + tick / 7
+        sample = GpuSample(gpu=0, t=float(tick), temp_c=value, util_gpu_pct=value, power_w=value)
+        rows = [GpuRow(index=0, labels='gpu="0"', info=info, state="ok", fast=sample, slow=sample)]
+        text = _render_gpu(rows)
+        assert f'sentinel_gpu_temperature_celsius{{gpu="0"}} {value!r}\n' in text
+        sizes.append(len(exposition._blocks))
+    assert sizes[-1] == sizes[1]
+    assert len(exposition._value_texts) <= exposition._MAX_VALUE_TEXTS

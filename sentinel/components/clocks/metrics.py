@@ -38,14 +38,14 @@ def render(out: Writer, view: MetricsView) -> None:
     name = "sentinel_gpu_throttle_reason"
     out.family(name, "gauge", "1 while the clock-event (throttle) reason is active")
     for sample, labels in fast:
-        key = (name, labels, *sample.throttle)
-        text = kept_block(key)
+        slot, key = (name, labels), tuple(sample.throttle)
+        text = kept_block(slot, key)
         if text is None:
             fresh = Writer()
             active = set(sample.throttle)
             for reason in THROTTLE_NAMES:
                 fresh.line(name, labels, 1.0 if reason in active else 0.0, f'reason="{reason}"')
-            text = keep_block(key, fresh.text())
+            text = keep_block(slot, key, fresh.text())
         out.raw(text)
     name = "sentinel_gpu_clock_violation_seconds_total"
     out.family(
@@ -56,12 +56,12 @@ def render(out: Writer, view: MetricsView) -> None:
         if violations is None:
             continue
         times = [getattr(violations, policy) for policy in VIOLATION_NAMES]
-        times_key = (name, labels, *[value_key(ns) for ns in times])
-        text = kept_block(times_key)
+        times_key = tuple(value_key(ns) for ns in times)
+        text = kept_block((name, labels), times_key)
         if text is None:
             fresh = Writer()
             for policy, ns in zip(VIOLATION_NAMES, times, strict=True):
                 if ns is not None:
                     fresh.line(name, labels, ns / 1e9, f'policy="{policy}"')
-            text = keep_block(times_key, fresh.text())
+            text = keep_block((name, labels), times_key, fresh.text())
         out.raw(text)
