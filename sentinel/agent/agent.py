@@ -77,6 +77,11 @@ log = get_logger(module="agent")
 SHUTDOWN_DRAIN_S = 3.0
 
 
+def _end_nap(nap: asyncio.Future[None]) -> None:
+    if not nap.done():
+        nap.set_result(None)
+
+
 class Agent:
     """One host's agent. See the module docstring for how to run one or many."""
 
@@ -116,6 +121,8 @@ class Agent:
         self.ranks = LocalRanks(self.sink.procs)
         self.fr_dumps = FrDumps(config.probe, self.ranks, simulated=self.inputs.simulated)
         self._stop = asyncio.Event()
+        #: the wait for the next tick, ended early by :meth:`request_stop`
+        self._nap: asyncio.Future[None] | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self.http_port: int | None = None
         self._http: Any = None
@@ -393,6 +400,8 @@ class Agent:
 
     def request_stop(self) -> None:
         self._stop.set()
+        if self._nap is not None and not self._nap.done():
+            self._nap.set_result(None)
 
     async def run(self) -> None:
         """Tick until :meth:`request_stop` (SIGTERM), then flush and close."""
@@ -421,8 +430,15 @@ class Agent:
                 if delay < 0:
                     next_tick = loop.time()
                     delay = 0
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), delay)
+                if not self._stop.is_set():
+                    # a future the timer or request_stop ends: no cancellation (and its exceptions) a tick
+                    self._nap = nap = loop.create_future()
+                    timer = loop.call_later(delay, _end_nap, nap)
+                    try:
+                        await nap
+                    finally:
+                        timer.cancel()
+                        self._nap = None
         finally:
             if len(self.xids) or self.outbox.held_ticks:
                 try:

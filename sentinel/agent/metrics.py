@@ -101,9 +101,9 @@ class AgentMetricsCollector(Collector):
         self.counters = counters
         #: the registry's families as written at the last scrape (a family with equal samples is not rewritten)
         self._family_texts: KeptFamilies = {}
-        #: signal name → (what its text was written from, the slow samples held, the text): see render_gpu_text
+        #: signal name → (what its text was written from, the slow samples held, the text): see _gpu_parts
         self._slow_texts: dict[
-            str, tuple[tuple[tuple[str, str, bool, int], ...], list[GpuSample | None], str]
+            str, tuple[tuple[tuple[str, str, bool, int], ...], list[GpuSample | None], bytes]
         ] = {}
 
     def describe(self) -> list[Metric]:
@@ -114,16 +114,24 @@ class AgentMetricsCollector(Collector):
         yield from self._agent_families()
 
     def render(self, registry: CollectorRegistry) -> bytes:
-        """The whole /metrics body: the per-GPU series, then the registry's (agent health)."""
+        """The whole /metrics body: the per-GPU series, then the registry's (agent health).
+
+        The body is joined once from its parts' bytes (the kept texts are kept encoded): most of it is the
+        slow-only GPU families' kept text, copied here and nowhere else."""
+        parts = self._gpu_parts()
         out = Writer()
-        out.raw(self.render_gpu_text())
         write_families(out, registry.collect(), self._family_texts)
-        return out.text().encode()
+        parts.append(out.text().encode())
+        return b"".join(parts)
 
     def render_gpu_text(self) -> str:
         """The per-GPU series: every GPU signal's families (:mod:`sentinel.components.registry`), in registry
         order; a signal that read only the slow samples keeps its text while they, the GPUs' labels and
         states are the same."""
+        return b"".join(self._gpu_parts()).decode()
+
+    def _gpu_parts(self) -> list[bytes]:
+        """:meth:`render_gpu_text`'s text, as each signal's encoded part."""
         xids: dict[int, dict[tuple[int, str], int]] = defaultdict(dict)
         for (gpu_index, code, severity), count in self.counters.xid.items():
             xids[gpu_index][(code, severity)] = count
@@ -142,24 +150,24 @@ class AgentMetricsCollector(Collector):
         # what a slow-only render reads (the slow samples by identity: the cache holds them, so ids stay theirs)
         slow_key = tuple((r.labels, r.state, r.fast is not None, id(r.slow)) for r in rows)
         slow = [r.slow for r in rows]
-        out = Writer()
+        parts: list[bytes] = []
         for signal in GPU_SIGNALS:
             if signal.render is None:
                 continue
             kept = self._slow_texts.get(signal.name)
             if kept is not None and kept[0] == slow_key:
-                out.raw(kept[2])
+                parts.append(kept[2])
                 continue
             fresh = Writer()
             view = MetricsView(rows)
             signal.render(fresh, view)
-            text = fresh.text()
+            text = fresh.text().encode()
             if view.read_beyond_slow:
                 self._slow_texts.pop(signal.name, None)
             else:
                 self._slow_texts[signal.name] = (slow_key, slow, text)
-            out.raw(text)
-        return out.text()
+            parts.append(text)
+        return parts
 
     def _agent_families(self) -> Iterator[Metric]:
         c = self.counters

@@ -129,11 +129,13 @@ class WebSocket:
         closes the connection as dead. Only the wait for a frame's first bytes is timed: ``readexactly``
         takes nothing from the stream until it has them all, so a timeout never splits a frame."""
         try:
-            head = await asyncio.wait_for(self._reader.readexactly(2), self.heartbeat_s)
+            async with asyncio.timeout(self.heartbeat_s):  # a scope, not a task a frame (as wait_for makes)
+                head = await self._reader.readexactly(2)
         except TimeoutError:
             await self._send(OP_PING, b"")
             try:
-                head = await asyncio.wait_for(self._reader.readexactly(2), self.heartbeat_s / 2)
+                async with asyncio.timeout(self.heartbeat_s / 2):
+                    head = await self._reader.readexactly(2)
             except TimeoutError:
                 raise ConnectionError("no answer to a ping: connection dead") from None
         return await self._frame(head)

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import queue
 import threading
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -23,7 +24,8 @@ class Unresponsive(Exception):
     """The call did not return within its deadline, or an earlier call on this worker still has not."""
 
 
-_Job = tuple[Callable[[], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
+#: a call and what to do with its result or error, on the worker's thread once it returns
+_Job = tuple[Callable[[], Any], Callable[[Any, "BaseException | None"], None]]
 
 
 class GpuWorker:
@@ -47,7 +49,7 @@ class GpuWorker:
             job = self._queue.get()
             if job is None:
                 return
-            fn, loop, future = job
+            fn, done = job
             self._busy.set()
             try:
                 result: Any = fn()
@@ -57,17 +59,25 @@ class GpuWorker:
             finally:
                 self._busy.clear()
                 self.hung = False
+            done(result, error)
+
+    def refuses(self) -> bool:
+        """An earlier call passed its deadline and has still not returned: nothing more is queued."""
+        return self.hung and self.busy
+
+    async def call(self, fn: Callable[[], T], deadline_s: float) -> T:
+        """Run ``fn`` in this worker; raise :class:`Unresponsive` when it takes longer than ``deadline_s``."""
+        if self.refuses():
+            raise Unresponsive(f"{self.name}: an earlier call has not returned")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+
+        def done(result: Any, error: BaseException | None) -> None:
             # a closed loop (RuntimeError) means nobody waits for this result any more
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_settle, future, result, error)
 
-    async def call(self, fn: Callable[[], T], deadline_s: float) -> T:
-        """Run ``fn`` in this worker; raise :class:`Unresponsive` when it takes longer than ``deadline_s``."""
-        if self.hung and self.busy:
-            raise Unresponsive(f"{self.name}: an earlier call has not returned")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        self._queue.put((fn, loop, future))
+        self._queue.put((fn, done))
         try:
             # past the deadline the future is cancelled: the thread's late result finds it done (_settle)
             async with asyncio.timeout(deadline_s):
@@ -88,6 +98,77 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
         future.set_exception(error)
     else:
         future.set_result(result)
+
+
+class _Round:
+    """The answers of one round of calls on several workers; the last call to return wakes the loop (one
+    hand-off a round, not one a worker). Answers after :meth:`close` (the deadline) are dropped."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, n: int) -> None:
+        self.loop = loop
+        self.answers: list[tuple[Any, BaseException | None] | None] = [None] * n
+        self.waiting = n
+        self.closed = False
+        self.lock = threading.Lock()
+        self.future: asyncio.Future[None] = loop.create_future()
+
+    def answer(self, slot: int, result: Any, error: BaseException | None) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.answers[slot] = (result, error)
+            self.waiting -= 1
+            if self.waiting:
+                return
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+            self.loop.call_soon_threadsafe(_settle, self.future, None, None)
+
+    def close(self) -> list[tuple[Any, BaseException | None] | None]:
+        with self.lock:
+            self.closed = True
+            return list(self.answers)
+
+
+class Calls(Protocol):
+    """What :func:`call_each` asks of a worker that is not a :class:`GpuWorker`."""
+
+    async def call(self, fn: Callable[[], T], deadline_s: float) -> T: ...
+
+
+async def call_each(
+    calls: Sequence[tuple[Calls, Callable[[], Any]]], deadline_s: float
+) -> list[tuple[Any, BaseException | None]]:
+    """Run each call on its worker at once, every one with the same deadline; each call's (result, error),
+    in order, an :class:`Unresponsive` error for a call past the deadline (or refused: its worker is still
+    stuck). A call that hangs delays none of the others' answers beyond the deadline."""
+    answers: list[tuple[Any, BaseException | None]] = [(None, None)] * len(calls)
+    threaded: list[tuple[int, GpuWorker, Callable[[], Any]]] = []
+    for slot, (worker, fn) in enumerate(calls):
+        if isinstance(worker, GpuWorker):
+            if worker.refuses():
+                answers[slot] = (None, Unresponsive(f"{worker.name}: an earlier call has not returned"))
+            else:
+                threaded.append((slot, worker, fn))
+            continue
+        try:
+            answers[slot] = (await worker.call(fn, deadline_s), None)
+        except Exception as exc:
+            answers[slot] = (None, exc)
+    if not threaded:
+        return answers
+    round_ = _Round(asyncio.get_running_loop(), len(threaded))
+    for i, (_, worker, fn) in enumerate(threaded):
+        worker._queue.put((fn, functools.partial(round_.answer, i)))
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(deadline_s):
+            await round_.future
+    for (slot, worker, _), answer in zip(threaded, round_.close(), strict=True):
+        if answer is None:
+            worker.hung = True
+            answers[slot] = (None, Unresponsive(f"{worker.name}: no answer within {deadline_s:g} s"))
+        else:
+            answers[slot] = answer
+    return answers
 
 
 class CallBlocks(Exception):

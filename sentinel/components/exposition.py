@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
 from sentinel.components.device.record import GpuInfo, GpuState
@@ -36,6 +36,13 @@ def _value(v: float) -> str:
     return "+Inf" if v > 0 else "-Inf"
 
 
+#: the text of a nonzero finite float value, as :meth:`Writer.line` writes it: most values (clocks, limits,
+#: sizes, flags) repeat from one scrape to the next, and a lookup is cheaper than ``repr`` (bounded: cleared
+#: when full; zero is not kept, as -0.0 would find 0.0's text)
+_value_texts: dict[float, str] = {}
+_MAX_VALUE_TEXTS = 1024
+
+
 class Writer:
     """Accumulates exposition lines."""
 
@@ -46,7 +53,13 @@ class Writer:
         self._parts.append(f"# HELP {name} {doc}\n# TYPE {name} {kind}\n")
 
     def line(self, name: str, labels: str, value: float, extra: str = "") -> None:
-        text = repr(value) if value - value == 0.0 else _value(value)  # finite: _value's repr, inline
+        text = _value_texts.get(value) if type(value) is float else None
+        if text is None:
+            text = repr(value) if value - value == 0.0 else _value(value)  # finite: _value's repr, inline
+            if value and type(value) is float and value - value == 0.0:
+                if len(_value_texts) >= _MAX_VALUE_TEXTS:
+                    _value_texts.clear()
+                _value_texts[value] = text
         if extra:
             self._parts.append(f"{name}{{{labels},{extra}}} {text}\n")
         else:
@@ -87,10 +100,20 @@ def _series_text(name: str, labels: dict[str, str]) -> str:
     return text
 
 
+#: :data:`_value_texts` for the families' samples, in Go's formatting (the same text below 1e6)
+_go_texts: dict[float, str] = {}
+
+
 def _sample_line(sample: SampleLike) -> str:
     value = sample.value
-    # Go writes these as Python's repr does (no exponent below 1e6): the common case, without a call
-    text = repr(value) if type(value) is float and -math.inf < value < 1e6 else _float_text(value)
+    text = _go_texts.get(value) if type(value) is float else None
+    if text is None:
+        # Go writes these as Python's repr does (no exponent below 1e6): the common case, without a call
+        text = repr(value) if type(value) is float and -math.inf < value < 1e6 else _float_text(value)
+        if value and type(value) is float and value - value == 0.0:
+            if len(_go_texts) >= _MAX_VALUE_TEXTS:
+                _go_texts.clear()
+            _go_texts[value] = text
     if sample.timestamp is None:
         return f"{_series_text(sample.name, sample.labels)}{text}\n"
     stamp = int(float(sample.timestamp) * 1000)
@@ -221,12 +244,51 @@ class MetricsView:
 #: (GpuSample attribute, metric, help, multiplier, divisor)
 Gauge = tuple[str, str, str, float, float]
 
+#: per place in the body (a family, or one GPU's lines of a family: ``slot``), the text last written there and
+#: everything it was written from (``key``): lines whose values did not change since the last scrape (most of
+#: them) are looked up, not written again. One text a place, so what it holds does not grow with time
+#: (bounded in places too: cleared when full)
+_blocks: dict[Hashable, tuple[Hashable, str]] = {}
+_MAX_BLOCKS = 4096
+
+
+def kept_block(slot: Hashable, key: Hashable) -> str | None:
+    """The text last kept at ``slot``, if it was written from ``key`` (labels, :func:`value_key` of each
+    value, whatever else it depends on)."""
+    kept = _blocks.get(slot)
+    return kept[1] if kept is not None and kept[0] == key else None
+
+
+def forget_blocks() -> None:
+    """Drop every kept text (the next scrape writes everything afresh)."""
+    _blocks.clear()
+
+
+def keep_block(slot: Hashable, key: Hashable, text: str) -> str:
+    if len(_blocks) >= _MAX_BLOCKS and slot not in _blocks:
+        _blocks.clear()
+    _blocks[slot] = (key, text)
+    return text
+
+
+def value_key(value: float | None) -> float | str | None:
+    """A value as a key part that tells apart what is written apart: equal numbers write the same text
+    except 0.0 and -0.0 (and 0), which are keyed by their text."""
+    return value if value or value is None else repr(value)
+
 
 def gauges(out: Writer, rows: list[tuple[GpuSample, str]], table: tuple[Gauge, ...]) -> None:
     """Families of one plain number per GPU."""
     for attr, name, doc, mul, div in table:
-        out.family(name, "gauge", doc)
-        for sample, labels in rows:
-            value = getattr(sample, attr)
-            if value is not None:
-                out.line(name, labels, float(value) / div if div != 1 else float(value) * mul)
+        values = [getattr(sample, attr) for sample, _ in rows]
+        slot = (name, *[labels for _, labels in rows])
+        key = (doc, mul, div, *[value_key(v) for v in values])
+        text = kept_block(slot, key)
+        if text is None:
+            fresh = Writer()
+            fresh.family(name, "gauge", doc)
+            for (_, labels), value in zip(rows, values, strict=True):
+                if value is not None:
+                    fresh.line(name, labels, float(value) / div if div != 1 else float(value) * mul)
+            text = keep_block(slot, key, fresh.text())
+        out.raw(text)

@@ -157,3 +157,15 @@ async def test_hung_call_marks_gpu_unresponsive_and_never_blocks_others(
     assert fake_nvml.calls.total() > calls_while_hung
     assert sum(n for (gpu, _), n in fake_nvml.calls.items() if gpu == 1) > hung_gpu_calls
     await agent.shutdown()
+
+
+async def test_a_stop_request_ends_the_wait_for_the_next_tick(fake_nvml: FakeNvml, tmp_path: Path) -> None:
+    """With a minute between ticks, the agent still stops as soon as it is asked (SIGTERM)."""
+    agent = Agent(make_config(tmp_path, collect={"tick_s": 60.0, "nvml_events": False}), NvmlSource())
+    task = asyncio.create_task(agent.run())
+    async with asyncio.timeout(10):
+        while agent.counters.ticks < 1:
+            await asyncio.sleep(0.01)
+        agent.request_stop()
+        await task
+    assert agent.counters.ticks == 1

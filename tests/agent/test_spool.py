@@ -56,6 +56,20 @@ def test_bound_drops_samples_oldest_first_then_events(tmp_path: Path) -> None:
     assert tiny.take_drops().events == 3 * (10 - len(tiny.seqs()))
 
 
+def test_reads_what_is_on_disk_also_for_the_newest_batch(tmp_path: Path) -> None:
+    """The newest batch is read as written, also when the bound stripped it right away (its samples went)."""
+    spool = Spool(tmp_path, max_bytes=1 << 20)
+    spool.add(_batch(0))
+    assert spool.read(0) == next(tmp_path.glob("*.batch")).read_bytes()
+    assert spool.ack(0) and spool.read(0) is None
+    events_only = len(msgspec.msgpack.encode(_batch(0, samples=0)))
+    small = Spool(tmp_path / "small", max_bytes=events_only + 10)
+    small.add(_batch(1))
+    data = small.read(1)
+    assert data is not None and data == next((tmp_path / "small").glob("*.batch")).read_bytes()
+    assert msgspec.msgpack.decode(data, type=Batch) == _batch(1, samples=0)
+
+
 def test_seq_is_monotonic_across_restarts(tmp_path: Path) -> None:
     first = SeqAllocator(tmp_path / "seq")
     used = [first.allocate() for _ in range(5)]

@@ -118,6 +118,7 @@ async def test_refused_upgrade_reports_the_status() -> None:
 
 async def test_ping_answered_fragments_joined_and_close_code_kept() -> None:
     pong: list[bytes] = []
+    ponged = asyncio.Event()
 
     async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(server_frame(0x9, b"hb"))
@@ -126,6 +127,7 @@ async def test_ping_answered_fragments_joined_and_close_code_kept() -> None:
         writer.write(server_frame(0x8, struct.pack("!H", 4003)))
         head = await reader.readexactly(6)  # the pong: masked, 2-byte payload
         pong.append(mask(await reader.readexactly(head[1] & 0x7F), head[2:6]))
+        ponged.set()
 
     server, url = await raw_server(peer)
     async with server:
@@ -134,6 +136,8 @@ async def test_ping_answered_fragments_joined_and_close_code_kept() -> None:
         assert await ws.receive() == b"next"
         assert await ws.receive() is None
         assert ws.closed and ws.close_code == 4003
+        async with asyncio.timeout(5):  # the peer reads what was sent before the close at its own pace
+            await ponged.wait()
     assert pong == [b"hb"]
 
 

@@ -8,13 +8,13 @@ learned from the first inventory is kept in the state dir.
 
 from __future__ import annotations
 
-import asyncio
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
 from sentinel.agent.collectors.base import AgentSink
 from sentinel.agent.source import GpuLostError, GpuSource
-from sentinel.agent.worker import Unresponsive
+from sentinel.agent.worker import Unresponsive, call_each
 from sentinel.components.collector import Collector, Worker
 from sentinel.components.device.record import GpuSourceHealth
 from sentinel.components.nvml_read import GpuSourceDown, GpuUnreachable
@@ -152,10 +152,11 @@ class GpuCollector(Collector):
         for index, view in sorted(self.sink.gpus.items()):
             if view.state == "unavailable" and index not in self._workers:
                 self.sink.add_sample(GpuSample(gpu=index, t=now, state="unavailable"))
+        read = self.source.read_slow if slow else self.source.read_fast
         if self.inline:
-            results = [await self._read(index, now, slow) for index in sorted(self._workers)]
+            results = [await self._read(index, now, slow, read) for index in sorted(self._workers)]
         else:
-            results = await asyncio.gather(*(self._read(i, now, slow) for i in sorted(self._workers)))
+            results = await self._read_round(now, slow, read)
         down = next((r for r in results if r), "")
         if not down and slow:
             views = [v for v in self.sink.gpus.values() if v.state != "unavailable"]
@@ -165,32 +166,70 @@ class GpuCollector(Collector):
             await self._reinit(now, down)
             raise RuntimeError(f"GPU source down: {down}")
 
-    async def _read(self, index: int, now: float, slow: bool) -> str:
+    async def _read(self, index: int, now: float, slow: bool, read: Callable[[int, float], GpuSample]) -> str:
         """Read one GPU; returns why NVML as a whole is down, if this read found it so."""
-        view = self.sink.gpus[index]
-        if view.state == "lost" and not slow:
+        if self.sink.gpus[index].state == "lost" and not slow:
             self.sink.add_sample(GpuSample(gpu=index, t=now, state="lost"))
             return ""
-        read = self.source.read_slow if slow else self.source.read_fast
         try:
-            sample = await self._workers[index].call(lambda: read(index, now), self.timeout_s)
-        except GpuSourceDown as exc:
-            return str(exc)
-        except GpuLostError as exc:
-            self._transition(index, "lost", now, str(exc))
+            sample = await self._workers[index].call(functools.partial(read, index, now), self.timeout_s)
+        except Exception as exc:
+            return self._answer(index, now, slow, None, exc)
+        return self._answer(index, now, slow, sample, None)
+
+    async def _read_round(self, now: float, slow: bool, read: Callable[[int, float], GpuSample]) -> list[str]:
+        """Every GPU's read at once, each on its own worker with the same deadline (a hung GPU holds none of
+        the others' answers, and the loop is woken once for the round); the answers applied in GPU order."""
+        indices = sorted(self._workers)
+        asked = [i for i in indices if not (self.sink.gpus[i].state == "lost" and not slow)]
+        answers = dict(
+            zip(
+                asked,
+                await call_each(
+                    [(self._workers[i], functools.partial(read, i, now)) for i in asked], self.timeout_s
+                ),
+                strict=True,
+            )
+        )
+        results: list[str] = []
+        failed: Exception | None = None
+        for index in indices:
+            answer = answers.get(index)
+            if answer is None:  # lost: asked again only on a slow tick
+                self.sink.add_sample(GpuSample(gpu=index, t=now, state="lost"))
+                continue
+            try:
+                results.append(self._answer(index, now, slow, *answer))
+            except Exception as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
+        return results
+
+    def _answer(
+        self, index: int, now: float, slow: bool, sample: GpuSample | None, error: BaseException | None
+    ) -> str:
+        """One GPU's read answered; returns why NVML as a whole is down, if this read found it so."""
+        view = self.sink.gpus[index]
+        if isinstance(error, GpuSourceDown):
+            return str(error)
+        if isinstance(error, GpuLostError):
+            self._transition(index, "lost", now, str(error))
             self.sink.add_sample(GpuSample(gpu=index, t=now, state="lost"))
             return ""
-        except GpuUnreachable as exc:
-            self._transition(index, "unavailable", now, str(exc))
+        if isinstance(error, GpuUnreachable):
+            self._transition(index, "unavailable", now, str(error))
             self.sink.add_sample(GpuSample(gpu=index, t=now, state="unavailable"))
             return ""
-        except Unresponsive as exc:
-            self._transition(index, "unresponsive", now, str(exc))
+        if isinstance(error, Unresponsive):
+            self._transition(index, "unresponsive", now, str(error))
             self.sink.add_sample(GpuSample(gpu=index, t=now, state="unresponsive"))
             return ""
-        except Exception as exc:
-            self.sink.nvml_error("read_slow" if slow else "read_fast", type(exc).__name__.lower())
-            raise
+        if error is not None:
+            self.sink.nvml_error("read_slow" if slow else "read_fast", type(error).__name__.lower())
+            raise error
+        if sample is None:
+            raise RuntimeError(f"GPU {index}: the source read no sample")
         if view.state != "ok":
             self._transition(index, "ok", now, "")
         sample.state = "ok"

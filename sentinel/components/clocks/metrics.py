@@ -5,7 +5,15 @@ from __future__ import annotations
 from typing import Final
 
 from sentinel.components.clocks.record import THROTTLE_NAMES, VIOLATION_NAMES
-from sentinel.components.exposition import Gauge, MetricsView, Writer, gauges
+from sentinel.components.exposition import (
+    Gauge,
+    MetricsView,
+    Writer,
+    gauges,
+    keep_block,
+    kept_block,
+    value_key,
+)
 
 GAUGES: Final[tuple[Gauge, ...]] = (
     ("temp_c", "sentinel_gpu_temperature_celsius", "GPU core temperature", 1.0, 1.0),
@@ -30,9 +38,15 @@ def render(out: Writer, view: MetricsView) -> None:
     name = "sentinel_gpu_throttle_reason"
     out.family(name, "gauge", "1 while the clock-event (throttle) reason is active")
     for sample, labels in fast:
-        active = set(sample.throttle)
-        for reason in THROTTLE_NAMES:
-            out.line(name, labels, 1.0 if reason in active else 0.0, f'reason="{reason}"')
+        slot, key = (name, labels), tuple(sample.throttle)
+        text = kept_block(slot, key)
+        if text is None:
+            fresh = Writer()
+            active = set(sample.throttle)
+            for reason in THROTTLE_NAMES:
+                fresh.line(name, labels, 1.0 if reason in active else 0.0, f'reason="{reason}"')
+            text = keep_block(slot, key, fresh.text())
+        out.raw(text)
     name = "sentinel_gpu_clock_violation_seconds_total"
     out.family(
         name, "counter", "time NVML's clock policy held the clocks below target (rate() = share of time)"
@@ -41,7 +55,13 @@ def render(out: Writer, view: MetricsView) -> None:
         violations = sample.violations
         if violations is None:
             continue
-        for policy in VIOLATION_NAMES:
-            ns = getattr(violations, policy)
-            if ns is not None:
-                out.line(name, labels, ns / 1e9, f'policy="{policy}"')
+        times = [getattr(violations, policy) for policy in VIOLATION_NAMES]
+        times_key = tuple(value_key(ns) for ns in times)
+        text = kept_block((name, labels), times_key)
+        if text is None:
+            fresh = Writer()
+            for policy, ns in zip(VIOLATION_NAMES, times, strict=True):
+                if ns is not None:
+                    fresh.line(name, labels, ns / 1e9, f'policy="{policy}"')
+            text = keep_block((name, labels), times_key, fresh.text())
+        out.raw(text)

@@ -24,11 +24,25 @@ class NetdevMetrics(Collector):
         self.host = host
         self.netdevs: list[Netdev] = []
         self.read_errors = 0
+        #: the families of the records and count they were made from: scraped every second, read less often
+        self._made: tuple[tuple[Netdev, ...], int, list[Metric]] | None = None
 
     def describe(self) -> list[Metric]:
         return []
 
     def collect(self) -> Iterator[Metric]:
+        made = self._made
+        netdevs = tuple(self.netdevs)
+        if (
+            made is None
+            or made[1] != self.read_errors
+            or len(made[0]) != len(netdevs)
+            or any(a is not b for a, b in zip(made[0], netdevs, strict=True))
+        ):
+            made = self._made = (netdevs, self.read_errors, list(self._families(netdevs)))
+        return iter(made[2])
+
+    def _families(self, netdevs: tuple[Netdev, ...]) -> Iterator[Metric]:
         base = [self.cluster, self.host]
         up = GaugeMetricFamily("sentinel_netdev_up", "1 when operstate is up", labels=LABELS)
         speed = GaugeMetricFamily(
@@ -51,7 +65,7 @@ class NetdevMetrics(Collector):
         backlog = GaugeMetricFamily(
             "sentinel_netdev_qdisc_backlog_bytes", "bytes waiting in the root qdisc", labels=LABELS
         )
-        for d in self.netdevs:
+        for d in netdevs:
             labels = [*base, d.name]
             up.add_metric(labels, 1.0 if d.operstate == "up" else 0.0)
             if d.speed_mbps is not None:
