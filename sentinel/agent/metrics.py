@@ -1,10 +1,11 @@
 """The agent's ``/metrics``: GPU series from the latest samples, and the agent's own health.
 
-A custom prometheus-client collector renders everything at scrape time from the agent's current state,
-instead of keeping thousands of labelled gauge children up to date every tick: the tick stays cheap, and a
-GPU whose job/rank changes (a new job starts) simply gets series with the new labels — no stale children to
-remember to remove. Each agent has its own :class:`CollectorRegistry`, so many agents can live in one
-process (``sentinel demo``). Names and labels are listed in docs/metrics.md.
+A collector on sentinel's own metric families (:mod:`sentinel.components.families`) renders everything at
+scrape time from the agent's current state, instead of keeping thousands of labelled gauge children up to
+date every tick: the tick stays cheap, and a GPU whose job/rank changes (a new job starts) simply gets
+series with the new labels, with no stale children to remove. Each agent has its own
+:class:`CollectorRegistry`, so many agents can live in one process (``sentinel demo``). Names and labels
+are listed in docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ class AgentMetricsCollector(Collector):
         return []  # unchecked collector: families depend on the GPUs present
 
     def collect(self) -> Iterator[Metric]:
-        """The agent's own health (few series) through prometheus-client; GPU series: render_gpu_text."""
+        """The agent's own health (few series); the GPU series are written by :meth:`render`."""
         yield from self._agent_families()
 
     def render(self, registry: CollectorRegistry) -> bytes:
