@@ -147,8 +147,7 @@ class PortTracker:
             and (r is h.reading or r == h.reading)
             and not h.downs
             and not h.kernel
-            and now - h.samples[-1][0] < self.error_window_s / (MAX_ERROR_SAMPLES - 1)
-            and (len(h.samples) < 2 or now - h.samples[1][0] < self.error_window_s)
+            and self._window_steady(h, now)
         ):
             # nothing changed since the previous reading: the same record, zero rates, the clock moved on
             h.t = now
@@ -242,6 +241,13 @@ class PortTracker:
         )
         return h.record
 
+    def _window_steady(self, h: _History, now: float) -> bool:
+        """No error sample is due now and none leaves the error window: the record's window is as it was."""
+        samples = h.samples
+        return now - samples[-1][0] < self.error_window_s / (MAX_ERROR_SAMPLES - 1) and (
+            len(samples) < 2 or now - samples[1][0] < self.error_window_s
+        )
+
     def _only_traffic_moved(self, h: _History, r: PortReading, now: float) -> IbPort | None:
         """A busy port's record when, since the previous reading of the up port, only counters outside
         :data:`ERROR_COUNTERS` changed, none went back, and no down, kernel line or error sample is due: what
@@ -257,22 +263,8 @@ class PortTracker:
             or h.kernel
             or not r.up
             or len(counters) != len(prev)
-            or now - h.samples[-1][0] >= self.error_window_s / (MAX_ERROR_SAMPLES - 1)
-            or (len(h.samples) > 1 and now - h.samples[1][0] >= self.error_window_s)
-        ):
-            return None
-        if not (
-            r.device == last.device
-            and r.port == last.port
-            and r.state == last.state
-            and r.phys_state == last.phys_state
-            and r.rate_gbps == last.rate_gbps
-            and r.link_layer == last.link_layer
-            and r.netdev == last.netdev
-            and r.pci_bus == last.pci_bus
-            and r.numa_node == last.numa_node
-            and r.gpus == last.gpus
-            and r.locality == last.locality
+            or not self._window_steady(h, now)
+            or msgspec.structs.replace(r, counters=last.counters) != last  # anything but the counters
         ):
             return None
         dt = now - h.t
