@@ -117,7 +117,7 @@ class Outbox:
         self._held, self._held_encoded, self._held_bytes, self.held_ticks = [], [], 0, 0
         if self.coalesce_ticks > 1:
             self.counters.queue_depth["held_ticks"] = 0
-        batch = msgspec.structs.replace(batch, seq=self.seq.allocate())
+        batch.seq = self.seq.allocate()  # numbered only now that it is spooled
         fitted = fit_frame(batch, MAX_BATCH_BYTES, encoded)
         if fitted.heads_cut or fitted.events_cut:
             self.counters.drop_parts["heads_oversize"] += fitted.heads_cut

@@ -61,6 +61,10 @@ class GpuWorker:
                 self.hung = False
             done(result, error)
 
+    def submit(self, fn: Callable[[], Any], done: Callable[[Any, BaseException | None], None]) -> None:
+        """Queue ``fn``; ``done(result, error)`` runs on this worker's thread once it returns."""
+        self._queue.put((fn, done))
+
     def refuses(self) -> bool:
         """An earlier call passed its deadline and has still not returned: nothing more is queued."""
         return self.hung and self.busy
@@ -77,7 +81,7 @@ class GpuWorker:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_settle, future, result, error)
 
-        self._queue.put((fn, done))
+        self.submit(fn, done)
         try:
             # past the deadline the future is cancelled: the thread's late result finds it done (_settle)
             async with asyncio.timeout(deadline_s):
@@ -158,7 +162,7 @@ async def call_each(
         return answers
     round_ = _Round(asyncio.get_running_loop(), len(threaded))
     for i, (_, worker, fn) in enumerate(threaded):
-        worker._queue.put((fn, functools.partial(round_.answer, i)))
+        worker.submit(fn, functools.partial(round_.answer, i))
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(deadline_s):
             await round_.future
